@@ -1,0 +1,78 @@
+/* The run configuration: one pointer-free struct filled from a libconfig file, with
+ * --set overrides, checked against a schema (type, default or required, range).
+ * Pointer-free so rank 0 can parse it and broadcast it as bytes. */
+#ifndef TZ_CONFIG_H
+#define TZ_CONFIG_H
+#include <stdint.h>
+#include <stdio.h>
+
+#define TZ_PATH_MAX 512
+
+enum tz_mode { TZ_MODE_LORA = 0, TZ_MODE_FULL = 1 };
+enum tz_arch { TZ_ARCH_LLAMA = 0, TZ_ARCH_DIT = 1 };
+
+/* LoRA target bits (lora.targets = ["q", "k", ...]). */
+enum {
+    TZ_LORA_Q = 1 << 0,
+    TZ_LORA_K = 1 << 1,
+    TZ_LORA_V = 1 << 2,
+    TZ_LORA_O = 1 << 3,
+    TZ_LORA_GATE = 1 << 4,
+    TZ_LORA_UP = 1 << 5,
+    TZ_LORA_DOWN = 1 << 6,
+};
+
+typedef struct tz_config {
+    char source[TZ_PATH_MAX]; /* the file it came from */
+    struct {
+        int arch;                     /* enum tz_arch: "llama" | "dit" */
+        char path[TZ_PATH_MAX];       /* HF-layout folder (config.json + safetensors) */
+        char adapter[TZ_PATH_MAX];    /* optional LoRA adapter folder to load ("" = none) */
+    } model;
+    struct {
+        char train[TZ_PATH_MAX];      /* token file */
+        char val[TZ_PATH_MAX];        /* token file ("" = no validation) */
+        int64_t seq_len;
+    } data;
+    struct {
+        int mode;                     /* enum tz_mode: "lora" | "full" */
+        int64_t steps;
+        int64_t micro_batch;
+        int64_t grad_accum;
+        int64_t eval_every;           /* 0: evaluate only before and after */
+        int64_t eval_windows;         /* 0: every validation window */
+        int64_t log_every;
+        int checkpointing;            /* activation checkpointing */
+        int64_t threads;              /* 0: OpenMP default */
+    } train;
+    struct {
+        double lr;
+        double min_lr_ratio;          /* cosine floor as a fraction of lr */
+        int64_t warmup;               /* steps */
+        double weight_decay;          /* decoupled; matrices only */
+        double beta1, beta2, eps;
+        double grad_clip;             /* global norm; 0 = off */
+    } optim;
+    struct {
+        int64_t rank;
+        double alpha;
+        int targets;                  /* TZ_LORA_* bits */
+    } lora;
+    struct {
+        char dir[TZ_PATH_MAX];
+        int64_t seed;
+    } run;
+} tz_config;
+
+/* Parse FILE, apply overrides ("section.key=value", nset of them), check everything.
+ * Any error is fatal with "FILE:LINE: key: expected ..." (or "--set KEY: ..."). */
+void tz_config_load(tz_config *cfg, const char *file, const char *const *sets, int nset);
+/* Defaults for every key that has one (required strings left empty). */
+void tz_config_defaults(tz_config *cfg);
+/* Write the effective config in libconfig syntax (every key, loadable again). */
+void tz_config_write(const tz_config *cfg, FILE *f);
+/* Names for printing. */
+const char *tz_mode_name(int mode);
+const char *tz_arch_name(int arch);
+
+#endif

@@ -1,0 +1,29 @@
+/* Arena: a bump allocator over one backend allocation, for activations and scratch.
+ * Allocation order is deterministic, so peak use is known; marks let a layer free its
+ * temporaries in one step. Not thread-safe (the model allocates from one thread). */
+#ifndef TZ_ARENA_H
+#define TZ_ARENA_H
+#include <stddef.h>
+
+#include "core/backend.h"
+
+typedef struct tz_arena {
+    tz_backend *be;
+    char *base;
+    size_t cap;
+    size_t used;
+    size_t peak;
+} tz_arena;
+
+/* cap bytes from the backend (the model computes the cap from its shapes). */
+void tz_arena_init(tz_arena *a, tz_backend *be, size_t cap);
+void tz_arena_free(tz_arena *a);
+/* 64-byte aligned, fatal with the sizes when the arena is full. */
+void *tz_arena_alloc(tz_arena *a, size_t bytes, const char *what);
+static inline float *tz_arena_floats(tz_arena *a, int64_t n, const char *what) {
+    return (float *)tz_arena_alloc(a, (size_t)n * sizeof(float), what);
+}
+static inline size_t tz_arena_mark(const tz_arena *a) { return a->used; }
+static inline void tz_arena_reset(tz_arena *a, size_t mark) { a->used = mark; }
+
+#endif

@@ -1,0 +1,107 @@
+/* The backend op table: every compute op the models use, forward and backward, as function
+ * pointers. The CPU table (cpu/) is the specification; CUDA (cuda/) implements the same.
+ *
+ * Conventions (all ops):
+ *  - Tensors are row-major fp32 unless stated; token ids are int32. Sizes are int64_t.
+ *  - Activations of a sequence batch are [B*T, C] ("BT rows"); attention heads are
+ *    interleaved in the last dimension: q is [B, T, Hq, D], k and v are [B, T, Hkv, D].
+ *  - Backward ops ACCUMULATE (+=) into every gradient they produce, input and parameter
+ *    gradients alike, so the caller zeroes a gradient buffer once and several paths add to
+ *    it. Exceptions, stated at the op: xent_bwd writes, rope_bwd transforms in place.
+ *  - Results do not depend on the number of threads (each output element is reduced by
+ *    one thread in a fixed order), so runs are reproducible bit for bit on one machine.
+ *  - Pointers are backend memory (host memory for the CPU backend). */
+#ifndef TZ_BACKEND_H
+#define TZ_BACKEND_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct tz_backend tz_backend;
+
+struct tz_backend {
+    const char *name;
+    int device;        /* 1: memory is not host-addressable (copy with memcpy_*) */
+    void *ctx;         /* implementation state */
+
+    /* ---- memory ---- */
+    void *(*alloc)(tz_backend *be, size_t bytes); /* zeroed, 64-byte aligned; fatal on failure */
+    void (*release)(tz_backend *be, void *p);
+    void (*upload)(tz_backend *be, void *dst, const void *host_src, size_t bytes);
+    void (*download)(tz_backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*copy)(tz_backend *be, void *dst, const void *src, size_t bytes);
+    void (*sync)(tz_backend *be);
+
+    /* ---- elementwise and reductions ---- */
+    void (*fill)(tz_backend *be, float *x, float v, int64_t n);
+    void (*scale)(tz_backend *be, float *x, float a, int64_t n);            /* x *= a */
+    void (*axpy)(tz_backend *be, float *y, float a, const float *x, int64_t n); /* y += a*x */
+    /* sum of squares, accumulated in double, returned to the host */
+    double (*sumsq)(tz_backend *be, const float *x, int64_t n);
+
+    /* ---- matmul ----
+     * C[M,N] = alpha * op(A) * op(B) + beta * C, op(A) is M x K, op(B) is K x N.
+     * transA = 0: A is stored [M,K]; 1: A is stored [K,M]. transB = 0: B stored [K,N];
+     * 1: B stored [N,K]. beta = 0 overwrites C (C may hold garbage, even NaN). */
+    void (*matmul)(tz_backend *be, float *C, const float *A, const float *B, int64_t M,
+                   int64_t N, int64_t K, int transA, int transB, float alpha, float beta);
+
+    /* ---- embedding ----
+     * out[t, :] = table[tok[t], :], t < n, table [V, C]. Token ids were validated by the
+     * data loader (0 <= tok < V). bwd: dtable[tok[t], :] += dout[t, :]. */
+    void (*embedding_fwd)(tz_backend *be, float *out, const int32_t *tok, const float *table,
+                          int64_t n, int64_t C);
+    void (*embedding_bwd)(tz_backend *be, float *dtable, const int32_t *tok, const float *dout,
+                          int64_t n, int64_t C);
+
+    /* ---- RMSNorm (HF LlamaRMSNorm) ----
+     * rstd[r] = 1/sqrt(mean_c(x[r,c]^2) + eps); out[r,c] = x[r,c] * rstd[r] * w[c].
+     * bwd: dx += ..., dw += ... (dw may be NULL: frozen weight). */
+    void (*rmsnorm_fwd)(tz_backend *be, float *out, float *rstd, const float *x, const float *w,
+                        int64_t rows, int64_t C, float eps);
+    void (*rmsnorm_bwd)(tz_backend *be, float *dx, float *dw, const float *dout, const float *x,
+                        const float *w, const float *rstd, int64_t rows, int64_t C);
+
+    /* ---- RoPE, HF rotate-half convention, in place on x [B, T, H, D] ----
+     * position of row (b, t) is t; inv_freq[i] = theta^(-2i/D), i < D/2;
+     * (x[i], x[i+D/2]) -> (x[i] cos - x[i+D/2] sin, x[i+D/2] cos + x[i] sin).
+     * bwd: in place on the gradient, the inverse rotation (the transpose). */
+    void (*rope_fwd)(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                     float theta);
+    void (*rope_bwd)(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H, int64_t D,
+                     float theta);
+
+    /* ---- scaled dot-product attention with grouped-query heads ----
+     * q [B,T,Hq,D], k, v [B,T,Hkv,D], Hq % Hkv == 0, query head h reads kv head h/(Hq/Hkv).
+     * scores = q.k / sqrt(D), causal: key s <= query t only. out [B,T,Hq,D];
+     * lse [B,Hq,T] = log-sum-exp of each score row (saved for backward, which recomputes the
+     * probabilities from q, k and lse rather than storing B*Hq*T*T of them).
+     * bwd: dq, dk, dv += ... */
+    void (*attention_fwd)(tz_backend *be, float *out, float *lse, const float *q, const float *k,
+                          const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                          int64_t D, int causal);
+    void (*attention_bwd)(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                          const float *out, const float *lse, const float *q, const float *k,
+                          const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                          int64_t D, int causal);
+
+    /* ---- SwiGLU: out = silu(g) * u, n elements. bwd: dg, du += ... ---- */
+    void (*swiglu_fwd)(tz_backend *be, float *out, const float *g, const float *u, int64_t n);
+    void (*swiglu_bwd)(tz_backend *be, float *dg, float *du, const float *dout, const float *g,
+                       const float *u, int64_t n);
+
+    /* ---- cross-entropy fused with softmax over logits [n, V] ----
+     * fwd: loss[r] = logsumexp(logits[r]) - logits[r, target[r]], or 0 where
+     *      target[r] < 0 (ignored). Returns nothing else; the caller sums.
+     * bwd: WRITES dlogits[r] = dloss * (softmax(logits[r]) - onehot(target[r])), or zeros
+     *      for an ignored row. dlogits may alias logits (in place). */
+    void (*xent_fwd)(tz_backend *be, float *loss, const float *logits, const int32_t *target,
+                     int64_t n, int64_t V);
+    void (*xent_bwd)(tz_backend *be, float *dlogits, const float *logits, const int32_t *target,
+                     float dloss, int64_t n, int64_t V);
+};
+
+/* The CPU backend (always available). threads <= 0: OpenMP default. */
+tz_backend *tz_cpu_backend_create(int threads);
+void tz_cpu_backend_destroy(tz_backend *be);
+
+#endif

@@ -1,0 +1,110 @@
+/* The fatal path and logging. MPI_Abort is called when MPI is initialised, so one failing
+ * rank stops the whole job instead of leaving the others waiting in a collective. */
+#include "core/error.h"
+
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_rank = 0; /* written once at start-up by tz_log_set_rank; read-only after */
+static int g_world = 1;
+
+void tz_log_set_rank(int rank, int world) {
+    g_rank = rank;
+    g_world = world;
+}
+
+int tz_log_rank(void) { return g_rank; }
+
+TZ_NORETURN static void tz_abort(void) {
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    fflush(stdout);
+    fflush(stderr);
+    if (up && !down && g_world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (up && !down) MPI_Finalize();
+    exit(1);
+}
+
+static void tz_vfatal(const char *file, int line, const char *func, const char *hint,
+                      const char *fmt, va_list ap) {
+    fflush(stdout);
+    fprintf(stderr, "[rank %d] %s:%d %s: ", g_rank, file, line, func);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    if (hint) fprintf(stderr, "[rank %d] HINT: %s\n", g_rank, hint);
+    fflush(stderr);
+}
+
+void tz_fatal_at(const char *file, int line, const char *func, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    tz_vfatal(file, line, func, NULL, fmt, ap);
+    va_end(ap);
+    tz_abort();
+}
+
+void tz_fatal_hint_at(const char *file, int line, const char *func, const char *hint,
+                      const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    tz_vfatal(file, line, func, hint, fmt, ap);
+    va_end(ap);
+    tz_abort();
+}
+
+void tz_info(const char *fmt, ...) {
+    if (g_rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stdout, fmt, ap);
+    va_end(ap);
+    fputc('\n', stdout);
+    fflush(stdout);
+}
+
+void tz_info_all(const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stdout, "[rank %d] %s\n", g_rank, buf);
+    fflush(stdout);
+}
+
+void tz_warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "[rank %d] warning: ", g_rank);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+}
+
+void *tz_xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) TZ_FATAL("out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+void *tz_xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) TZ_FATAL("out of memory allocating %zu x %zu bytes", n, size);
+    return p;
+}
+
+void *tz_xrealloc(void *p, size_t bytes) {
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q) TZ_FATAL("out of memory reallocating %zu bytes", bytes);
+    return q;
+}
+
+char *tz_xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = tz_xmalloc(n);
+    memcpy(p, s, n);
+    return p;
+}
