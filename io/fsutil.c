@@ -1,0 +1,45 @@
+/* File-system helpers shared by the writers; no format knowledge here. */
+#include "io/fsutil.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/error.h"
+
+int tz_mkdir_p(const char *path, char *err, size_t errlen) {
+    char buf[1024];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        snprintf(err, errlen, "%s: path too long", path);
+        return 1;
+    }
+    for (char *p = buf + 1;; p++) {
+        char c = *p;
+        if (c == '/' || c == '\0') {
+            *p = '\0';
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
+                snprintf(err, errlen, "%s: cannot create directory: %s", buf, strerror(errno));
+                return 1;
+            }
+            struct stat st;
+            if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode)) {
+                snprintf(err, errlen, "%s: exists and is not a directory", buf);
+                return 1;
+            }
+            *p = c;
+        }
+        if (c == '\0') break;
+    }
+    return 0;
+}
+
+int tz_path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+void tz_path_join(char *out, size_t outlen, const char *a, const char *b) {
+    if ((size_t)snprintf(out, outlen, "%s/%s", a, b) >= outlen)
+        TZ_FATAL("path too long: %s/%s", a, b);
+}

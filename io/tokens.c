@@ -1,0 +1,182 @@
+/* Token file reading (mmap, validated up front) and writing (atomic), and byte-level
+ * preparation of a text. Real tokenizers are not here: bring pre-tokenized files. */
+#include "io/tokens.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+static uint32_t rd32(const uint8_t *p) {
+    return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t rd64(const uint8_t *p) { return rd32(p) | (uint64_t)rd32(p + 4) << 32; }
+static void wr32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void wr64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+int tz_tokens_open(tz_tokens *t, const char *path, char *err, size_t errlen) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->path, sizeof t->path, "%s", path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: cannot open token file: %s", path, strerror(errno));
+        return 1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < TZ_TOKENS_HEADER) {
+        snprintf(err, errlen, "%s: not a token file: %lld bytes, the header alone is %d", path,
+                 (long long)st.st_size, TZ_TOKENS_HEADER);
+        close(fd);
+        return 1;
+    }
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        snprintf(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
+        return 1;
+    }
+    t->data = m;
+    t->map_bytes = (size_t)st.st_size;
+    const uint8_t *h = t->data;
+    uint32_t version = rd32(h + 8);
+    t->width = rd32(h + 12);
+    t->vocab = rd32(h + 16);
+    uint64_t count = rd64(h + 24);
+    const char *why = NULL;
+    char buf[160];
+    if (memcmp(h, TZ_TOKENS_MAGIC, 8) != 0)
+        why = "bad magic (expected \"TZTOKENS\"; make one with `turbozero prep text`)";
+    else if (version != TZ_TOKENS_VERSION)
+        snprintf(buf, sizeof buf, "version %u, this build reads version %u", version,
+                 TZ_TOKENS_VERSION), why = buf;
+    else if (t->width != 1 && t->width != 2 && t->width != 4)
+        snprintf(buf, sizeof buf, "token width %u, expected 1, 2 or 4 bytes", t->width), why = buf;
+    else if (t->vocab == 0 || (t->width < 4 && t->vocab > (1u << (8 * t->width))))
+        snprintf(buf, sizeof buf, "vocab %u does not fit %u-byte tokens", t->vocab, t->width),
+            why = buf;
+    else if (count > (uint64_t)(t->map_bytes - TZ_TOKENS_HEADER) / t->width ||
+             TZ_TOKENS_HEADER + count * t->width != t->map_bytes)
+        snprintf(buf, sizeof buf, "header says %llu tokens (%llu bytes) but the file has %zu",
+                 (unsigned long long)count,
+                 (unsigned long long)(TZ_TOKENS_HEADER + count * t->width), t->map_bytes),
+            why = buf;
+    if (why) {
+        snprintf(err, errlen, "%s: %s", path, why);
+        tz_tokens_close(t);
+        return 1;
+    }
+    t->count = (int64_t)count;
+    t->tokens = t->data + TZ_TOKENS_HEADER;
+    if (t->width < 4 || t->vocab < UINT32_MAX) {
+        for (int64_t i = 0; i < t->count; i++) {
+            uint32_t v = (uint32_t)tz_tokens_at(t, i);
+            if (v >= t->vocab) {
+                snprintf(err, errlen, "%s: token %lld is %u, not below the vocab size %u", path,
+                         (long long)i, v, t->vocab);
+                tz_tokens_close(t);
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+void tz_tokens_close(tz_tokens *t) {
+    if (t->data) munmap((void *)t->data, t->map_bytes);
+    t->data = t->tokens = NULL;
+}
+
+void tz_tokens_read(const tz_tokens *t, int64_t start, int64_t n, int32_t *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = tz_tokens_at(t, start + i);
+}
+
+int tz_tokens_write(const char *path, const uint32_t *tok, int64_t n, uint32_t vocab, char *err,
+                    size_t errlen) {
+    uint32_t width = vocab <= 256 ? 1 : vocab <= 65536 ? 2 : 4;
+    uint8_t h[TZ_TOKENS_HEADER] = {0};
+    memcpy(h, TZ_TOKENS_MAGIC, 8);
+    wr32(h + 8, TZ_TOKENS_VERSION);
+    wr32(h + 12, width);
+    wr32(h + 16, vocab);
+    wr64(h + 24, (uint64_t)n);
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+        return 1;
+    }
+    int ok = fwrite(h, 1, sizeof h, f) == sizeof h;
+    uint8_t buf[4096];
+    for (int64_t i = 0; i < n && ok;) {
+        size_t k = 0;
+        for (; i < n && k + width <= sizeof buf; i++) {
+            if (tok[i] >= vocab) {
+                snprintf(err, errlen, "%s: token %lld is %u, not below vocab %u", path,
+                         (long long)i, tok[i], vocab);
+                fclose(f);
+                unlink(tmp);
+                return 1;
+            }
+            for (uint32_t b = 0; b < width; b++) buf[k++] = (uint8_t)(tok[i] >> (8 * b));
+        }
+        ok = fwrite(buf, 1, k, f) == k;
+    }
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        snprintf(err, errlen, "%s: write failed: %s", path, strerror(errno));
+        unlink(tmp);
+        return 1;
+    }
+    return 0;
+}
+
+int tz_tokens_prep_bytes(const char *in_path, const char *out_path, const char *val_path,
+                         double val_fraction, char *err, size_t errlen) {
+    if (!(val_fraction >= 0.0 && val_fraction < 1.0)) {
+        snprintf(err, errlen, "--val-fraction %g: expected a number in [0, 1)", val_fraction);
+        return 1;
+    }
+    FILE *f = fopen(in_path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open text: %s", in_path, strerror(errno));
+        return 1;
+    }
+    size_t cap = 1 << 20, n = 0, k;
+    uint8_t *text = tz_xmalloc(cap);
+    while ((k = fread(text + n, 1, cap - n, f)) > 0) {
+        n += k;
+        if (n == cap) text = tz_xrealloc(text, cap *= 2);
+    }
+    int rerr = ferror(f);
+    fclose(f);
+    if (rerr || n == 0) {
+        snprintf(err, errlen, "%s: %s", in_path, rerr ? "read error" : "empty text");
+        free(text);
+        return 1;
+    }
+    uint32_t *tok = tz_xmalloc(n * sizeof *tok);
+    for (size_t i = 0; i < n; i++) tok[i] = text[i];
+    free(text);
+    int64_t nval = (int64_t)((double)n * val_fraction);
+    int64_t ntrain = (int64_t)n - nval;
+    int rc = tz_tokens_write(out_path, tok, ntrain, 256, err, errlen);
+    if (!rc) printf("wrote %s: %lld tokens (bytes, vocab 256)\n", out_path, (long long)ntrain);
+    if (!rc && nval > 0) {
+        rc = tz_tokens_write(val_path, tok + ntrain, nval, 256, err, errlen);
+        if (!rc) printf("wrote %s: %lld tokens (validation)\n", val_path, (long long)nval);
+    }
+    free(tok);
+    return rc;
+}

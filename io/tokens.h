@@ -1,0 +1,56 @@
+/* Token files: a 64-byte little-endian header (magic, version, dtype, vocab, count) then the
+ * tokens, and the byte-level text preparation. Knows the format, not batching or training.
+ *
+ * Layout (version 1), all integers little-endian:
+ *   0  char[8]  magic "TZTOKENS"
+ *   8  u32      version = 1
+ *  12  u32      bytes per token: 1 (u8), 2 (u16) or 4 (u32)
+ *  16  u32      vocab size V (every token < V)
+ *  20  u32      reserved, 0
+ *  24  u64      token count N
+ *  32  u8[32]   reserved, 0
+ *  64  tokens   N * (bytes per token)
+ */
+#ifndef TZ_TOKENS_H
+#define TZ_TOKENS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define TZ_TOKENS_MAGIC "TZTOKENS"
+#define TZ_TOKENS_VERSION 1u
+#define TZ_TOKENS_HEADER 64
+
+typedef struct tz_tokens {
+    char path[512];
+    uint32_t vocab;
+    uint32_t width; /* bytes per token */
+    int64_t count;
+    const uint8_t *data; /* mmap of the whole file */
+    size_t map_bytes;
+    const uint8_t *tokens; /* data + header */
+} tz_tokens;
+
+/* Open and validate (magic, version, width, size agrees with count, every token < vocab).
+ * Returns 0, or non-zero with a message naming the file in err. */
+int tz_tokens_open(tz_tokens *t, const char *path, char *err, size_t errlen);
+void tz_tokens_close(tz_tokens *t);
+static inline int32_t tz_tokens_at(const tz_tokens *t, int64_t i) {
+    const uint8_t *p = t->tokens + (size_t)i * t->width;
+    if (t->width == 1) return p[0];
+    if (t->width == 2) return (int32_t)(p[0] | (uint32_t)p[1] << 8);
+    return (int32_t)(p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+}
+/* out[i] = token[start + i], i < n. */
+void tz_tokens_read(const tz_tokens *t, int64_t start, int64_t n, int32_t *out);
+
+/* Write n tokens (each < vocab) with the narrowest width; to path.tmp, fsync, rename. */
+int tz_tokens_write(const char *path, const uint32_t *tok, int64_t n, uint32_t vocab, char *err,
+                    size_t errlen);
+
+/* Byte-level tokenizer: token = byte value, vocab 256. The last val_fraction of the text
+ * (cut at a byte) goes to val_path, the rest to out_path; val_fraction = 0 writes every
+ * token to out_path. Prints what it wrote. Returns 0 or non-zero with err. */
+int tz_tokens_prep_bytes(const char *in_path, const char *out_path, const char *val_path,
+                         double val_fraction, char *err, size_t errlen);
+
+#endif

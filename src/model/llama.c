@@ -1,0 +1,296 @@
+/* Llama forward and backward on the backend op table, with saved or recomputed (activation
+ * checkpointing) layer activations. Loading and saving weights live in llama_io.c. */
+#include "model/llama.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+const char *const tz_llama_lin_names[TZ_LIN_N] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                  "gate_proj", "up_proj", "down_proj"};
+
+static tz_param *add_param(tz_llama *m, const char *name, int ndim, int64_t d0, int64_t d1,
+                           int trainable, int decay, int adapter) {
+    return tz_params_add(&m->params, m->be, name, ndim, d0, d1, trainable, decay, adapter);
+}
+
+static void add_linear(tz_llama *m, tz_linear *l, int layer, int which, int64_t in, int64_t out) {
+    char name[TZ_NAME_MAX];
+    const char *blk = which <= TZ_LIN_O ? "self_attn" : "mlp";
+    snprintf(name, sizeof name, "model.layers.%d.%s.%s.weight", layer, blk,
+             tz_llama_lin_names[which]);
+    l->in = in;
+    l->out = out;
+    l->w = add_param(m, name, 2, out, in, m->o.full, 1, 0);
+    l->a = l->b = NULL;
+    l->r = 0;
+    if (m->o.lora_targets & (1 << which)) {
+        l->r = m->o.lora_rank;
+        l->scale = (float)(m->o.lora_alpha / (double)m->o.lora_rank);
+        snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", layer,
+                 blk, tz_llama_lin_names[which]);
+        l->a = add_param(m, name, 2, l->r, in, 1, 1, 1);
+        snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", layer,
+                 blk, tz_llama_lin_names[which]);
+        l->b = add_param(m, name, 2, out, l->r, 1, 1, 1);
+    }
+}
+
+tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_llama_opts *o) {
+    if (d->n_heads % d->n_kv_heads || d->head_dim % 2)
+        TZ_FATAL("llama: %lld heads not a multiple of %lld kv heads, or odd head_dim %lld",
+                 (long long)d->n_heads, (long long)d->n_kv_heads, (long long)d->head_dim);
+    tz_llama *m = tz_xcalloc(1, sizeof *m);
+    m->d = *d;
+    m->o = *o;
+    m->be = be;
+    tz_params_init(&m->params);
+    int full = o->full;
+    const int64_t C = d->dim, qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
+    /* registration in forward order; the flat layout reverses it (backward order) */
+    m->embed = add_param(m, "model.embed_tokens.weight", 2, d->vocab, C, full, 1, 0);
+    m->layers = tz_xcalloc((size_t)d->n_layers, sizeof *m->layers);
+    for (int i = 0; i < d->n_layers; i++) {
+        tz_llama_layer *L = &m->layers[i];
+        char name[TZ_NAME_MAX];
+        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", i);
+        L->attn_norm = add_param(m, name, 1, C, 1, full, 0, 0);
+        add_linear(m, &L->lin[TZ_LIN_Q], i, TZ_LIN_Q, C, qd);
+        add_linear(m, &L->lin[TZ_LIN_K], i, TZ_LIN_K, C, kvd);
+        add_linear(m, &L->lin[TZ_LIN_V], i, TZ_LIN_V, C, kvd);
+        add_linear(m, &L->lin[TZ_LIN_O], i, TZ_LIN_O, qd, C);
+        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", i);
+        L->mlp_norm = add_param(m, name, 1, C, 1, full, 0, 0);
+        add_linear(m, &L->lin[TZ_LIN_GATE], i, TZ_LIN_GATE, C, d->hidden);
+        add_linear(m, &L->lin[TZ_LIN_UP], i, TZ_LIN_UP, C, d->hidden);
+        add_linear(m, &L->lin[TZ_LIN_DOWN], i, TZ_LIN_DOWN, d->hidden, C);
+    }
+    m->final_norm = add_param(m, "model.norm.weight", 1, C, 1, full, 0, 0);
+    m->lm_head = d->tied ? m->embed : add_param(m, "lm_head.weight", 2, d->vocab, C, full, 1, 0);
+    tz_params_layout(&m->params);
+    return m;
+}
+
+void tz_llama_free(tz_llama *m) {
+    if (!m) return;
+    tz_arena_free(&m->arena);
+    tz_params_free(&m->params, m->be);
+    free(m->layers);
+    free(m->xin);
+    free(m->acts);
+    free(m->loss_host);
+    free(m);
+}
+
+static void upload_fn(tz_llama *m, tz_param *p, double (*gen)(tz_rng *, double), double arg,
+                      tz_rng *r) {
+    float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
+    for (int64_t i = 0; i < p->numel; i++) h[i] = (float)gen(r, arg);
+    m->be->upload(m->be, p->w, h, (size_t)p->numel * sizeof *h);
+    free(h);
+}
+static double gen_normal(tz_rng *r, double std) { return std * tz_rng_normal(r); }
+static double gen_const(tz_rng *r, double v) { return v; }
+static double gen_uniform(tz_rng *r, double bound) {
+    return bound * (2.0 * tz_rng_uniform(r) - 1.0);
+}
+
+void tz_llama_init_random(tz_llama *m, uint64_t seed) {
+    for (int i = 0; i < m->params.n; i++) {
+        tz_param *p = &m->params.p[i];
+        if (p->adapter) continue;
+        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_INIT, 0);
+        if (p->ndim == 1) upload_fn(m, p, gen_const, 1.0, &r);
+        else upload_fn(m, p, gen_normal, 0.02, &r);
+    }
+}
+
+void tz_llama_init_lora(tz_llama *m, uint64_t seed) {
+    for (int i = 0; i < m->params.n; i++) {
+        tz_param *p = &m->params.p[i];
+        if (!p->adapter) continue;
+        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_LORA, 0);
+        if (strstr(p->name, "lora_A")) upload_fn(m, p, gen_uniform, 1.0 / sqrt((double)p->shape[1]), &r);
+        else upload_fn(m, p, gen_const, 0.0, &r);
+    }
+}
+
+/* ---- activation memory ---- */
+
+/* Walks every allocation of tz_llama_setup; with a NULL arena it only counts bytes. */
+static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
+    const tz_llama_dims *d = &m->d;
+    const int64_t BT = B * T, C = d->dim, F = d->hidden;
+    const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
+    size_t total = 0;
+#define TAKE(ptr, n, what)                                                   \
+    do {                                                                     \
+        size_t b_ = ((size_t)(n) * 4 + 63) & ~(size_t)63;                    \
+        total += b_;                                                         \
+        if (a) (ptr) = (void *)tz_arena_alloc(a, (size_t)(n) * 4, what);     \
+    } while (0)
+    int n_acts = m->o.checkpointing ? 1 : (int)d->n_layers;
+    if (a) {
+        m->xin = tz_xcalloc((size_t)d->n_layers + 1, sizeof *m->xin);
+        m->acts = tz_xcalloc((size_t)n_acts, sizeof *m->acts);
+        m->n_acts = n_acts;
+    }
+    for (int64_t i = 0; i <= d->n_layers; i++) TAKE(m->xin[i], BT * C, "residual stream");
+    for (int i = 0; i < n_acts; i++) {
+        tz_llama_acts *s = a ? &m->acts[i] : NULL;
+        float *dummy = NULL;
+#define ACT(field, n) TAKE(*(s ? &s->field : &dummy), n, #field)
+        ACT(h1, BT * C); ACT(rstd1, BT); ACT(q, BT * qd); ACT(k, BT * kvd); ACT(v, BT * kvd);
+        ACT(att, BT * qd); ACT(lse, BT * d->n_heads); ACT(x2, BT * C); ACT(h2, BT * C);
+        ACT(rstd2, BT); ACT(g, BT * F); ACT(u, BT * F); ACT(s, BT * F);
+        for (int j = 0; j < TZ_LIN_N; j++)
+            if (m->o.lora_targets & (1 << j)) ACT(lh[j], BT * m->o.lora_rank);
+#undef ACT
+    }
+    TAKE(m->hf, BT * C, "final norm"); TAKE(m->rstdf, BT, "final rstd");
+    TAKE(m->logits, BT * d->vocab, "logits"); TAKE(m->losses, BT, "losses");
+    TAKE(m->tok, BT, "tokens"); TAKE(m->tgt, BT, "targets");
+    TAKE(m->dres, BT * C, "dres"); TAKE(m->dh, BT * C, "dh");
+    TAKE(m->dq, BT * qd, "dq"); TAKE(m->dk, BT * kvd, "dk"); TAKE(m->dv, BT * kvd, "dv");
+    TAKE(m->datt, BT * qd, "datt");
+    TAKE(m->dg, BT * F, "dg"); TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
+    TAKE(m->dlora, BT * (m->o.lora_rank > 0 ? m->o.lora_rank : 1), "dlora");
+#undef TAKE
+    return total;
+}
+
+size_t tz_llama_arena_bytes(const tz_llama *m, int64_t B, int64_t T) {
+    return acts_walk((tz_llama *)m, NULL, B, T);
+}
+
+void tz_llama_setup(tz_llama *m, int64_t B, int64_t T) {
+    if (T > m->d.max_pos)
+        tz_warn("sequence length %lld exceeds the model's max_position_embeddings %lld",
+                (long long)T, (long long)m->d.max_pos);
+    tz_arena_free(&m->arena);
+    free(m->xin);
+    free(m->acts);
+    free(m->loss_host);
+    m->B = B;
+    m->T = T;
+    tz_arena_init(&m->arena, m->be, tz_llama_arena_bytes(m, B, T));
+    acts_walk(m, &m->arena, B, T);
+    m->loss_host = tz_xmalloc((size_t)(B * T) * sizeof *m->loss_host);
+}
+
+/* ---- forward ---- */
+
+/* One layer: x -> out, saving its activations in a. */
+static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, const float *x,
+                      float *out) {
+    tz_backend *be = m->be;
+    const tz_llama_dims *d = &m->d;
+    const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim;
+    be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_Q], a->q, a->lh[TZ_LIN_Q], a->h1, BT);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_K], a->k, a->lh[TZ_LIN_K], a->h1, BT);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_V], a->v, a->lh[TZ_LIN_V], a->h1, BT);
+    be->rope_fwd(be, a->q, B, T, d->n_heads, d->head_dim, (float)d->theta);
+    be->rope_fwd(be, a->k, B, T, d->n_kv_heads, d->head_dim, (float)d->theta);
+    be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, B, T, d->n_heads, d->n_kv_heads,
+                      d->head_dim, 1);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_O], a->x2, a->lh[TZ_LIN_O], a->att, BT);
+    be->axpy(be, a->x2, 1.0f, x, BT * C); /* x2 = x + attn */
+    be->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, L->mlp_norm->w, BT, C, (float)d->eps);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_GATE], a->g, a->lh[TZ_LIN_GATE], a->h2, BT);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_UP], a->u, a->lh[TZ_LIN_UP], a->h2, BT);
+    be->swiglu_fwd(be, a->s, a->g, a->u, BT * d->hidden);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_DOWN], out, a->lh[TZ_LIN_DOWN], a->s, BT);
+    be->axpy(be, out, 1.0f, a->x2, BT * C); /* out = x2 + mlp */
+}
+
+static tz_llama_acts *acts_of(tz_llama *m, int64_t layer) {
+    return &m->acts[m->n_acts == 1 ? 0 : layer];
+}
+
+static double forward_loss(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
+    tz_backend *be = m->be;
+    const tz_llama_dims *d = &m->d;
+    const int64_t BT = m->B * m->T, C = d->dim;
+    if (!m->arena.base) TZ_FATAL("llama: tz_llama_setup was not called");
+    be->upload(be, m->tok, inputs, (size_t)BT * sizeof *inputs);
+    be->upload(be, m->tgt, targets, (size_t)BT * sizeof *targets);
+    be->embedding_fwd(be, m->xin[0], m->tok, m->embed->w, BT, C);
+    for (int64_t l = 0; l < d->n_layers; l++)
+        layer_fwd(m, &m->layers[l], acts_of(m, l), m->xin[l], m->xin[l + 1]);
+    be->rmsnorm_fwd(be, m->hf, m->rstdf, m->xin[d->n_layers], m->final_norm->w, BT, C,
+                    (float)d->eps);
+    be->matmul(be, m->logits, m->hf, m->lm_head->w, BT, d->vocab, C, 0, 1, 1.0f, 0.0f);
+    be->xent_fwd(be, m->losses, m->logits, m->tgt, BT, d->vocab);
+    be->download(be, m->loss_host, m->losses, (size_t)BT * sizeof(float));
+    double sum = 0.0;
+    for (int64_t i = 0; i < BT; i++) sum += m->loss_host[i];
+    return sum;
+}
+
+double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
+    return forward_loss(m, inputs, targets);
+}
+
+/* ---- backward ---- */
+
+static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, const float *x) {
+    tz_backend *be = m->be;
+    const tz_llama_dims *d = &m->d;
+    const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim, F = d->hidden;
+    const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
+    /* m->dres holds dL/d(layer output) */
+    be->fill(be, m->ds, 0.0f, BT * F);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_DOWN], m->ds, m->dres, a->s, a->lh[TZ_LIN_DOWN], m->dlora, BT);
+    be->fill(be, m->dg, 0.0f, BT * F);
+    be->fill(be, m->du, 0.0f, BT * F);
+    be->swiglu_bwd(be, m->dg, m->du, m->ds, a->g, a->u, BT * F);
+    be->fill(be, m->dh, 0.0f, BT * C);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_GATE], m->dh, m->dg, a->h2, a->lh[TZ_LIN_GATE], m->dlora, BT);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_UP], m->dh, m->du, a->h2, a->lh[TZ_LIN_UP], m->dlora, BT);
+    /* dres += norm path: now dL/dx2 */
+    be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C);
+    be->fill(be, m->datt, 0.0f, BT * qd);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_O], m->datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
+    be->fill(be, m->dq, 0.0f, BT * qd);
+    be->fill(be, m->dk, 0.0f, BT * kvd);
+    be->fill(be, m->dv, 0.0f, BT * kvd);
+    be->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T,
+                      d->n_heads, d->n_kv_heads, d->head_dim, 1);
+    be->rope_bwd(be, m->dq, B, T, d->n_heads, d->head_dim, (float)d->theta);
+    be->rope_bwd(be, m->dk, B, T, d->n_kv_heads, d->head_dim, (float)d->theta);
+    be->fill(be, m->dh, 0.0f, BT * C);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_Q], m->dh, m->dq, a->h1, a->lh[TZ_LIN_Q], m->dlora, BT);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_K], m->dh, m->dk, a->h1, a->lh[TZ_LIN_K], m->dlora, BT);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_V], m->dh, m->dv, a->h1, a->lh[TZ_LIN_V], m->dlora, BT);
+    /* dres += norm path: now dL/dx */
+    be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C);
+}
+
+double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32_t *targets,
+                                 float dloss) {
+    tz_backend *be = m->be;
+    const tz_llama_dims *d = &m->d;
+    const int64_t BT = m->B * m->T, C = d->dim, V = d->vocab;
+    double loss = forward_loss(m, inputs, targets);
+    /* head: dlogits in place, then dhf = dlogits W_head, dW_head += dlogits^T hf */
+    be->xent_bwd(be, m->logits, m->logits, m->tgt, dloss, BT, V);
+    be->matmul(be, m->dh, m->logits, m->lm_head->w, BT, C, V, 0, 0, 1.0f, 0.0f);
+    if (m->lm_head->g) be->matmul(be, m->lm_head->g, m->logits, m->hf, V, C, BT, 1, 0, 1.0f, 1.0f);
+    be->fill(be, m->dres, 0.0f, BT * C);
+    be->rmsnorm_bwd(be, m->dres, m->final_norm->g, m->dh, m->xin[d->n_layers], m->final_norm->w,
+                    m->rstdf, BT, C);
+    for (int64_t l = d->n_layers - 1; l >= 0; l--) {
+        tz_llama_acts *a = acts_of(m, l);
+        /* checkpointing: recompute the layer (the last one's activations are still there);
+         * its output goes to dh, free until layer_bwd fills it */
+        if (m->n_acts == 1 && l != d->n_layers - 1) layer_fwd(m, &m->layers[l], a, m->xin[l], m->dh);
+        layer_bwd(m, &m->layers[l], a, m->xin[l]);
+    }
+    if (m->embed->g) be->embedding_bwd(be, m->embed->g, m->tok, m->dres, BT, C);
+    return loss;
+}

@@ -1,0 +1,82 @@
+/* Llama (HF LlamaForCausalLM semantics): RMSNorm, rotate-half RoPE, grouped-query
+ * attention, SwiGLU MLP, optional tied embeddings; LoRA on any projection; forward and
+ * backward through the backend op table, optional activation checkpointing. */
+#ifndef TZ_LLAMA_H
+#define TZ_LLAMA_H
+#include <stdint.h>
+
+#include "core/arena.h"
+#include "core/backend.h"
+#include "model/linear.h"
+#include "model/params.h"
+
+enum { TZ_LIN_Q, TZ_LIN_K, TZ_LIN_V, TZ_LIN_O, TZ_LIN_GATE, TZ_LIN_UP, TZ_LIN_DOWN, TZ_LIN_N };
+extern const char *const tz_llama_lin_names[TZ_LIN_N]; /* "q_proj", ... */
+
+typedef struct tz_llama_dims {
+    int64_t vocab, dim, hidden, n_layers, n_heads, n_kv_heads, head_dim, max_pos;
+    double eps, theta;
+    int tied;
+} tz_llama_dims;
+
+typedef struct tz_llama_opts {
+    int full;          /* 1: every weight trainable; 0: frozen base (adapters only) */
+    int lora_targets;  /* bit (1 << TZ_LIN_x) per adapted projection; 0: no adapters */
+    int64_t lora_rank;
+    double lora_alpha;
+    int checkpointing;
+} tz_llama_opts;
+
+typedef struct tz_llama_layer {
+    tz_param *attn_norm, *mlp_norm;
+    tz_linear lin[TZ_LIN_N];
+} tz_llama_layer;
+
+/* Saved activations of one layer for one batch ([B*T, ...] rows). */
+typedef struct tz_llama_acts {
+    float *h1, *rstd1, *q, *k, *v, *att, *lse, *x2, *h2, *rstd2, *g, *u, *s;
+    float *lh[TZ_LIN_N]; /* LoRA hidden x A^T per projection (NULL if not adapted) */
+} tz_llama_acts;
+
+typedef struct tz_llama {
+    tz_llama_dims d;
+    tz_llama_opts o;
+    tz_backend *be;
+    tz_params params;
+    tz_param *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
+    tz_llama_layer *layers;
+    /* activations for batches of B sequences of T tokens (set by tz_llama_setup) */
+    int64_t B, T;
+    tz_arena arena;
+    float **xin;              /* n_layers + 1 residual streams [BT, C] */
+    tz_llama_acts *acts;      /* n_layers sets, or 1 with checkpointing */
+    int n_acts;
+    float *hf, *rstdf, *logits, *losses;
+    int32_t *tok, *tgt;
+    float *dres, *dh, *dq, *dk, *dv, *datt, *dg, *du, *ds, *dlora;
+    float *loss_host;         /* BT floats on the host */
+} tz_llama;
+
+/* Register every parameter (base weights zeroed, adapters per opts). */
+tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_llama_opts *o);
+void tz_llama_free(tz_llama *m);
+/* Random init as HF does: normal(0, 0.02) for matrices and embeddings, ones for norms. */
+void tz_llama_init_random(tz_llama *m, uint64_t seed);
+/* LoRA init as PEFT does: A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0. */
+void tz_llama_init_lora(tz_llama *m, uint64_t seed);
+/* Size the activation arena for batches of B x T and allocate it. */
+void tz_llama_setup(tz_llama *m, int64_t B, int64_t T);
+/* Bytes the activation arena needs for B x T under the model's options. */
+size_t tz_llama_arena_bytes(const tz_llama *m, int64_t B, int64_t T);
+
+/* One micro-batch: inputs and targets [B*T] on the host (target < 0: ignored). Forward,
+ * loss, backward with d(loss_r)/d(...) scaled by dloss, gradients accumulated into the
+ * trainable parameters' g. Returns the sum of the per-token losses. */
+double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32_t *targets,
+                                 float dloss);
+/* Forward only; returns the sum of the per-token losses (and counts nothing ignored). */
+double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targets);
+/* Logits of the last forward, [B*T, vocab], backend memory. */
+static inline const float *tz_llama_logits(const tz_llama *m) { return m->logits; }
+
+#endif

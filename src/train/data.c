@@ -1,0 +1,44 @@
+/* The sample order (seeded permutation per epoch) and window extraction. Reads tokens
+ * through io/tokens.h; knows nothing of ranks beyond the sample index it is given. */
+#include "train/data.h"
+
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+void tz_data_init(tz_data *d, const tz_tokens *tok, int64_t seq_len, uint64_t seed) {
+    d->tok = tok;
+    d->T = seq_len;
+    d->nwin = tok->count > 0 ? (tok->count - 1) / seq_len : 0;
+    if (d->nwin < 1)
+        TZ_FATAL_HINT("use more data or a smaller data.seq_len",
+                      "%s: %lld tokens hold no window of data.seq_len + 1 = %lld tokens",
+                      tok->path, (long long)tok->count, (long long)seq_len + 1);
+    d->seed = seed;
+    d->epoch = -1;
+    d->perm = tz_xmalloc((size_t)d->nwin * sizeof *d->perm);
+}
+
+void tz_data_free(tz_data *d) {
+    free(d->perm);
+    d->perm = NULL;
+}
+
+void tz_data_window(const tz_data *d, int64_t w, int32_t *inputs, int32_t *targets) {
+    int64_t start = w * d->T;
+    tz_tokens_read(d->tok, start, d->T, inputs);
+    tz_tokens_read(d->tok, start + 1, d->T, targets);
+}
+
+void tz_data_batch(tz_data *d, int64_t first, int64_t n, int32_t *inputs, int32_t *targets) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = first + i, epoch = s / d->nwin;
+        if (epoch != d->epoch) {
+            tz_rng r = tz_rng_make(d->seed, (uint64_t)epoch, TZ_RNG_DATA, 0);
+            tz_rng_permutation(&r, d->perm, d->nwin);
+            d->epoch = epoch;
+        }
+        tz_data_window(d, d->perm[s % d->nwin], inputs + i * d->T, targets + i * d->T);
+    }
+}
