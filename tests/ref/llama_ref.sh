@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Drives tests/ref/llama_ref.py over tiny random models: tied/untied x lora/full (+ checkpointing).
+# usage: llama_ref.sh TURBOZERO TZ_GRAD_DUMP REF_DIR
+set -u
+tz=$1 dump=$2 ref=$3
+py=/usr/bin/python3
+if ! $py -c "import torch" 2>/dev/null; then
+  echo "python3-torch is not installed: cannot run the PyTorch reference" >&2
+  exit 1
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/tzref.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+pass=0 fail=0
+for tied in 1 0; do
+  "$tz" init-model --arch llama --preset tiny --vocab 97 --tied $tied --seed 7 --out "$work/m$tied" >/dev/null || exit 1
+  for cfg in "lora 0" "full 0" "lora 1" "full 1"; do
+    set -- $cfg
+    mode=$1 ckpt=$2
+    name="tied=$tied mode=$mode checkpointing=$ckpt"
+    out="$work/d-$tied-$mode-$ckpt.safetensors"
+    if "$dump" --model "$work/m$tied" --mode $mode --ckpt $ckpt --B 2 --T 13 --rank 4 --alpha 8 \
+         --targets 127 --seed 3 --out "$out" >/dev/null &&
+       $py "$ref/llama_ref.py" "$work/m$tied" "$out" $mode 8 1e-4 > "$work/log" 2>&1; then
+      pass=$((pass + 1)); echo "ok   $name: $(grep 'worst' "$work/log")"
+    else
+      fail=$((fail + 1)); echo "FAIL $name"; cat "$work/log"
+    fi
+  done
+done
+echo "llama_ref: $pass passed, $fail failed"
+[ $fail -eq 0 ]
