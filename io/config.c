@@ -1,0 +1,600 @@
+/* The run configuration: one schema table drives defaults, libconfig parsing, --set
+ * overrides, range checks and writing. No MPI here: rank 0 loads, the caller broadcasts. */
+#include "io/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <libconfig.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/error.h"
+
+typedef enum { T_INT, T_FLOAT, T_BOOL, T_STRING, T_ENUM, T_TARGETS } tz_type;
+enum { CLOSED = 0, OPEN = 1 };
+
+/* One row per key. Integers are int64_t fields, floats double, strings char[TZ_PATH_MAX];
+ * bool, enum (index into names) and targets (TZ_LORA_* bits) are int fields. */
+typedef struct {
+    const char *section, *key;
+    size_t off, size;
+    tz_type type;
+    int required;                  /* no default: must come from the file or --set */
+    int64_t idef, imin, imax;      /* T_INT range; idef is also the bool/enum/targets default */
+    double fdef, fmin, fmax;       /* T_FLOAT */
+    int fmin_open, fmax_open;      /* OPEN: the bound itself is excluded */
+    const char *sdef;              /* T_STRING */
+    const char *const *names;      /* T_ENUM, T_TARGETS: allowed names, NULL-terminated */
+    const char *doc;
+} tz_key;
+
+static const char *const arch_names[] = {"llama", "dit", NULL};
+static const char *const mode_names[] = {"lora", "full", NULL};
+static const char *const target_names[] = {"q", "k", "v", "o", "gate", "up", "down", NULL};
+static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "run", NULL};
+#define TZ_LORA_ALL 0x7f
+
+#define ROW(s, k) .section = #s, .key = #k, .off = offsetof(tz_config, s.k), \
+                  .size = sizeof(((tz_config *)0)->s.k)
+#define INT(s, k, def, lo, hi, d) {ROW(s, k), .type = T_INT, .idef = def, .imin = lo, .imax = hi, .doc = d}
+#define FLT(s, k, def, lo_open, lo, hi, hi_open, d)                                            \
+    {ROW(s, k), .type = T_FLOAT, .fdef = def, .fmin = lo, .fmax = hi, .fmin_open = lo_open, \
+     .fmax_open = hi_open, .doc = d}
+#define BOOL(s, k, def, d) {ROW(s, k), .type = T_BOOL, .idef = def, .doc = d}
+#define STR(s, k, def, d) {ROW(s, k), .type = T_STRING, .sdef = def, .doc = d}
+#define REQ_STR(s, k, d) {ROW(s, k), .type = T_STRING, .required = 1, .sdef = "", .doc = d}
+#define ENUM(s, k, def, nm, d) {ROW(s, k), .type = T_ENUM, .idef = def, .names = nm, .doc = d}
+#define TARGETS(s, k, def, d) {ROW(s, k), .type = T_TARGETS, .idef = def, .names = target_names, .doc = d}
+
+static const tz_key schema[] = {
+    ENUM(model, arch, TZ_ARCH_LLAMA, arch_names, "model family"),
+    REQ_STR(model, path, "HF-layout model folder (config.json + *.safetensors)"),
+    STR(model, adapter, "", "LoRA adapter folder to load before training (\"\" = none)"),
+    STR(data, train, "", "training token file (required by train, not by eval)"),
+    STR(data, val, "", "validation token file (\"\" = no validation)"),
+    INT(data, seq_len, 128, 1, 65536, "tokens per training window"),
+    ENUM(train, mode, TZ_MODE_LORA, mode_names, "what is trained: LoRA adapters or every weight"),
+    INT(train, steps, 100, 1, 1000000000, "optimizer steps"),
+    INT(train, micro_batch, 8, 1, 65536, "sequences per rank per forward/backward pass"),
+    INT(train, grad_accum, 1, 1, 65536, "micro-batches accumulated per optimizer step"),
+    INT(train, eval_every, 0, 0, 1000000000, "steps between evaluations (0 = only at start and end)"),
+    INT(train, eval_windows, 0, 0, 1000000000, "validation windows per evaluation (0 = all)"),
+    INT(train, log_every, 1, 1, 1000000000, "steps between log lines"),
+    BOOL(train, checkpointing, 0, "activation checkpointing (recompute in backward, less memory)"),
+    INT(train, threads, 0, 0, 4096, "CPU threads per rank (0 = OpenMP default)"),
+    FLT(optim, lr, 2e-4, OPEN, 0.0, 10.0, CLOSED, "peak learning rate"),
+    FLT(optim, min_lr_ratio, 0.1, CLOSED, 0.0, 1.0, CLOSED, "cosine floor as a fraction of lr"),
+    INT(optim, warmup, 10, 0, 1000000000, "linear warmup steps"),
+    FLT(optim, weight_decay, 0.0, CLOSED, 0.0, 10.0, CLOSED, "decoupled weight decay (on matrices)"),
+    FLT(optim, beta1, 0.9, CLOSED, 0.0, 1.0, OPEN, "AdamW first-moment decay"),
+    FLT(optim, beta2, 0.999, CLOSED, 0.0, 1.0, OPEN, "AdamW second-moment decay"),
+    FLT(optim, eps, 1e-8, OPEN, 0.0, 1.0, CLOSED, "AdamW denominator epsilon"),
+    FLT(optim, grad_clip, 1.0, CLOSED, 0.0, 1e6, CLOSED, "global gradient-norm clip (0 = off)"),
+    INT(lora, rank, 8, 1, 4096, "LoRA rank r"),
+    FLT(lora, alpha, 16.0, OPEN, 0.0, 1e6, CLOSED, "LoRA scale: the update is alpha/rank * B A"),
+    TARGETS(lora, targets, TZ_LORA_ALL, "projections that get adapters"),
+    STR(run, dir, "runs/default", "output folder (logs, checkpoints, adapters)"),
+    INT(run, seed, 1234, 0, INT64_C(1) << 62, "seed of every random stream"),
+};
+#define NKEYS ((int)(sizeof schema / sizeof schema[0]))
+
+/* Where a value came from: a file line, or one --set argument. */
+typedef struct {
+    const char *file;
+    int line;
+    const char *set; /* the whole "section.key=value" when from --set */
+} tz_origin;
+
+static void *field(tz_config *cfg, const tz_key *k) { return (char *)cfg + k->off; }
+static const void *cfield(const tz_config *cfg, const tz_key *k) {
+    return (const char *)cfg + k->off;
+}
+
+const char *tz_mode_name(int mode) {
+    return mode >= 0 && mode <= TZ_MODE_FULL ? mode_names[mode] : "?";
+}
+const char *tz_arch_name(int arch) {
+    return arch >= 0 && arch <= TZ_ARCH_DIT ? arch_names[arch] : "?";
+}
+
+/* ---- messages ---------------------------------------------------------------------- */
+
+static void join_names(char *buf, size_t n, const char *const *names, const char *extra) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; names[i]; i++)
+        used += (size_t)snprintf(buf + used, used < n ? n - used : 0, "%s\"%s\"", i ? ", " : "",
+                                 names[i]);
+    if (extra && used < n) snprintf(buf + used, n - used, " or \"%s\"", extra);
+}
+
+static void describe_expected(const tz_key *k, char *buf, size_t n) {
+    char names[256];
+    switch (k->type) {
+    case T_INT:
+        snprintf(buf, n, "an integer in %lld..%lld", (long long)k->imin, (long long)k->imax);
+        break;
+    case T_FLOAT:
+        snprintf(buf, n, "a number in %c%g, %g%c", k->fmin_open ? '(' : '[', k->fmin, k->fmax,
+                 k->fmax_open ? ')' : ']');
+        break;
+    case T_BOOL: snprintf(buf, n, "a boolean (true or false)"); break;
+    case T_STRING: snprintf(buf, n, "a string of at most %d bytes", TZ_PATH_MAX - 1); break;
+    case T_ENUM:
+        join_names(names, sizeof names, k->names, NULL);
+        snprintf(buf, n, "one of %s", names);
+        break;
+    case T_TARGETS:
+        join_names(names, sizeof names, k->names, "all");
+        snprintf(buf, n, "a non-empty list of names from %s", names);
+        break;
+    }
+}
+
+/* "a string ("abc")", "a float (2.5)", ...: what a libconfig setting holds. */
+static void describe_setting(const config_setting_t *s, char *buf, size_t n) {
+    switch (config_setting_type(s)) {
+    case CONFIG_TYPE_INT:
+    case CONFIG_TYPE_INT64: snprintf(buf, n, "an integer (%lld)", config_setting_get_int64(s)); break;
+    case CONFIG_TYPE_FLOAT: snprintf(buf, n, "a float (%g)", config_setting_get_float(s)); break;
+    case CONFIG_TYPE_STRING:
+        snprintf(buf, n, "a string (\"%.64s\")", config_setting_get_string(s));
+        break;
+    case CONFIG_TYPE_BOOL:
+        snprintf(buf, n, "a boolean (%s)", config_setting_get_bool(s) ? "true" : "false");
+        break;
+    case CONFIG_TYPE_ARRAY: snprintf(buf, n, "an array"); break;
+    case CONFIG_TYPE_LIST: snprintf(buf, n, "a list"); break;
+    case CONFIG_TYPE_GROUP: snprintf(buf, n, "a group"); break;
+    default: snprintf(buf, n, "an unknown type"); break;
+    }
+}
+
+TZ_NORETURN static void fail(const tz_origin *o, const tz_key *k, const char *got) {
+    char want[400];
+    describe_expected(k, want, sizeof want);
+    if (o->set) TZ_FATAL("--set %s: expected %s (got %s)", o->set, want, got);
+    TZ_FATAL("%s:%d: %s.%s: expected %s (got %s)", o->file, o->line, k->section, k->key, want, got);
+}
+
+/* Edit distance, for "did you mean" hints (names longer than 47 bytes get no hint). */
+static int edit_distance(const char *a, const char *b) {
+    int row[48], la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 47 || lb > 47) return 1000;
+    for (int j = 0; j <= lb; j++) row[j] = j;
+    for (int i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = i;
+        for (int j = 1; j <= lb; j++) {
+            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[lb];
+}
+
+/* The known name nearest to TYPO, as "section.key" (or a section name when SECTION is NULL)
+ * into OUT; the same key in another section wins. Returns 0 when nothing is close. */
+static int nearest(const char *section, const char *typo, char *out, size_t n) {
+    int bestd = 1000;
+    for (int i = 0; section && i < NKEYS; i++)
+        if (!strcmp(schema[i].key, typo))
+            return snprintf(out, n, "%s.%s", schema[i].section, schema[i].key), 1;
+    for (int i = 0; i < NKEYS; i++) {
+        if (section && strcmp(schema[i].section, section)) continue;
+        const char *cand = section ? schema[i].key : schema[i].section;
+        int d = edit_distance(typo, cand), len = (int)strlen(cand);
+        if (strstr(cand, typo) || strstr(typo, cand)) d = d < 3 ? d : 3;
+        if (d < bestd && d <= 2 + len / 4 && d < len) {
+            bestd = d;
+            snprintf(out, n, "%s%s%s", section ? section : "", section ? "." : "", cand);
+        }
+    }
+    return bestd < 1000;
+}
+
+static const tz_key *find_key(const char *section, const char *key) {
+    for (int i = 0; i < NKEYS; i++)
+        if (!strcmp(schema[i].section, section) && !strcmp(schema[i].key, key)) return &schema[i];
+    return NULL;
+}
+
+/* Fatal for an unknown key; PREFIX is "FILE:LINE: " or "--set ". */
+TZ_NORETURN static void fail_unknown_key(const char *prefix, const char *section, const char *key) {
+    char hint[256], near[160];
+    if (nearest(section, key, near, sizeof near)) {
+        snprintf(hint, sizeof hint, "did you mean %s?", near);
+    } else {
+        size_t used = (size_t)snprintf(hint, sizeof hint, "keys of %s:", section);
+        for (int i = 0; i < NKEYS && used < sizeof hint; i++)
+            if (!strcmp(schema[i].section, section))
+                used += (size_t)snprintf(hint + used, sizeof hint - used, " %s", schema[i].key);
+    }
+    TZ_FATAL_HINT(hint, "%s%s.%s: unknown key", prefix, section, key);
+}
+
+/* ---- storing values (shared by the file and --set) --------------------------------- */
+
+static void store_int(tz_config *cfg, const tz_key *k, const tz_origin *o, int64_t v) {
+    char got[64];
+    snprintf(got, sizeof got, "%lld", (long long)v);
+    if (v < k->imin || v > k->imax) fail(o, k, got);
+    *(int64_t *)field(cfg, k) = v;
+}
+
+static void store_float(tz_config *cfg, const tz_key *k, const tz_origin *o, double v) {
+    char got[64];
+    snprintf(got, sizeof got, "%g", v);
+    int ok = isfinite(v) && (k->fmin_open ? v > k->fmin : v >= k->fmin) &&
+             (k->fmax_open ? v < k->fmax : v <= k->fmax);
+    if (!ok) fail(o, k, got);
+    *(double *)field(cfg, k) = v;
+}
+
+static void store_string(tz_config *cfg, const tz_key *k, const tz_origin *o, const char *s) {
+    char got[64];
+    size_t len = strlen(s);
+    if (len >= k->size) {
+        snprintf(got, sizeof got, "a string of %zu bytes", len);
+        fail(o, k, got);
+    }
+    if (k->required && len == 0) fail(o, k, "an empty string");
+    memcpy(field(cfg, k), s, len + 1);
+}
+
+/* Index of S in the key's names (fatal when absent). */
+static int name_index(const tz_key *k, const tz_origin *o, const char *s) {
+    char got[96];
+    for (int i = 0; k->names[i]; i++)
+        if (!strcmp(k->names[i], s)) return i;
+    snprintf(got, sizeof got, "\"%.64s\"", s);
+    fail(o, k, got);
+}
+
+/* Bit of one target name ("all" = every bit); fatal when unknown. */
+static int target_bits(const tz_key *k, const tz_origin *o, const char *s) {
+    return !strcmp(s, "all") ? TZ_LORA_ALL : 1 << name_index(k, o, s);
+}
+
+/* ---- the file ---------------------------------------------------------------------- */
+
+static char *read_text(const char *file) {
+    FILE *f = fopen(file, "rb");
+    if (!f) TZ_FATAL_HINT("check the config path", "%s: cannot open: %s", file, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *text = tz_xmalloc(cap);
+    for (size_t got; (got = fread(text + n, 1, cap - n - 1, f)) > 0;) {
+        n += got;
+        if (cap - n - 1 == 0) text = tz_xrealloc(text, cap *= 2);
+    }
+    fclose(f);
+    text[n] = 0;
+    return text;
+}
+
+/* libconfig 1.5 wraps an integer literal beyond 32 bits without an L suffix (5000000000 ->
+ * 705032704). Find the literal after "key =" from the key's line in the text and compare;
+ * returns 1 (with the literal in LIT) when the stored value is not what was written. */
+static int literal_wrapped(const char *text, int line, const char *key, long long value,
+                           char *lit, size_t litn) {
+    const char *p = text;
+    size_t klen = strlen(key);
+    for (int l = 1; l < line && p; l++) p = (p = strchr(p, '\n')) ? p + 1 : NULL;
+    if (!p) return 0;
+    for (const char *end = strchr(p, '\n'); (p = strstr(p, key)) != NULL; p += klen) {
+        if (end && p > end) return 0;
+        if (p > text && (p[-1] == '_' || isalnum((unsigned char)p[-1]))) continue;
+        const char *q = p + klen;
+        while (*q == ' ' || *q == '\t' || *q == '\r' || *q == '\n') q++;
+        if (*q != '=' && *q != ':') continue;
+        for (q++; *q == ' ' || *q == '\t' || *q == '\r' || *q == '\n';) q++;
+        const char *digits = q + (*q == '-' || *q == '+');
+        int hex = digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X');
+        char *stop;
+        errno = 0;
+        long long v = strtoll(q, &stop, hex ? 16 : 10);
+        if (stop == q || *stop == 'L' || *stop == '.' || *stop == 'e' || *stop == 'E') return 0;
+        snprintf(lit, litn, "%.*s", (int)(stop - q), q);
+        return errno == ERANGE || v != value;
+    }
+    return 0;
+}
+
+static void apply_setting(tz_config *cfg, const tz_key *k, const config_setting_t *s,
+                          const char *file, const char *text) {
+    tz_origin o = {file, config_setting_source_line(s), NULL};
+    int type = config_setting_type(s);
+    char got[128], lit[64];
+    describe_setting(s, got, sizeof got);
+    if ((k->type == T_INT || k->type == T_FLOAT) && type == CONFIG_TYPE_INT &&
+        literal_wrapped(text, o.line, k->key, config_setting_get_int64(s), lit, sizeof lit)) {
+        char hint[160];
+        snprintf(hint, sizeof hint, "libconfig reads integers beyond 32 bits only with an L suffix: "
+                 "write %sL", lit);
+        TZ_FATAL_HINT(hint, "%s:%d: %s.%s: expected an integer that fits 32 bits or ends in L "
+                      "(got %s)", file, o.line, k->section, k->key, lit);
+    }
+    switch (k->type) {
+    case T_INT:
+        if (type != CONFIG_TYPE_INT && type != CONFIG_TYPE_INT64) fail(&o, k, got);
+        store_int(cfg, k, &o, config_setting_get_int64(s));
+        break;
+    case T_FLOAT:
+        if (type == CONFIG_TYPE_FLOAT) store_float(cfg, k, &o, config_setting_get_float(s));
+        else if (type == CONFIG_TYPE_INT || type == CONFIG_TYPE_INT64)
+            store_float(cfg, k, &o, (double)config_setting_get_int64(s));
+        else fail(&o, k, got);
+        break;
+    case T_BOOL:
+        if (type != CONFIG_TYPE_BOOL) fail(&o, k, got);
+        *(int *)field(cfg, k) = config_setting_get_bool(s) ? 1 : 0;
+        break;
+    case T_STRING:
+        if (type != CONFIG_TYPE_STRING) fail(&o, k, got);
+        store_string(cfg, k, &o, config_setting_get_string(s));
+        break;
+    case T_ENUM:
+        if (type != CONFIG_TYPE_STRING) fail(&o, k, got);
+        *(int *)field(cfg, k) = name_index(k, &o, config_setting_get_string(s));
+        break;
+    case T_TARGETS: {
+        if (type != CONFIG_TYPE_ARRAY && type != CONFIG_TYPE_LIST) fail(&o, k, got);
+        int n = config_setting_length(s), bits = 0;
+        if (n == 0) fail(&o, k, "an empty list");
+        for (int i = 0; i < n; i++) {
+            const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
+            int eline = (int)config_setting_source_line(e);
+            tz_origin eo = {file, eline ? eline : o.line, NULL};
+            describe_setting(e, got, sizeof got);
+            if (config_setting_type(e) != CONFIG_TYPE_STRING) fail(&eo, k, got);
+            bits |= target_bits(k, &eo, config_setting_get_string(e));
+        }
+        *(int *)field(cfg, k) = bits;
+        break;
+    }
+    }
+}
+
+static void load_file(tz_config *cfg, const char *file, unsigned char *seen) {
+    char *text = read_text(file);
+    config_t lc;
+    config_init(&lc);
+    if (!config_read_file(&lc, file))
+        TZ_FATAL("%s:%d: %s", config_error_file(&lc) ? config_error_file(&lc) : file,
+                 config_error_line(&lc), config_error_text(&lc));
+    const config_setting_t *root = config_root_setting(&lc);
+    for (int i = 0; i < config_setting_length(root); i++) {
+        const config_setting_t *sec = config_setting_get_elem(root, (unsigned)i);
+        const char *name = config_setting_name(sec);
+        const char *sfile = config_setting_source_file(sec) ? config_setting_source_file(sec) : file;
+        int known = 0, line = config_setting_source_line(sec);
+        for (int j = 0; section_names[j]; j++) known |= !strcmp(section_names[j], name);
+        if (!known) {
+            char hint[96] = "the sections are model, data, train, optim, lora, run", near[64];
+            if (nearest(NULL, name, near, sizeof near))
+                snprintf(hint, sizeof hint, "did you mean %s?", near);
+            TZ_FATAL_HINT(hint, "%s:%d: %s: unknown section", sfile, line, name);
+        }
+        if (!config_setting_is_group(sec)) {
+            char got[128];
+            describe_setting(sec, got, sizeof got);
+            TZ_FATAL("%s:%d: %s: expected a section (%s = { ... };) (got %s)", sfile, line, name,
+                     name, got);
+        }
+        for (int j = 0; j < config_setting_length(sec); j++) {
+            const config_setting_t *s = config_setting_get_elem(sec, (unsigned)j);
+            const char *kfile = config_setting_source_file(s) ? config_setting_source_file(s) : file;
+            const tz_key *k = find_key(name, config_setting_name(s));
+            if (!k) {
+                char prefix[TZ_PATH_MAX + 32];
+                snprintf(prefix, sizeof prefix, "%s:%d: ", kfile, config_setting_source_line(s));
+                fail_unknown_key(prefix, name, config_setting_name(s));
+            }
+            /* an @include'd file is not the text we hold: skip the wrap check there */
+            apply_setting(cfg, k, s, kfile, strcmp(kfile, file) ? "" : text);
+            seen[k - schema] = 1;
+        }
+    }
+    config_destroy(&lc);
+    free(text);
+}
+
+/* ---- --set ------------------------------------------------------------------------- */
+
+static char *trim(char *s) {
+    while (*s == ' ' || *s == '\t') s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = 0;
+    return s;
+}
+
+/* Strip one pair of surrounding double quotes, in place. */
+static char *unquote(char *s) {
+    size_t n = strlen(s);
+    if (n < 2 || s[0] != '"' || s[n - 1] != '"') return s;
+    s[n - 1] = 0;
+    return s + 1;
+}
+
+static void apply_set(tz_config *cfg, const char *arg, unsigned char *seen) {
+    const char *eq = strchr(arg, '='), *dot = strchr(arg, '.');
+    if (!eq || !dot || dot > eq)
+        TZ_FATAL_HINT("write --set section.key=value, e.g. --set train.steps=200",
+                      "--set %s: expected section.key=value", arg);
+    char section[64], key[64], got[96];
+    snprintf(section, sizeof section, "%.*s", (int)(dot - arg), arg);
+    snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
+    const tz_key *k = find_key(section, key);
+    if (!k) fail_unknown_key("--set ", section, key);
+    tz_origin o = {NULL, 0, arg};
+    char *copy = tz_xstrdup(eq + 1), *v = k->type == T_STRING ? copy : trim(copy), *stop;
+    snprintf(got, sizeof got, "\"%.64s\"", v);
+    switch (k->type) {
+    case T_INT: {
+        errno = 0;
+        long long x = strtoll(v, &stop, 10);
+        if (stop != v && stop[0] == 'L') stop += stop[1] == 'L' ? 2 : 1;
+        if (stop == v || *stop || errno == ERANGE) fail(&o, k, got);
+        store_int(cfg, k, &o, x);
+        break;
+    }
+    case T_FLOAT: {
+        double x = strtod(v, &stop);
+        if (!*v || *stop) fail(&o, k, got);
+        store_float(cfg, k, &o, x);
+        break;
+    }
+    case T_BOOL:
+        if (!strcasecmp(v, "true") || !strcmp(v, "1")) *(int *)field(cfg, k) = 1;
+        else if (!strcasecmp(v, "false") || !strcmp(v, "0")) *(int *)field(cfg, k) = 0;
+        else fail(&o, k, got);
+        break;
+    case T_STRING: store_string(cfg, k, &o, unquote(v)); break;
+    case T_ENUM: *(int *)field(cfg, k) = name_index(k, &o, unquote(v)); break;
+    case T_TARGETS: {
+        size_t n = strlen(v);
+        if (n >= 2 && ((v[0] == '[' && v[n - 1] == ']') || (v[0] == '(' && v[n - 1] == ')'))) {
+            v[n - 1] = 0;
+            v++;
+        }
+        int bits = 0;
+        if (!*trim(v)) fail(&o, k, "an empty list");
+        for (char *item = v, *next; item; item = next) {
+            next = strchr(item, ',');
+            if (next) *next++ = 0;
+            char *name = unquote(trim(item));
+            if (!*name) fail(&o, k, "an empty name");
+            bits |= target_bits(k, &o, name);
+        }
+        *(int *)field(cfg, k) = bits;
+        break;
+    }
+    }
+    free(copy);
+    seen[k - schema] = 1;
+}
+
+/* ---- public ------------------------------------------------------------------------ */
+
+void tz_config_defaults(tz_config *cfg) {
+    memset(cfg, 0, sizeof *cfg); /* padding too, so the struct compares and broadcasts as bytes */
+    for (int i = 0; i < NKEYS; i++) {
+        const tz_key *k = &schema[i];
+        size_t want = k->type == T_INT ? sizeof(int64_t) : k->type == T_FLOAT ? sizeof(double)
+                    : k->type == T_STRING ? (size_t)TZ_PATH_MAX : sizeof(int);
+        TZ_CHECK(k->size == want, "config schema: %s.%s: wrong field size", k->section, k->key);
+        switch (k->type) {
+        case T_INT: *(int64_t *)field(cfg, k) = k->idef; break;
+        case T_FLOAT: *(double *)field(cfg, k) = k->fdef; break;
+        case T_STRING: snprintf(field(cfg, k), k->size, "%s", k->sdef); break;
+        case T_BOOL:
+        case T_ENUM:
+        case T_TARGETS: *(int *)field(cfg, k) = (int)k->idef; break;
+        }
+    }
+}
+
+/* FILE may be NULL: defaults and --set only (source stays ""). */
+void tz_config_load(tz_config *cfg, const char *file, const char *const *sets, int nset) {
+    unsigned char seen[NKEYS] = {0};
+    tz_config_defaults(cfg);
+    if (file) {
+        if (strlen(file) >= sizeof cfg->source)
+            TZ_FATAL("config path too long (%zu bytes, at most %d)", strlen(file), TZ_PATH_MAX - 1);
+        snprintf(cfg->source, sizeof cfg->source, "%s", file);
+        load_file(cfg, file, seen);
+    }
+    for (int i = 0; i < nset; i++) apply_set(cfg, sets[i], seen);
+    for (int i = 0; i < NKEYS; i++)
+        if (schema[i].required && !seen[i]) {
+            char hint[160];
+            snprintf(hint, sizeof hint, "add %s = ... to the %s section or pass --set %s.%s=...",
+                     schema[i].key, schema[i].section, schema[i].section, schema[i].key);
+            TZ_FATAL_HINT(hint, "%s: %s.%s: required key missing", file ? file : "(no config file)",
+                          schema[i].section, schema[i].key);
+        }
+}
+
+/* S as a libconfig string literal (quoted, escaped) into BUF of at least 4*strlen+3 bytes. */
+static size_t quote_string(char *buf, const char *s) {
+    size_t n = 0;
+    buf[n++] = '"';
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') buf[n++] = '\\', buf[n++] = (char)c;
+        else if (c == '\n') buf[n++] = '\\', buf[n++] = 'n';
+        else if (c == '\t') buf[n++] = '\\', buf[n++] = 't';
+        else if (c < 0x20 || c == 0x7f) n += (size_t)sprintf(buf + n, "\\x%02x", c);
+        else buf[n++] = (char)c;
+    }
+    buf[n++] = '"';
+    buf[n] = 0;
+    return n;
+}
+
+/* The value at P in libconfig syntax: integers beyond 32 bits get L, floats the shortest
+ * digits that read back exactly and always a '.' or exponent (so they stay floats). */
+static void format_value(const tz_key *k, const void *p, char *buf, size_t n) {
+    switch (k->type) {
+    case T_INT: {
+        long long v = *(const int64_t *)p;
+        snprintf(buf, n, "%lld%s", v, v < -2147483647LL - 1 || v > 2147483647LL ? "L" : "");
+        break;
+    }
+    case T_FLOAT: {
+        double v = *(const double *)p;
+        for (int digits = 15; digits <= 17; digits++) {
+            snprintf(buf, n, "%.*g", digits, v);
+            if (strtod(buf, NULL) == v) break;
+        }
+        if (!strpbrk(buf, ".eEn")) strcat(buf, ".0");
+        break;
+    }
+    case T_BOOL: snprintf(buf, n, "%s", *(const int *)p ? "true" : "false"); break;
+    case T_STRING: quote_string(buf, (const char *)p); break;
+    case T_ENUM: {
+        int v = *(const int *)p, count = 0;
+        while (k->names[count]) count++;
+        quote_string(buf, v >= 0 && v < count ? k->names[v] : "?");
+        break;
+    }
+    case T_TARGETS: {
+        int bits = *(const int *)p;
+        size_t used = (size_t)snprintf(buf, n, "[");
+        for (int b = 0; k->names[b]; b++)
+            if (bits & (1 << b))
+                used += (size_t)snprintf(buf + used, n - used, "%s\"%s\"", used > 1 ? ", " : "",
+                                         k->names[b]);
+        snprintf(buf + used, n - used, "]");
+        break;
+    }
+    }
+}
+
+void tz_config_write(const tz_config *cfg, FILE *f) {
+    size_t vn = 4 * TZ_PATH_MAX + 8; /* room for a fully escaped string */
+    char want[400], *value = tz_xmalloc(vn), *def = tz_xmalloc(vn);
+    tz_config d;
+    tz_config_defaults(&d);
+    fprintf(f, "# turbozero %s configuration%s%s\n", TZ_VERSION, cfg->source[0] ? " from " : "",
+            cfg->source);
+    for (int i = 0; i < NKEYS; i++) {
+        const tz_key *k = &schema[i];
+        if (i == 0 || strcmp(k->section, schema[i - 1].section))
+            fprintf(f, "%s%s = {\n", i ? "};\n\n" : "\n", k->section);
+        describe_expected(k, want, sizeof want);
+        format_value(k, cfield(&d, k), def, vn);
+        format_value(k, cfield(cfg, k), value, vn);
+        fprintf(f, "  # %s; %s; %s%s\n  %s = %s;\n", k->doc, want, k->required ? "required" :
+                "default ", k->required ? "" : def, k->key, value);
+    }
+    fputs("};\n", f);
+    free(value);
+    free(def);
+}

@@ -1,0 +1,301 @@
+/* Config loading on good input: defaults, every key from a file, --set of every type,
+ * lora.targets forms, write/reload identity and inputs/reference.cfg. Error paths (fatal)
+ * are tested by tests/config_errors.sh instead. */
+#include <dirent.h>
+#include <libconfig.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "io/config.h"
+
+#ifndef TZ_SOURCE_DIR
+#define TZ_SOURCE_DIR "../.."
+#endif
+
+static int g_fail = 0, g_pass = 0;
+#define CHECK(cond)                                                          \
+    do {                                                                     \
+        if (cond) {                                                          \
+            g_pass++;                                                        \
+        } else {                                                             \
+            g_fail++;                                                        \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                    \
+    } while (0)
+
+static char g_dir[64];
+static int g_nfile = 0;
+
+/* Writes TEXT to a fresh file in the temp folder; returns its path (static storage). */
+static const char *write_temp(const char *text) {
+    static char paths[16][128];
+    char *path = paths[g_nfile % 16];
+    snprintf(path, 128, "%s/c%d.cfg", g_dir, g_nfile++);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        exit(1);
+    }
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+/* load(write(cfg)) must give back the same bytes (source aside: it names the new file). */
+static void check_round_trip(const tz_config *cfg, const char *what) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/rt%d.cfg", g_dir, g_nfile++);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        exit(1);
+    }
+    tz_config_write(cfg, f);
+    fclose(f);
+    tz_config *back = malloc(sizeof *back), *want = malloc(sizeof *want);
+    tz_config_load(back, path, NULL, 0);
+    memcpy(want, cfg, sizeof *want);
+    memcpy(want->source, back->source, sizeof want->source);
+    int same = !memcmp(want, back, sizeof *want);
+    if (!same) fprintf(stderr, "round trip of %s differs (see %s)\n", what, path);
+    CHECK(same);
+    free(back);
+    free(want);
+}
+
+static void test_defaults(void) {
+    tz_config cfg, want;
+    const char *path = write_temp("model = { path = \"m\"; };\n");
+    tz_config_load(&cfg, path, NULL, 0);
+    CHECK(!strcmp(cfg.source, path));
+    CHECK(!strcmp(cfg.model.path, "m"));
+    CHECK(cfg.model.arch == TZ_ARCH_LLAMA && cfg.model.adapter[0] == 0);
+    CHECK(cfg.data.train[0] == 0 && cfg.data.val[0] == 0 && cfg.data.seq_len == 128);
+    CHECK(cfg.train.mode == TZ_MODE_LORA && cfg.train.steps == 100);
+    CHECK(cfg.train.micro_batch == 8 && cfg.train.grad_accum == 1);
+    CHECK(cfg.train.eval_every == 0 && cfg.train.eval_windows == 0 && cfg.train.log_every == 1);
+    CHECK(cfg.train.checkpointing == 0 && cfg.train.threads == 0);
+    CHECK(cfg.optim.lr == 2e-4 && cfg.optim.min_lr_ratio == 0.1 && cfg.optim.warmup == 10);
+    CHECK(cfg.optim.weight_decay == 0.0 && cfg.optim.beta1 == 0.9 && cfg.optim.beta2 == 0.999);
+    CHECK(cfg.optim.eps == 1e-8 && cfg.optim.grad_clip == 1.0);
+    CHECK(cfg.lora.rank == 8 && cfg.lora.alpha == 16.0);
+    CHECK(cfg.lora.targets == (TZ_LORA_Q | TZ_LORA_K | TZ_LORA_V | TZ_LORA_O | TZ_LORA_GATE |
+                               TZ_LORA_UP | TZ_LORA_DOWN));
+    CHECK(!strcmp(cfg.run.dir, "runs/default") && cfg.run.seed == 1234);
+    /* tz_config_defaults is the same, bar path and source */
+    tz_config_defaults(&want);
+    strcpy(want.model.path, "m");
+    strcpy(want.source, path);
+    CHECK(!memcmp(&want, &cfg, sizeof cfg));
+    check_round_trip(&cfg, "defaults");
+    /* an empty section and missing semicolons are fine */
+    tz_config_load(&cfg, write_temp("model = { path = \"m\" }\ntrain = { }\n"), NULL, 0);
+    CHECK(!memcmp(cfg.model.path, "m", 2) && cfg.train.steps == 100);
+}
+
+static void test_every_key(void) {
+    tz_config cfg;
+    const char *path = write_temp(
+        "# every key, none at its default\n"
+        "model = { arch = \"dit\"; path = \"/models/x y\"; adapter = \"ad\"; };\n"
+        "data = { train = \"t.bin\"; val = \"v.bin\"; seq_len = 65536; };\n"
+        "train = { mode = \"full\"; steps = 1000000000; micro_batch = 3; grad_accum = 4;\n"
+        "  eval_every = 5; eval_windows = 6; log_every = 7; checkpointing = true;\n"
+        "  threads = 4096; };\n"
+        "optim = { lr = 10; min_lr_ratio = 0.0; warmup = 0; weight_decay = 1e-2;\n"
+        "  beta1 = 0.0; beta2 = 0.95; eps = 1.0; grad_clip = 0; };\n"
+        "lora = { rank = 4096; alpha = 1e6; targets = (\"q\", \"v\"); };\n"
+        "run = { dir = \"out\"; seed = 4611686018427387904L; };\n");
+    tz_config_load(&cfg, path, NULL, 0);
+    CHECK(cfg.model.arch == TZ_ARCH_DIT && !strcmp(cfg.model.path, "/models/x y"));
+    CHECK(!strcmp(cfg.model.adapter, "ad") && !strcmp(cfg.data.train, "t.bin"));
+    CHECK(!strcmp(cfg.data.val, "v.bin") && cfg.data.seq_len == 65536);
+    CHECK(cfg.train.mode == TZ_MODE_FULL && cfg.train.steps == 1000000000);
+    CHECK(cfg.train.micro_batch == 3 && cfg.train.grad_accum == 4 && cfg.train.eval_every == 5);
+    CHECK(cfg.train.eval_windows == 6 && cfg.train.log_every == 7);
+    CHECK(cfg.train.checkpointing == 1 && cfg.train.threads == 4096);
+    CHECK(cfg.optim.lr == 10.0 && cfg.optim.min_lr_ratio == 0.0 && cfg.optim.warmup == 0);
+    CHECK(cfg.optim.weight_decay == 1e-2 && cfg.optim.beta1 == 0.0 && cfg.optim.beta2 == 0.95);
+    CHECK(cfg.optim.eps == 1.0 && cfg.optim.grad_clip == 0.0);
+    CHECK(cfg.lora.rank == 4096 && cfg.lora.alpha == 1e6);
+    CHECK(cfg.lora.targets == (TZ_LORA_Q | TZ_LORA_V));
+    CHECK(!strcmp(cfg.run.dir, "out") && cfg.run.seed == (int64_t)1 << 62);
+    check_round_trip(&cfg, "every key");
+    CHECK(!strcmp(tz_mode_name(cfg.train.mode), "full") && !strcmp(tz_arch_name(0), "llama"));
+    CHECK(!strcmp(tz_mode_name(TZ_MODE_LORA), "lora") && !strcmp(tz_arch_name(TZ_ARCH_DIT), "dit"));
+}
+
+static void test_sets(void) {
+    tz_config cfg;
+    const char *path = write_temp("model = { path = \"m\"; };\ntrain = { steps = 5; };\n");
+    const char *sets[] = {
+        "train.steps=7",                 /* int present in the file */
+        "run.seed=5000000000L",          /* int64 with L, absent from the file */
+        "data.seq_len=256",
+        "optim.lr=1",                    /* float from an integer */
+        "optim.eps=1e-6",
+        "train.checkpointing=true",
+        "lora.alpha=0.5",
+        "model.adapter=\"quoted dir\"",  /* string, quoted */
+        "run.dir=plain/dir",             /* string, raw */
+        "train.mode=full",               /* enum */
+        "model.arch=\"dit\"",            /* enum, quoted */
+        "lora.targets=q,v",              /* targets, comma list */
+        "data.val=",                     /* empty string */
+    };
+    tz_config_load(&cfg, path, sets, (int)(sizeof sets / sizeof sets[0]));
+    CHECK(cfg.train.steps == 7 && cfg.run.seed == 5000000000LL && cfg.data.seq_len == 256);
+    CHECK(cfg.optim.lr == 1.0 && cfg.optim.eps == 1e-6 && cfg.lora.alpha == 0.5);
+    CHECK(cfg.train.checkpointing == 1);
+    CHECK(!strcmp(cfg.model.adapter, "quoted dir") && !strcmp(cfg.run.dir, "plain/dir"));
+    CHECK(cfg.train.mode == TZ_MODE_FULL && cfg.model.arch == TZ_ARCH_DIT);
+    CHECK(cfg.lora.targets == (TZ_LORA_Q | TZ_LORA_V) && cfg.data.val[0] == 0);
+    check_round_trip(&cfg, "--set values");
+
+    /* bool spellings; later --set wins */
+    const char *bools[] = {"train.checkpointing=1", "train.checkpointing=0"};
+    tz_config_load(&cfg, path, bools, 1);
+    CHECK(cfg.train.checkpointing == 1);
+    tz_config_load(&cfg, path, bools, 2);
+    CHECK(cfg.train.checkpointing == 0);
+    const char *bools2[] = {"train.checkpointing=TRUE", "train.checkpointing=false"};
+    tz_config_load(&cfg, path, bools2, 1);
+    CHECK(cfg.train.checkpointing == 1);
+    tz_config_load(&cfg, path, bools2, 2);
+    CHECK(cfg.train.checkpointing == 0);
+
+    /* targets forms */
+    struct { const char *set; int want; } t[] = {
+        {"lora.targets=[\"q\",\"v\"]", TZ_LORA_Q | TZ_LORA_V},
+        {"lora.targets=[q, o]", TZ_LORA_Q | TZ_LORA_O},
+        {"lora.targets=(\"gate\", \"up\", \"down\")", TZ_LORA_GATE | TZ_LORA_UP | TZ_LORA_DOWN},
+        {"lora.targets=all", 0x7f},
+        {"lora.targets=k", TZ_LORA_K},
+        {"lora.targets= k , k ", TZ_LORA_K},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        tz_config_load(&cfg, path, &t[i].set, 1);
+        if (cfg.lora.targets != t[i].want) fprintf(stderr, "targets case %s\n", t[i].set);
+        CHECK(cfg.lora.targets == t[i].want);
+    }
+    /* no file at all: defaults and --set */
+    const char *only[] = {"model.path=/m", "train.steps=3"};
+    tz_config_load(&cfg, NULL, only, 2);
+    CHECK(!strcmp(cfg.model.path, "/m") && cfg.train.steps == 3 && cfg.source[0] == 0);
+    /* --set satisfies a required key the file lacks */
+    tz_config_load(&cfg, write_temp("train = { steps = 2; };\n"), only, 1);
+    CHECK(!strcmp(cfg.model.path, "/m") && cfg.train.steps == 2);
+}
+
+static void test_targets_file(void) {
+    struct { const char *text; int want; } t[] = {
+        {"lora = { targets = [\"q\", \"v\"]; };", TZ_LORA_Q | TZ_LORA_V},
+        {"lora = { targets = (\"down\"); };", TZ_LORA_DOWN},
+        {"lora = { targets = [\"all\"]; };", 0x7f},
+        {"lora = { targets = [\"o\", \"gate\", \"o\"]; };", TZ_LORA_O | TZ_LORA_GATE},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        char text[256];
+        tz_config cfg;
+        snprintf(text, sizeof text, "model = { path = \"m\"; };\n%s\n", t[i].text);
+        tz_config_load(&cfg, write_temp(text), NULL, 0);
+        CHECK(cfg.lora.targets == t[i].want);
+    }
+}
+
+/* Floats and strings that are hard to print: the written file must read back bit for bit. */
+static void test_round_trip_hard(void) {
+    tz_config cfg;
+    const char *sets[] = {
+        "optim.lr=0.30000000000000004", "optim.min_lr_ratio=0.3333333333333333",
+        "optim.eps=4.9406564584124654e-324", "optim.weight_decay=9.999999999999998",
+        "optim.beta2=0.99999999999999989", "lora.alpha=1e6", "optim.grad_clip=123456.789",
+        "run.seed=2147483648", "optim.warmup=999999999", "run.dir=a \"quoted\" \\back\\slash\tx",
+        "model.adapter=caf\xc3\xa9 #not a comment // nor this", "data.val=\x01\x7f end",
+        "lora.targets=v,up",
+    };
+    tz_config_load(&cfg, write_temp("model = { path = \"m\"; };\n"), sets,
+                   (int)(sizeof sets / sizeof sets[0]));
+    CHECK(cfg.optim.lr == 0.30000000000000004 && cfg.optim.eps > 0);
+    CHECK(!strcmp(cfg.run.dir, "a \"quoted\" \\back\\slash\tx"));
+    check_round_trip(&cfg, "hard values");
+    /* the longest string that fits */
+    char set[TZ_PATH_MAX + 16];
+    const char *one[] = {set};
+    snprintf(set, sizeof set, "data.train=%0*d", TZ_PATH_MAX - 1, 7);
+    tz_config_load(&cfg, write_temp("model = { path = \"m\"; };\n"), one, 1);
+    CHECK(strlen(cfg.data.train) == TZ_PATH_MAX - 1);
+    check_round_trip(&cfg, "longest string");
+}
+
+/* inputs/reference.cfg loads to the defaults (with its model.path) and names every key that
+ * tz_config_write writes, so the reference cannot fall behind the schema. */
+static void test_reference(void) {
+    const char *ref = TZ_SOURCE_DIR "/inputs/reference.cfg";
+    tz_config cfg, want;
+    tz_config_load(&cfg, ref, NULL, 0);
+    tz_config_defaults(&want);
+    strcpy(want.model.path, "inputs/llama/model");
+    strcpy(want.source, ref);
+    CHECK(!memcmp(&cfg, &want, sizeof cfg));
+
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    tz_config_write(&want, mem);
+    fclose(mem);
+    config_t written, reference;
+    config_init(&written);
+    config_init(&reference);
+    CHECK(config_read_string(&written, buf) == CONFIG_TRUE);
+    CHECK(config_read_file(&reference, ref) == CONFIG_TRUE);
+    config_setting_t *root = config_root_setting(&written);
+    int nkeys = 0;
+    for (int i = 0; i < config_setting_length(root); i++) {
+        config_setting_t *sec = config_setting_get_elem(root, (unsigned)i);
+        for (int j = 0; j < config_setting_length(sec); j++, nkeys++) {
+            char path[128];
+            snprintf(path, sizeof path, "%s.%s", config_setting_name(sec),
+                     config_setting_name(config_setting_get_elem(sec, (unsigned)j)));
+            if (!config_lookup(&reference, path)) fprintf(stderr, "reference lacks %s\n", path);
+            CHECK(config_lookup(&reference, path) != NULL);
+        }
+    }
+    CHECK(nkeys == 28);
+    config_destroy(&written);
+    config_destroy(&reference);
+    free(buf);
+}
+
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+        char path[384];
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+int main(void) {
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(g_dir, sizeof g_dir, "%.40s/tzcfgXXXXXX", tmp);
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_defaults();
+    test_every_key();
+    test_sets();
+    test_targets_file();
+    test_round_trip_hard();
+    test_reference();
+    if (!g_fail) remove_dir(g_dir); /* a failing run keeps its files for a look */
+    printf("test_config: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
