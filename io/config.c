@@ -33,6 +33,7 @@ typedef struct {
 
 static const char *const arch_names[] = {"llama", "dit", NULL};
 static const char *const mode_names[] = {"lora", "full", NULL};
+static const char *const dtype_names[] = {"f32", "bf16", NULL};
 static const char *const target_names[] = {"q", "k", "v", "o", "gate", "up", "down", NULL};
 static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "run", NULL};
 #define TZ_LORA_ALL 0x7f
@@ -78,6 +79,8 @@ static const tz_key schema[] = {
     TARGETS(lora, targets, TZ_LORA_ALL, "projections that get adapters"),
     STR(run, dir, "runs/default", "output folder (logs, checkpoints, adapters)"),
     INT(run, seed, 1234, 0, INT64_C(1) << 62, "seed of every random stream"),
+    BOOL(run, overwrite, 0, "replace a finished run already in run.dir (else stop, keeping it)"),
+    ENUM(run, save_dtype, 0, dtype_names, "dtype of the model written by full-mode training"),
 };
 #define NKEYS ((int)(sizeof schema / sizeof schema[0]))
 

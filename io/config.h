@@ -62,7 +62,7 @@ typedef struct tz_config {
         char dir[TZ_PATH_MAX];
         int64_t seed;
         int overwrite;                /* replace an existing run in run.dir */
-        int save_bf16;                /* run.save_dtype: "f32" (0) | "bf16" (1) */
+        int save_dtype;               /* full-mode model output: "f32" (0) | "bf16" (1) */
     } run;
 } tz_config;
 

@@ -246,7 +246,7 @@ int tz_train_run(const tz_config *cfg) {
     char out[1100];
     if (cfg->train.mode == TZ_MODE_FULL) {
         tz_path_join(out, sizeof out, cfg->run.dir, "model");
-        tz_llama_save(m, out, cfg->run.save_bf16);
+        tz_llama_save(m, out, cfg->run.save_dtype);
     } else {
         tz_path_join(out, sizeof out, cfg->run.dir, "adapter");
         tz_llama_save_adapter(m, out, cfg->model.path);
