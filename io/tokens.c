@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 static uint32_t rd32(const uint8_t *p) {
     return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -109,37 +110,28 @@ int tz_tokens_write(const char *path, const uint32_t *tok, int64_t n, uint32_t v
     wr32(h + 12, width);
     wr32(h + 16, vocab);
     wr64(h + 24, (uint64_t)n);
-    char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
-        return 1;
-    }
-    int ok = fwrite(h, 1, sizeof h, f) == sizeof h;
+    tz_atomic_file f;
+    if (tz_atomic_file_open(&f, path, err, errlen)) return 1;
+    int rc = tz_atomic_file_write(&f, h, sizeof h, err, errlen);
     uint8_t buf[4096];
-    for (int64_t i = 0; i < n && ok;) {
+    for (int64_t i = 0; i < n && !rc;) {
         size_t k = 0;
         for (; i < n && k + width <= sizeof buf; i++) {
             if (tok[i] >= vocab) {
                 snprintf(err, errlen, "%s: token %lld is %u, not below vocab %u", path,
                          (long long)i, tok[i], vocab);
-                fclose(f);
-                unlink(tmp);
+                tz_atomic_file_abort(&f);
                 return 1;
             }
             for (uint32_t b = 0; b < width; b++) buf[k++] = (uint8_t)(tok[i] >> (8 * b));
         }
-        ok = fwrite(buf, 1, k, f) == k;
+        rc = tz_atomic_file_write(&f, buf, k, err, errlen);
     }
-    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "%s: write failed: %s", path, strerror(errno));
-        unlink(tmp);
+    if (rc) {
+        tz_atomic_file_abort(&f);
         return 1;
     }
-    return 0;
+    return tz_atomic_file_commit(&f, err, errlen);
 }
 
 int tz_tokens_prep_bytes(const char *in_path, const char *out_path, const char *val_path,

@@ -19,10 +19,11 @@ if [ "$what" = jargon ] || [ "$what" = all ]; then
   # The lexicon entries (":word: ..."), without the per-letter index lists, dedented;
   # the first 640 KiB, of which the last 5% is held out for validation.
   start=$(grep -n "^   :abbrev:" "$tmp/jargon.txt" | head -1 | cut -d: -f1)
-  end=$(grep -n "^Appendix A. Hacker Folklore" "$tmp/jargon.txt" | tail -1 | cut -d: -f1)
+  end=$(grep -n "^Appendix.*Hacker Folklore$" "$tmp/jargon.txt" | tail -1 | cut -d: -f1)
   awk -v s="$start" -v e="$end" 'NR >= s && NR < e {
       if ($0 ~ /^  [A-Z]$/) skip = 1; if ($0 ~ /^   :/) skip = 0; if (!skip) print }' \
-    "$tmp/jargon.txt" | sed 's/^   //' | cat -s | head -c 655360 > "$tmp/lexicon.txt"
+    "$tmp/jargon.txt" | sed 's/^   //' | cat -s > "$tmp/all.txt"
+  head -c 655360 "$tmp/all.txt" > "$tmp/lexicon.txt"
   "$tz" prep text --tokenizer bytes --in "$tmp/lexicon.txt" --out "$here/jargon.tok" \
     --val-fraction 0.05 --val-out "$here/jargon.val.tok"
 fi

@@ -3,6 +3,7 @@
 #include "train/adamw.h"
 
 #include <math.h>
+#include <stddef.h>
 
 void tz_adamw_step(float *restrict w, float *restrict m, float *restrict v,
                    const float *restrict g, const uint8_t *restrict decay, int64_t n, int64_t t,

@@ -1,0 +1,6 @@
+# End-to-end: LoRA fine-tuning lowers the validation loss, runs are reproducible bit for bit,
+# eval agrees, full mode writes a loadable model, bad input is reported (tests/train/).
+add_test(NAME train_llama_end_to_end
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/train_test.sh $<TARGET_FILE:turbozero> ${CMAKE_SOURCE_DIR})
+set_tests_properties(train_llama_end_to_end PROPERTIES TIMEOUT 900
+  ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
