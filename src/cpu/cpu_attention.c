@@ -1,0 +1,194 @@
+/* CPU scaled dot-product attention with grouped-query heads (causal or not): forward saving
+ * log-sum-exp, and a backward that recomputes the probabilities. No dropout, bias or masks
+ * other than causal. Blocks of 64 query (or key) rows go through the one-thread GEMM. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "cpu/cpu_internal.h"
+
+#define BQ 64 /* query rows per work item (forward and dq) */
+#define BK 64 /* key rows per work item (dk, dv) */
+
+typedef struct {
+    int64_t B, T, Hq, Hkv, D, rep, ldq, ldk; /* ldq = Hq*D, ldk = Hkv*D: row strides */
+    int causal;
+    float scale;
+} att_shape;
+
+static att_shape make_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                            int causal) {
+    if (Hkv <= 0 || Hq % Hkv != 0)
+        TZ_FATAL("attention: Hq=%lld is not a multiple of Hkv=%lld", (long long)Hq,
+                 (long long)Hkv);
+    att_shape s = {B, T, Hq, Hkv, D, Hq / Hkv, Hq * D, Hkv * D, causal,
+                   1.0f / sqrtf((float)D)};
+    return s;
+}
+
+/* C[M,N] (ld ldc) = alpha * A[M,K] (ld lda) * op(B) + beta * C, on this thread. */
+static void gemm(float *C, int64_t ldc, const float *A, int64_t lda, const float *B,
+                 int64_t ldb, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                 float beta, float *ws) {
+    tz_cpu_gemm_args g = {C, ldc, A, lda, 0, B, ldb, transB, M, N, K, alpha, beta};
+    tz_cpu_gemm_serial(&g, ws);
+}
+
+/* Team size: one thread for small problems, where a team costs more than it saves. */
+static int team(tz_backend *be, const att_shape *s) {
+    double work = (double)s->B * (double)s->Hq * (double)s->T * (double)s->T * (double)s->D;
+    return work < 65536.0 ? 1 : tz_cpu_threads(be);
+}
+
+/* Work item (b, h, query block): S = scale Q K^T, P = softmax(S) row by row (masked entries
+ * 0), out = P V. Every output row and lse entry has one writer. */
+void tz_cpu_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
+                          const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
+                          int64_t Hkv, int64_t D, int causal) {
+    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
+    if (B <= 0 || T <= 0 || D <= 0) return;
+    int64_t nqb = (T + BQ - 1) / BQ, items = B * Hq * nqb;
+    int nt = team(be, &sh);
+    tz_cpu_ws_reserve(be, nt);
+#pragma omp parallel num_threads(nt)
+    {
+        float *ws = tz_cpu_ws_get(be, omp_get_thread_num(), tz_cpu_gemm_ws_floats());
+        float *S = tz_cpu_aligned_alloc((size_t)(BQ * T) * sizeof(float));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            int64_t b = it / (Hq * nqb), h = (it / nqb) % Hq, t0 = (it % nqb) * BQ;
+            int64_t nq = T - t0 < BQ ? T - t0 : BQ, nk = causal ? t0 + nq : T;
+            const float *kg = k + (b * T * Hkv + h / sh.rep) * D;
+            const float *vg = v + (b * T * Hkv + h / sh.rep) * D;
+            int64_t row0 = (b * T + t0) * Hq + h; /* first query row of the block */
+            gemm(S, nk, q + row0 * D, sh.ldq, kg, sh.ldk, 1, nq, nk, D, sh.scale, 0.0f, ws);
+            for (int64_t i = 0; i < nq; i++) {
+                float *sr = S + i * nk;
+                int64_t n = causal ? t0 + i + 1 : T;
+                float m = tz_cpu_maxf(sr, n), sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t s = 0; s < n; s++) {
+                    sr[s] = tz_cpu_expf(sr[s] - m);
+                    sum += sr[s];
+                }
+                float inv = 1.0f / sum;
+#pragma omp simd
+                for (int64_t s = 0; s < n; s++) sr[s] *= inv;
+                for (int64_t s = n; s < nk; s++) sr[s] = 0.0f;
+                lse[(b * Hq + h) * T + t0 + i] = m + logf(sum);
+            }
+            gemm(out + row0 * D, sh.ldq, S, nk, vg, sh.ldk, 0, nq, D, nk, 1.0f, 0.0f, ws);
+        }
+        free(S);
+    }
+}
+
+/* With P = exp(S - lse), dP = dO V^T, delta_t = dO_t . O_t (= sum_s P_ts dP_ts) and
+ * dS = P * (dP - delta):  dV = P^T dO,  dQ = scale dS K,  dK = scale dS^T Q.
+ * Two passes so every gradient row has one owner: dq over (b, q-head, query block); dk and
+ * dv over (b, kv-head, key block), adding its query heads in order. Both passes compute
+ * S(t, s) with the same fused multiply-adds in the same order, so they agree on P. */
+
+/* dq for query block t0.. of head h. S and dS are BQ x T scratch. */
+static void dq_block(const att_shape *sh, float *dq, const float *dout, const float *lse,
+                     const float *delta, const float *q, const float *k, const float *v,
+                     int64_t b, int64_t h, int64_t t0, float *S, float *dS, float *ws) {
+    int64_t T = sh->T, D = sh->D, Hq = sh->Hq;
+    int64_t nq = T - t0 < BQ ? T - t0 : BQ, nk = sh->causal ? t0 + nq : T;
+    const float *kg = k + (b * T * sh->Hkv + h / sh->rep) * D;
+    const float *vg = v + (b * T * sh->Hkv + h / sh->rep) * D;
+    int64_t row0 = (b * T + t0) * Hq + h;
+    gemm(S, nk, q + row0 * D, sh->ldq, kg, sh->ldk, 1, nq, nk, D, sh->scale, 0.0f, ws);
+    gemm(dS, nk, dout + row0 * D, sh->ldq, vg, sh->ldk, 1, nq, nk, D, 1.0f, 0.0f, ws);
+    for (int64_t i = 0; i < nq; i++) {
+        float *sr = S + i * nk, *dr = dS + i * nk;
+        int64_t n = sh->causal ? t0 + i + 1 : T;
+        float l = lse[(b * Hq + h) * T + t0 + i], dl = delta[(b * Hq + h) * T + t0 + i];
+#pragma omp simd
+        for (int64_t s = 0; s < n; s++) dr[s] = tz_cpu_expf(sr[s] - l) * (dr[s] - dl);
+        for (int64_t s = n; s < nk; s++) dr[s] = 0.0f;
+    }
+    gemm(dq + row0 * D, sh->ldq, dS, nk, kg, sh->ldk, 0, nq, D, nk, sh->scale, 1.0f, ws);
+}
+
+/* dk, dv for key block s0.. of kv head g. St, dSt are BK x T scratch; ak, av BK x D. */
+static void dkv_block(const att_shape *sh, float *dk, float *dv, const float *dout,
+                      const float *lse, const float *delta, const float *q, const float *k,
+                      const float *v, int64_t b, int64_t g, int64_t s0, float *St, float *dSt,
+                      float *ak, float *av, float *ws) {
+    int64_t T = sh->T, D = sh->D, Hq = sh->Hq;
+    int64_t nkb = T - s0 < BK ? T - s0 : BK;
+    int64_t tq0 = sh->causal ? s0 : 0, nqr = T - tq0; /* queries that see these keys */
+    int64_t krow0 = (b * T + s0) * sh->Hkv + g;
+    for (int64_t r = 0; r < sh->rep; r++) {
+        int64_t h = g * sh->rep + r, qrow0 = (b * T + tq0) * Hq + h;
+        const float *lr = lse + (b * Hq + h) * T + tq0, *dl = delta + (b * Hq + h) * T + tq0;
+        gemm(St, nqr, k + krow0 * D, sh->ldk, q + qrow0 * D, sh->ldq, 1, nkb, nqr, D,
+             sh->scale, 0.0f, ws);
+        gemm(dSt, nqr, v + krow0 * D, sh->ldk, dout + qrow0 * D, sh->ldq, 1, nkb, nqr, D, 1.0f,
+             0.0f, ws);
+        for (int64_t j = 0; j < nkb; j++) {
+            float *sr = St + j * nqr, *dr = dSt + j * nqr;
+            int64_t first = sh->causal ? j : 0; /* query t = tq0 + i sees key s0 + j iff i >= j */
+            for (int64_t i = 0; i < first; i++) sr[i] = dr[i] = 0.0f;
+#pragma omp simd
+            for (int64_t i = first; i < nqr; i++) {
+                float p = tz_cpu_expf(sr[i] - lr[i]);
+                dr[i] = p * (dr[i] - dl[i]);
+                sr[i] = p;
+            }
+        }
+        float beta = r == 0 ? 0.0f : 1.0f;
+        gemm(av, D, St, nqr, dout + qrow0 * D, sh->ldq, 0, nkb, D, nqr, 1.0f, beta, ws);
+        gemm(ak, D, dSt, nqr, q + qrow0 * D, sh->ldq, 0, nkb, D, nqr, sh->scale, beta, ws);
+    }
+    for (int64_t j = 0; j < nkb; j++) {
+        float *dkr = dk + (krow0 + j * sh->Hkv) * D, *dvr = dv + (krow0 + j * sh->Hkv) * D;
+#pragma omp simd
+        for (int64_t i = 0; i < D; i++) {
+            dkr[i] += ak[j * D + i];
+            dvr[i] += av[j * D + i];
+        }
+    }
+}
+
+void tz_cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                          const float *out, const float *lse, const float *q, const float *k,
+                          const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                          int64_t D, int causal) {
+    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
+    if (B <= 0 || T <= 0 || D <= 0) return;
+    int64_t rows = B * Hq * T, nqb = (T + BQ - 1) / BQ, nkb = (T + BK - 1) / BK;
+    int nt = team(be, &sh);
+    tz_cpu_ws_reserve(be, nt);
+    float *delta = tz_cpu_aligned_alloc((size_t)rows * sizeof(float)); /* [B, Hq, T] */
+    int64_t rowsz = (BQ > BK ? BQ : BK) * T;
+#pragma omp parallel num_threads(nt)
+    {
+        float *ws = tz_cpu_ws_get(be, omp_get_thread_num(), tz_cpu_gemm_ws_floats());
+        float *S = tz_cpu_aligned_alloc((size_t)(2 * rowsz + 2 * BK * D) * sizeof(float));
+        float *dS = S + rowsz, *ak = dS + rowsz, *av = ak + BK * D;
+#pragma omp for schedule(static)
+        for (int64_t idx = 0; idx < rows; idx++) {
+            int64_t b = idx / (Hq * T), h = (idx / T) % Hq, t = idx % T;
+            const float *o = out + ((b * T + t) * Hq + h) * D;
+            const float *d = dout + ((b * T + t) * Hq + h) * D;
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = 0; i < D; i++) s += o[i] * d[i];
+            delta[idx] = s;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < B * Hq * nqb; it++)
+            dq_block(&sh, dq, dout, lse, delta, q, k, v, it / (Hq * nqb), (it / nqb) % Hq,
+                     (it % nqb) * BQ, S, dS, ws);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < B * Hkv * nkb; it++)
+            dkv_block(&sh, dk, dv, dout, lse, delta, q, k, v, it / (Hkv * nkb),
+                      (it / nkb) % Hkv, (it % nkb) * BK, S, dS, ak, av, ws);
+        free(S);
+    }
+    free(delta);
+}

@@ -1,0 +1,129 @@
+/* Shared state and op declarations of the CPU backend, between its source files.
+ * Not a public interface: the rest of the program reaches these ops through tz_backend. */
+#ifndef TZ_CPU_INTERNAL_H
+#define TZ_CPU_INTERNAL_H
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/backend.h"
+
+/* exp(x) in float, branch-free so that loops calling it vectorise (glibc's expf does not
+ * without -ffast-math). Cody-Waite reduction x = n ln2 + r, |r| <~ ln2/2, and the Cephes
+ * degree-7 polynomial for e^r: measured within 1 ulp of exp. Below -87 (and at -inf) it
+ * returns 0; above 88 it saturates at exp(88) (softmax inputs are <= 0 once the row max is
+ * subtracted); NaN propagates. */
+static inline float tz_cpu_expf(float x) {
+    float xc = x > -87.0f ? (x < 88.0f ? x : 88.0f) : -87.0f; /* NaN -> -87: n stays finite */
+    /* n = round(x / ln2): adding and removing 1.5 * 2^23 rounds to an integer (floorf would
+     * not vectorise under the default -ftrapping-math) */
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = xc - n * 0.693359375f;  /* ln2 high part, exact in n * hi */
+    r = r - n * -2.12194440e-4f;       /* ln2 low part */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* 2^n, n in [-126, 127] */
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    float y = p * two_n;
+    y = x < -87.0f ? 0.0f : y;
+    return x != x ? x : y;
+}
+
+/* max of x[0..n), -inf for n = 0. GCC vectorises the simd max reduction; Clang does not (and
+ * warns, an error under -Werror), so there 16 independent lanes do the same. */
+static inline float tz_cpu_maxf(const float *x, int64_t n) {
+    float m = -INFINITY;
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma omp simd reduction(max : m)
+    for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+#else
+    float lane[16];
+    for (int l = 0; l < 16; l++) lane[l] = -INFINITY;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    for (int l = 0; l < 16; l++) m = lane[l] > m ? lane[l] : m;
+#endif
+    return m;
+}
+
+/* Per-thread packing workspace of the GEMMs (matmul, attention blocks), grown on demand,
+ * indexed by OpenMP thread number. The workspaces belong to the backend, so one backend is
+ * driven by one host thread at a time (as its arena is). */
+typedef struct tz_cpu_ws {
+    float *buf;
+    size_t cap; /* floats */
+} tz_cpu_ws;
+
+typedef struct tz_cpu_ctx {
+    int threads;    /* > 0: fixed team size; 0: OpenMP default at each call */
+    int nws;        /* slots in ws */
+    tz_cpu_ws *ws;
+} tz_cpu_ctx;
+
+/* Team size for the next parallel region of this backend. */
+int tz_cpu_threads(tz_backend *be);
+/* Workspace of at least `floats` floats for thread `tid` (called inside a parallel region,
+ * each thread with its own tid; slots were made by tz_cpu_ws_reserve before it). */
+float *tz_cpu_ws_get(tz_backend *be, int tid, size_t floats);
+/* Makes sure there are `nthreads` slots (called outside parallel regions). */
+void tz_cpu_ws_reserve(tz_backend *be, int nthreads);
+/* 64-byte aligned host memory, fatal on failure; free with free(). */
+void *tz_cpu_aligned_alloc(size_t bytes);
+
+/* cpu_matmul.c. A strided product on one thread (for attention blocks):
+ * C[i*ldc + j] = alpha * sum_k op(A)(i,k) op(B)(k,j) + beta * C (beta == 0 never reads C),
+ * op(A)(i,k) = A[i*lda + k] (transA = 0) or A[k*lda + i]; op(B)(k,j) = B[k*ldb + j] or
+ * B[j*ldb + k]. Same blocking and summation order as tz_cpu_matmul. */
+typedef struct tz_cpu_gemm_args {
+    float *C;
+    int64_t ldc;
+    const float *A;
+    int64_t lda;
+    int transA;
+    const float *B;
+    int64_t ldb;
+    int transB;
+    int64_t M, N, K;
+    float alpha, beta;
+} tz_cpu_gemm_args;
+size_t tz_cpu_gemm_ws_floats(void); /* workspace size of tz_cpu_gemm_serial */
+void tz_cpu_gemm_serial(const tz_cpu_gemm_args *g, float *ws);
+void tz_cpu_matmul(tz_backend *be, float *C, const float *A, const float *B, int64_t M,
+                   int64_t N, int64_t K, int transA, int transB, float alpha, float beta);
+
+/* cpu_norm.c: rmsnorm, rope, swiglu, embedding */
+void tz_cpu_embedding_fwd(tz_backend *be, float *out, const int32_t *tok, const float *table,
+                          int64_t n, int64_t C);
+void tz_cpu_embedding_bwd(tz_backend *be, float *dtable, const int32_t *tok, const float *dout,
+                          int64_t n, int64_t C);
+void tz_cpu_rmsnorm_fwd(tz_backend *be, float *out, float *rstd, const float *x, const float *w,
+                        int64_t rows, int64_t C, float eps);
+void tz_cpu_rmsnorm_bwd(tz_backend *be, float *dx, float *dw, const float *dout, const float *x,
+                        const float *w, const float *rstd, int64_t rows, int64_t C);
+void tz_cpu_rope_fwd(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                     float theta);
+void tz_cpu_rope_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H, int64_t D,
+                     float theta);
+void tz_cpu_swiglu_fwd(tz_backend *be, float *out, const float *g, const float *u, int64_t n);
+void tz_cpu_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *dout, const float *g,
+                       const float *u, int64_t n);
+
+/* cpu_attention.c */
+void tz_cpu_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
+                          const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
+                          int64_t Hkv, int64_t D, int causal);
+void tz_cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                          const float *out, const float *lse, const float *q, const float *k,
+                          const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                          int64_t D, int causal);
+
+#endif
