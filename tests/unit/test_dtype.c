@@ -7,19 +7,9 @@
 #include <string.h>
 
 #include "io/dtype.h"
+#include "tz_check.h"
 
-static int g_pass, g_fail;
 
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    if (ok) g_pass++;
-    else g_fail++;
-}
 
 static double f16_value(uint16_t h) { /* independent reference: ldexp on the fields */
     int e = (h >> 10) & 31, m = h & 1023;

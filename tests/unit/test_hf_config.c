@@ -7,19 +7,9 @@
 #include <sys/stat.h>
 
 #include "io/hf_config.h"
+#include "tz_check.h"
 
-static int g_pass, g_fail;
 
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    if (ok) g_pass++;
-    else g_fail++;
-}
 
 #define TMP "hf_tmp"
 

@@ -14,17 +14,8 @@
 #include "io/dtype.h"
 #include "io/safetensors.h"
 #include "model/llama_io.h"
+#include "tz_check.h"
 
-static int passed, failed;
-#define CHECK(cond, ...)                     \
-    do {                                     \
-        if (cond) passed++;                  \
-        else {                               \
-            failed++;                        \
-            printf("FAIL: " __VA_ARGS__);    \
-            printf("\n");                    \
-        }                                    \
-    } while (0)
 
 static float *logits_of(tz_llama *m, const int32_t *in, const int32_t *tg) {
     const int64_t n = m->B * m->T * m->d.vocab;
@@ -57,18 +48,18 @@ int main(int argc, char **argv) {
         tz_llama *b = tz_llama_load(be, dir, &o);
         tz_llama_setup(b, B, T);
         float *lb = logits_of(b, in, tg);
-        CHECK(!memcmp(la, lb, (size_t)(B * T * d.vocab) * sizeof(float)),
+        check(!memcmp(la, lb, (size_t)(B * T * d.vocab) * sizeof(float)),
               "tied=%d: logits after save/load differ", tied);
-        CHECK(b->d.tied == tied && b->d.theta == 500000.0 && b->d.n_kv_heads == 2,
+        check(b->d.tied == tied && b->d.theta == 500000.0 && b->d.n_kv_heads == 2,
               "tied=%d: dims not read back", tied);
 
         /* bf16: every stored value is the round-to-nearest-even of the fp32 weight */
         tz_llama_save(a, dir, 1);
         tz_safetensors st;
         char err[1024];
-        CHECK(tz_st_open(&st, dir, err, sizeof err) == 0, "bf16 open: %s", err);
+        check(tz_st_open(&st, dir, err, sizeof err) == 0, "bf16 open: %s", err);
         const tz_st_tensor *t = tz_st_find(&st, "model.layers.1.mlp.down_proj.weight");
-        CHECK(t && t->dtype == TZ_DT_BF16, "bf16: down_proj missing or not BF16");
+        check(t && t->dtype == TZ_DT_BF16, "bf16: down_proj missing or not BF16");
         if (t) {
             tz_param *p = tz_params_find(&a->params, "model.layers.1.mlp.down_proj.weight");
             int bad = 0;
@@ -77,7 +68,7 @@ int main(int argc, char **argv) {
                 memcpy(&h, (const char *)t->data + 2 * i, 2);
                 bad += h != tz_f32_to_bf16(p->w[i]);
             }
-            CHECK(bad == 0, "bf16: %d values not rounded to nearest even", bad);
+            check(bad == 0, "bf16: %d values not rounded to nearest even", bad);
         }
         tz_st_close(&st);
         free(la);
@@ -98,14 +89,14 @@ int main(int argc, char **argv) {
         tz_llama_save_adapter(c, adir, dir);
         tz_llama_opts lo2 = {0};
         tz_llama_read_adapter_opts(adir, &lo2);
-        CHECK(lo2.lora_rank == 3 && lo2.lora_alpha == 6.0 && lo2.lora_targets == 0x7f,
+        check(lo2.lora_rank == 3 && lo2.lora_alpha == 6.0 && lo2.lora_targets == 0x7f,
               "adapter_config.json not read back (r %lld alpha %g targets %x)",
               (long long)lo2.lora_rank, lo2.lora_alpha, lo2.lora_targets);
         tz_llama *e = tz_llama_load(be, dir, &lo2);
         tz_llama_load_adapter(e, adir);
         tz_llama_setup(e, B, T);
         float *le = logits_of(e, in, tg);
-        CHECK(!memcmp(lc, le, (size_t)(B * T * d.vocab) * sizeof(float)),
+        check(!memcmp(lc, le, (size_t)(B * T * d.vocab) * sizeof(float)),
               "tied=%d: logits with a reloaded adapter differ", tied);
         free(lc);
         free(le);
@@ -116,8 +107,7 @@ int main(int argc, char **argv) {
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) printf("warning: could not remove %s\n", dir);
-    printf("llama_io: %d passed, %d failed\n", passed, failed);
     tz_cpu_backend_destroy(be);
     MPI_Finalize();
-    return failed ? 1 : 0;
+    return tz_check_done("llama_io");
 }

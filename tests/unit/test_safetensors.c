@@ -13,20 +13,10 @@
 
 #include "io/dtype.h"
 #include "io/safetensors.h"
+#include "tz_check.h"
 
-static int g_pass, g_fail;
 static volatile unsigned g_sink; /* keeps the mutation test's reads */
 
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    if (ok) g_pass++;
-    else g_fail++;
-}
 
 #define TMP "st_tmp"
 
