@@ -1,0 +1,220 @@
+/* TurboQuant quantize / dequantize (plain and rotated basis), the absmax baseline and the
+ * relative error, OpenMP over groups. No I/O and no model code; the math is in turboquant.h. */
+#include "quant/turboquant.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "io/dtype.h"
+#include "quant/fwht.h"
+
+int tz_tq_tensor_init(tz_tq_tensor *t, int bits, int group, int64_t rows, int64_t cols,
+                      uint64_t seed, char *err, size_t errlen) {
+    memset(t, 0, sizeof *t);
+    if (bits < 1 || bits > TZ_TQ_MAX_BITS) {
+        snprintf(err, errlen, "quantization bits %d out of range (1..%d)", bits,
+                 TZ_TQ_MAX_BITS);
+        return -1;
+    }
+    if (tz_tq_check_shape(cols, group, err, errlen)) return -1;
+    if (rows <= 0 || rows > INT64_MAX / cols) {
+        snprintf(err, errlen, "quantized tensor rows %lld invalid for %lld columns",
+                 (long long)rows, (long long)cols);
+        return -1;
+    }
+    t->bits = bits;
+    t->group = group;
+    t->rows = rows;
+    t->cols = cols;
+    t->seed = seed;
+    t->codes = tz_xcalloc((size_t)tz_tq_codes_bytes(rows, cols, bits), 1);
+    t->scales = tz_xcalloc((size_t)tz_tq_scales_count(rows, cols, group), sizeof *t->scales);
+    return 0;
+}
+
+void tz_tq_tensor_free(tz_tq_tensor *t) {
+    free(t->codes);
+    free(t->scales);
+    memset(t, 0, sizeof *t);
+}
+
+void tz_tq_tensor_header(const tz_tq_tensor *t, tz_tq_header *h) {
+    memset(h, 0, sizeof *h);
+    h->magic = TZ_TQ_MAGIC;
+    h->version = TZ_TQ_VERSION;
+    h->bits = (uint8_t)t->bits;
+    h->codebook = TZ_TQ_CODEBOOK_LLOYD_GAUSS;
+    h->group = (uint32_t)t->group;
+    h->scale_dtype = TZ_TQ_SCALE_BF16;
+    h->rows = t->rows;
+    h->cols = t->cols;
+    h->seed = t->seed;
+}
+
+static void check_codebook(const tz_tq_tensor *t, const tz_tq_codebook *cb) {
+    if (!cb || cb->bits != t->bits || cb->n != (1 << t->bits))
+        TZ_FATAL("codebook of %d bits given for a %d-bit tensor", cb ? cb->bits : -1, t->bits);
+}
+
+/* Quantizes one group w (length g) with its signs s into packed codes and a bf16 scale. */
+static void quantize_group(const float *w, const float *s, int g, const tz_tq_codebook *cb,
+                           uint8_t *packed, uint16_t *scale) {
+    float r[TZ_TQ_MAX_GROUP];
+    uint8_t idx[TZ_TQ_MAX_GROUP];
+    double nn = 0.0;
+    for (int i = 0; i < g; i++) {
+        r[i] = s[i] * w[i];
+        nn += (double)w[i] * (double)w[i];
+    }
+    tz_fwht(r, g);
+    double norm = sqrt(nn);
+    if (norm == 0.0) { /* all zero: the code nearest 0 and a zero scale decode to zeros */
+        memset(idx, cb->n / 2, (size_t)g);
+        *scale = tz_f32_to_bf16(0.0f);
+    } else {
+        double inv = 1.0 / norm, num = 0.0, den = 0.0;
+        for (int i = 0; i < g; i++) {
+            int k = tz_tq_codebook_nearest(cb, (float)((double)r[i] * inv));
+            double c = cb->centroids[k];
+            idx[i] = (uint8_t)k;
+            num += (double)r[i] * c;
+            den += c * c;
+        }
+        *scale = tz_f32_to_bf16((float)(num / (sqrt((double)g) * den)));
+    }
+    tz_tq_pack_group(packed, idx, g, cb->bits);
+}
+
+void tz_tq_quantize_groups(tz_tq_tensor *t, const tz_tq_codebook *cb, const float *w,
+                           int64_t first, int64_t count) {
+    check_codebook(t, cb);
+    int64_t total = tz_tq_tensor_groups(t), per_row = t->cols / t->group;
+    if (first < 0 || count < 0 || first > total || count > total - first)
+        TZ_FATAL("groups [%lld, %lld) outside the tensor's %lld groups", (long long)first,
+                 (long long)(first + count), (long long)total);
+    const int g = t->group;
+    const int64_t gbytes = TZ_TQ_GROUP_BYTES(g, t->bits);
+    float *signs = tz_xmalloc((size_t)t->cols * sizeof *signs);
+    tz_tq_signs_row(t->seed, t->cols, g, signs);
+#pragma omp parallel for schedule(static)
+    for (int64_t k = first; k < first + count; k++) {
+        int64_t j = k % per_row;
+        quantize_group(w + k * g, signs + j * g, g, cb, t->codes + k * gbytes, t->scales + k);
+    }
+    free(signs);
+}
+
+void tz_tq_quantize(tz_tq_tensor *t, const tz_tq_codebook *cb, const float *w) {
+    tz_tq_quantize_groups(t, cb, w, 0, tz_tq_tensor_groups(t));
+}
+
+/* out[i] = scale * c[idx_i] for one group: the code vector q in the rotated basis. */
+static void decode_group(const uint8_t *packed, uint16_t scale, int g, const tz_tq_codebook *cb,
+                         float *out) {
+    uint8_t idx[TZ_TQ_MAX_GROUP];
+    tz_tq_unpack_group(idx, packed, g, cb->bits);
+    float sc = tz_bf16_to_f32(scale);
+    for (int i = 0; i < g; i++) out[i] = sc * cb->centroids[idx[i]];
+}
+
+void tz_tq_dequantize_rotated(const tz_tq_tensor *t, const tz_tq_codebook *cb, float *w_rot) {
+    check_codebook(t, cb);
+    const int g = t->group;
+    const int64_t gbytes = TZ_TQ_GROUP_BYTES(g, t->bits), total = tz_tq_tensor_groups(t);
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < total; k++)
+        decode_group(t->codes + k * gbytes, t->scales[k], g, cb, w_rot + k * g);
+}
+
+void tz_tq_dequantize(const tz_tq_tensor *t, const tz_tq_codebook *cb, float *w_hat) {
+    check_codebook(t, cb);
+    const int g = t->group;
+    const int64_t gbytes = TZ_TQ_GROUP_BYTES(g, t->bits), total = tz_tq_tensor_groups(t);
+    const int64_t per_row = t->cols / g;
+    const float inv = (float)(1.0 / sqrt((double)g));
+    float *signs = tz_xmalloc((size_t)t->cols * sizeof *signs);
+    tz_tq_signs_row(t->seed, t->cols, g, signs);
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < total; k++) {
+        float *out = w_hat + k * g;
+        const float *s = signs + (k % per_row) * g;
+        decode_group(t->codes + k * gbytes, t->scales[k], g, cb, out);
+        tz_fwht(out, g);
+        for (int i = 0; i < g; i++) out[i] = s[i] * (out[i] * inv);
+    }
+    free(signs);
+}
+
+/* ---- absmax round-to-nearest baseline ---- */
+
+void tz_tq_absmax_quantize(tz_tq_tensor *t, const float *w) {
+    const int g = t->group, n = 1 << t->bits;
+    const int64_t gbytes = TZ_TQ_GROUP_BYTES(g, t->bits), total = tz_tq_tensor_groups(t);
+    const float half = 0.5f * (float)(n - 1);
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < total; k++) {
+        const float *x = w + k * g;
+        uint8_t idx[TZ_TQ_MAX_GROUP];
+        float amax = 0.0f;
+        for (int i = 0; i < g; i++) amax = fmaxf(amax, fabsf(x[i]));
+        uint16_t sb = tz_f32_to_bf16(2.0f * amax / (float)(n - 1));
+        float step = tz_bf16_to_f32(sb);
+        if (step == 0.0f) {
+            memset(idx, n / 2, (size_t)g);
+        } else {
+            float inv = 1.0f / step;
+            for (int i = 0; i < g; i++) {
+                float q = floorf(x[i] * inv + half + 0.5f); /* nearest level */
+                q = q < 0.0f ? 0.0f : (q > (float)(n - 1) ? (float)(n - 1) : q);
+                idx[i] = (uint8_t)q;
+            }
+        }
+        t->scales[k] = sb;
+        tz_tq_pack_group(t->codes + k * gbytes, idx, g, t->bits);
+    }
+}
+
+void tz_tq_absmax_dequantize(const tz_tq_tensor *t, float *w_hat) {
+    const int g = t->group, n = 1 << t->bits;
+    const int64_t gbytes = TZ_TQ_GROUP_BYTES(g, t->bits), total = tz_tq_tensor_groups(t);
+    const float half = 0.5f * (float)(n - 1);
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < total; k++) {
+        uint8_t idx[TZ_TQ_MAX_GROUP];
+        tz_tq_unpack_group(idx, t->codes + k * gbytes, g, t->bits);
+        float step = tz_bf16_to_f32(t->scales[k]);
+        for (int i = 0; i < g; i++) w_hat[k * g + i] = ((float)idx[i] - half) * step;
+    }
+}
+
+/* ---- error metric ---- */
+
+#define TZ_ERR_BLOCK 4096
+
+double tz_tq_relative_error(const float *w, const float *w_hat, int64_t n) {
+    int64_t nb = (n + TZ_ERR_BLOCK - 1) / TZ_ERR_BLOCK;
+    double *part = tz_xcalloc((size_t)(2 * nb), sizeof *part);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t lo = b * TZ_ERR_BLOCK, hi = lo + TZ_ERR_BLOCK < n ? lo + TZ_ERR_BLOCK : n;
+        double e = 0.0, s = 0.0;
+        for (int64_t i = lo; i < hi; i++) {
+            double d = (double)w[i] - (double)w_hat[i];
+            e += d * d;
+            s += (double)w[i] * (double)w[i];
+        }
+        part[2 * b] = e;
+        part[2 * b + 1] = s;
+    }
+    double err = 0.0, ref = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        err += part[2 * b];
+        ref += part[2 * b + 1];
+    }
+    free(part);
+    if (ref == 0.0) return err == 0.0 ? 0.0 : INFINITY;
+    return err / ref;
+}
