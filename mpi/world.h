@@ -1,0 +1,65 @@
+/* The MPI world as one rank sees it: rank, size, local rank (from a shared-memory split, never
+ * from Slurm variables), host, NUMA node and binding, threads. Does not call MPI_Init. */
+#ifndef TZ_WORLD_H
+#define TZ_WORLD_H
+#include <mpi.h>
+
+#include "core/error.h"
+
+/* Funnels an MPI error code into TZ_FATAL with MPI's own message. Only meaningful on a
+ * communicator whose error handler returns (the default, MPI_ERRORS_ARE_FATAL, never
+ * returns): tz_world_init and tz_comm_mpi_create set MPI_ERRORS_RETURN on what they own. */
+#define MPI_CHECK(call)                                                          \
+    do {                                                                         \
+        int tz_mpi_rc_ = (call);                                                 \
+        if (tz_mpi_rc_ != MPI_SUCCESS) {                                         \
+            char tz_mpi_msg_[MPI_MAX_ERROR_STRING];                              \
+            int tz_mpi_len_ = 0;                                                 \
+            if (MPI_Error_string(tz_mpi_rc_, tz_mpi_msg_, &tz_mpi_len_) != MPI_SUCCESS) \
+                tz_mpi_len_ = 0;                                                 \
+            tz_mpi_msg_[tz_mpi_len_] = 0;                                        \
+            TZ_FATAL("%s failed: %s (MPI error %d)", #call, tz_mpi_msg_, tz_mpi_rc_); \
+        }                                                                        \
+    } while (0)
+
+#define TZ_HOST_MAX 256
+#define TZ_REASON_MAX 160
+
+typedef struct tz_world {
+    int rank, size;             /* in MPI_COMM_WORLD */
+    int local_rank, local_size; /* among the ranks sharing this node's memory */
+    MPI_Comm local;             /* the shared-memory communicator (freed by tz_world_free) */
+    char hostname[TZ_HOST_MAX];
+    int device;                 /* accelerator index this rank drives, -1 for none */
+    int numa_nodes;             /* configured NUMA nodes; 0 when libnuma is unusable */
+    int numa_node;              /* the node this rank's memory and threads belong to; -1 unknown */
+    int numa_bound;             /* 1: memory policy and CPU affinity were set to numa_node */
+    char numa_reason[TZ_REASON_MAX]; /* why not bound ("single node", "set_mempolicy: ...") */
+    int numa_warned;            /* the refusal warning was printed (once per rank) */
+    int threads;                /* OpenMP threads this rank will use */
+} tz_world;
+
+/* Fills w from MPI_COMM_WORLD (MPI must be initialised), sets the log rank, and binds the
+ * rank to a NUMA node: with several nodes, node = local_rank % nodes (the CPU choice; the GPU
+ * code re-binds with tz_world_bind_numa and the device's real node). device is recorded.
+ * A refused binding is recorded in numa_reason and warned about once, on that rank; a single
+ * node is not a failure. Call before the first OpenMP region, so the thread pool inherits
+ * the CPU affinity. Collective over MPI_COMM_WORLD. */
+void tz_world_init(tz_world *w, int device_index_or_minus1);
+void tz_world_free(tz_world *w);
+
+/* The hook for accelerators: bind memory policy and CPU affinity to `node` (from
+ * cudaDevAttrHostNumaId or tz_numa_node_of_pci). node < 0 means "no preference": the rank
+ * is left unbound with that reason. Warns (once per call) only when binding is refused.
+ * Returns 1 when bound. Not collective. */
+int tz_world_bind_numa(tz_world *w, int node);
+
+/* The NUMA node of a PCI device from /sys/bus/pci/devices/<bus_id>/numa_node ("0000:3b:00.0",
+ * lower case as sysfs spells it); -1 when unknown (no file, or the kernel says -1). */
+int tz_numa_node_of_pci(const char *bus_id);
+
+/* Every rank prints one start-up line (tz_info_all): rank, local rank, host, NUMA node or
+ * "unbound: reason", OpenMP threads. Not collective (lines may interleave by rank). */
+void tz_world_print(const tz_world *w);
+
+#endif
