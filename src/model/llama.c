@@ -101,7 +101,7 @@ static double gen_uniform(tz_rng *r, double bound) {
 
 void tz_llama_init_random(tz_llama *m, uint64_t seed) {
     for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = &m->params.p[i];
+        tz_param *p = m->params.p[i];
         if (p->adapter) continue;
         tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_INIT, 0);
         if (p->ndim == 1) upload_fn(m, p, gen_const, 1.0, &r);
@@ -111,7 +111,7 @@ void tz_llama_init_random(tz_llama *m, uint64_t seed) {
 
 void tz_llama_init_lora(tz_llama *m, uint64_t seed) {
     for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = &m->params.p[i];
+        tz_param *p = m->params.p[i];
         if (!p->adapter) continue;
         tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_LORA, 0);
         if (strstr(p->name, "lora_A")) upload_fn(m, p, gen_uniform, 1.0 / sqrt((double)p->shape[1]), &r);

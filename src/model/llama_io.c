@@ -43,7 +43,7 @@ static void load_param(tz_backend *be, const tz_safetensors *st, tz_param *p, co
 static float *max_buffer(const tz_params *ps, int adapters) {
     int64_t n = 1;
     for (int i = 0; i < ps->n; i++)
-        if (ps->p[i].adapter == adapters && ps->p[i].numel > n) n = ps->p[i].numel;
+        if (ps->p[i]->adapter == adapters && ps->p[i]->numel > n) n = ps->p[i]->numel;
     return tz_xmalloc((size_t)n * sizeof(float));
 }
 
@@ -56,7 +56,7 @@ tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_llama_opts *o)
     if (tz_st_open(&st, dir, err, sizeof err)) TZ_FATAL("model.path: %s", err);
     float *buf = max_buffer(&m->params, 0);
     for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = &m->params.p[i];
+        tz_param *p = m->params.p[i];
         if (!p->adapter) load_param(be, &st, p, p->name, buf);
     }
     free(buf);
@@ -71,11 +71,11 @@ static void save_weights(tz_llama *m, const char *path, int adapters, int bf16) 
     tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
     char err[1024];
     int n = 0;
-    for (int i = 0; i < m->params.n; i++) n += m->params.p[i].adapter == adapters;
+    for (int i = 0; i < m->params.n; i++) n += m->params.p[i]->adapter == adapters;
     void **bufs = tz_xcalloc((size_t)n + 1, sizeof *bufs);
     n = 0;
     for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = &m->params.p[i];
+        tz_param *p = m->params.p[i];
         if (p->adapter != adapters) continue;
         float *f = tz_xmalloc((size_t)p->numel * sizeof *f);
         m->be->download(m->be, f, p->w, (size_t)p->numel * sizeof *f);
@@ -146,7 +146,7 @@ void tz_llama_load_adapter(tz_llama *m, const char *dir) {
     if (tz_st_open(&st, path, err, sizeof err)) TZ_FATAL("model.adapter: %s", err);
     float *buf = max_buffer(&m->params, 1);
     for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = &m->params.p[i];
+        tz_param *p = m->params.p[i];
         if (p->adapter) load_param(m->be, &st, p, p->name, buf);
     }
     free(buf);

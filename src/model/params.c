@@ -11,7 +11,10 @@
 void tz_params_init(tz_params *ps) { memset(ps, 0, sizeof *ps); }
 
 void tz_params_free(tz_params *ps, tz_backend *be) {
-    for (int i = 0; i < ps->n; i++) be->release(be, ps->p[i].w);
+    for (int i = 0; i < ps->n; i++) {
+        be->release(be, ps->p[i]->w);
+        free(ps->p[i]);
+    }
     free(ps->p);
     memset(ps, 0, sizeof *ps);
 }
@@ -22,8 +25,8 @@ tz_param *tz_params_add(tz_params *ps, tz_backend *be, const char *name, int ndi
         ps->cap = ps->cap ? 2 * ps->cap : 64;
         ps->p = tz_xrealloc(ps->p, (size_t)ps->cap * sizeof *ps->p);
     }
-    tz_param *p = &ps->p[ps->n++];
-    memset(p, 0, sizeof *p);
+    tz_param *p = tz_xcalloc(1, sizeof *p); /* stable address: models keep pointers to it */
+    ps->p[ps->n++] = p;
     if ((size_t)snprintf(p->name, sizeof p->name, "%s", name) >= sizeof p->name)
         TZ_FATAL("parameter name too long: %s", name);
     p->ndim = ndim;
@@ -41,7 +44,7 @@ tz_param *tz_params_add(tz_params *ps, tz_backend *be, const char *name, int ndi
 
 tz_param *tz_params_find(tz_params *ps, const char *name) {
     for (int i = 0; i < ps->n; i++)
-        if (!strcmp(ps->p[i].name, name)) return &ps->p[i];
+        if (!strcmp(ps->p[i]->name, name)) return ps->p[i];
     return NULL;
 }
 
@@ -49,7 +52,7 @@ void tz_params_layout(tz_params *ps) {
     int64_t off = 0;
     ps->n_trainable = 0;
     for (int i = ps->n - 1; i >= 0; i--) {
-        tz_param *p = &ps->p[i];
+        tz_param *p = ps->p[i];
         if (!p->trainable) {
             p->flat_off = -1;
             continue;
@@ -63,5 +66,5 @@ void tz_params_layout(tz_params *ps) {
 
 void tz_params_bind_grads(tz_params *ps, float *grad) {
     for (int i = 0; i < ps->n; i++)
-        ps->p[i].g = ps->p[i].trainable ? grad + ps->p[i].flat_off : NULL;
+        ps->p[i]->g = ps->p[i]->trainable ? grad + ps->p[i]->flat_off : NULL;
 }

@@ -25,7 +25,7 @@ typedef struct tz_param {
 } tz_param;
 
 typedef struct tz_params {
-    tz_param *p;
+    tz_param **p;       /* each allocated on its own, so pointers to it stay valid */
     int n, cap;
     int64_t flat_numel; /* padded length of the flat trainable space */
     int64_t n_trainable; /* trainable elements, without padding */

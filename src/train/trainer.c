@@ -151,7 +151,7 @@ int tz_train_run(const tz_config *cfg) {
     float *ghost = be->device ? tz_xmalloc((size_t)N * sizeof(float)) : grad;
     uint8_t *decay = tz_xcalloc((size_t)N, 1);
     for (int i = 0; i < ps->n; i++) {
-        tz_param *p = &ps->p[i];
+        tz_param *p = ps->p[i];
         if (!p->trainable) continue;
         be->download(be, master + p->flat_off, p->w, (size_t)p->numel * sizeof(float));
         memset(decay + p->flat_off, p->decay ? 1 : 0, (size_t)p->numel);
@@ -209,7 +209,7 @@ int tz_train_run(const tz_config *cfg) {
         if (be->device) be->download(be, ghost, grad, (size_t)N * sizeof(float));
         tz_adamw_step(master, mom, var, ghost, decay, N, step + 1, &hp, clip);
         for (int i = 0; i < ps->n; i++) {
-            tz_param *p = &ps->p[i];
+            tz_param *p = ps->p[i];
             if (p->trainable)
                 be->upload(be, p->w, master + p->flat_off, (size_t)p->numel * sizeof(float));
         }

@@ -36,7 +36,7 @@ int main(int argc, char **argv) {
     tz_llama_init_lora(m, seed);
     /* B = 0 would make every lora_A gradient zero: give B random values for the check */
     for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = &m->params.p[i];
+        tz_param *p = m->params.p[i];
         if (!p->adapter || !strstr(p->name, "lora_B")) continue;
         tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_TEST, 0);
         float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
     float **bufs = tz_xcalloc((size_t)m->params.n * 2, sizeof *bufs);
     int nb = 0;
     for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = &m->params.p[i];
+        tz_param *p = m->params.p[i];
         if (p->adapter) {
             bufs[nb] = tz_xmalloc((size_t)p->numel * sizeof(float));
             be->download(be, bufs[nb], p->w, (size_t)p->numel * sizeof(float));

@@ -80,8 +80,8 @@ int main(int argc, char **argv) {
         tz_llama *c = tz_llama_load(be, dir, &lo);
         tz_llama_init_lora(c, 3);
         for (int i = 0; i < c->params.n; i++) /* nonzero B so the adapter changes logits */
-            if (strstr(c->params.p[i].name, "lora_B"))
-                for (int64_t j = 0; j < c->params.p[i].numel; j++) c->params.p[i].w[j] = 0.01f * (float)(j % 7);
+            if (strstr(c->params.p[i]->name, "lora_B"))
+                for (int64_t j = 0; j < c->params.p[i]->numel; j++) c->params.p[i]->w[j] = 0.01f * (float)(j % 7);
         tz_llama_setup(c, B, T);
         float *lc = logits_of(c, in, tg);
         char adir[80];
