@@ -10,7 +10,7 @@
 # usage: train_test.sh TURBOZERO SOURCE_DIR
 set -u
 tz=$1 src=$2
-MARGIN=0.25
+MARGIN=0.75  # measured drop at 40 steps: 1.11 nats (3.61 -> 2.50)
 work=$(mktemp -d "${TMPDIR:-/tmp}/tztrain.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 pass=0 fail=0
