@@ -35,7 +35,7 @@ static const char *const arch_names[] = {"llama", "dit", NULL};
 static const char *const mode_names[] = {"lora", "full", NULL};
 static const char *const dtype_names[] = {"f32", "bf16", NULL};
 static const char *const target_names[] = {"q", "k", "v", "o", "gate", "up", "down", NULL};
-static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "run", NULL};
+static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "zero", "run", NULL};
 #define TZ_LORA_ALL 0x7f
 
 #define ROW(s, k) .section = #s, .key = #k, .off = offsetof(tz_config, s.k), \
@@ -77,6 +77,8 @@ static const tz_key schema[] = {
     INT(lora, rank, 8, 1, 4096, "LoRA rank r"),
     FLT(lora, alpha, 16.0, OPEN, 0.0, 1e6, CLOSED, "LoRA scale: the update is alpha/rank * B A"),
     TARGETS(lora, targets, TZ_LORA_ALL, "projections that get adapters"),
+    INT(zero, stage, 2, 0, 2, "ZeRO stage: 0 all-reduce, 1 + sharded optimizer, 2 + sharded gradients"),
+    FLT(zero, bucket_mb, 16.0, OPEN, 0.0, 1e6, CLOSED, "gradient bucket size in MiB (communication unit)"),
     STR(run, dir, "runs/default", "output folder (logs, checkpoints, adapters)"),
     INT(run, seed, 1234, 0, INT64_C(1) << 62, "seed of every random stream"),
     BOOL(run, overwrite, 0, "replace a finished run already in run.dir (else stop, keeping it)"),

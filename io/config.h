@@ -59,6 +59,10 @@ typedef struct tz_config {
         int targets;                  /* TZ_LORA_* bits */
     } lora;
     struct {
+        int64_t stage;                /* 0: DDP all-reduce; 1: + sharded optimizer; 2: + sharded gradients */
+        double bucket_mb;             /* gradient bucket size */
+    } zero;
+    struct {
         char dir[TZ_PATH_MAX];
         int64_t seed;
         int overwrite;                /* replace an existing run in run.dir */

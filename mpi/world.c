@@ -158,3 +158,35 @@ void tz_world_print(const tz_world *w) {
     tz_info_all("rank %d/%d | local rank %d/%d | host %s%s | %s | %d OpenMP threads", w->rank,
                 w->size, w->local_rank, w->local_size, w->hostname, dev, numa, w->threads);
 }
+
+void *tz_world_host_alloc(const tz_world *w, size_t bytes) {
+    size_t n = bytes ? bytes : 1;
+    void *p = NULL;
+#if defined(TZ_HAVE_NUMA)
+    if (w->numa_nodes > 0 && w->numa_node >= 0) {
+        p = numa_alloc_onnode(n, w->numa_node);
+        if (!p) TZ_FATAL("numa_alloc_onnode(%zu bytes, node %d) failed", n, w->numa_node);
+        memset(p, 0, n); /* touch every page now, on this node */
+        return p;
+    }
+#else
+    (void)w;
+#endif
+    if (posix_memalign(&p, 4096, n) != 0) TZ_FATAL("out of host memory allocating %zu bytes", n);
+    memset(p, 0, n);
+    return p;
+}
+
+void tz_world_host_free(const tz_world *w, void *p, size_t bytes) {
+    if (!p) return;
+#if defined(TZ_HAVE_NUMA)
+    if (w->numa_nodes > 0 && w->numa_node >= 0) {
+        numa_free(p, bytes ? bytes : 1);
+        return;
+    }
+#else
+    (void)w;
+    (void)bytes;
+#endif
+    free(p);
+}

@@ -58,6 +58,12 @@ int tz_world_bind_numa(tz_world *w, int node);
  * lower case as sysfs spells it); -1 when unknown (no file, or the kernel says -1). */
 int tz_numa_node_of_pci(const char *bus_id);
 
+/* Host memory for this rank's optimizer shard: zeroed, page-aligned, placed on the rank's
+ * NUMA node when it is known (numa_alloc_onnode; first touch by this rank otherwise). The
+ * CUDA backend will register it as pinned memory (cudaHostRegister) after this call.
+ * Fatal on failure. Free with tz_world_host_free and the same byte count. */
+void *tz_world_host_alloc(const tz_world *w, size_t bytes);
+void tz_world_host_free(const tz_world *w, void *p, size_t bytes);
 /* Every rank prints one start-up line (tz_info_all): rank, local rank, host, NUMA node or
  * "unbound: reason", OpenMP threads. Not collective (lines may interleave by rank). */
 void tz_world_print(const tz_world *w);

@@ -9,6 +9,8 @@
 #include "io/config.h"
 #include "io/tokens.h"
 #include "model/llama_io.h"
+#include "mpi/comm.h"
+#include "mpi/world.h"
 #include "train/trainer.h"
 
 static void usage(FILE *f) {
@@ -17,6 +19,7 @@ static void usage(FILE *f) {
             "usage: turbozero <command> [args]\n"
             "  train CONFIG [--set section.key=value ...]   train as configured\n"
             "  eval CONFIG [--set section.key=value ...]    mean next-token loss on data.val\n"
+            "  bench CONFIG [--set section.key=value ...]   time train.steps steps, no output files\n"
             "  init-model --arch llama --preset tiny|small --vocab V --out DIR [--seed S]\n"
             "             [--tied 0|1]                      a random model in HF layout\n"
             "  prep text --tokenizer bytes --in TEXT --out FILE [--val-fraction F]\n"
@@ -123,8 +126,9 @@ static int cmd_prep(int argc, char **argv) {
     return 0;
 }
 
-/* CONFIG [--set k=v ...] */
-static void load_config(tz_config *cfg, int argc, char **argv) {
+/* CONFIG [--set k=v ...], parsed on rank 0 (an error there stops every rank) and
+ * broadcast, so every rank runs the same configuration. */
+static void load_config_file(tz_config *cfg, int argc, char **argv) {
     if (argc < 3) TZ_FATAL("%s: expected a config file (see inputs/reference.cfg)", argv[1]);
     const char **sets = tz_xcalloc((size_t)argc, sizeof *sets);
     int nset = 0;
@@ -135,6 +139,24 @@ static void load_config(tz_config *cfg, int argc, char **argv) {
     }
     tz_config_load(cfg, argv[2], sets, nset);
     free(sets);
+}
+
+static void load_config(tz_config *cfg, int argc, char **argv, tz_comm *comm) {
+    if (comm->rank == 0) load_config_file(cfg, argc, argv);
+    tz_comm_bcast(comm, cfg, (int64_t)sizeof *cfg, TZ_DT_U8, 0);
+}
+
+/* The collective commands: world, communicator, config, then the driver. */
+static int cmd_collective(int argc, char **argv, int (*fn)(const tz_config *, tz_world *, tz_comm *)) {
+    static tz_config cfg;
+    tz_world world;
+    tz_world_init(&world, -1);
+    tz_comm *comm = tz_comm_mpi_create(MPI_COMM_WORLD);
+    load_config(&cfg, argc, argv, comm);
+    int rc = fn(&cfg, &world, comm);
+    tz_comm_destroy(comm);
+    tz_world_free(&world);
+    return rc;
 }
 
 int main(int argc, char **argv) {
@@ -154,17 +176,16 @@ int main(int argc, char **argv) {
         return 0;
     }
     int rc;
-    static tz_config cfg;
     if (!strcmp(argv[1], "init-model")) {
         rc = cmd_init_model(argc, argv);
     } else if (!strcmp(argv[1], "prep")) {
         rc = cmd_prep(argc, argv);
     } else if (!strcmp(argv[1], "train")) {
-        load_config(&cfg, argc, argv);
-        rc = tz_train_run(&cfg);
+        rc = cmd_collective(argc, argv, tz_train_run);
     } else if (!strcmp(argv[1], "eval")) {
-        load_config(&cfg, argc, argv);
-        rc = tz_eval_run(&cfg);
+        rc = cmd_collective(argc, argv, tz_eval_run);
+    } else if (!strcmp(argv[1], "bench")) {
+        rc = cmd_collective(argc, argv, tz_bench_run);
     } else {
         TZ_FATAL("unknown command '%s' (see turbozero --help)", argv[1]);
     }

@@ -40,6 +40,10 @@ static void add_linear(tz_llama *m, tz_linear *l, int layer, int which, int64_t 
     }
 }
 
+static int64_t lowest_off(const tz_param *p, int64_t cur) {
+    return p && p->trainable && p->flat_off < cur ? p->flat_off : cur;
+}
+
 tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_llama_opts *o) {
     if (d->n_heads % d->n_kv_heads || d->head_dim % 2)
         TZ_FATAL("llama: %lld heads not a multiple of %lld kv heads, or odd head_dim %lld",
@@ -72,6 +76,23 @@ tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_llama
     m->final_norm = add_param(m, "model.norm.weight", 1, C, 1, full, 0, 0);
     m->lm_head = d->tied ? m->embed : add_param(m, "lm_head.weight", 2, d->vocab, C, full, 1, 0);
     tz_params_layout(&m->params);
+    m->ready = tz_xcalloc((size_t)d->n_layers + 2, sizeof *m->ready);
+    for (int64_t st = 0; st <= d->n_layers + 1; st++) {
+        /* pending after stage st: layers 0 .. n_layers-st-1, and the embedding until the end */
+        int64_t r = m->params.flat_numel;
+        for (int64_t l = 0; l < d->n_layers - st; l++) {
+            const tz_llama_layer *L = &m->layers[l];
+            r = lowest_off(L->attn_norm, r);
+            r = lowest_off(L->mlp_norm, r);
+            for (int j = 0; j < TZ_LIN_N; j++) {
+                r = lowest_off(L->lin[j].w, r);
+                r = lowest_off(L->lin[j].a, r);
+                r = lowest_off(L->lin[j].b, r);
+            }
+        }
+        if (st <= d->n_layers) r = lowest_off(m->embed, r);
+        m->ready[st] = r;
+    }
     return m;
 }
 
@@ -83,6 +104,7 @@ void tz_llama_free(tz_llama *m) {
     free(m->xin);
     free(m->acts);
     free(m->loss_host);
+    free(m->ready);
     free(m);
 }
 
@@ -284,13 +306,16 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     be->fill(be, m->dres, 0.0f, BT * C);
     be->rmsnorm_bwd(be, m->dres, m->final_norm->g, m->dh, m->xin[d->n_layers], m->final_norm->w,
                     m->rstdf, BT, C);
+    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[0]);
     for (int64_t l = d->n_layers - 1; l >= 0; l--) {
         tz_llama_acts *a = acts_of(m, l);
         /* checkpointing: recompute the layer (the last one's activations are still there);
          * its output goes to dh, free until layer_bwd fills it */
         if (m->n_acts == 1 && l != d->n_layers - 1) layer_fwd(m, &m->layers[l], a, m->xin[l], m->dh);
         layer_bwd(m, &m->layers[l], a, m->xin[l]);
+        if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[d->n_layers - l]);
     }
     if (m->embed->g) be->embedding_bwd(be, m->embed->g, m->tok, m->dres, BT, C);
+    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[d->n_layers + 1]);
     return loss;
 }

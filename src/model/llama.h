@@ -55,6 +55,13 @@ typedef struct tz_llama {
     int32_t *tok, *tgt;
     float *dres, *dh, *dq, *dk, *dv, *datt, *dg, *du, *ds, *dlora;
     float *loss_host;         /* BT floats on the host */
+    /* Gradient readiness for overlapping communication with backward: after backward stage
+     * s (0: the head, 1..n_layers: layers n_layers-1 .. 0, n_layers+1: the embedding) every
+     * trainable gradient below flat offset ready[s] is final. grad_hook, when set, is called
+     * with ready[s] after each stage. */
+    int64_t *ready;
+    void (*grad_hook)(void *ctx, int64_t ready_flat);
+    void *grad_hook_ctx;
 } tz_llama;
 
 /* Register every parameter (base weights zeroed, adapters per opts). */

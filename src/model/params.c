@@ -12,9 +12,10 @@ void tz_params_init(tz_params *ps) { memset(ps, 0, sizeof *ps); }
 
 void tz_params_free(tz_params *ps, tz_backend *be) {
     for (int i = 0; i < ps->n; i++) {
-        be->release(be, ps->p[i]->w);
+        if (!(ps->flat_w && ps->p[i]->trainable)) be->release(be, ps->p[i]->w);
         free(ps->p[i]);
     }
+    if (ps->flat_w) be->release(be, ps->flat_w);
     free(ps->p);
     memset(ps, 0, sizeof *ps);
 }
@@ -67,4 +68,17 @@ void tz_params_layout(tz_params *ps) {
 void tz_params_bind_grads(tz_params *ps, float *grad) {
     for (int i = 0; i < ps->n; i++)
         ps->p[i]->g = ps->p[i]->trainable ? grad + ps->p[i]->flat_off : NULL;
+}
+
+void tz_params_flatten_weights(tz_params *ps, tz_backend *be) {
+    if (ps->flat_w || ps->flat_numel == 0) return;
+    ps->flat_w = be->alloc(be, (size_t)ps->flat_numel * sizeof(float));
+    for (int i = 0; i < ps->n; i++) {
+        tz_param *p = ps->p[i];
+        if (!p->trainable) continue;
+        float *w = ps->flat_w + p->flat_off;
+        be->copy(be, w, p->w, (size_t)p->numel * sizeof(float));
+        be->release(be, p->w);
+        p->w = w;
+    }
 }

@@ -30,6 +30,7 @@ typedef struct tz_params {
     int64_t flat_numel; /* padded length of the flat trainable space */
     int64_t n_trainable; /* trainable elements, without padding */
     int64_t n_total;     /* all elements */
+    float *flat_w;       /* trainable weights, one backend buffer over the flat space (or NULL) */
 } tz_params;
 
 void tz_params_init(tz_params *ps);
@@ -43,5 +44,8 @@ tz_param *tz_params_find(tz_params *ps, const char *name);
  * each trainable tensor's g into grad (flat_numel floats of backend memory). */
 void tz_params_layout(tz_params *ps);
 void tz_params_bind_grads(tz_params *ps, float *grad);
+/* Move every trainable tensor's weights into one backend buffer laid out like the flat
+ * space (gaps zero), so whole buckets of updated weights can be gathered into place. */
+void tz_params_flatten_weights(tz_params *ps, tz_backend *be);
 
 #endif

@@ -1,0 +1,63 @@
+/* ZeRO stages 0/1/2 at run time: the partition plan applied to one model's flat gradient
+ * and weight buffers, the rank's host optimizer shard, the bucketed collectives (overlapped
+ * with backward in stage 2) and the sharded AdamW step. The plan itself is mpi/zero_plan. */
+#ifndef TZ_ZERO_H
+#define TZ_ZERO_H
+#include <stdint.h>
+
+#include "core/backend.h"
+#include "model/params.h"
+#include "mpi/comm.h"
+#include "mpi/world.h"
+#include "mpi/zero_plan.h"
+#include "train/adamw.h"
+
+#define TZ_ZERO_SLOTS 2 /* buckets in flight at once in stage 2 */
+
+typedef struct tz_zero {
+    int stage;             /* 0: all-reduce, replicated optimizer; 1: all-reduce, sharded
+                            * optimizer; 2: reduce-scatter, sharded optimizer */
+    tz_backend *be;
+    tz_comm *comm;
+    const tz_world *world;
+    tz_params *ps;
+    tz_zero_plan plan;     /* ownership: world = N (stages 1, 2) or 1 (stage 0) */
+    float *grad;           /* backend: the flat gradient buffer the model writes */
+    /* host shard (NUMA-local): fp32 master, AdamW moments, gradient accumulator, decay */
+    int64_t shard;         /* elements */
+    float *master, *m, *v, *acc;
+    uint8_t *decay;
+    size_t shard_bytes;
+    /* stage-2 pipeline: staging buffers (backend) and receive slices (host) per slot */
+    float *stage_buf[TZ_ZERO_SLOTS], *recv[TZ_ZERO_SLOTS];
+    tz_comm_req *req[TZ_ZERO_SLOTS];
+    int slot_bucket[TZ_ZERO_SLOTS];
+    int next_slot;
+    float *host_tmp;       /* one padded bucket on the host (gathers, device downloads) */
+    int next_bucket;       /* first bucket not yet communicated in this micro-batch */
+    int communicate;       /* this micro-batch's backward communicates (hook armed) */
+} tz_zero;
+
+/* Plans, allocates the shard and copies this rank's slice of the current weights into the
+ * master. Moves the trainable weights into one flat buffer (tz_params_flatten_weights) and
+ * binds the gradients. Collective. */
+void tz_zero_init(tz_zero *z, int stage, double bucket_mb, tz_params *ps, tz_backend *be,
+                  tz_comm *comm, const tz_world *world);
+void tz_zero_free(tz_zero *z);
+
+/* Before each optimizer step: zero the gradient buffer and the host accumulator. */
+void tz_zero_begin_step(tz_zero *z);
+/* Before each micro-batch's backward; last: the step's final micro-batch. */
+void tz_zero_begin_micro(tz_zero *z, int last);
+/* The model's gradient hook: every gradient below ready_flat is final; communicate the
+ * buckets it completes (stage 2 every micro-batch, stages 0/1 on the last). */
+void tz_zero_grads_ready(void *z, int64_t ready_flat);
+/* After a micro-batch's backward: finish its communication. */
+void tz_zero_end_micro(tz_zero *z);
+/* Global gradient norm (before clipping), clip to max_norm (0: off), AdamW on the shard,
+ * all-gather the updated weights into every rank's model. t is the 1-based step. */
+double tz_zero_step(tz_zero *z, const tz_adamw_hparams *h, int64_t t, double max_norm);
+/* Every rank prints its share: owned elements and host shard bytes. */
+void tz_zero_print(const tz_zero *z);
+
+#endif
