@@ -27,13 +27,21 @@ TZ_NORETURN static void tz_abort(void) {
     exit(1);
 }
 
+/* The whole message is formatted first and written with one call, so lines from other
+ * ranks (forwarded by mpirun or srun) cannot land in the middle of it. */
 static void tz_vfatal(const char *file, int line, const char *func, const char *hint,
                       const char *fmt, va_list ap) {
+    char buf[4096];
+    int n = snprintf(buf, sizeof buf, "[rank %d] %s:%d %s: ", g_rank, file, line, func);
+    if (n < 0 || n >= (int)sizeof buf) n = 0;
+    int m = vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    n = m < 0 ? n : n + m < (int)sizeof buf ? n + m : (int)sizeof buf - 1;
+    if (hint) {
+        m = snprintf(buf + n, sizeof buf - (size_t)n, "\n[rank %d] HINT: %s", g_rank, hint);
+        n = m < 0 ? n : n + m < (int)sizeof buf ? n + m : (int)sizeof buf - 1;
+    }
     fflush(stdout);
-    fprintf(stderr, "[rank %d] %s:%d %s: ", g_rank, file, line, func);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    if (hint) fprintf(stderr, "[rank %d] HINT: %s\n", g_rank, hint);
+    fprintf(stderr, "%s\n", buf);
     fflush(stderr);
 }
 
@@ -75,12 +83,12 @@ void tz_info_all(const char *fmt, ...) {
 }
 
 void tz_warn(const char *fmt, ...) {
+    char buf[2048];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "[rank %d] warning: ", g_rank);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    fprintf(stderr, "[rank %d] warning: %s\n", g_rank, buf);
     fflush(stderr);
 }
 

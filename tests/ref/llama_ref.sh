@@ -10,7 +10,7 @@ if ! $py -c "import torch" 2>/dev/null; then
 fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/tzref.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-pass=0 fail=0
+source "$(dirname "$0")/../lib.sh"
 for tied in 1 0; do
   "$tz" init-model --arch llama --preset tiny --vocab 97 --tied $tied --seed 7 --out "$work/m$tied" >/dev/null || exit 1
   for cfg in "lora 0" "full 0" "lora 1" "full 1"; do
@@ -27,5 +27,4 @@ for tied in 1 0; do
     fi
   done
 done
-echo "llama_ref: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish llama_ref

@@ -13,9 +13,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/tzslurm.XXXXXX")
 chmod 755 "$work"   # munged wants every folder above its socket searchable
 cleanup() { bash "$src/slurm/local-cluster.sh" stop "$work/cluster"; rm -rf "$work"; }
 trap cleanup EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+source "$(dirname "$0")/../lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 conf=$(bash "$src/slurm/local-cluster.sh" start "$work/cluster") || { echo "the local Slurm did not start"; exit 1; }
 eval "$conf"
@@ -35,12 +33,9 @@ grep -q "\[rank 1\] rank 1/2 | local rank 1/2" "$work/job.out" && grep -q "\[ran
   ok "two ranks, local ranks from MPI" || bad "rank lines missing"
 "$mpiexec" -np 2 --oversubscribe "$tz" train inputs/llama/finetune.cfg "$@" --set run.dir="$work/mpirun" > "$work/mpirun.log" 2>&1 ||
   bad "mpirun -np 2 failed"
-strip() { sed -E 's/, "tokens_per_s": [0-9.]+, "step_s": [0-9.]+//' "$1"; }
-if [ -s "$work/srun/metrics.jsonl" ] && diff <(strip "$work/srun/metrics.jsonl") <(strip "$work/mpirun/metrics.jsonl") > /dev/null &&
-   cmp -s "$work/srun/adapter/adapter_model.safetensors" "$work/mpirun/adapter/adapter_model.safetensors"; then
+if same_run "$work/srun" "$work/mpirun" adapter/adapter_model.safetensors; then
   ok "srun and mpirun runs give identical losses and adapters"
 else
   bad "srun and mpirun runs differ"
 fi
-echo "slurm: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish slurm

@@ -13,9 +13,7 @@ tz=$1 src=$2
 MARGIN=0.75  # measured drop at 40 steps: 1.11 nats (3.61 -> 2.50)
 work=$(mktemp -d "${TMPDIR:-/tmp}/tztrain.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+source "$(dirname "$0")/../lib.sh"
 cd "$src"
 
 common=(--set data.seq_len=128 --set train.steps=40 --set train.micro_batch=8
@@ -33,9 +31,7 @@ if [ -n "$before" ] && awk -v b="$before" -v a="$after" -v m=$MARGIN 'BEGIN {exi
 else
   bad "LoRA fine-tuning: validation loss $before -> $after, expected a drop of more than $MARGIN"
 fi
-strip() { sed -E 's/, "tokens_per_s": [0-9.]+, "step_s": [0-9.]+//' "$1"; }
-if [ -s "$work/a/metrics.jsonl" ] && diff <(strip "$work/a/metrics.jsonl") <(strip "$work/b/metrics.jsonl") >/dev/null &&
-   cmp -s "$work/a/adapter/adapter_model.safetensors" "$work/b/adapter/adapter_model.safetensors"; then
+if same_run "$work/a" "$work/b" adapter/adapter_model.safetensors; then
   ok "same seed: identical losses and a byte-identical adapter"
 else
   bad "same seed: runs differ"
@@ -85,5 +81,4 @@ printf 'garbage' > "$work/bad.tok"
 expect_error "malformed token file" "bad.tok: not a token file" \
   "$tz" eval inputs/llama/finetune.cfg --set data.val="$work/bad.tok"
 
-echo "train: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish train
