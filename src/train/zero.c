@@ -52,10 +52,11 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, tz_params *ps, tz_bac
     z->shard_bytes = 4 * fb + (size_t)z->shard;
 
     /* master <- this rank's slice of the weights; decay flags per element */
-    uint8_t *flat_decay = tz_xcalloc((size_t)F + 1, 1);
+    /* per flat element: 0 gap, 1 parameter, 2 parameter with weight decay */
+    uint8_t *flat_kind = tz_xcalloc((size_t)F + 1, 1);
     for (int i = 0; i < ps->n; i++)
-        if (ps->p[i]->trainable && ps->p[i]->decay)
-            memset(flat_decay + ps->p[i]->flat_off, 1, (size_t)ps->p[i]->numel);
+        if (ps->p[i]->trainable)
+            memset(flat_kind + ps->p[i]->flat_off, ps->p[i]->decay ? 2 : 1, (size_t)ps->p[i]->numel);
     const int r = own_rank(z);
     for (int b = 0; b < z->plan.n_buckets; b++) {
         const tz_zero_bucket *bk = &z->plan.b[b];
@@ -64,9 +65,12 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, tz_params *ps, tz_bac
         if (end <= begin) continue;
         int64_t at = bk->shard_off + (begin - slice_base(bk, r));
         be->download(be, z->master + at, ps->flat_w + begin, (size_t)(end - begin) * sizeof(float));
-        memcpy(z->decay + at, flat_decay + begin, (size_t)(end - begin));
+        for (int64_t f = begin; f < end; f++) {
+            z->decay[at + f - begin] = flat_kind[f] == 2;
+            z->owned_params += flat_kind[f] != 0;
+        }
     }
-    free(flat_decay);
+    free(flat_kind);
 
     const int64_t B = z->plan.bucket_elems;
     z->host_tmp = tz_xmalloc((size_t)B * sizeof(float));
@@ -186,16 +190,10 @@ double tz_zero_step(tz_zero *z, const tz_adamw_hparams *h, int64_t t, double max
 }
 
 void tz_zero_print(const tz_zero *z) {
-    const int r = own_rank(z);
-    int64_t owned = 0;
-    for (int b = 0; b < z->plan.n_buckets; b++) {
-        int64_t begin, end;
-        tz_zero_plan_slice(&z->plan, b, r, &begin, &end);
-        owned += end > begin ? end - begin : 0;
-    }
-    tz_info_all("zero stage %d: %d buckets, owns %lld flat elements (%lld shard elements with "
-                "padding) | host shard %zu bytes (%.2f MiB: fp32 master, m, v, grad accumulator, "
-                "decay flags)",
-                z->stage, z->plan.n_buckets, (long long)owned, (long long)z->shard, z->shard_bytes,
+    tz_info_all("zero stage %d: owns %lld of %lld trainable parameters (shard of %lld elements "
+                "in %d buckets, with padding) | host shard %zu bytes (%.2f MiB: fp32 master, m, "
+                "v, grad accumulator, decay flags)",
+                z->stage, (long long)z->owned_params, (long long)z->ps->n_trainable,
+                (long long)z->shard, z->plan.n_buckets, z->shard_bytes,
                 (double)z->shard_bytes / 1048576.0);
 }

@@ -28,6 +28,7 @@ typedef struct tz_zero {
     float *master, *m, *v, *acc;
     uint8_t *decay;
     size_t shard_bytes;
+    int64_t owned_params;  /* trainable parameters in this rank's slices (no gaps, no padding) */
     /* stage-2 pipeline: staging buffers (backend) and receive slices (host) per slot */
     float *stage_buf[TZ_ZERO_SLOTS], *recv[TZ_ZERO_SLOTS];
     tz_comm_req *req[TZ_ZERO_SLOTS];

@@ -70,15 +70,17 @@ done
 
 # host shard bytes per rank (stage 2 full runs): equal across ranks, sum = one-rank + padding
 one=$(grep -o 'host shard [0-9]* bytes' "$work/full-1-2.log" | awk '{print $3}')
-buckets=$(grep -o 'zero stage 2: [0-9]* buckets' "$work/full-1-2.log" | awk '{print $4}')
+buckets=$(grep -o 'in [0-9]* buckets' "$work/full-1-2.log" | head -1 | awk '{print $2}')
 for n in 2 3 4; do
   per=$(grep -o 'host shard [0-9]* bytes' "$work/full-$n-2.log" | awk '{print $3}')
   count=$(echo "$per" | wc -l) distinct=$(echo "$per" | sort -u | wc -l)
   sum=$(echo "$per" | awk '{s += $1} END {print s}')
-  nb=$(grep -o 'zero stage 2: [0-9]* buckets' "$work/full-$n-2.log" | head -1 | awk '{print $4}')
+  nb=$(grep -o 'in [0-9]* buckets' "$work/full-$n-2.log" | head -1 | awk '{print $2}')
+  owned=$(grep -o 'owns [0-9]* of [0-9]*' "$work/full-$n-2.log" | awk '{s += $2; t = $4} END {print s, t}')
   bound=$((nb * n * 256 * 17))   # < N*A padding elements per bucket, 17 bytes each
-  if [ "$count" -eq $n ] && [ "$distinct" -eq 1 ] && [ $((sum - one)) -ge 0 ] && [ $((sum - one)) -lt $bound ]; then
-    ok "N=$n: $n equal shards of $(echo "$per" | head -1) bytes sum to $sum = one rank's $one + $((sum - one)) padding (< $bound)"
+  if [ "$count" -eq $n ] && [ "$distinct" -eq 1 ] && [ $((sum - one)) -ge 0 ] && [ $((sum - one)) -lt $bound ] &&
+     [ "$(echo $owned | awk '{print $1 == $2}')" = 1 ]; then
+    ok "N=$n: $n equal shards of $(echo "$per" | head -1) bytes sum to $sum = one rank's $one + $((sum - one)) padding (< $bound); owned parameters sum to the $(echo $owned | awk '{print $2}') trainable"
   else
     bad "N=$n: shard bytes [$(echo $per)] vs one rank's $one (buckets $buckets/$nb, bound $bound)"
   fi
