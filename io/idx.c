@@ -47,6 +47,8 @@ static int read_all(const char *path, uint8_t **buf, int64_t *len, char *err, si
     int zerr = Z_OK;
     const char *msg = gzerror(gz, &zerr);
     if (zerr != Z_OK && zerr != Z_STREAM_END) {
+        size_t pl = strlen(path); /* zlib prefixes its message with "path: " */
+        if (!strncmp(msg, path, pl) && !strncmp(msg + pl, ": ", 2)) msg += pl + 2;
         snprintf(err, errlen, "%s: corrupt or truncated gzip stream: %s", path,
                  zerr == Z_ERRNO ? strerror(errno) : msg);
         goto fail;
