@@ -7,7 +7,8 @@
  *    interleaved in the last dimension: q is [B, T, Hq, D], k and v are [B, T, Hkv, D].
  *  - Backward ops ACCUMULATE (+=) into every gradient they produce, input and parameter
  *    gradients alike, so the caller zeroes a gradient buffer once and several paths add to
- *    it. Exceptions, stated at the op: xent_bwd writes, rope_bwd transforms in place.
+ *    it. Exceptions, stated at the op: xent_bwd writes, rope_bwd transforms in place,
+ *    patchify / unpatchify / copy2d (permutations) write.
  *  - Results do not depend on the number of threads (each output element is reduced by
  *    one thread in a fixed order), so runs are reproducible bit for bit on one machine.
  *  - Pointers are backend memory (host memory for the CPU backend). */
@@ -98,6 +99,74 @@ struct tz_backend {
                      int64_t n, int64_t V);
     void (*xent_bwd)(tz_backend *be, float *dlogits, const float *logits, const int32_t *target,
                      float dloss, int64_t n, int64_t V);
+
+    /* ---- DiT ops (cpu/cpu_dit.c) ----
+     * Per-sample conditioning vectors (shift, scale, gate) are rows of a [B, ld] matrix read
+     * from column 0 of the pointer given, so slices of one adaLN output [B, 6C] are passed
+     * without copies: row b of shift is shift[b*ld + c], c < C. x, y, out are [B, T, C]. */
+
+    /* LayerNorm without affine (nn.LayerNorm(elementwise_affine=False)), biased variance:
+     * mean[r], rstd[r] = 1/sqrt(var[r] + eps) saved; out[r,c] = (x[r,c] - mean[r]) * rstd[r].
+     * bwd: dx += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)), xhat = (x - mean) * rstd. */
+    void (*layernorm_fwd)(tz_backend *be, float *out, float *mean, float *rstd, const float *x,
+                          int64_t rows, int64_t C, float eps);
+    void (*layernorm_bwd)(tz_backend *be, float *dx, const float *dout, const float *x,
+                          const float *mean, const float *rstd, int64_t rows, int64_t C);
+
+    /* adaLN modulate: out[b,t,c] = x[b,t,c] * (1 + scale[b,c]) + shift[b,c] (out may alias x).
+     * bwd: dx += dout * (1 + scale) (dx may be NULL); dshift[b,c] += sum_t dout[b,t,c];
+     * dscale[b,c] += sum_t dout[b,t,c] * x[b,t,c] (dshift, dscale in the same [B, ld] layout;
+     * either may be NULL). */
+    void (*modulate_fwd)(tz_backend *be, float *out, const float *x, const float *shift,
+                         const float *scale, int64_t ld, int64_t B, int64_t T, int64_t C);
+    void (*modulate_bwd)(tz_backend *be, float *dx, float *dshift, float *dscale,
+                         const float *dout, const float *x, const float *scale, int64_t ld,
+                         int64_t B, int64_t T, int64_t C);
+
+    /* Gated residual: out[b,t,c] = x[b,t,c] + gate[b,c] * y[b,t,c] (out may alias x).
+     * bwd (the x path is the identity, left to the caller): dy += dout * gate (dy may be
+     * NULL); dgate[b,c] += sum_t dout[b,t,c] * y[b,t,c] (dgate may be NULL). */
+    void (*gate_fwd)(tz_backend *be, float *out, const float *x, const float *y,
+                     const float *gate, int64_t ld, int64_t B, int64_t T, int64_t C);
+    void (*gate_bwd)(tz_backend *be, float *dy, float *dgate, const float *dout, const float *y,
+                     const float *gate, int64_t ld, int64_t B, int64_t T, int64_t C);
+
+    /* GELU, tanh approximation (nn.GELU(approximate="tanh")), n elements:
+     * out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). bwd: dx += dout * gelu'(x).
+     * SiLU: out = x * sigmoid(x). bwd: dx += dout * sigmoid(x) (1 + x (1 - sigmoid(x))).
+     * out may alias x in the forwards. */
+    void (*gelu_tanh_fwd)(tz_backend *be, float *out, const float *x, int64_t n);
+    void (*gelu_tanh_bwd)(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n);
+    void (*silu_fwd)(tz_backend *be, float *out, const float *x, int64_t n);
+    void (*silu_bwd)(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n);
+
+    /* Bias of a linear layer: y[r,c] += bias[c], y [rows, C].
+     * bwd: dbias[c] += sum_r dy[r,c] (rows summed in order, in double). */
+    void (*bias_add_fwd)(tz_backend *be, float *y, const float *bias, int64_t rows, int64_t C);
+    void (*bias_bwd)(tz_backend *be, float *dbias, const float *dy, int64_t rows, int64_t C);
+
+    /* Squared error per row: sse[r] = sum_{i<n} (pred[r*ld + i] - target[r*n + i])^2 (in
+     * double, stored as float); pred rows may be longer than n (ld >= n: extra channels are
+     * ignored). bwd: dpred[r*ld + i] += 2 * dloss * (pred - target), i < n. */
+    void (*mse_fwd)(tz_backend *be, float *sse, const float *pred, int64_t ld, const float *target,
+                    int64_t rows, int64_t n);
+    void (*mse_bwd)(tz_backend *be, float *dpred, const float *pred, int64_t ld,
+                    const float *target, float dloss, int64_t rows, int64_t n);
+
+    /* Patches of p x p pixels, row-major over the (H/p) x (W/p) grid (token = gy*(W/p) + gx).
+     * patchify WRITES tok [B, T, C*p*p] from img [B, C, H, W]; unpatchify WRITES the inverse.
+     * Element order within a patch vector: chan_last = 0: (c, i, j), the flattened layout of
+     * a Conv2d weight [out, C, p, p]; chan_last = 1: (i, j, c), DiT's unpatchify. The two are
+     * each other's inverse and transpose, so each is the other's backward. H % p == 0 and
+     * W % p == 0. */
+    void (*patchify)(tz_backend *be, float *tok, const float *img, int64_t B, int64_t C,
+                     int64_t H, int64_t W, int64_t p, int chan_last);
+    void (*unpatchify)(tz_backend *be, float *img, const float *tok, int64_t B, int64_t C,
+                       int64_t H, int64_t W, int64_t p, int chan_last);
+
+    /* Strided 2-D copy (WRITES): dst[r*ldd + c] = src[r*lds + c], r < rows, c < cols. */
+    void (*copy2d)(tz_backend *be, float *dst, int64_t ldd, const float *src, int64_t lds,
+                   int64_t rows, int64_t cols);
 };
 
 /* The CPU backend (always available). threads <= 0: OpenMP default. */

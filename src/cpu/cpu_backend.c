@@ -195,6 +195,7 @@ tz_backend *tz_cpu_backend_create(int threads) {
     be->swiglu_bwd = tz_cpu_swiglu_bwd;
     be->xent_fwd = cpu_xent_fwd;
     be->xent_bwd = cpu_xent_bwd;
+    tz_cpu_dit_ops_install(be);
     return be;
 }
 

@@ -51,6 +51,10 @@ static inline float tz_cpu_maxf(const float *x, int64_t n) {
         for (int l = 0; l < 16; l++) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
     for (int l = 0; l < 16; l++) m = lane[l] > m ? lane[l] : m;
+/* cpu_dit.c: sets the DiT ops (layernorm, modulate, gate, gelu_tanh, silu, bias, mse,
+ * patchify, copy2d) of the table. */
+void tz_cpu_dit_ops_install(tz_backend *be);
+
 #endif
     return m;
 }
@@ -125,5 +129,9 @@ void tz_cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, const
                           const float *out, const float *lse, const float *q, const float *k,
                           const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                           int64_t D, int causal);
+
+/* cpu_dit.c: sets the DiT ops (layernorm, modulate, gate, gelu_tanh, silu, bias, mse,
+ * patchify, copy2d) of the table. */
+void tz_cpu_dit_ops_install(tz_backend *be);
 
 #endif

@@ -1,0 +1,304 @@
+/* DiT set-up: dims checks and presets, parameter registration (DiT names, backward stages),
+ * initialisation, the position table and the activation arena. The forward and backward
+ * passes are in dit_pass.c, loading and saving in dit_io.c. */
+#include "model/dit.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+const char *const tz_dit_lin_names[TZ_DIT_LIN_N] = {"attn.qkv", "attn.proj", "mlp.fc1",
+                                                    "mlp.fc2", "adaLN_modulation.1"};
+
+enum { INIT_XAVIER, INIT_NORMAL, INIT_ZERO };
+
+int tz_dit_check_dims(const tz_dit_dims *d, char *err, size_t errlen) {
+    const char *why = NULL;
+    char buf[200];
+    if (d->input_size <= 0 || d->patch_size <= 0 || d->in_channels <= 0 || d->hidden <= 0 ||
+        d->depth <= 0 || d->num_heads <= 0 || d->num_classes <= 0 || d->freq_dim <= 0)
+        why = "every size (input_size, patch_size, in_channels, hidden_size, depth, num_heads, "
+              "num_classes, frequency_embedding_size) must be positive";
+    else if (d->input_size % d->patch_size)
+        snprintf(buf, sizeof buf, "input_size %lld is not a multiple of patch_size %lld",
+                 (long long)d->input_size, (long long)d->patch_size), why = buf;
+    else if (d->hidden % d->num_heads || d->hidden % 4)
+        snprintf(buf, sizeof buf, "hidden_size %lld must be a multiple of num_heads %lld and of "
+                 "4 (the 2-D sin-cos table)", (long long)d->hidden, (long long)d->num_heads),
+            why = buf;
+    else if (d->freq_dim % 2)
+        why = "frequency_embedding_size must be even";
+    else if (!(d->mlp_ratio > 0.0) || tz_dit_mlp_hidden(d) < 1)
+        why = "mlp_ratio must give a positive MLP width";
+    else if (!(d->class_dropout_prob >= 0.0 && d->class_dropout_prob < 1.0))
+        why = "class_dropout_prob must be in [0, 1)";
+    else if (d->diffusion != TZ_DIFF_DDPM && d->diffusion != TZ_DIFF_FLOW)
+        why = "diffusion must be ddpm or flow";
+    if (why) snprintf(err, errlen, "dit: %s", why);
+    return why != NULL;
+}
+
+int tz_dit_preset(const char *name, tz_dit_dims *d, char *err, size_t errlen) {
+    memset(d, 0, sizeof *d);
+    d->input_size = 28, d->in_channels = 1, d->num_heads = 4, d->mlp_ratio = 4.0;
+    d->num_classes = 10, d->class_dropout_prob = 0.1, d->learn_sigma = 0, d->freq_dim = 256;
+    d->diffusion = TZ_DIFF_DDPM;
+    if (!strcmp(name, "tiny")) {
+        d->patch_size = 4, d->hidden = 64, d->depth = 2;
+    } else if (!strcmp(name, "small")) {
+        d->patch_size = 2, d->hidden = 128, d->depth = 4;
+    } else {
+        snprintf(err, errlen, "dit: preset \"%s\": expected tiny or small", name);
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- registration ---- */
+
+static tz_param *add_param(tz_dit *m, const char *name, int ndim, int64_t d0, int64_t d1,
+                           int trainable, int decay, int adapter, int stage, int init) {
+    tz_param *p = tz_params_add(&m->params, m->be, name, ndim, d0, d1, trainable, decay, adapter);
+    m->meta = tz_xrealloc(m->meta, (size_t)m->params.n * sizeof *m->meta);
+    m->meta[m->params.n - 1].stage = stage;
+    m->meta[m->params.n - 1].init = init;
+    return p;
+}
+
+/* Registers MODULE.weight [out, in] and MODULE.bias [out], and LoRA A, B when lora_bit is
+ * one of the targets (lora_bit < 0: never adapted). */
+static void add_linear(tz_dit *m, tz_dit_linear *L, const char *module, int64_t in, int64_t out,
+                       int lora_bit, int stage, int init) {
+    char name[TZ_NAME_MAX];
+    int full = m->o.full;
+    L->lin.in = in;
+    L->lin.out = out;
+    snprintf(name, sizeof name, "%s.weight", module);
+    L->lin.w = add_param(m, name, 2, out, in, full, 1, 0, stage, init);
+    snprintf(name, sizeof name, "%s.bias", module);
+    L->bias = add_param(m, name, 1, out, 1, full, 0, 0, stage, INIT_ZERO);
+    L->lin.a = L->lin.b = NULL;
+    L->lin.r = 0;
+    if (lora_bit >= 0 && (m->o.lora_targets & (1 << lora_bit))) {
+        L->lin.r = m->o.lora_rank;
+        L->lin.scale = (float)(m->o.lora_alpha / (double)m->o.lora_rank);
+        snprintf(name, sizeof name, "base_model.model.%s.lora_A.weight", module);
+        L->lin.a = add_param(m, name, 2, L->lin.r, in, 1, 1, 1, stage, INIT_ZERO);
+        snprintf(name, sizeof name, "base_model.model.%s.lora_B.weight", module);
+        L->lin.b = add_param(m, name, 2, out, L->lin.r, 1, 1, 1, stage, INIT_ZERO);
+    }
+}
+
+/* DiT's get_2d_sincos_pos_embed: token m = i*g + j; the first half of the row encodes the
+ * column j, the second the row i; each half is [sin(pos w_k), cos(pos w_k)], w_k =
+ * 10000^(-k/(E/2)), E = hidden/2. Computed in double as numpy does, stored as float. */
+static void make_pos_embed(tz_dit *m) {
+    const int64_t g = m->d.input_size / m->d.patch_size, Hd = m->d.hidden, E = Hd / 2;
+    const int64_t half = E / 2;
+    float *h = tz_xmalloc((size_t)(g * g * Hd) * sizeof *h);
+    for (int64_t i = 0; i < g; i++)
+        for (int64_t j = 0; j < g; j++) {
+            float *row = h + (i * g + j) * Hd;
+            for (int64_t k = 0; k < half; k++) {
+                double w = 1.0 / pow(10000.0, (double)k / (double)half);
+                row[k] = (float)sin((double)j * w);
+                row[half + k] = (float)cos((double)j * w);
+                row[E + k] = (float)sin((double)i * w);
+                row[E + half + k] = (float)cos((double)i * w);
+            }
+        }
+    m->pos_embed = m->be->alloc(m->be, (size_t)(g * g * Hd) * sizeof(float));
+    m->be->upload(m->be, m->pos_embed, h, (size_t)(g * g * Hd) * sizeof(float));
+    free(h);
+}
+
+tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_dit_opts *o) {
+    char err[256];
+    if (tz_dit_check_dims(d, err, sizeof err)) TZ_FATAL("%s", err);
+    if (o->lora_targets && o->lora_rank <= 0)
+        TZ_FATAL("dit: LoRA targets given with rank %lld", (long long)o->lora_rank);
+    tz_dit *m = tz_xcalloc(1, sizeof *m);
+    m->d = *d;
+    m->o = *o;
+    m->be = be;
+    tz_params_init(&m->params);
+    const int64_t Hd = d->hidden, p = d->patch_size, L = d->depth, emb = L + 1;
+    char name[TZ_NAME_MAX];
+    /* forward order; the flat layout reverses it. Stage = backward stage that finishes it. */
+    add_linear(m, &m->x_emb, "x_embedder.proj", d->in_channels * p * p, Hd, -1, emb, INIT_XAVIER);
+    add_linear(m, &m->t_fc1, "t_embedder.mlp.0", d->freq_dim, Hd, -1, emb, INIT_NORMAL);
+    add_linear(m, &m->t_fc2, "t_embedder.mlp.2", Hd, Hd, -1, emb, INIT_NORMAL);
+    m->y_table = add_param(m, "y_embedder.embedding_table.weight", 2, tz_dit_label_rows(d), Hd,
+                           o->full, 1, 0, emb, INIT_NORMAL);
+    m->blocks = tz_xcalloc((size_t)L, sizeof *m->blocks);
+    for (int i = 0; i < L; i++) {
+        tz_dit_linear *B = m->blocks[i].lin;
+        int st = (int)(L - i);
+        const int64_t F = tz_dit_mlp_hidden(d);
+        snprintf(name, sizeof name, "blocks.%d.adaLN_modulation.1", i);
+        add_linear(m, &B[TZ_DIT_ADALN], name, Hd, 6 * Hd, TZ_DIT_ADALN, st, INIT_ZERO);
+        snprintf(name, sizeof name, "blocks.%d.attn.qkv", i);
+        add_linear(m, &B[TZ_DIT_QKV], name, Hd, 3 * Hd, TZ_DIT_QKV, st, INIT_XAVIER);
+        snprintf(name, sizeof name, "blocks.%d.attn.proj", i);
+        add_linear(m, &B[TZ_DIT_PROJ], name, Hd, Hd, TZ_DIT_PROJ, st, INIT_XAVIER);
+        snprintf(name, sizeof name, "blocks.%d.mlp.fc1", i);
+        add_linear(m, &B[TZ_DIT_FC1], name, Hd, F, TZ_DIT_FC1, st, INIT_XAVIER);
+        snprintf(name, sizeof name, "blocks.%d.mlp.fc2", i);
+        add_linear(m, &B[TZ_DIT_FC2], name, F, Hd, TZ_DIT_FC2, st, INIT_XAVIER);
+    }
+    add_linear(m, &m->f_ada, "final_layer.adaLN_modulation.1", Hd, 2 * Hd, TZ_DIT_ADALN, 0,
+               INIT_ZERO);
+    add_linear(m, &m->f_lin, "final_layer.linear", Hd, p * p * tz_dit_out_channels(d), -1, 0,
+               INIT_ZERO);
+    tz_params_layout(&m->params);
+    m->cond_trainable = m->y_table->trainable || m->t_fc1.lin.w->trainable ||
+                        m->t_fc2.lin.w->trainable;
+    m->ready = tz_xcalloc((size_t)L + 2, sizeof *m->ready);
+    for (int64_t s = 0; s <= L + 1; s++) {
+        int64_t r = m->params.flat_numel;
+        for (int i = 0; i < m->params.n; i++) {
+            const tz_param *q = m->params.p[i];
+            if (q->trainable && m->meta[i].stage > s && q->flat_off < r) r = q->flat_off;
+        }
+        m->ready[s] = r;
+    }
+    make_pos_embed(m);
+    return m;
+}
+
+void tz_dit_free(tz_dit *m) {
+    if (!m) return;
+    tz_arena_free(&m->arena);
+    tz_params_free(&m->params, m->be);
+    if (m->pos_embed) m->be->release(m->be, m->pos_embed);
+    free(m->meta);
+    free(m->blocks);
+    free(m->xin);
+    free(m->acts);
+    free(m->tfreq_host);
+    free(m->sse_host);
+    free(m->ready);
+    free(m);
+}
+
+/* ---- initialisation ---- */
+
+static void upload_init(tz_dit *m, tz_param *p, int rule, double arg, tz_rng *r) {
+    float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
+    for (int64_t i = 0; i < p->numel; i++) {
+        if (rule == INIT_ZERO) h[i] = 0.0f;
+        else if (rule == INIT_NORMAL) h[i] = (float)(arg * tz_rng_normal(r));
+        else h[i] = (float)(arg * (2.0 * tz_rng_uniform(r) - 1.0));
+    }
+    m->be->upload(m->be, p->w, h, (size_t)p->numel * sizeof *h);
+    free(h);
+}
+
+void tz_dit_init_random(tz_dit *m, uint64_t seed) {
+    for (int i = 0; i < m->params.n; i++) {
+        tz_param *p = m->params.p[i];
+        if (p->adapter) continue;
+        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_INIT, 0);
+        int rule = m->meta[i].init;
+        /* xavier_uniform_: bound sqrt(6 / (fan_in + fan_out)) of the [out, in] matrix */
+        double arg = rule == INIT_NORMAL ? 0.02
+                                         : sqrt(6.0 / (double)(p->shape[0] + p->shape[1]));
+        upload_init(m, p, rule, arg, &r);
+    }
+}
+
+void tz_dit_init_lora(tz_dit *m, uint64_t seed) {
+    for (int i = 0; i < m->params.n; i++) {
+        tz_param *p = m->params.p[i];
+        if (!p->adapter) continue;
+        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_LORA, 0);
+        if (strstr(p->name, "lora_A"))
+            upload_init(m, p, INIT_XAVIER, 1.0 / sqrt((double)p->shape[1]), &r);
+        else upload_init(m, p, INIT_ZERO, 0.0, &r);
+    }
+}
+
+/* ---- activation memory ---- */
+
+/* Walks every allocation of tz_dit_setup; with a NULL arena it only counts bytes. */
+static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
+    const tz_dit_dims *d = &m->d;
+    const int64_t T = tz_dit_tokens(d), BT = B * T, Hd = d->hidden, F = tz_dit_mlp_hidden(d);
+    const int64_t p2 = d->patch_size * d->patch_size, HW = d->input_size * d->input_size;
+    const int64_t Cin = d->in_channels, Cout = tz_dit_out_channels(d), r = m->o.lora_rank;
+    size_t total = 0;
+#define TAKE(ptr, n, what)                                                   \
+    do {                                                                     \
+        size_t b_ = ((size_t)(n) * 4 + 63) & ~(size_t)63;                    \
+        total += b_;                                                         \
+        if (a) (ptr) = (void *)tz_arena_alloc(a, (size_t)(n) * 4, what);     \
+    } while (0)
+    int n_acts = m->o.checkpointing ? 1 : (int)d->depth;
+    if (a) {
+        m->xin = tz_xcalloc((size_t)d->depth + 1, sizeof *m->xin);
+        m->acts = tz_xcalloc((size_t)n_acts, sizeof *m->acts);
+        m->n_acts = n_acts;
+    }
+    TAKE(m->img, B * Cin * HW, "x_t"); TAKE(m->target, B * Cin * HW, "target");
+    TAKE(m->patches, BT * Cin * p2, "patches"); TAKE(m->tfreq, B * d->freq_dim, "t features");
+    TAKE(m->t_h, B * Hd, "t hidden"); TAKE(m->t_s, B * Hd, "t silu");
+    TAKE(m->temb, B * Hd, "t embedding"); TAKE(m->c, B * Hd, "conditioning");
+    TAKE(m->sc, B * Hd, "silu(c)"); TAKE(m->labels, B, "labels");
+    for (int64_t i = 0; i <= d->depth; i++) TAKE(m->xin[i], BT * Hd, "residual stream");
+    for (int i = 0; i < n_acts; i++) {
+        tz_dit_acts *s = a ? &m->acts[i] : NULL;
+        float *dummy = NULL;
+#define ACT(field, n) TAKE(*(s ? &s->field : &dummy), n, #field)
+        ACT(mod, B * 6 * Hd); ACT(mean1, BT); ACT(rstd1, BT); ACT(ln1, BT * Hd);
+        ACT(h1, BT * Hd); ACT(q, BT * Hd); ACT(k, BT * Hd); ACT(v, BT * Hd);
+        ACT(lse, BT * d->num_heads); ACT(att, BT * Hd); ACT(ao, BT * Hd); ACT(x2, BT * Hd);
+        ACT(mean2, BT); ACT(rstd2, BT); ACT(ln2, BT * Hd); ACT(h2, BT * Hd);
+        ACT(f, BT * F); ACT(g, BT * F); ACT(mo, BT * Hd);
+        for (int j = 0; j < TZ_DIT_LIN_N; j++)
+            if (m->o.lora_targets & (1 << j)) ACT(lh[j], (j == TZ_DIT_ADALN ? B : BT) * r);
+#undef ACT
+    }
+    TAKE(m->qkv, BT * 3 * Hd, "qkv");
+    TAKE(m->fmod, B * 2 * Hd, "final modulation"); TAKE(m->fmean, BT, "final mean");
+    TAKE(m->frstd, BT, "final rstd"); TAKE(m->fln, BT * Hd, "final norm");
+    TAKE(m->fh, BT * Hd, "final modulated"); TAKE(m->fo, BT * p2 * Cout, "final linear");
+    if (m->o.lora_targets & (1 << TZ_DIT_ADALN)) TAKE(m->f_lh, B * r, "final adaLN lora");
+    TAKE(m->out_img, B * Cout * HW, "prediction"); TAKE(m->sse, B, "squared errors");
+    TAKE(m->dres, BT * Hd, "dres"); TAKE(m->da, BT * Hd, "da"); TAKE(m->db, BT * Hd, "db");
+    TAKE(m->dq, BT * Hd, "dq"); TAKE(m->dk, BT * Hd, "dk"); TAKE(m->dv, BT * Hd, "dv");
+    TAKE(m->dqkv, BT * 3 * Hd, "dqkv"); TAKE(m->df, BT * F, "df"); TAKE(m->dg, BT * F, "dg");
+    TAKE(m->dmod, B * 6 * Hd, "dmod"); TAKE(m->dsc, B * Hd, "dsilu(c)");
+    TAKE(m->dc, B * Hd, "dc"); TAKE(m->dt, B * Hd, "dt"); TAKE(m->dfo, BT * p2 * Cout, "dfo");
+    TAKE(m->dimg, B * Cout * HW, "dprediction");
+    TAKE(m->dlora, BT * (r > 0 ? r : 1), "dlora");
+#undef TAKE
+    return total;
+}
+
+size_t tz_dit_arena_bytes(const tz_dit *m, int64_t B) { return acts_walk((tz_dit *)m, NULL, B); }
+
+void tz_dit_setup(tz_dit *m, int64_t B) {
+    if (B <= 0) TZ_FATAL("dit: batch size %lld", (long long)B);
+    tz_arena_free(&m->arena);
+    free(m->xin);
+    free(m->acts);
+    free(m->tfreq_host);
+    free(m->sse_host);
+    m->B = m->n = B;
+    tz_arena_init(&m->arena, m->be, tz_dit_arena_bytes(m, B));
+    acts_walk(m, &m->arena, B);
+    m->tfreq_host = tz_xmalloc((size_t)(B * m->d.freq_dim) * sizeof *m->tfreq_host);
+    m->sse_host = tz_xmalloc((size_t)B * sizeof *m->sse_host);
+}
+
+void tz_dit_set_batch(tz_dit *m, int64_t n) {
+    if (!m->arena.base) TZ_FATAL("dit: tz_dit_setup was not called");
+    if (n <= 0 || n > m->B)
+        TZ_FATAL("dit: batch %lld outside 1..%lld (the size given to tz_dit_setup)",
+                 (long long)n, (long long)m->B);
+    m->n = n;
+}

@@ -1,0 +1,189 @@
+/* DiT from and to folders: config.json (io/dit_config), model.safetensors with the original
+ * DiT names, PEFT adapters. The one layout change is x_embedder.proj.weight (Conv2d 4-D in
+ * files, a [hidden, C*p*p] matrix in memory); pos_embed is written but never read. */
+#include "model/dit_io.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "io/dit_config.h"
+#include "io/fsutil.h"
+#include "io/peft.h"
+#include "io/safetensors.h"
+
+void tz_dit_read_dims(const char *dir, tz_dit_dims *d) {
+    char err[1200];
+    tz_dit_config c;
+    if (tz_dit_config_read(&c, dir, err, sizeof err)) TZ_FATAL("model.path: %s", err);
+    memset(d, 0, sizeof *d);
+    d->input_size = c.input_size;
+    d->patch_size = c.patch_size;
+    d->in_channels = c.in_channels;
+    d->hidden = c.hidden_size;
+    d->depth = c.depth;
+    d->num_heads = c.num_heads;
+    d->mlp_ratio = c.mlp_ratio;
+    d->num_classes = c.num_classes;
+    d->class_dropout_prob = c.class_dropout_prob;
+    d->learn_sigma = c.learn_sigma;
+    d->freq_dim = c.frequency_embedding_size;
+    d->diffusion = strcmp(c.diffusion, "flow") ? TZ_DIFF_DDPM : TZ_DIFF_FLOW;
+    if (tz_dit_check_dims(d, err, sizeof err)) TZ_FATAL("model.path: %s/config.json: %s", dir, err);
+}
+
+static int is_patch_weight(const tz_dit *m, const tz_param *p) { return p == m->x_emb.lin.w; }
+
+/* Reads tensor p->name of st into p (shape-checked, converted to fp32, uploaded). */
+static void load_param(tz_dit *m, const tz_safetensors *st, tz_param *p, float *buf) {
+    char err[1024];
+    const int64_t pp = m->d.patch_size;
+    const tz_st_tensor *t = tz_st_find(st, p->name);
+    if (t && is_patch_weight(m, p) && t->ndim == 4) {
+        int64_t want[4] = {m->d.hidden, m->d.in_channels, pp, pp};
+        if (memcmp(t->shape, want, sizeof want)) {
+            char a[96], b[96];
+            TZ_FATAL("%s: tensor %s has shape %s, expected %s (or [%lld, %lld])", t->file, p->name,
+                     tz_st_shape_str(a, sizeof a, 4, t->shape), tz_st_shape_str(b, sizeof b, 4, want),
+                     (long long)p->shape[0], (long long)p->shape[1]);
+        }
+        if (tz_st_tensor_to_f32(t, buf, err, sizeof err)) TZ_FATAL("%s", err);
+    } else if (tz_st_read_f32(st, p->name, buf, p->ndim, p->shape, err, sizeof err)) {
+        TZ_FATAL("%s", err);
+    }
+    m->be->upload(m->be, p->w, buf, (size_t)p->numel * sizeof(float));
+}
+
+static float *max_buffer(const tz_params *ps, int adapters) {
+    int64_t n = 1;
+    for (int i = 0; i < ps->n; i++)
+        if (ps->p[i]->adapter == adapters && ps->p[i]->numel > n) n = ps->p[i]->numel;
+    return tz_xmalloc((size_t)n * sizeof(float));
+}
+
+tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_dit_opts *o) {
+    tz_dit_dims d;
+    tz_dit_read_dims(dir, &d);
+    tz_dit *m = tz_dit_create(be, &d, o);
+    tz_safetensors st;
+    char err[1024];
+    if (tz_st_open(&st, dir, err, sizeof err)) TZ_FATAL("model.path: %s", err);
+    float *buf = max_buffer(&m->params, 0);
+    for (int i = 0; i < m->params.n; i++)
+        if (!m->params.p[i]->adapter) load_param(m, &st, m->params.p[i], buf);
+    free(buf);
+    tz_st_close(&st);
+    return m;
+}
+
+static void save_weights(tz_dit *m, const char *path, int adapters, int bf16) {
+    tz_st_writer w;
+    tz_st_writer_init(&w);
+    tz_st_writer_set_metadata(&w, "format", "pt");
+    tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
+    char err[1024];
+    void **bufs = tz_xcalloc((size_t)m->params.n + 2, sizeof *bufs);
+    int n = 0;
+    enum tz_dtype dt = bf16 ? TZ_DT_BF16 : TZ_DT_F32;
+    for (int i = 0; i <= m->params.n; i++) {
+        tz_param *p = i < m->params.n ? m->params.p[i] : NULL;
+        if (p && p->adapter != adapters) continue;
+        if (!p && adapters) break;
+        const int64_t T = tz_dit_tokens(&m->d), Hd = m->d.hidden, pp = m->d.patch_size;
+        int64_t numel = p ? p->numel : T * Hd, shape[4];
+        int ndim;
+        const char *name = p ? p->name : "pos_embed";
+        float *f = tz_xmalloc((size_t)numel * sizeof *f);
+        m->be->download(m->be, f, p ? p->w : m->pos_embed, (size_t)numel * sizeof *f);
+        if (!p) ndim = 3, shape[0] = 1, shape[1] = T, shape[2] = Hd;
+        else if (is_patch_weight(m, p))
+            ndim = 4, shape[0] = Hd, shape[1] = m->d.in_channels, shape[2] = pp, shape[3] = pp;
+        else ndim = p->ndim, shape[0] = p->shape[0], shape[1] = p->shape[1];
+        if (bf16) {
+            uint16_t *h = tz_xmalloc((size_t)numel * sizeof *h);
+            tz_dtype_from_f32(TZ_DT_BF16, f, h, numel);
+            free(f);
+            bufs[n++] = h;
+        } else {
+            bufs[n++] = f;
+        }
+        if (tz_st_writer_add(&w, name, dt, ndim, shape, bufs[n - 1], err, sizeof err))
+            TZ_FATAL("%s: %s", path, err);
+    }
+    if (tz_st_writer_save(&w, path, err, sizeof err)) TZ_FATAL("%s", err);
+    for (int i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    tz_st_writer_free(&w);
+}
+
+void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
+    char path[1100], err[1200];
+    if (tz_mkdir_p(dir, err, sizeof err)) TZ_FATAL("%s", err);
+    const tz_dit_dims *d = &m->d;
+    tz_dit_config c;
+    memset(&c, 0, sizeof c);
+    c.input_size = d->input_size;
+    c.patch_size = d->patch_size;
+    c.in_channels = d->in_channels;
+    c.hidden_size = d->hidden;
+    c.depth = d->depth;
+    c.num_heads = d->num_heads;
+    c.mlp_ratio = d->mlp_ratio;
+    c.num_classes = d->num_classes;
+    c.class_dropout_prob = d->class_dropout_prob;
+    c.learn_sigma = d->learn_sigma;
+    c.frequency_embedding_size = d->freq_dim;
+    snprintf(c.diffusion, sizeof c.diffusion, "%s", d->diffusion == TZ_DIFF_FLOW ? "flow" : "ddpm");
+    tz_path_join(path, sizeof path, dir, "model.safetensors");
+    save_weights(m, path, 0, bf16);
+    tz_path_join(path, sizeof path, dir, "config.json");
+    if (tz_dit_config_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
+}
+
+void tz_dit_read_adapter_opts(const char *dir, tz_dit_opts *o) {
+    char path[1100], err[1200];
+    tz_path_join(path, sizeof path, dir, "adapter_config.json");
+    tz_peft_config c;
+    if (tz_peft_read(&c, path, err, sizeof err)) TZ_FATAL("model.adapter: %s", err);
+    o->lora_rank = c.r;
+    o->lora_alpha = c.alpha;
+    o->lora_targets = 0;
+    for (int i = 0; i < c.ntargets; i++) {
+        int found = 0;
+        for (int j = 0; j < TZ_DIT_LIN_N; j++)
+            if (!strcmp(c.targets[i], tz_dit_lin_names[j])) o->lora_targets |= 1 << j, found = 1;
+        if (!found)
+            TZ_FATAL("%s: target_modules: \"%s\" is not a DiT projection (attn.qkv, attn.proj, "
+                     "mlp.fc1, mlp.fc2, adaLN_modulation.1)", path, c.targets[i]);
+    }
+}
+
+void tz_dit_load_adapter(tz_dit *m, const char *dir) {
+    char path[1100], err[1200];
+    tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
+    tz_safetensors st;
+    if (tz_st_open(&st, path, err, sizeof err)) TZ_FATAL("model.adapter: %s", err);
+    float *buf = max_buffer(&m->params, 1);
+    for (int i = 0; i < m->params.n; i++)
+        if (m->params.p[i]->adapter) load_param(m, &st, m->params.p[i], buf);
+    free(buf);
+    tz_st_close(&st);
+}
+
+void tz_dit_save_adapter(tz_dit *m, const char *dir, const char *base_model_path) {
+    char path[1100], err[1200];
+    if (tz_mkdir_p(dir, err, sizeof err)) TZ_FATAL("%s", err);
+    tz_peft_config c;
+    memset(&c, 0, sizeof c);
+    c.r = m->o.lora_rank;
+    c.alpha = m->o.lora_alpha;
+    for (int j = 0; j < TZ_DIT_LIN_N; j++)
+        if (m->o.lora_targets & (1 << j))
+            snprintf(c.targets[c.ntargets++], sizeof c.targets[0], "%s", tz_dit_lin_names[j]);
+    snprintf(c.base_model, sizeof c.base_model, "%s", base_model_path);
+    tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
+    save_weights(m, path, 1, 0);
+    tz_path_join(path, sizeof path, dir, "adapter_config.json");
+    if (tz_peft_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
+}

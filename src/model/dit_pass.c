@@ -1,0 +1,226 @@
+/* DiT forward and backward on the backend op table: embedders, adaLN-Zero blocks (saved or
+ * recomputed activations), final layer, squared-error loss. No diffusion maths (noise,
+ * schedules, samplers: diffusion.c) and no file formats (dit_io.c). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "model/dit.h"
+
+/* y[n, out] = x W^T (+ LoRA) + bias */
+static void lin_fwd(tz_backend *be, const tz_dit_linear *L, float *y, float *h, const float *x,
+                    int64_t n) {
+    tz_linear_fwd(be, &L->lin, y, h, x, n);
+    be->bias_add_fwd(be, y, L->bias->w, n, L->lin.out);
+}
+
+/* dx += dy W (+ LoRA path; dx may be NULL), weight / adapter / bias gradients where trainable */
+static void lin_bwd(tz_dit *m, const tz_dit_linear *L, float *dx, const float *dy,
+                    const float *x, const float *h, int64_t n) {
+    tz_linear_bwd(m->be, &L->lin, dx, dy, x, h, m->dlora, n);
+    if (L->bias->g) m->be->bias_bwd(m->be, L->bias->g, dy, n, L->lin.out);
+}
+
+/* DiT's TimestepEmbedder.timestep_embedding, in double: [cos(t f_k), sin(t f_k)], f_k =
+ * exp(-ln(10000) k / half), k < half = freq_dim / 2. */
+static void timestep_features(float *out, const float *t, int64_t n, int64_t dim) {
+    const int64_t half = dim / 2;
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t k = 0; k < half; k++) {
+            double a = (double)t[b] * exp(-log(10000.0) * (double)k / (double)half);
+            out[b * dim + k] = (float)cos(a);
+            out[b * dim + half + k] = (float)sin(a);
+        }
+}
+
+/* ---- forward ---- */
+
+/* One block: x -> out, saving its activations in a. */
+static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const float *x,
+                      float *out) {
+    tz_backend *be = m->be;
+    const tz_dit_dims *d = &m->d;
+    const int64_t n = m->n, T = tz_dit_tokens(d), BT = n * T, Hd = d->hidden, M = 6 * Hd;
+    const tz_dit_linear *L = blk->lin;
+    /* shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunk(6) */
+    lin_fwd(be, &L[TZ_DIT_ADALN], a->mod, a->lh[TZ_DIT_ADALN], m->sc, n);
+    be->layernorm_fwd(be, a->ln1, a->mean1, a->rstd1, x, BT, Hd, 1e-6f);
+    be->modulate_fwd(be, a->h1, a->ln1, a->mod, a->mod + Hd, M, n, T, Hd);
+    lin_fwd(be, &L[TZ_DIT_QKV], m->qkv, a->lh[TZ_DIT_QKV], a->h1, BT);
+    be->copy2d(be, a->q, Hd, m->qkv, 3 * Hd, BT, Hd);
+    be->copy2d(be, a->k, Hd, m->qkv + Hd, 3 * Hd, BT, Hd);
+    be->copy2d(be, a->v, Hd, m->qkv + 2 * Hd, 3 * Hd, BT, Hd);
+    be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, n, T, d->num_heads, d->num_heads,
+                      Hd / d->num_heads, 0);
+    lin_fwd(be, &L[TZ_DIT_PROJ], a->ao, a->lh[TZ_DIT_PROJ], a->att, BT);
+    be->gate_fwd(be, a->x2, x, a->ao, a->mod + 2 * Hd, M, n, T, Hd);
+    be->layernorm_fwd(be, a->ln2, a->mean2, a->rstd2, a->x2, BT, Hd, 1e-6f);
+    be->modulate_fwd(be, a->h2, a->ln2, a->mod + 3 * Hd, a->mod + 4 * Hd, M, n, T, Hd);
+    lin_fwd(be, &L[TZ_DIT_FC1], a->f, a->lh[TZ_DIT_FC1], a->h2, BT);
+    be->gelu_tanh_fwd(be, a->g, a->f, BT * tz_dit_mlp_hidden(d));
+    lin_fwd(be, &L[TZ_DIT_FC2], a->mo, a->lh[TZ_DIT_FC2], a->g, BT);
+    be->gate_fwd(be, out, a->x2, a->mo, a->mod + 5 * Hd, M, n, T, Hd);
+}
+
+static tz_dit_acts *acts_of(tz_dit *m, int64_t i) { return &m->acts[m->n_acts == 1 ? 0 : i]; }
+
+static void check_labels(const tz_dit *m, const int32_t *y) {
+    const int64_t rows = tz_dit_label_rows(&m->d);
+    for (int64_t b = 0; b < m->n; b++)
+        if (y[b] < 0 || y[b] >= rows)
+            TZ_FATAL("dit: label %d of sample %lld outside 0..%lld%s", y[b], (long long)b,
+                     (long long)rows - 1,
+                     rows > m->d.num_classes ? " (the last is the null class)"
+                                             : " (this model has no null class)");
+}
+
+static void forward_pass(tz_dit *m, const float *x_t, const float *t, const int32_t *y) {
+    tz_backend *be = m->be;
+    const tz_dit_dims *d = &m->d;
+    if (!m->arena.base) TZ_FATAL("dit: tz_dit_setup was not called");
+    check_labels(m, y);
+    const int64_t n = m->n, T = tz_dit_tokens(d), BT = n * T, Hd = d->hidden;
+    const int64_t S = d->input_size, p = d->patch_size;
+    be->upload(be, m->img, x_t, (size_t)(n * tz_dit_image_numel(d)) * sizeof(float));
+    be->upload(be, m->labels, y, (size_t)n * sizeof(int32_t));
+    timestep_features(m->tfreq_host, t, n, d->freq_dim);
+    be->upload(be, m->tfreq, m->tfreq_host, (size_t)(n * d->freq_dim) * sizeof(float));
+    /* patch embedding + positions */
+    be->patchify(be, m->patches, m->img, n, d->in_channels, S, S, p, 0);
+    lin_fwd(be, &m->x_emb, m->xin[0], NULL, m->patches, BT);
+    for (int64_t b = 0; b < n; b++) be->axpy(be, m->xin[0] + b * T * Hd, 1.0f, m->pos_embed, T * Hd);
+    /* conditioning c = t_embedder(t) + y_embedder(y); every adaLN reads silu(c) */
+    lin_fwd(be, &m->t_fc1, m->t_h, NULL, m->tfreq, n);
+    be->silu_fwd(be, m->t_s, m->t_h, n * Hd);
+    lin_fwd(be, &m->t_fc2, m->temb, NULL, m->t_s, n);
+    be->embedding_fwd(be, m->c, m->labels, m->y_table->w, n, Hd);
+    be->axpy(be, m->c, 1.0f, m->temb, n * Hd);
+    be->silu_fwd(be, m->sc, m->c, n * Hd);
+    for (int64_t i = 0; i < d->depth; i++)
+        block_fwd(m, &m->blocks[i], acts_of(m, i), m->xin[i], m->xin[i + 1]);
+    /* final layer: shift, scale = chunk(2); LN, modulate, linear, unpatchify */
+    lin_fwd(be, &m->f_ada, m->fmod, m->f_lh, m->sc, n);
+    be->layernorm_fwd(be, m->fln, m->fmean, m->frstd, m->xin[d->depth], BT, Hd, 1e-6f);
+    be->modulate_fwd(be, m->fh, m->fln, m->fmod, m->fmod + Hd, 2 * Hd, n, T, Hd);
+    lin_fwd(be, &m->f_lin, m->fo, NULL, m->fh, BT);
+    be->unpatchify(be, m->out_img, m->fo, n, tz_dit_out_channels(d), S, S, p, 1);
+}
+
+void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *y) {
+    forward_pass(m, x_t, t, y);
+}
+
+/* SSE of the first C channels of the prediction against target (uploaded here). */
+static double loss_of(tz_dit *m, const float *target) {
+    tz_backend *be = m->be;
+    const int64_t n = m->n, img = tz_dit_image_numel(&m->d);
+    const int64_t ld = tz_dit_out_channels(&m->d) * m->d.input_size * m->d.input_size;
+    be->upload(be, m->target, target, (size_t)(n * img) * sizeof(float));
+    be->mse_fwd(be, m->sse, m->out_img, ld, m->target, n, img);
+    be->download(be, m->sse_host, m->sse, (size_t)n * sizeof(float));
+    double s = 0.0;
+    for (int64_t b = 0; b < n; b++) s += m->sse_host[b];
+    return s;
+}
+
+double tz_dit_forward_loss(tz_dit *m, const float *x_t, const float *t, const int32_t *y,
+                           const float *target) {
+    forward_pass(m, x_t, t, y);
+    return loss_of(m, target);
+}
+
+/* ---- backward ---- */
+
+/* m->dres holds dL/d(block output) on entry and dL/d(block input) on return; the block's
+ * adaLN input gradient is added into m->dsc when the embedders need it. */
+static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const float *x) {
+    tz_backend *be = m->be;
+    const tz_dit_dims *d = &m->d;
+    const int64_t n = m->n, T = tz_dit_tokens(d), BT = n * T, Hd = d->hidden, M = 6 * Hd;
+    const int64_t F = tz_dit_mlp_hidden(d), nh = d->num_heads;
+    const tz_dit_linear *L = blk->lin;
+    be->fill(be, m->dmod, 0.0f, n * M);
+    /* MLP branch: out = x2 + gate_mlp * fc2(gelu(fc1(modulate(LN(x2))))) */
+    be->fill(be, m->da, 0.0f, BT * Hd);
+    be->gate_bwd(be, m->da, m->dmod + 5 * Hd, m->dres, a->mo, a->mod + 5 * Hd, M, n, T, Hd);
+    be->fill(be, m->dg, 0.0f, BT * F);
+    lin_bwd(m, &L[TZ_DIT_FC2], m->dg, m->da, a->g, a->lh[TZ_DIT_FC2], BT);
+    be->fill(be, m->df, 0.0f, BT * F);
+    be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F);
+    be->fill(be, m->db, 0.0f, BT * Hd);
+    lin_bwd(m, &L[TZ_DIT_FC1], m->db, m->df, a->h2, a->lh[TZ_DIT_FC1], BT);
+    be->fill(be, m->da, 0.0f, BT * Hd);
+    be->modulate_bwd(be, m->da, m->dmod + 3 * Hd, m->dmod + 4 * Hd, m->db, a->ln2,
+                     a->mod + 4 * Hd, M, n, T, Hd);
+    be->layernorm_bwd(be, m->dres, m->da, a->x2, a->mean2, a->rstd2, BT, Hd); /* now dL/dx2 */
+    /* attention branch: x2 = x + gate_msa * proj(attn(qkv(modulate(LN(x))))) */
+    be->fill(be, m->da, 0.0f, BT * Hd);
+    be->gate_bwd(be, m->da, m->dmod + 2 * Hd, m->dres, a->ao, a->mod + 2 * Hd, M, n, T, Hd);
+    be->fill(be, m->db, 0.0f, BT * Hd);
+    lin_bwd(m, &L[TZ_DIT_PROJ], m->db, m->da, a->att, a->lh[TZ_DIT_PROJ], BT);
+    be->fill(be, m->dq, 0.0f, BT * Hd);
+    be->fill(be, m->dk, 0.0f, BT * Hd);
+    be->fill(be, m->dv, 0.0f, BT * Hd);
+    be->attention_bwd(be, m->dq, m->dk, m->dv, m->db, a->att, a->lse, a->q, a->k, a->v, n, T,
+                      nh, nh, Hd / nh, 0);
+    be->copy2d(be, m->dqkv, 3 * Hd, m->dq, Hd, BT, Hd);
+    be->copy2d(be, m->dqkv + Hd, 3 * Hd, m->dk, Hd, BT, Hd);
+    be->copy2d(be, m->dqkv + 2 * Hd, 3 * Hd, m->dv, Hd, BT, Hd);
+    be->fill(be, m->da, 0.0f, BT * Hd);
+    lin_bwd(m, &L[TZ_DIT_QKV], m->da, m->dqkv, a->h1, a->lh[TZ_DIT_QKV], BT);
+    be->fill(be, m->db, 0.0f, BT * Hd);
+    be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, a->ln1, a->mod + Hd, M, n, T, Hd);
+    be->layernorm_bwd(be, m->dres, m->db, x, a->mean1, a->rstd1, BT, Hd); /* now dL/dx */
+    /* the modulation: mod = adaLN(silu(c)) */
+    lin_bwd(m, &L[TZ_DIT_ADALN], m->cond_trainable ? m->dsc : NULL, m->dmod, m->sc,
+            a->lh[TZ_DIT_ADALN], n);
+}
+
+double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, const int32_t *y,
+                               const float *target, float dloss) {
+    tz_backend *be = m->be;
+    const tz_dit_dims *d = &m->d;
+    const int64_t n = m->n, T = tz_dit_tokens(d), BT = n * T, Hd = d->hidden;
+    const int64_t S = d->input_size, p = d->patch_size, Cout = tz_dit_out_channels(d);
+    const int64_t ld = Cout * S * S, L = d->depth;
+    forward_pass(m, x_t, t, y);
+    double loss = loss_of(m, target);
+    /* loss -> prediction -> final linear (token layout) */
+    be->fill(be, m->dimg, 0.0f, n * ld);
+    be->mse_bwd(be, m->dimg, m->out_img, ld, m->target, dloss, n, tz_dit_image_numel(d));
+    be->patchify(be, m->dfo, m->dimg, n, Cout, S, S, p, 1);
+    be->fill(be, m->da, 0.0f, BT * Hd);
+    lin_bwd(m, &m->f_lin, m->da, m->dfo, m->fh, NULL, BT);
+    be->fill(be, m->dmod, 0.0f, n * 2 * Hd);
+    be->fill(be, m->db, 0.0f, BT * Hd);
+    be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, m->fln, m->fmod + Hd, 2 * Hd, n,
+                     T, Hd);
+    be->fill(be, m->dres, 0.0f, BT * Hd);
+    be->layernorm_bwd(be, m->dres, m->db, m->xin[L], m->fmean, m->frstd, BT, Hd);
+    be->fill(be, m->dsc, 0.0f, n * Hd);
+    lin_bwd(m, &m->f_ada, m->cond_trainable ? m->dsc : NULL, m->dmod, m->sc, m->f_lh, n);
+    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[0]);
+    for (int64_t i = L - 1; i >= 0; i--) {
+        tz_dit_acts *a = acts_of(m, i);
+        /* checkpointing: recompute the block (the last one's activations are still there);
+         * its output goes to da, free until block_bwd fills it */
+        if (m->n_acts == 1 && i != L - 1) block_fwd(m, &m->blocks[i], a, m->xin[i], m->da);
+        block_bwd(m, &m->blocks[i], a, m->xin[i]);
+        if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[L - i]);
+    }
+    /* embedders: c = t_fc2(silu(t_fc1(features(t)))) + table[y]; x0 = x_emb(patches) + pos */
+    if (m->cond_trainable) {
+        be->fill(be, m->dc, 0.0f, n * Hd);
+        be->silu_bwd(be, m->dc, m->dsc, m->c, n * Hd);
+        if (m->y_table->g) be->embedding_bwd(be, m->y_table->g, m->labels, m->dc, n, Hd);
+        be->fill(be, m->dt, 0.0f, n * Hd);
+        lin_bwd(m, &m->t_fc2, m->dt, m->dc, m->t_s, NULL, n);
+        be->fill(be, m->dsc, 0.0f, n * Hd); /* reused: d t_h */
+        be->silu_bwd(be, m->dsc, m->dt, m->t_h, n * Hd);
+        lin_bwd(m, &m->t_fc1, NULL, m->dsc, m->tfreq, NULL, n);
+    }
+    lin_bwd(m, &m->x_emb, NULL, m->dres, m->patches, NULL, BT);
+    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[L + 1]);
+    return loss;
+}

@@ -1,0 +1,11 @@
+# Whole-model reference: turbozero's DiT (diffusion forward process, loss and every trainable
+# gradient) against PyTorch (fp64) on tiny random models (LoRA and full, learn_sigma on and
+# off, DDPM and flow, with and without checkpointing), and the samplers against fp64 Python.
+add_executable(tz_dit_dump ${CMAKE_CURRENT_SOURCE_DIR}/tools/tz_dit_dump.c)
+target_compile_options(tz_dit_dump PRIVATE ${TZ_WARN} ${TZ_OPT})
+target_link_libraries(tz_dit_dump PRIVATE tzcore)
+add_test(NAME ref_dit_vs_torch
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ref/dit_ref.sh $<TARGET_FILE:tz_dit_dump>
+          ${CMAKE_CURRENT_SOURCE_DIR}/ref)
+set_tests_properties(ref_dit_vs_torch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+  ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
