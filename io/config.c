@@ -34,9 +34,9 @@ typedef struct {
 static const char *const arch_names[] = {"llama", "dit", NULL};
 static const char *const mode_names[] = {"lora", "full", NULL};
 static const char *const dtype_names[] = {"f32", "bf16", NULL};
-static const char *const target_names[] = {"q", "k", "v", "o", "gate", "up", "down", NULL};
+static const char *const target_names[] = {"q",   "k",    "v",   "o",   "gate",  "up", "down",
+                                           "qkv", "proj", "fc1", "fc2", "adaln", NULL};
 static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "zero", "run", NULL};
-#define TZ_LORA_ALL 0x7f
 
 #define ROW(s, k) .section = #s, .key = #k, .off = offsetof(tz_config, s.k), \
                   .size = sizeof(((tz_config *)0)->s.k)
@@ -56,6 +56,9 @@ static const tz_key schema[] = {
     STR(model, adapter, "", "LoRA adapter folder to load before training (\"\" = none)"),
     STR(data, train, "", "training token file (required by train, not by eval)"),
     STR(data, val, "", "validation token file (\"\" = no validation)"),
+    STR(data, train_labels, "", "IDX label file of data.train (dit with IDX images)"),
+    STR(data, val_labels, "", "IDX label file of data.val (dit with IDX images)"),
+    STR(data, classes, "", "classes of image data to use, e.g. \"0-4\" or \"1,3,5-7\" (\"\" = all)"),
     INT(data, seq_len, 128, 1, 65536, "tokens per training window"),
     ENUM(train, mode, TZ_MODE_LORA, mode_names, "what is trained: LoRA adapters or every weight"),
     INT(train, steps, 100, 1, 1000000000, "optimizer steps"),
@@ -63,6 +66,7 @@ static const tz_key schema[] = {
     INT(train, grad_accum, 1, 1, 65536, "micro-batches accumulated per optimizer step"),
     INT(train, eval_every, 0, 0, 1000000000, "steps between evaluations (0 = only at start and end)"),
     INT(train, eval_windows, 0, 0, 1000000000, "validation windows per evaluation (0 = all)"),
+    INT(train, eval_seed, 0, 0, INT64_C(1) << 62, "seed of the diffusion eval's timesteps and noise (kept fixed so runs compare)"),
     INT(train, log_every, 1, 1, 1000000000, "steps between log lines"),
     BOOL(train, checkpointing, 0, "activation checkpointing (recompute in backward, less memory)"),
     INT(train, threads, 0, 0, 4096, "CPU threads per rank (0 = OpenMP default)"),

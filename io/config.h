@@ -11,7 +11,8 @@
 enum tz_mode { TZ_MODE_LORA = 0, TZ_MODE_FULL = 1 };
 enum tz_arch { TZ_ARCH_LLAMA = 0, TZ_ARCH_DIT = 1 };
 
-/* LoRA target bits (lora.targets = ["q", "k", ...]). */
+/* LoRA target bits (lora.targets = ["q", "k", ...]): Llama's seven projections, then
+ * DiT's five; "all" sets every bit and each model takes its own. */
 enum {
     TZ_LORA_Q = 1 << 0,
     TZ_LORA_K = 1 << 1,
@@ -20,6 +21,14 @@ enum {
     TZ_LORA_GATE = 1 << 4,
     TZ_LORA_UP = 1 << 5,
     TZ_LORA_DOWN = 1 << 6,
+    TZ_LORA_QKV = 1 << 7,
+    TZ_LORA_PROJ = 1 << 8,
+    TZ_LORA_FC1 = 1 << 9,
+    TZ_LORA_FC2 = 1 << 10,
+    TZ_LORA_ADALN = 1 << 11,
+    TZ_LORA_LLAMA = 0x7f,
+    TZ_LORA_DIT = 0xf80,
+    TZ_LORA_ALL = 0xfff,
 };
 
 typedef struct tz_config {
@@ -30,8 +39,11 @@ typedef struct tz_config {
         char adapter[TZ_PATH_MAX];    /* optional LoRA adapter folder to load ("" = none) */
     } model;
     struct {
-        char train[TZ_PATH_MAX];      /* token file */
-        char val[TZ_PATH_MAX];        /* token file ("" = no validation) */
+        char train[TZ_PATH_MAX];      /* token file (llama); images: IDX or HDF5 (dit) */
+        char val[TZ_PATH_MAX];        /* the same for validation ("" = no validation) */
+        char train_labels[TZ_PATH_MAX]; /* IDX label file of data.train (dit) */
+        char val_labels[TZ_PATH_MAX];   /* IDX label file of data.val (dit) */
+        char classes[TZ_PATH_MAX];    /* class subset "0-4,7" of image data ("" = all) */
         int64_t seq_len;
     } data;
     struct {
@@ -40,7 +52,8 @@ typedef struct tz_config {
         int64_t micro_batch;
         int64_t grad_accum;
         int64_t eval_every;           /* 0: evaluate only before and after */
-        int64_t eval_windows;         /* 0: every validation window */
+        int64_t eval_windows;         /* 0: every validation window (or image) */
+        int64_t eval_seed;            /* seed of the diffusion eval draws (fixed across runs) */
         int64_t log_every;
         int checkpointing;            /* activation checkpointing */
         int64_t threads;              /* 0: OpenMP default */

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "io/config.h"
 #include "io/tokens.h"
+#include "model/dit_io.h"
 #include "model/llama_io.h"
 #include "mpi/comm.h"
 #include "mpi/world.h"
@@ -20,8 +21,12 @@ static void usage(FILE *f) {
             "  train CONFIG [--set section.key=value ...]   train as configured\n"
             "  eval CONFIG [--set section.key=value ...]    mean next-token loss on data.val\n"
             "  bench CONFIG [--set section.key=value ...]   time train.steps steps, no output files\n"
-            "  init-model --arch llama --preset tiny|small --vocab V --out DIR [--seed S]\n"
-            "             [--tied 0|1]                      a random model in HF layout\n"
+            "  sample CONFIG --class C --n N --steps S --guidance W --out grid.png [--seed S]\n"
+            "             [--set section.key=value ...]     a PNG grid from a DiT (+ adapter)\n"
+            "  init-model --arch llama --preset tiny|mini|small --vocab V --out DIR [--seed S]\n"
+            "             [--tied 0|1]                      a random Llama in HF layout\n"
+            "  init-model --arch dit --preset tiny|small --out DIR [--seed S]\n"
+            "             [--objective ddpm|flow]           a random DiT (DiT's own names)\n"
             "  prep text --tokenizer bytes --in TEXT --out FILE [--val-fraction F]\n"
             "             [--val-out FILE2]                 text to a token file\n"
             "See docs/guide.md and inputs/reference.cfg.\n",
@@ -49,17 +54,44 @@ static int64_t parse_int(const char *s, const char *what) {
     return v;
 }
 
+static int init_dit(const char *preset, const char *objective, const char *out, uint64_t seed) {
+    tz_dit_dims d;
+    char err[512];
+    if (tz_dit_preset(preset, &d, err, sizeof err)) TZ_FATAL("init-model: --preset %s: %s", preset, err);
+    if (objective && !strcmp(objective, "flow")) d.diffusion = TZ_DIFF_FLOW;
+    else if (objective && strcmp(objective, "ddpm"))
+        TZ_FATAL("init-model: --objective %s: expected ddpm or flow", objective);
+    tz_backend *be = tz_cpu_backend_create(0);
+    tz_dit_opts o = {0};
+    tz_dit *m = tz_dit_create(be, &d, &o);
+    tz_dit_init_random(m, seed);
+    tz_dit_save(m, out, 0);
+    printf("wrote %s: dit preset %s, %lld parameters (%lldx%lldx%lld images, patch %lld, hidden "
+           "%lld, depth %lld, %lld heads, %lld classes, %s)\n",
+           out, preset, (long long)m->params.n_total, (long long)d.in_channels,
+           (long long)d.input_size, (long long)d.input_size, (long long)d.patch_size,
+           (long long)d.hidden, (long long)d.depth, (long long)d.num_heads,
+           (long long)d.num_classes, d.diffusion == TZ_DIFF_FLOW ? "rectified flow" : "DDPM");
+    tz_dit_free(m);
+    tz_cpu_backend_destroy(be);
+    return 0;
+}
+
 static int cmd_init_model(int argc, char **argv) {
-    static const char *const known[] = {"--arch", "--preset", "--vocab", "--out", "--seed", "--tied", NULL};
+    static const char *const known[] = {"--arch", "--preset", "--vocab", "--out", "--seed",
+                                        "--tied", "--objective", NULL};
     const char *arch = flag(argc, argv, 2, "--arch", known);
     const char *preset = flag(argc, argv, 2, "--preset", known);
     const char *vocab = flag(argc, argv, 2, "--vocab", known);
     const char *out = flag(argc, argv, 2, "--out", known);
     const char *seed = flag(argc, argv, 2, "--seed", known);
     const char *tied = flag(argc, argv, 2, "--tied", known);
-    if (!arch || !preset || !vocab || !out)
-        TZ_FATAL("init-model: --arch, --preset, --vocab and --out are required");
-    if (strcmp(arch, "llama")) TZ_FATAL("init-model: --arch %s: expected llama", arch);
+    const char *objective = flag(argc, argv, 2, "--objective", known);
+    if (!arch || !preset || !out) TZ_FATAL("init-model: --arch, --preset and --out are required");
+    uint64_t s = seed ? (uint64_t)parse_int(seed, "--seed") : 0;
+    if (!strcmp(arch, "dit")) return init_dit(preset, objective, out, s);
+    if (strcmp(arch, "llama")) TZ_FATAL("init-model: --arch %s: expected llama or dit", arch);
+    if (!vocab) TZ_FATAL("init-model: --arch llama needs --vocab");
     tz_llama_dims d = {0};
     d.vocab = parse_int(vocab, "--vocab");
     if (d.vocab < 2 || d.vocab > (1 << 24)) TZ_FATAL("init-model: --vocab %s: expected 2..16777216", vocab);
@@ -80,7 +112,7 @@ static int cmd_init_model(int argc, char **argv) {
     tz_backend *be = tz_cpu_backend_create(0);
     tz_llama_opts o = {0};
     tz_llama *m = tz_llama_create(be, &d, &o);
-    tz_llama_init_random(m, seed ? (uint64_t)parse_int(seed, "--seed") : 0);
+    tz_llama_init_random(m, s);
     tz_llama_save(m, out, 0);
     printf("wrote %s: llama preset %s, %lld parameters (%lld layers, dim %lld, %lld/%lld heads, "
            "vocab %lld, %s embeddings)\n",
@@ -146,6 +178,47 @@ static void load_config(tz_config *cfg, int argc, char **argv, tz_comm *comm) {
     tz_comm_bcast(comm, cfg, (int64_t)sizeof *cfg, TZ_DT_U8, 0);
 }
 
+/* sample CONFIG --class C --n N --steps S --guidance W --out FILE [--seed S] [--set k=v ...]:
+ * one process (rank 0 samples, the others wait). */
+static int cmd_sample(int argc, char **argv) {
+    static const char *const known[] = {"--class", "--n", "--steps", "--guidance", "--out", "--seed", NULL};
+    tz_sample_args a = {.cls = 0, .n = 16, .steps = 50, .guidance = 4.0, .seed = 0};
+    char **rest = tz_xcalloc((size_t)argc + 1, sizeof *rest);
+    int nrest = 0;
+    const char *out = NULL;
+    for (int i = 0; i < argc; i++) {
+        int k = 0;
+        while (known[k] && strcmp(argv[i], known[k])) k++;
+        if (i < 3 || !known[k]) { rest[nrest++] = argv[i]; continue; }
+        if (i + 1 >= argc) TZ_FATAL("sample: %s needs a value", argv[i]);
+        const char *v = argv[++i];
+        if (k == 0) a.cls = parse_int(v, "--class");
+        else if (k == 1) a.n = parse_int(v, "--n");
+        else if (k == 2) a.steps = parse_int(v, "--steps");
+        else if (k == 3) {
+            char *end;
+            a.guidance = strtod(v, &end);
+            if (!*v || *end) TZ_FATAL("sample: --guidance %s: expected a number", v);
+        } else if (k == 4) out = v;
+        else a.seed = parse_int(v, "--seed");
+    }
+    if (!out) TZ_FATAL("sample: --out FILE.png is required");
+    if (a.n < 1 || a.n > 4096 || a.steps < 1 || a.steps > 1000)
+        TZ_FATAL("sample: --n must be in 1..4096 and --steps in 1..1000");
+    snprintf(a.out, sizeof a.out, "%s", out);
+    static tz_config cfg;
+    tz_world world;
+    tz_world_init(&world, -1);
+    tz_comm *comm = tz_comm_mpi_create(MPI_COMM_WORLD);
+    load_config(&cfg, nrest, rest, comm);
+    int rc = comm->rank == 0 ? tz_sample_run(&cfg, &a) : 0;
+    tz_comm_barrier(comm);
+    tz_comm_destroy(comm);
+    tz_world_free(&world);
+    free(rest);
+    return rc;
+}
+
 /* The collective commands: world, communicator, config, then the driver. */
 static int cmd_collective(int argc, char **argv, int (*fn)(const tz_config *, tz_world *, tz_comm *)) {
     static tz_config cfg;
@@ -186,6 +259,8 @@ int main(int argc, char **argv) {
         rc = cmd_collective(argc, argv, tz_eval_run);
     } else if (!strcmp(argv[1], "bench")) {
         rc = cmd_collective(argc, argv, tz_bench_run);
+    } else if (!strcmp(argv[1], "sample")) {
+        rc = cmd_sample(argc, argv);
     } else {
         TZ_FATAL("unknown command '%s' (see turbozero --help)", argv[1]);
     }

@@ -203,7 +203,7 @@ model = { path = "m"; };
 lora = { targets = ["q",
                     "x"]; };
 EOF
-fails bad_target "$F:3: lora.targets: expected a non-empty list of names from \"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\" or \"all\" (got \"x\")" "" "$F"
+fails bad_target "$F:3: lora.targets: expected a non-empty list of names from \"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\", \"qkv\", \"proj\", \"fc1\", \"fc2\", \"adaln\" or \"all\" (got \"x\")" "" "$F"
 
 cfg target_not_string <<'EOF'
 model = { path = "m"; };

@@ -8,7 +8,7 @@ if(NOT MPIEXEC_EXECUTABLE)
   message(WARNING "no mpiexec found: the mpi_comm_* and mpi_fatal tests are not added")
   return()
 endif()
-set(TZ_MPI_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+set(TZ_MPI_ENV "${TZ_TEST_ENV}")
 foreach(np 1 2 3 4)
   add_test(NAME mpi_comm_np${np}
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe

@@ -7,6 +7,28 @@
 #include "core/error.h"
 #include "core/rng.h"
 
+void tz_order_init(tz_order *o, int64_t n, uint64_t seed) {
+    o->n = n;
+    o->seed = seed;
+    o->epoch = -1;
+    o->perm = tz_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *o->perm);
+}
+
+void tz_order_free(tz_order *o) {
+    free(o->perm);
+    o->perm = NULL;
+}
+
+int64_t tz_order_at(tz_order *o, int64_t s) {
+    int64_t epoch = s / o->n;
+    if (epoch != o->epoch) {
+        tz_rng r = tz_rng_make(o->seed, (uint64_t)epoch, TZ_RNG_DATA, 0);
+        tz_rng_permutation(&r, o->perm, o->n);
+        o->epoch = epoch;
+    }
+    return o->perm[s % o->n];
+}
+
 void tz_data_init(tz_data *d, const tz_tokens *tok, int64_t seq_len, uint64_t seed) {
     d->tok = tok;
     d->T = seq_len;
@@ -15,15 +37,10 @@ void tz_data_init(tz_data *d, const tz_tokens *tok, int64_t seq_len, uint64_t se
         TZ_FATAL_HINT("use more data or a smaller data.seq_len",
                       "%s: %lld tokens hold no window of data.seq_len + 1 = %lld tokens",
                       tok->path, (long long)tok->count, (long long)seq_len + 1);
-    d->seed = seed;
-    d->epoch = -1;
-    d->perm = tz_xmalloc((size_t)d->nwin * sizeof *d->perm);
+    tz_order_init(&d->order, d->nwin, seed);
 }
 
-void tz_data_free(tz_data *d) {
-    free(d->perm);
-    d->perm = NULL;
-}
+void tz_data_free(tz_data *d) { tz_order_free(&d->order); }
 
 void tz_data_window(const tz_data *d, int64_t w, int32_t *inputs, int32_t *targets) {
     int64_t start = w * d->T;
@@ -32,13 +49,6 @@ void tz_data_window(const tz_data *d, int64_t w, int32_t *inputs, int32_t *targe
 }
 
 void tz_data_batch(tz_data *d, int64_t first, int64_t n, int32_t *inputs, int32_t *targets) {
-    for (int64_t i = 0; i < n; i++) {
-        int64_t s = first + i, epoch = s / d->nwin;
-        if (epoch != d->epoch) {
-            tz_rng r = tz_rng_make(d->seed, (uint64_t)epoch, TZ_RNG_DATA, 0);
-            tz_rng_permutation(&r, d->perm, d->nwin);
-            d->epoch = epoch;
-        }
-        tz_data_window(d, d->perm[s % d->nwin], inputs + i * d->T, targets + i * d->T);
-    }
+    for (int64_t i = 0; i < n; i++)
+        tz_data_window(d, tz_order_at(&d->order, first + i), inputs + i * d->T, targets + i * d->T);
 }

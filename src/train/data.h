@@ -7,20 +7,32 @@
 
 #include "io/tokens.h"
 
+/* The training order of n items (windows, images): sample s of the run is item
+ * perm_e[s % n] of epoch e = s / n, one seeded permutation per epoch, the same on every rank. */
+typedef struct tz_order {
+    int64_t n;
+    uint64_t seed;
+    int64_t epoch;    /* epoch of the cached permutation (-1: none) */
+    int64_t *perm;
+} tz_order;
+
+void tz_order_init(tz_order *o, int64_t n, uint64_t seed);
+void tz_order_free(tz_order *o);
+/* The item of sample s. */
+int64_t tz_order_at(tz_order *o, int64_t s);
+
 typedef struct tz_data {
     const tz_tokens *tok;
     int64_t T;        /* seq_len */
     int64_t nwin;     /* windows in the file */
-    uint64_t seed;
-    int64_t epoch;    /* epoch of the cached permutation (-1: none) */
-    int64_t *perm;
+    tz_order order;
 } tz_data;
 
 /* Fatal (naming the file) when the file holds no complete window. */
 void tz_data_init(tz_data *d, const tz_tokens *tok, int64_t seq_len, uint64_t seed);
 void tz_data_free(tz_data *d);
-/* Rows [first, first+n) of the global sample sequence (sample s = epoch s / nwin, position
- * perm_epoch[s % nwin]) into inputs and targets, [n*T] each. */
+/* Rows [first, first+n) of the global sample sequence (tz_order) into inputs and targets,
+ * [n*T] each. */
 void tz_data_batch(tz_data *d, int64_t first, int64_t n, int32_t *inputs, int32_t *targets);
 /* Window w in file order (no permutation), for evaluation. */
 void tz_data_window(const tz_data *d, int64_t w, int32_t *inputs, int32_t *targets);

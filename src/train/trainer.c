@@ -12,17 +12,9 @@
 
 #include "core/error.h"
 #include "io/fsutil.h"
-#include "io/tokens.h"
-#include "model/llama_io.h"
 #include "train/adamw.h"
-#include "train/data.h"
+#include "train/task.h"
 #include "train/zero.h"
-
-_Static_assert(TZ_LORA_Q == 1 << TZ_LIN_Q && TZ_LORA_K == 1 << TZ_LIN_K &&
-                   TZ_LORA_V == 1 << TZ_LIN_V && TZ_LORA_O == 1 << TZ_LIN_O &&
-                   TZ_LORA_GATE == 1 << TZ_LIN_GATE && TZ_LORA_UP == 1 << TZ_LIN_UP &&
-                   TZ_LORA_DOWN == 1 << TZ_LIN_DOWN,
-               "config LoRA target bits follow the projection order of the model");
 
 static double now_s(void) {
     struct timespec ts;
@@ -44,51 +36,11 @@ typedef struct run {
     tz_world *w;
     tz_comm *comm;
     tz_backend *be;
-    tz_llama *m;
+    tz_task *task;
     tz_zero z;
     int training;
-    tz_tokens train_tok, val_tok;
-    tz_data data, val;
-    int have_val;
-    int64_t B, T, accum, N;
-    int32_t *in, *tg;
+    int64_t B, accum, N;
 } run;
-
-static void open_tokens(tz_tokens *t, const char *path, const char *key, int64_t vocab) {
-    char err[1024];
-    if (!path[0]) TZ_FATAL_HINT("set it in the config or with --set", "%s is not set", key);
-    if (tz_tokens_open(t, path, err, sizeof err)) TZ_FATAL("%s: %s", key, err);
-    if (t->vocab > vocab)
-        TZ_FATAL_HINT("prepare the data with the model's tokenizer",
-                      "%s: %s has vocab %u but the model's vocab is %lld", key, path, t->vocab,
-                      (long long)vocab);
-}
-
-/* The model the config asks for: base from model.path, adapters from lora.* (training in
- * LoRA mode) or from model.adapter. */
-static tz_llama *build_model(const tz_config *cfg, tz_backend *be, int train) {
-    if (cfg->model.arch != TZ_ARCH_LLAMA)
-        TZ_FATAL("%s: model.arch = \"%s\" is not available in this build yet", cfg->source,
-                 tz_arch_name(cfg->model.arch));
-    tz_llama_opts o = {0};
-    o.full = train && cfg->train.mode == TZ_MODE_FULL;
-    o.checkpointing = cfg->train.checkpointing;
-    if (cfg->model.adapter[0]) {
-        tz_llama_read_adapter_opts(cfg->model.adapter, &o);
-    } else if (train && cfg->train.mode == TZ_MODE_LORA) {
-        o.lora_targets = cfg->lora.targets;
-        o.lora_rank = cfg->lora.rank;
-        o.lora_alpha = cfg->lora.alpha;
-    }
-    if (o.full && o.lora_targets)
-        TZ_FATAL_HINT("unset model.adapter, or train with train.mode = \"lora\"",
-                      "%s: train.mode = \"full\" with an adapter (model.adapter = %s)",
-                      cfg->source, cfg->model.adapter);
-    tz_llama *m = tz_llama_load(be, cfg->model.path, &o);
-    if (cfg->model.adapter[0]) tz_llama_load_adapter(m, cfg->model.adapter);
-    else if (o.lora_targets) tz_llama_init_lora(m, (uint64_t)cfg->run.seed);
-    return m;
-}
 
 static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, int training) {
     memset(r, 0, sizeof *r);
@@ -99,74 +51,45 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     if (cfg->train.threads > 0) omp_set_num_threads((int)cfg->train.threads); /* AdamW too */
     r->be = tz_cpu_backend_create((int)cfg->train.threads);
     w->threads = omp_get_max_threads();
-    r->m = build_model(cfg, r->be, training);
-    r->B = cfg->train.micro_batch;
-    r->T = cfg->data.seq_len;
+    r->task = cfg->model.arch == TZ_ARCH_DIT ? tz_task_dit_create(cfg, r->be, training)
+                                             : tz_task_llama_create(cfg, r->be, training);
+    r->B = r->task->B;
     r->accum = cfg->train.grad_accum;
     r->N = comm->size;
-    tz_llama_setup(r->m, r->B, r->T);
     if (training) {
-        open_tokens(&r->train_tok, cfg->data.train, "data.train", r->m->d.vocab);
-        tz_data_init(&r->data, &r->train_tok, r->T, (uint64_t)cfg->run.seed);
-        tz_zero_init(&r->z, (int)cfg->zero.stage, cfg->zero.bucket_mb, &r->m->params, r->be,
+        tz_zero_init(&r->z, (int)cfg->zero.stage, cfg->zero.bucket_mb, r->task->params, r->be,
                      comm, w);
-        r->m->grad_hook = tz_zero_grads_ready;
-        r->m->grad_hook_ctx = &r->z;
+        r->task->set_grad_hook(r->task, tz_zero_grads_ready, &r->z);
+    } else if (r->task->n_val == 0) {
+        TZ_FATAL_HINT("set data.val", "%s: data.val is not set", cfg->source);
     }
-    r->have_val = cfg->data.val[0] != 0;
-    if (!training && !r->have_val)
-        TZ_FATAL_HINT("set data.val to a token file", "%s: data.val is not set", cfg->source);
-    if (r->have_val) {
-        open_tokens(&r->val_tok, cfg->data.val, "data.val", r->m->d.vocab);
-        tz_data_init(&r->val, &r->val_tok, r->T, 0);
-    }
-    r->in = tz_xmalloc((size_t)(r->B * r->T) * sizeof *r->in);
-    r->tg = tz_xmalloc((size_t)(r->B * r->T) * sizeof *r->tg);
 }
 
 static void run_close(run *r) {
-    free(r->in);
-    free(r->tg);
-    if (r->have_val) {
-        tz_data_free(&r->val);
-        tz_tokens_close(&r->val_tok);
-    }
-    if (r->training) {
-        tz_zero_free(&r->z);
-        tz_data_free(&r->data);
-        tz_tokens_close(&r->train_tok);
-    }
-    tz_llama_free(r->m);
+    if (r->training) tz_zero_free(&r->z);
+    r->task->destroy(r->task);
     tz_cpu_backend_destroy(r->be);
 }
 
 typedef struct eval_result {
     double loss;
-    int64_t tokens;
+    int64_t count; /* tokens or images evaluated */
 } eval_result;
 
-/* Mean loss over the first `limit` validation windows (all if limit <= 0): rank r takes
- * windows r, r+N, ..., B at a time (a partial batch padded with ignored rows); the sums
- * are added over the ranks. */
+/* Mean loss over the first `limit` validation rows (all if limit <= 0), in batches of B
+ * consecutive rows, batch k on rank k % N; the sums are added over the ranks. */
 static eval_result evaluate(run *r, int64_t limit) {
-    const int64_t B = r->B, T = r->T, N = r->N, rank = r->comm->rank;
-    int64_t n = limit > 0 && limit < r->val.nwin ? limit : r->val.nwin;
-    double sum[2] = {0.0, 0.0}; /* loss, windows */
-    for (int64_t w0 = rank; w0 < n; w0 += B * N) {
-        for (int64_t i = 0; i < B; i++) {
-            int64_t w = w0 + i * N;
-            if (w < n) {
-                tz_data_window(&r->val, w, r->in + i * T, r->tg + i * T);
-                sum[1] += 1.0;
-            } else {
-                memset(r->in + i * T, 0, (size_t)T * sizeof *r->in);
-                for (int64_t t = 0; t < T; t++) r->tg[i * T + t] = -1;
-            }
-        }
-        sum[0] += tz_llama_forward(r->m, r->in, r->tg);
+    tz_task *t = r->task;
+    const int64_t B = r->B, N = r->N, rank = r->comm->rank;
+    int64_t n = limit > 0 && limit < t->n_val ? limit : t->n_val;
+    double sum[2] = {0.0, 0.0}; /* loss terms, rows */
+    for (int64_t first = rank * B; first < n; first += B * N) {
+        int64_t rows = n - first < B ? n - first : B;
+        sum[0] += t->eval_rows(t, first, rows);
+        sum[1] += (double)rows;
     }
     if (N > 1) tz_comm_all_reduce(r->comm, sum, sum, 2, TZ_DT_F64);
-    eval_result e = {sum[0] / (sum[1] * (double)T), (int64_t)sum[1] * T};
+    eval_result e = {sum[0] / (sum[1] * (double)t->row_elems), (int64_t)sum[1] * t->row_count};
     return e;
 }
 
@@ -178,14 +101,13 @@ typedef struct step_result {
  * samples ((s * accum + k) * N + r) * B ... + B - 1 of the shared order. */
 static step_result train_step(run *r, int64_t step) {
     const tz_config *cfg = r->cfg;
-    const int64_t B = r->B, T = r->T, A = r->accum, N = r->N, rank = r->comm->rank;
-    const double total = (double)(B * T * A * N);
+    const int64_t B = r->B, A = r->accum, N = r->N, rank = r->comm->rank;
+    const double total = (double)(B * r->task->row_elems * A * N);
     tz_zero_begin_step(&r->z);
     double lsum = 0.0;
     for (int64_t k = 0; k < A; k++) {
         tz_zero_begin_micro(&r->z, k == A - 1);
-        tz_data_batch(&r->data, ((step * A + k) * N + rank) * B, B, r->in, r->tg);
-        lsum += tz_llama_forward_backward(r->m, r->in, r->tg, (float)(1.0 / total));
+        lsum += r->task->train_rows(r->task, ((step * A + k) * N + rank) * B, (float)(1.0 / total));
         tz_zero_end_micro(&r->z);
     }
     if (N > 1) tz_comm_all_reduce(r->comm, &lsum, &lsum, 1, TZ_DT_F64);
@@ -203,19 +125,13 @@ static step_result train_step(run *r, int64_t step) {
 }
 
 static void print_start(const run *r) {
-    const tz_llama *m = r->m;
-    const tz_params *ps = &m->params;
-    tz_info("model: %s | %lld layers, dim %lld, %lld/%lld heads | %lld params, %lld trainable "
-            "(%s) | activations %.1f MiB per rank",
-            r->cfg->model.path, (long long)m->d.n_layers, (long long)m->d.dim,
-            (long long)m->d.n_heads, (long long)m->d.n_kv_heads, (long long)ps->n_total,
-            (long long)ps->n_trainable, tz_mode_name(r->cfg->train.mode),
-            (double)m->arena.cap / 1048576.0);
-    tz_info("data: %s: %lld tokens, %lld windows of %lld | %lld ranks x %lld x %lld accum = "
-            "%lld tokens/step",
-            r->cfg->data.train, (long long)r->train_tok.count, (long long)r->data.nwin,
-            (long long)r->T, (long long)r->N, (long long)r->B, (long long)r->accum,
-            (long long)(r->N * r->B * r->T * r->accum));
+    const tz_task *t = r->task;
+    tz_info("model: %s | activations %.1f MiB per rank", t->describe,
+            (double)t->arena_bytes / 1048576.0);
+    tz_info("data: %s | %lld ranks x %lld x %lld accum = %lld rows (%lld %s) per step",
+            t->data_line, (long long)r->N, (long long)r->B, (long long)r->accum,
+            (long long)(r->N * r->B * r->accum), (long long)(r->N * r->B * r->accum * t->row_count),
+            t->unit);
     tz_world_print(r->w);
     tz_zero_plan_print(&r->z.plan);
     tz_zero_print(&r->z);
@@ -251,60 +167,57 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     run r;
     run_open(&r, cfg, w, comm, 1);
     print_start(&r);
-    const int64_t steps = cfg->train.steps, tokens = r.N * r.B * r.T * r.accum;
+    const int64_t steps = cfg->train.steps, units = r.N * r.B * r.accum * r.task->row_count;
+    const int have_val = r.task->n_val > 0;
     eval_result ev0 = {0, 0}, ev = {0, 0};
-    if (r.have_val) {
+    if (have_val) {
         ev0 = evaluate(&r, cfg->train.eval_windows);
-        tz_info("eval before training: val_loss %.4f (%lld tokens)", ev0.loss, (long long)ev0.tokens);
+        tz_info("eval before training: val_loss %.4f (%lld %s)", ev0.loss, (long long)ev0.count,
+                r.task->unit);
         if (root)
-            fprintf(metrics, "{\"step\": 0, \"eval_loss\": %.6f, \"eval_tokens\": %lld}\n",
-                    ev0.loss, (long long)ev0.tokens);
+            fprintf(metrics, "{\"step\": 0, \"eval_loss\": %.6f, \"eval_%s\": %lld}\n",
+                    ev0.loss, r.task->unit, (long long)ev0.count);
     }
     const double t_loop = now_s();
     step_result s = {0, 0, 0};
     for (int64_t step = 0; step < steps; step++) {
         double t0 = now_s();
         s = train_step(&r, step);
-        double t1 = now_s(), tps = (double)tokens / (t1 - t0);
+        double t1 = now_s(), tps = (double)units / (t1 - t0);
         if (root)
             fprintf(metrics,
                     "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.9g, "
-                    "\"tokens_per_s\": %.1f, \"step_s\": %.4f}\n",
-                    (long long)step + 1, s.loss, s.lr, s.gnorm, tps, t1 - t0);
+                    "\"%s_per_s\": %.1f, \"step_s\": %.4f}\n",
+                    (long long)step + 1, s.loss, s.lr, s.gnorm, r.task->unit, tps, t1 - t0);
         if ((step + 1) % cfg->train.log_every == 0 || step + 1 == steps) {
             char eta[32];
             fmt_duration(eta, sizeof eta, (t1 - t_loop) / (double)(step + 1) * (double)(steps - step - 1));
-            tz_info("step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | ETA %s",
-                    (long long)step + 1, (long long)steps, s.loss, s.lr, s.gnorm, tps, eta);
+            tz_info("step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f %s/s | ETA %s",
+                    (long long)step + 1, (long long)steps, s.loss, s.lr, s.gnorm, tps,
+                    r.task->unit, eta);
         }
-        if (r.have_val && cfg->train.eval_every > 0 && (step + 1) % cfg->train.eval_every == 0 &&
+        if (have_val && cfg->train.eval_every > 0 && (step + 1) % cfg->train.eval_every == 0 &&
             step + 1 != steps) {
             ev = evaluate(&r, cfg->train.eval_windows);
             tz_info("eval at step %lld: val_loss %.4f", (long long)step + 1, ev.loss);
             if (root)
-                fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.6f, \"eval_tokens\": %lld}\n",
-                        (long long)step + 1, ev.loss, (long long)ev.tokens);
+                fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.6f, \"eval_%s\": %lld}\n",
+                        (long long)step + 1, ev.loss, r.task->unit, (long long)ev.count);
         }
         if (root) fflush(metrics);
     }
-    if (r.have_val) {
+    if (have_val) {
         ev = evaluate(&r, cfg->train.eval_windows);
         tz_info("eval after training: val_loss %.4f (before %.4f, change %+.4f)", ev.loss,
                 ev0.loss, ev.loss - ev0.loss);
         if (root)
-            fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.6f, \"eval_tokens\": %lld}\n",
-                    (long long)steps, ev.loss, (long long)ev.tokens);
+            fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.6f, \"eval_%s\": %lld}\n",
+                    (long long)steps, ev.loss, r.task->unit, (long long)ev.count);
     }
     if (root) {
         if (fclose(metrics) != 0) TZ_FATAL("cannot write %s/metrics.jsonl", cfg->run.dir);
         char out[1100], took[32];
-        if (cfg->train.mode == TZ_MODE_FULL) {
-            tz_path_join(out, sizeof out, cfg->run.dir, "model");
-            tz_llama_save(r.m, out, cfg->run.save_dtype);
-        } else {
-            tz_path_join(out, sizeof out, cfg->run.dir, "adapter");
-            tz_llama_save_adapter(r.m, out, cfg->model.path);
-        }
+        r.task->save(r.task, out, sizeof out);
         fmt_duration(took, sizeof took, now_s() - t_start);
         tz_info("saved %s | final train loss %.4f | %s", out, s.loss, took);
     }
@@ -318,10 +231,10 @@ int tz_eval_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     run_open(&r, cfg, w, comm, 0);
     double t0 = now_s();
     eval_result e = evaluate(&r, 0);
-    tz_info("model %s%s%s | %s: %lld windows of %lld | %lld ranks | %.1f s", cfg->model.path,
+    tz_info("model %s%s%s | %s: %lld rows | %lld ranks | %.1f s", cfg->model.path,
             cfg->model.adapter[0] ? " + adapter " : "", cfg->model.adapter, cfg->data.val,
-            (long long)r.val.nwin, (long long)r.T, (long long)r.N, now_s() - t0);
-    tz_info("eval_loss=%.6f tokens=%lld", e.loss, (long long)e.tokens);
+            (long long)r.task->n_val, (long long)r.N, now_s() - t0);
+    tz_info("eval_loss=%.6f %s=%lld", e.loss, r.task->unit, (long long)e.count);
     run_close(&r);
     return 0;
 }
@@ -335,7 +248,7 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     run r;
     run_open(&r, cfg, w, comm, 1);
     print_start(&r);
-    const int64_t steps = cfg->train.steps, tokens = r.N * r.B * r.T * r.accum;
+    const int64_t steps = cfg->train.steps, units = r.N * r.B * r.accum * r.task->row_count;
     const int64_t warm = steps > 3 ? 2 : 0;
     double *dt = tz_xmalloc((size_t)steps * sizeof *dt);
     for (int64_t step = 0; step < steps; step++) {
@@ -354,13 +267,13 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     tz_comm_all_gather(comm, &rss, all, 1, TZ_DT_I64);
     int64_t rss_max = 0;
     for (int64_t i = 0; i < r.N; i++) rss_max = all[i] > rss_max ? all[i] : rss_max;
-    tz_info("bench: %lld ranks x %d threads, zero stage %lld, %s | %lld tokens/step | step time "
-            "median %.4f s (%lld steps after %lld warm-up) | %.0f tokens/s | host shard %.2f "
+    tz_info("bench: %lld ranks x %d threads, zero stage %lld, %s | %lld %s/step | step time "
+            "median %.4f s (%lld steps after %lld warm-up) | %.0f %s/s | host shard %.2f "
             "MiB/rank | activations %.1f MiB/rank | peak RSS %.1f MiB (largest rank)",
             (long long)r.N, w->threads, (long long)cfg->zero.stage, tz_mode_name(cfg->train.mode),
-            (long long)tokens, med, (long long)n, (long long)warm, (double)tokens / med,
-            (double)r.z.shard_bytes / 1048576.0, (double)r.m->arena.cap / 1048576.0,
-            (double)rss_max / 1024.0);
+            (long long)units, r.task->unit, med, (long long)n, (long long)warm,
+            (double)units / med, r.task->unit, (double)r.z.shard_bytes / 1048576.0,
+            (double)r.task->arena_bytes / 1048576.0, (double)rss_max / 1024.0);
     free(all);
     free(dt);
     run_close(&r);

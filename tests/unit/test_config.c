@@ -82,8 +82,7 @@ static void test_defaults(void) {
     CHECK(cfg.optim.weight_decay == 0.0 && cfg.optim.beta1 == 0.9 && cfg.optim.beta2 == 0.999);
     CHECK(cfg.optim.eps == 1e-8 && cfg.optim.grad_clip == 1.0);
     CHECK(cfg.lora.rank == 8 && cfg.lora.alpha == 16.0);
-    CHECK(cfg.lora.targets == (TZ_LORA_Q | TZ_LORA_K | TZ_LORA_V | TZ_LORA_O | TZ_LORA_GATE |
-                               TZ_LORA_UP | TZ_LORA_DOWN));
+    CHECK(cfg.lora.targets == TZ_LORA_ALL);
     CHECK(!strcmp(cfg.run.dir, "runs/default") && cfg.run.seed == 1234);
     /* tz_config_defaults is the same, bar path and source */
     tz_config_defaults(&want);
@@ -172,7 +171,7 @@ static void test_sets(void) {
         {"lora.targets=[\"q\",\"v\"]", TZ_LORA_Q | TZ_LORA_V},
         {"lora.targets=[q, o]", TZ_LORA_Q | TZ_LORA_O},
         {"lora.targets=(\"gate\", \"up\", \"down\")", TZ_LORA_GATE | TZ_LORA_UP | TZ_LORA_DOWN},
-        {"lora.targets=all", 0x7f},
+        {"lora.targets=all", TZ_LORA_ALL},
         {"lora.targets=k", TZ_LORA_K},
         {"lora.targets= k , k ", TZ_LORA_K},
     };
@@ -194,7 +193,7 @@ static void test_targets_file(void) {
     struct { const char *text; int want; } t[] = {
         {"lora = { targets = [\"q\", \"v\"]; };", TZ_LORA_Q | TZ_LORA_V},
         {"lora = { targets = (\"down\"); };", TZ_LORA_DOWN},
-        {"lora = { targets = [\"all\"]; };", 0x7f},
+        {"lora = { targets = [\"all\"]; };", TZ_LORA_ALL},
         {"lora = { targets = [\"o\", \"gate\", \"o\"]; };", TZ_LORA_O | TZ_LORA_GATE},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {

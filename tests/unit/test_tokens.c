@@ -93,20 +93,20 @@ int main(int argc, char **argv) {
     int seen[89] = {0}, okw = 1;
     for (int i = 0; i < 89; i++) /* row i is window perm[i]: inputs, then targets shifted by one */
         for (int t = 0; t < 10; t++)
-            okw &= in[i * 10 + t] == tz_tokens_at(&a, d.perm[i] * 10 + t) &&
-                   tg[i * 10 + t] == tz_tokens_at(&a, d.perm[i] * 10 + t + 1);
-    for (int i = 0; i < 89; i++) seen[d.perm[i]]++;
+            okw &= in[i * 10 + t] == tz_tokens_at(&a, d.order.perm[i] * 10 + t) &&
+                   tg[i * 10 + t] == tz_tokens_at(&a, d.order.perm[i] * 10 + t + 1);
+    for (int i = 0; i < 89; i++) seen[d.order.perm[i]]++;
     int once = 1;
     for (int i = 0; i < 89; i++) once &= seen[i] == 1;
     check(once && okw, "epoch permutation is not a permutation");
     int64_t p0[89];
-    memcpy(p0, d.perm, sizeof p0);
+    memcpy(p0, d.order.perm, sizeof p0);
     tz_data e;
     tz_data_init(&e, &a, 10, 42);
     tz_data_batch(&e, 0, 1, in, tg);
-    check(!memcmp(p0, e.perm, sizeof p0), "same seed, different order");
+    check(!memcmp(p0, e.order.perm, sizeof p0), "same seed, different order");
     tz_data_batch(&e, 89, 1, in, tg); /* epoch 1 */
-    check(memcmp(p0, e.perm, sizeof p0) != 0, "epoch 1 repeats epoch 0's order");
+    check(memcmp(p0, e.order.perm, sizeof p0) != 0, "epoch 1 repeats epoch 0's order");
     tz_data_free(&d);
     tz_data_free(&e);
     tz_tokens_close(&a);
