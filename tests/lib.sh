@@ -4,7 +4,7 @@ pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "ok   $*"; }
 bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 # metrics.jsonl without the fields that measure time
-strip_timing() { sed -E 's/, "tokens_per_s": [0-9.]+, "step_s": [0-9.]+//' "$1"; }
+strip_timing() { sed -E 's/, "[a-z]+_per_s": [0-9.]+, "step_s": [0-9.]+//' "$1"; }
 # same_run DIR_A DIR_B FILE: identical losses and a byte-identical output FILE
 same_run() {
   [ -s "$1/metrics.jsonl" ] && diff <(strip_timing "$1/metrics.jsonl") <(strip_timing "$2/metrics.jsonl") > /dev/null &&
