@@ -12,6 +12,7 @@
 #include "io/fsutil.h"
 #include "io/tokens.h"
 #include "model/llama_io.h"
+#include "quant/turboquant.h"
 #include "train/adamw.h"
 #include "train/data.h"
 
@@ -20,6 +21,9 @@ _Static_assert(TZ_LORA_Q == 1 << TZ_LIN_Q && TZ_LORA_K == 1 << TZ_LIN_K &&
                    TZ_LORA_GATE == 1 << TZ_LIN_GATE && TZ_LORA_UP == 1 << TZ_LIN_UP &&
                    TZ_LORA_DOWN == 1 << TZ_LIN_DOWN,
                "config LoRA target bits follow the projection order of the model");
+_Static_assert((int)TZ_QUANT_TURBOQUANT == (int)TZ_TQ_TURBOQUANT &&
+                   (int)TZ_QUANT_ABSMAX == (int)TZ_TQ_ABSMAX,
+               "config quant.method values are the quantizer's");
 
 static double now_s(void) {
     struct timespec ts;
@@ -45,8 +49,8 @@ static void open_tokens(tz_tokens *t, const char *path, const char *key, int64_t
                       (long long)vocab);
 }
 
-/* Build the model the config asks for (base from model.path, adapters per lora.* or from
- * model.adapter). */
+/* Build the model the config asks for (base from model.path, quantized per quant.* or as
+ * stored; adapters per lora.* or from model.adapter). */
 static tz_llama *build_model(const tz_config *cfg, tz_backend *be, int train) {
     if (cfg->model.arch != TZ_ARCH_LLAMA)
         TZ_FATAL("%s: model.arch = \"%s\" is not available in this build yet", cfg->source,
@@ -54,6 +58,10 @@ static tz_llama *build_model(const tz_config *cfg, tz_backend *be, int train) {
     tz_llama_opts o = {0};
     o.full = train && cfg->train.mode == TZ_MODE_FULL;
     o.checkpointing = cfg->train.checkpointing;
+    o.quant.method = cfg->quant.method;
+    o.quant.bits = (int)cfg->quant.bits;
+    o.quant.group = (int)cfg->quant.group;
+    o.quant.seed = (uint64_t)cfg->quant.seed;
     if (cfg->model.adapter[0]) {
         tz_llama_read_adapter_opts(cfg->model.adapter, &o);
     } else if (train && cfg->train.mode == TZ_MODE_LORA) {
