@@ -8,8 +8,8 @@
 #include "core/error.h"
 #include "io/config.h"
 #include "io/tokens.h"
-#include "model/llama_convert.h"
 #include "model/llama_io.h"
+#include "model/llama_quant.h"
 #include "quant/turboquant.h"
 #include "train/trainer.h"
 
