@@ -12,6 +12,11 @@
 #include <strings.h>
 
 #include "core/error.h"
+#include "quant/turboquant.h"
+
+_Static_assert((int)TZ_QUANT_TURBOQUANT == (int)TZ_TQ_TURBOQUANT &&
+                   (int)TZ_QUANT_ABSMAX == (int)TZ_TQ_ABSMAX,
+               "quant.method values are the quantizer's (passed through as they are)");
 
 typedef enum { T_INT, T_FLOAT, T_BOOL, T_STRING, T_ENUM, T_TARGETS } tz_type;
 enum { CLOSED = 0, OPEN = 1 };

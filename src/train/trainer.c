@@ -12,7 +12,6 @@
 #include "io/fsutil.h"
 #include "io/tokens.h"
 #include "model/llama_io.h"
-#include "quant/turboquant.h"
 #include "train/adamw.h"
 #include "train/data.h"
 
@@ -21,9 +20,6 @@ _Static_assert(TZ_LORA_Q == 1 << TZ_LIN_Q && TZ_LORA_K == 1 << TZ_LIN_K &&
                    TZ_LORA_GATE == 1 << TZ_LIN_GATE && TZ_LORA_UP == 1 << TZ_LIN_UP &&
                    TZ_LORA_DOWN == 1 << TZ_LIN_DOWN,
                "config LoRA target bits follow the projection order of the model");
-_Static_assert((int)TZ_QUANT_TURBOQUANT == (int)TZ_TQ_TURBOQUANT &&
-                   (int)TZ_QUANT_ABSMAX == (int)TZ_TQ_ABSMAX,
-               "config quant.method values are the quantizer's");
 
 static double now_s(void) {
     struct timespec ts;
