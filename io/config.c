@@ -12,6 +12,11 @@
 #include <strings.h>
 
 #include "core/error.h"
+#include "quant/turboquant.h"
+
+_Static_assert((int)TZ_QUANT_TURBOQUANT == (int)TZ_TQ_TURBOQUANT &&
+                   (int)TZ_QUANT_ABSMAX == (int)TZ_TQ_ABSMAX,
+               "quant.method values are the quantizer's (passed through as they are)");
 
 typedef enum { T_INT, T_FLOAT, T_BOOL, T_STRING, T_ENUM, T_TARGETS } tz_type;
 enum { CLOSED = 0, OPEN = 1 };
@@ -24,6 +29,7 @@ typedef struct {
     tz_type type;
     int required;                  /* no default: must come from the file or --set */
     int64_t idef, imin, imax;      /* T_INT range; idef is also the bool/enum/targets default */
+    int pow2;                      /* T_INT: a power of two only */
     double fdef, fmin, fmax;       /* T_FLOAT */
     int fmin_open, fmax_open;      /* OPEN: the bound itself is excluded */
     const char *sdef;              /* T_STRING */
@@ -36,11 +42,15 @@ static const char *const mode_names[] = {"lora", "full", NULL};
 static const char *const dtype_names[] = {"f32", "bf16", NULL};
 static const char *const target_names[] = {"q",   "k",    "v",   "o",   "gate",  "up", "down",
                                            "qkv", "proj", "fc1", "fc2", "adaln", NULL};
-static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "zero", "run", NULL};
+static const char *const quant_methods[] = {"turboquant", "absmax", NULL};
+static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "quant",
+                                            "zero", "run", NULL};
 
 #define ROW(s, k) .section = #s, .key = #k, .off = offsetof(tz_config, s.k), \
                   .size = sizeof(((tz_config *)0)->s.k)
 #define INT(s, k, def, lo, hi, d) {ROW(s, k), .type = T_INT, .idef = def, .imin = lo, .imax = hi, .doc = d}
+#define POW2(s, k, def, lo, hi, d) \
+    {ROW(s, k), .type = T_INT, .idef = def, .imin = lo, .imax = hi, .pow2 = 1, .doc = d}
 #define FLT(s, k, def, lo_open, lo, hi, hi_open, d)                                            \
     {ROW(s, k), .type = T_FLOAT, .fdef = def, .fmin = lo, .fmax = hi, .fmin_open = lo_open, \
      .fmax_open = hi_open, .doc = d}
@@ -81,6 +91,10 @@ static const tz_key schema[] = {
     INT(lora, rank, 8, 1, 4096, "LoRA rank r"),
     FLT(lora, alpha, 16.0, OPEN, 0.0, 1e6, CLOSED, "LoRA scale: the update is alpha/rank * B A"),
     TARGETS(lora, targets, TZ_LORA_ALL, "projections that get adapters"),
+    INT(quant, bits, 0, 0, 4, "bits per weight of the quantized base projections (0 = dense)"),
+    POW2(quant, group, 128, 64, 256, "weights per quantization group (one bf16 scale each)"),
+    ENUM(quant, method, TZ_QUANT_TURBOQUANT, quant_methods, "quantizer (absmax: the baseline)"),
+    INT(quant, seed, 0, 0, INT64_C(1) << 62, "seed of the TurboQuant random signs"),
     INT(zero, stage, 2, 0, 2, "ZeRO stage: 0 all-reduce, 1 + sharded optimizer, 2 + sharded gradients"),
     FLT(zero, bucket_mb, 16.0, OPEN, 0.0, 1e6, CLOSED, "gradient bucket size in MiB (communication unit)"),
     STR(run, dir, "runs/default", "output folder (logs, checkpoints, adapters)"),
@@ -124,7 +138,8 @@ static void describe_expected(const tz_key *k, char *buf, size_t n) {
     char names[256];
     switch (k->type) {
     case T_INT:
-        snprintf(buf, n, "an integer in %lld..%lld", (long long)k->imin, (long long)k->imax);
+        snprintf(buf, n, "%s in %lld..%lld", k->pow2 ? "a power of two" : "an integer",
+                 (long long)k->imin, (long long)k->imax);
         break;
     case T_FLOAT:
         snprintf(buf, n, "a number in %c%g, %g%c", k->fmin_open ? '(' : '[', k->fmin, k->fmax,
@@ -233,7 +248,7 @@ TZ_NORETURN static void fail_unknown_key(const char *prefix, const char *section
 static void store_int(tz_config *cfg, const tz_key *k, const tz_origin *o, int64_t v) {
     char got[64];
     snprintf(got, sizeof got, "%lld", (long long)v);
-    if (v < k->imin || v > k->imax) fail(o, k, got);
+    if (v < k->imin || v > k->imax || (k->pow2 && (v & (v - 1)))) fail(o, k, got);
     *(int64_t *)field(cfg, k) = v;
 }
 
@@ -385,7 +400,7 @@ static void load_file(tz_config *cfg, const char *file, unsigned char *seen) {
         int known = 0, line = config_setting_source_line(sec);
         for (int j = 0; section_names[j]; j++) known |= !strcmp(section_names[j], name);
         if (!known) {
-            char hint[96] = "the sections are model, data, train, optim, lora, run", near[64];
+            char hint[96] = "the sections are model, data, train, optim, lora, quant, run", near[64];
             if (nearest(NULL, name, near, sizeof near))
                 snprintf(hint, sizeof hint, "did you mean %s?", near);
             TZ_FATAL_HINT(hint, "%s:%d: %s: unknown section", sfile, line, name);

@@ -10,6 +10,8 @@
 
 enum tz_mode { TZ_MODE_LORA = 0, TZ_MODE_FULL = 1 };
 enum tz_arch { TZ_ARCH_LLAMA = 0, TZ_ARCH_DIT = 1 };
+/* quant.method; the values are quant/turboquant.h's enum tz_tq_method. */
+enum tz_quant_method { TZ_QUANT_TURBOQUANT = 0, TZ_QUANT_ABSMAX = 1 };
 
 /* LoRA target bits (lora.targets = ["q", "k", ...]): Llama's seven projections, then
  * DiT's five; "all" sets every bit and each model takes its own. */
@@ -75,6 +77,12 @@ typedef struct tz_config {
         int64_t stage;                /* 0: DDP all-reduce; 1: + sharded optimizer; 2: + sharded gradients */
         double bucket_mb;             /* gradient bucket size */
     } zero;
+    struct {
+        int64_t bits;                 /* 0: dense base; 1..4: quantize the projections at load */
+        int64_t group;                /* 64, 128 or 256 */
+        int method;                   /* enum tz_quant_method: "turboquant" | "absmax" */
+        int64_t seed;                 /* TurboQuant sign seed */
+    } quant;
     struct {
         char dir[TZ_PATH_MAX];
         int64_t seed;

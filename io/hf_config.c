@@ -323,3 +323,44 @@ int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t 
     }
     return tz_atomic_file_commit(&f, err, errlen);
 }
+
+int tz_hf_config_rewrite(const char *src, const char *dst, const char *quant_json,
+                         const char *torch_dtype, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *root = json_load_file(src, 0, &je);
+    if (!root || !json_is_object(root)) {
+        hf_err(err, errlen, "%s: not a JSON object (%s, line %d)", src, root ? "" : je.text,
+               je.line);
+        json_decref(root);
+        return 1;
+    }
+    if (quant_json) {
+        json_t *q = json_loads(quant_json, 0, &je);
+        if (!q) {
+            hf_err(err, errlen, "%s: quantization_config is not JSON: %s", dst, je.text);
+            json_decref(root);
+            return 1;
+        }
+        json_object_set_new(root, "quantization_config", q);
+    } else {
+        json_object_del(root, "quantization_config");
+    }
+    if (torch_dtype) json_object_set_new(root, "torch_dtype", json_string(torch_dtype));
+    char *text = json_dumps(root, JSON_INDENT(2));
+    json_decref(root);
+    if (!text) {
+        hf_err(err, errlen, "%s: cannot format the config", dst);
+        return 1;
+    }
+    tz_atomic_file f;
+    int rc = tz_atomic_file_open(&f, dst, err, errlen);
+    if (!rc && (tz_atomic_file_write(&f, text, strlen(text), err, errlen) ||
+                tz_atomic_file_write(&f, "\n", 1, err, errlen))) {
+        tz_atomic_file_abort(&f);
+        rc = 1;
+    } else if (!rc) {
+        rc = tz_atomic_file_commit(&f, err, errlen);
+    }
+    free(text);
+    return rc;
+}

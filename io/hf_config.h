@@ -36,4 +36,10 @@ int tz_hf_llama_check(const tz_hf_llama *c, const char *file, char *err, size_t 
  * 0, or non-zero with a message. */
 int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t errlen);
 
+/* Copies the config.json at src to dst (atomically), every key kept, with
+ * "quantization_config" set to the JSON text quant_json (NULL: the key removed) and
+ * "torch_dtype" replaced when torch_dtype is not NULL. 0, or non-zero with a message. */
+int tz_hf_config_rewrite(const char *src, const char *dst, const char *quant_json,
+                         const char *torch_dtype, char *err, size_t errlen);
+
 #endif

@@ -12,6 +12,8 @@
 #include "model/llama_io.h"
 #include "mpi/comm.h"
 #include "mpi/world.h"
+#include "model/llama_quant.h"
+#include "quant/turboquant.h"
 #include "train/trainer.h"
 
 static void usage(FILE *f) {
@@ -29,6 +31,9 @@ static void usage(FILE *f) {
             "             [--objective ddpm|flow]           a random DiT (DiT's own names)\n"
             "  prep text --tokenizer bytes --in TEXT --out FILE [--val-fraction F]\n"
             "             [--val-out FILE2]                 text to a token file\n"
+            "  quantize --model DIR --bits B --out DIR2 [--group 64|128|256] [--seed S]\n"
+            "             [--method turboquant|absmax]      quantize the block projections\n"
+            "  export --model DIR2 --dequantize --out DIR3  a quantized model as dense F32\n"
             "See docs/guide.md and inputs/reference.cfg.\n",
             TZ_VERSION);
 }
@@ -158,6 +163,44 @@ static int cmd_prep(int argc, char **argv) {
     return 0;
 }
 
+static int cmd_quantize(int argc, char **argv) {
+    static const char *const known[] = {"--model", "--bits", "--group", "--out", "--method",
+                                        "--seed", NULL};
+    const char *model = flag(argc, argv, 2, "--model", known);
+    const char *bits = flag(argc, argv, 2, "--bits", known);
+    const char *group = flag(argc, argv, 2, "--group", known);
+    const char *out = flag(argc, argv, 2, "--out", known);
+    const char *method = flag(argc, argv, 2, "--method", known);
+    const char *seed = flag(argc, argv, 2, "--seed", known);
+    if (!model || !bits || !out) TZ_FATAL("quantize: --model, --bits and --out are required");
+    int m = TZ_TQ_TURBOQUANT;
+    if (method && tz_tq_method_from_name(method, &m))
+        TZ_FATAL("quantize: --method %s: expected turboquant or absmax", method);
+    int64_t s = seed ? parse_int(seed, "--seed") : 0;
+    if (s < 0) TZ_FATAL("quantize: --seed %s: expected a non-negative integer", seed);
+    tz_llama_quantize_dir(model, out, m, (int)parse_int(bits, "--bits"),
+                          group ? (int)parse_int(group, "--group") : 128, (uint64_t)s, stdout);
+    return 0;
+}
+
+static int cmd_export(int argc, char **argv) {
+    static const char *const known[] = {"--model", "--out", NULL};
+    int deq = 0, n = 0;
+    char **rest = tz_xcalloc((size_t)argc + 1, sizeof *rest);
+    for (int i = 0; i < argc; i++) { /* --dequantize takes no value */
+        if (i >= 2 && !strcmp(argv[i], "--dequantize")) deq = 1;
+        else rest[n++] = argv[i];
+    }
+    const char *model = flag(n, rest, 2, "--model", known);
+    const char *out = flag(n, rest, 2, "--out", known);
+    free(rest);
+    if (!model || !out || !deq)
+        TZ_FATAL("export: expected 'export --model DIR --dequantize --out DIR2' (only "
+                 "--dequantize is supported)");
+    tz_llama_export_dequantized(model, out, stdout);
+    return 0;
+}
+
 /* CONFIG [--set k=v ...], parsed on rank 0 (an error there stops every rank) and
  * broadcast, so every rank runs the same configuration. */
 static void load_config_file(tz_config *cfg, int argc, char **argv) {
@@ -253,6 +296,10 @@ int main(int argc, char **argv) {
         rc = cmd_init_model(argc, argv);
     } else if (!strcmp(argv[1], "prep")) {
         rc = cmd_prep(argc, argv);
+    } else if (!strcmp(argv[1], "quantize")) {
+        rc = cmd_quantize(argc, argv);
+    } else if (!strcmp(argv[1], "export")) {
+        rc = cmd_export(argc, argv);
     } else if (!strcmp(argv[1], "train")) {
         rc = cmd_collective(argc, argv, tz_train_run);
     } else if (!strcmp(argv[1], "eval")) {

@@ -167,6 +167,24 @@ struct tz_backend {
     /* Strided 2-D copy (WRITES): dst[r*ldd + c] = src[r*lds + c], r < rows, c < cols. */
     void (*copy2d)(tz_backend *be, float *dst, int64_t ldd, const float *src, int64_t lds,
                    int64_t rows, int64_t cols);
+
+    /* ---- quantized weights (quant/turboquant.h has the math, quant/tq_layout.h the layout) ----
+     * A row of cols elements is cut into groups of `group` (64, 128 or 256; cols a multiple
+     * of it); group column j has the signs s_j derived from `seed` by the rule of
+     * tq_layout.h, and R_j = H diag(s_j) / sqrt(group) (H the Walsh-Hadamard matrix).
+     * tq_rotate: y[r, j-th group] = R_j x[r, j-th group], rows r < rows. WRITES y; y may be x.
+     * tq_rotate_bwd: dx[r, j-th group] += R_j^T dy[r, j-th group] (the inverse rotation).
+     * tq_dequant: w[rows, cols] = scale_k * levels[code] for every element of every group k
+     *   (row-major group order): codes rows*cols*bits/8 bytes packed per tq_layout.h, scales
+     *   rows*cols/group bf16 bit patterns, levels 2^bits floats (the codebook centroids:
+     *   w is then the weight in the rotated basis; or the absmax levels: the plain weight).
+     *   WRITES w. */
+    void (*tq_rotate)(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
+                      int group, uint64_t seed);
+    void (*tq_rotate_bwd)(tz_backend *be, float *dx, const float *dy, int64_t rows,
+                          int64_t cols, int group, uint64_t seed);
+    void (*tq_dequant)(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
+                       const float *levels, int64_t rows, int64_t cols, int bits, int group);
 };
 
 /* The CPU backend (always available). threads <= 0: OpenMP default. */

@@ -196,6 +196,9 @@ tz_backend *tz_cpu_backend_create(int threads) {
     be->xent_fwd = cpu_xent_fwd;
     be->xent_bwd = cpu_xent_bwd;
     tz_cpu_dit_ops_install(be);
+    be->tq_rotate = tz_cpu_tq_rotate;
+    be->tq_rotate_bwd = tz_cpu_tq_rotate_bwd;
+    be->tq_dequant = tz_cpu_tq_dequant;
     return be;
 }
 

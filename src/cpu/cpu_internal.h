@@ -133,5 +133,12 @@ void tz_cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, const
 /* cpu_dit.c: sets the DiT ops (layernorm, modulate, gate, gelu_tanh, silu, bias, mse,
  * patchify, copy2d) of the table. */
 void tz_cpu_dit_ops_install(tz_backend *be);
+/* cpu_quant.c: rotation of activations and decoding of quantized weights */
+void tz_cpu_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
+                      int group, uint64_t seed);
+void tz_cpu_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
+                          int64_t cols, int group, uint64_t seed);
+void tz_cpu_tq_dequant(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
+                       const float *levels, int64_t rows, int64_t cols, int bits, int group);
 
 #endif

@@ -1,23 +1,68 @@
-/* Dense linear layer with optional LoRA, as matmuls on the backend. Quantized weights are
- * not handled here yet; this file is where they will be dequantized for the GEMM. */
+/* Linear layer with optional LoRA as matmuls on the backend; a quantized weight is decoded
+ * into the model's one scratch tile right before each GEMM that needs it, never kept. */
 #include "model/linear.h"
+
+#include "core/error.h"
+#include "quant/turboquant.h"
+
+/* Decodes l's quantized weight into the shared tile (W_rot for TurboQuant, W_hat for absmax). */
+static const float *decode(tz_backend *be, const tz_linear *l) {
+    const tz_qweight *q = l->w->q;
+    if (!l->tq || !l->tq->tile || l->out * l->in > l->tq->tile_floats)
+        TZ_FATAL("%s: no scratch tile of %lld floats for the quantized weight", l->w->name,
+                 (long long)(l->out * l->in));
+    be->tq_dequant(be, l->tq->tile, q->codes, q->scales, q->levels, l->out, l->in, q->bits,
+                   q->group);
+    return l->tq->tile;
+}
+
+/* The activation scratch for n rows of `in` (TurboQuant layers only). */
+static float *act_buffer(const tz_linear *l, int64_t n) {
+    if (!l->tq->act || n * l->in > l->tq->act_floats)
+        TZ_FATAL("%s: no activation scratch of %lld floats for the rotation", l->w->name,
+                 (long long)(n * l->in));
+    return l->tq->act;
+}
+
+static void lora_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
+                     int64_t n) {
+    be->matmul(be, h, x, l->a->w, n, l->r, l->in, 0, 1, 1.0f, 0.0f);        /* h = x A^T */
+    be->matmul(be, y, h, l->b->w, n, l->out, l->r, 0, 1, l->scale, 1.0f); /* y += s h B^T */
+}
 
 void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
                    int64_t n) {
-    /* y[n,out] = x[n,in] . W[out,in]^T */
-    be->matmul(be, y, x, l->w->w, n, l->out, l->in, 0, 1, 1.0f, 0.0f);
-    if (l->a) {
-        be->matmul(be, h, x, l->a->w, n, l->r, l->in, 0, 1, 1.0f, 0.0f);        /* h = x A^T */
-        be->matmul(be, y, h, l->b->w, n, l->out, l->r, 0, 1, l->scale, 1.0f); /* y += s h B^T */
+    const tz_qweight *q = l->w->q;
+    if (!q) { /* y[n,out] = x[n,in] . W[out,in]^T */
+        be->matmul(be, y, x, l->w->w, n, l->out, l->in, 0, 1, 1.0f, 0.0f);
+    } else if (q->method == TZ_TQ_TURBOQUANT) { /* y = x_rot . W_rot^T */
+        float *xr = act_buffer(l, n);
+        be->tq_rotate(be, xr, x, n, l->in, q->group, q->seed);
+        be->matmul(be, y, xr, decode(be, l), n, l->out, l->in, 0, 1, 1.0f, 0.0f);
+    } else { /* absmax baseline: plain basis */
+        be->matmul(be, y, x, decode(be, l), n, l->out, l->in, 0, 1, 1.0f, 0.0f);
     }
+    if (l->a) lora_fwd(be, l, y, h, x, n);
 }
 
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                    const float *x, const float *h, float *scratch, int64_t n) {
-    if (l->w->g) /* dW[out,in] += dy^T x */
-        be->matmul(be, l->w->g, dy, x, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
-    if (dx) /* dx[n,in] += dy[n,out] W[out,in] */
-        be->matmul(be, dx, dy, l->w->w, n, l->in, l->out, 0, 0, 1.0f, 1.0f);
+    const tz_qweight *q = l->w->q;
+    if (q) {
+        if (l->w->g) TZ_FATAL("%s: a quantized weight has no gradient", l->w->name);
+        if (dx && q->method == TZ_TQ_TURBOQUANT) { /* dx += R^T (dy W_rot) */
+            float *t = act_buffer(l, n);
+            be->matmul(be, t, dy, decode(be, l), n, l->in, l->out, 0, 0, 1.0f, 0.0f);
+            be->tq_rotate_bwd(be, dx, t, n, l->in, q->group, q->seed);
+        } else if (dx) { /* dx += dy W_hat */
+            be->matmul(be, dx, dy, decode(be, l), n, l->in, l->out, 0, 0, 1.0f, 1.0f);
+        }
+    } else {
+        if (l->w->g) /* dW[out,in] += dy^T x */
+            be->matmul(be, l->w->g, dy, x, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
+        if (dx) /* dx[n,in] += dy[n,out] W[out,in] */
+            be->matmul(be, dx, dy, l->w->w, n, l->in, l->out, 0, 0, 1.0f, 1.0f);
+    }
     if (!l->a) return;
     if (l->b->g) /* dB[out,r] += s dy^T h */
         be->matmul(be, l->b->g, dy, h, l->out, l->r, n, 1, 0, l->scale, 1.0f);

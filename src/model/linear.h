@@ -1,5 +1,6 @@
 /* Linear layers: y = x W^T (+ LoRA: scale * (x A^T) B^T), forward and backward through the
- * backend. The one place where weights meet adapters (and, later, quantization). */
+ * backend, with W dense or quantized (frozen codes + scales, decoded per use into a scratch
+ * tile). The one place where weights meet quantization and adapters; no storage owned here. */
 #ifndef TZ_LINEAR_H
 #define TZ_LINEAR_H
 #include <stdint.h>
@@ -8,21 +9,38 @@
 #include "core/backend.h"
 #include "model/params.h"
 
+/* Scratch shared by every quantized layer of a model (the model owns it, in its arena):
+ * ONE tile that holds the decoded weight of the layer in use (sized for the largest
+ * quantized weight) and one activation buffer of rows x (largest `in` of a TurboQuant
+ * layer): the rotated input in forward, dy W_rot in backward. */
+typedef struct tz_tq_scratch {
+    float *tile;
+    int64_t tile_floats;
+    float *act;
+    int64_t act_floats;
+} tz_tq_scratch;
+
 typedef struct tz_linear {
     int64_t in, out;
-    tz_param *w;   /* [out, in] */
+    tz_param *w;   /* [out, in]: dense (w->w) or quantized (w->q, frozen) */
     tz_param *a;   /* LoRA A [r, in], NULL without adapter */
     tz_param *b;   /* LoRA B [out, r] */
     int64_t r;
     float scale;   /* alpha / r */
+    const tz_tq_scratch *tq; /* the model's scratch; used when w is quantized */
 } tz_linear;
 
 /* y[n, out] = x[n, in] W^T (+ LoRA). h[n, r] receives x A^T when adapted (saved for
- * backward); h may be NULL without adapter. */
+ * backward); h may be NULL without adapter.
+ * Quantized W, TurboQuant: x_rot = tq_rotate(x) into tq->act, W_rot decoded into tq->tile,
+ * y = x_rot W_rot^T (= x W_hat^T, quant/turboquant.h). Absmax: W_hat decoded, y = x W_hat^T.
+ * The LoRA path always reads the un-rotated x. */
 void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
                    int64_t n);
 /* Accumulates dx += dy W (+ LoRA path), and the weight / adapter gradients where trainable.
- * dx may be NULL (input gradient not needed). scratch: n * r floats when adapted. */
+ * dx may be NULL (input gradient not needed). scratch: n * r floats when adapted.
+ * Quantized W (never trainable): the tile is decoded again, tq->act = dy W_rot, and
+ * dx += tq_rotate_bwd(tq->act) (TurboQuant), or dx += dy W_hat (absmax). */
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                    const float *x, const float *h, float *scratch, int64_t n);
 

@@ -9,6 +9,8 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/llama_quant.h"
+#include "quant/turboquant.h"
 
 const char *const tz_llama_lin_names[TZ_LIN_N] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                   "gate_proj", "up_proj", "down_proj"};
@@ -25,7 +27,14 @@ static void add_linear(tz_llama *m, tz_linear *l, int layer, int which, int64_t 
              tz_llama_lin_names[which]);
     l->in = in;
     l->out = out;
-    l->w = add_param(m, name, 2, out, in, m->o.full, 1, 0);
+    l->tq = &m->tq;
+    const tz_llama_quant *qo = &m->o.quant;
+    int g = qo->bits ? tz_tq_group_for(in, qo->group) : 0;
+    if (g)
+        l->w = tz_params_add_quant(&m->params, m->be, name, out, in, qo->method, qo->bits, g,
+                                   qo->seed, m->levels);
+    else
+        l->w = add_param(m, name, 2, out, in, m->o.full, 1, 0);
     l->a = l->b = NULL;
     l->r = 0;
     if (m->o.lora_targets & (1 << which)) {
@@ -54,6 +63,7 @@ tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_llama
     m->be = be;
     tz_params_init(&m->params);
     int full = o->full;
+    if (o->quant.bits) tz_llama_quant_prepare(m);
     const int64_t C = d->dim, qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
     /* registration in forward order; the flat layout reverses it (backward order) */
     m->embed = add_param(m, "model.embed_tokens.weight", 2, d->vocab, C, full, 1, 0);
@@ -126,8 +136,16 @@ void tz_llama_init_random(tz_llama *m, uint64_t seed) {
         tz_param *p = m->params.p[i];
         if (p->adapter) continue;
         tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_INIT, 0);
-        if (p->ndim == 1) upload_fn(m, p, gen_const, 1.0, &r);
-        else upload_fn(m, p, gen_normal, 0.02, &r);
+        if (p->q) { /* the same draws as a dense model, quantized on the host */
+            float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
+            for (int64_t k = 0; k < p->numel; k++) h[k] = (float)gen_normal(&r, 0.02);
+            tz_llama_quantize_param(m, p, h);
+            free(h);
+        } else if (p->ndim == 1) {
+            upload_fn(m, p, gen_const, 1.0, &r);
+        } else {
+            upload_fn(m, p, gen_normal, 0.02, &r);
+        }
     }
 }
 
@@ -181,6 +199,22 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     TAKE(m->datt, BT * qd, "datt");
     TAKE(m->dg, BT * F, "dg"); TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
     TAKE(m->dlora, BT * (m->o.lora_rank > 0 ? m->o.lora_rank : 1), "dlora");
+    /* quantized weights: one decode tile for all of them, one rotation buffer */
+    int64_t tile = 0, rot_in = 0;
+    for (int64_t i = 0; i < d->n_layers; i++)
+        for (int j = 0; j < TZ_LIN_N; j++) {
+            const tz_linear *l = &m->layers[i].lin[j];
+            if (!l->w->q) continue;
+            if (l->in * l->out > tile) tile = l->in * l->out;
+            if (l->w->q->method == TZ_TQ_TURBOQUANT && l->in > rot_in) rot_in = l->in;
+        }
+    if (a) memset(&m->tq, 0, sizeof m->tq);
+    if (tile) TAKE(m->tq.tile, tile, "quantized weight tile");
+    if (rot_in) TAKE(m->tq.act, BT * rot_in, "rotated activations");
+    if (a) {
+        m->tq.tile_floats = tile;
+        m->tq.act_floats = BT * rot_in;
+    }
 #undef TAKE
     return total;
 }

@@ -1,6 +1,6 @@
 /* Llama (HF LlamaForCausalLM semantics): RMSNorm, rotate-half RoPE, grouped-query
- * attention, SwiGLU MLP, optional tied embeddings; LoRA on any projection; forward and
- * backward through the backend op table, optional activation checkpointing. */
+ * attention, SwiGLU MLP, optional tied embeddings; LoRA on any projection; quantized (frozen)
+ * projections; forward and backward through the backend op table, optional checkpointing. */
 #ifndef TZ_LLAMA_H
 #define TZ_LLAMA_H
 #include <stdint.h>
@@ -9,6 +9,7 @@
 #include "core/backend.h"
 #include "model/linear.h"
 #include "model/params.h"
+#include "quant/codebook.h"
 
 enum { TZ_LIN_Q, TZ_LIN_K, TZ_LIN_V, TZ_LIN_O, TZ_LIN_GATE, TZ_LIN_UP, TZ_LIN_DOWN, TZ_LIN_N };
 extern const char *const tz_llama_lin_names[TZ_LIN_N]; /* "q_proj", ... */
@@ -19,12 +20,24 @@ typedef struct tz_llama_dims {
     int tied;
 } tz_llama_dims;
 
+/* Quantized base: the seven projections of every block are stored as codes + scales
+ * (quant/turboquant.h). bits 0: dense. A projection whose `in` is not a multiple of
+ * group uses the largest group of group/2, ..., 64 that divides it, or stays dense when
+ * none does (tz_tq_group_for). Embeddings, norms and the output head stay dense. */
+typedef struct tz_llama_quant {
+    int method;        /* TZ_TQ_TURBOQUANT | TZ_TQ_ABSMAX (the baseline) */
+    int bits;          /* 0 (dense), 1..4 */
+    int group;         /* 64, 128 or 256 */
+    uint64_t seed;     /* sign seed (TurboQuant) */
+} tz_llama_quant;
+
 typedef struct tz_llama_opts {
     int full;          /* 1: every weight trainable; 0: frozen base (adapters only) */
     int lora_targets;  /* bit (1 << TZ_LIN_x) per adapted projection; 0: no adapters */
     int64_t lora_rank;
     double lora_alpha;
     int checkpointing;
+    tz_llama_quant quant;
 } tz_llama_opts;
 
 typedef struct tz_llama_layer {
@@ -45,6 +58,9 @@ typedef struct tz_llama {
     tz_params params;
     tz_param *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
     tz_llama_layer *layers;
+    tz_tq_codebook cb;        /* codebook of o.quant.bits (TurboQuant) */
+    float levels[TZ_TQ_MAX_LEVELS]; /* the code values of o.quant (tz_tq_levels) */
+    tz_tq_scratch tq;         /* the one decode tile + rotation buffer, in the arena */
     /* activations for batches of B sequences of T tokens (set by tz_llama_setup) */
     int64_t B, T;
     tz_arena arena;
@@ -64,14 +80,17 @@ typedef struct tz_llama {
     void *grad_hook_ctx;
 } tz_llama;
 
-/* Register every parameter (base weights zeroed, adapters per opts). */
+/* Register every parameter (base weights zeroed, adapters per opts). Fatal for full
+ * training (o->full) of a quantized base: quantization-aware training is not built yet. */
 tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_llama_opts *o);
 void tz_llama_free(tz_llama *m);
-/* Random init as HF does: normal(0, 0.02) for matrices and embeddings, ones for norms. */
+/* Random init as HF does: normal(0, 0.02) for matrices and embeddings, ones for norms; a
+ * quantized weight holds the quantization of what a dense model would hold. */
 void tz_llama_init_random(tz_llama *m, uint64_t seed);
 /* LoRA init as PEFT does: A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0. */
 void tz_llama_init_lora(tz_llama *m, uint64_t seed);
-/* Size the activation arena for batches of B x T and allocate it. */
+/* Size the activation arena for batches of B x T and allocate it (with the quantized
+ * weights' scratch: one tile for the largest and one rotation buffer). */
 void tz_llama_setup(tz_llama *m, int64_t B, int64_t T);
 /* Bytes the activation arena needs for B x T under the model's options. */
 size_t tz_llama_arena_bytes(const tz_llama *m, int64_t B, int64_t T);

@@ -11,6 +11,8 @@
 #include "io/hf_config.h"
 #include "io/peft.h"
 #include "io/safetensors.h"
+#include "io/tq_format.h"
+#include "model/llama_quant.h"
 
 void tz_llama_read_dims(const char *dir, tz_llama_dims *d) {
     char path[1100], err[1024];
@@ -50,21 +52,35 @@ static float *max_buffer(const tz_params *ps, int adapters) {
 tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_llama_opts *o) {
     tz_llama_dims d;
     tz_llama_read_dims(dir, &d);
-    tz_llama *m = tz_llama_create(be, &d, o);
     tz_safetensors st;
+    tz_tqf qf;
     char err[1024];
     if (tz_st_open(&st, dir, err, sizeof err)) TZ_FATAL("model.path: %s", err);
+    if (tz_tqf_read(&qf, &st, err, sizeof err)) TZ_FATAL("model.path: %s", err);
+    tz_llama_opts oq = *o;
+    if (qf.present) tz_llama_quant_from_file(&oq, &qf, dir);
+    tz_llama *m = tz_llama_create(be, &d, &oq);
     float *buf = max_buffer(&m->params, 0);
     for (int i = 0; i < m->params.n; i++) {
         tz_param *p = m->params.p[i];
-        if (!p->adapter) load_param(be, &st, p, p->name, buf);
+        if (p->adapter) continue;
+        if (qf.present || p->q) tz_llama_load_weight(m, &st, &qf, p, buf);
+        else load_param(be, &st, p, p->name, buf);
     }
     free(buf);
+    tz_tqf_free(&qf);
     tz_st_close(&st);
+    tz_llama_quant_report(m);
     return m;
 }
 
 static void save_weights(tz_llama *m, const char *path, int adapters, int bf16) {
+    for (int i = 0; i < m->params.n; i++)
+        if (m->params.p[i]->q && m->params.p[i]->adapter == adapters)
+            TZ_FATAL_HINT("write quantized models with `turbozero quantize`, dense ones with "
+                          "`turbozero export --dequantize`",
+                          "%s: %s is quantized; saving a quantized model here is not supported",
+                          path, m->params.p[i]->name);
     tz_st_writer w;
     tz_st_writer_init(&w);
     tz_st_writer_set_metadata(&w, "format", "pt");

@@ -7,9 +7,12 @@
 /* dims from DIR/config.json (fatal with the file and key on error). */
 void tz_llama_read_dims(const char *dir, tz_llama_dims *d);
 /* Create from DIR's config.json and load every base weight from DIR's safetensors
- * (fatal naming the file and tensor on a missing or mis-shaped tensor). */
+ * (fatal naming the file and tensor on a missing or mis-shaped tensor). A quantized file
+ * (io/tq_format.h) gives a quantized base as stored; a dense one is quantized at load when
+ * o->quant.bits > 0. */
 tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_llama_opts *o);
-/* Write DIR/config.json and DIR/model.safetensors (base weights; F32, or BF16 if bf16). */
+/* Write DIR/config.json and DIR/model.safetensors (base weights; F32, or BF16 if bf16).
+ * Fatal for a quantized model (the quantize and export commands write those). */
 void tz_llama_save(tz_llama *m, const char *dir, int bf16);
 /* LoRA settings from DIR/adapter_config.json (fatal on error). */
 void tz_llama_read_adapter_opts(const char *dir, tz_llama_opts *o);

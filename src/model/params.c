@@ -1,5 +1,5 @@
-/* Parameter table bookkeeping: registration, look-up and the flat layout of trainables.
- * Owns the weight allocations; the gradient buffer is owned by the trainer. */
+/* Parameter table bookkeeping: registration (dense or quantized storage), look-up and the
+ * flat layout of trainables. Owns the weight allocations; the gradients are the trainer's. */
 #include "model/params.h"
 
 #include <stdio.h>
@@ -7,12 +7,27 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "quant/tq_layout.h"
 
 void tz_params_init(tz_params *ps) { memset(ps, 0, sizeof *ps); }
 
+static void release_storage(tz_param *p, tz_backend *be) {
+    if (p->w) be->release(be, p->w);
+    if (p->q) {
+        be->release(be, p->q->codes);
+        be->release(be, p->q->scales);
+        be->release(be, p->q->levels);
+        free(p->q);
+    }
+    p->w = NULL;
+    p->q = NULL;
+    p->bytes = 0;
+}
+
 void tz_params_free(tz_params *ps, tz_backend *be) {
     for (int i = 0; i < ps->n; i++) {
-        if (!(ps->flat_w && ps->p[i]->trainable)) be->release(be, ps->p[i]->w);
+        if (ps->flat_w && ps->p[i]->trainable) ps->p[i]->w = NULL; /* in flat_w */
+        release_storage(ps->p[i], be);
         free(ps->p[i]);
     }
     if (ps->flat_w) be->release(be, ps->flat_w);
@@ -20,8 +35,8 @@ void tz_params_free(tz_params *ps, tz_backend *be) {
     memset(ps, 0, sizeof *ps);
 }
 
-tz_param *tz_params_add(tz_params *ps, tz_backend *be, const char *name, int ndim, int64_t d0,
-                        int64_t d1, int trainable, int decay, int adapter) {
+static tz_param *add_entry(tz_params *ps, const char *name, int ndim, int64_t d0, int64_t d1,
+                           int trainable, int decay, int adapter) {
     if (ps->n == ps->cap) {
         ps->cap = ps->cap ? 2 * ps->cap : 64;
         ps->p = tz_xrealloc(ps->p, (size_t)ps->cap * sizeof *ps->p);
@@ -38,9 +53,61 @@ tz_param *tz_params_add(tz_params *ps, tz_backend *be, const char *name, int ndi
     p->decay = decay;
     p->adapter = adapter;
     p->flat_off = -1;
-    p->w = be->alloc(be, (size_t)p->numel * sizeof(float));
     ps->n_total += p->numel;
     return p;
+}
+
+tz_param *tz_params_add(tz_params *ps, tz_backend *be, const char *name, int ndim, int64_t d0,
+                        int64_t d1, int trainable, int decay, int adapter) {
+    tz_param *p = add_entry(ps, name, ndim, d0, d1, trainable, decay, adapter);
+    p->bytes = (size_t)p->numel * sizeof(float);
+    p->w = be->alloc(be, p->bytes);
+    return p;
+}
+
+tz_param *tz_params_add_quant(tz_params *ps, tz_backend *be, const char *name, int64_t d0,
+                              int64_t d1, int method, int bits, int group, uint64_t seed,
+                              const float *levels) {
+    tz_param *p = add_entry(ps, name, 2, d0, d1, 0, 1, 0);
+    tz_param_make_quant(p, be, method, bits, group, seed, levels);
+    return p;
+}
+
+void tz_param_make_quant(tz_param *p, tz_backend *be, int method, int bits, int group,
+                         uint64_t seed, const float *levels) {
+    if (p->trainable || p->ndim != 2)
+        TZ_FATAL("%s: only a frozen matrix can be quantized", p->name);
+    if (bits < 1 || bits > TZ_TQ_MAX_BITS || (group != 64 && group != 128 && group != 256) ||
+        p->shape[1] % group)
+        TZ_FATAL("%s: cannot hold %d-bit codes in groups of %d for %lld columns", p->name, bits,
+                 group, (long long)p->shape[1]);
+    release_storage(p, be);
+    tz_qweight *q = tz_xcalloc(1, sizeof *q);
+    q->method = method;
+    q->bits = bits;
+    q->group = group;
+    q->seed = seed;
+    size_t cb = (size_t)tz_tq_codes_bytes(p->shape[0], p->shape[1], bits);
+    size_t sb = (size_t)tz_tq_scales_count(p->shape[0], p->shape[1], group) * sizeof(uint16_t);
+    size_t lb = ((size_t)1 << bits) * sizeof(float);
+    q->codes = be->alloc(be, cb);
+    q->scales = be->alloc(be, sb);
+    q->levels = be->alloc(be, lb);
+    be->upload(be, q->levels, levels, lb);
+    p->q = q;
+    p->bytes = cb + sb + lb;
+}
+
+void tz_param_make_dense(tz_param *p, tz_backend *be) {
+    release_storage(p, be);
+    p->bytes = (size_t)p->numel * sizeof(float);
+    p->w = be->alloc(be, p->bytes);
+}
+
+size_t tz_params_bytes(const tz_params *ps) {
+    size_t b = 0;
+    for (int i = 0; i < ps->n; i++) b += ps->p[i]->bytes;
+    return b;
 }
 
 tz_param *tz_params_find(tz_params *ps, const char *name) {

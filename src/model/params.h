@@ -1,5 +1,6 @@
 /* The parameter table: every tensor of a model (weights and LoRA adapters) by its HF/PEFT
- * name, with shape, backend pointers, trainability, and its place in the flat space. */
+ * name, with shape, backend storage (dense fp32, or quantized codes + scales), trainability,
+ * and its place in the flat space. No quantization math here (src/quant). */
 #ifndef TZ_PARAMS_H
 #define TZ_PARAMS_H
 #include <stdint.h>
@@ -11,12 +12,26 @@
  * multiple of every TurboQuant group size, so slices never split a group). */
 #define TZ_FLAT_ALIGN 256
 
+/* A frozen quantized weight [rows, cols] in backend memory, laid out as quant/tq_layout.h
+ * says. method: TZ_TQ_TURBOQUANT (codes in the rotated basis, signs from seed) or
+ * TZ_TQ_ABSMAX (the baseline: plain basis). levels: what each code decodes to before the
+ * group's scale (quant/turboquant.h, tz_tq_levels). */
+typedef struct tz_qweight {
+    int method, bits, group;
+    uint64_t seed;
+    uint8_t *codes;    /* rows * cols * bits / 8 bytes */
+    uint16_t *scales;  /* rows * cols / group, bf16 bit patterns */
+    float *levels;     /* 2^bits floats */
+} tz_qweight;
+
 typedef struct tz_param {
     char name[TZ_NAME_MAX];
     int ndim;
     int64_t shape[2];
     int64_t numel;
-    float *w;          /* backend memory */
+    float *w;          /* backend memory, numel floats; NULL when quantized */
+    tz_qweight *q;     /* quantized storage (frozen); NULL when dense */
+    size_t bytes;      /* backend bytes the weight holds (w, or codes + scales + levels) */
     float *g;          /* gradient in the flat gradient buffer; NULL when frozen */
     int trainable;
     int decay;         /* weight decay applies (matrices and adapters, not norms) */
@@ -39,6 +54,18 @@ void tz_params_free(tz_params *ps, tz_backend *be);
 tz_param *tz_params_add(tz_params *ps, tz_backend *be, const char *name, int ndim, int64_t d0,
                         int64_t d1, int trainable, int decay, int adapter);
 tz_param *tz_params_find(tz_params *ps, const char *name);
+/* Register a frozen quantized weight [d0, d1]: codes, scales (zeroed) and levels (copied from
+ * the host array of 2^bits floats) in backend memory; no fp32 copy is ever made. */
+tz_param *tz_params_add_quant(tz_params *ps, tz_backend *be, const char *name, int64_t d0,
+                              int64_t d1, int method, int bits, int group, uint64_t seed,
+                              const float *levels);
+/* Change a frozen 2-D weight's storage, before its values are loaded: to quantized (as
+ * tz_params_add_quant), or to dense fp32 (zeroed). The old storage is released. */
+void tz_param_make_quant(tz_param *p, tz_backend *be, int method, int bits, int group,
+                         uint64_t seed, const float *levels);
+void tz_param_make_dense(tz_param *p, tz_backend *be);
+/* Backend bytes held by all weights (dense and quantized), gradients excluded. */
+size_t tz_params_bytes(const tz_params *ps);
 /* Lay the trainable tensors out in one flat space in backward order (the reverse of
  * registration, which is forward order), each at a multiple of TZ_FLAT_ALIGN, and point
  * each trainable tensor's g into grad (flat_numel floats of backend memory). */

@@ -190,6 +190,49 @@ void tz_tq_absmax_dequantize(const tz_tq_tensor *t, float *w_hat) {
     }
 }
 
+/* ---- by method ---- */
+
+const char *tz_tq_method_name(int method) {
+    return method == TZ_TQ_TURBOQUANT ? "turboquant" : method == TZ_TQ_ABSMAX ? "absmax" : "?";
+}
+
+int tz_tq_method_from_name(const char *name, int *method) {
+    if (!strcmp(name, "turboquant")) *method = TZ_TQ_TURBOQUANT;
+    else if (!strcmp(name, "absmax")) *method = TZ_TQ_ABSMAX;
+    else return -1;
+    return 0;
+}
+
+int tz_tq_group_for(int64_t cols, int group) {
+    if (group != 64 && group != 128 && group != 256) return 0;
+    for (int g = group; g >= TZ_TQ_MIN_GROUP; g /= 2)
+        if (cols > 0 && cols % g == 0) return g;
+    return 0;
+}
+
+void tz_tq_levels(int method, int bits, const tz_tq_codebook *cb, float *levels) {
+    const int n = 1 << bits;
+    if (method == TZ_TQ_ABSMAX) {
+        const float half = 0.5f * (float)(n - 1);
+        for (int k = 0; k < n; k++) levels[k] = (float)k - half;
+        return;
+    }
+    if (!cb || cb->bits != bits) TZ_FATAL("codebook of %d bits given for %d-bit levels",
+                                          cb ? cb->bits : -1, bits);
+    for (int k = 0; k < n; k++) levels[k] = cb->centroids[k];
+}
+
+void tz_tq_quantize_as(tz_tq_tensor *t, int method, const tz_tq_codebook *cb, const float *w) {
+    if (method == TZ_TQ_ABSMAX) tz_tq_absmax_quantize(t, w);
+    else tz_tq_quantize(t, cb, w);
+}
+
+void tz_tq_dequantize_as(const tz_tq_tensor *t, int method, const tz_tq_codebook *cb,
+                         float *w_hat) {
+    if (method == TZ_TQ_ABSMAX) tz_tq_absmax_dequantize(t, w_hat);
+    else tz_tq_dequantize(t, cb, w_hat);
+}
+
 /* ---- error metric ---- */
 
 #define TZ_ERR_BLOCK 4096

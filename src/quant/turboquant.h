@@ -80,6 +80,30 @@ void tz_tq_dequantize_rotated(const tz_tq_tensor *t, const tz_tq_codebook *cb, f
 void tz_tq_absmax_quantize(tz_tq_tensor *t, const float *w);
 void tz_tq_absmax_dequantize(const tz_tq_tensor *t, float *w_hat);
 
+/* ---- by method (what models and files use) ---- */
+
+/* The two quantizers a model or file can hold. Values are stored in files: append only. */
+enum tz_tq_method { TZ_TQ_TURBOQUANT = 0, TZ_TQ_ABSMAX = 1 };
+/* "turboquant" | "absmax" ("?" otherwise); parse: 0, or -1 for an unknown name. */
+const char *tz_tq_method_name(int method);
+int tz_tq_method_from_name(const char *name, int *method);
+
+/* The group a weight with rows of `cols` elements is quantized with when `group` is asked
+ * for: the largest of group, group/2, ..., 64 that divides cols; 0 when none does (then
+ * the weight stays dense). group must be 64, 128 or 256 (0 is returned otherwise). */
+int tz_tq_group_for(int64_t cols, int group);
+
+/* levels[k], k < 2^bits: the value code k decodes to before the group's scale multiplies
+ * it, so that w[i] = scale * levels[code_i] in the stored basis. TurboQuant: the codebook
+ * centroids (cb, of `bits` bits), the rotated basis; absmax: k - (2^bits - 1)/2, the plain
+ * basis (cb unused, may be NULL). Exactly what the quantize/dequantize functions use. */
+void tz_tq_levels(int method, int bits, const tz_tq_codebook *cb, float *levels);
+
+/* Quantize / dequantize (plain basis) with either method; cb as above. */
+void tz_tq_quantize_as(tz_tq_tensor *t, int method, const tz_tq_codebook *cb, const float *w);
+void tz_tq_dequantize_as(const tz_tq_tensor *t, int method, const tz_tq_codebook *cb,
+                         float *w_hat);
+
 /* ||w - w_hat||^2 / ||w||^2 over n elements, accumulated in double in fixed blocks (the
  * result does not depend on the number of threads). 0 when both are zero, INFINITY when
  * only w is. */

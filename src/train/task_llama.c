@@ -97,6 +97,10 @@ tz_task *tz_task_llama_create(const tz_config *cfg, tz_backend *be, int training
     tz_llama_opts o = {0};
     o.full = training && cfg->train.mode == TZ_MODE_FULL;
     o.checkpointing = cfg->train.checkpointing;
+    o.quant.method = cfg->quant.method;
+    o.quant.bits = (int)cfg->quant.bits;
+    o.quant.group = (int)cfg->quant.group;
+    o.quant.seed = (uint64_t)cfg->quant.seed;
     if (cfg->model.adapter[0]) {
         tz_llama_read_adapter_opts(cfg->model.adapter, &o);
     } else if (training && cfg->train.mode == TZ_MODE_LORA) {

@@ -1,0 +1,90 @@
+/* CPU ops of quantized weights: per-group rotation of activation rows (forward and inverse,
+ * accumulating) and decoding packed codes into a dense tile. The math is src/quant's; no GEMM. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "cpu/cpu_internal.h"
+#include "io/dtype.h"
+#include "quant/fwht.h"
+#include "quant/tq_layout.h"
+
+/* Below this many elements the op runs on the calling thread only. */
+#define TZ_CPU_TQ_PAR_MIN 32768
+
+static void check_rows(int64_t rows, int64_t cols, int group, const char *op) {
+    char err[200];
+    if (rows < 0 || tz_tq_check_shape(cols, group, err, sizeof err))
+        TZ_FATAL("%s: rows %lld: %s", op, (long long)rows, err);
+}
+
+/* The signs of one row, [cols] (the same for every row). */
+static float *row_signs(int64_t cols, int group, uint64_t seed) {
+    float *s = tz_xmalloc((size_t)cols * sizeof *s);
+    tz_tq_signs_row(seed, cols, group, s);
+    return s;
+}
+
+void tz_cpu_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
+                      int group, uint64_t seed) {
+    check_rows(rows, cols, group, "tq_rotate");
+    float *s = row_signs(cols, group, seed);
+    const float inv = (float)(1.0 / sqrt((double)group));
+    const int g = group;
+    int nt = tz_cpu_threads(be);
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= TZ_CPU_TQ_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        for (int64_t j = 0; j < cols; j += g) {
+            for (int i = 0; i < g; i++) yr[j + i] = s[j + i] * xr[j + i];
+            tz_fwht(yr + j, g);
+            for (int i = 0; i < g; i++) yr[j + i] *= inv;
+        }
+    }
+    free(s);
+}
+
+void tz_cpu_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
+                          int64_t cols, int group, uint64_t seed) {
+    check_rows(rows, cols, group, "tq_rotate_bwd");
+    float *s = row_signs(cols, group, seed);
+    const float inv = (float)(1.0 / sqrt((double)group));
+    const int g = group;
+    int nt = tz_cpu_threads(be);
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= TZ_CPU_TQ_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *dyr = dy + r * cols;
+        float *dxr = dx + r * cols;
+        float t[TZ_TQ_MAX_GROUP];
+        for (int64_t j = 0; j < cols; j += g) {
+            memcpy(t, dyr + j, (size_t)g * sizeof *t);
+            tz_fwht(t, g);
+            /* same products as tz_tq_rotate_inv_signed: (H dy)_i * (s_i / sqrt(g)) */
+            for (int i = 0; i < g; i++) dxr[j + i] += t[i] * (s[j + i] * inv);
+        }
+    }
+    free(s);
+}
+
+void tz_cpu_tq_dequant(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
+                       const float *levels, int64_t rows, int64_t cols, int bits, int group) {
+    check_rows(rows, cols, group, "tq_dequant");
+    if (bits < 1 || bits > TZ_TQ_MAX_BITS) TZ_FATAL("tq_dequant: bits %d out of range", bits);
+    const int g = group;
+    const int64_t per_row = cols / g, gbytes = TZ_TQ_GROUP_BYTES(g, bits);
+    int nt = tz_cpu_threads(be);
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= TZ_CPU_TQ_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t idx[TZ_TQ_MAX_GROUP];
+        for (int64_t j = 0; j < per_row; j++) {
+            const int64_t k = r * per_row + j;
+            float *out = w + k * g;
+            tz_tq_unpack_group(idx, codes + k * gbytes, g, bits);
+            const float sc = tz_bf16_to_f32(scales[k]);
+            for (int i = 0; i < g; i++) out[i] = sc * levels[idx[i]];
+        }
+    }
+}

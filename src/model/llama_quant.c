@@ -1,0 +1,350 @@
+/* Quantized Llama base weights: codebook set-up, host-side quantization into backend storage,
+ * loading from quantized or dense files, and the file-to-file conversions behind `turbozero
+ * quantize` and `turbozero export --dequantize`. The layout is io/tq_format's, the math src/quant's. */
+#include "model/llama_quant.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "io/fsutil.h"
+#include "io/hf_config.h"
+#include "model/llama_io.h"
+#include "quant/turboquant.h"
+
+void tz_llama_quant_prepare(tz_llama *m) {
+    const tz_llama_quant *q = &m->o.quant;
+    char err[256];
+    if (m->o.full)
+        TZ_FATAL_HINT("train LoRA adapters on the quantized base (train.mode = \"lora\"), or "
+                      "fine-tune a dense model (quant.bits = 0; `turbozero export --dequantize` "
+                      "turns a quantized model into a dense one)",
+                      "full fine-tuning of a quantized base (%s, %d bits) is not supported yet: "
+                      "quantization-aware training is later work",
+                      tz_tq_method_name(q->method), q->bits);
+    if (q->bits < 1 || q->bits > TZ_TQ_MAX_BITS)
+        TZ_FATAL("quantization bits %d out of range (1..%d)", q->bits, TZ_TQ_MAX_BITS);
+    if (q->group != 64 && q->group != 128 && q->group != 256)
+        TZ_FATAL("quantization group %d is not 64, 128 or 256", q->group);
+    if (q->method != TZ_TQ_TURBOQUANT && q->method != TZ_TQ_ABSMAX)
+        TZ_FATAL("unknown quantization method %d", q->method);
+    memset(&m->cb, 0, sizeof m->cb);
+    if (q->method == TZ_TQ_TURBOQUANT && tz_tq_codebook_init(&m->cb, q->bits, err, sizeof err))
+        TZ_FATAL("%s", err);
+    tz_tq_levels(q->method, q->bits, &m->cb, m->levels);
+}
+
+/* The codebook of `bits` bits: m's when it has that many, else computed into local. */
+static const tz_tq_codebook *codebook_of(const tz_llama *m, int method, int bits,
+                                         tz_tq_codebook *local) {
+    char err[256];
+    if (method != TZ_TQ_TURBOQUANT || m->cb.bits == bits) return &m->cb;
+    if (tz_tq_codebook_init(local, bits, err, sizeof err)) TZ_FATAL("%s", err);
+    return local;
+}
+
+void tz_llama_quantize_param(tz_llama *m, tz_param *p, const float *w) {
+    const tz_qweight *q = p->q;
+    tz_tq_codebook local;
+    const tz_tq_codebook *cb = codebook_of(m, q->method, q->bits, &local);
+    tz_tq_tensor t;
+    char err[256];
+    if (tz_tq_tensor_init(&t, q->bits, q->group, p->shape[0], p->shape[1], q->seed, err,
+                          sizeof err))
+        TZ_FATAL("%s: %s", p->name, err);
+    tz_tq_quantize_as(&t, q->method, cb, w);
+    m->be->upload(m->be, q->codes, t.codes, (size_t)tz_tq_codes_bytes(t.rows, t.cols, t.bits));
+    m->be->upload(m->be, q->scales, t.scales,
+                  (size_t)tz_tq_scales_count(t.rows, t.cols, t.group) * sizeof *t.scales);
+    tz_tq_tensor_free(&t);
+}
+
+void tz_llama_quant_from_file(tz_llama_opts *o, const tz_tqf *qf, const char *dir) {
+    tz_llama_quant *q = &o->quant;
+    if (q->bits && (q->bits != qf->bits || q->group != qf->group || q->method != qf->method))
+        TZ_FATAL_HINT("leave quant.bits = 0 to use the model as it was quantized, or point "
+                      "model.path at the dense model to quantize it at load",
+                      "model.path %s is already quantized (%s, %d bits, group %d) but quant.* "
+                      "asks for %s, %d bits, group %d", dir, tz_tq_method_name(qf->method),
+                      qf->bits, qf->group, tz_tq_method_name(q->method), q->bits, q->group);
+    q->method = qf->method;
+    q->bits = qf->bits;
+    q->group = qf->group;
+    q->seed = qf->seed;
+}
+
+static int is_projection(const tz_llama *m, const tz_param *p) {
+    for (int64_t i = 0; i < m->d.n_layers; i++)
+        for (int j = 0; j < TZ_LIN_N; j++)
+            if (m->layers[i].lin[j].w == p) return 1;
+    return 0;
+}
+
+static void load_stored(tz_llama *m, const tz_safetensors *st, const tz_tqf *qf,
+                        const tz_tqf_entry *e, tz_param *p) {
+    char err[1024];
+    const char *file = e->codes->file;
+    if (!is_projection(m, p))
+        TZ_FATAL_HINT("re-quantize the dense model with `turbozero quantize`",
+                      "%s: tensor %s is quantized, but only the projections of the transformer "
+                      "blocks can be: embeddings, norms and the output head stay dense",
+                      file, p->name);
+    if (e->rows != p->shape[0] || e->cols != p->shape[1])
+        TZ_FATAL("%s: tensor %s: quantized shape [%lld, %lld], expected [%lld, %lld]", file,
+                 p->name, (long long)e->rows, (long long)e->cols, (long long)p->shape[0],
+                 (long long)p->shape[1]);
+    const tz_qweight *q = p->q;
+    if (!q || q->method != qf->method || q->bits != e->bits || q->group != e->group ||
+        q->seed != qf->seed) { /* the file decides how this tensor is stored */
+        float levels[TZ_TQ_MAX_LEVELS];
+        tz_tq_codebook local;
+        tz_tq_levels(qf->method, e->bits, codebook_of(m, qf->method, e->bits, &local), levels);
+        tz_param_make_quant(p, m->be, qf->method, e->bits, e->group, qf->seed, levels);
+    }
+    tz_tq_tensor t;
+    if (tz_tqf_load(qf, e, &t, err, sizeof err)) TZ_FATAL("%s: tensor %s: %s", file, p->name, err);
+    m->be->upload(m->be, p->q->codes, t.codes, e->codes->nbytes);
+    m->be->upload(m->be, p->q->scales, t.scales, e->scales->nbytes);
+    tz_tq_tensor_free(&t);
+}
+
+void tz_llama_load_weight(tz_llama *m, const tz_safetensors *st, const tz_tqf *qf, tz_param *p,
+                          float *buf) {
+    char err[1024];
+    const tz_tqf_entry *e = qf->present ? tz_tqf_find(qf, p->name) : NULL;
+    if (e) {
+        load_stored(m, st, qf, e, p);
+        return;
+    }
+    if (p->q && qf->present) tz_param_make_dense(p, m->be); /* the file keeps it dense */
+    if (tz_st_read_f32(st, p->name, buf, p->ndim, p->shape, err, sizeof err))
+        TZ_FATAL("%s", err);
+    if (p->q) tz_llama_quantize_param(m, p, buf); /* quantize at load */
+    else m->be->upload(m->be, p->w, buf, (size_t)p->numel * sizeof(float));
+}
+
+void tz_llama_quant_report(const tz_llama *m) {
+    int nq = 0, nlin = 0, by_group[3] = {0, 0, 0}, method = 0, bits = 0;
+    double qbytes = 0, dense = 0, tile = 0;
+    for (int64_t i = 0; i < m->d.n_layers; i++)
+        for (int j = 0; j < TZ_LIN_N; j++) {
+            const tz_param *p = m->layers[i].lin[j].w;
+            nlin++;
+            if (!p->q) continue;
+            nq++;
+            method = p->q->method;
+            bits = p->q->bits;
+            by_group[p->q->group == 64 ? 0 : p->q->group == 128 ? 1 : 2]++;
+            qbytes += (double)p->bytes;
+            dense += (double)p->numel * 4.0;
+            if ((double)p->numel * 4.0 > tile) tile = (double)p->numel * 4.0;
+        }
+    if (!nq) return;
+    char groups[96] = "";
+    size_t at = 0;
+    static const int gs[3] = {64, 128, 256};
+    for (int k = 0; k < 3; k++)
+        if (by_group[k])
+            at += (size_t)snprintf(groups + at, sizeof groups - at, "%s%d x group %d",
+                                   at ? ", " : "", by_group[k], gs[k]);
+    tz_info("base: %d of %d projections quantized (%s, %d bits; %s): %.2f MiB, %.2f MiB as "
+            "F32 (%.3f bits per weight); decoded per layer into one %.2f MiB tile",
+            nq, nlin, tz_tq_method_name(method), bits, groups, qbytes / 1048576.0,
+            dense / 1048576.0, 8.0 * qbytes / (dense / 4.0),
+            tile / 1048576.0);
+}
+
+/* ---- the quantize and export commands (host only, file to file) ---- */
+
+/* 1 when name is "model.layers.N.self_attn.{q,k,v,o}_proj.weight" or
+ * "model.layers.N.mlp.{gate,up,down}_proj.weight" with N < n_layers. */
+static int is_projection_name(const char *name, int64_t n_layers) {
+    int layer, used = 0;
+    char blk[32], proj[32];
+    if (sscanf(name, "model.layers.%d.%31[^.].%31[^.].weight%n", &layer, blk, proj, &used) != 3 ||
+        name[used] != 0 || layer < 0 || layer >= n_layers)
+        return 0;
+    for (int j = 0; j < TZ_LIN_N; j++)
+        if (!strcmp(proj, tz_llama_lin_names[j]))
+            return !strcmp(blk, j <= TZ_LIN_O ? "self_attn" : "mlp");
+    return 0;
+}
+
+static void open_model(tz_safetensors *st, tz_tqf *qf, const char *dir, const char *cmd) {
+    char err[1024];
+    if (tz_st_open(st, dir, err, sizeof err)) TZ_FATAL("%s: %s", cmd, err);
+    if (tz_tqf_read(qf, st, err, sizeof err)) TZ_FATAL("%s: %s", cmd, err);
+}
+
+static void save_model(tz_st_writer *w, const char *in, const char *out, const char *quant_json,
+                       const char *dtype) {
+    char src[1100], dst[1100], err[1024];
+    if (tz_mkdir_p(out, err, sizeof err)) TZ_FATAL("%s", err);
+    tz_path_join(dst, sizeof dst, out, "model.safetensors");
+    if (tz_st_writer_save(w, dst, err, sizeof err)) TZ_FATAL("%s", err);
+    tz_path_join(src, sizeof src, in, "config.json");
+    tz_path_join(dst, sizeof dst, out, "config.json");
+    if (tz_hf_config_rewrite(src, dst, quant_json, dtype, err, sizeof err)) TZ_FATAL("%s", err);
+}
+
+/* The quantization of one projection: its stored tensor and table row. */
+typedef struct qrow {
+    const char *name;
+    tz_tq_tensor t;
+    double rel;
+} qrow;
+
+void tz_llama_quantize_dir(const char *in, const char *out, int method, int bits, int group,
+                           uint64_t seed, FILE *rep) {
+    char err[1024], shape[64];
+    if (method != TZ_TQ_TURBOQUANT && method != TZ_TQ_ABSMAX)
+        TZ_FATAL("quantize: unknown method %d", method);
+    if (bits < 1 || bits > TZ_TQ_MAX_BITS)
+        TZ_FATAL("quantize: --bits %d: expected 1..%d (2, 3 or 4 are useful)", bits, TZ_TQ_MAX_BITS);
+    if (group != 64 && group != 128 && group != 256)
+        TZ_FATAL("quantize: --group %d: expected 64, 128 or 256", group);
+    tz_llama_dims d;
+    tz_llama_read_dims(in, &d);
+    tz_safetensors st;
+    tz_tqf qf;
+    open_model(&st, &qf, in, "quantize");
+    if (qf.present)
+        TZ_FATAL_HINT("quantize the dense model, or `turbozero export --dequantize` this one first",
+                      "quantize: %s is already quantized (%s, %d bits)", in,
+                      tz_tq_method_name(qf.method), qf.bits);
+    tz_tq_codebook cb;
+    memset(&cb, 0, sizeof cb);
+    if (method == TZ_TQ_TURBOQUANT && tz_tq_codebook_init(&cb, bits, err, sizeof err))
+        TZ_FATAL("quantize: %s", err);
+
+    tz_st_writer w;
+    tz_st_writer_init(&w);
+    tz_st_writer_set_metadata(&w, "format", "pt");
+    tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
+    qrow *rows = tz_xcalloc((size_t)st.count + 1, sizeof *rows);
+    int64_t nq = 0;
+    double in_bytes = 0, out_bytes = 0, qin = 0, qout = 0, qerr = 0, qref = 0, qw = 0;
+    fprintf(rep, "%-44s %-12s %5s %7s %10s %10s %10s\n", "tensor", "shape", "group", "bits/w",
+            "rel.error", "bytes", "stored");
+    for (int64_t i = 0; i < st.count; i++) {
+        const tz_st_tensor *t = &st.tensors[i];
+        in_bytes += (double)t->nbytes;
+        tz_st_shape_str(shape, sizeof shape, t->ndim, t->shape);
+        int proj = t->ndim == 2 && is_projection_name(t->name, d.n_layers);
+        int g = proj ? tz_tq_group_for(t->shape[1], group) : 0;
+        if (!g) { /* stays as it is, same dtype and bytes */
+            if (tz_st_writer_add(&w, t->name, t->dtype, t->ndim, t->shape, t->data, err, sizeof err))
+                TZ_FATAL("quantize: %s", err);
+            out_bytes += (double)t->nbytes;
+            if (proj)
+                fprintf(rep, "%-44s %-12s %5s %7s %10s %10zu %10zu  dense: row of %lld is not a "
+                        "multiple of 64\n", t->name, shape, "-", "-", "-", t->nbytes, t->nbytes,
+                        (long long)t->shape[1]);
+            continue;
+        }
+        qrow *r = &rows[nq++];
+        r->name = t->name;
+        float *wf = tz_xmalloc((size_t)t->numel * sizeof *wf);
+        float *wh = tz_xmalloc((size_t)t->numel * sizeof *wh);
+        if (tz_st_tensor_to_f32(t, wf, err, sizeof err)) TZ_FATAL("quantize: %s", err);
+        if (tz_tq_tensor_init(&r->t, bits, g, t->shape[0], t->shape[1], seed, err, sizeof err))
+            TZ_FATAL("quantize: %s: tensor %s: %s", t->file, t->name, err);
+        tz_tq_quantize_as(&r->t, method, &cb, wf);
+        tz_tq_dequantize_as(&r->t, method, &cb, wh);
+        r->rel = tz_tq_relative_error(wf, wh, t->numel);
+        for (int64_t k = 0; k < t->numel; k++) { /* totals over all projections */
+            double e = (double)wf[k] - (double)wh[k];
+            qerr += e * e;
+            qref += (double)wf[k] * (double)wf[k];
+        }
+        free(wf);
+        free(wh);
+        if (tz_tqf_writer_add(&w, t->name, &r->t, err, sizeof err)) TZ_FATAL("quantize: %s", err);
+        double stored = (double)tz_tq_codes_bytes(r->t.rows, r->t.cols, bits) +
+                        2.0 * (double)tz_tq_scales_count(r->t.rows, r->t.cols, g);
+        out_bytes += stored;
+        qin += (double)t->nbytes;
+        qout += stored;
+        qw += (double)t->numel;
+        fprintf(rep, "%-44s %-12s %5d %7.3f %10.6f %10zu %10.0f\n", t->name, shape, g,
+                8.0 * stored / (double)t->numel, r->rel, t->nbytes, stored);
+    }
+    if (!nq) TZ_FATAL("quantize: %s: no projection of the transformer blocks can be quantized", in);
+    const char **names = tz_xcalloc((size_t)nq, sizeof *names);
+    const tz_tq_tensor **ts = tz_xcalloc((size_t)nq, sizeof *ts);
+    for (int64_t k = 0; k < nq; k++) names[k] = rows[k].name, ts[k] = &rows[k].t;
+    char *meta = tz_tqf_meta_json(method, bits, group, seed, names, ts, nq);
+    tz_st_writer_set_metadata(&w, TZ_TQF_META_KEY, meta);
+    char qc[400];
+    snprintf(qc, sizeof qc, "{\"quant_method\": \"%s\", \"bits\": %d, \"group_size\": %d, "
+             "\"seed\": %llu, \"format\": \"turbozero\", \"quantized\": \"the projections of "
+             "every block; see model.safetensors __metadata__ %s\"}",
+             tz_tq_method_name(method), bits, group,
+             (unsigned long long)seed, TZ_TQF_META_KEY);
+    save_model(&w, in, out, qc, NULL);
+    fprintf(rep, "projections: %lld quantized (%s, %d bits, group %d, seed %llu): %.0f weights, "
+            "%.0f -> %.0f bytes (%.3f bits per weight), relative error %.6f\n", (long long)nq,
+            tz_tq_method_name(method), bits, group, (unsigned long long)seed, qw, qin, qout,
+            8.0 * qout / qw, qref > 0 ? qerr / qref : 0.0);
+    fprintf(rep, "model: %.0f -> %.0f bytes of tensors (%.2fx smaller); wrote %s\n", in_bytes,
+            out_bytes, in_bytes / out_bytes, out);
+    free(meta);
+    free(names);
+    free(ts);
+    for (int64_t k = 0; k < nq; k++) tz_tq_tensor_free(&rows[k].t);
+    free(rows);
+    tz_st_writer_free(&w);
+    tz_tqf_free(&qf);
+    tz_st_close(&st);
+}
+
+void tz_llama_export_dequantized(const char *in, const char *out, FILE *rep) {
+    char err[1024];
+    tz_safetensors st;
+    tz_tqf qf;
+    open_model(&st, &qf, in, "export");
+    tz_st_writer w;
+    tz_st_writer_init(&w);
+    tz_st_writer_set_metadata(&w, "format", "pt");
+    tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
+    float **bufs = tz_xcalloc((size_t)st.count + 1, sizeof *bufs);
+    int64_t nb = 0, ndeq = 0;
+    double bytes = 0;
+    tz_tq_codebook cb[TZ_TQ_MAX_BITS + 1];
+    memset(cb, 0, sizeof cb);
+    for (int64_t i = 0; i < st.count; i++) {
+        const tz_st_tensor *t = &st.tensors[i];
+        if (tz_tqf_is_part(t->name)) continue;
+        float *f = bufs[nb++] = tz_xmalloc((size_t)t->numel * sizeof *f);
+        if (tz_st_tensor_to_f32(t, f, err, sizeof err)) TZ_FATAL("export: %s", err);
+        if (tz_st_writer_add(&w, t->name, TZ_DT_F32, t->ndim, t->shape, f, err, sizeof err))
+            TZ_FATAL("export: %s", err);
+        bytes += 4.0 * (double)t->numel;
+    }
+    for (int64_t i = 0; i < qf.n; i++) {
+        const tz_tqf_entry *e = &qf.e[i];
+        tz_tq_tensor t;
+        if (tz_tqf_load(&qf, e, &t, err, sizeof err)) TZ_FATAL("export: %s: %s", e->name, err);
+        if (qf.method == TZ_TQ_TURBOQUANT && cb[e->bits].bits != e->bits &&
+            tz_tq_codebook_init(&cb[e->bits], e->bits, err, sizeof err))
+            TZ_FATAL("export: %s", err);
+        float *f = bufs[nb++] = tz_xmalloc((size_t)(e->rows * e->cols) * sizeof *f);
+        tz_tq_dequantize_as(&t, qf.method, &cb[e->bits], f);
+        tz_tq_tensor_free(&t);
+        int64_t shape[2] = {e->rows, e->cols};
+        if (tz_st_writer_add(&w, e->name, TZ_DT_F32, 2, shape, f, err, sizeof err))
+            TZ_FATAL("export: %s", err);
+        bytes += 4.0 * (double)(e->rows * e->cols);
+        ndeq++;
+    }
+    save_model(&w, in, out, NULL, "float32");
+    fprintf(rep, "wrote %s: %lld tensors, F32, %.0f bytes (%lld dequantized from %s %d-bit)\n",
+            out, (long long)nb, bytes, (long long)ndeq,
+            qf.present ? tz_tq_method_name(qf.method) : "-", qf.present ? qf.bits : 0);
+    for (int64_t k = 0; k < nb; k++) free(bufs[k]);
+    free(bufs);
+    tz_st_writer_free(&w);
+    tz_tqf_free(&qf);
+    tz_st_close(&st);
+}

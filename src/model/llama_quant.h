@@ -1,0 +1,44 @@
+/* Quantized base weights of a Llama: preparing the codebook, quantizing a weight into its
+ * backend storage, loading weights from a quantized or a dense file (quantizing at load), and
+ * the conversions of `quantize` and `export --dequantize`. Layout: io/tq_format.h; math: src/quant. */
+#ifndef TZ_LLAMA_QUANT_H
+#define TZ_LLAMA_QUANT_H
+#include <stdint.h>
+#include <stdio.h>
+
+#include "io/safetensors.h"
+#include "io/tq_format.h"
+#include "model/llama.h"
+
+/* Checks m->o.quant (fatal with a hint when it cannot be used) and fills m->cb and
+ * m->levels. Called by tz_llama_create when o.quant.bits > 0. */
+void tz_llama_quant_prepare(tz_llama *m);
+/* Quantizes the host weight w (p->numel floats) as p->q says and uploads codes and scales. */
+void tz_llama_quantize_param(tz_llama *m, tz_param *p, const float *w);
+/* Sets o->quant from a quantized file's metadata (fatal when o->quant asks for something
+ * else: quant.bits must be 0 or agree with the file's bits, group and method). */
+void tz_llama_quant_from_file(tz_llama_opts *o, const tz_tqf *qf, const char *dir);
+/* Loads base weight p from st: a quantized file's codes and scales (p's storage follows the
+ * file), or a dense tensor (quantized here when p is quantized and the file is not). buf
+ * holds p->numel floats. Fatal with the file and tensor on any error. */
+void tz_llama_load_weight(tz_llama *m, const tz_safetensors *st, const tz_tqf *qf, tz_param *p,
+                          float *buf);
+/* One log line on the base weights: how many projections are quantized, how, and bytes. */
+void tz_llama_quant_report(const tz_llama *m);
+
+/* ---- the commands (file to file on the host; no backend) ---- */
+
+/* Quantizes every projection of the transformer blocks of the Llama in DIR `in` (method
+ * TZ_TQ_TURBOQUANT or TZ_TQ_ABSMAX, bits 1..4, group 64/128/256: a projection whose rows it
+ * does not divide takes the largest of group/2, ..., 64 that does, or stays dense) and
+ * writes DIR `out`: config.json with "quantization_config", model.safetensors with codes,
+ * scales and the other tensors unchanged. Prints the per-tensor table (shape, group, bits
+ * per weight stored, relative error ||W - W_hat||^2 / ||W||^2, bytes) and totals to rep.
+ * Fatal with the place on any error; out is written atomically. */
+void tz_llama_quantize_dir(const char *in, const char *out, int method, int bits, int group,
+                           uint64_t seed, FILE *rep);
+/* Writes DIR `out` in plain HF layout, every tensor F32, the quantized ones dequantized;
+ * config.json without "quantization_config". A dense `in` is simply converted to F32. */
+void tz_llama_export_dequantized(const char *in, const char *out, FILE *rep);
+
+#endif

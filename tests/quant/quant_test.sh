@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# End-to-end checks of quantized base weights with the real binary (tests/quant_llama.cmake):
+#  1. `quantize` at 4 bits, group 128: one table row per projection with the bits per weight
+#     stored and a relative error near turboquant.md's 0.0091;
+#  2. the quantized folder, quantize-at-load (quant.bits) and `export --dequantize` evaluate
+#     alike: the first two bit for bit, the F32 export to float rounding; same for absmax;
+#  3. LoRA on the 4-bit base with the CI recipe of tests/train/train_test.sh ends within
+#     LORA_MARGIN of the fine-tuning gain of LoRA on the dense base; eval with its adapter on
+#     the quantized base reproduces its final validation loss;
+#  4. errors: full fine-tuning of a quantized base, conflicting quant.*, re-quantizing,
+#     a malformed file (bits 5) stop with a message.
+# The quality table (TurboQuant vs absmax at 2-4 bits, in-domain) is quant_quality.sh.
+# usage: quant_test.sh TURBOZERO SOURCE_DIR
+set -u
+tz=$1 src=$2
+# LoRA on the 4-bit base must end at most this fraction of the dense run's gain (validation
+# loss before - after) above the dense run. Measured (2026-11-22): dense base 3.6119 -> 2.4978
+# (gain 1.114), 4-bit base 3.6011 -> 2.4933: 0.0045 below the dense run (-0.4% of the gain).
+# On the Jargon text the 4-bit base starts 0.011 *below* the dense one (the pretrained model
+# is out of its domain there and quantization noise flattens its predictions), so there is no
+# base gap to recover on this set; the in-domain damage is measured by quant_quality.sh.
+LORA_MARGIN=0.01
+work=$(mktemp -d "${TMPDIR:-/tmp}/tzquant.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+cd "$src"
+cfg=inputs/llama/finetune.cfg
+ev() { "$tz" eval $cfg --set train.threads=2 "$@" 2>&1 | tail -1 | sed -n 's/^eval_loss=\([0-9.]*\) .*/\1/p'; }
+close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN {d = a - b; exit !(a != "" && b != "" && d <= t && d >= -t)}'; }
+
+# 1. quantize
+"$tz" quantize --model inputs/llama/model --bits 4 --group 128 --out "$work/tq4" > "$work/tq4.log" 2>&1 ||
+  { bad "quantize failed"; cat "$work/tq4.log"; }
+nrow=$(grep -c '_proj.weight ' "$work/tq4.log")
+# fields: name, "[out," "in]", group, bits/w, rel.error, bytes, stored
+badrow=$(awk '/_proj.weight / && !(($4 == 128 && $5 == "4.125") || ($4 == 64 && $5 == "4.250")) {n++}
+              /_proj.weight / && !($6 > 0.0080 && $6 < 0.0100) {n++} END {print n + 0}' "$work/tq4.log")
+if [ "$nrow" = 28 ] && [ "$badrow" = 0 ] && grep -q '^projections: 28 quantized' "$work/tq4.log" &&
+   [ -s "$work/tq4/model.safetensors" ] && grep -q '"quant_method": "turboquant"' "$work/tq4/config.json"; then
+  ok "quantize: 28 projections, 4.125 (group 128) or 4.25 (group 64) bits per weight, relative errors in (0.008, 0.010)"
+else
+  bad "quantize: $nrow rows, $badrow outside expectations"; cat "$work/tq4.log"
+fi
+
+# 2. three ways to the same model
+dense=$(ev) file=$(ev --set model.path="$work/tq4") load=$(ev --set quant.bits=4)
+"$tz" export --model "$work/tq4" --dequantize --out "$work/tq4-f32" > "$work/export.log" 2>&1
+f32=$(ev --set model.path="$work/tq4-f32")
+echo "     Jargon validation loss: dense $dense, 4-bit folder $file, 4-bit at load $load, F32 export $f32"
+[ -n "$file" ] && [ "$file" = "$load" ] && ok "quantized folder = quantize-at-load ($file)" ||
+  bad "quantized folder $file vs quantize-at-load $load"
+close "$f32" "$file" 2e-5 && grep -q '"torch_dtype": "float32"' "$work/tq4-f32/config.json" &&
+  ! grep -q quantization_config "$work/tq4-f32/config.json" &&
+  ok "export --dequantize: F32 HF layout, same loss to float rounding ($f32)" || bad "export: $f32 vs $file"
+"$tz" quantize --model inputs/llama/model --bits 3 --method absmax --out "$work/am3" > /dev/null 2>&1
+afile=$(ev --set model.path="$work/am3") aload=$(ev --set quant.bits=3 --set quant.method=absmax)
+[ -n "$afile" ] && [ "$afile" = "$aload" ] && ok "absmax 3-bit: folder = at load ($afile)" ||
+  bad "absmax folder $afile vs at load $aload"
+
+# 3. LoRA on the 4-bit base vs the dense base, the CI recipe of train_test.sh
+common=(--set data.seq_len=128 --set train.steps=40 --set train.micro_batch=8
+        --set train.eval_every=0 --set train.eval_windows=0 --set train.log_every=10
+        --set optim.warmup=5 --set train.threads=2)
+"$tz" train $cfg "${common[@]}" --set run.dir="$work/lora-dense" > "$work/lora-dense.log" 2>&1 || bad "dense LoRA run failed"
+"$tz" train $cfg "${common[@]}" --set run.dir="$work/lora-q4" --set model.path="$work/tq4" > "$work/lora-q4.log" 2>&1 ||
+  { bad "4-bit LoRA run failed"; tail -5 "$work/lora-q4.log"; }
+losses() { grep -o '"eval_loss": [0-9.]*' "$1/metrics.jsonl" | awk '{print $2}'; }
+d0=$(losses "$work/lora-dense" | head -1) d1=$(losses "$work/lora-dense" | tail -1)
+q0=$(losses "$work/lora-q4" | head -1) q1=$(losses "$work/lora-q4" | tail -1)
+echo "     LoRA, 40 steps: dense base $d0 -> $d1, 4-bit base $q0 -> $q1 (margin $LORA_MARGIN of the gain)"
+if [ -n "$q1" ] && awk -v d0="$d0" -v d1="$d1" -v q1="$q1" -v m=$LORA_MARGIN \
+     'BEGIN {exit !(d0 - d1 > 0.75 && q1 - d1 <= m * (d0 - d1))}'; then
+  ok "LoRA on the 4-bit base: $q1, within $LORA_MARGIN of the dense run's gain of its final $d1"
+else
+  bad "LoRA on the 4-bit base: $q1 vs dense $d1 (dense gain $d0 -> $d1)"
+fi
+grep -q "base: 28 of 28 projections quantized (turboquant, 4 bits" "$work/lora-q4.log" &&
+  ok "the training log states the quantized base" || bad "training log lacks the base line"
+e=$(ev --set data.seq_len=128 --set model.path="$work/tq4" --set model.adapter="$work/lora-q4/adapter")
+close "$e" "$q1" 1e-5 && ok "eval of the adapter on the quantized base reproduces $q1" || bad "eval with adapter: $e vs $q1"
+
+# 4. errors
+expect_error() { # name, expected text, command...
+  local name=$1 want=$2; shift 2
+  if "$@" > "$work/err.log" 2>&1; then bad "$name: succeeded"; return; fi
+  grep -qF -- "$want" "$work/err.log" && ok "$name" || { bad "$name: message lacks '$want'"; cat "$work/err.log"; }
+}
+expect_error "full fine-tuning of a quantized base" "is not supported yet" \
+  "$tz" train $cfg --set train.mode=full --set quant.bits=4 --set run.dir="$work/e1"
+expect_error "full fine-tuning of a quantized folder" "is not supported yet" \
+  "$tz" train $cfg --set train.mode=full --set model.path="$work/tq4" --set run.dir="$work/e2"
+expect_error "quant.* against a quantized folder" "is already quantized (turboquant, 4 bits, group 128)" \
+  "$tz" eval $cfg --set model.path="$work/tq4" --set quant.bits=3
+expect_error "quantizing a quantized folder" "is already quantized" \
+  "$tz" quantize --model "$work/tq4" --bits 2 --out "$work/e3"
+expect_error "quant.group not a power of two" "quant.group=96: expected a power of two in 64..256" \
+  "$tz" eval $cfg --set quant.group=96
+cp -r "$work/tq4" "$work/bad"
+# the metadata JSON sits as an escaped string in the header: \"bits\":4,\"group\":64
+perl -0777 -pi -e 's/\\"bits\\":4,\\"group\\":64/\\"bits\\":5,\\"group\\":64/' "$work/bad/model.safetensors"
+expect_error "malformed quantized file" "bad/model.safetensors: __metadata__ \"turbozero_quant\": tensor model.layers.0.mlp.gate_proj.weight: bits 5 out of range (1..4)" \
+  "$tz" eval $cfg --set model.path="$work/bad"
+
+echo "quant: $pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,9 @@
+# Quantized base weights end to end (tests/quant/): the quantize and export commands, the three
+# ways to a quantized model agree, LoRA on a 4-bit base, error messages; and the quality table
+# (TurboQuant vs absmax at 2-4 bits on the in-domain KJV text; skipped, 77, without its data).
+add_test(NAME quant_llama_end_to_end
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/quant/quant_test.sh $<TARGET_FILE:turbozero> ${CMAKE_SOURCE_DIR})
+add_test(NAME quant_llama_quality
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/quant/quant_quality.sh $<TARGET_FILE:turbozero> ${CMAKE_SOURCE_DIR})
+set_tests_properties(quant_llama_end_to_end quant_llama_quality PROPERTIES TIMEOUT 900
+  SKIP_RETURN_CODE 77 ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
