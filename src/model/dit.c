@@ -60,25 +60,38 @@ int tz_dit_preset(const char *name, tz_dit_dims *d, char *err, size_t errlen) {
 
 /* ---- registration ---- */
 
-static tz_param *add_param(tz_dit *m, const char *name, int ndim, int64_t d0, int64_t d1,
-                           int trainable, int decay, int adapter, int stage, int init) {
-    tz_param *p = tz_params_add(&m->params, m->be, name, ndim, d0, d1, trainable, decay, adapter);
+/* Records the backward stage and init rule of the parameter registered last. */
+static tz_param *with_meta(tz_dit *m, tz_param *p, int stage, int init) {
     m->meta = tz_xrealloc(m->meta, (size_t)m->params.n * sizeof *m->meta);
     m->meta[m->params.n - 1].stage = stage;
     m->meta[m->params.n - 1].init = init;
     return p;
 }
 
+static tz_param *add_param(tz_dit *m, const char *name, int ndim, int64_t d0, int64_t d1,
+                           int trainable, int decay, int adapter, int stage, int init) {
+    tz_param *p = tz_params_add(&m->params, m->be, name, ndim, d0, d1, trainable, decay, adapter);
+    return with_meta(m, p, stage, init);
+}
+
 /* Registers MODULE.weight [out, in] and MODULE.bias [out], and LoRA A, B when lora_bit is
- * one of the targets (lora_bit < 0: never adapted). */
+ * one of the targets (lora_bit < 0: never adapted). The weight is quantized when o.quant asks
+ * for it and the linear is in a block (backward stages 1..depth). */
 static void add_linear(tz_dit *m, tz_dit_linear *L, const char *module, int64_t in, int64_t out,
                        int lora_bit, int stage, int init) {
     char name[TZ_NAME_MAX];
     int full = m->o.full;
     L->lin.in = in;
     L->lin.out = out;
+    L->lin.tq = &m->tq;
     snprintf(name, sizeof name, "%s.weight", module);
-    L->lin.w = add_param(m, name, 2, out, in, full, 1, 0, stage, init);
+    const tz_quant_opts *q = &m->o.quant;
+    if (q->bits && stage >= 1 && stage <= m->d.depth)
+        L->lin.w = with_meta(m, tz_params_add_quant(&m->params, m->be, name, out, in, q->method,
+                                                    q->bits, q->group, q->seed, m->levels),
+                             stage, init);
+    else
+        L->lin.w = add_param(m, name, 2, out, in, full, 1, 0, stage, init);
     snprintf(name, sizeof name, "%s.bias", module);
     L->bias = add_param(m, name, 1, out, 1, full, 0, 0, stage, INIT_ZERO);
     L->lin.a = L->lin.b = NULL;
@@ -127,6 +140,16 @@ tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_dit_opts *o
     m->be = be;
     tz_params_init(&m->params);
     const int64_t Hd = d->hidden, p = d->patch_size, L = d->depth, emb = L + 1;
+    if (o->quant.bits) {
+        tz_quant_prepare(&o->quant, o->full, &m->cb, m->levels);
+        const int64_t g = o->quant.group, F = tz_dit_mlp_hidden(d);
+        if (Hd % g || F % g)
+            TZ_FATAL_HINT("use quant.group = 64 (the tiny and small presets: hidden_size 64 and "
+                          "128), or a group that divides both",
+                          "dit: quant.group %lld must divide hidden_size %lld and the MLP width "
+                          "%lld (the inputs of the quantized block weights)", (long long)g,
+                          (long long)Hd, (long long)F);
+    }
     char name[TZ_NAME_MAX];
     /* forward order; the flat layout reverses it. Stage = backward stage that finishes it. */
     add_linear(m, &m->x_emb, "x_embedder.proj", d->in_channels * p * p, Hd, -1, emb, INIT_XAVIER);
@@ -194,7 +217,8 @@ static void upload_init(tz_dit *m, tz_param *p, int rule, double arg, tz_rng *r)
         else if (rule == INIT_NORMAL) h[i] = (float)(arg * tz_rng_normal(r));
         else h[i] = (float)(arg * (2.0 * tz_rng_uniform(r) - 1.0));
     }
-    m->be->upload(m->be, p->w, h, (size_t)p->numel * sizeof *h);
+    if (p->q) tz_quant_upload(m->be, &m->cb, p, h); /* the dense draws, quantized on the host */
+    else m->be->upload(m->be, p->w, h, (size_t)p->numel * sizeof *h);
     free(h);
 }
 
@@ -275,6 +299,8 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     TAKE(m->dc, B * Hd, "dc"); TAKE(m->dt, B * Hd, "dt"); TAKE(m->dfo, BT * p2 * Cout, "dfo");
     TAKE(m->dimg, B * Cout * HW, "dprediction");
     TAKE(m->dlora, BT * (r > 0 ? r : 1), "dlora");
+    /* quantized weights: one decode tile for all of them, one rotation buffer */
+    total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT);
 #undef TAKE
     return total;
 }

@@ -11,6 +11,7 @@
 #include "core/backend.h"
 #include "model/linear.h"
 #include "model/params.h"
+#include "model/quant_base.h"
 
 /* The projections LoRA can adapt (bit 1 << TZ_DIT_x in tz_dit_opts.lora_targets). ADALN
  * adapts every block's adaLN_modulation.1 and the final layer's. */
@@ -73,6 +74,13 @@ typedef struct tz_dit_opts {
     int64_t lora_rank;
     double lora_alpha;
     int checkpointing; /* keep only block inputs, recompute each block in backward */
+    /* Quantized frozen base (bits > 0): the weights of every block's attn.qkv, attn.proj,
+     * mlp.fc1, mlp.fc2 and adaLN_modulation.1 (the bulk of the parameters) are stored as
+     * codes + scales and run as tq linears, as Llama's projections do. Biases, x_embedder,
+     * t_embedder, the label table and the final layer stay dense (small, and the first and
+     * last layers are the most sensitive). group must divide hidden_size and the MLP width
+     * (fatal otherwise); full training of a quantized base is refused. */
+    tz_quant_opts quant;
 } tz_dit_opts;
 
 /* A linear layer with a bias (every DiT linear has one). */
@@ -108,6 +116,9 @@ typedef struct tz_dit {
     tz_dit_block *blocks;
     float *pos_embed;   /* [T, hidden], backend memory, fixed */
     int cond_trainable; /* a gradient must flow into the timestep / label embedders */
+    tz_tq_codebook cb;  /* codebook of o.quant.bits (TurboQuant) */
+    float levels[TZ_TQ_MAX_LEVELS]; /* the code values of o.quant (tz_tq_levels) */
+    tz_tq_scratch tq;   /* the one decode tile + rotation buffer, in the arena */
     /* activations for batches of up to B images (tz_dit_setup); n is the current batch */
     int64_t B, n;
     tz_arena arena;

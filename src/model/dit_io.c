@@ -12,6 +12,7 @@
 #include "io/fsutil.h"
 #include "io/peft.h"
 #include "io/safetensors.h"
+#include "io/tq_format.h"
 
 void tz_dit_read_dims(const char *dir, tz_dit_dims *d) {
     char err[1200];
@@ -52,7 +53,8 @@ static void load_param(tz_dit *m, const tz_safetensors *st, tz_param *p, float *
     } else if (tz_st_read_f32(st, p->name, buf, p->ndim, p->shape, err, sizeof err)) {
         TZ_FATAL("%s", err);
     }
-    m->be->upload(m->be, p->w, buf, (size_t)p->numel * sizeof(float));
+    if (p->q) tz_quant_upload(m->be, &m->cb, p, buf); /* quantize at load */
+    else m->be->upload(m->be, p->w, buf, (size_t)p->numel * sizeof(float));
 }
 
 static float *max_buffer(const tz_params *ps, int adapters) {
@@ -69,6 +71,13 @@ tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_dit_opts *o) {
     tz_safetensors st;
     char err[1024];
     if (tz_st_open(&st, dir, err, sizeof err)) TZ_FATAL("model.path: %s", err);
+    tz_tqf qf;
+    if (tz_tqf_read(&qf, &st, err, sizeof err)) TZ_FATAL("model.path: %s", err);
+    if (qf.present)
+        TZ_FATAL_HINT("point model.path at the dense DiT and set quant.bits to quantize it at load",
+                      "model.path %s holds quantized tensors: loading an already-quantized DiT "
+                      "folder is not supported yet", dir);
+    tz_tqf_free(&qf);
     float *buf = max_buffer(&m->params, 0);
     for (int i = 0; i < m->params.n; i++)
         if (!m->params.p[i]->adapter) load_param(m, &st, m->params.p[i], buf);
@@ -119,6 +128,8 @@ static void save_weights(tz_dit *m, const char *path, int adapters, int bf16) {
 
 void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
     char path[1100], err[1200];
+    if (m->o.quant.bits)
+        TZ_FATAL("dit: saving a DiT with a quantized base is not supported (save the adapter)");
     if (tz_mkdir_p(dir, err, sizeof err)) TZ_FATAL("%s", err);
     const tz_dit_dims *d = &m->d;
     tz_dit_config c;

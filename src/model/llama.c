@@ -200,21 +200,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     TAKE(m->dg, BT * F, "dg"); TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
     TAKE(m->dlora, BT * (m->o.lora_rank > 0 ? m->o.lora_rank : 1), "dlora");
     /* quantized weights: one decode tile for all of them, one rotation buffer */
-    int64_t tile = 0, rot_in = 0;
-    for (int64_t i = 0; i < d->n_layers; i++)
-        for (int j = 0; j < TZ_LIN_N; j++) {
-            const tz_linear *l = &m->layers[i].lin[j];
-            if (!l->w->q) continue;
-            if (l->in * l->out > tile) tile = l->in * l->out;
-            if (l->w->q->method == TZ_TQ_TURBOQUANT && l->in > rot_in) rot_in = l->in;
-        }
-    if (a) memset(&m->tq, 0, sizeof m->tq);
-    if (tile) TAKE(m->tq.tile, tile, "quantized weight tile");
-    if (rot_in) TAKE(m->tq.act, BT * rot_in, "rotated activations");
-    if (a) {
-        m->tq.tile_floats = tile;
-        m->tq.act_floats = BT * rot_in;
-    }
+    total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT);
 #undef TAKE
     return total;
 }

@@ -9,6 +9,7 @@
 #include "core/backend.h"
 #include "model/linear.h"
 #include "model/params.h"
+#include "model/quant_base.h"
 #include "quant/codebook.h"
 
 enum { TZ_LIN_Q, TZ_LIN_K, TZ_LIN_V, TZ_LIN_O, TZ_LIN_GATE, TZ_LIN_UP, TZ_LIN_DOWN, TZ_LIN_N };
@@ -24,12 +25,7 @@ typedef struct tz_llama_dims {
  * (quant/turboquant.h). bits 0: dense. A projection whose `in` is not a multiple of
  * group uses the largest group of group/2, ..., 64 that divides it, or stays dense when
  * none does (tz_tq_group_for). Embeddings, norms and the output head stay dense. */
-typedef struct tz_llama_quant {
-    int method;        /* TZ_TQ_TURBOQUANT | TZ_TQ_ABSMAX (the baseline) */
-    int bits;          /* 0 (dense), 1..4 */
-    int group;         /* 64, 128 or 256 */
-    uint64_t seed;     /* sign seed (TurboQuant) */
-} tz_llama_quant;
+typedef tz_quant_opts tz_llama_quant; /* model/quant_base.h, shared with the DiT */
 
 typedef struct tz_llama_opts {
     int full;          /* 1: every weight trainable; 0: frozen base (adapters only) */

@@ -14,50 +14,16 @@
 #include "quant/turboquant.h"
 
 void tz_llama_quant_prepare(tz_llama *m) {
-    const tz_llama_quant *q = &m->o.quant;
-    char err[256];
-    if (m->o.full)
-        TZ_FATAL_HINT("train LoRA adapters on the quantized base (train.mode = \"lora\"), or "
-                      "fine-tune a dense model (quant.bits = 0; `turbozero export --dequantize` "
-                      "turns a quantized model into a dense one)",
-                      "full fine-tuning of a quantized base (%s, %d bits) is not supported yet: "
-                      "quantization-aware training is later work",
-                      tz_tq_method_name(q->method), q->bits);
-    if (q->bits < 1 || q->bits > TZ_TQ_MAX_BITS)
-        TZ_FATAL("quantization bits %d out of range (1..%d)", q->bits, TZ_TQ_MAX_BITS);
-    if (q->group != 64 && q->group != 128 && q->group != 256)
-        TZ_FATAL("quantization group %d is not 64, 128 or 256", q->group);
-    if (q->method != TZ_TQ_TURBOQUANT && q->method != TZ_TQ_ABSMAX)
-        TZ_FATAL("unknown quantization method %d", q->method);
-    memset(&m->cb, 0, sizeof m->cb);
-    if (q->method == TZ_TQ_TURBOQUANT && tz_tq_codebook_init(&m->cb, q->bits, err, sizeof err))
-        TZ_FATAL("%s", err);
-    tz_tq_levels(q->method, q->bits, &m->cb, m->levels);
+    tz_quant_prepare(&m->o.quant, m->o.full, &m->cb, m->levels);
 }
 
-/* The codebook of `bits` bits: m's when it has that many, else computed into local. */
 static const tz_tq_codebook *codebook_of(const tz_llama *m, int method, int bits,
                                          tz_tq_codebook *local) {
-    char err[256];
-    if (method != TZ_TQ_TURBOQUANT || m->cb.bits == bits) return &m->cb;
-    if (tz_tq_codebook_init(local, bits, err, sizeof err)) TZ_FATAL("%s", err);
-    return local;
+    return tz_quant_codebook(&m->cb, method, bits, local);
 }
 
 void tz_llama_quantize_param(tz_llama *m, tz_param *p, const float *w) {
-    const tz_qweight *q = p->q;
-    tz_tq_codebook local;
-    const tz_tq_codebook *cb = codebook_of(m, q->method, q->bits, &local);
-    tz_tq_tensor t;
-    char err[256];
-    if (tz_tq_tensor_init(&t, q->bits, q->group, p->shape[0], p->shape[1], q->seed, err,
-                          sizeof err))
-        TZ_FATAL("%s: %s", p->name, err);
-    tz_tq_quantize_as(&t, q->method, cb, w);
-    m->be->upload(m->be, q->codes, t.codes, (size_t)tz_tq_codes_bytes(t.rows, t.cols, t.bits));
-    m->be->upload(m->be, q->scales, t.scales,
-                  (size_t)tz_tq_scales_count(t.rows, t.cols, t.group) * sizeof *t.scales);
-    tz_tq_tensor_free(&t);
+    tz_quant_upload(m->be, &m->cb, p, w);
 }
 
 void tz_llama_quant_from_file(tz_llama_opts *o, const tz_tqf *qf, const char *dir) {

@@ -171,12 +171,20 @@ _Static_assert(TZ_LORA_QKV >> 7 == 1 << TZ_DIT_QKV && TZ_LORA_PROJ >> 7 == 1 << 
                    TZ_LORA_ADALN >> 7 == 1 << TZ_DIT_ADALN,
                "config DiT target bits follow the DiT projection order");
 
+/* quant.* as the model opts take it (as task_llama.c passes it). */
+static tz_quant_opts quant_opts(const tz_config *cfg) {
+    tz_quant_opts q = {.method = cfg->quant.method, .bits = (int)cfg->quant.bits,
+                       .group = (int)cfg->quant.group, .seed = (uint64_t)cfg->quant.seed};
+    return q;
+}
+
 tz_task *tz_task_dit_create(const tz_config *cfg, tz_backend *be, int training) {
     dit_task *k = tz_xcalloc(1, sizeof *k);
     k->cfg = cfg;
     k->training = training;
     tz_dit_opts o = {0};
     o.full = training && cfg->train.mode == TZ_MODE_FULL;
+    o.quant = quant_opts(cfg);
     o.checkpointing = cfg->train.checkpointing;
     if (cfg->model.adapter[0]) {
         tz_dit_read_adapter_opts(cfg->model.adapter, &o);
@@ -241,6 +249,7 @@ int tz_sample_run(const tz_config *cfg, const tz_sample_args *a) {
         TZ_FATAL("%s: sample needs model.arch = \"dit\"", cfg->source);
     tz_backend *be = tz_cpu_backend_create((int)cfg->train.threads);
     tz_dit_opts o = {0};
+    o.quant = quant_opts(cfg);
     if (cfg->model.adapter[0]) tz_dit_read_adapter_opts(cfg->model.adapter, &o);
     tz_dit *m = tz_dit_load(be, cfg->model.path, &o);
     if (cfg->model.adapter[0]) tz_dit_load_adapter(m, cfg->model.adapter);

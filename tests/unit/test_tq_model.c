@@ -12,49 +12,7 @@
 #include "model/llama.h"
 #include "quant/turboquant.h"
 #include "tz_check.h"
-
-/* ---- a counting wrapper around the CPU backend's memory ---- */
-
-static void *(*g_alloc)(tz_backend *, size_t);
-static void (*g_release)(tz_backend *, void *);
-#define MAX_LIVE 4096
-static void *g_ptr[MAX_LIVE];
-static size_t g_size[MAX_LIVE];
-static size_t g_live, g_allocs;
-
-static void *count_alloc(tz_backend *be, size_t bytes) {
-    void *p = g_alloc(be, bytes);
-    for (int i = 0; i < MAX_LIVE; i++)
-        if (!g_ptr[i]) {
-            g_ptr[i] = p, g_size[i] = bytes;
-            break;
-        }
-    g_live += bytes;
-    g_allocs++;
-    return p;
-}
-
-static void count_release(tz_backend *be, void *p) {
-    for (int i = 0; i < MAX_LIVE; i++)
-        if (g_ptr[i] == p) {
-            g_live -= g_size[i];
-            g_ptr[i] = NULL;
-            break;
-        }
-    g_release(be, p);
-}
-
-static size_t round64(size_t b) { return (b + 63) & ~(size_t)63; }
-
-static double maxrel(const float *a, const float *b, int64_t n) {
-    double e = 0.0, s = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= e)) e = d;
-        if (fabs((double)b[i]) > s) s = fabs((double)b[i]);
-    }
-    return e / (s > 0 ? s : 1e-30);
-}
+#include "tz_tq_test.h"
 
 static const tz_llama_dims k_dims = {.vocab = 64, .dim = 128, .hidden = 192, .n_layers = 2,
                                      .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
@@ -76,21 +34,9 @@ static tz_llama *make(tz_backend *be, const tz_llama_quant *q, int checkpointing
 
 /* dense's projections = the dequantized weights of q's (plain basis) */
 static void copy_dequantized(tz_llama *dense, const tz_llama *q) {
-    char err[200];
-    tz_tq_codebook cb;
-    tz_tq_codebook_init(&cb, q->o.quant.bits, err, sizeof err);
     for (int64_t l = 0; l < k_dims.n_layers; l++)
-        for (int j = 0; j < TZ_LIN_N; j++) {
-            const tz_param *p = q->layers[l].lin[j].w;
-            tz_param *d = dense->layers[l].lin[j].w;
-            tz_tq_tensor t;
-            tz_tq_tensor_init(&t, p->q->bits, p->q->group, p->shape[0], p->shape[1], p->q->seed,
-                              err, sizeof err);
-            memcpy(t.codes, p->q->codes, (size_t)tz_tq_codes_bytes(t.rows, t.cols, t.bits));
-            memcpy(t.scales, p->q->scales, (size_t)tz_tq_scales_count(t.rows, t.cols, t.group) * 2);
-            tz_tq_dequantize_as(&t, p->q->method, &cb, d->w);
-            tz_tq_tensor_free(&t);
-        }
+        for (int j = 0; j < TZ_LIN_N; j++)
+            dequantize_param(q->layers[l].lin[j].w, dense->layers[l].lin[j].w->w);
 }
 
 static float *bind(tz_backend *be, tz_llama *m) {
@@ -102,8 +48,7 @@ static float *bind(tz_backend *be, tz_llama *m) {
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     tz_backend *be = tz_cpu_backend_create(2);
-    g_alloc = be->alloc, g_release = be->release;
-    be->alloc = count_alloc, be->release = count_release;
+    count_start(be);
     const int64_t B = 2, T = 16, BT = B * T;
     const tz_llama_quant q4 = {.method = TZ_TQ_TURBOQUANT, .bits = 4, .group = 128, .seed = 5};
 
@@ -124,9 +69,7 @@ int main(int argc, char **argv) {
             int want_group = p->shape[1] % 128 ? 64 : 128; /* in = 192 (down): 64 */
             groups_ok &= p->q && !p->w && p->q->group == want_group;
             expect -= (size_t)p->numel * 4;
-            expect += (size_t)tz_tq_codes_bytes(p->shape[0], p->shape[1], 4) +
-                      (size_t)tz_tq_scales_count(p->shape[0], p->shape[1], p->q->group) * 2 +
-                      16 * 4;
+            expect += quant_bytes(p);
             if ((size_t)p->numel > tile) tile = (size_t)p->numel;
             if ((size_t)p->shape[1] > rot_in) rot_in = (size_t)p->shape[1];
         }
@@ -192,7 +135,7 @@ int main(int argc, char **argv) {
     be->release(be, gd), be->release(be, gq), be->release(be, gc);
     tz_llama_free(d), tz_llama_free(q), tz_llama_free(c), tz_llama_free(a), tz_llama_free(ad);
     check(g_live == 0, "every backend allocation released (%zu bytes left)", g_live);
-    be->alloc = g_alloc, be->release = g_release;
+    count_stop(be);
     tz_cpu_backend_destroy(be);
     MPI_Finalize();
     return tz_check_done("tq_model");

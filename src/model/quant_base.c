@@ -1,0 +1,72 @@
+/* Quantized frozen base weights shared by the models: option checks and codebook, host-side
+ * quantization into backend storage, and the decode scratch of the arena. */
+#include "model/quant_base.h"
+
+#include <string.h>
+
+#include "core/error.h"
+#include "quant/turboquant.h"
+
+void tz_quant_prepare(const tz_quant_opts *q, int full, tz_tq_codebook *cb, float *levels) {
+    char err[256];
+    if (full)
+        TZ_FATAL_HINT("train LoRA adapters on the quantized base (train.mode = \"lora\"), or "
+                      "fine-tune a dense model (quant.bits = 0; `turbozero export --dequantize` "
+                      "turns a quantized model into a dense one)",
+                      "full fine-tuning of a quantized base (%s, %d bits) is not supported yet: "
+                      "quantization-aware training is later work",
+                      tz_tq_method_name(q->method), q->bits);
+    if (q->bits < 1 || q->bits > TZ_TQ_MAX_BITS)
+        TZ_FATAL("quantization bits %d out of range (1..%d)", q->bits, TZ_TQ_MAX_BITS);
+    if (q->group != 64 && q->group != 128 && q->group != 256)
+        TZ_FATAL("quantization group %d is not 64, 128 or 256", q->group);
+    if (q->method != TZ_TQ_TURBOQUANT && q->method != TZ_TQ_ABSMAX)
+        TZ_FATAL("unknown quantization method %d", q->method);
+    memset(cb, 0, sizeof *cb);
+    if (q->method == TZ_TQ_TURBOQUANT && tz_tq_codebook_init(cb, q->bits, err, sizeof err))
+        TZ_FATAL("%s", err);
+    tz_tq_levels(q->method, q->bits, cb, levels);
+}
+
+const tz_tq_codebook *tz_quant_codebook(const tz_tq_codebook *cb, int method, int bits,
+                                        tz_tq_codebook *local) {
+    char err[256];
+    if (method != TZ_TQ_TURBOQUANT || cb->bits == bits) return cb;
+    if (tz_tq_codebook_init(local, bits, err, sizeof err)) TZ_FATAL("%s", err);
+    return local;
+}
+
+void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, const float *w) {
+    const tz_qweight *q = p->q;
+    tz_tq_codebook local;
+    const tz_tq_codebook *c = tz_quant_codebook(cb, q->method, q->bits, &local);
+    tz_tq_tensor t;
+    char err[256];
+    if (tz_tq_tensor_init(&t, q->bits, q->group, p->shape[0], p->shape[1], q->seed, err,
+                          sizeof err))
+        TZ_FATAL("%s: %s", p->name, err);
+    tz_tq_quantize_as(&t, q->method, c, w);
+    be->upload(be, q->codes, t.codes, (size_t)tz_tq_codes_bytes(t.rows, t.cols, t.bits));
+    be->upload(be, q->scales, t.scales,
+               (size_t)tz_tq_scales_count(t.rows, t.cols, t.group) * sizeof *t.scales);
+    tz_tq_tensor_free(&t);
+}
+
+size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows) {
+    int64_t tile = 0, rot_in = 0;
+    for (int i = 0; i < ps->n; i++) {
+        const tz_param *p = ps->p[i];
+        if (!p->q) continue;
+        if (p->numel > tile) tile = p->numel;
+        if (p->q->method == TZ_TQ_TURBOQUANT && p->shape[1] > rot_in) rot_in = p->shape[1];
+    }
+    const size_t tb = (size_t)tile * 4, rb = (size_t)(rows * rot_in) * 4;
+    if (a) {
+        memset(s, 0, sizeof *s);
+        if (tile) s->tile = tz_arena_alloc(a, tb, "quantized weight tile");
+        if (rot_in) s->act = tz_arena_alloc(a, rb, "rotated activations");
+        s->tile_floats = tile;
+        s->act_floats = rows * rot_in;
+    }
+    return (tile ? (tb + 63) & ~(size_t)63 : 0) + (rot_in ? (rb + 63) & ~(size_t)63 : 0);
+}

@@ -1,0 +1,37 @@
+/* Quantized frozen base weights, shared by every model (Llama, DiT): the options, the
+ * codebook set-up, quantizing a host weight into its backend storage, and the one decode
+ * tile + rotation buffer (tz_tq_scratch) a model's arena holds for its quantized linears.
+ * Which weights a model quantizes is the model's choice; the math is src/quant's. */
+#ifndef TZ_QUANT_BASE_H
+#define TZ_QUANT_BASE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/arena.h"
+#include "core/backend.h"
+#include "model/linear.h"
+#include "model/params.h"
+#include "quant/codebook.h"
+
+/* How a model's quantizable weights are stored (quant/turboquant.h). bits 0: dense. */
+typedef struct tz_quant_opts {
+    int method;        /* TZ_TQ_TURBOQUANT | TZ_TQ_ABSMAX (the baseline) */
+    int bits;          /* 0 (dense), 1..4 */
+    int group;         /* 64, 128 or 256 */
+    uint64_t seed;     /* sign seed (TurboQuant) */
+} tz_quant_opts;
+
+/* Checks q (fatal with a hint when it cannot be used, e.g. full fine-tuning: `full` non-zero)
+ * and fills cb (TurboQuant) and levels (2^bits code values, tz_tq_levels). */
+void tz_quant_prepare(const tz_quant_opts *q, int full, tz_tq_codebook *cb, float *levels);
+/* The codebook of `bits` bits: cb when it has that many, else computed into local. */
+const tz_tq_codebook *tz_quant_codebook(const tz_tq_codebook *cb, int method, int bits,
+                                        tz_tq_codebook *local);
+/* Quantizes the host weight w (p->numel floats) as p->q says and uploads codes and scales. */
+void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, const float *w);
+/* The scratch of a model whose quantized weights are those of ps: one tile for the largest,
+ * one rotation buffer of rows x (largest `in` of a TurboQuant weight). With a NULL arena it
+ * only counts bytes (64-byte rounded, as tz_arena_alloc takes them); else it allocates s. */
+size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows);
+
+#endif
