@@ -90,7 +90,8 @@ expect_error() { # name, expected text, command...
   grep -qF -- "$want" "$work/err.log" && ok "$name" || { bad "$name: message lacks '$want'"; cat "$work/err.log"; }
 }
 expect_error "IDX images without labels" "needs its label file in data.train_labels" \
-  "$tz" train inputs/dit/pretrain.cfg "${data[@]}" --set data.train_labels= --set run.dir="$work/e1"
+  "$tz" train inputs/dit/pretrain.cfg --set model.path=inputs/dit/model "${data[@]}" --set data.train_labels= \
+  --set run.dir="$work/e1"
 printf 'not an idx file at all' > "$work/bad.gz"
 expect_error "malformed image file" "bad.gz" \
   "$tz" eval inputs/dit/pretrain.cfg --set model.path=inputs/dit/model "${data[@]}" --set data.val="$work/bad.gz"
