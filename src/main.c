@@ -41,13 +41,12 @@ static void usage(FILE *f) {
 /* Value of --name in argv[from..argc), or NULL; every other argument must be a known flag. */
 static const char *flag(int argc, char **argv, int from, const char *name, const char *const *known) {
     const char *val = NULL;
-    for (int i = from; i < argc; i++) {
+    for (int i = from; i < argc; i += 2) { /* flag, value, flag, value, ... */
         int ok = 0;
         for (const char *const *k = known; *k; k++) ok |= !strcmp(argv[i], *k);
         if (!ok) TZ_FATAL("%s: unknown argument '%s' (see turbozero --help)", argv[from - 1], argv[i]);
         if (i + 1 >= argc) TZ_FATAL("%s: %s needs a value", argv[from - 1], argv[i]);
         if (!strcmp(argv[i], name)) val = argv[i + 1];
-        i++;
     }
     return val;
 }

@@ -1,8 +1,10 @@
 /* The training loop (micro-batches, accumulation, ZeRO step, eval, logs, final save), the
  * eval driver and the benchmark driver, over N data-parallel ranks (N = 1 included). */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "train/trainer.h"
 
 #include <math.h>
+#include <sched.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +53,13 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     if (cfg->train.threads > 0) omp_set_num_threads((int)cfg->train.threads); /* AdamW too */
     r->be = tz_cpu_backend_create((int)cfg->train.threads);
     w->threads = omp_get_max_threads();
+    cpu_set_t cpus;
+    if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < w->threads)
+        tz_warn("this rank may run on %d CPU(s) but uses %d OpenMP threads: they share cores",
+                CPU_COUNT(&cpus), w->threads),
+            tz_warn("HINT: give each rank as many cores as threads (mpirun --map-by slot:PE=%d, "
+                    "or --bind-to none; srun --cpus-per-task=%d), or set train.threads",
+                    w->threads, w->threads);
     r->task = cfg->model.arch == TZ_ARCH_DIT ? tz_task_dit_create(cfg, r->be, training)
                                              : tz_task_llama_create(cfg, r->be, training);
     r->B = r->task->B;
