@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "model/adapter_io.h"
 #include "io/dit_config.h"
 #include "io/fsutil.h"
-#include "io/peft.h"
 #include "io/safetensors.h"
 #include "io/tq_format.h"
 
@@ -86,7 +86,8 @@ tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_dit_opts *o) {
     return m;
 }
 
-static void save_weights(tz_dit *m, const char *path, int adapters, int bf16) {
+/* The base weights (no adapters) plus pos_embed, with DiT's shapes. */
+static void save_weights(tz_dit *m, const char *path, int bf16) {
     tz_st_writer w;
     tz_st_writer_init(&w);
     tz_st_writer_set_metadata(&w, "format", "pt");
@@ -97,8 +98,7 @@ static void save_weights(tz_dit *m, const char *path, int adapters, int bf16) {
     enum tz_dtype dt = bf16 ? TZ_DT_BF16 : TZ_DT_F32;
     for (int i = 0; i <= m->params.n; i++) {
         tz_param *p = i < m->params.n ? m->params.p[i] : NULL;
-        if (p && p->adapter != adapters) continue;
-        if (!p && adapters) break;
+        if (p && p->adapter) continue;
         const int64_t T = tz_dit_tokens(&m->d), Hd = m->d.hidden, pp = m->d.patch_size;
         int64_t numel = p ? p->numel : T * Hd, shape[4];
         int ndim;
@@ -147,54 +147,22 @@ void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
     c.frequency_embedding_size = d->freq_dim;
     snprintf(c.diffusion, sizeof c.diffusion, "%s", d->diffusion == TZ_DIFF_FLOW ? "flow" : "ddpm");
     tz_path_join(path, sizeof path, dir, "model.safetensors");
-    save_weights(m, path, 0, bf16);
+    save_weights(m, path, bf16);
     tz_path_join(path, sizeof path, dir, "config.json");
     if (tz_dit_config_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }
 
 void tz_dit_read_adapter_opts(const char *dir, tz_dit_opts *o) {
-    char path[1100], err[1200];
-    tz_path_join(path, sizeof path, dir, "adapter_config.json");
-    tz_peft_config c;
-    if (tz_peft_read(&c, path, err, sizeof err)) TZ_FATAL("model.adapter: %s", err);
-    o->lora_rank = c.r;
-    o->lora_alpha = c.alpha;
-    o->lora_targets = 0;
-    for (int i = 0; i < c.ntargets; i++) {
-        int found = 0;
-        for (int j = 0; j < TZ_DIT_LIN_N; j++)
-            if (!strcmp(c.targets[i], tz_dit_lin_names[j])) o->lora_targets |= 1 << j, found = 1;
-        if (!found)
-            TZ_FATAL("%s: target_modules: \"%s\" is not a DiT projection (attn.qkv, attn.proj, "
-                     "mlp.fc1, mlp.fc2, adaLN_modulation.1)", path, c.targets[i]);
-    }
+    tz_lora_spec sp;
+    tz_adapter_read_spec(dir, tz_dit_lin_names, TZ_DIT_LIN_N, &sp);
+    o->lora_targets = sp.targets;
+    o->lora_rank = sp.rank;
+    o->lora_alpha = sp.alpha;
 }
 
-void tz_dit_load_adapter(tz_dit *m, const char *dir) {
-    char path[1100], err[1200];
-    tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
-    tz_safetensors st;
-    if (tz_st_open(&st, path, err, sizeof err)) TZ_FATAL("model.adapter: %s", err);
-    float *buf = max_buffer(&m->params, 1);
-    for (int i = 0; i < m->params.n; i++)
-        if (m->params.p[i]->adapter) load_param(m, &st, m->params.p[i], buf);
-    free(buf);
-    tz_st_close(&st);
-}
+void tz_dit_load_adapter(tz_dit *m, const char *dir) { tz_adapter_load(&m->params, m->be, dir); }
 
 void tz_dit_save_adapter(tz_dit *m, const char *dir, const char *base_model_path) {
-    char path[1100], err[1200];
-    if (tz_mkdir_p(dir, err, sizeof err)) TZ_FATAL("%s", err);
-    tz_peft_config c;
-    memset(&c, 0, sizeof c);
-    c.r = m->o.lora_rank;
-    c.alpha = m->o.lora_alpha;
-    for (int j = 0; j < TZ_DIT_LIN_N; j++)
-        if (m->o.lora_targets & (1 << j))
-            snprintf(c.targets[c.ntargets++], sizeof c.targets[0], "%s", tz_dit_lin_names[j]);
-    snprintf(c.base_model, sizeof c.base_model, "%s", base_model_path);
-    tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
-    save_weights(m, path, 1, 0);
-    tz_path_join(path, sizeof path, dir, "adapter_config.json");
-    if (tz_peft_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
+    tz_lora_spec sp = {m->o.lora_targets, m->o.lora_rank, m->o.lora_alpha};
+    tz_adapter_save(&m->params, m->be, dir, tz_dit_lin_names, TZ_DIT_LIN_N, &sp, base_model_path);
 }

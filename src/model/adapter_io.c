@@ -1,0 +1,106 @@
+/* PEFT adapters and plain tensor writes shared by the Llama and DiT loaders; the names of
+ * the projections come from the family, everything else is the same for both. */
+#include "model/adapter_io.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "io/fsutil.h"
+#include "io/peft.h"
+#include "io/safetensors.h"
+
+void tz_adapter_read_spec(const char *dir, const char *const *names, int n, tz_lora_spec *s) {
+    char path[1100], err[1200];
+    tz_path_join(path, sizeof path, dir, "adapter_config.json");
+    tz_peft_config c;
+    if (tz_peft_read(&c, path, err, sizeof err)) TZ_FATAL("model.adapter: %s", err);
+    s->rank = c.r;
+    s->alpha = c.alpha;
+    s->targets = 0;
+    for (int i = 0; i < c.ntargets; i++) {
+        int j = 0;
+        while (j < n && strcmp(c.targets[i], names[j])) j++;
+        if (j == n) {
+            char known[512] = "";
+            for (int k = 0; k < n; k++)
+                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", k ? ", " : "",
+                         names[k]);
+            TZ_FATAL("%s: target_modules: \"%s\" is not a projection of this model (%s)", path,
+                     c.targets[i], known);
+        }
+        s->targets |= 1 << j;
+    }
+}
+
+void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir) {
+    char path[1100], err[1200];
+    tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
+    tz_safetensors st;
+    if (tz_st_open(&st, path, err, sizeof err)) TZ_FATAL("model.adapter: %s", err);
+    for (int i = 0; i < ps->n; i++) {
+        tz_param *p = ps->p[i];
+        if (!p->adapter) continue;
+        float *buf = tz_xmalloc((size_t)p->numel * sizeof *buf);
+        if (tz_st_read_f32(&st, p->name, buf, p->ndim, p->shape, err, sizeof err))
+            TZ_FATAL("model.adapter: %s", err);
+        be->upload(be, p->w, buf, (size_t)p->numel * sizeof *buf);
+        free(buf);
+    }
+    tz_st_close(&st);
+}
+
+void tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16) {
+    tz_st_writer w;
+    tz_st_writer_init(&w);
+    tz_st_writer_set_metadata(&w, "format", "pt");
+    tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
+    char err[1024];
+    void **bufs = tz_xcalloc((size_t)ps->n + 1, sizeof *bufs);
+    int n = 0;
+    for (int i = 0; i < ps->n; i++) {
+        tz_param *p = ps->p[i];
+        if (p->adapter != adapters) continue;
+        if (p->q)
+            TZ_FATAL_HINT("write quantized models with `turbozero quantize`, dense ones with "
+                          "`turbozero export --dequantize`",
+                          "%s: %s is quantized; saving a quantized model here is not supported",
+                          path, p->name);
+        float *f = tz_xmalloc((size_t)p->numel * sizeof *f);
+        be->download(be, f, p->w, (size_t)p->numel * sizeof *f);
+        if (bf16) {
+            uint16_t *h = tz_xmalloc((size_t)p->numel * sizeof *h);
+            tz_dtype_from_f32(TZ_DT_BF16, f, h, p->numel);
+            free(f);
+            bufs[n++] = h;
+        } else {
+            bufs[n++] = f;
+        }
+        if (tz_st_writer_add(&w, p->name, bf16 ? TZ_DT_BF16 : TZ_DT_F32, p->ndim, p->shape,
+                             bufs[n - 1], err, sizeof err))
+            TZ_FATAL("%s: %s", path, err);
+    }
+    if (tz_st_writer_save(&w, path, err, sizeof err)) TZ_FATAL("%s", err);
+    for (int i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    tz_st_writer_free(&w);
+}
+
+void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char *const *names,
+                     int n, const tz_lora_spec *s, const char *base_model_path) {
+    char path[1100], err[1200];
+    if (tz_mkdir_p(dir, err, sizeof err)) TZ_FATAL("%s", err);
+    tz_peft_config c;
+    memset(&c, 0, sizeof c);
+    c.r = s->rank;
+    c.alpha = s->alpha;
+    for (int j = 0; j < n; j++)
+        if (s->targets & (1 << j))
+            snprintf(c.targets[c.ntargets++], sizeof c.targets[0], "%s", names[j]);
+    snprintf(c.base_model, sizeof c.base_model, "%s", base_model_path);
+    tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
+    tz_params_save_dense(ps, be, path, 1, 0);
+    tz_path_join(path, sizeof path, dir, "adapter_config.json");
+    if (tz_peft_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
+}

@@ -1,0 +1,30 @@
+/* LoRA adapters of any model family in PEFT layout (adapter_config.json and
+ * adapter_model.safetensors), and the plain write of a parameter table's dense tensors. The
+ * families pass the names of their projections; formats are in io/ (peft, safetensors). */
+#ifndef TZ_ADAPTER_IO_H
+#define TZ_ADAPTER_IO_H
+#include <stdint.h>
+
+#include "core/backend.h"
+#include "model/params.h"
+
+typedef struct tz_lora_spec {
+    int targets;    /* bit j: projection names[j] has an adapter */
+    int64_t rank;
+    double alpha;
+} tz_lora_spec;
+
+/* Reads DIR/adapter_config.json; target_modules must all be in names[0..n) (fatal naming the
+ * file, the module and the family's names otherwise). */
+void tz_adapter_read_spec(const char *dir, const char *const *names, int n, tz_lora_spec *s);
+/* Loads every adapter tensor of ps from DIR/adapter_model.safetensors by name and shape. */
+void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir);
+/* Writes DIR/adapter_model.safetensors (F32) and DIR/adapter_config.json. */
+void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char *const *names,
+                     int n, const tz_lora_spec *s, const char *base_model_path);
+/* Writes the dense tensors of ps whose adapter flag equals `adapters` to a safetensors file
+ * (F32, or BF16 rounded to nearest even), under their table names and shapes. Fatal on a
+ * quantized tensor (those are written by `turbozero quantize`). */
+void tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16);
+
+#endif
