@@ -23,6 +23,12 @@ void *tz_arena_alloc(tz_arena *a, size_t bytes, const char *what);
 static inline float *tz_arena_floats(tz_arena *a, int64_t n, const char *what) {
     return (float *)tz_arena_alloc(a, (size_t)n * sizeof(float), what);
 }
+/* One step of a walk that first sizes an arena (a == NULL: only *total grows by the aligned
+ * size of n floats) and then allocates from it (the same walk with the arena). */
+static inline void *tz_arena_take(tz_arena *a, size_t *total, int64_t n, const char *what) {
+    *total += ((size_t)n * sizeof(float) + 63) & ~(size_t)63;
+    return a ? tz_arena_alloc(a, (size_t)n * sizeof(float), what) : NULL;
+}
 static inline size_t tz_arena_mark(const tz_arena *a) { return a->used; }
 static inline void tz_arena_reset(tz_arena *a, size_t mark) { a->used = mark; }
 

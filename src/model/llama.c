@@ -167,11 +167,10 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     const int64_t BT = B * T, C = d->dim, F = d->hidden;
     const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
     size_t total = 0;
-#define TAKE(ptr, n, what)                                                   \
-    do {                                                                     \
-        size_t b_ = ((size_t)(n) * 4 + 63) & ~(size_t)63;                    \
-        total += b_;                                                         \
-        if (a) (ptr) = (void *)tz_arena_alloc(a, (size_t)(n) * 4, what);     \
+#define TAKE(ptr, n, what)                                    \
+    do {                                                      \
+        void *take_ = tz_arena_take(a, &total, (n), (what)); \
+        if (a) (ptr) = take_;                                 \
     } while (0)
     int n_acts = m->o.checkpointing ? 1 : (int)d->n_layers;
     if (a) {
