@@ -12,68 +12,7 @@
 #include "core/rng.h"
 #include "tz_check.h"
 
-static tz_rng g_rng;
-static tz_backend *g_be;
-
-static void report(const char *name, double err, double tol) {
-    check(err <= tol, "%-56s maxrel %.3e (tol %.0e)", name, err, tol); /* NaN fails */
-}
-
-static float *fbuf(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
-static double *dbuf(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
-static float *frand(int64_t n, float amp) {
-    float *x = fbuf(n);
-    for (int64_t i = 0; i < n; i++) x[i] = amp * (2.0f * tz_rng_uniform(&g_rng) - 1.0f);
-    return x;
-}
-static double *todbl(const float *x, int64_t n) {
-    double *d = dbuf(n);
-    for (int64_t i = 0; i < n; i++) d[i] = x[i];
-    return d;
-}
-static float *fcopy(const float *x, int64_t n) {
-    float *y = fbuf(n);
-    memcpy(y, x, (size_t)n * sizeof(float));
-    return y;
-}
-
-/* max |got - ref| / max |ref| */
-static double relerr(const float *got, const double *ref, int64_t n) {
-    double e = 0.0, s = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - ref[i]);
-        if (!(d <= e)) e = d;
-        if (fabs(ref[i]) > s) s = fabs(ref[i]);
-    }
-    return e / (s > 1e-30 ? s : 1e-30);
-}
-static double relerr_doubled(const float *twice, const float *once, int64_t n) {
-    double *r = dbuf(n);
-    for (int64_t i = 0; i < n; i++) r[i] = 2.0 * once[i];
-    double e = relerr(twice, r, n);
-    free(r);
-    return e;
-}
-static double dot_d(const double *a, const double *b, int64_t n) {
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-/* Central differences of f with respect to every x[i]. */
-typedef double (*loss_fn)(void *ctx);
-static void fd_grad(loss_fn f, void *ctx, double *x, int64_t n, double *g) {
-    const double eps = 1e-5;
-    for (int64_t i = 0; i < n; i++) {
-        double x0 = x[i];
-        x[i] = x0 + eps;
-        double lp = f(ctx);
-        x[i] = x0 - eps;
-        double lm = f(ctx);
-        x[i] = x0;
-        g[i] = (lp - lm) / (2.0 * eps);
-    }
-}
+#include "tz_optest.h"
 
 /* ---- layernorm ---- */
 
