@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,15 +11,6 @@
 #include <unistd.h>
 
 #include "core/error.h"
-
-static void af_err(char *err, size_t errlen, const char *fmt, ...) TZ_PRINTF(3, 4);
-static void af_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static void af_release(tz_atomic_file *f) {
     free(f->path);
@@ -35,7 +25,7 @@ int tz_atomic_file_open(tz_atomic_file *f, const char *path, char *err, size_t e
     f->path = NULL;
     f->tmp_path = NULL;
     if (!path || !*path) {
-        af_err(err, errlen, "(empty path): cannot write a file without a name");
+        tz_errf(err, errlen, "(empty path): cannot write a file without a name");
         return 1;
     }
     size_t n = strlen(path);
@@ -45,7 +35,7 @@ int tz_atomic_file_open(tz_atomic_file *f, const char *path, char *err, size_t e
     memcpy(f->tmp_path + n, ".tmp", 5);
     f->fd = open(f->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (f->fd < 0) {
-        af_err(err, errlen, "%s: cannot create %s: %s", path, f->tmp_path, strerror(errno));
+        tz_errf(err, errlen, "%s: cannot create %s: %s", path, f->tmp_path, strerror(errno));
         af_release(f);
         return 1;
     }
@@ -59,8 +49,8 @@ int tz_atomic_file_write(tz_atomic_file *f, const void *buf, size_t n, char *err
         ssize_t w = write(f->fd, p, chunk);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
-            af_err(err, errlen, "%s: write to %s failed: %s", f->path, f->tmp_path,
-                   w < 0 ? strerror(errno) : "no progress");
+            tz_errf(err, errlen, "%s: write to %s failed: %s", f->path, f->tmp_path,
+                    w < 0 ? strerror(errno) : "no progress");
             return 1;
         }
         p += w;
@@ -93,20 +83,20 @@ static void af_sync_dir(const char *path) {
 
 int tz_atomic_file_commit(tz_atomic_file *f, char *err, size_t errlen) {
     if (fsync(f->fd) != 0) {
-        af_err(err, errlen, "%s: fsync of %s failed: %s", f->path, f->tmp_path, strerror(errno));
+        tz_errf(err, errlen, "%s: fsync of %s failed: %s", f->path, f->tmp_path, strerror(errno));
         tz_atomic_file_abort(f);
         return 1;
     }
     int rc = close(f->fd);
     f->fd = -1;
     if (rc != 0) {
-        af_err(err, errlen, "%s: close of %s failed: %s", f->path, f->tmp_path, strerror(errno));
+        tz_errf(err, errlen, "%s: close of %s failed: %s", f->path, f->tmp_path, strerror(errno));
         tz_atomic_file_abort(f);
         return 1;
     }
     if (rename(f->tmp_path, f->path) != 0) {
-        af_err(err, errlen, "%s: rename from %s failed: %s", f->path, f->tmp_path,
-               strerror(errno));
+        tz_errf(err, errlen, "%s: rename from %s failed: %s", f->path, f->tmp_path,
+                strerror(errno));
         tz_atomic_file_abort(f);
         return 1;
     }

@@ -5,7 +5,6 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,15 +13,6 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 
-static void hf_err(char *err, size_t errlen, const char *fmt, ...) TZ_PRINTF(3, 4);
-static void hf_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 typedef struct hf_ctx {
     const char *file;
     json_t *root;
@@ -30,7 +20,7 @@ typedef struct hf_ctx {
     size_t errlen;
 } hf_ctx;
 
-#define HERR(X, ...) (hf_err((X)->err, (X)->errlen, __VA_ARGS__), 1)
+#define HERR(X, ...) tz_errf((X)->err, (X)->errlen, __VA_ARGS__)
 
 static const char *hf_show(const json_t *v, char *buf, size_t len) {
     switch (json_typeof(v)) {
@@ -188,11 +178,11 @@ int tz_hf_llama_read(tz_hf_llama *c, const char *path, char *err, size_t errlen)
     json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &je);
     int rc;
     if (!root && je.line < 0) {
-        hf_err(err, errlen, "%s: cannot read: %s", file, je.text);
+        tz_errf(err, errlen, "%s: cannot read: %s", file, je.text);
         rc = 1;
     } else if (!root) {
-        hf_err(err, errlen, "%s: not valid JSON: %s (line %d, column %d)", file, je.text, je.line,
-               je.column);
+        tz_errf(err, errlen, "%s: not valid JSON: %s (line %d, column %d)", file, je.text, je.line,
+                je.column);
         rc = 1;
     } else {
         hf_ctx x = {file, root, err, errlen};
@@ -219,30 +209,30 @@ int tz_hf_llama_check(const tz_hf_llama *c, const char *file, char *err, size_t 
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if (ints[i].v <= 0) {
-            hf_err(err, errlen, "%s: key \"%s\" is %" PRId64 ", expected a positive integer",
-                   file, ints[i].key, ints[i].v);
+            tz_errf(err, errlen, "%s: key \"%s\" is %" PRId64 ", expected a positive integer",
+                    file, ints[i].key, ints[i].v);
             return 1;
         }
     }
     if (c->num_attention_heads % c->num_key_value_heads != 0) {
-        hf_err(err, errlen, "%s: key \"num_key_value_heads\" is %" PRId64 ", expected a divisor "
-               "of num_attention_heads %" PRId64, file, c->num_key_value_heads,
-               c->num_attention_heads);
+        tz_errf(err, errlen, "%s: key \"num_key_value_heads\" is %" PRId64 ", expected a divisor "
+                "of num_attention_heads %" PRId64, file, c->num_key_value_heads,
+                c->num_attention_heads);
         return 1;
     }
     if (!(c->rms_norm_eps > 0) || !isfinite(c->rms_norm_eps)) {
-        hf_err(err, errlen, "%s: key \"rms_norm_eps\" is %g, expected a positive number", file,
-               c->rms_norm_eps);
+        tz_errf(err, errlen, "%s: key \"rms_norm_eps\" is %g, expected a positive number", file,
+                c->rms_norm_eps);
         return 1;
     }
     if (!(c->rope_theta > 0) || !isfinite(c->rope_theta)) {
-        hf_err(err, errlen, "%s: key \"rope_theta\" is %g, expected a positive number", file,
-               c->rope_theta);
+        tz_errf(err, errlen, "%s: key \"rope_theta\" is %g, expected a positive number", file,
+                c->rope_theta);
         return 1;
     }
     if (c->model_type[0] && strcmp(c->model_type, "llama") != 0) {
-        hf_err(err, errlen, "%s: key \"model_type\" is \"%.31s\", expected \"llama\"", file,
-               c->model_type);
+        tz_errf(err, errlen, "%s: key \"model_type\" is \"%.31s\", expected \"llama\"", file,
+                c->model_type);
         return 1;
     }
     size_t n = strnlen(c->torch_dtype, sizeof c->torch_dtype);
@@ -250,8 +240,8 @@ int tz_hf_llama_check(const tz_hf_llama *c, const char *file, char *err, size_t 
         char ch = c->torch_dtype[i];
         if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_') ||
             n == sizeof c->torch_dtype) {
-            hf_err(err, errlen, "%s: key \"torch_dtype\" is \"%.15s\", expected a torch dtype "
-                   "name such as \"bfloat16\"", file, c->torch_dtype);
+            tz_errf(err, errlen, "%s: key \"torch_dtype\" is \"%.15s\", expected a torch dtype "
+                    "name such as \"bfloat16\"", file, c->torch_dtype);
             return 1;
         }
     }
@@ -312,7 +302,7 @@ int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t 
         c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->max_position_embeddings,
         eps, theta, c->tie_word_embeddings ? "true" : "false", dtype);
     if (n < 0 || (size_t)n >= sizeof text) {
-        hf_err(err, errlen, "%s: config text does not fit its buffer", path);
+        tz_errf(err, errlen, "%s: config text does not fit its buffer", path);
         return 1;
     }
     tz_atomic_file f;
@@ -329,15 +319,15 @@ int tz_hf_config_rewrite(const char *src, const char *dst, const char *quant_jso
     json_error_t je;
     json_t *root = json_load_file(src, 0, &je);
     if (!root || !json_is_object(root)) {
-        hf_err(err, errlen, "%s: not a JSON object (%s, line %d)", src, root ? "" : je.text,
-               je.line);
+        tz_errf(err, errlen, "%s: not a JSON object (%s, line %d)", src, root ? "" : je.text,
+                je.line);
         json_decref(root);
         return 1;
     }
     if (quant_json) {
         json_t *q = json_loads(quant_json, 0, &je);
         if (!q) {
-            hf_err(err, errlen, "%s: quantization_config is not JSON: %s", dst, je.text);
+            tz_errf(err, errlen, "%s: quantization_config is not JSON: %s", dst, je.text);
             json_decref(root);
             return 1;
         }
@@ -349,7 +339,7 @@ int tz_hf_config_rewrite(const char *src, const char *dst, const char *quant_jso
     char *text = json_dumps(root, JSON_INDENT(2));
     json_decref(root);
     if (!text) {
-        hf_err(err, errlen, "%s: cannot format the config", dst);
+        tz_errf(err, errlen, "%s: cannot format the config", dst);
         return 1;
     }
     tz_atomic_file f;

@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,15 +19,6 @@
 #error "safetensors data is little-endian; this reader assumes a little-endian host"
 #endif
 
-static void st_err(char *err, size_t errlen, const char *fmt, ...) TZ_PRINTF(3, 4);
-static void st_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* Loading state: the reader being filled, capacities, and where errors go. */
 typedef struct st_load {
     tz_safetensors *st;
@@ -37,7 +27,7 @@ typedef struct st_load {
     size_t errlen;
 } st_load;
 
-#define LERR(L, ...) (st_err((L)->err, (L)->errlen, __VA_ARGS__), 1)
+#define LERR(L, ...) tz_errf((L)->err, (L)->errlen, __VA_ARGS__)
 
 /* A short description of a JSON value for messages: its value when small, else its kind. */
 static const char *st_json_show(const json_t *v, char *buf, size_t len) {
@@ -205,8 +195,8 @@ static int st_parse_header(st_load *L, const tz_st_file *f) {
                     je.line, je.column);
     if (!json_is_object(root)) {
         char show[96];
-        st_err(L->err, L->errlen, "%s: header is %s, expected a JSON object", f->path,
-               st_json_show(root, show, sizeof show));
+        tz_errf(L->err, L->errlen, "%s: header is %s, expected a JSON object", f->path,
+                st_json_show(root, show, sizeof show));
         json_decref(root);
         return 1;
     }
@@ -391,7 +381,7 @@ int tz_st_open(tz_safetensors *st, const char *path, char *err, size_t errlen) {
     memset(st, 0, sizeof *st);
     if (err && errlen) err[0] = '\0';
     if (!path || !*path) {
-        st_err(err, errlen, "(empty path): no safetensors file or model folder given");
+        tz_errf(err, errlen, "(empty path): no safetensors file or model folder given");
         return 1;
     }
     st_load L = {st, 0, 0, err, errlen};
@@ -455,8 +445,8 @@ const char *tz_st_metadata(const tz_safetensors *st, const char *key) {
 
 int tz_st_tensor_to_f32(const tz_st_tensor *t, float *out, char *err, size_t errlen) {
     if (tz_dtype_to_f32(t->dtype, t->data, out, t->numel) != 0) {
-        st_err(err, errlen, "%s: tensor '%s' has dtype %s; only F32, F16 and BF16 convert to "
-               "fp32", t->file, t->name, tz_dtype_name(t->dtype));
+        tz_errf(err, errlen, "%s: tensor '%s' has dtype %s; only F32, F16 and BF16 convert to "
+                "fp32", t->file, t->name, tz_dtype_name(t->dtype));
         return 1;
     }
     return 0;
@@ -466,8 +456,8 @@ int tz_st_read_f32(const tz_safetensors *st, const char *name, float *out, int n
                    const int64_t *shape, char *err, size_t errlen) {
     const tz_st_tensor *t = tz_st_find(st, name);
     if (!t) {
-        st_err(err, errlen, "%s: tensor '%s' not found (%" PRId64 " tensors present)", st->path,
-               name, st->count);
+        tz_errf(err, errlen, "%s: tensor '%s' not found (%" PRId64 " tensors present)", st->path,
+                name, st->count);
         return 1;
     }
     int same = ndim == t->ndim;
@@ -475,9 +465,9 @@ int tz_st_read_f32(const tz_safetensors *st, const char *name, float *out, int n
     if (!same) {
         char got[256], want[256];
         int wn = ndim < 0 ? 0 : (ndim > TZ_ST_MAX_DIMS ? TZ_ST_MAX_DIMS : ndim);
-        st_err(err, errlen, "%s: tensor '%s' has shape %s, expected %s", t->file, name,
-               tz_st_shape_str(got, sizeof got, t->ndim, t->shape),
-               tz_st_shape_str(want, sizeof want, wn, shape));
+        tz_errf(err, errlen, "%s: tensor '%s' has shape %s, expected %s", t->file, name,
+                tz_st_shape_str(got, sizeof got, t->ndim, t->shape),
+                tz_st_shape_str(want, sizeof want, wn, shape));
         return 1;
     }
     return tz_st_tensor_to_f32(t, out, err, errlen);

@@ -2,7 +2,6 @@
  * writes the standard layout atomically (tmp + fsync + rename). Reading is safetensors.c. */
 #include <inttypes.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,15 +9,6 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
-
-static void sw_err(char *err, size_t errlen, const char *fmt, ...) TZ_PRINTF(3, 4);
-static void sw_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 void tz_st_writer_init(tz_st_writer *w) { memset(w, 0, sizeof *w); }
 
@@ -33,40 +23,40 @@ void tz_st_writer_free(tz_st_writer *w) {
 int tz_st_writer_add(tz_st_writer *w, const char *name, enum tz_dtype dtype, int ndim,
                      const int64_t *shape, const void *data, char *err, size_t errlen) {
     if (!name || !*name || strcmp(name, "__metadata__") == 0) {
-        sw_err(err, errlen, "tensor name '%s' is not allowed (empty or reserved)",
-               name ? name : "(null)");
+        tz_errf(err, errlen, "tensor name '%s' is not allowed (empty or reserved)",
+                name ? name : "(null)");
         return 1;
     }
     size_t es = tz_dtype_size(dtype);
     if (es == 0) {
-        sw_err(err, errlen, "tensor '%s': dtype %d is not a known dtype", name, (int)dtype);
+        tz_errf(err, errlen, "tensor '%s': dtype %d is not a known dtype", name, (int)dtype);
         return 1;
     }
     if (ndim < 0 || ndim > TZ_ST_MAX_DIMS || (ndim > 0 && !shape)) {
-        sw_err(err, errlen, "tensor '%s': ndim %d, expected 0..%d with a shape", name, ndim,
-               TZ_ST_MAX_DIMS);
+        tz_errf(err, errlen, "tensor '%s': ndim %d, expected 0..%d with a shape", name, ndim,
+                TZ_ST_MAX_DIMS);
         return 1;
     }
     uint64_t numel = 1;
     int zero = 0;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) {
-            sw_err(err, errlen, "tensor '%s': shape[%d] is %" PRId64 ", expected >= 0", name, i,
-                   shape[i]);
+            tz_errf(err, errlen, "tensor '%s': shape[%d] is %" PRId64 ", expected >= 0", name, i,
+                    shape[i]);
             return 1;
         }
         if (shape[i] == 0) zero = 1;
     }
     for (int i = 0; i < ndim && !zero; i++) {
         if (numel > (uint64_t)INT64_MAX / es / (uint64_t)shape[i]) {
-            sw_err(err, errlen, "tensor '%s': shape is too large to store", name);
+            tz_errf(err, errlen, "tensor '%s': shape is too large to store", name);
             return 1;
         }
         numel *= (uint64_t)shape[i];
     }
     if (zero) numel = 0;
     if (numel > 0 && !data) {
-        sw_err(err, errlen, "tensor '%s': no data for %" PRIu64 " elements", name, numel);
+        tz_errf(err, errlen, "tensor '%s': no data for %" PRIu64 " elements", name, numel);
         return 1;
     }
     if (w->count + 1 > w->cap) {
@@ -123,8 +113,8 @@ static char *sw_header(const tz_st_writer *w, const char *path, char *err, size_
         for (int64_t i = 0; i < w->nmeta; i++) {
             json_t *s = json_string(w->meta[2 * i + 1]);
             if (!s || json_object_set_new(m, w->meta[2 * i], s) != 0) {
-                sw_err(err, errlen, "%s: metadata key '%s' or its value is not valid UTF-8", path,
-                       w->meta[2 * i]);
+                tz_errf(err, errlen, "%s: metadata key '%s' or its value is not valid UTF-8", path,
+                        w->meta[2 * i]);
                 json_decref(root);
                 return NULL;
             }
@@ -142,14 +132,14 @@ static char *sw_header(const tz_st_writer *w, const char *path, char *err, size_
         json_object_set_new(t, "data_offsets", offs);
         off += e->nbytes;
         if (json_object_set_new(root, e->name, t) != 0) {
-            sw_err(err, errlen, "%s: tensor name '%s' is not valid UTF-8", path, e->name);
+            tz_errf(err, errlen, "%s: tensor name '%s' is not valid UTF-8", path, e->name);
             json_decref(root);
             return NULL;
         }
     }
     char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
-    if (!s) sw_err(err, errlen, "%s: could not encode the JSON header", path);
+    if (!s) tz_errf(err, errlen, "%s: could not encode the JSON header", path);
     return s;
 }
 
@@ -157,7 +147,7 @@ int tz_st_writer_save(tz_st_writer *w, const char *path, char *err, size_t errle
     if (w->count > 1) qsort(w->entries, (size_t)w->count, sizeof(tz_st_wentry), sw_cmp_name);
     for (int64_t i = 1; i < w->count; i++) {
         if (strcmp(w->entries[i - 1].name, w->entries[i].name) == 0) {
-            sw_err(err, errlen, "%s: tensor '%s' was added twice", path, w->entries[i].name);
+            tz_errf(err, errlen, "%s: tensor '%s' was added twice", path, w->entries[i].name);
             return 1;
         }
     }

@@ -4,7 +4,6 @@
 
 #include <inttypes.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,17 +11,6 @@
 #include "core/error.h"
 
 #define META "__metadata__ \"" TZ_TQF_META_KEY "\""
-
-static int qerr(char *err, size_t errlen, const char *fmt, ...) TZ_PRINTF(3, 4);
-static int qerr(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return 1;
-}
 
 static const char *codebook_name(int method) {
     return method == TZ_TQ_ABSMAX ? "uniform" : "lloyd-max-gaussian";
@@ -58,12 +46,12 @@ static int get_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, i
                    const char *file, const char *where, char *err, size_t errlen) {
     const json_t *v = json_object_get(obj, key);
     if (!v || !json_is_integer(v))
-        return qerr(err, errlen, "%s: %s: %s\"%s\" is %s, expected an integer", file, META,
-                    where, key, v ? "not an integer" : "missing");
+        return tz_errf(err, errlen, "%s: %s: %s\"%s\" is %s, expected an integer", file, META,
+                       where, key, v ? "not an integer" : "missing");
     json_int_t x = json_integer_value(v);
     if (x < lo || x > hi)
-        return qerr(err, errlen, "%s: %s: %s%s %" JSON_INTEGER_FORMAT " out of range (%" PRId64
-                    "..%" PRId64 ")", file, META, where, key, x, lo, hi);
+        return tz_errf(err, errlen, "%s: %s: %s%s %" JSON_INTEGER_FORMAT " out of range (%" PRId64
+                       "..%" PRId64 ")", file, META, where, key, x, lo, hi);
     *out = (int64_t)x;
     return 0;
 }
@@ -71,11 +59,11 @@ static int get_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, i
 static int check_group(int64_t g, int64_t cols, const char *file, const char *where, char *err,
                        size_t errlen) {
     if (g != 64 && g != 128 && g != 256)
-        return qerr(err, errlen, "%s: %s: %sgroup %" PRId64 " is not 64, 128 or 256", file,
-                    META, where, g);
+        return tz_errf(err, errlen, "%s: %s: %sgroup %" PRId64 " is not 64, 128 or 256", file,
+                       META, where, g);
     if (cols % g)
-        return qerr(err, errlen, "%s: %s: %sgroup %" PRId64 " does not divide the row length %"
-                    PRId64, file, META, where, g, cols);
+        return tz_errf(err, errlen, "%s: %s: %sgroup %" PRId64 " does not divide the row length %"
+                       PRId64, file, META, where, g, cols);
     return 0;
 }
 
@@ -87,16 +75,16 @@ static int find_part(const tz_safetensors *st, const tz_tqf_entry *e, const char
     snprintf(name, sizeof name, "%s%s", e->name, suffix);
     const tz_st_tensor *t = tz_st_find(st, name);
     if (!t)
-        return qerr(err, errlen, "%s: tensor %s: missing (%s lists %s)", file, name, META,
-                    e->name);
+        return tz_errf(err, errlen, "%s: tensor %s: missing (%s lists %s)", file, name, META,
+                       e->name);
     if (t->dtype != dt)
-        return qerr(err, errlen, "%s: tensor %s: dtype %s, expected %s", t->file, name,
-                    tz_dtype_name(t->dtype), tz_dtype_name(dt));
+        return tz_errf(err, errlen, "%s: tensor %s: dtype %s, expected %s", t->file, name,
+                       tz_dtype_name(t->dtype), tz_dtype_name(dt));
     int64_t shape[2] = {e->rows, width};
     if (t->ndim != 2 || t->shape[0] != e->rows || t->shape[1] != width)
-        return qerr(err, errlen, "%s: tensor %s: shape %s, expected %s (%s)", t->file, name,
-                    tz_st_shape_str(got, sizeof got, t->ndim, t->shape),
-                    tz_st_shape_str(want, sizeof want, 2, shape), what);
+        return tz_errf(err, errlen, "%s: tensor %s: shape %s, expected %s (%s)", t->file, name,
+                       tz_st_shape_str(got, sizeof got, t->ndim, t->shape),
+                       tz_st_shape_str(want, sizeof want, 2, shape), what);
     *out = t;
     return 0;
 }
@@ -107,20 +95,20 @@ static int read_entry(const tz_safetensors *st, const char *name, const json_t *
     char where[400], what[200];
     snprintf(where, sizeof where, "tensor %s: ", name);
     if (!json_is_object(v))
-        return qerr(err, errlen, "%s: %s: %sexpected an object", file, META, where);
+        return tz_errf(err, errlen, "%s: %s: %sexpected an object", file, META, where);
     e->name = tz_xstrdup(name);
     const json_t *shape = json_object_get(v, "shape");
     if (!json_is_array(shape) || json_array_size(shape) != 2 ||
         !json_is_integer(json_array_get(shape, 0)) || !json_is_integer(json_array_get(shape, 1)) ||
         json_integer_value(json_array_get(shape, 0)) <= 0 ||
         json_integer_value(json_array_get(shape, 1)) <= 0)
-        return qerr(err, errlen, "%s: %s: %s\"shape\" is not [rows, cols] of positive integers",
-                    file, META, where);
+        return tz_errf(err, errlen, "%s: %s: %s\"shape\" is not [rows, cols] of positive integers",
+                       file, META, where);
     e->rows = (int64_t)json_integer_value(json_array_get(shape, 0));
     e->cols = (int64_t)json_integer_value(json_array_get(shape, 1));
     if (e->rows > (INT64_C(1) << 40) / e->cols)
-        return qerr(err, errlen, "%s: %s: %sshape [%" PRId64 ", %" PRId64 "] too large", file,
-                    META, where, e->rows, e->cols);
+        return tz_errf(err, errlen, "%s: %s: %sshape [%" PRId64 ", %" PRId64 "] too large", file,
+                       META, where, e->rows, e->cols);
     int64_t bits, group;
     if (get_int(v, "bits", 1, TZ_TQ_MAX_BITS, &bits, file, where, err, errlen) ||
         get_int(v, "group", 0, INT32_MAX, &group, file, where, err, errlen) ||
@@ -138,7 +126,7 @@ static int read_entry(const tz_safetensors *st, const char *name, const json_t *
                   err, errlen))
         return 1;
     if (tz_st_find(st, name))
-        return qerr(err, errlen, "%s: tensor %s: stored both dense and quantized", file, name);
+        return tz_errf(err, errlen, "%s: tensor %s: stored both dense and quantized", file, name);
     return 0;
 }
 
@@ -147,22 +135,23 @@ static int read_meta(tz_tqf *q, const tz_safetensors *st, const json_t *root, co
     int64_t v;
     const char *s;
     if (!json_is_object(root))
-        return qerr(err, errlen, "%s: %s is not a JSON object", file, META);
+        return tz_errf(err, errlen, "%s: %s is not a JSON object", file, META);
     if (get_int(root, "version", TZ_TQF_VERSION, TZ_TQF_VERSION, &v, file, "", err, errlen))
         return 1;
     s = json_string_value(json_object_get(root, "method"));
     if (!s || tz_tq_method_from_name(s, &q->method))
-        return qerr(err, errlen, "%s: %s: \"method\" is %s%s%s, expected \"turboquant\" or "
-                    "\"absmax\"", file, META, s ? "\"" : "", s ? s : "not a string", s ? "\"" : "");
+        return tz_errf(err, errlen, "%s: %s: \"method\" is %s%s%s, expected \"turboquant\" or "
+                       "\"absmax\"", file, META, s ? "\"" : "", s ? s : "not a string",
+                       s ? "\"" : "");
     s = json_string_value(json_object_get(root, "codebook"));
     if (!s || strcmp(s, codebook_name(q->method)))
-        return qerr(err, errlen, "%s: %s: \"codebook\" is %s, expected \"%s\" for %s", file,
-                    META, s ? s : "not a string", codebook_name(q->method),
-                    tz_tq_method_name(q->method));
+        return tz_errf(err, errlen, "%s: %s: \"codebook\" is %s, expected \"%s\" for %s", file,
+                       META, s ? s : "not a string", codebook_name(q->method),
+                       tz_tq_method_name(q->method));
     s = json_string_value(json_object_get(root, "scale_dtype"));
     if (!s || strcmp(s, "bf16"))
-        return qerr(err, errlen, "%s: %s: \"scale_dtype\" is %s, expected \"bf16\"", file, META,
-                    s ? s : "not a string");
+        return tz_errf(err, errlen, "%s: %s: \"scale_dtype\" is %s, expected \"bf16\"", file, META,
+                       s ? s : "not a string");
     if (get_int(root, "bits", 1, TZ_TQ_MAX_BITS, &v, file, "", err, errlen)) return 1;
     q->bits = (int)v;
     if (get_int(root, "group", 0, INT32_MAX, &v, file, "", err, errlen) ||
@@ -173,7 +162,7 @@ static int read_meta(tz_tqf *q, const tz_safetensors *st, const json_t *root, co
     q->seed = (uint64_t)v;
     const json_t *ts = json_object_get(root, "tensors");
     if (!json_is_object(ts) || json_object_size(ts) == 0)
-        return qerr(err, errlen, "%s: %s: \"tensors\" is not a non-empty object", file, META);
+        return tz_errf(err, errlen, "%s: %s: \"tensors\" is not a non-empty object", file, META);
     q->e = tz_xcalloc(json_object_size(ts), sizeof *q->e);
     const char *name;
     json_t *val;
@@ -193,8 +182,8 @@ int tz_tqf_read(tz_tqf *q, const tz_safetensors *st, char *err, size_t errlen) {
         json_error_t je;
         json_t *root = json_loads(text, 0, &je);
         if (!root) {
-            rc = qerr(err, errlen, "%s: %s is not valid JSON: %s (column %d)", file, META,
-                      je.text, je.column);
+            rc = tz_errf(err, errlen, "%s: %s is not valid JSON: %s (column %d)", file, META,
+                         je.text, je.column);
         } else {
             q->present = 1;
             rc = read_meta(q, st, root, file, err, errlen);
@@ -209,8 +198,8 @@ int tz_tqf_read(tz_tqf *q, const tz_safetensors *st, char *err, size_t errlen) {
         size_t cut = strlen(n) - strlen(ends_with(n, TZ_TQF_CODES) ? TZ_TQF_CODES : TZ_TQF_SCALES);
         snprintf(base, sizeof base, "%.*s", (int)cut, n);
         if (!tz_tqf_find(q, base))
-            rc = qerr(err, errlen, "%s: tensor %s: quantized data that %s does not list%s",
-                      st->tensors[i].file, n, META, text ? "" : " (there is no such metadata)");
+            rc = tz_errf(err, errlen, "%s: tensor %s: quantized data that %s does not list%s",
+                         st->tensors[i].file, n, META, text ? "" : " (there is no such metadata)");
     }
     if (rc) tz_tqf_free(q);
     return rc;

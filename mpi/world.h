@@ -4,23 +4,7 @@
 #define TZ_WORLD_H
 #include <mpi.h>
 
-#include "core/error.h"
-
-/* Funnels an MPI error code into TZ_FATAL with MPI's own message. Only meaningful on a
- * communicator whose error handler returns (the default, MPI_ERRORS_ARE_FATAL, never
- * returns): tz_world_init and tz_comm_mpi_create set MPI_ERRORS_RETURN on what they own. */
-#define MPI_CHECK(call)                                                          \
-    do {                                                                         \
-        int tz_mpi_rc_ = (call);                                                 \
-        if (tz_mpi_rc_ != MPI_SUCCESS) {                                         \
-            char tz_mpi_msg_[MPI_MAX_ERROR_STRING];                              \
-            int tz_mpi_len_ = 0;                                                 \
-            if (MPI_Error_string(tz_mpi_rc_, tz_mpi_msg_, &tz_mpi_len_) != MPI_SUCCESS) \
-                tz_mpi_len_ = 0;                                                 \
-            tz_mpi_msg_[tz_mpi_len_] = 0;                                        \
-            TZ_FATAL("%s failed: %s (MPI error %d)", #call, tz_mpi_msg_, tz_mpi_rc_); \
-        }                                                                        \
-    } while (0)
+#include "core/error.h" /* MPI_CHECK */
 
 #define TZ_HOST_MAX 256
 #define TZ_REASON_MAX 160

@@ -2,58 +2,46 @@
  * look-ups both ways, and the start-up table. Pure arithmetic: no MPI, no I/O but the print. */
 #include "mpi/zero_plan.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) TZ_PRINTF(3, 4);
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 static int check_desc(const tz_zero_desc *d, char *err, size_t errlen) {
-    if (d->world < 1) return fail(err, errlen, "world size %d < 1", d->world);
-    if (d->align < 1) return fail(err, errlen, "alignment %lld < 1", (long long)d->align);
+    if (d->world < 1) return tz_errf(err, errlen, "world size %d < 1", d->world);
+    if (d->align < 1) return tz_errf(err, errlen, "alignment %lld < 1", (long long)d->align);
     if (d->align > INT64_MAX / 4 / d->world)
-        return fail(err, errlen, "alignment %lld times world %d overflows", (long long)d->align,
-                    d->world);
+        return tz_errf(err, errlen, "alignment %lld times world %d overflows", (long long)d->align,
+                       d->world);
     if (d->bucket_bytes < 1)
-        return fail(err, errlen, "bucket size %lld bytes < 1", (long long)d->bucket_bytes);
+        return tz_errf(err, errlen, "bucket size %lld bytes < 1", (long long)d->bucket_bytes);
     if (d->elem_bytes < 1)
-        return fail(err, errlen, "element size %lld bytes < 1", (long long)d->elem_bytes);
+        return tz_errf(err, errlen, "element size %lld bytes < 1", (long long)d->elem_bytes);
     if (d->flat_numel < 0 || d->flat_numel % d->align)
-        return fail(err, errlen, "flat length %lld is not a non-negative multiple of %lld",
-                    (long long)d->flat_numel, (long long)d->align);
+        return tz_errf(err, errlen, "flat length %lld is not a non-negative multiple of %lld",
+                       (long long)d->flat_numel, (long long)d->align);
     if (d->flat_numel > INT64_MAX / 4)
-        return fail(err, errlen, "flat length %lld is too large", (long long)d->flat_numel);
-    if (d->n_tensors < 0) return fail(err, errlen, "tensor count %d < 0", d->n_tensors);
+        return tz_errf(err, errlen, "flat length %lld is too large", (long long)d->flat_numel);
+    if (d->n_tensors < 0) return tz_errf(err, errlen, "tensor count %d < 0", d->n_tensors);
     if (d->n_tensors > 0 && (!d->offset || !d->numel))
-        return fail(err, errlen, "tensor offsets or sizes missing");
+        return tz_errf(err, errlen, "tensor offsets or sizes missing");
     int64_t end = 0;
     for (int i = 0; i < d->n_tensors; i++) {
         int64_t off = d->offset[i], n = d->numel[i];
-        if (n < 1) return fail(err, errlen, "tensor %d has %lld elements", i, (long long)n);
+        if (n < 1) return tz_errf(err, errlen, "tensor %d has %lld elements", i, (long long)n);
         if (off < end)
-            return fail(err, errlen,
-                        "tensor %d at %lld overlaps or precedes the one before "
-                        "(which ends at %lld)",
-                        i, (long long)off, (long long)end);
+            return tz_errf(err, errlen,
+                           "tensor %d at %lld overlaps or precedes the one before "
+                           "(which ends at %lld)",
+                           i, (long long)off, (long long)end);
         if (off % d->align)
-            return fail(err, errlen, "tensor %d at %lld is not aligned to %lld", i, (long long)off,
-                        (long long)d->align);
+            return tz_errf(err, errlen, "tensor %d at %lld is not aligned to %lld", i,
+                           (long long)off, (long long)d->align);
         if (n > d->flat_numel - off)
-            return fail(err, errlen, "tensor %d [%lld, +%lld) runs past the flat length %lld", i,
+            return tz_errf(err, errlen, "tensor %d [%lld, +%lld) runs past the flat length %lld", i,
                         (long long)off, (long long)n, (long long)d->flat_numel);
         end = off + n;
     }
@@ -114,7 +102,7 @@ static void add_unit(builder *u, int64_t ulen, int t) {
 
 int tz_zero_plan_init(tz_zero_plan *p, const tz_zero_desc *d, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
-    if (!d) return fail(err, errlen, "no description");
+    if (!d) return tz_errf(err, errlen, "no description");
     if (check_desc(d, err, errlen)) return -1;
     const int64_t na = (int64_t)d->world * d->align;
     p->world = d->world;

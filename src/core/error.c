@@ -62,6 +62,24 @@ void tz_fatal_hint_at(const char *file, int line, const char *func, const char *
     tz_abort();
 }
 
+void tz_fatal_mpi_at(const char *file, int line, const char *func, const char *call, int rc) {
+    char msg[MPI_MAX_ERROR_STRING + 1];
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) len = 0;
+    msg[len] = 0;
+    tz_fatal_at(file, line, func, "%s failed: %s (MPI error %d)", call, msg, rc);
+}
+
+int tz_errf(char *err, size_t n, const char *fmt, ...) {
+    if (err && n) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, n, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
 void tz_info(const char *fmt, ...) {
     if (g_rank != 0) return;
     va_list ap;
@@ -72,24 +90,27 @@ void tz_info(const char *fmt, ...) {
     fflush(stdout);
 }
 
+/* One rank-tagged line "[rank r] <tag><message>", the message cut to cap - 1 characters and
+ * formatted before the one write (see tz_vfatal). */
+static void tz_vsay(FILE *to, size_t cap, const char *tag, const char *fmt, va_list ap) {
+    char buf[2048];
+    vsnprintf(buf, cap < sizeof buf ? cap : sizeof buf, fmt, ap);
+    fprintf(to, "[rank %d] %s%s\n", g_rank, tag, buf);
+    fflush(to);
+}
+
 void tz_info_all(const char *fmt, ...) {
-    char buf[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    tz_vsay(stdout, 1024, "", fmt, ap);
     va_end(ap);
-    fprintf(stdout, "[rank %d] %s\n", g_rank, buf);
-    fflush(stdout);
 }
 
 void tz_warn(const char *fmt, ...) {
-    char buf[2048];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    tz_vsay(stderr, 2048, "warning: ", fmt, ap);
     va_end(ap);
-    fprintf(stderr, "[rank %d] warning: %s\n", g_rank, buf);
-    fflush(stderr);
 }
 
 void *tz_xmalloc(size_t bytes) {

@@ -1,5 +1,5 @@
-/* Errors and logging: the one fatal path (TZ_FATAL -> MPI_Abort) and rank-tagged messages.
- * No assert on input anywhere: bad input goes through TZ_FATAL with the place and a hint. */
+/* Errors and logging: the one fatal path (TZ_FATAL -> MPI_Abort), the typed checks that funnel
+ * into it, error messages for callers, rank-tagged logs. No assert on input, no MPI headers. */
 #ifndef TZ_ERROR_H
 #define TZ_ERROR_H
 #include <stdarg.h>
@@ -27,6 +27,27 @@ TZ_NORETURN void tz_fatal_hint_at(const char *file, int line, const char *func, 
     do {                                      \
         if (!(cond)) TZ_FATAL(__VA_ARGS__);   \
     } while (0)
+
+/* MPI_CHECK(call): an MPI error code into TZ_FATAL with MPI's own message, "call failed:
+ * message (MPI error rc)". Only meaningful on a communicator whose error handler returns (the
+ * default, MPI_ERRORS_ARE_FATAL, never returns): tz_world_init and tz_comm_mpi_create set
+ * MPI_ERRORS_RETURN on what they own. The macro names MPI_SUCCESS only where it is expanded,
+ * in files that call MPI and so include <mpi.h>; this header stays free of MPI (and CUDA)
+ * headers, and error.c, which links MPI for MPI_Abort anyway, turns the code into text. */
+#define MPI_CHECK(call)                                                          \
+    do {                                                                         \
+        int tz_mpi_rc_ = (call);                                                 \
+        if (tz_mpi_rc_ != MPI_SUCCESS)                                           \
+            tz_fatal_mpi_at(__FILE__, __LINE__, __func__, #call, tz_mpi_rc_);    \
+    } while (0)
+TZ_NORETURN void tz_fatal_mpi_at(const char *file, int line, const char *func, const char *call,
+                                 int rc);
+
+/* The error message of a function that reports failure to its caller (the io/ readers and
+ * writers, the ZeRO plan: "0, or non-zero with a message in err"): formats into err when err
+ * is not NULL and n > 0 (truncating to n - 1 characters) and returns -1, so that
+ * `return tz_errf(err, n, "%s: ...", path, ...);` both explains and fails. */
+int tz_errf(char *err, size_t n, const char *fmt, ...) TZ_PRINTF(3, 4);
 
 /* Rank used in message prefixes; set once by the world set-up (defaults to 0). */
 void tz_log_set_rank(int rank, int world);

@@ -51,10 +51,6 @@ static inline float tz_cpu_maxf(const float *x, int64_t n) {
         for (int l = 0; l < 16; l++) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
     for (int l = 0; l < 16; l++) m = lane[l] > m ? lane[l] : m;
-/* cpu_dit.c: sets the DiT ops (layernorm, modulate, gate, gelu_tanh, silu, bias, mse,
- * patchify, copy2d) of the table. */
-void tz_cpu_dit_ops_install(tz_backend *be);
-
 #endif
     return m;
 }
