@@ -100,7 +100,9 @@ struct tz_backend {
     void (*xent_bwd)(tz_backend *be, float *dlogits, const float *logits, const int32_t *target,
                      float dloss, int64_t n, int64_t V);
 
-    /* ---- DiT ops (cpu/cpu_dit.c) ----
+    /* ---- ops the DiT uses (in their families' files like every op: layernorm in
+     * cpu/cpu_norm.c; modulate, gate, bias in cpu_elementwise.c; gelu_tanh, silu in
+     * cpu_activation.c; mse in cpu_loss.c; patchify, unpatchify, copy2d in cpu_layout.c) ----
      * Per-sample conditioning vectors (shift, scale, gate) are rows of a [B, ld] matrix read
      * from column 0 of the pointer given, so slices of one adaLN output [B, 6C] are passed
      * without copies: row b of shift is shift[b*ld + c], c < C. x, y, out are [B, T, C]. */

@@ -44,9 +44,9 @@ static int team(tz_backend *be, const att_shape *s) {
 
 /* Work item (b, h, query block): S = scale Q K^T, P = softmax(S) row by row (masked entries
  * 0), out = P V. Every output row and lse entry has one writer. */
-void tz_cpu_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
-                          const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
-                          int64_t Hkv, int64_t D, int causal) {
+static void cpu_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
+                              const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
+                              int64_t Hkv, int64_t D, int causal) {
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
     if (B <= 0 || T <= 0 || D <= 0) return;
     int64_t nqb = (T + BQ - 1) / BQ, items = B * Hq * nqb;
@@ -154,10 +154,10 @@ static void dkv_block(const att_shape *sh, float *dk, float *dv, const float *do
     }
 }
 
-void tz_cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
-                          const float *out, const float *lse, const float *q, const float *k,
-                          const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                          int64_t D, int causal) {
+static void cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                              const float *out, const float *lse, const float *q, const float *k,
+                              const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                              int64_t D, int causal) {
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
     if (B <= 0 || T <= 0 || D <= 0) return;
     int64_t rows = B * Hq * T, nqb = (T + BQ - 1) / BQ, nkb = (T + BK - 1) / BK;
@@ -191,4 +191,9 @@ void tz_cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, const
         free(S);
     }
     free(delta);
+}
+
+void tz_cpu_install_attention(tz_backend *be) {
+    be->attention_fwd = cpu_attention_fwd;
+    be->attention_bwd = cpu_attention_bwd;
 }

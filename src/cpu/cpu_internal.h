@@ -9,6 +9,13 @@
 
 #include "core/backend.h"
 
+/* Below this many elements a loop runs on the calling thread only (transcendental loops use a
+ * quarter of it). Threads never change results: see core/backend.h. */
+#define TZ_CPU_PAR_MIN 32768
+/* Column block of the deterministic reductions over rows (one thread owns a block and adds
+ * the rows in order). */
+#define TZ_CPU_COLS 64
+
 /* exp(x) in float, branch-free so that loops calling it vectorise (glibc's expf does not
  * without -ffast-math). Cody-Waite reduction x = n ln2 + r, |r| <~ ln2/2, and the Cephes
  * degree-7 polynomial for e^r: measured within 1 ulp of exp. Below -87 (and at -inf) it
@@ -79,10 +86,10 @@ void tz_cpu_ws_reserve(tz_backend *be, int nthreads);
 /* 64-byte aligned host memory, fatal on failure; free with free(). */
 void *tz_cpu_aligned_alloc(size_t bytes);
 
-/* cpu_matmul.c. A strided product on one thread (for attention blocks):
+/* cpu_matmul.c, for attention blocks. A strided product on one thread:
  * C[i*ldc + j] = alpha * sum_k op(A)(i,k) op(B)(k,j) + beta * C (beta == 0 never reads C),
  * op(A)(i,k) = A[i*lda + k] (transA = 0) or A[k*lda + i]; op(B)(k,j) = B[k*ldb + j] or
- * B[j*ldb + k]. Same blocking and summation order as tz_cpu_matmul. */
+ * B[j*ldb + k]. Same blocking and summation order as the matmul op. */
 typedef struct tz_cpu_gemm_args {
     float *C;
     int64_t ldc;
@@ -97,44 +104,17 @@ typedef struct tz_cpu_gemm_args {
 } tz_cpu_gemm_args;
 size_t tz_cpu_gemm_ws_floats(void); /* workspace size of tz_cpu_gemm_serial */
 void tz_cpu_gemm_serial(const tz_cpu_gemm_args *g, float *ws);
-void tz_cpu_matmul(tz_backend *be, float *C, const float *A, const float *B, int64_t M,
-                   int64_t N, int64_t K, int transA, int transB, float alpha, float beta);
 
-/* cpu_norm.c: rmsnorm, rope, swiglu, embedding */
-void tz_cpu_embedding_fwd(tz_backend *be, float *out, const int32_t *tok, const float *table,
-                          int64_t n, int64_t C);
-void tz_cpu_embedding_bwd(tz_backend *be, float *dtable, const int32_t *tok, const float *dout,
-                          int64_t n, int64_t C);
-void tz_cpu_rmsnorm_fwd(tz_backend *be, float *out, float *rstd, const float *x, const float *w,
-                        int64_t rows, int64_t C, float eps);
-void tz_cpu_rmsnorm_bwd(tz_backend *be, float *dx, float *dw, const float *dout, const float *x,
-                        const float *w, const float *rstd, int64_t rows, int64_t C);
-void tz_cpu_rope_fwd(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
-                     float theta);
-void tz_cpu_rope_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H, int64_t D,
-                     float theta);
-void tz_cpu_swiglu_fwd(tz_backend *be, float *out, const float *g, const float *u, int64_t n);
-void tz_cpu_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *dout, const float *g,
-                       const float *u, int64_t n);
-
-/* cpu_attention.c */
-void tz_cpu_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
-                          const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
-                          int64_t Hkv, int64_t D, int causal);
-void tz_cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
-                          const float *out, const float *lse, const float *q, const float *k,
-                          const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                          int64_t D, int causal);
-
-/* cpu_dit.c: sets the DiT ops (layernorm, modulate, gate, gelu_tanh, silu, bias, mse,
- * patchify, copy2d) of the table. */
-void tz_cpu_dit_ops_install(tz_backend *be);
-/* cpu_quant.c: rotation of activations and decoding of quantized weights */
-void tz_cpu_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
-                      int group, uint64_t seed);
-void tz_cpu_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
-                          int64_t cols, int group, uint64_t seed);
-void tz_cpu_tq_dequant(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
-                       const float *levels, int64_t rows, int64_t cols, int bits, int group);
+/* The op families, one file each (cuda/ mirrors them file for file). Each file keeps its ops
+ * static and exports one install function that sets its entries of the table; the backend
+ * (cpu_backend.c) calls every one of them, and nothing else writes the table. */
+void tz_cpu_install_elementwise(tz_backend *be); /* fill scale axpy sumsq bias modulate gate */
+void tz_cpu_install_norm(tz_backend *be);        /* rmsnorm layernorm */
+void tz_cpu_install_activation(tz_backend *be);  /* swiglu gelu_tanh silu */
+void tz_cpu_install_attention(tz_backend *be);   /* attention */
+void tz_cpu_install_matmul(tz_backend *be);      /* matmul */
+void tz_cpu_install_loss(tz_backend *be);        /* xent mse */
+void tz_cpu_install_layout(tz_backend *be);      /* embedding rope patchify unpatchify copy2d */
+void tz_cpu_install_quant(tz_backend *be);       /* tq_rotate tq_rotate_bwd tq_dequant */
 
 #endif

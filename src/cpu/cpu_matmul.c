@@ -193,16 +193,16 @@ void tz_cpu_gemm_serial(const tz_cpu_gemm_args *g, float *ws) {
 static void scale_only(tz_backend *be, float *C, int64_t n, float beta) {
     int nt = tz_cpu_threads(be);
     if (beta == 0.0f) {
-#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= 32768)
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN)
         for (int64_t i = 0; i < n; i++) C[i] = 0.0f;
     } else if (beta != 1.0f) {
-#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= 32768)
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN)
         for (int64_t i = 0; i < n; i++) C[i] *= beta;
     }
 }
 
-void tz_cpu_matmul(tz_backend *be, float *C, const float *A, const float *B, int64_t M,
-                   int64_t N, int64_t K, int transA, int transB, float alpha, float beta) {
+static void cpu_matmul(tz_backend *be, float *C, const float *A, const float *B, int64_t M,
+                       int64_t N, int64_t K, int transA, int transB, float alpha, float beta) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0 || alpha == 0.0f) {
         scale_only(be, C, M * N, beta);
@@ -237,3 +237,5 @@ void tz_cpu_matmul(tz_backend *be, float *C, const float *A, const float *B, int
         }
     }
 }
+
+void tz_cpu_install_matmul(tz_backend *be) { be->matmul = cpu_matmul; }

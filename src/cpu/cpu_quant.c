@@ -11,9 +11,6 @@
 #include "quant/fwht.h"
 #include "quant/tq_layout.h"
 
-/* Below this many elements the op runs on the calling thread only. */
-#define TZ_CPU_TQ_PAR_MIN 32768
-
 static void check_rows(int64_t rows, int64_t cols, int group, const char *op) {
     char err[200];
     if (rows < 0 || tz_tq_check_shape(cols, group, err, sizeof err))
@@ -27,14 +24,14 @@ static float *row_signs(int64_t cols, int group, uint64_t seed) {
     return s;
 }
 
-void tz_cpu_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
-                      int group, uint64_t seed) {
+static void cpu_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
+                          int group, uint64_t seed) {
     check_rows(rows, cols, group, "tq_rotate");
     float *s = row_signs(cols, group, seed);
     const float inv = (float)(1.0 / sqrt((double)group));
     const int g = group;
     int nt = tz_cpu_threads(be);
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= TZ_CPU_TQ_PAR_MIN)
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= TZ_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * cols;
         float *yr = y + r * cols;
@@ -47,14 +44,14 @@ void tz_cpu_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows, in
     free(s);
 }
 
-void tz_cpu_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
-                          int64_t cols, int group, uint64_t seed) {
+static void cpu_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
+                              int64_t cols, int group, uint64_t seed) {
     check_rows(rows, cols, group, "tq_rotate_bwd");
     float *s = row_signs(cols, group, seed);
     const float inv = (float)(1.0 / sqrt((double)group));
     const int g = group;
     int nt = tz_cpu_threads(be);
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= TZ_CPU_TQ_PAR_MIN)
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= TZ_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *dyr = dy + r * cols;
         float *dxr = dx + r * cols;
@@ -69,14 +66,14 @@ void tz_cpu_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t ro
     free(s);
 }
 
-void tz_cpu_tq_dequant(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
-                       const float *levels, int64_t rows, int64_t cols, int bits, int group) {
+static void cpu_tq_dequant(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
+                           const float *levels, int64_t rows, int64_t cols, int bits, int group) {
     check_rows(rows, cols, group, "tq_dequant");
     if (bits < 1 || bits > TZ_TQ_MAX_BITS) TZ_FATAL("tq_dequant: bits %d out of range", bits);
     const int g = group;
     const int64_t per_row = cols / g, gbytes = TZ_TQ_GROUP_BYTES(g, bits);
     int nt = tz_cpu_threads(be);
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= TZ_CPU_TQ_PAR_MIN)
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= TZ_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         uint8_t idx[TZ_TQ_MAX_GROUP];
         for (int64_t j = 0; j < per_row; j++) {
@@ -87,4 +84,10 @@ void tz_cpu_tq_dequant(tz_backend *be, float *w, const uint8_t *codes, const uin
             for (int i = 0; i < g; i++) out[i] = sc * levels[idx[i]];
         }
     }
+}
+
+void tz_cpu_install_quant(tz_backend *be) {
+    be->tq_rotate = cpu_tq_rotate;
+    be->tq_rotate_bwd = cpu_tq_rotate_bwd;
+    be->tq_dequant = cpu_tq_dequant;
 }
