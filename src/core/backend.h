@@ -193,4 +193,14 @@ struct tz_backend {
 tz_backend *tz_cpu_backend_create(int threads);
 void tz_cpu_backend_destroy(tz_backend *be);
 
+/* The CPU kernel, i.e. the instruction set the CPU ops were compiled for, that a backend
+ * created now uses: "avx512", "avx2" or "portable" ("native" alone in a TZ_NATIVE build), the
+ * fastest one this CPU runs, or the one the environment variable TZ_CPU_KERNEL names (fatal,
+ * with a hint, when it is not built in or this CPU cannot run it; "auto" or empty: choose).
+ * Kernels differ in rounding only (vector widths and FMA change the order of additions);
+ * on one machine and kernel, results are reproducible bit for bit. */
+const char *tz_cpu_kernel_name(void);
+/* 1 when kernel `name` is built in and this CPU can run it, else 0. */
+int tz_cpu_kernel_usable(const char *name);
+
 #endif

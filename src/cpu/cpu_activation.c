@@ -76,7 +76,7 @@ static void cpu_silu_bwd(tz_backend *be, float *dx, const float *dout, const flo
     }
 }
 
-void tz_cpu_install_activation(tz_backend *be) {
+void TZ_CPU_K(tz_cpu_install_activation)(tz_backend *be) {
     be->swiglu_fwd = cpu_swiglu_fwd;
     be->swiglu_bwd = cpu_swiglu_bwd;
     be->gelu_tanh_fwd = cpu_gelu_tanh_fwd;

@@ -33,7 +33,7 @@ static void gemm(float *C, int64_t ldc, const float *A, int64_t lda, const float
                  int64_t ldb, int transB, int64_t M, int64_t N, int64_t K, float alpha,
                  float beta, float *ws) {
     tz_cpu_gemm_args g = {C, ldc, A, lda, 0, B, ldb, transB, M, N, K, alpha, beta};
-    tz_cpu_gemm_serial(&g, ws);
+    TZ_CPU_K(tz_cpu_gemm_serial)(&g, ws);
 }
 
 /* Team size: one thread for small problems, where a team costs more than it saves. */
@@ -54,7 +54,7 @@ static void cpu_attention_fwd(tz_backend *be, float *out, float *lse, const floa
     tz_cpu_ws_reserve(be, nt);
 #pragma omp parallel num_threads(nt)
     {
-        float *ws = tz_cpu_ws_get(be, omp_get_thread_num(), tz_cpu_gemm_ws_floats());
+        float *ws = tz_cpu_ws_get(be, omp_get_thread_num(), TZ_CPU_K(tz_cpu_gemm_ws_floats)());
         float *S = tz_cpu_aligned_alloc((size_t)(BQ * T) * sizeof(float));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
@@ -167,7 +167,7 @@ static void cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, c
     int64_t rowsz = (BQ > BK ? BQ : BK) * T;
 #pragma omp parallel num_threads(nt)
     {
-        float *ws = tz_cpu_ws_get(be, omp_get_thread_num(), tz_cpu_gemm_ws_floats());
+        float *ws = tz_cpu_ws_get(be, omp_get_thread_num(), TZ_CPU_K(tz_cpu_gemm_ws_floats)());
         float *S = tz_cpu_aligned_alloc((size_t)(2 * rowsz + 2 * BK * D) * sizeof(float));
         float *dS = S + rowsz, *ak = dS + rowsz, *av = ak + BK * D;
 #pragma omp for schedule(static)
@@ -193,7 +193,7 @@ static void cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, c
     free(delta);
 }
 
-void tz_cpu_install_attention(tz_backend *be) {
+void TZ_CPU_K(tz_cpu_install_attention)(tz_backend *be) {
     be->attention_fwd = cpu_attention_fwd;
     be->attention_bwd = cpu_attention_bwd;
 }

@@ -1,6 +1,7 @@
-/* The CPU backend: the table (each op family file installs its ops), host memory, threads and
- * per-thread GEMM workspaces, create/destroy. The ops themselves live in the family files. */
+/* The CPU backend: the choice of kernel from the CPU's features, the table (each op family file
+ * installs its ops), host memory, threads, GEMM workspaces. The ops live in the family files. */
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,6 +70,126 @@ static void install_memory(tz_backend *be) {
     be->sync = cpu_sync;
 }
 
+/* ---- kernels: which build of the family files this CPU runs ---- */
+
+/* What each x86 kernel needs. GCC names the levels its flags target (-march=x86-64-v3/v4);
+ * Clang tests features only, and AVX2 + FMA + BMI1/2 (AVX-512 F/VL/BW/DQ/CD) are the ones of
+ * each level that a compiled loop can use (every CPU with them has the rest: F16C, LZCNT,
+ * MOVBE). The checks include the operating system's support of the wide registers. */
+#if defined(TZ_CPU_HAVE_AVX2) || defined(TZ_CPU_HAVE_AVX512)
+#if !defined(__x86_64__) || !defined(__GNUC__)
+#error "the avx2 and avx512 CPU kernels are x86-64 builds for GCC or Clang"
+#endif
+static int cpu_has_avx2(void) {
+    __builtin_cpu_init();
+#if !defined(__clang__) && __GNUC__ >= 12
+    return __builtin_cpu_supports("x86-64-v3") != 0;
+#else
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+#endif
+}
+#endif
+
+#ifdef TZ_CPU_HAVE_AVX512
+static int cpu_has_avx512(void) {
+    __builtin_cpu_init();
+#if !defined(__clang__) && __GNUC__ >= 12
+    return __builtin_cpu_supports("x86-64-v4") != 0;
+#else
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd");
+#endif
+}
+#endif
+
+/* portable: the compiler's baseline; native: built for the machine that compiled it */
+static int cpu_has_baseline(void) { return 1; }
+
+/* install_<kernel>(be): every family's install function of that kernel's build */
+#define CALL_INSTALL(family, kernel) tz_cpu_install_##family##_##kernel(be);
+#define KERNEL_INSTALL(kernel)                                         \
+    TZ_CPU_FAMILIES(TZ_CPU_DECLARE_INSTALL, kernel)                    \
+    static void install_##kernel(tz_backend *be) {                     \
+        TZ_CPU_FAMILIES(CALL_INSTALL, kernel)                          \
+    }
+#ifdef TZ_CPU_HAVE_NATIVE
+KERNEL_INSTALL(native)
+#endif
+#ifdef TZ_CPU_HAVE_AVX512
+KERNEL_INSTALL(avx512)
+#endif
+#ifdef TZ_CPU_HAVE_AVX2
+KERNEL_INSTALL(avx2)
+#endif
+#ifdef TZ_CPU_HAVE_PORTABLE
+KERNEL_INSTALL(portable)
+#endif
+
+typedef struct cpu_kernel {
+    const char *name;
+    const char *needs;         /* what the CPU must have, for messages */
+    int (*usable)(void);       /* 1: this CPU can run it */
+    void (*install)(tz_backend *be);
+} cpu_kernel;
+
+/* The kernels built into this binary, the fastest first (CMake's TZ_CPU_HAVE_<kernel>). */
+static const cpu_kernel k_kernels[] = {
+#ifdef TZ_CPU_HAVE_NATIVE
+    {"native", "the instruction set of the build machine", cpu_has_baseline, install_native},
+#endif
+#ifdef TZ_CPU_HAVE_AVX512
+    {"avx512", "x86-64-v4: AVX-512 F, VL, BW, DQ, CD besides AVX2 and FMA", cpu_has_avx512,
+     install_avx512},
+#endif
+#ifdef TZ_CPU_HAVE_AVX2
+    {"avx2", "x86-64-v3: AVX2, FMA, BMI2", cpu_has_avx2, install_avx2},
+#endif
+#ifdef TZ_CPU_HAVE_PORTABLE
+    {"portable", "nothing beyond the compiler's baseline", cpu_has_baseline, install_portable},
+#endif
+};
+#define NKERNELS ((int)(sizeof k_kernels / sizeof k_kernels[0]))
+
+static const cpu_kernel *kernel_find(const char *name) {
+    for (int i = 0; i < NKERNELS; i++)
+        if (!strcmp(k_kernels[i].name, name)) return &k_kernels[i];
+    return NULL;
+}
+
+/* TZ_CPU_KERNEL when set (and not "auto"), else the fastest kernel this CPU runs. */
+static const cpu_kernel *kernel_pick(void) {
+    const char *want = getenv("TZ_CPU_KERNEL");
+    if (want && *want && strcmp(want, "auto")) {
+        const cpu_kernel *k = kernel_find(want);
+        if (!k) {
+            char built[128] = "";
+            for (int i = 0; i < NKERNELS; i++)
+                snprintf(built + strlen(built), sizeof built - strlen(built), "%s%s",
+                         i ? ", " : "", k_kernels[i].name);
+            TZ_FATAL_HINT("unset TZ_CPU_KERNEL (or set it to auto) to let the CPU choose",
+                          "TZ_CPU_KERNEL=%s: no such CPU kernel in this build (built: %s)", want,
+                          built);
+        }
+        if (!k->usable())
+            TZ_FATAL_HINT("unset TZ_CPU_KERNEL (or set it to auto) to let the CPU choose",
+                          "TZ_CPU_KERNEL=%s: this CPU cannot run it (it needs %s)", want,
+                          k->needs);
+        return k;
+    }
+    for (int i = 0; i < NKERNELS; i++)
+        if (k_kernels[i].usable()) return &k_kernels[i];
+    TZ_FATAL("no CPU kernel of this build runs on this CPU"); /* portable always does */
+}
+
+const char *tz_cpu_kernel_name(void) { return kernel_pick()->name; }
+
+int tz_cpu_kernel_usable(const char *name) {
+    const cpu_kernel *k = kernel_find(name);
+    return k && k->usable();
+}
+
 /* ---- the table ---- */
 
 tz_backend *tz_cpu_backend_create(int threads) {
@@ -80,14 +201,7 @@ tz_backend *tz_cpu_backend_create(int threads) {
     be->ctx = c;
     tz_cpu_ws_reserve(be, tz_cpu_threads(be));
     install_memory(be);
-    tz_cpu_install_elementwise(be);
-    tz_cpu_install_norm(be);
-    tz_cpu_install_activation(be);
-    tz_cpu_install_attention(be);
-    tz_cpu_install_matmul(be);
-    tz_cpu_install_loss(be);
-    tz_cpu_install_layout(be);
-    tz_cpu_install_quant(be);
+    kernel_pick()->install(be);
     return be;
 }
 

@@ -163,7 +163,7 @@ static void cpu_bias_bwd(tz_backend *be, float *dbias, const float *dy, int64_t 
     colsum_bt(be, dbias, 0, dy, NULL, 1, rows, C);
 }
 
-void tz_cpu_install_elementwise(tz_backend *be) {
+void TZ_CPU_K(tz_cpu_install_elementwise)(tz_backend *be) {
     be->fill = cpu_fill;
     be->scale = cpu_scale;
     be->axpy = cpu_axpy;

@@ -86,7 +86,7 @@ void tz_cpu_ws_reserve(tz_backend *be, int nthreads);
 /* 64-byte aligned host memory, fatal on failure; free with free(). */
 void *tz_cpu_aligned_alloc(size_t bytes);
 
-/* cpu_matmul.c, for attention blocks. A strided product on one thread:
+/* The product cpu_matmul.c exports for attention blocks, a strided one on one thread:
  * C[i*ldc + j] = alpha * sum_k op(A)(i,k) op(B)(k,j) + beta * C (beta == 0 never reads C),
  * op(A)(i,k) = A[i*lda + k] (transA = 0) or A[k*lda + i]; op(B)(k,j) = B[k*ldb + j] or
  * B[j*ldb + k]. Same blocking and summation order as the matmul op. */
@@ -102,19 +102,37 @@ typedef struct tz_cpu_gemm_args {
     int64_t M, N, K;
     float alpha, beta;
 } tz_cpu_gemm_args;
-size_t tz_cpu_gemm_ws_floats(void); /* workspace size of tz_cpu_gemm_serial */
-void tz_cpu_gemm_serial(const tz_cpu_gemm_args *g, float *ws);
 
-/* The op families, one file each (cuda/ mirrors them file for file). Each file keeps its ops
- * static and exports one install function that sets its entries of the table; the backend
- * (cpu_backend.c) calls every one of them, and nothing else writes the table. */
-void tz_cpu_install_elementwise(tz_backend *be); /* fill scale axpy sumsq bias modulate gate */
-void tz_cpu_install_norm(tz_backend *be);        /* rmsnorm layernorm */
-void tz_cpu_install_activation(tz_backend *be);  /* swiglu gelu_tanh silu */
-void tz_cpu_install_attention(tz_backend *be);   /* attention */
-void tz_cpu_install_matmul(tz_backend *be);      /* matmul */
-void tz_cpu_install_loss(tz_backend *be);        /* xent mse */
-void tz_cpu_install_layout(tz_backend *be);      /* embedding rope patchify unpatchify copy2d */
-void tz_cpu_install_quant(tz_backend *be);       /* tq_rotate tq_rotate_bwd tq_dequant */
+/* ---- kernels and families ----
+ * The family files (every src/cpu/cpu_*.c but cpu_backend.c) are compiled once per CPU
+ * kernel, each time for that kernel's instruction set: portable (the compiler's baseline),
+ * avx2 (x86-64-v3: AVX2, FMA), avx512 (x86-64-v4), or only native (-march=native) in a
+ * TZ_NATIVE build. CMake defines TZ_CPU_KERNEL_ID to the kernel's name, and the few names a
+ * family file exports carry it: TZ_CPU_K(tz_cpu_install_norm) is tz_cpu_install_norm_avx512
+ * in the AVX-512 build of cpu_norm.c. cpu_backend.c picks one kernel per backend at run time
+ * from the CPU's features, so one binary runs everywhere and fast where it can. */
+#define TZ_CPU_K(name) TZ_CPU_K_(name, TZ_CPU_KERNEL_ID)
+#define TZ_CPU_K_(name, kernel) TZ_CPU_K__(name, kernel)
+#define TZ_CPU_K__(name, kernel) name##_##kernel
+
+/* The op families, one file each (cuda/ mirrors them file for file): X(family, kernel) for
+ * each. Each file keeps its ops static and exports one install function,
+ * tz_cpu_install_<family>_<kernel>(be), that sets its entries of the table; the backend calls
+ * every family's, and nothing else writes the table.
+ *   elementwise: fill scale axpy sumsq bias modulate gate    norm: rmsnorm layernorm
+ *   activation: swiglu gelu_tanh silu    attention    matmul    loss: xent mse
+ *   layout: embedding rope patchify unpatchify copy2d    quant: tq_rotate tq_dequant */
+#define TZ_CPU_FAMILIES(X, kernel)                                                         \
+    X(elementwise, kernel) X(norm, kernel) X(activation, kernel) X(attention, kernel)     \
+    X(matmul, kernel) X(loss, kernel) X(layout, kernel) X(quant, kernel)
+#define TZ_CPU_DECLARE_INSTALL(family, kernel) \
+    void tz_cpu_install_##family##_##kernel(tz_backend *be);
+
+#ifdef TZ_CPU_KERNEL_ID /* in a family file */
+TZ_CPU_FAMILIES(TZ_CPU_DECLARE_INSTALL, TZ_CPU_KERNEL_ID)
+/* cpu_matmul.c, for attention: the workspace size of tz_cpu_gemm_serial, and the product */
+size_t TZ_CPU_K(tz_cpu_gemm_ws_floats)(void);
+void TZ_CPU_K(tz_cpu_gemm_serial)(const tz_cpu_gemm_args *g, float *ws);
+#endif
 
 #endif

@@ -140,7 +140,7 @@ static void cpu_copy2d(tz_backend *be, float *dst, int64_t ldd, const float *src
         memcpy(dst + r * ldd, src + r * lds, (size_t)cols * sizeof(float));
 }
 
-void tz_cpu_install_layout(tz_backend *be) {
+void TZ_CPU_K(tz_cpu_install_layout)(tz_backend *be) {
     be->embedding_fwd = cpu_embedding_fwd;
     be->embedding_bwd = cpu_embedding_bwd;
     be->rope_fwd = cpu_rope_fwd;

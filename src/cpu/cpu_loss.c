@@ -88,7 +88,7 @@ static void cpu_mse_bwd(tz_backend *be, float *dpred, const float *pred, int64_t
     }
 }
 
-void tz_cpu_install_loss(tz_backend *be) {
+void TZ_CPU_K(tz_cpu_install_loss)(tz_backend *be) {
     be->xent_fwd = cpu_xent_fwd;
     be->xent_bwd = cpu_xent_bwd;
     be->mse_fwd = cpu_mse_fwd;

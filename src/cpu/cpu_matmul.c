@@ -10,7 +10,11 @@
 /* The micro-kernel computes an MR x NR block of C from a packed MR-row sliver of op(A) and a
  * packed NR-column sliver of op(B), both stored k-major. Accumulators stay in registers: the
  * AVX-512 kernel uses 2*MR of the 32 zmm registers, AVX2 2*MR of the 16 ymm registers. FMA
- * intrinsics are used because ISO C mode (-std=c11) turns off floating-point contraction. */
+ * intrinsics are used because ISO C mode (-std=c11) turns off floating-point contraction.
+ * Which one is the instruction set this build of the file is compiled for (one build per CPU
+ * kernel, chosen at run time: cpu_internal.h). AVX-512 and AVX2 give the same bits (each
+ * element is fused-multiply-added over k in the same order); the portable one rounds each
+ * product before adding it. */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 typedef __m512 vf;
@@ -174,9 +178,9 @@ static void tile(const tz_cpu_gemm_args *g, int64_t i0, int64_t mt, int64_t j0, 
     }
 }
 
-size_t tz_cpu_gemm_ws_floats(void) { return (size_t)MC * KC + (size_t)KC * NC; }
+size_t TZ_CPU_K(tz_cpu_gemm_ws_floats)(void) { return (size_t)MC * KC + (size_t)KC * NC; }
 
-void tz_cpu_gemm_serial(const tz_cpu_gemm_args *g, float *ws) {
+void TZ_CPU_K(tz_cpu_gemm_serial)(const tz_cpu_gemm_args *g, float *ws) {
     if (g->M <= 0 || g->N <= 0) return;
     if (g->K <= 0 || g->alpha == 0.0f) { /* C = beta*C, rows of a strided C */
         for (int64_t i = 0; i < g->M; i++) {
@@ -223,7 +227,7 @@ static void cpu_matmul(tz_backend *be, float *C, const float *A, const float *B,
     int64_t tm = (M + mt - 1) / mt, tn = (N + nc - 1) / nc, ntiles = tm * tn;
     if (ntiles < nt) nt = (int)ntiles;
     tz_cpu_ws_reserve(be, nt);
-    size_t wsz = tz_cpu_gemm_ws_floats();
+    size_t wsz = TZ_CPU_K(tz_cpu_gemm_ws_floats)();
     tz_cpu_gemm_args g = {C, N, A, transA ? M : K, transA, B, transB ? K : N, transB,
                           M, N, K, alpha, beta};
 #pragma omp parallel num_threads(nt)
@@ -238,4 +242,4 @@ static void cpu_matmul(tz_backend *be, float *C, const float *A, const float *B,
     }
 }
 
-void tz_cpu_install_matmul(tz_backend *be) { be->matmul = cpu_matmul; }
+void TZ_CPU_K(tz_cpu_install_matmul)(tz_backend *be) { be->matmul = cpu_matmul; }

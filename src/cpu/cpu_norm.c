@@ -105,7 +105,7 @@ static void cpu_layernorm_bwd(tz_backend *be, float *dx, const float *dout, cons
     }
 }
 
-void tz_cpu_install_norm(tz_backend *be) {
+void TZ_CPU_K(tz_cpu_install_norm)(tz_backend *be) {
     be->rmsnorm_fwd = cpu_rmsnorm_fwd;
     be->rmsnorm_bwd = cpu_rmsnorm_bwd;
     be->layernorm_fwd = cpu_layernorm_fwd;

@@ -86,7 +86,7 @@ static void cpu_tq_dequant(tz_backend *be, float *w, const uint8_t *codes, const
     }
 }
 
-void tz_cpu_install_quant(tz_backend *be) {
+void TZ_CPU_K(tz_cpu_install_quant)(tz_backend *be) {
     be->tq_rotate = cpu_tq_rotate;
     be->tq_rotate_bwd = cpu_tq_rotate_bwd;
     be->tq_dequant = cpu_tq_dequant;

@@ -52,6 +52,7 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     r->training = training;
     if (cfg->train.threads > 0) omp_set_num_threads((int)cfg->train.threads); /* AdamW too */
     r->be = tz_cpu_backend_create((int)cfg->train.threads);
+    tz_info("cpu kernel: %s", tz_cpu_kernel_name());
     w->threads = omp_get_max_threads();
     cpu_set_t cpus;
     if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < w->threads)

@@ -619,6 +619,7 @@ static void test_threads(void) {
 }
 
 int main(void) {
+    tz_optest_kernel();
     g_rng = tz_rng_make(1234, 0, TZ_RNG_TEST, 0);
     g_be = tz_cpu_backend_create(0);
     double t0 = omp_get_wtime();

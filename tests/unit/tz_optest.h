@@ -4,6 +4,7 @@
 #define TZ_OPTEST_H
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,17 @@
 
 static tz_rng g_rng;
 static tz_backend *g_be;
+
+/* ctest runs the op tests once per CPU kernel built in, naming it in TZ_CPU_KERNEL: skip (77)
+ * where this CPU cannot run it; say which kernel runs. Call before creating the backend. */
+static inline void tz_optest_kernel(void) {
+    const char *k = getenv("TZ_CPU_KERNEL");
+    if (k && *k && strcmp(k, "auto") && !tz_cpu_kernel_usable(k)) {
+        printf("skip: this CPU cannot run the %s kernel\n", k);
+        exit(77);
+    }
+    printf("cpu kernel: %s\n", tz_cpu_kernel_name());
+}
 
 static inline void report(const char *name, double err, double tol) {
     check(err <= tol, "%-56s maxrel %.3e (tol %.0e)", name, err, tol); /* NaN fails */
