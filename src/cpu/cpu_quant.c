@@ -17,8 +17,9 @@ static void check_rows(int64_t rows, int64_t cols, int group, const char *op) {
         TZ_FATAL("%s: rows %lld: %s", op, (long long)rows, err);
 }
 
-/* The signs of one row, [cols] (the same for every row). */
-static float *row_signs(int64_t cols, int group, uint64_t seed) {
+/* The signs of one row, [cols] (the same for every row), once the shape is checked. */
+static float *row_signs(int64_t rows, int64_t cols, int group, uint64_t seed, const char *op) {
+    check_rows(rows, cols, group, op);
     float *s = tz_xmalloc((size_t)cols * sizeof *s);
     tz_tq_signs_row(seed, cols, group, s);
     return s;
@@ -26,8 +27,7 @@ static float *row_signs(int64_t cols, int group, uint64_t seed) {
 
 static void cpu_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
                           int group, uint64_t seed) {
-    check_rows(rows, cols, group, "tq_rotate");
-    float *s = row_signs(cols, group, seed);
+    float *s = row_signs(rows, cols, group, seed, "tq_rotate");
     const float inv = (float)(1.0 / sqrt((double)group));
     const int g = group;
     int nt = tz_cpu_threads(be);
@@ -46,8 +46,7 @@ static void cpu_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows
 
 static void cpu_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
                               int64_t cols, int group, uint64_t seed) {
-    check_rows(rows, cols, group, "tq_rotate_bwd");
-    float *s = row_signs(cols, group, seed);
+    float *s = row_signs(rows, cols, group, seed, "tq_rotate_bwd");
     const float inv = (float)(1.0 / sqrt((double)group));
     const int g = group;
     int nt = tz_cpu_threads(be);
