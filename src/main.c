@@ -66,7 +66,7 @@ static int init_dit(const char *preset, const char *objective, const char *out, 
     else if (objective && strcmp(objective, "ddpm"))
         TZ_FATAL("init-model: --objective %s: expected ddpm or flow", objective);
     tz_backend *be = tz_cpu_backend_create(0);
-    tz_dit_opts o = {0};
+    tz_model_opts o = {0};
     tz_dit *m = tz_dit_create(be, &d, &o);
     tz_dit_init_random(m, seed);
     tz_dit_save(m, out, 0);
@@ -114,7 +114,7 @@ static int cmd_init_model(int argc, char **argv) {
     if (tied) d.tied = (int)parse_int(tied, "--tied") != 0;
     d.head_dim = d.dim / d.n_heads;
     tz_backend *be = tz_cpu_backend_create(0);
-    tz_llama_opts o = {0};
+    tz_model_opts o = {0};
     tz_llama *m = tz_llama_create(be, &d, &o);
     tz_llama_init_random(m, s);
     tz_llama_save(m, out, 0);

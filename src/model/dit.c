@@ -129,7 +129,7 @@ static void make_pos_embed(tz_dit *m) {
     free(h);
 }
 
-tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_dit_opts *o) {
+tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_model_opts *o) {
     char err[256];
     if (tz_dit_check_dims(d, err, sizeof err)) TZ_FATAL("%s", err);
     if (o->lora_targets && o->lora_rank <= 0)
@@ -217,8 +217,7 @@ static void upload_init(tz_dit *m, tz_param *p, int rule, double arg, tz_rng *r)
         else if (rule == INIT_NORMAL) h[i] = (float)(arg * tz_rng_normal(r));
         else h[i] = (float)(arg * (2.0 * tz_rng_uniform(r) - 1.0));
     }
-    if (p->q) tz_quant_upload(m->be, &m->cb, p, h); /* the dense draws, quantized on the host */
-    else m->be->upload(m->be, p->w, h, (size_t)p->numel * sizeof *h);
+    tz_model_upload_param(m->be, &m->cb, p, h); /* quantized: the dense draws, quantized */
     free(h);
 }
 
@@ -232,17 +231,6 @@ void tz_dit_init_random(tz_dit *m, uint64_t seed) {
         double arg = rule == INIT_NORMAL ? 0.02
                                          : sqrt(6.0 / (double)(p->shape[0] + p->shape[1]));
         upload_init(m, p, rule, arg, &r);
-    }
-}
-
-void tz_dit_init_lora(tz_dit *m, uint64_t seed) {
-    for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = m->params.p[i];
-        if (!p->adapter) continue;
-        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_LORA, 0);
-        if (strstr(p->name, "lora_A"))
-            upload_init(m, p, INIT_XAVIER, 1.0 / sqrt((double)p->shape[1]), &r);
-        else upload_init(m, p, INIT_ZERO, 0.0, &r);
     }
 }
 

@@ -53,8 +53,7 @@ static void load_param(tz_dit *m, const tz_safetensors *st, tz_param *p, float *
     } else if (tz_st_read_f32(st, p->name, buf, p->ndim, p->shape, err, sizeof err)) {
         TZ_FATAL("%s", err);
     }
-    if (p->q) tz_quant_upload(m->be, &m->cb, p, buf); /* quantize at load */
-    else m->be->upload(m->be, p->w, buf, (size_t)p->numel * sizeof(float));
+    tz_model_upload_param(m->be, &m->cb, p, buf); /* a quantized p: quantized at load */
 }
 
 static float *max_buffer(const tz_params *ps, int adapters) {
@@ -64,7 +63,7 @@ static float *max_buffer(const tz_params *ps, int adapters) {
     return tz_xmalloc((size_t)n * sizeof(float));
 }
 
-tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_dit_opts *o) {
+tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
     tz_dit_dims d;
     tz_dit_read_dims(dir, &d);
     tz_dit *m = tz_dit_create(be, &d, o);
@@ -152,7 +151,7 @@ void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
     if (tz_dit_config_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }
 
-void tz_dit_read_adapter_opts(const char *dir, tz_dit_opts *o) {
+void tz_dit_read_adapter_opts(const char *dir, tz_model_opts *o) {
     tz_lora_spec sp;
     tz_adapter_read_spec(dir, tz_dit_lin_names, TZ_DIT_LIN_N, &sp);
     o->lora_targets = sp.targets;

@@ -75,7 +75,7 @@ static void check_labels(const tz_dit *m, const int32_t *y) {
                                              : " (this model has no null class)");
 }
 
-static void forward_pass(tz_dit *m, const float *x_t, const float *t, const int32_t *y) {
+void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *y) {
     tz_backend *be = m->be;
     const tz_dit_dims *d = &m->d;
     if (!m->arena.base) TZ_FATAL("dit: tz_dit_setup was not called");
@@ -107,10 +107,6 @@ static void forward_pass(tz_dit *m, const float *x_t, const float *t, const int3
     be->unpatchify(be, m->out_img, m->fo, n, tz_dit_out_channels(d), S, S, p, 1);
 }
 
-void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *y) {
-    forward_pass(m, x_t, t, y);
-}
-
 /* SSE of the first C channels of the prediction against target (uploaded here). */
 static double loss_of(tz_dit *m, const float *target) {
     tz_backend *be = m->be;
@@ -126,7 +122,7 @@ static double loss_of(tz_dit *m, const float *target) {
 
 double tz_dit_forward_loss(tz_dit *m, const float *x_t, const float *t, const int32_t *y,
                            const float *target) {
-    forward_pass(m, x_t, t, y);
+    tz_dit_forward(m, x_t, t, y);
     return loss_of(m, target);
 }
 
@@ -184,7 +180,7 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     const int64_t n = m->n, T = tz_dit_tokens(d), BT = n * T, Hd = d->hidden;
     const int64_t S = d->input_size, p = d->patch_size, Cout = tz_dit_out_channels(d);
     const int64_t ld = Cout * S * S, L = d->depth;
-    forward_pass(m, x_t, t, y);
+    tz_dit_forward(m, x_t, t, y);
     double loss = loss_of(m, target);
     /* loss -> prediction -> final linear (token layout) */
     be->fill(be, m->dimg, 0.0f, n * ld);

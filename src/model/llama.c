@@ -9,7 +9,6 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "model/llama_quant.h"
 #include "quant/turboquant.h"
 
 const char *const tz_llama_lin_names[TZ_LIN_N] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
@@ -28,7 +27,7 @@ static void add_linear(tz_llama *m, tz_linear *l, int layer, int which, int64_t 
     l->in = in;
     l->out = out;
     l->tq = &m->tq;
-    const tz_llama_quant *qo = &m->o.quant;
+    const tz_quant_opts *qo = &m->o.quant;
     int g = qo->bits ? tz_tq_group_for(in, qo->group) : 0;
     if (g)
         l->w = tz_params_add_quant(&m->params, m->be, name, out, in, qo->method, qo->bits, g,
@@ -53,7 +52,7 @@ static int64_t lowest_off(const tz_param *p, int64_t cur) {
     return p && p->trainable && p->flat_off < cur ? p->flat_off : cur;
 }
 
-tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_llama_opts *o) {
+tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_model_opts *o) {
     if (d->n_heads % d->n_kv_heads || d->head_dim % 2)
         TZ_FATAL("llama: %lld heads not a multiple of %lld kv heads, or odd head_dim %lld",
                  (long long)d->n_heads, (long long)d->n_kv_heads, (long long)d->head_dim);
@@ -63,7 +62,7 @@ tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_llama
     m->be = be;
     tz_params_init(&m->params);
     int full = o->full;
-    if (o->quant.bits) tz_llama_quant_prepare(m);
+    if (o->quant.bits) tz_quant_prepare(&o->quant, o->full, &m->cb, m->levels);
     const int64_t C = d->dim, qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
     /* registration in forward order; the flat layout reverses it (backward order) */
     m->embed = add_param(m, "model.embed_tokens.weight", 2, d->vocab, C, full, 1, 0);
@@ -118,44 +117,17 @@ void tz_llama_free(tz_llama *m) {
     free(m);
 }
 
-static void upload_fn(tz_llama *m, tz_param *p, double (*gen)(tz_rng *, double), double arg,
-                      tz_rng *r) {
-    float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
-    for (int64_t i = 0; i < p->numel; i++) h[i] = (float)gen(r, arg);
-    m->be->upload(m->be, p->w, h, (size_t)p->numel * sizeof *h);
-    free(h);
-}
-static double gen_normal(tz_rng *r, double std) { return std * tz_rng_normal(r); }
-static double gen_const(tz_rng *r, double v) { return v; }
-static double gen_uniform(tz_rng *r, double bound) {
-    return bound * (2.0 * tz_rng_uniform(r) - 1.0);
-}
-
 void tz_llama_init_random(tz_llama *m, uint64_t seed) {
     for (int i = 0; i < m->params.n; i++) {
         tz_param *p = m->params.p[i];
         if (p->adapter) continue;
+        /* norms: ones; matrices: normal(0, 0.02), a quantized one quantized on the host */
         tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_INIT, 0);
-        if (p->q) { /* the same draws as a dense model, quantized on the host */
-            float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
-            for (int64_t k = 0; k < p->numel; k++) h[k] = (float)gen_normal(&r, 0.02);
-            tz_llama_quantize_param(m, p, h);
-            free(h);
-        } else if (p->ndim == 1) {
-            upload_fn(m, p, gen_const, 1.0, &r);
-        } else {
-            upload_fn(m, p, gen_normal, 0.02, &r);
-        }
-    }
-}
-
-void tz_llama_init_lora(tz_llama *m, uint64_t seed) {
-    for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = m->params.p[i];
-        if (!p->adapter) continue;
-        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_LORA, 0);
-        if (strstr(p->name, "lora_A")) upload_fn(m, p, gen_uniform, 1.0 / sqrt((double)p->shape[1]), &r);
-        else upload_fn(m, p, gen_const, 0.0, &r);
+        float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
+        for (int64_t k = 0; k < p->numel; k++)
+            h[k] = p->ndim == 1 ? 1.0f : (float)(0.02 * tz_rng_normal(&r));
+        tz_model_upload_param(m->be, &m->cb, p, h);
+        free(h);
     }
 }
 
@@ -253,7 +225,7 @@ static tz_llama_acts *acts_of(tz_llama *m, int64_t layer) {
     return &m->acts[m->n_acts == 1 ? 0 : layer];
 }
 
-static double forward_loss(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
+double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
     const int64_t BT = m->B * m->T, C = d->dim;
@@ -271,10 +243,6 @@ static double forward_loss(tz_llama *m, const int32_t *inputs, const int32_t *ta
     double sum = 0.0;
     for (int64_t i = 0; i < BT; i++) sum += m->loss_host[i];
     return sum;
-}
-
-double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
-    return forward_loss(m, inputs, targets);
 }
 
 /* ---- backward ---- */
@@ -317,7 +285,7 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
     const int64_t BT = m->B * m->T, C = d->dim, V = d->vocab;
-    double loss = forward_loss(m, inputs, targets);
+    double loss = tz_llama_forward(m, inputs, targets);
     /* head: dlogits in place, then dhf = dlogits W_head, dW_head += dlogits^T hf */
     be->xent_bwd(be, m->logits, m->logits, m->tgt, dloss, BT, V);
     be->matmul(be, m->dh, m->logits, m->lm_head->w, BT, C, V, 0, 0, 1.0f, 0.0f);

@@ -33,15 +33,6 @@ void tz_llama_read_dims(const char *dir, tz_llama_dims *d) {
     d->tied = c.tie_word_embeddings;
 }
 
-/* Reads tensor p->name of st into p (shape-checked, converted to fp32, uploaded). */
-static void load_param(tz_backend *be, const tz_safetensors *st, tz_param *p, const char *name,
-                       float *buf) {
-    char err[1024];
-    if (tz_st_read_f32(st, name, buf, p->ndim, p->shape, err, sizeof err))
-        TZ_FATAL("%s", err);
-    be->upload(be, p->w, buf, (size_t)p->numel * sizeof(float));
-}
-
 static float *max_buffer(const tz_params *ps, int adapters) {
     int64_t n = 1;
     for (int i = 0; i < ps->n; i++)
@@ -49,7 +40,7 @@ static float *max_buffer(const tz_params *ps, int adapters) {
     return tz_xmalloc((size_t)n * sizeof(float));
 }
 
-tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_llama_opts *o) {
+tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
     tz_llama_dims d;
     tz_llama_read_dims(dir, &d);
     tz_safetensors st;
@@ -57,16 +48,12 @@ tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_llama_opts *o)
     char err[1024];
     if (tz_st_open(&st, dir, err, sizeof err)) TZ_FATAL("model.path: %s", err);
     if (tz_tqf_read(&qf, &st, err, sizeof err)) TZ_FATAL("model.path: %s", err);
-    tz_llama_opts oq = *o;
-    if (qf.present) tz_llama_quant_from_file(&oq, &qf, dir);
+    tz_model_opts oq = *o;
+    if (qf.present) tz_llama_quant_from_file(&oq.quant, &qf, dir);
     tz_llama *m = tz_llama_create(be, &d, &oq);
     float *buf = max_buffer(&m->params, 0);
-    for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = m->params.p[i];
-        if (p->adapter) continue;
-        if (qf.present || p->q) tz_llama_load_weight(m, &st, &qf, p, buf);
-        else load_param(be, &st, p, p->name, buf);
-    }
+    for (int i = 0; i < m->params.n; i++)
+        if (!m->params.p[i]->adapter) tz_llama_load_weight(m, &st, &qf, m->params.p[i], buf);
     free(buf);
     tz_tqf_free(&qf);
     tz_st_close(&st);
@@ -98,7 +85,7 @@ void tz_llama_save(tz_llama *m, const char *dir, int bf16) {
     if (tz_hf_llama_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }
 
-void tz_llama_read_adapter_opts(const char *dir, tz_llama_opts *o) {
+void tz_llama_read_adapter_opts(const char *dir, tz_model_opts *o) {
     tz_lora_spec sp;
     tz_adapter_read_spec(dir, tz_llama_lin_names, TZ_LIN_N, &sp);
     o->lora_targets = sp.targets;

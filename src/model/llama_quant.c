@@ -13,21 +13,7 @@
 #include "model/llama_io.h"
 #include "quant/turboquant.h"
 
-void tz_llama_quant_prepare(tz_llama *m) {
-    tz_quant_prepare(&m->o.quant, m->o.full, &m->cb, m->levels);
-}
-
-static const tz_tq_codebook *codebook_of(const tz_llama *m, int method, int bits,
-                                         tz_tq_codebook *local) {
-    return tz_quant_codebook(&m->cb, method, bits, local);
-}
-
-void tz_llama_quantize_param(tz_llama *m, tz_param *p, const float *w) {
-    tz_quant_upload(m->be, &m->cb, p, w);
-}
-
-void tz_llama_quant_from_file(tz_llama_opts *o, const tz_tqf *qf, const char *dir) {
-    tz_llama_quant *q = &o->quant;
+void tz_llama_quant_from_file(tz_quant_opts *q, const tz_tqf *qf, const char *dir) {
     if (q->bits && (q->bits != qf->bits || q->group != qf->group || q->method != qf->method))
         TZ_FATAL_HINT("leave quant.bits = 0 to use the model as it was quantized, or point "
                       "model.path at the dense model to quantize it at load",
@@ -65,7 +51,7 @@ static void load_stored(tz_llama *m, const tz_safetensors *st, const tz_tqf *qf,
         q->seed != qf->seed) { /* the file decides how this tensor is stored */
         float levels[TZ_TQ_MAX_LEVELS];
         tz_tq_codebook local;
-        tz_tq_levels(qf->method, e->bits, codebook_of(m, qf->method, e->bits, &local), levels);
+        tz_tq_levels(qf->method, e->bits, tz_quant_codebook(&m->cb, qf->method, e->bits, &local), levels);
         tz_param_make_quant(p, m->be, qf->method, e->bits, e->group, qf->seed, levels);
     }
     tz_tq_tensor t;
@@ -86,8 +72,7 @@ void tz_llama_load_weight(tz_llama *m, const tz_safetensors *st, const tz_tqf *q
     if (p->q && qf->present) tz_param_make_dense(p, m->be); /* the file keeps it dense */
     if (tz_st_read_f32(st, p->name, buf, p->ndim, p->shape, err, sizeof err))
         TZ_FATAL("%s", err);
-    if (p->q) tz_llama_quantize_param(m, p, buf); /* quantize at load */
-    else m->be->upload(m->be, p->w, buf, (size_t)p->numel * sizeof(float));
+    tz_model_upload_param(m->be, &m->cb, p, buf); /* a quantized p: quantized at load */
 }
 
 void tz_llama_quant_report(const tz_llama *m) {

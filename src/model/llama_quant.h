@@ -10,14 +10,9 @@
 #include "io/tq_format.h"
 #include "model/llama.h"
 
-/* Checks m->o.quant (fatal with a hint when it cannot be used) and fills m->cb and
- * m->levels. Called by tz_llama_create when o.quant.bits > 0. */
-void tz_llama_quant_prepare(tz_llama *m);
-/* Quantizes the host weight w (p->numel floats) as p->q says and uploads codes and scales. */
-void tz_llama_quantize_param(tz_llama *m, tz_param *p, const float *w);
-/* Sets o->quant from a quantized file's metadata (fatal when o->quant asks for something
- * else: quant.bits must be 0 or agree with the file's bits, group and method). */
-void tz_llama_quant_from_file(tz_llama_opts *o, const tz_tqf *qf, const char *dir);
+/* Sets q from a quantized file's metadata (fatal when q asks for something else: quant.bits
+ * must be 0 or agree with the file's bits, group and method). */
+void tz_llama_quant_from_file(tz_quant_opts *q, const tz_tqf *qf, const char *dir);
 /* Loads base weight p from st: a quantized file's codes and scales (p's storage follows the
  * file), or a dense tensor (quantized here when p is quantized and the file is not). buf
  * holds p->numel floats. Fatal with the file and tensor on any error. */

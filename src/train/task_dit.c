@@ -182,7 +182,7 @@ tz_task *tz_task_dit_create(const tz_config *cfg, tz_backend *be, int training) 
     dit_task *k = tz_xcalloc(1, sizeof *k);
     k->cfg = cfg;
     k->training = training;
-    tz_dit_opts o = {0};
+    tz_model_opts o = {0};
     o.full = training && cfg->train.mode == TZ_MODE_FULL;
     o.quant = quant_opts(cfg);
     o.checkpointing = cfg->train.checkpointing;
@@ -199,7 +199,7 @@ tz_task *tz_task_dit_create(const tz_config *cfg, tz_backend *be, int training) 
                       cfg->source, cfg->model.adapter);
     tz_dit *m = k->m = tz_dit_load(be, cfg->model.path, &o);
     if (cfg->model.adapter[0]) tz_dit_load_adapter(m, cfg->model.adapter);
-    else if (o.lora_targets) tz_dit_init_lora(m, (uint64_t)cfg->run.seed);
+    else if (o.lora_targets) tz_model_init_lora(&m->params, be, (uint64_t)cfg->run.seed);
     tz_diffusion_init(&k->diff, m->d.diffusion);
     const int64_t B = cfg->train.micro_batch, numel = tz_dit_image_numel(&m->d);
     tz_dit_setup(m, B);
@@ -248,7 +248,7 @@ int tz_sample_run(const tz_config *cfg, const tz_sample_args *a) {
     if (cfg->model.arch != TZ_ARCH_DIT)
         TZ_FATAL("%s: sample needs model.arch = \"dit\"", cfg->source);
     tz_backend *be = tz_cpu_backend_create((int)cfg->train.threads);
-    tz_dit_opts o = {0};
+    tz_model_opts o = {0};
     o.quant = quant_opts(cfg);
     if (cfg->model.adapter[0]) tz_dit_read_adapter_opts(cfg->model.adapter, &o);
     tz_dit *m = tz_dit_load(be, cfg->model.path, &o);

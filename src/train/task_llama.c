@@ -94,7 +94,7 @@ tz_task *tz_task_llama_create(const tz_config *cfg, tz_backend *be, int training
     llama_task *k = tz_xcalloc(1, sizeof *k);
     k->cfg = cfg;
     k->training = training;
-    tz_llama_opts o = {0};
+    tz_model_opts o = {0};
     o.full = training && cfg->train.mode == TZ_MODE_FULL;
     o.checkpointing = cfg->train.checkpointing;
     o.quant.method = cfg->quant.method;
@@ -114,7 +114,7 @@ tz_task *tz_task_llama_create(const tz_config *cfg, tz_backend *be, int training
                       cfg->source, cfg->model.adapter);
     tz_llama *m = k->m = tz_llama_load(be, cfg->model.path, &o);
     if (cfg->model.adapter[0]) tz_llama_load_adapter(m, cfg->model.adapter);
-    else if (o.lora_targets) tz_llama_init_lora(m, (uint64_t)cfg->run.seed);
+    else if (o.lora_targets) tz_model_init_lora(&m->params, be, (uint64_t)cfg->run.seed);
     const int64_t B = cfg->train.micro_batch, T = cfg->data.seq_len;
     tz_llama_setup(m, B, T);
 

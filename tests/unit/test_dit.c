@@ -26,7 +26,7 @@ static tz_dit_dims small_dims(int sigma) {
 /* Every parameter (and, with lora, lora_B) given random values so nothing is trivially 0. */
 static void randomize(tz_dit *m, uint64_t seed) {
     tz_dit_init_random(m, seed);
-    tz_dit_init_lora(m, seed);
+    tz_model_init_lora(&m->params, m->be, seed);
     for (int i = 0; i < m->params.n; i++) {
         tz_param *p = m->params.p[i];
         if (p->adapter && !strstr(p->name, "lora_B")) continue;
@@ -105,7 +105,7 @@ static void test_dims(void) {
     check(!tz_dit_preset("tiny", &d, err, sizeof err) && d.hidden == 64 && d.depth == 2 &&
               d.patch_size == 4 && tz_dit_tokens(&d) == 49,
           "preset tiny: hidden 64, depth 2, patch 4 (49 tokens of 28x28)");
-    tz_dit_opts o = {.full = 1};
+    tz_model_opts o = {.full = 1};
     tz_dit *m = tz_dit_create(g_be, &d, &o);
     printf("tiny: %lld parameters\n", (long long)m->params.n_total);
     tz_dit_free(m);
@@ -125,7 +125,7 @@ static void test_dims(void) {
 
 static void test_zero_init(void) {
     tz_dit_dims d = small_dims(1);
-    tz_dit_opts o = {.full = 1};
+    tz_model_opts o = {.full = 1};
     tz_dit *m = tz_dit_create(g_be, &d, &o);
     tz_dit_init_random(m, 5);
     tz_dit_setup(m, 3);
@@ -148,7 +148,7 @@ static int same(const float *a, const float *b, int64_t n) { return !memcmp(a, b
 static void test_equivalences(int full) {
     tz_dit_dims d = small_dims(1);
     d.input_size = 16;
-    tz_dit_opts o = {.full = full, .lora_targets = full ? 0 : 31, .lora_rank = 3, .lora_alpha = 6};
+    tz_model_opts o = {.full = full, .lora_targets = full ? 0 : 31, .lora_rank = 3, .lora_alpha = 6};
     const char *tag = full ? "full" : "lora";
     tz_dit *m = tz_dit_create(g_be, &d, &o);
     randomize(m, 9);
@@ -179,7 +179,7 @@ static void test_equivalences(int full) {
     check(nonzero > n / 2, "%s: gradients are mostly nonzero (%lld of %lld)", tag,
           (long long)nonzero, (long long)n);
     /* checkpointing recomputes the same numbers */
-    tz_dit_opts oc = o;
+    tz_model_opts oc = o;
     oc.checkpointing = 1;
     tz_dit *mc = tz_dit_create(g_be, &d, &oc);
     for (int i = 0; i < m->params.n; i++)
@@ -213,13 +213,13 @@ static void test_io(void) {
     snprintf(ad, sizeof ad, "%s/adapter", dir);
     tz_dit_dims d = small_dims(1);
     d.diffusion = TZ_DIFF_FLOW;
-    tz_dit_opts o = {.full = 0, .lora_targets = (1 << TZ_DIT_QKV) | (1 << TZ_DIT_ADALN),
+    tz_model_opts o = {.full = 0, .lora_targets = (1 << TZ_DIT_QKV) | (1 << TZ_DIT_ADALN),
                      .lora_rank = 2, .lora_alpha = 4};
     tz_dit *m = tz_dit_create(g_be, &d, &o);
     randomize(m, 3);
     tz_dit_save(m, sub, 0);
     tz_dit_save_adapter(m, ad, sub);
-    tz_dit_opts o2 = {0};
+    tz_model_opts o2 = {0};
     tz_dit_read_adapter_opts(ad, &o2);
     check(o2.lora_targets == o.lora_targets && o2.lora_rank == 2 && o2.lora_alpha == 4.0,
           "adapter_config.json round trip: targets attn.qkv + adaLN_modulation.1, r 2, alpha 4");

@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
         tz_llama_dims d = {.vocab = 50, .dim = 32, .hidden = 40, .n_layers = 2, .n_heads = 4,
                            .n_kv_heads = 2, .head_dim = 8, .max_pos = 64, .eps = 1e-5,
                            .theta = 500000.0, .tied = tied};
-        tz_llama_opts o = {0};
+        tz_model_opts o = {0};
         tz_llama *a = tz_llama_create(be, &d, &o);
         tz_llama_init_random(a, 9);
         tz_llama_setup(a, B, T);
@@ -76,9 +76,9 @@ int main(int argc, char **argv) {
         tz_llama_free(b);
 
         /* adapters: save, load into a fresh model, same logits */
-        tz_llama_opts lo = {.lora_targets = 0x7f, .lora_rank = 3, .lora_alpha = 6.0};
+        tz_model_opts lo = {.lora_targets = 0x7f, .lora_rank = 3, .lora_alpha = 6.0};
         tz_llama *c = tz_llama_load(be, dir, &lo);
-        tz_llama_init_lora(c, 3);
+        tz_model_init_lora(&c->params, c->be, 3);
         for (int i = 0; i < c->params.n; i++) /* nonzero B so the adapter changes logits */
             if (strstr(c->params.p[i]->name, "lora_B"))
                 for (int64_t j = 0; j < c->params.p[i]->numel; j++) c->params.p[i]->w[j] = 0.01f * (float)(j % 7);
@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
         char adir[80];
         snprintf(adir, sizeof adir, "%s/adapter", dir);
         tz_llama_save_adapter(c, adir, dir);
-        tz_llama_opts lo2 = {0};
+        tz_model_opts lo2 = {0};
         tz_llama_read_adapter_opts(adir, &lo2);
         check(lo2.lora_rank == 3 && lo2.lora_alpha == 6.0 && lo2.lora_targets == 0x7f,
               "adapter_config.json not read back (r %lld alpha %g targets %x)",

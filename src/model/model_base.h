@@ -1,9 +1,9 @@
-/* Quantized frozen base weights, shared by every model (Llama, DiT): the options, the
- * codebook set-up, quantizing a host weight into its backend storage, and the one decode
- * tile + rotation buffer (tz_tq_scratch) a model's arena holds for its quantized linears.
- * Which weights a model quantizes is the model's choice; the math is src/quant's. */
-#ifndef TZ_QUANT_BASE_H
-#define TZ_QUANT_BASE_H
+/* What every model family (Llama, DiT) builds on: its options, the LoRA initialisation,
+ * host-to-backend weight uploads, and the quantized frozen base (codebook set-up, quantizing a
+ * host weight into its storage, the one decode tile + rotation buffer of a model's arena).
+ * Which weights a model quantizes or adapts is the model's choice; the math is src/quant's. */
+#ifndef TZ_MODEL_BASE_H
+#define TZ_MODEL_BASE_H
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,6 +20,25 @@ typedef struct tz_quant_opts {
     int group;         /* 64, 128 or 256 */
     uint64_t seed;     /* sign seed (TurboQuant) */
 } tz_quant_opts;
+
+/* How a model is built: what trains, which projections get LoRA adapters, checkpointing, and
+ * how the quantizable weights are stored. One struct for every family. */
+typedef struct tz_model_opts {
+    int full;          /* 1: every weight trainable; 0: frozen base (adapters only) */
+    int lora_targets;  /* bit 1 << j: the family's projection j is adapted; 0: no adapters */
+    int64_t lora_rank;
+    double lora_alpha;
+    int checkpointing; /* keep only layer inputs, recompute each layer in backward */
+    tz_quant_opts quant;
+} tz_model_opts;
+
+/* LoRA init as PEFT does, for every adapter tensor of ps: A ~ U(-1/sqrt(in), 1/sqrt(in)),
+ * B = 0; the draws of parameter i come from tz_rng_make(seed, i, TZ_RNG_LORA, 0). */
+void tz_model_init_lora(tz_params *ps, tz_backend *be, uint64_t seed);
+/* Sets p from the host floats w (p->numel): uploaded as they are, or, when p is quantized,
+ * quantized on the host as p->q says (cb: the model's codebook) and its codes uploaded. */
+void tz_model_upload_param(tz_backend *be, const tz_tq_codebook *cb, tz_param *p,
+                           const float *w);
 
 /* Checks q (fatal with a hint when it cannot be used, e.g. full fine-tuning: `full` non-zero)
  * and fills cb (TurboQuant) and levels (2^bits code values, tz_tq_levels). */

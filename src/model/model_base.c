@@ -1,11 +1,35 @@
-/* Quantized frozen base weights shared by the models: option checks and codebook, host-side
- * quantization into backend storage, and the decode scratch of the arena. */
-#include "model/quant_base.h"
+/* What the model families share: LoRA initialisation, weight uploads, and the quantized base
+ * (option checks and codebook, host-side quantization, the decode scratch of the arena). */
+#include "model/model_base.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "quant/turboquant.h"
+
+void tz_model_init_lora(tz_params *ps, tz_backend *be, uint64_t seed) {
+    for (int i = 0; i < ps->n; i++) {
+        tz_param *p = ps->p[i];
+        if (!p->adapter) continue;
+        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_LORA, 0);
+        const int is_a = strstr(p->name, "lora_A") != NULL;
+        const double bound = 1.0 / sqrt((double)p->shape[1]);
+        float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
+        for (int64_t k = 0; k < p->numel; k++)
+            h[k] = is_a ? (float)(bound * (2.0 * tz_rng_uniform(&r) - 1.0)) : 0.0f;
+        be->upload(be, p->w, h, (size_t)p->numel * sizeof *h);
+        free(h);
+    }
+}
+
+void tz_model_upload_param(tz_backend *be, const tz_tq_codebook *cb, tz_param *p,
+                           const float *w) {
+    if (p->q) tz_quant_upload(be, cb, p, w);
+    else be->upload(be, p->w, w, (size_t)p->numel * sizeof *w);
+}
 
 void tz_quant_prepare(const tz_quant_opts *q, int full, tz_tq_codebook *cb, float *levels) {
     char err[256];
