@@ -62,9 +62,9 @@ int tz_dit_preset(const char *name, tz_dit_dims *d, char *err, size_t errlen) {
 
 /* Records the backward stage and init rule of the parameter registered last. */
 static tz_param *with_meta(tz_dit *m, tz_param *p, int stage, int init) {
-    m->meta = tz_xrealloc(m->meta, (size_t)m->params.n * sizeof *m->meta);
-    m->meta[m->params.n - 1].stage = stage;
-    m->meta[m->params.n - 1].init = init;
+    m->init_rule = tz_xrealloc(m->init_rule, (size_t)m->params.n * sizeof *m->init_rule);
+    m->init_rule[m->params.n - 1] = init;
+    p->stage = stage;
     return p;
 }
 
@@ -180,15 +180,6 @@ tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_model_opts 
     tz_params_layout(&m->params);
     m->cond_trainable = m->y_table->trainable || m->t_fc1.lin.w->trainable ||
                         m->t_fc2.lin.w->trainable;
-    m->ready = tz_xcalloc((size_t)L + 2, sizeof *m->ready);
-    for (int64_t s = 0; s <= L + 1; s++) {
-        int64_t r = m->params.flat_numel;
-        for (int i = 0; i < m->params.n; i++) {
-            const tz_param *q = m->params.p[i];
-            if (q->trainable && m->meta[i].stage > s && q->flat_off < r) r = q->flat_off;
-        }
-        m->ready[s] = r;
-    }
     make_pos_embed(m);
     return m;
 }
@@ -198,13 +189,12 @@ void tz_dit_free(tz_dit *m) {
     tz_arena_free(&m->arena);
     tz_params_free(&m->params, m->be);
     if (m->pos_embed) m->be->release(m->be, m->pos_embed);
-    free(m->meta);
+    free(m->init_rule);
     free(m->blocks);
     free(m->xin);
     free(m->acts);
     free(m->tfreq_host);
     free(m->sse_host);
-    free(m->ready);
     free(m);
 }
 
@@ -226,7 +216,7 @@ void tz_dit_init_random(tz_dit *m, uint64_t seed) {
         tz_param *p = m->params.p[i];
         if (p->adapter) continue;
         tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_INIT, 0);
-        int rule = m->meta[i].init;
+        int rule = m->init_rule[i];
         /* xavier_uniform_: bound sqrt(6 / (fan_in + fan_out)) of the [out, in] matrix */
         double arg = rule == INIT_NORMAL ? 0.02
                                          : sqrt(6.0 / (double)(p->shape[0] + p->shape[1]));

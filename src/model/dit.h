@@ -93,17 +93,12 @@ typedef struct tz_dit_acts {
     float *lh[TZ_DIT_LIN_N]; /* LoRA hidden x A^T per projection (NULL if not adapted) */
 } tz_dit_acts;
 
-typedef struct tz_dit_pmeta {
-    int stage; /* backward stage after which the gradient is final */
-    int init;  /* initialisation rule (dit.c) */
-} tz_dit_pmeta;
-
 typedef struct tz_dit {
     tz_dit_dims d;
     tz_model_opts o;
     tz_backend *be;
     tz_params params;
-    tz_dit_pmeta *meta; /* one per parameter, by registration index */
+    int *init_rule;     /* initialisation rule of each parameter, by registration index */
     tz_dit_linear x_emb, t_fc1, t_fc2, f_ada, f_lin;
     tz_param *y_table;
     tz_dit_block *blocks;
@@ -124,15 +119,11 @@ typedef struct tz_dit {
     float *dres, *da, *db, *dq, *dk, *dv, *dqkv, *df, *dg, *dmod, *dsc, *dc, *dt, *dfo, *dimg;
     float *dlora;
     float *tfreq_host, *sse_host;
-    /* Gradient readiness, as in tz_llama: after backward stage s (0: the final layer,
-     * 1..depth: blocks depth-1 .. 0, depth+1: the embedders) every trainable gradient below
-     * flat offset ready[s] is final; grad_hook, when set, is called with ready[s]. */
-    int64_t *ready;
-    void (*grad_hook)(void *ctx, int64_t ready_flat);
-    void *grad_hook_ctx;
 } tz_dit;
 
-/* Register every parameter (zeroed; adapters per opts) and compute the position table.
+/* Register every parameter (zeroed; adapters per opts), each with its backward stage (0: the
+ * final layer, 1..depth: blocks depth-1 .. 0, depth+1: the embedders; tz_params.ready), and
+ * compute the position table.
  * Fatal on inconsistent dims. */
 tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_model_opts *o);
 void tz_dit_free(tz_dit *m);

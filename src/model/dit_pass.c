@@ -196,14 +196,14 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     be->layernorm_bwd(be, m->dres, m->db, m->xin[L], m->fmean, m->frstd, BT, Hd);
     be->fill(be, m->dsc, 0.0f, n * Hd);
     lin_bwd(m, &m->f_ada, m->cond_trainable ? m->dsc : NULL, m->dmod, m->sc, m->f_lh, n);
-    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[0]);
+    tz_params_stage_done(&m->params, 0);
     for (int64_t i = L - 1; i >= 0; i--) {
         tz_dit_acts *a = acts_of(m, i);
         /* checkpointing: recompute the block (the last one's activations are still there);
          * its output goes to da, free until block_bwd fills it */
         if (m->n_acts == 1 && i != L - 1) block_fwd(m, &m->blocks[i], a, m->xin[i], m->da);
         block_bwd(m, &m->blocks[i], a, m->xin[i]);
-        if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[L - i]);
+        tz_params_stage_done(&m->params, (int)(L - i));
     }
     /* embedders: c = t_fc2(silu(t_fc1(features(t)))) + table[y]; x0 = x_emb(patches) + pos */
     if (m->cond_trainable) {
@@ -217,6 +217,6 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
         lin_bwd(m, &m->t_fc1, NULL, m->dsc, m->tfreq, NULL, n);
     }
     lin_bwd(m, &m->x_emb, NULL, m->dres, m->patches, NULL, BT);
-    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[L + 1]);
+    tz_params_stage_done(&m->params, (int)L + 1);
     return loss;
 }

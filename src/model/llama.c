@@ -15,13 +15,16 @@ const char *const tz_llama_lin_names[TZ_LIN_N] = {"q_proj",    "k_proj",  "v_pro
                                                   "gate_proj", "up_proj", "down_proj"};
 
 static tz_param *add_param(tz_llama *m, const char *name, int ndim, int64_t d0, int64_t d1,
-                           int trainable, int decay, int adapter) {
-    return tz_params_add(&m->params, m->be, name, ndim, d0, d1, trainable, decay, adapter);
+                           int trainable, int decay, int adapter, int64_t stage) {
+    tz_param *p = tz_params_add(&m->params, m->be, name, ndim, d0, d1, trainable, decay, adapter);
+    p->stage = (int)stage;
+    return p;
 }
 
 static void add_linear(tz_llama *m, tz_linear *l, int layer, int which, int64_t in, int64_t out) {
     char name[TZ_NAME_MAX];
     const char *blk = which <= TZ_LIN_O ? "self_attn" : "mlp";
+    const int64_t stage = m->d.n_layers - layer; /* backward reaches layer l at this stage */
     snprintf(name, sizeof name, "model.layers.%d.%s.%s.weight", layer, blk,
              tz_llama_lin_names[which]);
     l->in = in;
@@ -29,11 +32,13 @@ static void add_linear(tz_llama *m, tz_linear *l, int layer, int which, int64_t 
     l->tq = &m->tq;
     const tz_quant_opts *qo = &m->o.quant;
     int g = qo->bits ? tz_tq_group_for(in, qo->group) : 0;
-    if (g)
+    if (g) {
         l->w = tz_params_add_quant(&m->params, m->be, name, out, in, qo->method, qo->bits, g,
                                    qo->seed, m->levels);
-    else
-        l->w = add_param(m, name, 2, out, in, m->o.full, 1, 0);
+        l->w->stage = (int)stage;
+    } else {
+        l->w = add_param(m, name, 2, out, in, m->o.full, 1, 0, stage);
+    }
     l->a = l->b = NULL;
     l->r = 0;
     if (m->o.lora_targets & (1 << which)) {
@@ -41,15 +46,11 @@ static void add_linear(tz_llama *m, tz_linear *l, int layer, int which, int64_t 
         l->scale = (float)(m->o.lora_alpha / (double)m->o.lora_rank);
         snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", layer,
                  blk, tz_llama_lin_names[which]);
-        l->a = add_param(m, name, 2, l->r, in, 1, 1, 1);
+        l->a = add_param(m, name, 2, l->r, in, 1, 1, 1, stage);
         snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", layer,
                  blk, tz_llama_lin_names[which]);
-        l->b = add_param(m, name, 2, out, l->r, 1, 1, 1);
+        l->b = add_param(m, name, 2, out, l->r, 1, 1, 1, stage);
     }
-}
-
-static int64_t lowest_off(const tz_param *p, int64_t cur) {
-    return p && p->trainable && p->flat_off < cur ? p->flat_off : cur;
 }
 
 tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_model_opts *o) {
@@ -65,43 +66,28 @@ tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_model
     if (o->quant.bits) tz_quant_prepare(&o->quant, o->full, &m->cb, m->levels);
     const int64_t C = d->dim, qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
     /* registration in forward order; the flat layout reverses it (backward order) */
-    m->embed = add_param(m, "model.embed_tokens.weight", 2, d->vocab, C, full, 1, 0);
+    m->embed = add_param(m, "model.embed_tokens.weight", 2, d->vocab, C, full, 1, 0,
+                         d->n_layers + 1);
     m->layers = tz_xcalloc((size_t)d->n_layers, sizeof *m->layers);
     for (int i = 0; i < d->n_layers; i++) {
         tz_llama_layer *L = &m->layers[i];
         char name[TZ_NAME_MAX];
         snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", i);
-        L->attn_norm = add_param(m, name, 1, C, 1, full, 0, 0);
+        L->attn_norm = add_param(m, name, 1, C, 1, full, 0, 0, d->n_layers - i);
         add_linear(m, &L->lin[TZ_LIN_Q], i, TZ_LIN_Q, C, qd);
         add_linear(m, &L->lin[TZ_LIN_K], i, TZ_LIN_K, C, kvd);
         add_linear(m, &L->lin[TZ_LIN_V], i, TZ_LIN_V, C, kvd);
         add_linear(m, &L->lin[TZ_LIN_O], i, TZ_LIN_O, qd, C);
         snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", i);
-        L->mlp_norm = add_param(m, name, 1, C, 1, full, 0, 0);
+        L->mlp_norm = add_param(m, name, 1, C, 1, full, 0, 0, d->n_layers - i);
         add_linear(m, &L->lin[TZ_LIN_GATE], i, TZ_LIN_GATE, C, d->hidden);
         add_linear(m, &L->lin[TZ_LIN_UP], i, TZ_LIN_UP, C, d->hidden);
         add_linear(m, &L->lin[TZ_LIN_DOWN], i, TZ_LIN_DOWN, d->hidden, C);
     }
-    m->final_norm = add_param(m, "model.norm.weight", 1, C, 1, full, 0, 0);
-    m->lm_head = d->tied ? m->embed : add_param(m, "lm_head.weight", 2, d->vocab, C, full, 1, 0);
+    m->final_norm = add_param(m, "model.norm.weight", 1, C, 1, full, 0, 0, 0);
+    m->lm_head = d->tied ? m->embed
+                         : add_param(m, "lm_head.weight", 2, d->vocab, C, full, 1, 0, 0);
     tz_params_layout(&m->params);
-    m->ready = tz_xcalloc((size_t)d->n_layers + 2, sizeof *m->ready);
-    for (int64_t st = 0; st <= d->n_layers + 1; st++) {
-        /* pending after stage st: layers 0 .. n_layers-st-1, and the embedding until the end */
-        int64_t r = m->params.flat_numel;
-        for (int64_t l = 0; l < d->n_layers - st; l++) {
-            const tz_llama_layer *L = &m->layers[l];
-            r = lowest_off(L->attn_norm, r);
-            r = lowest_off(L->mlp_norm, r);
-            for (int j = 0; j < TZ_LIN_N; j++) {
-                r = lowest_off(L->lin[j].w, r);
-                r = lowest_off(L->lin[j].a, r);
-                r = lowest_off(L->lin[j].b, r);
-            }
-        }
-        if (st <= d->n_layers) r = lowest_off(m->embed, r);
-        m->ready[st] = r;
-    }
     return m;
 }
 
@@ -113,7 +99,6 @@ void tz_llama_free(tz_llama *m) {
     free(m->xin);
     free(m->acts);
     free(m->loss_host);
-    free(m->ready);
     free(m);
 }
 
@@ -293,16 +278,16 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     be->fill(be, m->dres, 0.0f, BT * C);
     be->rmsnorm_bwd(be, m->dres, m->final_norm->g, m->dh, m->xin[d->n_layers], m->final_norm->w,
                     m->rstdf, BT, C);
-    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[0]);
+    tz_params_stage_done(&m->params, 0);
     for (int64_t l = d->n_layers - 1; l >= 0; l--) {
         tz_llama_acts *a = acts_of(m, l);
         /* checkpointing: recompute the layer (the last one's activations are still there);
          * its output goes to dh, free until layer_bwd fills it */
         if (m->n_acts == 1 && l != d->n_layers - 1) layer_fwd(m, &m->layers[l], a, m->xin[l], m->dh);
         layer_bwd(m, &m->layers[l], a, m->xin[l]);
-        if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[d->n_layers - l]);
+        tz_params_stage_done(&m->params, (int)(d->n_layers - l));
     }
     if (m->embed->g) be->embedding_bwd(be, m->embed->g, m->tok, m->dres, BT, C);
-    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[d->n_layers + 1]);
+    tz_params_stage_done(&m->params, (int)d->n_layers + 1);
     return loss;
 }

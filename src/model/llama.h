@@ -58,16 +58,11 @@ typedef struct tz_llama {
     int32_t *tok, *tgt;
     float *dres, *dh, *dq, *dk, *dv, *datt, *dg, *du, *ds, *dlora;
     float *loss_host;         /* BT floats on the host */
-    /* Gradient readiness for overlapping communication with backward: after backward stage
-     * s (0: the head, 1..n_layers: layers n_layers-1 .. 0, n_layers+1: the embedding) every
-     * trainable gradient below flat offset ready[s] is final. grad_hook, when set, is called
-     * with ready[s] after each stage. */
-    int64_t *ready;
-    void (*grad_hook)(void *ctx, int64_t ready_flat);
-    void *grad_hook_ctx;
 } tz_llama;
 
-/* Register every parameter (base weights zeroed, adapters per opts). Fatal for full
+/* Register every parameter (base weights zeroed, adapters per opts), each with its backward
+ * stage (0: the head, 1..n_layers: layers n_layers-1 .. 0, n_layers+1: the embedding, final
+ * only at the end; tz_params.ready). Fatal for full
  * training (o->full) of a quantized base: quantization-aware training is not built yet. */
 tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_model_opts *o);
 void tz_llama_free(tz_llama *m);

@@ -12,7 +12,7 @@
 typedef struct tz_task tz_task;
 struct tz_task {
     const char *unit;      /* what a validation row counts as: "tokens" (per window) or "images" */
-    tz_params *params;
+    tz_params *params;     /* the model's; its grad hook lets ZeRO overlap backward */
     size_t arena_bytes;    /* activation arena */
     int64_t B;             /* rows (windows or images) per micro-batch */
     int64_t row_elems;     /* loss terms per row: seq_len tokens, or C*H*W values */
@@ -22,8 +22,6 @@ struct tz_task {
     char describe[2048];    /* one line on the model, for the start-up log */
     char data_line[2048];  /* one line on the data */
     void *impl;
-    /* The model's gradient-readiness hook (ZeRO overlaps communication with backward). */
-    void (*set_grad_hook)(tz_task *t, void (*fn)(void *, int64_t), void *ctx);
     /* Training rows first .. first+B-1 of the shared order: forward, loss, backward with
      * d(loss term)/d(...) = dloss; returns the sum of the loss terms. */
     double (*train_rows)(tz_task *t, int64_t first, float dloss);

@@ -109,12 +109,6 @@ static void gather(dit_task *k, images *im, tz_order *order, int64_t first, int6
     }
 }
 
-static void set_hook(tz_task *t, void (*fn)(void *, int64_t), void *ctx) {
-    dit_task *k = (dit_task *)t;
-    k->m->grad_hook = fn;
-    k->m->grad_hook_ctx = ctx;
-}
-
 static double train_rows(tz_task *t, int64_t first, float dloss) {
     dit_task *k = (dit_task *)t;
     gather(k, &k->train, &k->order, first, t->B);
@@ -236,7 +230,6 @@ tz_task *tz_task_dit_create(const tz_config *cfg, tz_backend *be, int training) 
     k->x0 = tz_xmalloc((size_t)(B * numel) * sizeof *k->x0);
     k->y = tz_xmalloc((size_t)B * sizeof *k->y);
     t->impl = k;
-    t->set_grad_hook = set_hook;
     t->train_rows = train_rows;
     t->eval_rows = eval_rows;
     t->save = save;

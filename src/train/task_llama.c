@@ -37,12 +37,6 @@ static void open_tokens(tz_tokens *t, const char *path, const char *key, int64_t
                       (long long)vocab);
 }
 
-static void set_hook(tz_task *t, void (*fn)(void *, int64_t), void *ctx) {
-    llama_task *k = (llama_task *)t;
-    k->m->grad_hook = fn;
-    k->m->grad_hook_ctx = ctx;
-}
-
 static double train_rows(tz_task *t, int64_t first, float dloss) {
     llama_task *k = (llama_task *)t;
     tz_data_batch(&k->data, first, t->B, k->in, k->tg);
@@ -148,7 +142,6 @@ tz_task *tz_task_llama_create(const tz_config *cfg, tz_backend *be, int training
     k->in = tz_xmalloc((size_t)(B * T) * sizeof *k->in);
     k->tg = tz_xmalloc((size_t)(B * T) * sizeof *k->tg);
     t->impl = k;
-    t->set_grad_hook = set_hook;
     t->train_rows = train_rows;
     t->eval_rows = eval_rows;
     t->save = save;

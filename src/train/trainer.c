@@ -68,7 +68,7 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     if (training) {
         tz_zero_init(&r->z, (int)cfg->zero.stage, cfg->zero.bucket_mb, r->task->params, r->be,
                      comm, w);
-        r->task->set_grad_hook(r->task, tz_zero_grads_ready, &r->z);
+        tz_params_set_grad_hook(r->task->params, tz_zero_grads_ready, &r->z);
     } else if (r->task->n_val == 0) {
         TZ_FATAL_HINT("set data.val", "%s: data.val is not set", cfg->source);
     }

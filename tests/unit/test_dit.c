@@ -89,10 +89,10 @@ static double run(tz_dit *m, const batch *b, float **g_out, hook_ctx *h) {
     tz_params_bind_grads(&m->params, grad);
     if (h) {
         h->grad = grad, h->m = m, h->calls = 0, h->last = 0, h->monotone = 1;
-        m->grad_hook = hook, m->grad_hook_ctx = h;
+        tz_params_set_grad_hook(&m->params, hook, h);
     }
     double loss = tz_dit_forward_backward(m, b->x, b->t, b->y, b->tgt, 0.01f);
-    m->grad_hook = NULL;
+    tz_params_set_grad_hook(&m->params, NULL, NULL);
     *g_out = malloc((size_t)m->params.flat_numel * sizeof(float));
     g_be->download(g_be, *g_out, grad, (size_t)m->params.flat_numel * sizeof(float));
     g_be->release(g_be, grad);
