@@ -233,11 +233,7 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     const int64_t p2 = d->patch_size * d->patch_size, HW = d->input_size * d->input_size;
     const int64_t Cin = d->in_channels, Cout = tz_dit_out_channels(d), r = m->o.lora_rank;
     size_t total = 0;
-#define TAKE(ptr, n, what)                                    \
-    do {                                                      \
-        void *take_ = tz_arena_take(a, &total, (n), (what)); \
-        if (a) (ptr) = take_;                                 \
-    } while (0)
+#define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
     int n_acts = m->o.checkpointing ? 1 : (int)d->depth;
     if (a) {
         m->xin = tz_xcalloc((size_t)d->depth + 1, sizeof *m->xin);

@@ -124,11 +124,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     const int64_t BT = B * T, C = d->dim, F = d->hidden;
     const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
     size_t total = 0;
-#define TAKE(ptr, n, what)                                    \
-    do {                                                      \
-        void *take_ = tz_arena_take(a, &total, (n), (what)); \
-        if (a) (ptr) = take_;                                 \
-    } while (0)
+#define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
     int n_acts = m->o.checkpointing ? 1 : (int)d->n_layers;
     if (a) {
         m->xin = tz_xcalloc((size_t)d->n_layers + 1, sizeof *m->xin);
