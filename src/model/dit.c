@@ -191,8 +191,7 @@ void tz_dit_free(tz_dit *m) {
     if (m->pos_embed) m->be->release(m->be, m->pos_embed);
     free(m->init_rule);
     free(m->blocks);
-    free(m->xin);
-    free(m->acts);
+    tz_layer_stack_free(&m->stack);
     free(m->tfreq_host);
     free(m->sse_host);
     free(m);
@@ -200,28 +199,21 @@ void tz_dit_free(tz_dit *m) {
 
 /* ---- initialisation ---- */
 
-static void upload_init(tz_dit *m, tz_param *p, int rule, double arg, tz_rng *r) {
-    float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
-    for (int64_t i = 0; i < p->numel; i++) {
-        if (rule == INIT_ZERO) h[i] = 0.0f;
-        else if (rule == INIT_NORMAL) h[i] = (float)(arg * tz_rng_normal(r));
-        else h[i] = (float)(arg * (2.0 * tz_rng_uniform(r) - 1.0));
+/* Parameter i by the rule it was registered with. */
+static void fill_init(void *ctx, int i, const tz_param *p, tz_rng *r, float *h) {
+    const int rule = ((const tz_dit *)ctx)->init_rule[i];
+    /* xavier_uniform_: bound sqrt(6 / (fan_in + fan_out)) of the [out, in] matrix */
+    const double arg = rule == INIT_NORMAL ? 0.02
+                                           : sqrt(6.0 / (double)(p->shape[0] + p->shape[1]));
+    for (int64_t k = 0; k < p->numel; k++) {
+        if (rule == INIT_ZERO) h[k] = 0.0f;
+        else if (rule == INIT_NORMAL) h[k] = (float)(arg * tz_rng_normal(r));
+        else h[k] = (float)(arg * (2.0 * tz_rng_uniform(r) - 1.0));
     }
-    tz_model_upload_param(m->be, &m->cb, p, h); /* quantized: the dense draws, quantized */
-    free(h);
 }
 
 void tz_dit_init_random(tz_dit *m, uint64_t seed) {
-    for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = m->params.p[i];
-        if (p->adapter) continue;
-        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_INIT, 0);
-        int rule = m->init_rule[i];
-        /* xavier_uniform_: bound sqrt(6 / (fan_in + fan_out)) of the [out, in] matrix */
-        double arg = rule == INIT_NORMAL ? 0.02
-                                         : sqrt(6.0 / (double)(p->shape[0] + p->shape[1]));
-        upload_init(m, p, rule, arg, &r);
-    }
+    tz_model_init_base(&m->params, m->be, &m->cb, seed, fill_init, m);
 }
 
 /* ---- activation memory ---- */
@@ -234,22 +226,16 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     const int64_t Cin = d->in_channels, Cout = tz_dit_out_channels(d), r = m->o.lora_rank;
     size_t total = 0;
 #define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
-    int n_acts = m->o.checkpointing ? 1 : (int)d->depth;
-    if (a) {
-        m->xin = tz_xcalloc((size_t)d->depth + 1, sizeof *m->xin);
-        m->acts = tz_xcalloc((size_t)n_acts, sizeof *m->acts);
-        m->n_acts = n_acts;
-    }
     TAKE(m->img, B * Cin * HW, "x_t"); TAKE(m->target, B * Cin * HW, "target");
     TAKE(m->patches, BT * Cin * p2, "patches"); TAKE(m->tfreq, B * d->freq_dim, "t features");
     TAKE(m->t_h, B * Hd, "t hidden"); TAKE(m->t_s, B * Hd, "t silu");
     TAKE(m->temb, B * Hd, "t embedding"); TAKE(m->c, B * Hd, "conditioning");
     TAKE(m->sc, B * Hd, "silu(c)"); TAKE(m->labels, B, "labels");
-    for (int64_t i = 0; i <= d->depth; i++) TAKE(m->xin[i], BT * Hd, "residual stream");
-    for (int i = 0; i < n_acts; i++) {
-        tz_dit_acts *s = a ? &m->acts[i] : NULL;
-        float *dummy = NULL;
-#define ACT(field, n) TAKE(*(s ? &s->field : &dummy), n, #field)
+    int n_sets = tz_layer_stack_walk(&m->stack, a, &total, d->depth, m->o.checkpointing,
+                                     sizeof(tz_dit_acts), BT * Hd);
+    for (int i = 0; i < n_sets; i++) {
+        tz_dit_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
+#define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
         ACT(mod, B * 6 * Hd); ACT(mean1, BT); ACT(rstd1, BT); ACT(ln1, BT * Hd);
         ACT(h1, BT * Hd); ACT(q, BT * Hd); ACT(k, BT * Hd); ACT(v, BT * Hd);
         ACT(lse, BT * d->num_heads); ACT(att, BT * Hd); ACT(ao, BT * Hd); ACT(x2, BT * Hd);
@@ -283,8 +269,6 @@ size_t tz_dit_arena_bytes(const tz_dit *m, int64_t B) { return acts_walk((tz_dit
 void tz_dit_setup(tz_dit *m, int64_t B) {
     if (B <= 0) TZ_FATAL("dit: batch size %lld", (long long)B);
     tz_arena_free(&m->arena);
-    free(m->xin);
-    free(m->acts);
     free(m->tfreq_host);
     free(m->sse_host);
     m->B = m->n = B;

@@ -112,9 +112,7 @@ typedef struct tz_dit {
     tz_arena arena;
     float *img, *target, *patches, *tfreq, *t_h, *t_s, *temb, *c, *sc;
     int32_t *labels;
-    float **xin; /* depth + 1 residual streams [B*T, hidden] */
-    tz_dit_acts *acts;
-    int n_acts;
+    tz_layer_stack stack; /* residual streams [B*T, hidden] and tz_dit_acts sets */
     float *qkv, *fmod, *fmean, *frstd, *fln, *fh, *fo, *f_lh, *out_img, *sse;
     float *dres, *da, *db, *dq, *dk, *dv, *dqkv, *df, *dg, *dmod, *dsc, *dc, *dt, *dfo, *dimg;
     float *dlora;

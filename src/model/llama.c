@@ -96,24 +96,19 @@ void tz_llama_free(tz_llama *m) {
     tz_arena_free(&m->arena);
     tz_params_free(&m->params, m->be);
     free(m->layers);
-    free(m->xin);
-    free(m->acts);
+    tz_layer_stack_free(&m->stack);
     free(m->loss_host);
     free(m);
 }
 
+/* HF's rule: norms ones, matrices (embeddings included) normal(0, 0.02). */
+static void fill_init(void *ctx, int i, const tz_param *p, tz_rng *r, float *h) {
+    for (int64_t k = 0; k < p->numel; k++)
+        h[k] = p->ndim == 1 ? 1.0f : (float)(0.02 * tz_rng_normal(r));
+}
+
 void tz_llama_init_random(tz_llama *m, uint64_t seed) {
-    for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = m->params.p[i];
-        if (p->adapter) continue;
-        /* norms: ones; matrices: normal(0, 0.02), a quantized one quantized on the host */
-        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_INIT, 0);
-        float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
-        for (int64_t k = 0; k < p->numel; k++)
-            h[k] = p->ndim == 1 ? 1.0f : (float)(0.02 * tz_rng_normal(&r));
-        tz_model_upload_param(m->be, &m->cb, p, h);
-        free(h);
-    }
+    tz_model_init_base(&m->params, m->be, &m->cb, seed, fill_init, NULL);
 }
 
 /* ---- activation memory ---- */
@@ -125,17 +120,11 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
     size_t total = 0;
 #define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
-    int n_acts = m->o.checkpointing ? 1 : (int)d->n_layers;
-    if (a) {
-        m->xin = tz_xcalloc((size_t)d->n_layers + 1, sizeof *m->xin);
-        m->acts = tz_xcalloc((size_t)n_acts, sizeof *m->acts);
-        m->n_acts = n_acts;
-    }
-    for (int64_t i = 0; i <= d->n_layers; i++) TAKE(m->xin[i], BT * C, "residual stream");
-    for (int i = 0; i < n_acts; i++) {
-        tz_llama_acts *s = a ? &m->acts[i] : NULL;
-        float *dummy = NULL;
-#define ACT(field, n) TAKE(*(s ? &s->field : &dummy), n, #field)
+    int n_sets = tz_layer_stack_walk(&m->stack, a, &total, d->n_layers, m->o.checkpointing,
+                                     sizeof(tz_llama_acts), BT * C);
+    for (int i = 0; i < n_sets; i++) {
+        tz_llama_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
+#define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
         ACT(h1, BT * C); ACT(rstd1, BT); ACT(q, BT * qd); ACT(k, BT * kvd); ACT(v, BT * kvd);
         ACT(att, BT * qd); ACT(lse, BT * d->n_heads); ACT(x2, BT * C); ACT(h2, BT * C);
         ACT(rstd2, BT); ACT(g, BT * F); ACT(u, BT * F); ACT(s, BT * F);
@@ -166,8 +155,6 @@ void tz_llama_setup(tz_llama *m, int64_t B, int64_t T) {
         tz_warn("sequence length %lld exceeds the model's max_position_embeddings %lld",
                 (long long)T, (long long)m->d.max_pos);
     tz_arena_free(&m->arena);
-    free(m->xin);
-    free(m->acts);
     free(m->loss_host);
     m->B = B;
     m->T = T;
@@ -203,7 +190,7 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
 }
 
 static tz_llama_acts *acts_of(tz_llama *m, int64_t layer) {
-    return &m->acts[m->n_acts == 1 ? 0 : layer];
+    return tz_layer_stack_set(&m->stack, layer);
 }
 
 double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
@@ -213,10 +200,10 @@ double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targe
     if (!m->arena.base) TZ_FATAL("llama: tz_llama_setup was not called");
     be->upload(be, m->tok, inputs, (size_t)BT * sizeof *inputs);
     be->upload(be, m->tgt, targets, (size_t)BT * sizeof *targets);
-    be->embedding_fwd(be, m->xin[0], m->tok, m->embed->w, BT, C);
+    be->embedding_fwd(be, m->stack.xin[0], m->tok, m->embed->w, BT, C);
     for (int64_t l = 0; l < d->n_layers; l++)
-        layer_fwd(m, &m->layers[l], acts_of(m, l), m->xin[l], m->xin[l + 1]);
-    be->rmsnorm_fwd(be, m->hf, m->rstdf, m->xin[d->n_layers], m->final_norm->w, BT, C,
+        layer_fwd(m, &m->layers[l], acts_of(m, l), m->stack.xin[l], m->stack.xin[l + 1]);
+    be->rmsnorm_fwd(be, m->hf, m->rstdf, m->stack.xin[d->n_layers], m->final_norm->w, BT, C,
                     (float)d->eps);
     be->matmul(be, m->logits, m->hf, m->lm_head->w, BT, d->vocab, C, 0, 1, 1.0f, 0.0f);
     be->xent_fwd(be, m->losses, m->logits, m->tgt, BT, d->vocab);
@@ -272,15 +259,16 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     be->matmul(be, m->dh, m->logits, m->lm_head->w, BT, C, V, 0, 0, 1.0f, 0.0f);
     if (m->lm_head->g) be->matmul(be, m->lm_head->g, m->logits, m->hf, V, C, BT, 1, 0, 1.0f, 1.0f);
     be->fill(be, m->dres, 0.0f, BT * C);
-    be->rmsnorm_bwd(be, m->dres, m->final_norm->g, m->dh, m->xin[d->n_layers], m->final_norm->w,
-                    m->rstdf, BT, C);
+    be->rmsnorm_bwd(be, m->dres, m->final_norm->g, m->dh, m->stack.xin[d->n_layers],
+                    m->final_norm->w, m->rstdf, BT, C);
     tz_params_stage_done(&m->params, 0);
     for (int64_t l = d->n_layers - 1; l >= 0; l--) {
         tz_llama_acts *a = acts_of(m, l);
         /* checkpointing: recompute the layer (the last one's activations are still there);
          * its output goes to dh, free until layer_bwd fills it */
-        if (m->n_acts == 1 && l != d->n_layers - 1) layer_fwd(m, &m->layers[l], a, m->xin[l], m->dh);
-        layer_bwd(m, &m->layers[l], a, m->xin[l]);
+        if (tz_layer_stack_recompute(&m->stack, l))
+            layer_fwd(m, &m->layers[l], a, m->stack.xin[l], m->dh);
+        layer_bwd(m, &m->layers[l], a, m->stack.xin[l]);
         tz_params_stage_done(&m->params, (int)(d->n_layers - l));
     }
     if (m->embed->g) be->embedding_bwd(be, m->embed->g, m->tok, m->dres, BT, C);

@@ -51,9 +51,7 @@ typedef struct tz_llama {
     /* activations for batches of B sequences of T tokens (set by tz_llama_setup) */
     int64_t B, T;
     tz_arena arena;
-    float **xin;              /* n_layers + 1 residual streams [BT, C] */
-    tz_llama_acts *acts;      /* n_layers sets, or 1 with checkpointing */
-    int n_acts;
+    tz_layer_stack stack;     /* residual streams [BT, C] and tz_llama_acts sets */
     float *hf, *rstdf, *logits, *losses;
     int32_t *tok, *tgt;
     float *dres, *dh, *dq, *dk, *dv, *datt, *dg, *du, *ds, *dlora;

@@ -9,6 +9,7 @@
 
 #include "core/arena.h"
 #include "core/backend.h"
+#include "core/rng.h"
 #include "model/linear.h"
 #include "model/params.h"
 #include "quant/codebook.h"
@@ -32,6 +33,39 @@ typedef struct tz_model_opts {
     tz_quant_opts quant;
 } tz_model_opts;
 
+/* What a stack of layers keeps for backward: the residual stream into each layer (and out of
+ * the last), and each layer's saved activations (the family's struct, set_bytes each) or,
+ * with activation checkpointing, one set shared by every layer and recomputed layer by layer
+ * in backward (the last layer's is still in place). */
+typedef struct tz_layer_stack {
+    int64_t n_layers;
+    float **xin;      /* n_layers + 1 residual streams, in the model's arena */
+    void *sets;       /* n_sets activation sets */
+    size_t set_bytes;
+    int n_sets;       /* n_layers, or 1 with checkpointing */
+} tz_layer_stack;
+
+/* The stack's step of a model's arena walk (core/arena.h): takes the n_layers + 1 residual
+ * streams of stream_floats each; when allocating (a != NULL) first (re)allocates s's host
+ * arrays, the family then takes each set's fields. Returns the number of sets. */
+int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n_layers,
+                        int checkpointing, size_t set_bytes, int64_t stream_floats);
+void tz_layer_stack_free(tz_layer_stack *s);
+/* The activation set of a layer, and whether backward must recompute the layer first. */
+static inline void *tz_layer_stack_set(const tz_layer_stack *s, int64_t layer) {
+    return (char *)s->sets + (size_t)(s->n_sets == 1 ? 0 : layer) * s->set_bytes;
+}
+static inline int tz_layer_stack_recompute(const tz_layer_stack *s, int64_t layer) {
+    return s->n_sets == 1 && layer != s->n_layers - 1;
+}
+
+/* A family's initialisation rule: p->numel host floats into h for parameter i of the table,
+ * drawing from r (the stream tz_rng_make(seed, i, purpose, 0)). */
+typedef void (*tz_init_fill)(void *ctx, int i, const tz_param *p, tz_rng *r, float *h);
+/* Random base weights (adapters left alone) by the family's rule, uploaded with
+ * tz_model_upload_param: a quantized weight holds the quantization of the dense draws. */
+void tz_model_init_base(tz_params *ps, tz_backend *be, const tz_tq_codebook *cb, uint64_t seed,
+                        tz_init_fill fill, void *ctx);
 /* LoRA init as PEFT does, for every adapter tensor of ps: A ~ U(-1/sqrt(in), 1/sqrt(in)),
  * B = 0; the draws of parameter i come from tz_rng_make(seed, i, TZ_RNG_LORA, 0). */
 void tz_model_init_lora(tz_params *ps, tz_backend *be, uint64_t seed);
