@@ -56,13 +56,6 @@ static void load_param(tz_dit *m, const tz_safetensors *st, tz_param *p, float *
     tz_model_upload_param(m->be, &m->cb, p, buf); /* a quantized p: quantized at load */
 }
 
-static float *max_buffer(const tz_params *ps, int adapters) {
-    int64_t n = 1;
-    for (int i = 0; i < ps->n; i++)
-        if (ps->p[i]->adapter == adapters && ps->p[i]->numel > n) n = ps->p[i]->numel;
-    return tz_xmalloc((size_t)n * sizeof(float));
-}
-
 tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
     tz_dit_dims d;
     tz_dit_read_dims(dir, &d);
@@ -77,52 +70,12 @@ tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
                       "model.path %s holds quantized tensors: loading an already-quantized DiT "
                       "folder is not supported yet", dir);
     tz_tqf_free(&qf);
-    float *buf = max_buffer(&m->params, 0);
+    float *buf = tz_params_host_buffer(&m->params, 0);
     for (int i = 0; i < m->params.n; i++)
         if (!m->params.p[i]->adapter) load_param(m, &st, m->params.p[i], buf);
     free(buf);
     tz_st_close(&st);
     return m;
-}
-
-/* The base weights (no adapters) plus pos_embed, with DiT's shapes. */
-static void save_weights(tz_dit *m, const char *path, int bf16) {
-    tz_st_writer w;
-    tz_st_writer_init(&w);
-    tz_st_writer_set_metadata(&w, "format", "pt");
-    tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
-    char err[1024];
-    void **bufs = tz_xcalloc((size_t)m->params.n + 2, sizeof *bufs);
-    int n = 0;
-    enum tz_dtype dt = bf16 ? TZ_DT_BF16 : TZ_DT_F32;
-    for (int i = 0; i <= m->params.n; i++) {
-        tz_param *p = i < m->params.n ? m->params.p[i] : NULL;
-        if (p && p->adapter) continue;
-        const int64_t T = tz_dit_tokens(&m->d), Hd = m->d.hidden, pp = m->d.patch_size;
-        int64_t numel = p ? p->numel : T * Hd, shape[4];
-        int ndim;
-        const char *name = p ? p->name : "pos_embed";
-        float *f = tz_xmalloc((size_t)numel * sizeof *f);
-        m->be->download(m->be, f, p ? p->w : m->pos_embed, (size_t)numel * sizeof *f);
-        if (!p) ndim = 3, shape[0] = 1, shape[1] = T, shape[2] = Hd;
-        else if (is_patch_weight(m, p))
-            ndim = 4, shape[0] = Hd, shape[1] = m->d.in_channels, shape[2] = pp, shape[3] = pp;
-        else ndim = p->ndim, shape[0] = p->shape[0], shape[1] = p->shape[1];
-        if (bf16) {
-            uint16_t *h = tz_xmalloc((size_t)numel * sizeof *h);
-            tz_dtype_from_f32(TZ_DT_BF16, f, h, numel);
-            free(f);
-            bufs[n++] = h;
-        } else {
-            bufs[n++] = f;
-        }
-        if (tz_st_writer_add(&w, name, dt, ndim, shape, bufs[n - 1], err, sizeof err))
-            TZ_FATAL("%s: %s", path, err);
-    }
-    if (tz_st_writer_save(&w, path, err, sizeof err)) TZ_FATAL("%s", err);
-    for (int i = 0; i < n; i++) free(bufs[i]);
-    free(bufs);
-    tz_st_writer_free(&w);
 }
 
 void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
@@ -145,8 +98,13 @@ void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
     c.learn_sigma = d->learn_sigma;
     c.frequency_embedding_size = d->freq_dim;
     snprintf(c.diffusion, sizeof c.diffusion, "%s", d->diffusion == TZ_DIFF_FLOW ? "flow" : "ddpm");
+    /* DiT's layouts: the patch embedding as its Conv2d weight, plus the fixed pos_embed */
+    const int64_t pp = d->patch_size;
+    const tz_tensor_view views[2] = {
+        {m->x_emb.lin.w->name, 4, {d->hidden, d->in_channels, pp, pp}, m->x_emb.lin.w->w},
+        {"pos_embed", 3, {1, tz_dit_tokens(d), d->hidden, 0}, m->pos_embed}};
     tz_path_join(path, sizeof path, dir, "model.safetensors");
-    save_weights(m, path, bf16);
+    tz_params_save_dense(&m->params, m->be, path, 0, bf16, views, 2);
     tz_path_join(path, sizeof path, dir, "config.json");
     if (tz_dit_config_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }

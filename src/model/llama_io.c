@@ -33,13 +33,6 @@ void tz_llama_read_dims(const char *dir, tz_llama_dims *d) {
     d->tied = c.tie_word_embeddings;
 }
 
-static float *max_buffer(const tz_params *ps, int adapters) {
-    int64_t n = 1;
-    for (int i = 0; i < ps->n; i++)
-        if (ps->p[i]->adapter == adapters && ps->p[i]->numel > n) n = ps->p[i]->numel;
-    return tz_xmalloc((size_t)n * sizeof(float));
-}
-
 tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
     tz_llama_dims d;
     tz_llama_read_dims(dir, &d);
@@ -51,7 +44,7 @@ tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_model_opts *o)
     tz_model_opts oq = *o;
     if (qf.present) tz_llama_quant_from_file(&oq.quant, &qf, dir);
     tz_llama *m = tz_llama_create(be, &d, &oq);
-    float *buf = max_buffer(&m->params, 0);
+    float *buf = tz_params_host_buffer(&m->params, 0);
     for (int i = 0; i < m->params.n; i++)
         if (!m->params.p[i]->adapter) tz_llama_load_weight(m, &st, &qf, m->params.p[i], buf);
     free(buf);
@@ -80,7 +73,7 @@ void tz_llama_save(tz_llama *m, const char *dir, int bf16) {
     snprintf(c.model_type, sizeof c.model_type, "llama");
     snprintf(c.torch_dtype, sizeof c.torch_dtype, bf16 ? "bfloat16" : "float32");
     tz_path_join(path, sizeof path, dir, "model.safetensors");
-    tz_params_save_dense(&m->params, m->be, path, 0, bf16);
+    tz_params_save_dense(&m->params, m->be, path, 0, bf16, NULL, 0);
     tz_path_join(path, sizeof path, dir, "config.json");
     if (tz_hf_llama_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }

@@ -117,6 +117,13 @@ tz_param *tz_params_find(tz_params *ps, const char *name) {
     return NULL;
 }
 
+float *tz_params_host_buffer(const tz_params *ps, int adapters) {
+    int64_t n = 1;
+    for (int i = 0; i < ps->n; i++)
+        if (ps->p[i]->adapter == adapters && ps->p[i]->numel > n) n = ps->p[i]->numel;
+    return tz_xmalloc((size_t)n * sizeof(float));
+}
+
 void tz_params_layout(tz_params *ps) {
     int64_t off = 0;
     ps->n_trainable = 0;

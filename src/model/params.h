@@ -63,6 +63,9 @@ void tz_params_free(tz_params *ps, tz_backend *be);
 tz_param *tz_params_add(tz_params *ps, tz_backend *be, const char *name, int ndim, int64_t d0,
                         int64_t d1, int trainable, int decay, int adapter);
 tz_param *tz_params_find(tz_params *ps, const char *name);
+/* A host array of floats as large as the largest tensor whose adapter flag is `adapters`
+ * (at least 1): the staging buffer of a loader. */
+float *tz_params_host_buffer(const tz_params *ps, int adapters);
 /* Register a frozen quantized weight [d0, d1]: codes, scales (zeroed) and levels (copied from
  * the host array of 2^bits floats) in backend memory; no fp32 copy is ever made. */
 tz_param *tz_params_add_quant(tz_params *ps, tz_backend *be, const char *name, int64_t d0,
