@@ -6,13 +6,8 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "model/model_base.h"
 #include "model/params.h"
-
-typedef struct tz_lora_spec {
-    int targets;    /* bit j: projection names[j] has an adapter */
-    int64_t rank;
-    double alpha;
-} tz_lora_spec;
 
 /* Reads DIR/adapter_config.json; target_modules must all be in names[0..n) (fatal naming the
  * file, the module and the family's names otherwise). */

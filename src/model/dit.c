@@ -96,9 +96,9 @@ static void add_linear(tz_dit *m, tz_dit_linear *L, const char *module, int64_t 
     L->bias = add_param(m, name, 1, out, 1, full, 0, 0, stage, INIT_ZERO);
     L->lin.a = L->lin.b = NULL;
     L->lin.r = 0;
-    if (lora_bit >= 0 && (m->o.lora_targets & (1 << lora_bit))) {
-        L->lin.r = m->o.lora_rank;
-        L->lin.scale = (float)(m->o.lora_alpha / (double)m->o.lora_rank);
+    if (lora_bit >= 0 && (m->o.lora.targets & (1 << lora_bit))) {
+        L->lin.r = m->o.lora.rank;
+        L->lin.scale = (float)(m->o.lora.alpha / (double)m->o.lora.rank);
         snprintf(name, sizeof name, "base_model.model.%s.lora_A.weight", module);
         L->lin.a = add_param(m, name, 2, L->lin.r, in, 1, 1, 1, stage, INIT_ZERO);
         snprintf(name, sizeof name, "base_model.model.%s.lora_B.weight", module);
@@ -132,8 +132,8 @@ static void make_pos_embed(tz_dit *m) {
 tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_model_opts *o) {
     char err[256];
     if (tz_dit_check_dims(d, err, sizeof err)) TZ_FATAL("%s", err);
-    if (o->lora_targets && o->lora_rank <= 0)
-        TZ_FATAL("dit: LoRA targets given with rank %lld", (long long)o->lora_rank);
+    if (o->lora.targets && o->lora.rank <= 0)
+        TZ_FATAL("dit: LoRA targets given with rank %lld", (long long)o->lora.rank);
     tz_dit *m = tz_xcalloc(1, sizeof *m);
     m->d = *d;
     m->o = *o;
@@ -223,7 +223,7 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     const tz_dit_dims *d = &m->d;
     const int64_t T = tz_dit_tokens(d), BT = B * T, Hd = d->hidden, F = tz_dit_mlp_hidden(d);
     const int64_t p2 = d->patch_size * d->patch_size, HW = d->input_size * d->input_size;
-    const int64_t Cin = d->in_channels, Cout = tz_dit_out_channels(d), r = m->o.lora_rank;
+    const int64_t Cin = d->in_channels, Cout = tz_dit_out_channels(d), r = m->o.lora.rank;
     size_t total = 0;
 #define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
     TAKE(m->img, B * Cin * HW, "x_t"); TAKE(m->target, B * Cin * HW, "target");
@@ -242,14 +242,14 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
         ACT(mean2, BT); ACT(rstd2, BT); ACT(ln2, BT * Hd); ACT(h2, BT * Hd);
         ACT(f, BT * F); ACT(g, BT * F); ACT(mo, BT * Hd);
         for (int j = 0; j < TZ_DIT_LIN_N; j++)
-            if (m->o.lora_targets & (1 << j)) ACT(lh[j], (j == TZ_DIT_ADALN ? B : BT) * r);
+            if (m->o.lora.targets & (1 << j)) ACT(lh[j], (j == TZ_DIT_ADALN ? B : BT) * r);
 #undef ACT
     }
     TAKE(m->qkv, BT * 3 * Hd, "qkv");
     TAKE(m->fmod, B * 2 * Hd, "final modulation"); TAKE(m->fmean, BT, "final mean");
     TAKE(m->frstd, BT, "final rstd"); TAKE(m->fln, BT * Hd, "final norm");
     TAKE(m->fh, BT * Hd, "final modulated"); TAKE(m->fo, BT * p2 * Cout, "final linear");
-    if (m->o.lora_targets & (1 << TZ_DIT_ADALN)) TAKE(m->f_lh, B * r, "final adaLN lora");
+    if (m->o.lora.targets & (1 << TZ_DIT_ADALN)) TAKE(m->f_lh, B * r, "final adaLN lora");
     TAKE(m->out_img, B * Cout * HW, "prediction"); TAKE(m->sse, B, "squared errors");
     TAKE(m->dres, BT * Hd, "dres"); TAKE(m->da, BT * Hd, "da"); TAKE(m->db, BT * Hd, "db");
     TAKE(m->dq, BT * Hd, "dq"); TAKE(m->dk, BT * Hd, "dk"); TAKE(m->dv, BT * Hd, "dv");

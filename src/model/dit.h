@@ -13,7 +13,7 @@
 #include "model/params.h"
 #include "model/model_base.h"
 
-/* The projections LoRA can adapt (bit 1 << TZ_DIT_x in tz_model_opts.lora_targets). ADALN
+/* The projections LoRA can adapt (bit 1 << TZ_DIT_x in tz_model_opts.lora.targets). ADALN
  * adapts every block's adaLN_modulation.1 and the final layer's. */
 enum { TZ_DIT_QKV, TZ_DIT_PROJ, TZ_DIT_FC1, TZ_DIT_FC2, TZ_DIT_ADALN, TZ_DIT_LIN_N };
 /* PEFT target_modules names: "attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2",
@@ -68,7 +68,7 @@ int tz_dit_check_dims(const tz_dit_dims *d, char *err, size_t errlen);
  * 0, or non-zero with a message. */
 int tz_dit_preset(const char *name, tz_dit_dims *d, char *err, size_t errlen);
 
-/* Options: model/model_base.h (tz_model_opts); lora_targets bits are 1 << TZ_DIT_x. A
+/* Options: model/model_base.h (tz_model_opts); lora.targets bits are 1 << TZ_DIT_x. A
  * quantized frozen base (quant.bits > 0) stores the weights of every block's attn.qkv,
  * attn.proj, mlp.fc1, mlp.fc2 and adaLN_modulation.1 (the bulk of the parameters) as codes +
  * scales, run as tq linears as Llama's projections are. Biases, x_embedder, t_embedder, the

@@ -1,6 +1,6 @@
 /* DiT from and to folders: config.json (io/dit_config), model.safetensors with the original
- * DiT names, PEFT adapters. The one layout change is x_embedder.proj.weight (Conv2d 4-D in
- * files, a [hidden, C*p*p] matrix in memory); pos_embed is written but never read. */
+ * DiT names (adapters: model/adapter_io.c). The one layout change is x_embedder.proj.weight
+ * (Conv2d 4-D in files, a [hidden, C*p*p] matrix in memory); pos_embed is written, never read. */
 #include "model/dit_io.h"
 
 #include <stdio.h>
@@ -14,24 +14,21 @@
 #include "io/safetensors.h"
 #include "io/tq_format.h"
 
-void tz_dit_read_dims(const char *dir, tz_dit_dims *d) {
+/* dims from DIR/config.json (fatal naming the file and key on error, or the inconsistency). */
+static tz_dit_dims read_dims(const char *dir) {
     char err[1200];
     tz_dit_config c;
     if (tz_dit_config_read(&c, dir, err, sizeof err)) TZ_FATAL("model.path: %s", err);
-    memset(d, 0, sizeof *d);
-    d->input_size = c.input_size;
-    d->patch_size = c.patch_size;
-    d->in_channels = c.in_channels;
-    d->hidden = c.hidden_size;
-    d->depth = c.depth;
-    d->num_heads = c.num_heads;
-    d->mlp_ratio = c.mlp_ratio;
-    d->num_classes = c.num_classes;
-    d->class_dropout_prob = c.class_dropout_prob;
-    d->learn_sigma = c.learn_sigma;
-    d->freq_dim = c.frequency_embedding_size;
-    d->diffusion = strcmp(c.diffusion, "flow") ? TZ_DIFF_DDPM : TZ_DIFF_FLOW;
-    if (tz_dit_check_dims(d, err, sizeof err)) TZ_FATAL("model.path: %s/config.json: %s", dir, err);
+    const tz_dit_dims d = {
+        .input_size = c.input_size, .patch_size = c.patch_size, .in_channels = c.in_channels,
+        .hidden = c.hidden_size, .depth = c.depth, .num_heads = c.num_heads,
+        .mlp_ratio = c.mlp_ratio, .num_classes = c.num_classes,
+        .class_dropout_prob = c.class_dropout_prob, .learn_sigma = c.learn_sigma,
+        .freq_dim = c.frequency_embedding_size,
+        .diffusion = strcmp(c.diffusion, "flow") ? TZ_DIFF_DDPM : TZ_DIFF_FLOW};
+    if (tz_dit_check_dims(&d, err, sizeof err))
+        TZ_FATAL("model.path: %s/config.json: %s", dir, err);
+    return d;
 }
 
 static int is_patch_weight(const tz_dit *m, const tz_param *p) { return p == m->x_emb.lin.w; }
@@ -57,8 +54,7 @@ static void load_param(tz_dit *m, const tz_safetensors *st, tz_param *p, float *
 }
 
 tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
-    tz_dit_dims d;
-    tz_dit_read_dims(dir, &d);
+    const tz_dit_dims d = read_dims(dir);
     tz_dit *m = tz_dit_create(be, &d, o);
     tz_safetensors st;
     char err[1024];
@@ -107,19 +103,4 @@ void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
     tz_params_save_dense(&m->params, m->be, path, 0, bf16, views, 2);
     tz_path_join(path, sizeof path, dir, "config.json");
     if (tz_dit_config_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
-}
-
-void tz_dit_read_adapter_opts(const char *dir, tz_model_opts *o) {
-    tz_lora_spec sp;
-    tz_adapter_read_spec(dir, tz_dit_lin_names, TZ_DIT_LIN_N, &sp);
-    o->lora_targets = sp.targets;
-    o->lora_rank = sp.rank;
-    o->lora_alpha = sp.alpha;
-}
-
-void tz_dit_load_adapter(tz_dit *m, const char *dir) { tz_adapter_load(&m->params, m->be, dir); }
-
-void tz_dit_save_adapter(tz_dit *m, const char *dir, const char *base_model_path) {
-    tz_lora_spec sp = {m->o.lora_targets, m->o.lora_rank, m->o.lora_alpha};
-    tz_adapter_save(&m->params, m->be, dir, tz_dit_lin_names, TZ_DIT_LIN_N, &sp, base_model_path);
 }

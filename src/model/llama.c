@@ -14,6 +14,27 @@
 const char *const tz_llama_lin_names[TZ_LIN_N] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                   "gate_proj", "up_proj", "down_proj"};
 
+int tz_llama_preset(const char *name, int64_t vocab, tz_llama_dims *d, char *err, size_t errlen) {
+    memset(d, 0, sizeof *d);
+    d->vocab = vocab;
+    d->max_pos = 2048;
+    d->eps = 1e-5;
+    d->theta = 10000.0;
+    d->tied = 1;
+    if (!strcmp(name, "tiny")) {
+        d->dim = 128, d->n_layers = 2, d->n_heads = 4, d->n_kv_heads = 2, d->hidden = 352;
+    } else if (!strcmp(name, "mini")) {
+        d->dim = 192, d->n_layers = 4, d->n_heads = 6, d->n_kv_heads = 2, d->hidden = 512;
+    } else if (!strcmp(name, "small")) {
+        d->dim = 256, d->n_layers = 6, d->n_heads = 8, d->n_kv_heads = 4, d->hidden = 688;
+    } else {
+        snprintf(err, errlen, "expected tiny, mini or small");
+        return 1;
+    }
+    d->head_dim = d->dim / d->n_heads;
+    return 0;
+}
+
 static tz_param *add_param(tz_llama *m, const char *name, int ndim, int64_t d0, int64_t d1,
                            int trainable, int decay, int adapter, int64_t stage) {
     tz_param *p = tz_params_add(&m->params, m->be, name, ndim, d0, d1, trainable, decay, adapter);
@@ -41,9 +62,9 @@ static void add_linear(tz_llama *m, tz_linear *l, int layer, int which, int64_t 
     }
     l->a = l->b = NULL;
     l->r = 0;
-    if (m->o.lora_targets & (1 << which)) {
-        l->r = m->o.lora_rank;
-        l->scale = (float)(m->o.lora_alpha / (double)m->o.lora_rank);
+    if (m->o.lora.targets & (1 << which)) {
+        l->r = m->o.lora.rank;
+        l->scale = (float)(m->o.lora.alpha / (double)m->o.lora.rank);
         snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", layer,
                  blk, tz_llama_lin_names[which]);
         l->a = add_param(m, name, 2, l->r, in, 1, 1, 1, stage);
@@ -129,7 +150,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         ACT(att, BT * qd); ACT(lse, BT * d->n_heads); ACT(x2, BT * C); ACT(h2, BT * C);
         ACT(rstd2, BT); ACT(g, BT * F); ACT(u, BT * F); ACT(s, BT * F);
         for (int j = 0; j < TZ_LIN_N; j++)
-            if (m->o.lora_targets & (1 << j)) ACT(lh[j], BT * m->o.lora_rank);
+            if (m->o.lora.targets & (1 << j)) ACT(lh[j], BT * m->o.lora.rank);
 #undef ACT
     }
     TAKE(m->hf, BT * C, "final norm"); TAKE(m->rstdf, BT, "final rstd");
@@ -139,7 +160,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     TAKE(m->dq, BT * qd, "dq"); TAKE(m->dk, BT * kvd, "dk"); TAKE(m->dv, BT * kvd, "dv");
     TAKE(m->datt, BT * qd, "datt");
     TAKE(m->dg, BT * F, "dg"); TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
-    TAKE(m->dlora, BT * (m->o.lora_rank > 0 ? m->o.lora_rank : 1), "dlora");
+    TAKE(m->dlora, BT * (m->o.lora.rank > 0 ? m->o.lora.rank : 1), "dlora");
     /* quantized weights: one decode tile for all of them, one rotation buffer */
     total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT);
 #undef TAKE

@@ -21,7 +21,13 @@ typedef struct tz_llama_dims {
     int tied;
 } tz_llama_dims;
 
-/* Options: model/model_base.h (tz_model_opts); lora_targets bits are 1 << TZ_LIN_x. A
+/* Presets for `init-model --arch llama`, every one with tied embeddings, 2048 positions, eps
+ * 1e-5 and theta 1e4: "tiny" (dim 128, 2 layers, 4 heads / 2 kv, MLP 352), "mini" (192, 4,
+ * 6 / 2, 512) and "small" (256, 6, 8 / 4, 688); vocab is the caller's. 0, or non-zero with
+ * what was expected in err. */
+int tz_llama_preset(const char *name, int64_t vocab, tz_llama_dims *d, char *err, size_t errlen);
+
+/* Options: model/model_base.h (tz_model_opts); lora.targets bits are 1 << TZ_LIN_x. A
  * quantized base (quant.bits > 0) stores the seven projections of every block as codes +
  * scales (quant/turboquant.h); a projection whose `in` is not a multiple of group uses the
  * largest group of group/2, ..., 64 that divides it, or stays dense when none does

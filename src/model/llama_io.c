@@ -1,5 +1,5 @@
-/* Llama weights from and to HF-layout folders, LoRA adapters from and to PEFT layout. The
- * formats themselves are in io/ (safetensors, hf_config, peft); this file maps names. */
+/* Llama weights from and to HF-layout folders (adapters: model/adapter_io.c). The formats
+ * themselves are in io/ (safetensors, hf_config, tq_format); this file maps names. */
 #include "model/llama_io.h"
 
 #include <stdio.h>
@@ -76,19 +76,4 @@ void tz_llama_save(tz_llama *m, const char *dir, int bf16) {
     tz_params_save_dense(&m->params, m->be, path, 0, bf16, NULL, 0);
     tz_path_join(path, sizeof path, dir, "config.json");
     if (tz_hf_llama_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
-}
-
-void tz_llama_read_adapter_opts(const char *dir, tz_model_opts *o) {
-    tz_lora_spec sp;
-    tz_adapter_read_spec(dir, tz_llama_lin_names, TZ_LIN_N, &sp);
-    o->lora_targets = sp.targets;
-    o->lora_rank = sp.rank;
-    o->lora_alpha = sp.alpha;
-}
-
-void tz_llama_load_adapter(tz_llama *m, const char *dir) { tz_adapter_load(&m->params, m->be, dir); }
-
-void tz_llama_save_adapter(tz_llama *m, const char *dir, const char *base_model_path) {
-    tz_lora_spec sp = {m->o.lora_targets, m->o.lora_rank, m->o.lora_alpha};
-    tz_adapter_save(&m->params, m->be, dir, tz_llama_lin_names, TZ_LIN_N, &sp, base_model_path);
 }

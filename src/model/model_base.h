@@ -22,13 +22,18 @@ typedef struct tz_quant_opts {
     uint64_t seed;     /* sign seed (TurboQuant) */
 } tz_quant_opts;
 
-/* How a model is built: what trains, which projections get LoRA adapters, checkpointing, and
- * how the quantizable weights are stored. One struct for every family. */
+/* The LoRA adapters of a model (what PEFT's adapter_config.json says, model/adapter_io.h). */
+typedef struct tz_lora_spec {
+    int targets;       /* bit 1 << j: the family's projection j is adapted; 0: no adapters */
+    int64_t rank;
+    double alpha;      /* the update is alpha / rank * B A */
+} tz_lora_spec;
+
+/* How a model is built: what trains, its adapters, checkpointing, and how the quantizable
+ * weights are stored. One struct for every family. */
 typedef struct tz_model_opts {
     int full;          /* 1: every weight trainable; 0: frozen base (adapters only) */
-    int lora_targets;  /* bit 1 << j: the family's projection j is adapted; 0: no adapters */
-    int64_t lora_rank;
-    double lora_alpha;
+    tz_lora_spec lora;
     int checkpointing; /* keep only layer inputs, recompute each layer in backward */
     tz_quant_opts quant;
 } tz_model_opts;

@@ -27,9 +27,9 @@ int main(int argc, char **argv) {
     uint64_t seed = (uint64_t)atoll(arg(argc, argv, "--seed", "1"));
     tz_model_opts o = {0};
     o.full = full;
-    o.lora_targets = full ? 0 : atoi(arg(argc, argv, "--targets", "127"));
-    o.lora_rank = atoll(arg(argc, argv, "--rank", "4"));
-    o.lora_alpha = atof(arg(argc, argv, "--alpha", "8"));
+    o.lora.targets = full ? 0 : atoi(arg(argc, argv, "--targets", "127"));
+    o.lora.rank = atoll(arg(argc, argv, "--rank", "4"));
+    o.lora.alpha = atof(arg(argc, argv, "--alpha", "8"));
     o.checkpointing = atoi(arg(argc, argv, "--ckpt", "0"));
     tz_backend *be = tz_cpu_backend_create(0);
     tz_llama *m = tz_llama_load(be, model, &o);

@@ -79,7 +79,7 @@ static void test_round_trip(tz_backend *be, const char *dense, int method, int b
     /* the model from the folder = the model quantized at load; the F32 export matches */
     int32_t in[16], tg[16];
     for (int i = 0; i < 16; i++) in[i] = (i * 7) % 64, tg[i] = (i * 5 + 3) % 64;
-    tz_model_opts o = {.lora_targets = 0x7f, .lora_rank = 2, .lora_alpha = 4.0};
+    tz_model_opts o = {.lora.targets = 0x7f, .lora.rank = 2, .lora.alpha = 4.0};
     tz_llama *mf = tz_llama_load(be, qdir, &o);
     o.quant = (tz_quant_opts){.method = method, .bits = bits, .group = 128, .seed = 9};
     tz_llama *ml = tz_llama_load(be, dense, &o);

@@ -19,7 +19,7 @@ static const tz_llama_dims k_dims = {.vocab = 64, .dim = 128, .hidden = 192, .n_
                                      .max_pos = 64, .eps = 1e-5, .theta = 10000.0, .tied = 1};
 
 static tz_llama *make(tz_backend *be, const tz_quant_opts *q, int checkpointing) {
-    tz_model_opts o = {.lora_targets = 0x7f, .lora_rank = 4, .lora_alpha = 8.0,
+    tz_model_opts o = {.lora.targets = 0x7f, .lora.rank = 4, .lora.alpha = 8.0,
                        .checkpointing = checkpointing};
     if (q) o.quant = *q;
     tz_llama *m = tz_llama_create(be, &k_dims, &o);
