@@ -8,10 +8,8 @@
 #include "core/error.h"
 #include "io/config.h"
 #include "io/tokens.h"
-#include "model/llama_quant.h"
 #include "mpi/comm.h"
 #include "mpi/world.h"
-#include "quant/turboquant.h"
 #include "train/commands.h"
 #include "train/family.h"
 #include "train/trainer.h"
@@ -51,13 +49,6 @@ static const char *flag(int argc, char **argv, int from, const char *name, const
     return val;
 }
 
-static int64_t parse_int(const char *s, const char *what) {
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end) TZ_FATAL("%s: expected an integer, got '%s'", what, s);
-    return v;
-}
-
 static int cmd_init_model(int argc, char **argv) {
     tz_init_args a = {0};
     tz_family_init_flags(&a); /* --vocab, --tied, --objective, ...: each family's own */
@@ -69,7 +60,7 @@ static int cmd_init_model(int argc, char **argv) {
     const char *seed = flag(argc, argv, 2, "--seed", known);
     for (int i = 0; i < a.n; i++) a.values[i] = flag(argc, argv, 2, a.flags[i], known);
     if (!arch || !a.preset || !a.out) TZ_FATAL("init-model: --arch, --preset and --out are required");
-    a.seed = seed ? (uint64_t)parse_int(seed, "--seed") : 0;
+    a.seed = seed ? (uint64_t)tz_command_int(seed, "--seed") : 0;
     tz_init_model_run(arch, &a);
     return 0;
 }
@@ -118,13 +109,8 @@ static int cmd_quantize(int argc, char **argv) {
     const char *method = flag(argc, argv, 2, "--method", known);
     const char *seed = flag(argc, argv, 2, "--seed", known);
     if (!model || !bits || !out) TZ_FATAL("quantize: --model, --bits and --out are required");
-    int m = TZ_TQ_TURBOQUANT;
-    if (method && tz_tq_method_from_name(method, &m))
-        TZ_FATAL("quantize: --method %s: expected turboquant or absmax", method);
-    int64_t s = seed ? parse_int(seed, "--seed") : 0;
-    if (s < 0) TZ_FATAL("quantize: --seed %s: expected a non-negative integer", seed);
-    tz_llama_quantize_dir(model, out, m, (int)parse_int(bits, "--bits"),
-                          group ? (int)parse_int(group, "--group") : 128, (uint64_t)s, stdout);
+    tz_quantize_args a = {model, out, bits, group, method, seed};
+    tz_quantize_run(&a);
     return 0;
 }
 
@@ -142,7 +128,7 @@ static int cmd_export(int argc, char **argv) {
     if (!model || !out || !deq)
         TZ_FATAL("export: expected 'export --model DIR --dequantize --out DIR2' (only "
                  "--dequantize is supported)");
-    tz_llama_export_dequantized(model, out, stdout);
+    tz_export_run(model, out);
     return 0;
 }
 
@@ -182,15 +168,15 @@ static int cmd_sample(int argc, char **argv) {
         if (i < 3 || !known[k]) { rest[nrest++] = argv[i]; continue; }
         if (i + 1 >= argc) TZ_FATAL("sample: %s needs a value", argv[i]);
         const char *v = argv[++i];
-        if (k == 0) a.cls = parse_int(v, "--class");
-        else if (k == 1) a.n = parse_int(v, "--n");
-        else if (k == 2) a.steps = parse_int(v, "--steps");
+        if (k == 0) a.cls = tz_command_int(v, "--class");
+        else if (k == 1) a.n = tz_command_int(v, "--n");
+        else if (k == 2) a.steps = tz_command_int(v, "--steps");
         else if (k == 3) {
             char *end;
             a.guidance = strtod(v, &end);
             if (!*v || *end) TZ_FATAL("sample: --guidance %s: expected a number", v);
         } else if (k == 4) out = v;
-        else a.seed = parse_int(v, "--seed");
+        else a.seed = tz_command_int(v, "--seed");
     }
     if (!out) TZ_FATAL("sample: --out FILE.png is required");
     if (a.n < 1 || a.n > 4096 || a.steps < 1 || a.steps > 1000)

@@ -24,8 +24,9 @@ void tz_llama_quant_report(const tz_llama *m);
 /* ---- the commands (file to file on the host; no backend) ---- */
 
 /* Quantizes every projection of the transformer blocks of the Llama in DIR `in` (method
- * TZ_TQ_TURBOQUANT or TZ_TQ_ABSMAX, bits 1..4, group 64/128/256: a projection whose rows it
- * does not divide takes the largest of group/2, ..., 64 that does, or stays dense) and
+ * TZ_TQ_TURBOQUANT or TZ_TQ_ABSMAX, bits 1..4, group 64/128/256, which the caller has checked:
+ * a projection whose rows group does not divide takes the largest of group/2, ..., 64 that
+ * does, or stays dense) and
  * writes DIR `out`: config.json with "quantization_config", model.safetensors with codes,
  * scales and the other tensors unchanged. Prints the per-tensor table (shape, group, bits
  * per weight stored, relative error ||W - W_hat||^2 / ||W||^2, bytes) and totals to rep.

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "io/tokens.h"
 #include "model/llama_io.h"
+#include "train/commands.h"
 #include "train/data.h"
 #include "train/task.h"
 
@@ -110,25 +111,18 @@ static void open_task(tz_task *t) {
     k->tg = tz_xmalloc((size_t)(B * T) * sizeof *k->tg);
 }
 
-static int64_t parse_int(const char *s, const char *what) {
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end) TZ_FATAL("%s: expected an integer, got '%s'", what, s);
-    return v;
-}
-
 static const char *const init_flags[] = {"--vocab", "--tied", NULL};
 /* init-model --arch llama --preset P --vocab V [--tied 0|1]: a random Llama in HF layout. */
 static int64_t init_model(const tz_init_args *a, char *about, size_t n) {
     const char *vocab = tz_init_arg(a, "--vocab"), *tied = tz_init_arg(a, "--tied");
     if (!vocab) TZ_FATAL("init-model: --arch llama needs --vocab");
-    int64_t v = parse_int(vocab, "--vocab");
+    int64_t v = tz_command_int(vocab, "--vocab");
     if (v < 2 || v > (1 << 24)) TZ_FATAL("init-model: --vocab %s: expected 2..16777216", vocab);
     tz_llama_dims d;
     char err[128];
     if (tz_llama_preset(a->preset, v, &d, err, sizeof err))
         TZ_FATAL("init-model: --preset %s: %s", a->preset, err);
-    if (tied) d.tied = (int)parse_int(tied, "--tied") != 0;
+    if (tied) d.tied = (int)tz_command_int(tied, "--tied") != 0;
     tz_model_opts o = {0};
     tz_llama *m = tz_llama_create(a->be, &d, &o);
     tz_llama_init_random(m, a->seed);
