@@ -295,7 +295,7 @@ static uint64_t target_bits(const tz_key *k, const tz_origin *o, const char *s) 
 static void store_targets(tz_config *cfg, const tz_key *k, uint64_t bits) {
     char *out = field(cfg, k);
     size_t used = 0;
-    out[0] = 0;
+    memset(out, 0, k->size); /* the bytes after the names too: the struct is compared as bytes */
     if (bits == ~(uint64_t)0) {
         snprintf(out, k->size, "all");
         return;

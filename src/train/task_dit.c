@@ -119,39 +119,6 @@ static void gather(dit_task *k, images *im, tz_order *order, int64_t first, int6
     }
 }
 
-static double train_rows(tz_task *t, int64_t first, float dloss) {
-    dit_task *k = (dit_task *)t;
-    gather(k, &k->train, &k->order, first, t->B);
-    tz_dit_set_batch(k->m, t->B);
-    /* draws keyed by the sample's place in the whole run: independent of the rank split */
-    return tz_diffusion_train_batch(k->m, &k->diff, k->x0, k->y, (uint64_t)t->cfg->run.seed, 0,
-                                    (uint64_t)first, dloss);
-}
-
-static double eval_rows(tz_task *t, int64_t first, int64_t n) {
-    dit_task *k = (dit_task *)t;
-    gather(k, &k->val, NULL, first, n);
-    tz_dit_set_batch(k->m, n);
-    return tz_diffusion_eval_batch(k->m, &k->diff, k->x0, k->y, (uint64_t)t->cfg->train.eval_seed,
-                                   (uint64_t)first);
-}
-
-static void save_model(tz_task *t, const char *dir, int bf16) {
-    tz_dit_save(((dit_task *)t)->m, dir, bf16);
-}
-
-static void close_task(tz_task *t) {
-    dit_task *k = (dit_task *)t;
-    if (t->training) {
-        images_free(&k->train);
-        tz_order_free(&k->order);
-    }
-    if (k->have_val) images_free(&k->val);
-    free(k->x0);
-    free(k->y);
-    tz_dit_free(k->m);
-}
-
 static void open_task(tz_task *t) {
     dit_task *k = (dit_task *)t;
     const tz_config *cfg = t->cfg;
@@ -185,6 +152,39 @@ static void open_task(tz_task *t) {
     }
     k->x0 = tz_xmalloc((size_t)(B * numel) * sizeof *k->x0);
     k->y = tz_xmalloc((size_t)B * sizeof *k->y);
+}
+
+static double train_rows(tz_task *t, int64_t first, float dloss) {
+    dit_task *k = (dit_task *)t;
+    gather(k, &k->train, &k->order, first, t->B);
+    tz_dit_set_batch(k->m, t->B);
+    /* draws keyed by the sample's place in the whole run: independent of the rank split */
+    return tz_diffusion_train_batch(k->m, &k->diff, k->x0, k->y, (uint64_t)t->cfg->run.seed, 0,
+                                    (uint64_t)first, dloss);
+}
+
+static double eval_rows(tz_task *t, int64_t first, int64_t n) {
+    dit_task *k = (dit_task *)t;
+    gather(k, &k->val, NULL, first, n);
+    tz_dit_set_batch(k->m, n);
+    return tz_diffusion_eval_batch(k->m, &k->diff, k->x0, k->y, (uint64_t)t->cfg->train.eval_seed,
+                                   (uint64_t)first);
+}
+
+static void save_model(tz_task *t, const char *dir, int bf16) {
+    tz_dit_save(((dit_task *)t)->m, dir, bf16);
+}
+
+static void close_task(tz_task *t) {
+    dit_task *k = (dit_task *)t;
+    if (t->training) {
+        images_free(&k->train);
+        tz_order_free(&k->order);
+    }
+    if (k->have_val) images_free(&k->val);
+    free(k->x0);
+    free(k->y);
+    tz_dit_free(k->m);
 }
 
 /* sample: DDIM (DDPM) or Euler (flow) with classifier-free guidance, as a PNG grid. */
@@ -248,5 +248,7 @@ static int64_t init_model(const tz_init_args *a, char *about, size_t n) {
 
 static const tz_task_ops ops = {sizeof(dit_task), load, open_task, train_rows, eval_rows,
                                 save_model, close_task};
+/* The registry entry (train/family.h): name, LoRA targets, PEFT modules, task, init-model,
+ * sampler. */
 const tz_family tz_family_dit = {"dit", targets, tz_dit_lin_names, &ops, init_flags, init_model,
                                  sample};

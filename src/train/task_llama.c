@@ -41,6 +41,37 @@ static void open_tokens(tz_tokens *t, const char *path, const char *key, int64_t
                       (long long)vocab);
 }
 
+static void open_task(tz_task *t) {
+    llama_task *k = (llama_task *)t;
+    const tz_config *cfg = t->cfg;
+    tz_llama *m = k->m;
+    const int64_t B = t->B, T = cfg->data.seq_len;
+    tz_llama_setup(m, B, T);
+    t->unit = "tokens";
+    t->arena_bytes = m->arena.cap;
+    t->row_elems = t->row_count = T;
+    snprintf(t->describe, sizeof t->describe,
+             "llama %s | %lld layers, dim %lld, %lld/%lld heads, vocab %lld", cfg->model.path,
+             (long long)m->d.n_layers, (long long)m->d.dim, (long long)m->d.n_heads,
+             (long long)m->d.n_kv_heads, (long long)m->d.vocab);
+    if (t->training) {
+        open_tokens(&k->train_tok, cfg->data.train, "data.train", m->d.vocab);
+        tz_data_init(&k->data, &k->train_tok, T, (uint64_t)cfg->run.seed);
+        t->n_train = k->data.nwin;
+        snprintf(t->data_line, sizeof t->data_line, "%s: %lld tokens, %lld windows of %lld",
+                 cfg->data.train, (long long)k->train_tok.count, (long long)k->data.nwin,
+                 (long long)T);
+    }
+    k->have_val = cfg->data.val[0] != 0;
+    if (k->have_val) {
+        open_tokens(&k->val_tok, cfg->data.val, "data.val", m->d.vocab);
+        tz_data_init(&k->val, &k->val_tok, T, 0);
+        t->n_val = k->val.nwin;
+    }
+    k->in = tz_xmalloc((size_t)(B * T) * sizeof *k->in);
+    k->tg = tz_xmalloc((size_t)(B * T) * sizeof *k->tg);
+}
+
 static double train_rows(tz_task *t, int64_t first, float dloss) {
     llama_task *k = (llama_task *)t;
     tz_data_batch(&k->data, first, t->B, k->in, k->tg);
@@ -80,37 +111,6 @@ static void close_task(tz_task *t) {
     tz_llama_free(k->m);
 }
 
-static void open_task(tz_task *t) {
-    llama_task *k = (llama_task *)t;
-    const tz_config *cfg = t->cfg;
-    tz_llama *m = k->m;
-    const int64_t B = t->B, T = cfg->data.seq_len;
-    tz_llama_setup(m, B, T);
-    t->unit = "tokens";
-    t->arena_bytes = m->arena.cap;
-    t->row_elems = t->row_count = T;
-    snprintf(t->describe, sizeof t->describe,
-             "llama %s | %lld layers, dim %lld, %lld/%lld heads, vocab %lld", cfg->model.path,
-             (long long)m->d.n_layers, (long long)m->d.dim, (long long)m->d.n_heads,
-             (long long)m->d.n_kv_heads, (long long)m->d.vocab);
-    if (t->training) {
-        open_tokens(&k->train_tok, cfg->data.train, "data.train", m->d.vocab);
-        tz_data_init(&k->data, &k->train_tok, T, (uint64_t)cfg->run.seed);
-        t->n_train = k->data.nwin;
-        snprintf(t->data_line, sizeof t->data_line, "%s: %lld tokens, %lld windows of %lld",
-                 cfg->data.train, (long long)k->train_tok.count, (long long)k->data.nwin,
-                 (long long)T);
-    }
-    k->have_val = cfg->data.val[0] != 0;
-    if (k->have_val) {
-        open_tokens(&k->val_tok, cfg->data.val, "data.val", m->d.vocab);
-        tz_data_init(&k->val, &k->val_tok, T, 0);
-        t->n_val = k->val.nwin;
-    }
-    k->in = tz_xmalloc((size_t)(B * T) * sizeof *k->in);
-    k->tg = tz_xmalloc((size_t)(B * T) * sizeof *k->tg);
-}
-
 static const char *const init_flags[] = {"--vocab", "--tied", NULL};
 /* init-model --arch llama --preset P --vocab V [--tied 0|1]: a random Llama in HF layout. */
 static int64_t init_model(const tz_init_args *a, char *about, size_t n) {
@@ -137,5 +137,7 @@ static int64_t init_model(const tz_init_args *a, char *about, size_t n) {
 
 static const tz_task_ops ops = {sizeof(llama_task), load, open_task, train_rows, eval_rows,
                                 save_model, close_task};
+/* The registry entry (train/family.h): name, LoRA targets, PEFT modules, task, init-model;
+ * no sampler. */
 const tz_family tz_family_llama = {"llama",    targets,    tz_llama_lin_names, &ops,
                                    init_flags, init_model, NULL};
