@@ -21,27 +21,26 @@ _Static_assert((int)TZ_QUANT_TURBOQUANT == (int)TZ_TQ_TURBOQUANT &&
 typedef enum { T_INT, T_FLOAT, T_BOOL, T_STRING, T_ENUM, T_TARGETS } tz_type;
 enum { CLOSED = 0, OPEN = 1 };
 
-/* One row per key. Integers are int64_t fields, floats double, strings char[TZ_PATH_MAX];
- * bool, enum (index into names) and targets (TZ_LORA_* bits) are int fields. */
+/* One row per key. Integers are int64_t fields, floats double, strings and targets (the names
+ * joined by ',') char[TZ_PATH_MAX]; bool and enum (index into names) are int fields. */
 typedef struct {
     const char *section, *key;
     size_t off, size;
     tz_type type;
     int required;                  /* no default: must come from the file or --set */
-    int64_t idef, imin, imax;      /* T_INT range; idef is also the bool/enum/targets default */
+    int64_t idef, imin, imax;      /* T_INT range; idef is also the bool/enum default */
     int pow2;                      /* T_INT: a power of two only */
     double fdef, fmin, fmax;       /* T_FLOAT */
     int fmin_open, fmax_open;      /* OPEN: the bound itself is excluded */
-    const char *sdef;              /* T_STRING */
+    const char *sdef;              /* T_STRING, T_TARGETS */
     const char *const *names;      /* T_ENUM, T_TARGETS: allowed names, NULL-terminated */
+    int family;                    /* the names are the caller's: FAMILY_ARCHS or _TARGETS */
     const char *doc;
 } tz_key;
+enum { FAMILY_NONE = 0, FAMILY_ARCHS = 1, FAMILY_TARGETS = 2 };
 
-static const char *const arch_names[] = {"llama", "dit", NULL};
 static const char *const mode_names[] = {"lora", "full", NULL};
 static const char *const dtype_names[] = {"f32", "bf16", NULL};
-static const char *const target_names[] = {"q",   "k",    "v",   "o",   "gate",  "up", "down",
-                                           "qkv", "proj", "fc1", "fc2", "adaln", NULL};
 static const char *const quant_methods[] = {"turboquant", "absmax", NULL};
 static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "quant",
                                             "zero", "run", NULL};
@@ -58,10 +57,11 @@ static const char *const section_names[] = {"model", "data", "train", "optim", "
 #define STR(s, k, def, d) {ROW(s, k), .type = T_STRING, .sdef = def, .doc = d}
 #define REQ_STR(s, k, d) {ROW(s, k), .type = T_STRING, .required = 1, .sdef = "", .doc = d}
 #define ENUM(s, k, def, nm, d) {ROW(s, k), .type = T_ENUM, .idef = def, .names = nm, .doc = d}
-#define TARGETS(s, k, def, d) {ROW(s, k), .type = T_TARGETS, .idef = def, .names = target_names, .doc = d}
+#define FAMILY_ENUM(s, k, d) {ROW(s, k), .type = T_ENUM, .family = FAMILY_ARCHS, .doc = d}
+#define TARGETS(s, k, def, d) {ROW(s, k), .type = T_TARGETS, .sdef = def, .family = FAMILY_TARGETS, .doc = d}
 
 static const tz_key schema[] = {
-    ENUM(model, arch, TZ_ARCH_LLAMA, arch_names, "model family"),
+    FAMILY_ENUM(model, arch, "model family"),
     REQ_STR(model, path, "HF-layout model folder (config.json + *.safetensors)"),
     STR(model, adapter, "", "LoRA adapter folder to load before training (\"\" = none)"),
     STR(data, train, "", "training token file (required by train, not by eval)"),
@@ -90,7 +90,7 @@ static const tz_key schema[] = {
     FLT(optim, grad_clip, 1.0, CLOSED, 0.0, 1e6, CLOSED, "global gradient-norm clip (0 = off)"),
     INT(lora, rank, 8, 1, 4096, "LoRA rank r"),
     FLT(lora, alpha, 16.0, OPEN, 0.0, 1e6, CLOSED, "LoRA scale: the update is alpha/rank * B A"),
-    TARGETS(lora, targets, TZ_LORA_ALL, "projections that get adapters"),
+    TARGETS(lora, targets, "all", "projections that get adapters"),
     INT(quant, bits, 0, 0, 4, "bits per weight of the quantized base projections (0 = dense)"),
     POW2(quant, group, 128, 64, 256, "weights per quantization group (one bf16 scale each)"),
     ENUM(quant, method, TZ_QUANT_TURBOQUANT, quant_methods, "quantizer (absmax: the baseline)"),
@@ -119,8 +119,13 @@ static const void *cfield(const tz_config *cfg, const tz_key *k) {
 const char *tz_mode_name(int mode) {
     return mode >= 0 && mode <= TZ_MODE_FULL ? mode_names[mode] : "?";
 }
-const char *tz_arch_name(int arch) {
-    return arch >= 0 && arch <= TZ_ARCH_DIT ? arch_names[arch] : "?";
+
+/* The row with its names filled in: the caller's for the families' keys. */
+static tz_key with_names(const tz_key *k, const tz_config_names *nm) {
+    tz_key r = *k;
+    if (k->family == FAMILY_ARCHS) r.names = nm->archs;
+    else if (k->family == FAMILY_TARGETS) r.names = nm->targets;
+    return r;
 }
 
 /* ---- messages ---------------------------------------------------------------------- */
@@ -281,9 +286,25 @@ static int name_index(const tz_key *k, const tz_origin *o, const char *s) {
     fail(o, k, got);
 }
 
-/* Bit of one target name ("all" = every bit); fatal when unknown. */
-static int target_bits(const tz_key *k, const tz_origin *o, const char *s) {
-    return !strcmp(s, "all") ? TZ_LORA_ALL : 1 << name_index(k, o, s);
+/* Bit of one target name in the key's names (all ones for "all"); fatal when unknown. */
+static uint64_t target_bits(const tz_key *k, const tz_origin *o, const char *s) {
+    return !strcmp(s, "all") ? ~(uint64_t)0 : (uint64_t)1 << name_index(k, o, s);
+}
+
+/* Stores the names of the bits, in the order of the key's names, or "all". */
+static void store_targets(tz_config *cfg, const tz_key *k, uint64_t bits) {
+    char *out = field(cfg, k);
+    size_t used = 0;
+    memset(out, 0, k->size); /* the bytes after the names too: the struct is compared as bytes */
+    if (bits == ~(uint64_t)0) {
+        snprintf(out, k->size, "all");
+        return;
+    }
+    for (int i = 0; k->names[i]; i++)
+        if (bits & ((uint64_t)1 << i))
+            used += (size_t)snprintf(out + used, used < k->size ? k->size - used : 0, "%s%s",
+                                     used ? "," : "", k->names[i]);
+    TZ_CHECK(used < k->size, "config: %s.%s: the names do not fit", k->section, k->key);
 }
 
 /* ---- the file ---------------------------------------------------------------------- */
@@ -369,7 +390,8 @@ static void apply_setting(tz_config *cfg, const tz_key *k, const config_setting_
         break;
     case T_TARGETS: {
         if (type != CONFIG_TYPE_ARRAY && type != CONFIG_TYPE_LIST) fail(&o, k, got);
-        int n = config_setting_length(s), bits = 0;
+        int n = config_setting_length(s);
+        uint64_t bits = 0;
         if (n == 0) fail(&o, k, "an empty list");
         for (int i = 0; i < n; i++) {
             const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
@@ -379,13 +401,14 @@ static void apply_setting(tz_config *cfg, const tz_key *k, const config_setting_
             if (config_setting_type(e) != CONFIG_TYPE_STRING) fail(&eo, k, got);
             bits |= target_bits(k, &eo, config_setting_get_string(e));
         }
-        *(int *)field(cfg, k) = bits;
+        store_targets(cfg, k, bits);
         break;
     }
     }
 }
 
-static void load_file(tz_config *cfg, const char *file, unsigned char *seen) {
+static void load_file(tz_config *cfg, const tz_config_names *nm, const char *file,
+                      unsigned char *seen) {
     char *text = read_text(file);
     config_t lc;
     config_init(&lc);
@@ -421,7 +444,8 @@ static void load_file(tz_config *cfg, const char *file, unsigned char *seen) {
                 fail_unknown_key(prefix, name, config_setting_name(s));
             }
             /* an @include'd file is not the text we hold: skip the wrap check there */
-            apply_setting(cfg, k, s, kfile, strcmp(kfile, file) ? "" : text);
+            const tz_key kn = with_names(k, nm);
+            apply_setting(cfg, &kn, s, kfile, strcmp(kfile, file) ? "" : text);
             seen[k - schema] = 1;
         }
     }
@@ -446,7 +470,8 @@ static char *unquote(char *s) {
     return s + 1;
 }
 
-static void apply_set(tz_config *cfg, const char *arg, unsigned char *seen) {
+static void apply_set(tz_config *cfg, const tz_config_names *nm, const char *arg,
+                      unsigned char *seen) {
     const char *eq = strchr(arg, '='), *dot = strchr(arg, '.');
     if (!eq || !dot || dot > eq)
         TZ_FATAL_HINT("write --set section.key=value, e.g. --set train.steps=200",
@@ -454,8 +479,9 @@ static void apply_set(tz_config *cfg, const char *arg, unsigned char *seen) {
     char section[64], key[64], got[96];
     snprintf(section, sizeof section, "%.*s", (int)(dot - arg), arg);
     snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
-    const tz_key *k = find_key(section, key);
-    if (!k) fail_unknown_key("--set ", section, key);
+    const tz_key *kr = find_key(section, key);
+    if (!kr) fail_unknown_key("--set ", section, key);
+    const tz_key kn = with_names(kr, nm), *k = &kn;
     tz_origin o = {NULL, 0, arg};
     char *copy = tz_xstrdup(eq + 1), *v = k->type == T_STRING ? copy : trim(copy), *stop;
     snprintf(got, sizeof got, "\"%.64s\"", v);
@@ -487,7 +513,7 @@ static void apply_set(tz_config *cfg, const char *arg, unsigned char *seen) {
             v[n - 1] = 0;
             v++;
         }
-        int bits = 0;
+        uint64_t bits = 0;
         if (!*trim(v)) fail(&o, k, "an empty list");
         for (char *item = v, *next; item; item = next) {
             next = strchr(item, ',');
@@ -496,12 +522,12 @@ static void apply_set(tz_config *cfg, const char *arg, unsigned char *seen) {
             if (!*name) fail(&o, k, "an empty name");
             bits |= target_bits(k, &o, name);
         }
-        *(int *)field(cfg, k) = bits;
+        store_targets(cfg, k, bits);
         break;
     }
     }
     free(copy);
-    seen[k - schema] = 1;
+    seen[kr - schema] = 1;
 }
 
 /* ---- public ------------------------------------------------------------------------ */
@@ -511,30 +537,32 @@ void tz_config_defaults(tz_config *cfg) {
     for (int i = 0; i < NKEYS; i++) {
         const tz_key *k = &schema[i];
         size_t want = k->type == T_INT ? sizeof(int64_t) : k->type == T_FLOAT ? sizeof(double)
-                    : k->type == T_STRING ? (size_t)TZ_PATH_MAX : sizeof(int);
+                    : k->type == T_STRING || k->type == T_TARGETS ? (size_t)TZ_PATH_MAX
+                                                                  : sizeof(int);
         TZ_CHECK(k->size == want, "config schema: %s.%s: wrong field size", k->section, k->key);
         switch (k->type) {
         case T_INT: *(int64_t *)field(cfg, k) = k->idef; break;
         case T_FLOAT: *(double *)field(cfg, k) = k->fdef; break;
-        case T_STRING: snprintf(field(cfg, k), k->size, "%s", k->sdef); break;
+        case T_STRING:
+        case T_TARGETS: snprintf(field(cfg, k), k->size, "%s", k->sdef); break;
         case T_BOOL:
-        case T_ENUM:
-        case T_TARGETS: *(int *)field(cfg, k) = (int)k->idef; break;
+        case T_ENUM: *(int *)field(cfg, k) = (int)k->idef; break;
         }
     }
 }
 
 /* FILE may be NULL: defaults and --set only (source stays ""). */
-void tz_config_load(tz_config *cfg, const char *file, const char *const *sets, int nset) {
+void tz_config_load(tz_config *cfg, const tz_config_names *names, const char *file,
+                    const char *const *sets, int nset) {
     unsigned char seen[NKEYS] = {0};
     tz_config_defaults(cfg);
     if (file) {
         if (strlen(file) >= sizeof cfg->source)
             TZ_FATAL("config path too long (%zu bytes, at most %d)", strlen(file), TZ_PATH_MAX - 1);
         snprintf(cfg->source, sizeof cfg->source, "%s", file);
-        load_file(cfg, file, seen);
+        load_file(cfg, names, file, seen);
     }
-    for (int i = 0; i < nset; i++) apply_set(cfg, sets[i], seen);
+    for (int i = 0; i < nset; i++) apply_set(cfg, names, sets[i], seen);
     for (int i = 0; i < NKEYS; i++)
         if (schema[i].required && !seen[i]) {
             char hint[160];
@@ -588,20 +616,19 @@ static void format_value(const tz_key *k, const void *p, char *buf, size_t n) {
         quote_string(buf, v >= 0 && v < count ? k->names[v] : "?");
         break;
     }
-    case T_TARGETS: {
-        int bits = *(const int *)p;
-        size_t used = (size_t)snprintf(buf, n, "[");
-        for (int b = 0; k->names[b]; b++)
-            if (bits & (1 << b))
-                used += (size_t)snprintf(buf + used, n - used, "%s\"%s\"", used > 1 ? ", " : "",
-                                         k->names[b]);
-        snprintf(buf + used, n - used, "]");
+    case T_TARGETS: { /* "q,v" -> ["q", "v"] */
+        size_t used = (size_t)snprintf(buf, n, "[\"");
+        for (const char *t = p; *t && used + 5 < n; t++) {
+            if (*t == ',') used += (size_t)snprintf(buf + used, n - used, "\", \"");
+            else buf[used++] = *t;
+        }
+        snprintf(buf + used, n - used, "\"]");
         break;
     }
     }
 }
 
-void tz_config_write(const tz_config *cfg, FILE *f) {
+void tz_config_write(const tz_config *cfg, const tz_config_names *names, FILE *f) {
     size_t vn = 4 * TZ_PATH_MAX + 8; /* room for a fully escaped string */
     char want[400], *value = tz_xmalloc(vn), *def = tz_xmalloc(vn);
     tz_config d;
@@ -609,7 +636,7 @@ void tz_config_write(const tz_config *cfg, FILE *f) {
     fprintf(f, "# turbozero %s configuration%s%s\n", TZ_VERSION, cfg->source[0] ? " from " : "",
             cfg->source);
     for (int i = 0; i < NKEYS; i++) {
-        const tz_key *k = &schema[i];
+        const tz_key kn = with_names(&schema[i], names), *k = &kn;
         if (i == 0 || strcmp(k->section, schema[i - 1].section))
             fprintf(f, "%s%s = {\n", i ? "};\n\n" : "\n", k->section);
         describe_expected(k, want, sizeof want);

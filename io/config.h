@@ -9,34 +9,22 @@
 #define TZ_PATH_MAX 512
 
 enum tz_mode { TZ_MODE_LORA = 0, TZ_MODE_FULL = 1 };
-enum tz_arch { TZ_ARCH_LLAMA = 0, TZ_ARCH_DIT = 1 };
 /* quant.method; the values are quant/turboquant.h's enum tz_tq_method. */
 enum tz_quant_method { TZ_QUANT_TURBOQUANT = 0, TZ_QUANT_ABSMAX = 1 };
 
-/* LoRA target bits (lora.targets = ["q", "k", ...]): Llama's seven projections, then
- * DiT's five; "all" sets every bit and each model takes its own. */
-enum {
-    TZ_LORA_Q = 1 << 0,
-    TZ_LORA_K = 1 << 1,
-    TZ_LORA_V = 1 << 2,
-    TZ_LORA_O = 1 << 3,
-    TZ_LORA_GATE = 1 << 4,
-    TZ_LORA_UP = 1 << 5,
-    TZ_LORA_DOWN = 1 << 6,
-    TZ_LORA_QKV = 1 << 7,
-    TZ_LORA_PROJ = 1 << 8,
-    TZ_LORA_FC1 = 1 << 9,
-    TZ_LORA_FC2 = 1 << 10,
-    TZ_LORA_ADALN = 1 << 11,
-    TZ_LORA_LLAMA = 0x7f,
-    TZ_LORA_DIT = 0xf80,
-    TZ_LORA_ALL = 0xfff,
-};
+/* The values of the keys that belong to the model families, which io/ does not know: the
+ * caller passes them in (src/train/family.c, tz_family_names), NULL-terminated. model.arch is
+ * stored as an index into archs (0 is the default); lora.targets as the names given. */
+#define TZ_CONFIG_NAMES_MAX 64
+typedef struct tz_config_names {
+    const char *archs[TZ_CONFIG_NAMES_MAX + 1];   /* the families */
+    const char *targets[TZ_CONFIG_NAMES_MAX + 1]; /* every family's LoRA targets, each once */
+} tz_config_names;
 
 typedef struct tz_config {
     char source[TZ_PATH_MAX]; /* the file it came from */
     struct {
-        int arch;                     /* enum tz_arch: "llama" | "dit" */
+        int arch;                     /* index into tz_config_names.archs: "llama" | "dit" */
         char path[TZ_PATH_MAX];       /* HF-layout folder (config.json + safetensors) */
         char adapter[TZ_PATH_MAX];    /* optional LoRA adapter folder to load ("" = none) */
     } model;
@@ -71,7 +59,8 @@ typedef struct tz_config {
     struct {
         int64_t rank;
         double alpha;
-        int targets;                  /* TZ_LORA_* bits */
+        char targets[TZ_PATH_MAX];    /* "all", or names of tz_config_names.targets joined
+                                       * by ',' in that order, each once: "q,v" */
     } lora;
     struct {
         int64_t stage;                /* 0: DDP all-reduce; 1: + sharded optimizer; 2: + sharded gradients */
@@ -91,15 +80,16 @@ typedef struct tz_config {
     } run;
 } tz_config;
 
-/* Parse FILE, apply overrides ("section.key=value", nset of them), check everything.
- * Any error is fatal with "FILE:LINE: key: expected ..." (or "--set KEY: ..."). */
-void tz_config_load(tz_config *cfg, const char *file, const char *const *sets, int nset);
+/* Parse FILE, apply overrides ("section.key=value", nset of them), check everything, the
+ * families' keys against names. Any error is fatal with "FILE:LINE: key: expected ..." (or
+ * "--set KEY: ..."). */
+void tz_config_load(tz_config *cfg, const tz_config_names *names, const char *file,
+                    const char *const *sets, int nset);
 /* Defaults for every key that has one (required strings left empty). */
 void tz_config_defaults(tz_config *cfg);
 /* Write the effective config in libconfig syntax (every key, loadable again). */
-void tz_config_write(const tz_config *cfg, FILE *f);
-/* Names for printing. */
+void tz_config_write(const tz_config *cfg, const tz_config_names *names, FILE *f);
+/* Name for printing. */
 const char *tz_mode_name(int mode);
-const char *tz_arch_name(int arch);
 
 #endif

@@ -8,12 +8,10 @@
 #include "core/error.h"
 #include "io/config.h"
 #include "io/tokens.h"
-#include "model/dit_io.h"
-#include "model/llama_io.h"
 #include "mpi/comm.h"
 #include "mpi/world.h"
-#include "model/llama_quant.h"
-#include "quant/turboquant.h"
+#include "train/commands.h"
+#include "train/family.h"
 #include "train/trainer.h"
 
 static void usage(FILE *f) {
@@ -51,80 +49,19 @@ static const char *flag(int argc, char **argv, int from, const char *name, const
     return val;
 }
 
-static int64_t parse_int(const char *s, const char *what) {
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end) TZ_FATAL("%s: expected an integer, got '%s'", what, s);
-    return v;
-}
-
-static int init_dit(const char *preset, const char *objective, const char *out, uint64_t seed) {
-    tz_dit_dims d;
-    char err[512];
-    if (tz_dit_preset(preset, &d, err, sizeof err)) TZ_FATAL("init-model: --preset %s: %s", preset, err);
-    if (objective && !strcmp(objective, "flow")) d.diffusion = TZ_DIFF_FLOW;
-    else if (objective && strcmp(objective, "ddpm"))
-        TZ_FATAL("init-model: --objective %s: expected ddpm or flow", objective);
-    tz_backend *be = tz_cpu_backend_create(0);
-    tz_dit_opts o = {0};
-    tz_dit *m = tz_dit_create(be, &d, &o);
-    tz_dit_init_random(m, seed);
-    tz_dit_save(m, out, 0);
-    printf("wrote %s: dit preset %s, %lld parameters (%lldx%lldx%lld images, patch %lld, hidden "
-           "%lld, depth %lld, %lld heads, %lld classes, %s)\n",
-           out, preset, (long long)m->params.n_total, (long long)d.in_channels,
-           (long long)d.input_size, (long long)d.input_size, (long long)d.patch_size,
-           (long long)d.hidden, (long long)d.depth, (long long)d.num_heads,
-           (long long)d.num_classes, d.diffusion == TZ_DIFF_FLOW ? "rectified flow" : "DDPM");
-    tz_dit_free(m);
-    tz_cpu_backend_destroy(be);
-    return 0;
-}
-
 static int cmd_init_model(int argc, char **argv) {
-    static const char *const known[] = {"--arch", "--preset", "--vocab", "--out", "--seed",
-                                        "--tied", "--objective", NULL};
+    tz_init_args a = {0};
+    tz_family_init_flags(&a); /* --vocab, --tied, --objective, ...: each family's own */
+    const char *known[4 + TZ_INIT_FLAGS_MAX + 1] = {"--arch", "--preset", "--out", "--seed"};
+    for (int i = 0; i < a.n; i++) known[4 + i] = a.flags[i];
     const char *arch = flag(argc, argv, 2, "--arch", known);
-    const char *preset = flag(argc, argv, 2, "--preset", known);
-    const char *vocab = flag(argc, argv, 2, "--vocab", known);
-    const char *out = flag(argc, argv, 2, "--out", known);
+    a.preset = flag(argc, argv, 2, "--preset", known);
+    a.out = flag(argc, argv, 2, "--out", known);
     const char *seed = flag(argc, argv, 2, "--seed", known);
-    const char *tied = flag(argc, argv, 2, "--tied", known);
-    const char *objective = flag(argc, argv, 2, "--objective", known);
-    if (!arch || !preset || !out) TZ_FATAL("init-model: --arch, --preset and --out are required");
-    uint64_t s = seed ? (uint64_t)parse_int(seed, "--seed") : 0;
-    if (!strcmp(arch, "dit")) return init_dit(preset, objective, out, s);
-    if (strcmp(arch, "llama")) TZ_FATAL("init-model: --arch %s: expected llama or dit", arch);
-    if (!vocab) TZ_FATAL("init-model: --arch llama needs --vocab");
-    tz_llama_dims d = {0};
-    d.vocab = parse_int(vocab, "--vocab");
-    if (d.vocab < 2 || d.vocab > (1 << 24)) TZ_FATAL("init-model: --vocab %s: expected 2..16777216", vocab);
-    d.max_pos = 2048;
-    d.eps = 1e-5;
-    d.theta = 10000.0;
-    if (!strcmp(preset, "tiny")) {
-        d.dim = 128, d.n_layers = 2, d.n_heads = 4, d.n_kv_heads = 2, d.hidden = 352, d.tied = 1;
-    } else if (!strcmp(preset, "mini")) {
-        d.dim = 192, d.n_layers = 4, d.n_heads = 6, d.n_kv_heads = 2, d.hidden = 512, d.tied = 1;
-    } else if (!strcmp(preset, "small")) {
-        d.dim = 256, d.n_layers = 6, d.n_heads = 8, d.n_kv_heads = 4, d.hidden = 688, d.tied = 1;
-    } else {
-        TZ_FATAL("init-model: --preset %s: expected tiny, mini or small", preset);
-    }
-    if (tied) d.tied = (int)parse_int(tied, "--tied") != 0;
-    d.head_dim = d.dim / d.n_heads;
-    tz_backend *be = tz_cpu_backend_create(0);
-    tz_llama_opts o = {0};
-    tz_llama *m = tz_llama_create(be, &d, &o);
-    tz_llama_init_random(m, s);
-    tz_llama_save(m, out, 0);
-    printf("wrote %s: llama preset %s, %lld parameters (%lld layers, dim %lld, %lld/%lld heads, "
-           "vocab %lld, %s embeddings)\n",
-           out, preset, (long long)m->params.n_total, (long long)d.n_layers, (long long)d.dim,
-           (long long)d.n_heads, (long long)d.n_kv_heads, (long long)d.vocab,
-           d.tied ? "tied" : "untied");
-    tz_llama_free(m);
-    tz_cpu_backend_destroy(be);
+    for (int i = 0; i < a.n; i++) a.values[i] = flag(argc, argv, 2, a.flags[i], known);
+    if (!arch || !a.preset || !a.out) TZ_FATAL("init-model: --arch, --preset and --out are required");
+    a.seed = seed ? (uint64_t)tz_command_int(seed, "--seed") : 0;
+    tz_init_model_run(arch, &a);
     return 0;
 }
 
@@ -172,13 +109,8 @@ static int cmd_quantize(int argc, char **argv) {
     const char *method = flag(argc, argv, 2, "--method", known);
     const char *seed = flag(argc, argv, 2, "--seed", known);
     if (!model || !bits || !out) TZ_FATAL("quantize: --model, --bits and --out are required");
-    int m = TZ_TQ_TURBOQUANT;
-    if (method && tz_tq_method_from_name(method, &m))
-        TZ_FATAL("quantize: --method %s: expected turboquant or absmax", method);
-    int64_t s = seed ? parse_int(seed, "--seed") : 0;
-    if (s < 0) TZ_FATAL("quantize: --seed %s: expected a non-negative integer", seed);
-    tz_llama_quantize_dir(model, out, m, (int)parse_int(bits, "--bits"),
-                          group ? (int)parse_int(group, "--group") : 128, (uint64_t)s, stdout);
+    tz_quantize_args a = {model, out, bits, group, method, seed};
+    tz_quantize_run(&a);
     return 0;
 }
 
@@ -196,7 +128,7 @@ static int cmd_export(int argc, char **argv) {
     if (!model || !out || !deq)
         TZ_FATAL("export: expected 'export --model DIR --dequantize --out DIR2' (only "
                  "--dequantize is supported)");
-    tz_llama_export_dequantized(model, out, stdout);
+    tz_export_run(model, out);
     return 0;
 }
 
@@ -211,7 +143,9 @@ static void load_config_file(tz_config *cfg, int argc, char **argv) {
         else if (!strncmp(argv[i], "--set=", 6)) sets[nset++] = argv[i] + 6;
         else TZ_FATAL("%s: unknown argument '%s' (expected --set section.key=value)", argv[1], argv[i]);
     }
-    tz_config_load(cfg, argv[2], sets, nset);
+    tz_config_names names;
+    tz_family_names(&names);
+    tz_config_load(cfg, &names, argv[2], sets, nset);
     free(sets);
 }
 
@@ -234,15 +168,15 @@ static int cmd_sample(int argc, char **argv) {
         if (i < 3 || !known[k]) { rest[nrest++] = argv[i]; continue; }
         if (i + 1 >= argc) TZ_FATAL("sample: %s needs a value", argv[i]);
         const char *v = argv[++i];
-        if (k == 0) a.cls = parse_int(v, "--class");
-        else if (k == 1) a.n = parse_int(v, "--n");
-        else if (k == 2) a.steps = parse_int(v, "--steps");
+        if (k == 0) a.cls = tz_command_int(v, "--class");
+        else if (k == 1) a.n = tz_command_int(v, "--n");
+        else if (k == 2) a.steps = tz_command_int(v, "--steps");
         else if (k == 3) {
             char *end;
             a.guidance = strtod(v, &end);
             if (!*v || *end) TZ_FATAL("sample: --guidance %s: expected a number", v);
         } else if (k == 4) out = v;
-        else a.seed = parse_int(v, "--seed");
+        else a.seed = tz_command_int(v, "--seed");
     }
     if (!out) TZ_FATAL("sample: --out FILE.png is required");
     if (a.n < 1 || a.n > 4096 || a.steps < 1 || a.steps > 1000)

@@ -29,6 +29,13 @@ static inline void *tz_arena_take(tz_arena *a, size_t *total, int64_t n, const c
     *total += ((size_t)n * sizeof(float) + 63) & ~(size_t)63;
     return a ? tz_arena_alloc(a, (size_t)n * sizeof(float), what) : NULL;
 }
+/* The step as a model's walk writes it: ptr (any pointer lvalue) gets the allocation only when
+ * allocating, so while sizing it may name storage that does not exist yet. */
+#define TZ_ARENA_TAKE(a, total, ptr, n, what)                    \
+    do {                                                         \
+        void *take_ = tz_arena_take((a), (total), (n), (what));  \
+        if (a) (ptr) = take_;                                    \
+    } while (0)
 static inline size_t tz_arena_mark(const tz_arena *a) { return a->used; }
 static inline void tz_arena_reset(tz_arena *a, size_t mark) { a->used = mark; }
 

@@ -51,35 +51,53 @@ void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir) {
     tz_st_close(&st);
 }
 
-void tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16) {
+/* Downloads numel floats at src and adds them to w as F32 or BF16; the host copy goes to
+ * bufs[(*n)++] (the writer reads it when saving). */
+static void add_dense(tz_st_writer *w, tz_backend *be, const char *path, const char *name,
+                      int ndim, const int64_t *shape, const float *src, int64_t numel, int bf16,
+                      void **bufs, int *n) {
+    char err[1024];
+    float *f = tz_xmalloc((size_t)numel * sizeof *f);
+    be->download(be, f, src, (size_t)numel * sizeof *f);
+    if (bf16) {
+        uint16_t *h = tz_xmalloc((size_t)numel * sizeof *h);
+        tz_dtype_from_f32(TZ_DT_BF16, f, h, numel);
+        free(f);
+        bufs[(*n)++] = h;
+    } else {
+        bufs[(*n)++] = f;
+    }
+    if (tz_st_writer_add(w, name, bf16 ? TZ_DT_BF16 : TZ_DT_F32, ndim, shape, bufs[*n - 1], err,
+                         sizeof err))
+        TZ_FATAL("%s: %s", path, err);
+}
+
+void tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
+                          const tz_tensor_view *views, int n_views) {
     tz_st_writer w;
     tz_st_writer_init(&w);
     tz_st_writer_set_metadata(&w, "format", "pt");
     tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
     char err[1024];
-    void **bufs = tz_xcalloc((size_t)ps->n + 1, sizeof *bufs);
+    void **bufs = tz_xcalloc((size_t)(ps->n + n_views) + 1, sizeof *bufs);
     int n = 0;
     for (int i = 0; i < ps->n; i++) {
         tz_param *p = ps->p[i];
-        if (p->adapter != adapters) continue;
+        int viewed = 0;
+        for (int v = 0; v < n_views; v++) viewed |= !strcmp(views[v].name, p->name);
+        if (p->adapter != adapters || viewed) continue;
         if (p->q)
             TZ_FATAL_HINT("write quantized models with `turbozero quantize`, dense ones with "
                           "`turbozero export --dequantize`",
                           "%s: %s is quantized; saving a quantized model here is not supported",
                           path, p->name);
-        float *f = tz_xmalloc((size_t)p->numel * sizeof *f);
-        be->download(be, f, p->w, (size_t)p->numel * sizeof *f);
-        if (bf16) {
-            uint16_t *h = tz_xmalloc((size_t)p->numel * sizeof *h);
-            tz_dtype_from_f32(TZ_DT_BF16, f, h, p->numel);
-            free(f);
-            bufs[n++] = h;
-        } else {
-            bufs[n++] = f;
-        }
-        if (tz_st_writer_add(&w, p->name, bf16 ? TZ_DT_BF16 : TZ_DT_F32, p->ndim, p->shape,
-                             bufs[n - 1], err, sizeof err))
-            TZ_FATAL("%s: %s", path, err);
+        add_dense(&w, be, path, p->name, p->ndim, p->shape, p->w, p->numel, bf16, bufs, &n);
+    }
+    for (int v = 0; v < n_views; v++) {
+        int64_t numel = 1;
+        for (int d = 0; d < views[v].ndim; d++) numel *= views[v].shape[d];
+        add_dense(&w, be, path, views[v].name, views[v].ndim, views[v].shape, views[v].w, numel,
+                  bf16, bufs, &n);
     }
     if (tz_st_writer_save(&w, path, err, sizeof err)) TZ_FATAL("%s", err);
     for (int i = 0; i < n; i++) free(bufs[i]);
@@ -100,7 +118,7 @@ void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char 
             snprintf(c.targets[c.ntargets++], sizeof c.targets[0], "%s", names[j]);
     snprintf(c.base_model, sizeof c.base_model, "%s", base_model_path);
     tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
-    tz_params_save_dense(ps, be, path, 1, 0);
+    tz_params_save_dense(ps, be, path, 1, 0, NULL, 0);
     tz_path_join(path, sizeof path, dir, "adapter_config.json");
     if (tz_peft_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }

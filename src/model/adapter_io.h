@@ -6,13 +6,8 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "model/model_base.h"
 #include "model/params.h"
-
-typedef struct tz_lora_spec {
-    int targets;    /* bit j: projection names[j] has an adapter */
-    int64_t rank;
-    double alpha;
-} tz_lora_spec;
 
 /* Reads DIR/adapter_config.json; target_modules must all be in names[0..n) (fatal naming the
  * file, the module and the family's names otherwise). */
@@ -22,9 +17,20 @@ void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir);
 /* Writes DIR/adapter_model.safetensors (F32) and DIR/adapter_config.json. */
 void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char *const *names,
                      int n, const tz_lora_spec *s, const char *base_model_path);
-/* Writes the dense tensors of ps whose adapter flag equals `adapters` to a safetensors file
- * (F32, or BF16 rounded to nearest even), under their table names and shapes. Fatal on a
- * quantized tensor (those are written by `turbozero quantize`). */
-void tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16);
+/* A tensor of backend floats written under a name and shape of its own: a buffer that is no
+ * parameter (DiT's pos_embed), or a parameter in its file layout (a Conv2d weight held as a
+ * matrix); a view named like a parameter is written instead of it. */
+typedef struct tz_tensor_view {
+    const char *name;
+    int ndim;           /* 1..4 */
+    int64_t shape[4];
+    const float *w;     /* backend memory, the product of shape floats */
+} tz_tensor_view;
+
+/* Writes the dense tensors of ps whose adapter flag equals `adapters`, and the n_views views,
+ * to a safetensors file (F32, or BF16 rounded to nearest even), under their table names and
+ * shapes. Fatal on a quantized tensor (those are written by `turbozero quantize`). */
+void tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
+                          const tz_tensor_view *views, int n_views);
 
 #endif

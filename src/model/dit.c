@@ -62,9 +62,9 @@ int tz_dit_preset(const char *name, tz_dit_dims *d, char *err, size_t errlen) {
 
 /* Records the backward stage and init rule of the parameter registered last. */
 static tz_param *with_meta(tz_dit *m, tz_param *p, int stage, int init) {
-    m->meta = tz_xrealloc(m->meta, (size_t)m->params.n * sizeof *m->meta);
-    m->meta[m->params.n - 1].stage = stage;
-    m->meta[m->params.n - 1].init = init;
+    m->init_rule = tz_xrealloc(m->init_rule, (size_t)m->params.n * sizeof *m->init_rule);
+    m->init_rule[m->params.n - 1] = init;
+    p->stage = stage;
     return p;
 }
 
@@ -96,9 +96,9 @@ static void add_linear(tz_dit *m, tz_dit_linear *L, const char *module, int64_t 
     L->bias = add_param(m, name, 1, out, 1, full, 0, 0, stage, INIT_ZERO);
     L->lin.a = L->lin.b = NULL;
     L->lin.r = 0;
-    if (lora_bit >= 0 && (m->o.lora_targets & (1 << lora_bit))) {
-        L->lin.r = m->o.lora_rank;
-        L->lin.scale = (float)(m->o.lora_alpha / (double)m->o.lora_rank);
+    if (lora_bit >= 0 && (m->o.lora.targets & (1 << lora_bit))) {
+        L->lin.r = m->o.lora.rank;
+        L->lin.scale = (float)(m->o.lora.alpha / (double)m->o.lora.rank);
         snprintf(name, sizeof name, "base_model.model.%s.lora_A.weight", module);
         L->lin.a = add_param(m, name, 2, L->lin.r, in, 1, 1, 1, stage, INIT_ZERO);
         snprintf(name, sizeof name, "base_model.model.%s.lora_B.weight", module);
@@ -129,11 +129,11 @@ static void make_pos_embed(tz_dit *m) {
     free(h);
 }
 
-tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_dit_opts *o) {
+tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_model_opts *o) {
     char err[256];
     if (tz_dit_check_dims(d, err, sizeof err)) TZ_FATAL("%s", err);
-    if (o->lora_targets && o->lora_rank <= 0)
-        TZ_FATAL("dit: LoRA targets given with rank %lld", (long long)o->lora_rank);
+    if (o->lora.targets && o->lora.rank <= 0)
+        TZ_FATAL("dit: LoRA targets given with rank %lld", (long long)o->lora.rank);
     tz_dit *m = tz_xcalloc(1, sizeof *m);
     m->d = *d;
     m->o = *o;
@@ -180,15 +180,6 @@ tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_dit_opts *o
     tz_params_layout(&m->params);
     m->cond_trainable = m->y_table->trainable || m->t_fc1.lin.w->trainable ||
                         m->t_fc2.lin.w->trainable;
-    m->ready = tz_xcalloc((size_t)L + 2, sizeof *m->ready);
-    for (int64_t s = 0; s <= L + 1; s++) {
-        int64_t r = m->params.flat_numel;
-        for (int i = 0; i < m->params.n; i++) {
-            const tz_param *q = m->params.p[i];
-            if (q->trainable && m->meta[i].stage > s && q->flat_off < r) r = q->flat_off;
-        }
-        m->ready[s] = r;
-    }
     make_pos_embed(m);
     return m;
 }
@@ -198,52 +189,31 @@ void tz_dit_free(tz_dit *m) {
     tz_arena_free(&m->arena);
     tz_params_free(&m->params, m->be);
     if (m->pos_embed) m->be->release(m->be, m->pos_embed);
-    free(m->meta);
+    free(m->init_rule);
     free(m->blocks);
-    free(m->xin);
-    free(m->acts);
+    tz_layer_stack_free(&m->stack);
     free(m->tfreq_host);
     free(m->sse_host);
-    free(m->ready);
     free(m);
 }
 
 /* ---- initialisation ---- */
 
-static void upload_init(tz_dit *m, tz_param *p, int rule, double arg, tz_rng *r) {
-    float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
-    for (int64_t i = 0; i < p->numel; i++) {
-        if (rule == INIT_ZERO) h[i] = 0.0f;
-        else if (rule == INIT_NORMAL) h[i] = (float)(arg * tz_rng_normal(r));
-        else h[i] = (float)(arg * (2.0 * tz_rng_uniform(r) - 1.0));
+/* Parameter i by the rule it was registered with. */
+static void fill_init(void *ctx, int i, const tz_param *p, tz_rng *r, float *h) {
+    const int rule = ((const tz_dit *)ctx)->init_rule[i];
+    /* xavier_uniform_: bound sqrt(6 / (fan_in + fan_out)) of the [out, in] matrix */
+    const double arg = rule == INIT_NORMAL ? 0.02
+                                           : sqrt(6.0 / (double)(p->shape[0] + p->shape[1]));
+    for (int64_t k = 0; k < p->numel; k++) {
+        if (rule == INIT_ZERO) h[k] = 0.0f;
+        else if (rule == INIT_NORMAL) h[k] = (float)(arg * tz_rng_normal(r));
+        else h[k] = (float)(arg * (2.0 * tz_rng_uniform(r) - 1.0));
     }
-    if (p->q) tz_quant_upload(m->be, &m->cb, p, h); /* the dense draws, quantized on the host */
-    else m->be->upload(m->be, p->w, h, (size_t)p->numel * sizeof *h);
-    free(h);
 }
 
 void tz_dit_init_random(tz_dit *m, uint64_t seed) {
-    for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = m->params.p[i];
-        if (p->adapter) continue;
-        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_INIT, 0);
-        int rule = m->meta[i].init;
-        /* xavier_uniform_: bound sqrt(6 / (fan_in + fan_out)) of the [out, in] matrix */
-        double arg = rule == INIT_NORMAL ? 0.02
-                                         : sqrt(6.0 / (double)(p->shape[0] + p->shape[1]));
-        upload_init(m, p, rule, arg, &r);
-    }
-}
-
-void tz_dit_init_lora(tz_dit *m, uint64_t seed) {
-    for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = m->params.p[i];
-        if (!p->adapter) continue;
-        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_LORA, 0);
-        if (strstr(p->name, "lora_A"))
-            upload_init(m, p, INIT_XAVIER, 1.0 / sqrt((double)p->shape[1]), &r);
-        else upload_init(m, p, INIT_ZERO, 0.0, &r);
-    }
+    tz_model_init_base(&m->params, m->be, &m->cb, seed, fill_init, m);
 }
 
 /* ---- activation memory ---- */
@@ -253,43 +223,33 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     const tz_dit_dims *d = &m->d;
     const int64_t T = tz_dit_tokens(d), BT = B * T, Hd = d->hidden, F = tz_dit_mlp_hidden(d);
     const int64_t p2 = d->patch_size * d->patch_size, HW = d->input_size * d->input_size;
-    const int64_t Cin = d->in_channels, Cout = tz_dit_out_channels(d), r = m->o.lora_rank;
+    const int64_t Cin = d->in_channels, Cout = tz_dit_out_channels(d), r = m->o.lora.rank;
     size_t total = 0;
-#define TAKE(ptr, n, what)                                    \
-    do {                                                      \
-        void *take_ = tz_arena_take(a, &total, (n), (what)); \
-        if (a) (ptr) = take_;                                 \
-    } while (0)
-    int n_acts = m->o.checkpointing ? 1 : (int)d->depth;
-    if (a) {
-        m->xin = tz_xcalloc((size_t)d->depth + 1, sizeof *m->xin);
-        m->acts = tz_xcalloc((size_t)n_acts, sizeof *m->acts);
-        m->n_acts = n_acts;
-    }
+#define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
     TAKE(m->img, B * Cin * HW, "x_t"); TAKE(m->target, B * Cin * HW, "target");
     TAKE(m->patches, BT * Cin * p2, "patches"); TAKE(m->tfreq, B * d->freq_dim, "t features");
     TAKE(m->t_h, B * Hd, "t hidden"); TAKE(m->t_s, B * Hd, "t silu");
     TAKE(m->temb, B * Hd, "t embedding"); TAKE(m->c, B * Hd, "conditioning");
     TAKE(m->sc, B * Hd, "silu(c)"); TAKE(m->labels, B, "labels");
-    for (int64_t i = 0; i <= d->depth; i++) TAKE(m->xin[i], BT * Hd, "residual stream");
-    for (int i = 0; i < n_acts; i++) {
-        tz_dit_acts *s = a ? &m->acts[i] : NULL;
-        float *dummy = NULL;
-#define ACT(field, n) TAKE(*(s ? &s->field : &dummy), n, #field)
+    int n_sets = tz_layer_stack_walk(&m->stack, a, &total, d->depth, m->o.checkpointing,
+                                     sizeof(tz_dit_acts), BT * Hd);
+    for (int i = 0; i < n_sets; i++) {
+        tz_dit_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
+#define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
         ACT(mod, B * 6 * Hd); ACT(mean1, BT); ACT(rstd1, BT); ACT(ln1, BT * Hd);
         ACT(h1, BT * Hd); ACT(q, BT * Hd); ACT(k, BT * Hd); ACT(v, BT * Hd);
         ACT(lse, BT * d->num_heads); ACT(att, BT * Hd); ACT(ao, BT * Hd); ACT(x2, BT * Hd);
         ACT(mean2, BT); ACT(rstd2, BT); ACT(ln2, BT * Hd); ACT(h2, BT * Hd);
         ACT(f, BT * F); ACT(g, BT * F); ACT(mo, BT * Hd);
         for (int j = 0; j < TZ_DIT_LIN_N; j++)
-            if (m->o.lora_targets & (1 << j)) ACT(lh[j], (j == TZ_DIT_ADALN ? B : BT) * r);
+            if (m->o.lora.targets & (1 << j)) ACT(lh[j], (j == TZ_DIT_ADALN ? B : BT) * r);
 #undef ACT
     }
     TAKE(m->qkv, BT * 3 * Hd, "qkv");
     TAKE(m->fmod, B * 2 * Hd, "final modulation"); TAKE(m->fmean, BT, "final mean");
     TAKE(m->frstd, BT, "final rstd"); TAKE(m->fln, BT * Hd, "final norm");
     TAKE(m->fh, BT * Hd, "final modulated"); TAKE(m->fo, BT * p2 * Cout, "final linear");
-    if (m->o.lora_targets & (1 << TZ_DIT_ADALN)) TAKE(m->f_lh, B * r, "final adaLN lora");
+    if (m->o.lora.targets & (1 << TZ_DIT_ADALN)) TAKE(m->f_lh, B * r, "final adaLN lora");
     TAKE(m->out_img, B * Cout * HW, "prediction"); TAKE(m->sse, B, "squared errors");
     TAKE(m->dres, BT * Hd, "dres"); TAKE(m->da, BT * Hd, "da"); TAKE(m->db, BT * Hd, "db");
     TAKE(m->dq, BT * Hd, "dq"); TAKE(m->dk, BT * Hd, "dk"); TAKE(m->dv, BT * Hd, "dv");
@@ -309,8 +269,6 @@ size_t tz_dit_arena_bytes(const tz_dit *m, int64_t B) { return acts_walk((tz_dit
 void tz_dit_setup(tz_dit *m, int64_t B) {
     if (B <= 0) TZ_FATAL("dit: batch size %lld", (long long)B);
     tz_arena_free(&m->arena);
-    free(m->xin);
-    free(m->acts);
     free(m->tfreq_host);
     free(m->sse_host);
     m->B = m->n = B;

@@ -11,9 +11,9 @@
 #include "core/backend.h"
 #include "model/linear.h"
 #include "model/params.h"
-#include "model/quant_base.h"
+#include "model/model_base.h"
 
-/* The projections LoRA can adapt (bit 1 << TZ_DIT_x in tz_dit_opts.lora_targets). ADALN
+/* The projections LoRA can adapt (bit 1 << TZ_DIT_x in tz_model_opts.lora.targets). ADALN
  * adapts every block's adaLN_modulation.1 and the final layer's. */
 enum { TZ_DIT_QKV, TZ_DIT_PROJ, TZ_DIT_FC1, TZ_DIT_FC2, TZ_DIT_ADALN, TZ_DIT_LIN_N };
 /* PEFT target_modules names: "attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2",
@@ -68,20 +68,13 @@ int tz_dit_check_dims(const tz_dit_dims *d, char *err, size_t errlen);
  * 0, or non-zero with a message. */
 int tz_dit_preset(const char *name, tz_dit_dims *d, char *err, size_t errlen);
 
-typedef struct tz_dit_opts {
-    int full;          /* 1: every weight trainable; 0: frozen base (adapters only) */
-    int lora_targets;  /* bits 1 << TZ_DIT_x; 0: no adapters */
-    int64_t lora_rank;
-    double lora_alpha;
-    int checkpointing; /* keep only block inputs, recompute each block in backward */
-    /* Quantized frozen base (bits > 0): the weights of every block's attn.qkv, attn.proj,
-     * mlp.fc1, mlp.fc2 and adaLN_modulation.1 (the bulk of the parameters) are stored as
-     * codes + scales and run as tq linears, as Llama's projections do. Biases, x_embedder,
-     * t_embedder, the label table and the final layer stay dense (small, and the first and
-     * last layers are the most sensitive). group must divide hidden_size and the MLP width
-     * (fatal otherwise); full training of a quantized base is refused. */
-    tz_quant_opts quant;
-} tz_dit_opts;
+/* Options: model/model_base.h (tz_model_opts); lora.targets bits are 1 << TZ_DIT_x. A
+ * quantized frozen base (quant.bits > 0) stores the weights of every block's attn.qkv,
+ * attn.proj, mlp.fc1, mlp.fc2 and adaLN_modulation.1 (the bulk of the parameters) as codes +
+ * scales, run as tq linears as Llama's projections are. Biases, x_embedder, t_embedder, the
+ * label table and the final layer stay dense (small, and the first and last layers are the
+ * most sensitive). quant.group must divide hidden_size and the MLP width (fatal otherwise);
+ * full training of a quantized base is refused. */
 
 /* A linear layer with a bias (every DiT linear has one). */
 typedef struct tz_dit_linear {
@@ -100,17 +93,12 @@ typedef struct tz_dit_acts {
     float *lh[TZ_DIT_LIN_N]; /* LoRA hidden x A^T per projection (NULL if not adapted) */
 } tz_dit_acts;
 
-typedef struct tz_dit_pmeta {
-    int stage; /* backward stage after which the gradient is final */
-    int init;  /* initialisation rule (dit.c) */
-} tz_dit_pmeta;
-
 typedef struct tz_dit {
     tz_dit_dims d;
-    tz_dit_opts o;
+    tz_model_opts o;
     tz_backend *be;
     tz_params params;
-    tz_dit_pmeta *meta; /* one per parameter, by registration index */
+    int *init_rule;     /* initialisation rule of each parameter, by registration index */
     tz_dit_linear x_emb, t_fc1, t_fc2, f_ada, f_lin;
     tz_param *y_table;
     tz_dit_block *blocks;
@@ -124,31 +112,23 @@ typedef struct tz_dit {
     tz_arena arena;
     float *img, *target, *patches, *tfreq, *t_h, *t_s, *temb, *c, *sc;
     int32_t *labels;
-    float **xin; /* depth + 1 residual streams [B*T, hidden] */
-    tz_dit_acts *acts;
-    int n_acts;
+    tz_layer_stack stack; /* residual streams [B*T, hidden] and tz_dit_acts sets */
     float *qkv, *fmod, *fmean, *frstd, *fln, *fh, *fo, *f_lh, *out_img, *sse;
     float *dres, *da, *db, *dq, *dk, *dv, *dqkv, *df, *dg, *dmod, *dsc, *dc, *dt, *dfo, *dimg;
     float *dlora;
     float *tfreq_host, *sse_host;
-    /* Gradient readiness, as in tz_llama: after backward stage s (0: the final layer,
-     * 1..depth: blocks depth-1 .. 0, depth+1: the embedders) every trainable gradient below
-     * flat offset ready[s] is final; grad_hook, when set, is called with ready[s]. */
-    int64_t *ready;
-    void (*grad_hook)(void *ctx, int64_t ready_flat);
-    void *grad_hook_ctx;
 } tz_dit;
 
-/* Register every parameter (zeroed; adapters per opts) and compute the position table.
+/* Register every parameter (zeroed; adapters per opts), each with its backward stage (0: the
+ * final layer, 1..depth: blocks depth-1 .. 0, depth+1: the embedders; tz_params.ready), and
+ * compute the position table.
  * Fatal on inconsistent dims. */
-tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_dit_opts *o);
+tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_model_opts *o);
 void tz_dit_free(tz_dit *m);
 /* DiT's initialize_weights: xavier-uniform linears (x_embedder on the flattened patch),
  * zero biases, normal(0, 0.02) label table and timestep MLP, adaLN-Zero: every
  * adaLN_modulation and the final linear zero. Adapters are left alone. */
 void tz_dit_init_random(tz_dit *m, uint64_t seed);
-/* LoRA init as PEFT does: A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0. */
-void tz_dit_init_lora(tz_dit *m, uint64_t seed);
 /* Size the activation arena for batches of up to B images and allocate it (current batch
  * B). Bytes it needs: */
 void tz_dit_setup(tz_dit *m, int64_t B);

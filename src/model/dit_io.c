@@ -1,6 +1,6 @@
 /* DiT from and to folders: config.json (io/dit_config), model.safetensors with the original
- * DiT names, PEFT adapters. The one layout change is x_embedder.proj.weight (Conv2d 4-D in
- * files, a [hidden, C*p*p] matrix in memory); pos_embed is written but never read. */
+ * DiT names (adapters: model/adapter_io.c). The one layout change is x_embedder.proj.weight
+ * (Conv2d 4-D in files, a [hidden, C*p*p] matrix in memory); pos_embed is written, never read. */
 #include "model/dit_io.h"
 
 #include <stdio.h>
@@ -14,24 +14,21 @@
 #include "io/safetensors.h"
 #include "io/tq_format.h"
 
-void tz_dit_read_dims(const char *dir, tz_dit_dims *d) {
+/* dims from DIR/config.json (fatal naming the file and key on error, or the inconsistency). */
+static tz_dit_dims read_dims(const char *dir) {
     char err[1200];
     tz_dit_config c;
     if (tz_dit_config_read(&c, dir, err, sizeof err)) TZ_FATAL("model.path: %s", err);
-    memset(d, 0, sizeof *d);
-    d->input_size = c.input_size;
-    d->patch_size = c.patch_size;
-    d->in_channels = c.in_channels;
-    d->hidden = c.hidden_size;
-    d->depth = c.depth;
-    d->num_heads = c.num_heads;
-    d->mlp_ratio = c.mlp_ratio;
-    d->num_classes = c.num_classes;
-    d->class_dropout_prob = c.class_dropout_prob;
-    d->learn_sigma = c.learn_sigma;
-    d->freq_dim = c.frequency_embedding_size;
-    d->diffusion = strcmp(c.diffusion, "flow") ? TZ_DIFF_DDPM : TZ_DIFF_FLOW;
-    if (tz_dit_check_dims(d, err, sizeof err)) TZ_FATAL("model.path: %s/config.json: %s", dir, err);
+    const tz_dit_dims d = {
+        .input_size = c.input_size, .patch_size = c.patch_size, .in_channels = c.in_channels,
+        .hidden = c.hidden_size, .depth = c.depth, .num_heads = c.num_heads,
+        .mlp_ratio = c.mlp_ratio, .num_classes = c.num_classes,
+        .class_dropout_prob = c.class_dropout_prob, .learn_sigma = c.learn_sigma,
+        .freq_dim = c.frequency_embedding_size,
+        .diffusion = strcmp(c.diffusion, "flow") ? TZ_DIFF_DDPM : TZ_DIFF_FLOW};
+    if (tz_dit_check_dims(&d, err, sizeof err))
+        TZ_FATAL("model.path: %s/config.json: %s", dir, err);
+    return d;
 }
 
 static int is_patch_weight(const tz_dit *m, const tz_param *p) { return p == m->x_emb.lin.w; }
@@ -53,20 +50,11 @@ static void load_param(tz_dit *m, const tz_safetensors *st, tz_param *p, float *
     } else if (tz_st_read_f32(st, p->name, buf, p->ndim, p->shape, err, sizeof err)) {
         TZ_FATAL("%s", err);
     }
-    if (p->q) tz_quant_upload(m->be, &m->cb, p, buf); /* quantize at load */
-    else m->be->upload(m->be, p->w, buf, (size_t)p->numel * sizeof(float));
+    tz_model_upload_param(m->be, &m->cb, p, buf); /* a quantized p: quantized at load */
 }
 
-static float *max_buffer(const tz_params *ps, int adapters) {
-    int64_t n = 1;
-    for (int i = 0; i < ps->n; i++)
-        if (ps->p[i]->adapter == adapters && ps->p[i]->numel > n) n = ps->p[i]->numel;
-    return tz_xmalloc((size_t)n * sizeof(float));
-}
-
-tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_dit_opts *o) {
-    tz_dit_dims d;
-    tz_dit_read_dims(dir, &d);
+tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
+    const tz_dit_dims d = read_dims(dir);
     tz_dit *m = tz_dit_create(be, &d, o);
     tz_safetensors st;
     char err[1024];
@@ -78,52 +66,12 @@ tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_dit_opts *o) {
                       "model.path %s holds quantized tensors: loading an already-quantized DiT "
                       "folder is not supported yet", dir);
     tz_tqf_free(&qf);
-    float *buf = max_buffer(&m->params, 0);
+    float *buf = tz_params_host_buffer(&m->params, 0);
     for (int i = 0; i < m->params.n; i++)
         if (!m->params.p[i]->adapter) load_param(m, &st, m->params.p[i], buf);
     free(buf);
     tz_st_close(&st);
     return m;
-}
-
-/* The base weights (no adapters) plus pos_embed, with DiT's shapes. */
-static void save_weights(tz_dit *m, const char *path, int bf16) {
-    tz_st_writer w;
-    tz_st_writer_init(&w);
-    tz_st_writer_set_metadata(&w, "format", "pt");
-    tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
-    char err[1024];
-    void **bufs = tz_xcalloc((size_t)m->params.n + 2, sizeof *bufs);
-    int n = 0;
-    enum tz_dtype dt = bf16 ? TZ_DT_BF16 : TZ_DT_F32;
-    for (int i = 0; i <= m->params.n; i++) {
-        tz_param *p = i < m->params.n ? m->params.p[i] : NULL;
-        if (p && p->adapter) continue;
-        const int64_t T = tz_dit_tokens(&m->d), Hd = m->d.hidden, pp = m->d.patch_size;
-        int64_t numel = p ? p->numel : T * Hd, shape[4];
-        int ndim;
-        const char *name = p ? p->name : "pos_embed";
-        float *f = tz_xmalloc((size_t)numel * sizeof *f);
-        m->be->download(m->be, f, p ? p->w : m->pos_embed, (size_t)numel * sizeof *f);
-        if (!p) ndim = 3, shape[0] = 1, shape[1] = T, shape[2] = Hd;
-        else if (is_patch_weight(m, p))
-            ndim = 4, shape[0] = Hd, shape[1] = m->d.in_channels, shape[2] = pp, shape[3] = pp;
-        else ndim = p->ndim, shape[0] = p->shape[0], shape[1] = p->shape[1];
-        if (bf16) {
-            uint16_t *h = tz_xmalloc((size_t)numel * sizeof *h);
-            tz_dtype_from_f32(TZ_DT_BF16, f, h, numel);
-            free(f);
-            bufs[n++] = h;
-        } else {
-            bufs[n++] = f;
-        }
-        if (tz_st_writer_add(&w, name, dt, ndim, shape, bufs[n - 1], err, sizeof err))
-            TZ_FATAL("%s: %s", path, err);
-    }
-    if (tz_st_writer_save(&w, path, err, sizeof err)) TZ_FATAL("%s", err);
-    for (int i = 0; i < n; i++) free(bufs[i]);
-    free(bufs);
-    tz_st_writer_free(&w);
 }
 
 void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
@@ -146,23 +94,13 @@ void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
     c.learn_sigma = d->learn_sigma;
     c.frequency_embedding_size = d->freq_dim;
     snprintf(c.diffusion, sizeof c.diffusion, "%s", d->diffusion == TZ_DIFF_FLOW ? "flow" : "ddpm");
+    /* DiT's layouts: the patch embedding as its Conv2d weight, plus the fixed pos_embed */
+    const int64_t pp = d->patch_size;
+    const tz_tensor_view views[2] = {
+        {m->x_emb.lin.w->name, 4, {d->hidden, d->in_channels, pp, pp}, m->x_emb.lin.w->w},
+        {"pos_embed", 3, {1, tz_dit_tokens(d), d->hidden, 0}, m->pos_embed}};
     tz_path_join(path, sizeof path, dir, "model.safetensors");
-    save_weights(m, path, bf16);
+    tz_params_save_dense(&m->params, m->be, path, 0, bf16, views, 2);
     tz_path_join(path, sizeof path, dir, "config.json");
     if (tz_dit_config_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
-}
-
-void tz_dit_read_adapter_opts(const char *dir, tz_dit_opts *o) {
-    tz_lora_spec sp;
-    tz_adapter_read_spec(dir, tz_dit_lin_names, TZ_DIT_LIN_N, &sp);
-    o->lora_targets = sp.targets;
-    o->lora_rank = sp.rank;
-    o->lora_alpha = sp.alpha;
-}
-
-void tz_dit_load_adapter(tz_dit *m, const char *dir) { tz_adapter_load(&m->params, m->be, dir); }
-
-void tz_dit_save_adapter(tz_dit *m, const char *dir, const char *base_model_path) {
-    tz_lora_spec sp = {m->o.lora_targets, m->o.lora_rank, m->o.lora_alpha};
-    tz_adapter_save(&m->params, m->be, dir, tz_dit_lin_names, TZ_DIT_LIN_N, &sp, base_model_path);
 }

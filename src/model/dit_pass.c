@@ -63,7 +63,7 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->gate_fwd(be, out, a->x2, a->mo, a->mod + 5 * Hd, M, n, T, Hd);
 }
 
-static tz_dit_acts *acts_of(tz_dit *m, int64_t i) { return &m->acts[m->n_acts == 1 ? 0 : i]; }
+static tz_dit_acts *acts_of(tz_dit *m, int64_t i) { return tz_layer_stack_set(&m->stack, i); }
 
 static void check_labels(const tz_dit *m, const int32_t *y) {
     const int64_t rows = tz_dit_label_rows(&m->d);
@@ -75,7 +75,7 @@ static void check_labels(const tz_dit *m, const int32_t *y) {
                                              : " (this model has no null class)");
 }
 
-static void forward_pass(tz_dit *m, const float *x_t, const float *t, const int32_t *y) {
+void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *y) {
     tz_backend *be = m->be;
     const tz_dit_dims *d = &m->d;
     if (!m->arena.base) TZ_FATAL("dit: tz_dit_setup was not called");
@@ -88,8 +88,9 @@ static void forward_pass(tz_dit *m, const float *x_t, const float *t, const int3
     be->upload(be, m->tfreq, m->tfreq_host, (size_t)(n * d->freq_dim) * sizeof(float));
     /* patch embedding + positions */
     be->patchify(be, m->patches, m->img, n, d->in_channels, S, S, p, 0);
-    lin_fwd(be, &m->x_emb, m->xin[0], NULL, m->patches, BT);
-    for (int64_t b = 0; b < n; b++) be->axpy(be, m->xin[0] + b * T * Hd, 1.0f, m->pos_embed, T * Hd);
+    lin_fwd(be, &m->x_emb, m->stack.xin[0], NULL, m->patches, BT);
+    for (int64_t b = 0; b < n; b++)
+        be->axpy(be, m->stack.xin[0] + b * T * Hd, 1.0f, m->pos_embed, T * Hd);
     /* conditioning c = t_embedder(t) + y_embedder(y); every adaLN reads silu(c) */
     lin_fwd(be, &m->t_fc1, m->t_h, NULL, m->tfreq, n);
     be->silu_fwd(be, m->t_s, m->t_h, n * Hd);
@@ -98,17 +99,13 @@ static void forward_pass(tz_dit *m, const float *x_t, const float *t, const int3
     be->axpy(be, m->c, 1.0f, m->temb, n * Hd);
     be->silu_fwd(be, m->sc, m->c, n * Hd);
     for (int64_t i = 0; i < d->depth; i++)
-        block_fwd(m, &m->blocks[i], acts_of(m, i), m->xin[i], m->xin[i + 1]);
+        block_fwd(m, &m->blocks[i], acts_of(m, i), m->stack.xin[i], m->stack.xin[i + 1]);
     /* final layer: shift, scale = chunk(2); LN, modulate, linear, unpatchify */
     lin_fwd(be, &m->f_ada, m->fmod, m->f_lh, m->sc, n);
-    be->layernorm_fwd(be, m->fln, m->fmean, m->frstd, m->xin[d->depth], BT, Hd, 1e-6f);
+    be->layernorm_fwd(be, m->fln, m->fmean, m->frstd, m->stack.xin[d->depth], BT, Hd, 1e-6f);
     be->modulate_fwd(be, m->fh, m->fln, m->fmod, m->fmod + Hd, 2 * Hd, n, T, Hd);
     lin_fwd(be, &m->f_lin, m->fo, NULL, m->fh, BT);
     be->unpatchify(be, m->out_img, m->fo, n, tz_dit_out_channels(d), S, S, p, 1);
-}
-
-void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *y) {
-    forward_pass(m, x_t, t, y);
 }
 
 /* SSE of the first C channels of the prediction against target (uploaded here). */
@@ -126,7 +123,7 @@ static double loss_of(tz_dit *m, const float *target) {
 
 double tz_dit_forward_loss(tz_dit *m, const float *x_t, const float *t, const int32_t *y,
                            const float *target) {
-    forward_pass(m, x_t, t, y);
+    tz_dit_forward(m, x_t, t, y);
     return loss_of(m, target);
 }
 
@@ -184,7 +181,7 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     const int64_t n = m->n, T = tz_dit_tokens(d), BT = n * T, Hd = d->hidden;
     const int64_t S = d->input_size, p = d->patch_size, Cout = tz_dit_out_channels(d);
     const int64_t ld = Cout * S * S, L = d->depth;
-    forward_pass(m, x_t, t, y);
+    tz_dit_forward(m, x_t, t, y);
     double loss = loss_of(m, target);
     /* loss -> prediction -> final linear (token layout) */
     be->fill(be, m->dimg, 0.0f, n * ld);
@@ -197,17 +194,18 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, m->fln, m->fmod + Hd, 2 * Hd, n,
                      T, Hd);
     be->fill(be, m->dres, 0.0f, BT * Hd);
-    be->layernorm_bwd(be, m->dres, m->db, m->xin[L], m->fmean, m->frstd, BT, Hd);
+    be->layernorm_bwd(be, m->dres, m->db, m->stack.xin[L], m->fmean, m->frstd, BT, Hd);
     be->fill(be, m->dsc, 0.0f, n * Hd);
     lin_bwd(m, &m->f_ada, m->cond_trainable ? m->dsc : NULL, m->dmod, m->sc, m->f_lh, n);
-    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[0]);
+    tz_params_stage_done(&m->params, 0);
     for (int64_t i = L - 1; i >= 0; i--) {
         tz_dit_acts *a = acts_of(m, i);
         /* checkpointing: recompute the block (the last one's activations are still there);
          * its output goes to da, free until block_bwd fills it */
-        if (m->n_acts == 1 && i != L - 1) block_fwd(m, &m->blocks[i], a, m->xin[i], m->da);
-        block_bwd(m, &m->blocks[i], a, m->xin[i]);
-        if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[L - i]);
+        if (tz_layer_stack_recompute(&m->stack, i))
+            block_fwd(m, &m->blocks[i], a, m->stack.xin[i], m->da);
+        block_bwd(m, &m->blocks[i], a, m->stack.xin[i]);
+        tz_params_stage_done(&m->params, (int)(L - i));
     }
     /* embedders: c = t_fc2(silu(t_fc1(features(t)))) + table[y]; x0 = x_emb(patches) + pos */
     if (m->cond_trainable) {
@@ -221,6 +219,6 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
         lin_bwd(m, &m->t_fc1, NULL, m->dsc, m->tfreq, NULL, n);
     }
     lin_bwd(m, &m->x_emb, NULL, m->dres, m->patches, NULL, BT);
-    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[L + 1]);
+    tz_params_stage_done(&m->params, (int)L + 1);
     return loss;
 }

@@ -9,51 +9,72 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "model/llama_quant.h"
 #include "quant/turboquant.h"
 
 const char *const tz_llama_lin_names[TZ_LIN_N] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                   "gate_proj", "up_proj", "down_proj"};
 
+int tz_llama_preset(const char *name, int64_t vocab, tz_llama_dims *d, char *err, size_t errlen) {
+    memset(d, 0, sizeof *d);
+    d->vocab = vocab;
+    d->max_pos = 2048;
+    d->eps = 1e-5;
+    d->theta = 10000.0;
+    d->tied = 1;
+    if (!strcmp(name, "tiny")) {
+        d->dim = 128, d->n_layers = 2, d->n_heads = 4, d->n_kv_heads = 2, d->hidden = 352;
+    } else if (!strcmp(name, "mini")) {
+        d->dim = 192, d->n_layers = 4, d->n_heads = 6, d->n_kv_heads = 2, d->hidden = 512;
+    } else if (!strcmp(name, "small")) {
+        d->dim = 256, d->n_layers = 6, d->n_heads = 8, d->n_kv_heads = 4, d->hidden = 688;
+    } else {
+        snprintf(err, errlen, "expected tiny, mini or small");
+        return 1;
+    }
+    d->head_dim = d->dim / d->n_heads;
+    return 0;
+}
+
 static tz_param *add_param(tz_llama *m, const char *name, int ndim, int64_t d0, int64_t d1,
-                           int trainable, int decay, int adapter) {
-    return tz_params_add(&m->params, m->be, name, ndim, d0, d1, trainable, decay, adapter);
+                           int trainable, int decay, int adapter, int64_t stage) {
+    tz_param *p = tz_params_add(&m->params, m->be, name, ndim, d0, d1, trainable, decay, adapter);
+    p->stage = (int)stage;
+    return p;
 }
 
 static void add_linear(tz_llama *m, tz_linear *l, int layer, int which, int64_t in, int64_t out) {
     char name[TZ_NAME_MAX];
     const char *blk = which <= TZ_LIN_O ? "self_attn" : "mlp";
+    const int64_t stage = m->d.n_layers - layer; /* backward reaches layer l at this stage */
     snprintf(name, sizeof name, "model.layers.%d.%s.%s.weight", layer, blk,
              tz_llama_lin_names[which]);
     l->in = in;
     l->out = out;
     l->tq = &m->tq;
-    const tz_llama_quant *qo = &m->o.quant;
+    const tz_quant_opts *qo = &m->o.quant;
     int g = qo->bits ? tz_tq_group_for(in, qo->group) : 0;
-    if (g)
+    if (g) {
         l->w = tz_params_add_quant(&m->params, m->be, name, out, in, qo->method, qo->bits, g,
                                    qo->seed, m->levels);
-    else
-        l->w = add_param(m, name, 2, out, in, m->o.full, 1, 0);
+        l->w->stage = (int)stage;
+    } else {
+        l->w = add_param(m, name, 2, out, in, m->o.full, 1, 0, stage);
+    }
     l->a = l->b = NULL;
     l->r = 0;
-    if (m->o.lora_targets & (1 << which)) {
-        l->r = m->o.lora_rank;
-        l->scale = (float)(m->o.lora_alpha / (double)m->o.lora_rank);
+    if (m->o.lora.targets & (1 << which)) {
+        l->r = m->o.lora.rank;
+        l->scale = (float)(m->o.lora.alpha / (double)m->o.lora.rank);
         snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", layer,
                  blk, tz_llama_lin_names[which]);
-        l->a = add_param(m, name, 2, l->r, in, 1, 1, 1);
+        l->a = add_param(m, name, 2, l->r, in, 1, 1, 1, stage);
         snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", layer,
                  blk, tz_llama_lin_names[which]);
-        l->b = add_param(m, name, 2, out, l->r, 1, 1, 1);
+        l->b = add_param(m, name, 2, out, l->r, 1, 1, 1, stage);
     }
 }
 
-static int64_t lowest_off(const tz_param *p, int64_t cur) {
-    return p && p->trainable && p->flat_off < cur ? p->flat_off : cur;
-}
-
-tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_llama_opts *o) {
+tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_model_opts *o) {
     if (d->n_heads % d->n_kv_heads || d->head_dim % 2)
         TZ_FATAL("llama: %lld heads not a multiple of %lld kv heads, or odd head_dim %lld",
                  (long long)d->n_heads, (long long)d->n_kv_heads, (long long)d->head_dim);
@@ -63,46 +84,31 @@ tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_llama
     m->be = be;
     tz_params_init(&m->params);
     int full = o->full;
-    if (o->quant.bits) tz_llama_quant_prepare(m);
+    if (o->quant.bits) tz_quant_prepare(&o->quant, o->full, &m->cb, m->levels);
     const int64_t C = d->dim, qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
     /* registration in forward order; the flat layout reverses it (backward order) */
-    m->embed = add_param(m, "model.embed_tokens.weight", 2, d->vocab, C, full, 1, 0);
+    m->embed = add_param(m, "model.embed_tokens.weight", 2, d->vocab, C, full, 1, 0,
+                         d->n_layers + 1);
     m->layers = tz_xcalloc((size_t)d->n_layers, sizeof *m->layers);
     for (int i = 0; i < d->n_layers; i++) {
         tz_llama_layer *L = &m->layers[i];
         char name[TZ_NAME_MAX];
         snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", i);
-        L->attn_norm = add_param(m, name, 1, C, 1, full, 0, 0);
+        L->attn_norm = add_param(m, name, 1, C, 1, full, 0, 0, d->n_layers - i);
         add_linear(m, &L->lin[TZ_LIN_Q], i, TZ_LIN_Q, C, qd);
         add_linear(m, &L->lin[TZ_LIN_K], i, TZ_LIN_K, C, kvd);
         add_linear(m, &L->lin[TZ_LIN_V], i, TZ_LIN_V, C, kvd);
         add_linear(m, &L->lin[TZ_LIN_O], i, TZ_LIN_O, qd, C);
         snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", i);
-        L->mlp_norm = add_param(m, name, 1, C, 1, full, 0, 0);
+        L->mlp_norm = add_param(m, name, 1, C, 1, full, 0, 0, d->n_layers - i);
         add_linear(m, &L->lin[TZ_LIN_GATE], i, TZ_LIN_GATE, C, d->hidden);
         add_linear(m, &L->lin[TZ_LIN_UP], i, TZ_LIN_UP, C, d->hidden);
         add_linear(m, &L->lin[TZ_LIN_DOWN], i, TZ_LIN_DOWN, d->hidden, C);
     }
-    m->final_norm = add_param(m, "model.norm.weight", 1, C, 1, full, 0, 0);
-    m->lm_head = d->tied ? m->embed : add_param(m, "lm_head.weight", 2, d->vocab, C, full, 1, 0);
+    m->final_norm = add_param(m, "model.norm.weight", 1, C, 1, full, 0, 0, 0);
+    m->lm_head = d->tied ? m->embed
+                         : add_param(m, "lm_head.weight", 2, d->vocab, C, full, 1, 0, 0);
     tz_params_layout(&m->params);
-    m->ready = tz_xcalloc((size_t)d->n_layers + 2, sizeof *m->ready);
-    for (int64_t st = 0; st <= d->n_layers + 1; st++) {
-        /* pending after stage st: layers 0 .. n_layers-st-1, and the embedding until the end */
-        int64_t r = m->params.flat_numel;
-        for (int64_t l = 0; l < d->n_layers - st; l++) {
-            const tz_llama_layer *L = &m->layers[l];
-            r = lowest_off(L->attn_norm, r);
-            r = lowest_off(L->mlp_norm, r);
-            for (int j = 0; j < TZ_LIN_N; j++) {
-                r = lowest_off(L->lin[j].w, r);
-                r = lowest_off(L->lin[j].a, r);
-                r = lowest_off(L->lin[j].b, r);
-            }
-        }
-        if (st <= d->n_layers) r = lowest_off(m->embed, r);
-        m->ready[st] = r;
-    }
     return m;
 }
 
@@ -111,52 +117,19 @@ void tz_llama_free(tz_llama *m) {
     tz_arena_free(&m->arena);
     tz_params_free(&m->params, m->be);
     free(m->layers);
-    free(m->xin);
-    free(m->acts);
+    tz_layer_stack_free(&m->stack);
     free(m->loss_host);
-    free(m->ready);
     free(m);
 }
 
-static void upload_fn(tz_llama *m, tz_param *p, double (*gen)(tz_rng *, double), double arg,
-                      tz_rng *r) {
-    float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
-    for (int64_t i = 0; i < p->numel; i++) h[i] = (float)gen(r, arg);
-    m->be->upload(m->be, p->w, h, (size_t)p->numel * sizeof *h);
-    free(h);
-}
-static double gen_normal(tz_rng *r, double std) { return std * tz_rng_normal(r); }
-static double gen_const(tz_rng *r, double v) { return v; }
-static double gen_uniform(tz_rng *r, double bound) {
-    return bound * (2.0 * tz_rng_uniform(r) - 1.0);
+/* HF's rule: norms ones, matrices (embeddings included) normal(0, 0.02). */
+static void fill_init(void *ctx, int i, const tz_param *p, tz_rng *r, float *h) {
+    for (int64_t k = 0; k < p->numel; k++)
+        h[k] = p->ndim == 1 ? 1.0f : (float)(0.02 * tz_rng_normal(r));
 }
 
 void tz_llama_init_random(tz_llama *m, uint64_t seed) {
-    for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = m->params.p[i];
-        if (p->adapter) continue;
-        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_INIT, 0);
-        if (p->q) { /* the same draws as a dense model, quantized on the host */
-            float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
-            for (int64_t k = 0; k < p->numel; k++) h[k] = (float)gen_normal(&r, 0.02);
-            tz_llama_quantize_param(m, p, h);
-            free(h);
-        } else if (p->ndim == 1) {
-            upload_fn(m, p, gen_const, 1.0, &r);
-        } else {
-            upload_fn(m, p, gen_normal, 0.02, &r);
-        }
-    }
-}
-
-void tz_llama_init_lora(tz_llama *m, uint64_t seed) {
-    for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = m->params.p[i];
-        if (!p->adapter) continue;
-        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_LORA, 0);
-        if (strstr(p->name, "lora_A")) upload_fn(m, p, gen_uniform, 1.0 / sqrt((double)p->shape[1]), &r);
-        else upload_fn(m, p, gen_const, 0.0, &r);
-    }
+    tz_model_init_base(&m->params, m->be, &m->cb, seed, fill_init, NULL);
 }
 
 /* ---- activation memory ---- */
@@ -167,27 +140,17 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     const int64_t BT = B * T, C = d->dim, F = d->hidden;
     const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
     size_t total = 0;
-#define TAKE(ptr, n, what)                                    \
-    do {                                                      \
-        void *take_ = tz_arena_take(a, &total, (n), (what)); \
-        if (a) (ptr) = take_;                                 \
-    } while (0)
-    int n_acts = m->o.checkpointing ? 1 : (int)d->n_layers;
-    if (a) {
-        m->xin = tz_xcalloc((size_t)d->n_layers + 1, sizeof *m->xin);
-        m->acts = tz_xcalloc((size_t)n_acts, sizeof *m->acts);
-        m->n_acts = n_acts;
-    }
-    for (int64_t i = 0; i <= d->n_layers; i++) TAKE(m->xin[i], BT * C, "residual stream");
-    for (int i = 0; i < n_acts; i++) {
-        tz_llama_acts *s = a ? &m->acts[i] : NULL;
-        float *dummy = NULL;
-#define ACT(field, n) TAKE(*(s ? &s->field : &dummy), n, #field)
+#define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
+    int n_sets = tz_layer_stack_walk(&m->stack, a, &total, d->n_layers, m->o.checkpointing,
+                                     sizeof(tz_llama_acts), BT * C);
+    for (int i = 0; i < n_sets; i++) {
+        tz_llama_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
+#define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
         ACT(h1, BT * C); ACT(rstd1, BT); ACT(q, BT * qd); ACT(k, BT * kvd); ACT(v, BT * kvd);
         ACT(att, BT * qd); ACT(lse, BT * d->n_heads); ACT(x2, BT * C); ACT(h2, BT * C);
         ACT(rstd2, BT); ACT(g, BT * F); ACT(u, BT * F); ACT(s, BT * F);
         for (int j = 0; j < TZ_LIN_N; j++)
-            if (m->o.lora_targets & (1 << j)) ACT(lh[j], BT * m->o.lora_rank);
+            if (m->o.lora.targets & (1 << j)) ACT(lh[j], BT * m->o.lora.rank);
 #undef ACT
     }
     TAKE(m->hf, BT * C, "final norm"); TAKE(m->rstdf, BT, "final rstd");
@@ -197,7 +160,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     TAKE(m->dq, BT * qd, "dq"); TAKE(m->dk, BT * kvd, "dk"); TAKE(m->dv, BT * kvd, "dv");
     TAKE(m->datt, BT * qd, "datt");
     TAKE(m->dg, BT * F, "dg"); TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
-    TAKE(m->dlora, BT * (m->o.lora_rank > 0 ? m->o.lora_rank : 1), "dlora");
+    TAKE(m->dlora, BT * (m->o.lora.rank > 0 ? m->o.lora.rank : 1), "dlora");
     /* quantized weights: one decode tile for all of them, one rotation buffer */
     total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT);
 #undef TAKE
@@ -213,8 +176,6 @@ void tz_llama_setup(tz_llama *m, int64_t B, int64_t T) {
         tz_warn("sequence length %lld exceeds the model's max_position_embeddings %lld",
                 (long long)T, (long long)m->d.max_pos);
     tz_arena_free(&m->arena);
-    free(m->xin);
-    free(m->acts);
     free(m->loss_host);
     m->B = B;
     m->T = T;
@@ -250,20 +211,20 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
 }
 
 static tz_llama_acts *acts_of(tz_llama *m, int64_t layer) {
-    return &m->acts[m->n_acts == 1 ? 0 : layer];
+    return tz_layer_stack_set(&m->stack, layer);
 }
 
-static double forward_loss(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
+double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
     const int64_t BT = m->B * m->T, C = d->dim;
     if (!m->arena.base) TZ_FATAL("llama: tz_llama_setup was not called");
     be->upload(be, m->tok, inputs, (size_t)BT * sizeof *inputs);
     be->upload(be, m->tgt, targets, (size_t)BT * sizeof *targets);
-    be->embedding_fwd(be, m->xin[0], m->tok, m->embed->w, BT, C);
+    be->embedding_fwd(be, m->stack.xin[0], m->tok, m->embed->w, BT, C);
     for (int64_t l = 0; l < d->n_layers; l++)
-        layer_fwd(m, &m->layers[l], acts_of(m, l), m->xin[l], m->xin[l + 1]);
-    be->rmsnorm_fwd(be, m->hf, m->rstdf, m->xin[d->n_layers], m->final_norm->w, BT, C,
+        layer_fwd(m, &m->layers[l], acts_of(m, l), m->stack.xin[l], m->stack.xin[l + 1]);
+    be->rmsnorm_fwd(be, m->hf, m->rstdf, m->stack.xin[d->n_layers], m->final_norm->w, BT, C,
                     (float)d->eps);
     be->matmul(be, m->logits, m->hf, m->lm_head->w, BT, d->vocab, C, 0, 1, 1.0f, 0.0f);
     be->xent_fwd(be, m->losses, m->logits, m->tgt, BT, d->vocab);
@@ -271,10 +232,6 @@ static double forward_loss(tz_llama *m, const int32_t *inputs, const int32_t *ta
     double sum = 0.0;
     for (int64_t i = 0; i < BT; i++) sum += m->loss_host[i];
     return sum;
-}
-
-double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
-    return forward_loss(m, inputs, targets);
 }
 
 /* ---- backward ---- */
@@ -317,24 +274,25 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
     const int64_t BT = m->B * m->T, C = d->dim, V = d->vocab;
-    double loss = forward_loss(m, inputs, targets);
+    double loss = tz_llama_forward(m, inputs, targets);
     /* head: dlogits in place, then dhf = dlogits W_head, dW_head += dlogits^T hf */
     be->xent_bwd(be, m->logits, m->logits, m->tgt, dloss, BT, V);
     be->matmul(be, m->dh, m->logits, m->lm_head->w, BT, C, V, 0, 0, 1.0f, 0.0f);
     if (m->lm_head->g) be->matmul(be, m->lm_head->g, m->logits, m->hf, V, C, BT, 1, 0, 1.0f, 1.0f);
     be->fill(be, m->dres, 0.0f, BT * C);
-    be->rmsnorm_bwd(be, m->dres, m->final_norm->g, m->dh, m->xin[d->n_layers], m->final_norm->w,
-                    m->rstdf, BT, C);
-    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[0]);
+    be->rmsnorm_bwd(be, m->dres, m->final_norm->g, m->dh, m->stack.xin[d->n_layers],
+                    m->final_norm->w, m->rstdf, BT, C);
+    tz_params_stage_done(&m->params, 0);
     for (int64_t l = d->n_layers - 1; l >= 0; l--) {
         tz_llama_acts *a = acts_of(m, l);
         /* checkpointing: recompute the layer (the last one's activations are still there);
          * its output goes to dh, free until layer_bwd fills it */
-        if (m->n_acts == 1 && l != d->n_layers - 1) layer_fwd(m, &m->layers[l], a, m->xin[l], m->dh);
-        layer_bwd(m, &m->layers[l], a, m->xin[l]);
-        if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[d->n_layers - l]);
+        if (tz_layer_stack_recompute(&m->stack, l))
+            layer_fwd(m, &m->layers[l], a, m->stack.xin[l], m->dh);
+        layer_bwd(m, &m->layers[l], a, m->stack.xin[l]);
+        tz_params_stage_done(&m->params, (int)(d->n_layers - l));
     }
     if (m->embed->g) be->embedding_bwd(be, m->embed->g, m->tok, m->dres, BT, C);
-    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, m->ready[d->n_layers + 1]);
+    tz_params_stage_done(&m->params, (int)d->n_layers + 1);
     return loss;
 }

@@ -9,7 +9,7 @@
 #include "core/backend.h"
 #include "model/linear.h"
 #include "model/params.h"
-#include "model/quant_base.h"
+#include "model/model_base.h"
 #include "quant/codebook.h"
 
 enum { TZ_LIN_Q, TZ_LIN_K, TZ_LIN_V, TZ_LIN_O, TZ_LIN_GATE, TZ_LIN_UP, TZ_LIN_DOWN, TZ_LIN_N };
@@ -21,20 +21,17 @@ typedef struct tz_llama_dims {
     int tied;
 } tz_llama_dims;
 
-/* Quantized base: the seven projections of every block are stored as codes + scales
- * (quant/turboquant.h). bits 0: dense. A projection whose `in` is not a multiple of
- * group uses the largest group of group/2, ..., 64 that divides it, or stays dense when
- * none does (tz_tq_group_for). Embeddings, norms and the output head stay dense. */
-typedef tz_quant_opts tz_llama_quant; /* model/quant_base.h, shared with the DiT */
+/* Presets for `init-model --arch llama`, every one with tied embeddings, 2048 positions, eps
+ * 1e-5 and theta 1e4: "tiny" (dim 128, 2 layers, 4 heads / 2 kv, MLP 352), "mini" (192, 4,
+ * 6 / 2, 512) and "small" (256, 6, 8 / 4, 688); vocab is the caller's. 0, or non-zero with
+ * what was expected in err. */
+int tz_llama_preset(const char *name, int64_t vocab, tz_llama_dims *d, char *err, size_t errlen);
 
-typedef struct tz_llama_opts {
-    int full;          /* 1: every weight trainable; 0: frozen base (adapters only) */
-    int lora_targets;  /* bit (1 << TZ_LIN_x) per adapted projection; 0: no adapters */
-    int64_t lora_rank;
-    double lora_alpha;
-    int checkpointing;
-    tz_llama_quant quant;
-} tz_llama_opts;
+/* Options: model/model_base.h (tz_model_opts); lora.targets bits are 1 << TZ_LIN_x. A
+ * quantized base (quant.bits > 0) stores the seven projections of every block as codes +
+ * scales (quant/turboquant.h); a projection whose `in` is not a multiple of group uses the
+ * largest group of group/2, ..., 64 that divides it, or stays dense when none does
+ * (tz_tq_group_for). Embeddings, norms and the output head stay dense. */
 
 typedef struct tz_llama_layer {
     tz_param *attn_norm, *mlp_norm;
@@ -49,7 +46,7 @@ typedef struct tz_llama_acts {
 
 typedef struct tz_llama {
     tz_llama_dims d;
-    tz_llama_opts o;
+    tz_model_opts o;
     tz_backend *be;
     tz_params params;
     tz_param *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
@@ -60,31 +57,22 @@ typedef struct tz_llama {
     /* activations for batches of B sequences of T tokens (set by tz_llama_setup) */
     int64_t B, T;
     tz_arena arena;
-    float **xin;              /* n_layers + 1 residual streams [BT, C] */
-    tz_llama_acts *acts;      /* n_layers sets, or 1 with checkpointing */
-    int n_acts;
+    tz_layer_stack stack;     /* residual streams [BT, C] and tz_llama_acts sets */
     float *hf, *rstdf, *logits, *losses;
     int32_t *tok, *tgt;
     float *dres, *dh, *dq, *dk, *dv, *datt, *dg, *du, *ds, *dlora;
     float *loss_host;         /* BT floats on the host */
-    /* Gradient readiness for overlapping communication with backward: after backward stage
-     * s (0: the head, 1..n_layers: layers n_layers-1 .. 0, n_layers+1: the embedding) every
-     * trainable gradient below flat offset ready[s] is final. grad_hook, when set, is called
-     * with ready[s] after each stage. */
-    int64_t *ready;
-    void (*grad_hook)(void *ctx, int64_t ready_flat);
-    void *grad_hook_ctx;
 } tz_llama;
 
-/* Register every parameter (base weights zeroed, adapters per opts). Fatal for full
+/* Register every parameter (base weights zeroed, adapters per opts), each with its backward
+ * stage (0: the head, 1..n_layers: layers n_layers-1 .. 0, n_layers+1: the embedding, final
+ * only at the end; tz_params.ready). Fatal for full
  * training (o->full) of a quantized base: quantization-aware training is not built yet. */
-tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_llama_opts *o);
+tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_model_opts *o);
 void tz_llama_free(tz_llama *m);
 /* Random init as HF does: normal(0, 0.02) for matrices and embeddings, ones for norms; a
  * quantized weight holds the quantization of what a dense model would hold. */
 void tz_llama_init_random(tz_llama *m, uint64_t seed);
-/* LoRA init as PEFT does: A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0. */
-void tz_llama_init_lora(tz_llama *m, uint64_t seed);
 /* Size the activation arena for batches of B x T and allocate it (with the quantized
  * weights' scratch: one tile for the largest and one rotation buffer). */
 void tz_llama_setup(tz_llama *m, int64_t B, int64_t T);

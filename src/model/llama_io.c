@@ -1,5 +1,5 @@
-/* Llama weights from and to HF-layout folders, LoRA adapters from and to PEFT layout. The
- * formats themselves are in io/ (safetensors, hf_config, peft); this file maps names. */
+/* Llama weights from and to HF-layout folders (adapters: model/adapter_io.c). The formats
+ * themselves are in io/ (safetensors, hf_config, tq_format); this file maps names. */
 #include "model/llama_io.h"
 
 #include <stdio.h>
@@ -33,23 +33,7 @@ void tz_llama_read_dims(const char *dir, tz_llama_dims *d) {
     d->tied = c.tie_word_embeddings;
 }
 
-/* Reads tensor p->name of st into p (shape-checked, converted to fp32, uploaded). */
-static void load_param(tz_backend *be, const tz_safetensors *st, tz_param *p, const char *name,
-                       float *buf) {
-    char err[1024];
-    if (tz_st_read_f32(st, name, buf, p->ndim, p->shape, err, sizeof err))
-        TZ_FATAL("%s", err);
-    be->upload(be, p->w, buf, (size_t)p->numel * sizeof(float));
-}
-
-static float *max_buffer(const tz_params *ps, int adapters) {
-    int64_t n = 1;
-    for (int i = 0; i < ps->n; i++)
-        if (ps->p[i]->adapter == adapters && ps->p[i]->numel > n) n = ps->p[i]->numel;
-    return tz_xmalloc((size_t)n * sizeof(float));
-}
-
-tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_llama_opts *o) {
+tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
     tz_llama_dims d;
     tz_llama_read_dims(dir, &d);
     tz_safetensors st;
@@ -57,16 +41,12 @@ tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_llama_opts *o)
     char err[1024];
     if (tz_st_open(&st, dir, err, sizeof err)) TZ_FATAL("model.path: %s", err);
     if (tz_tqf_read(&qf, &st, err, sizeof err)) TZ_FATAL("model.path: %s", err);
-    tz_llama_opts oq = *o;
-    if (qf.present) tz_llama_quant_from_file(&oq, &qf, dir);
+    tz_model_opts oq = *o;
+    if (qf.present) tz_llama_quant_from_file(&oq.quant, &qf, dir);
     tz_llama *m = tz_llama_create(be, &d, &oq);
-    float *buf = max_buffer(&m->params, 0);
-    for (int i = 0; i < m->params.n; i++) {
-        tz_param *p = m->params.p[i];
-        if (p->adapter) continue;
-        if (qf.present || p->q) tz_llama_load_weight(m, &st, &qf, p, buf);
-        else load_param(be, &st, p, p->name, buf);
-    }
+    float *buf = tz_params_host_buffer(&m->params, 0);
+    for (int i = 0; i < m->params.n; i++)
+        if (!m->params.p[i]->adapter) tz_llama_load_weight(m, &st, &qf, m->params.p[i], buf);
     free(buf);
     tz_tqf_free(&qf);
     tz_st_close(&st);
@@ -93,22 +73,7 @@ void tz_llama_save(tz_llama *m, const char *dir, int bf16) {
     snprintf(c.model_type, sizeof c.model_type, "llama");
     snprintf(c.torch_dtype, sizeof c.torch_dtype, bf16 ? "bfloat16" : "float32");
     tz_path_join(path, sizeof path, dir, "model.safetensors");
-    tz_params_save_dense(&m->params, m->be, path, 0, bf16);
+    tz_params_save_dense(&m->params, m->be, path, 0, bf16, NULL, 0);
     tz_path_join(path, sizeof path, dir, "config.json");
     if (tz_hf_llama_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
-}
-
-void tz_llama_read_adapter_opts(const char *dir, tz_llama_opts *o) {
-    tz_lora_spec sp;
-    tz_adapter_read_spec(dir, tz_llama_lin_names, TZ_LIN_N, &sp);
-    o->lora_targets = sp.targets;
-    o->lora_rank = sp.rank;
-    o->lora_alpha = sp.alpha;
-}
-
-void tz_llama_load_adapter(tz_llama *m, const char *dir) { tz_adapter_load(&m->params, m->be, dir); }
-
-void tz_llama_save_adapter(tz_llama *m, const char *dir, const char *base_model_path) {
-    tz_lora_spec sp = {m->o.lora_targets, m->o.lora_rank, m->o.lora_alpha};
-    tz_adapter_save(&m->params, m->be, dir, tz_llama_lin_names, TZ_LIN_N, &sp, base_model_path);
 }

@@ -1,5 +1,5 @@
-/* Llama weights in HF layout (config.json + safetensors) and LoRA adapters in PEFT layout
- * (adapter_config.json + adapter_model.safetensors): load and save. */
+/* Llama weights in HF layout (config.json + safetensors): load and save. Adapters are the
+ * family-independent PEFT files of model/adapter_io.h (names: tz_llama_lin_names). */
 #ifndef TZ_LLAMA_IO_H
 #define TZ_LLAMA_IO_H
 #include "model/llama.h"
@@ -10,15 +10,9 @@ void tz_llama_read_dims(const char *dir, tz_llama_dims *d);
  * (fatal naming the file and tensor on a missing or mis-shaped tensor). A quantized file
  * (io/tq_format.h) gives a quantized base as stored; a dense one is quantized at load when
  * o->quant.bits > 0. */
-tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_llama_opts *o);
+tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_model_opts *o);
 /* Write DIR/config.json and DIR/model.safetensors (base weights; F32, or BF16 if bf16).
  * Fatal for a quantized model (the quantize and export commands write those). */
 void tz_llama_save(tz_llama *m, const char *dir, int bf16);
-/* LoRA settings from DIR/adapter_config.json (fatal on error). */
-void tz_llama_read_adapter_opts(const char *dir, tz_llama_opts *o);
-/* Load adapter tensors of DIR/adapter_model.safetensors into m's adapters. */
-void tz_llama_load_adapter(tz_llama *m, const char *dir);
-/* Write DIR/adapter_config.json and DIR/adapter_model.safetensors. */
-void tz_llama_save_adapter(tz_llama *m, const char *dir, const char *base_model_path);
 
 #endif

@@ -13,21 +13,7 @@
 #include "model/llama_io.h"
 #include "quant/turboquant.h"
 
-void tz_llama_quant_prepare(tz_llama *m) {
-    tz_quant_prepare(&m->o.quant, m->o.full, &m->cb, m->levels);
-}
-
-static const tz_tq_codebook *codebook_of(const tz_llama *m, int method, int bits,
-                                         tz_tq_codebook *local) {
-    return tz_quant_codebook(&m->cb, method, bits, local);
-}
-
-void tz_llama_quantize_param(tz_llama *m, tz_param *p, const float *w) {
-    tz_quant_upload(m->be, &m->cb, p, w);
-}
-
-void tz_llama_quant_from_file(tz_llama_opts *o, const tz_tqf *qf, const char *dir) {
-    tz_llama_quant *q = &o->quant;
+void tz_llama_quant_from_file(tz_quant_opts *q, const tz_tqf *qf, const char *dir) {
     if (q->bits && (q->bits != qf->bits || q->group != qf->group || q->method != qf->method))
         TZ_FATAL_HINT("leave quant.bits = 0 to use the model as it was quantized, or point "
                       "model.path at the dense model to quantize it at load",
@@ -65,7 +51,7 @@ static void load_stored(tz_llama *m, const tz_safetensors *st, const tz_tqf *qf,
         q->seed != qf->seed) { /* the file decides how this tensor is stored */
         float levels[TZ_TQ_MAX_LEVELS];
         tz_tq_codebook local;
-        tz_tq_levels(qf->method, e->bits, codebook_of(m, qf->method, e->bits, &local), levels);
+        tz_tq_levels(qf->method, e->bits, tz_quant_codebook(&m->cb, qf->method, e->bits, &local), levels);
         tz_param_make_quant(p, m->be, qf->method, e->bits, e->group, qf->seed, levels);
     }
     tz_tq_tensor t;
@@ -86,8 +72,7 @@ void tz_llama_load_weight(tz_llama *m, const tz_safetensors *st, const tz_tqf *q
     if (p->q && qf->present) tz_param_make_dense(p, m->be); /* the file keeps it dense */
     if (tz_st_read_f32(st, p->name, buf, p->ndim, p->shape, err, sizeof err))
         TZ_FATAL("%s", err);
-    if (p->q) tz_llama_quantize_param(m, p, buf); /* quantize at load */
-    else m->be->upload(m->be, p->w, buf, (size_t)p->numel * sizeof(float));
+    tz_model_upload_param(m->be, &m->cb, p, buf); /* a quantized p: quantized at load */
 }
 
 void tz_llama_quant_report(const tz_llama *m) {
@@ -161,15 +146,99 @@ typedef struct qrow {
     double rel;
 } qrow;
 
+/* The totals of a quantize run: every tensor's bytes, and the quantized projections' bytes in
+ * and out, weights, squared error sum ||W - W_hat||^2 and squared sum ||W||^2. */
+typedef struct qtotals {
+    int64_t nq;
+    double in_bytes, out_bytes, qin, qout, qw, qerr, qref;
+} qtotals;
+
+/* Quantizes projection t in groups of g into r (its codes and relative error) and adds it to
+ * the totals; returns the bytes it is stored in. */
+static double quantize_tensor(const tz_st_tensor *t, int method, int bits, int g, uint64_t seed,
+                              const tz_tq_codebook *cb, qrow *r, qtotals *tot) {
+    char err[1024];
+    r->name = t->name;
+    float *wf = tz_xmalloc((size_t)t->numel * sizeof *wf);
+    float *wh = tz_xmalloc((size_t)t->numel * sizeof *wh);
+    if (tz_st_tensor_to_f32(t, wf, err, sizeof err)) TZ_FATAL("quantize: %s", err);
+    if (tz_tq_tensor_init(&r->t, bits, g, t->shape[0], t->shape[1], seed, err, sizeof err))
+        TZ_FATAL("quantize: %s: tensor %s: %s", t->file, t->name, err);
+    tz_tq_quantize_as(&r->t, method, cb, wf);
+    tz_tq_dequantize_as(&r->t, method, cb, wh);
+    r->rel = tz_tq_relative_error(wf, wh, t->numel);
+    for (int64_t k = 0; k < t->numel; k++) { /* totals over all projections */
+        double e = (double)wf[k] - (double)wh[k];
+        tot->qerr += e * e;
+        tot->qref += (double)wf[k] * (double)wf[k];
+    }
+    free(wf);
+    free(wh);
+    double stored = (double)tz_tq_codes_bytes(r->t.rows, r->t.cols, bits) +
+                    2.0 * (double)tz_tq_scales_count(r->t.rows, r->t.cols, g);
+    tot->nq++;
+    tot->out_bytes += stored;
+    tot->qin += (double)t->nbytes;
+    tot->qout += stored;
+    tot->qw += (double)t->numel;
+    return stored;
+}
+
+/* ---- the report: one table row per projection, then the totals ---- */
+
+static void report_header(FILE *rep) {
+    fprintf(rep, "%-44s %-12s %5s %7s %10s %10s %10s\n", "tensor", "shape", "group", "bits/w",
+            "rel.error", "bytes", "stored");
+}
+
+/* A quantized projection (r), or one left dense (r NULL: its rows fit no group). */
+static void report_row(FILE *rep, const tz_st_tensor *t, int g, const qrow *r, double stored) {
+    char shape[64];
+    tz_st_shape_str(shape, sizeof shape, t->ndim, t->shape);
+    if (!r)
+        fprintf(rep, "%-44s %-12s %5s %7s %10s %10zu %10zu  dense: row of %lld is not a "
+                "multiple of 64\n", t->name, shape, "-", "-", "-", t->nbytes, t->nbytes,
+                (long long)t->shape[1]);
+    else
+        fprintf(rep, "%-44s %-12s %5d %7.3f %10.6f %10zu %10.0f\n", t->name, shape, g,
+                8.0 * stored / (double)t->numel, r->rel, t->nbytes, stored);
+}
+
+static void report_totals(FILE *rep, const qtotals *tot, int method, int bits, int group,
+                          uint64_t seed, const char *out) {
+    fprintf(rep, "projections: %lld quantized (%s, %d bits, group %d, seed %llu): %.0f weights, "
+            "%.0f -> %.0f bytes (%.3f bits per weight), relative error %.6f\n",
+            (long long)tot->nq, tz_tq_method_name(method), bits, group, (unsigned long long)seed,
+            tot->qw, tot->qin, tot->qout, 8.0 * tot->qout / tot->qw,
+            tot->qref > 0 ? tot->qerr / tot->qref : 0.0);
+    fprintf(rep, "model: %.0f -> %.0f bytes of tensors (%.2fx smaller); wrote %s\n",
+            tot->in_bytes, tot->out_bytes, tot->in_bytes / tot->out_bytes, out);
+}
+
+/* The model's metadata: "turbozero_quant" (every tensor's layout) in the safetensors header,
+ * "quantization_config" for config.json into qc. */
+static void describe_quant(tz_st_writer *w, const qrow *rows, int64_t nq, int method, int bits,
+                           int group, uint64_t seed, char *qc, size_t n) {
+    const char **names = tz_xcalloc((size_t)nq, sizeof *names);
+    const tz_tq_tensor **ts = tz_xcalloc((size_t)nq, sizeof *ts);
+    for (int64_t k = 0; k < nq; k++) names[k] = rows[k].name, ts[k] = &rows[k].t;
+    char *meta = tz_tqf_meta_json(method, bits, group, seed, names, ts, nq);
+    tz_st_writer_set_metadata(w, TZ_TQF_META_KEY, meta);
+    snprintf(qc, n, "{\"quant_method\": \"%s\", \"bits\": %d, \"group_size\": %d, "
+             "\"seed\": %llu, \"format\": \"turbozero\", \"quantized\": \"the projections of "
+             "every block; see model.safetensors __metadata__ %s\"}",
+             tz_tq_method_name(method), bits, group, (unsigned long long)seed, TZ_TQF_META_KEY);
+    free(meta);
+    free(names);
+    free(ts);
+}
+
 void tz_llama_quantize_dir(const char *in, const char *out, int method, int bits, int group,
                            uint64_t seed, FILE *rep) {
-    char err[1024], shape[64];
-    if (method != TZ_TQ_TURBOQUANT && method != TZ_TQ_ABSMAX)
-        TZ_FATAL("quantize: unknown method %d", method);
-    if (bits < 1 || bits > TZ_TQ_MAX_BITS)
-        TZ_FATAL("quantize: --bits %d: expected 1..%d (2, 3 or 4 are useful)", bits, TZ_TQ_MAX_BITS);
-    if (group != 64 && group != 128 && group != 256)
-        TZ_FATAL("quantize: --group %d: expected 64, 128 or 256", group);
+    char err[1024], qc[400];
+    TZ_CHECK((method == TZ_TQ_TURBOQUANT || method == TZ_TQ_ABSMAX) && bits >= 1 &&
+                 bits <= TZ_TQ_MAX_BITS && (group == 64 || group == 128 || group == 256),
+             "quantize: method %d, %d bits, group %d", method, bits, group);
     tz_llama_dims d;
     tz_llama_read_dims(in, &d);
     tz_safetensors st;
@@ -189,76 +258,32 @@ void tz_llama_quantize_dir(const char *in, const char *out, int method, int bits
     tz_st_writer_set_metadata(&w, "format", "pt");
     tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
     qrow *rows = tz_xcalloc((size_t)st.count + 1, sizeof *rows);
-    int64_t nq = 0;
-    double in_bytes = 0, out_bytes = 0, qin = 0, qout = 0, qerr = 0, qref = 0, qw = 0;
-    fprintf(rep, "%-44s %-12s %5s %7s %10s %10s %10s\n", "tensor", "shape", "group", "bits/w",
-            "rel.error", "bytes", "stored");
+    qtotals tot;
+    memset(&tot, 0, sizeof tot);
+    report_header(rep);
     for (int64_t i = 0; i < st.count; i++) {
         const tz_st_tensor *t = &st.tensors[i];
-        in_bytes += (double)t->nbytes;
-        tz_st_shape_str(shape, sizeof shape, t->ndim, t->shape);
+        tot.in_bytes += (double)t->nbytes;
         int proj = t->ndim == 2 && is_projection_name(t->name, d.n_layers);
         int g = proj ? tz_tq_group_for(t->shape[1], group) : 0;
         if (!g) { /* stays as it is, same dtype and bytes */
             if (tz_st_writer_add(&w, t->name, t->dtype, t->ndim, t->shape, t->data, err, sizeof err))
                 TZ_FATAL("quantize: %s", err);
-            out_bytes += (double)t->nbytes;
-            if (proj)
-                fprintf(rep, "%-44s %-12s %5s %7s %10s %10zu %10zu  dense: row of %lld is not a "
-                        "multiple of 64\n", t->name, shape, "-", "-", "-", t->nbytes, t->nbytes,
-                        (long long)t->shape[1]);
+            tot.out_bytes += (double)t->nbytes;
+            if (proj) report_row(rep, t, 0, NULL, 0.0);
             continue;
         }
-        qrow *r = &rows[nq++];
-        r->name = t->name;
-        float *wf = tz_xmalloc((size_t)t->numel * sizeof *wf);
-        float *wh = tz_xmalloc((size_t)t->numel * sizeof *wh);
-        if (tz_st_tensor_to_f32(t, wf, err, sizeof err)) TZ_FATAL("quantize: %s", err);
-        if (tz_tq_tensor_init(&r->t, bits, g, t->shape[0], t->shape[1], seed, err, sizeof err))
-            TZ_FATAL("quantize: %s: tensor %s: %s", t->file, t->name, err);
-        tz_tq_quantize_as(&r->t, method, &cb, wf);
-        tz_tq_dequantize_as(&r->t, method, &cb, wh);
-        r->rel = tz_tq_relative_error(wf, wh, t->numel);
-        for (int64_t k = 0; k < t->numel; k++) { /* totals over all projections */
-            double e = (double)wf[k] - (double)wh[k];
-            qerr += e * e;
-            qref += (double)wf[k] * (double)wf[k];
-        }
-        free(wf);
-        free(wh);
+        qrow *r = &rows[tot.nq];
+        double stored = quantize_tensor(t, method, bits, g, seed, &cb, r, &tot);
         if (tz_tqf_writer_add(&w, t->name, &r->t, err, sizeof err)) TZ_FATAL("quantize: %s", err);
-        double stored = (double)tz_tq_codes_bytes(r->t.rows, r->t.cols, bits) +
-                        2.0 * (double)tz_tq_scales_count(r->t.rows, r->t.cols, g);
-        out_bytes += stored;
-        qin += (double)t->nbytes;
-        qout += stored;
-        qw += (double)t->numel;
-        fprintf(rep, "%-44s %-12s %5d %7.3f %10.6f %10zu %10.0f\n", t->name, shape, g,
-                8.0 * stored / (double)t->numel, r->rel, t->nbytes, stored);
+        report_row(rep, t, g, r, stored);
     }
-    if (!nq) TZ_FATAL("quantize: %s: no projection of the transformer blocks can be quantized", in);
-    const char **names = tz_xcalloc((size_t)nq, sizeof *names);
-    const tz_tq_tensor **ts = tz_xcalloc((size_t)nq, sizeof *ts);
-    for (int64_t k = 0; k < nq; k++) names[k] = rows[k].name, ts[k] = &rows[k].t;
-    char *meta = tz_tqf_meta_json(method, bits, group, seed, names, ts, nq);
-    tz_st_writer_set_metadata(&w, TZ_TQF_META_KEY, meta);
-    char qc[400];
-    snprintf(qc, sizeof qc, "{\"quant_method\": \"%s\", \"bits\": %d, \"group_size\": %d, "
-             "\"seed\": %llu, \"format\": \"turbozero\", \"quantized\": \"the projections of "
-             "every block; see model.safetensors __metadata__ %s\"}",
-             tz_tq_method_name(method), bits, group,
-             (unsigned long long)seed, TZ_TQF_META_KEY);
+    if (!tot.nq)
+        TZ_FATAL("quantize: %s: no projection of the transformer blocks can be quantized", in);
+    describe_quant(&w, rows, tot.nq, method, bits, group, seed, qc, sizeof qc);
     save_model(&w, in, out, qc, NULL);
-    fprintf(rep, "projections: %lld quantized (%s, %d bits, group %d, seed %llu): %.0f weights, "
-            "%.0f -> %.0f bytes (%.3f bits per weight), relative error %.6f\n", (long long)nq,
-            tz_tq_method_name(method), bits, group, (unsigned long long)seed, qw, qin, qout,
-            8.0 * qout / qw, qref > 0 ? qerr / qref : 0.0);
-    fprintf(rep, "model: %.0f -> %.0f bytes of tensors (%.2fx smaller); wrote %s\n", in_bytes,
-            out_bytes, in_bytes / out_bytes, out);
-    free(meta);
-    free(names);
-    free(ts);
-    for (int64_t k = 0; k < nq; k++) tz_tq_tensor_free(&rows[k].t);
+    report_totals(rep, &tot, method, bits, group, seed, out);
+    for (int64_t k = 0; k < tot.nq; k++) tz_tq_tensor_free(&rows[k].t);
     free(rows);
     tz_st_writer_free(&w);
     tz_tqf_free(&qf);

@@ -10,14 +10,9 @@
 #include "io/tq_format.h"
 #include "model/llama.h"
 
-/* Checks m->o.quant (fatal with a hint when it cannot be used) and fills m->cb and
- * m->levels. Called by tz_llama_create when o.quant.bits > 0. */
-void tz_llama_quant_prepare(tz_llama *m);
-/* Quantizes the host weight w (p->numel floats) as p->q says and uploads codes and scales. */
-void tz_llama_quantize_param(tz_llama *m, tz_param *p, const float *w);
-/* Sets o->quant from a quantized file's metadata (fatal when o->quant asks for something
- * else: quant.bits must be 0 or agree with the file's bits, group and method). */
-void tz_llama_quant_from_file(tz_llama_opts *o, const tz_tqf *qf, const char *dir);
+/* Sets q from a quantized file's metadata (fatal when q asks for something else: quant.bits
+ * must be 0 or agree with the file's bits, group and method). */
+void tz_llama_quant_from_file(tz_quant_opts *q, const tz_tqf *qf, const char *dir);
 /* Loads base weight p from st: a quantized file's codes and scales (p's storage follows the
  * file), or a dense tensor (quantized here when p is quantized and the file is not). buf
  * holds p->numel floats. Fatal with the file and tensor on any error. */
@@ -29,8 +24,9 @@ void tz_llama_quant_report(const tz_llama *m);
 /* ---- the commands (file to file on the host; no backend) ---- */
 
 /* Quantizes every projection of the transformer blocks of the Llama in DIR `in` (method
- * TZ_TQ_TURBOQUANT or TZ_TQ_ABSMAX, bits 1..4, group 64/128/256: a projection whose rows it
- * does not divide takes the largest of group/2, ..., 64 that does, or stays dense) and
+ * TZ_TQ_TURBOQUANT or TZ_TQ_ABSMAX, bits 1..4, group 64/128/256, which the caller has checked:
+ * a projection whose rows group does not divide takes the largest of group/2, ..., 64 that
+ * does, or stays dense) and
  * writes DIR `out`: config.json with "quantization_config", model.safetensors with codes,
  * scales and the other tensors unchanged. Prints the per-tensor table (shape, group, bits
  * per weight stored, relative error ||W - W_hat||^2 / ||W||^2, bytes) and totals to rep.

@@ -32,6 +32,7 @@ void tz_params_free(tz_params *ps, tz_backend *be) {
     }
     if (ps->flat_w) be->release(be, ps->flat_w);
     free(ps->p);
+    free(ps->ready);
     memset(ps, 0, sizeof *ps);
 }
 
@@ -116,6 +117,13 @@ tz_param *tz_params_find(tz_params *ps, const char *name) {
     return NULL;
 }
 
+float *tz_params_host_buffer(const tz_params *ps, int adapters) {
+    int64_t n = 1;
+    for (int i = 0; i < ps->n; i++)
+        if (ps->p[i]->adapter == adapters && ps->p[i]->numel > n) n = ps->p[i]->numel;
+    return tz_xmalloc((size_t)n * sizeof(float));
+}
+
 void tz_params_layout(tz_params *ps) {
     int64_t off = 0;
     ps->n_trainable = 0;
@@ -130,6 +138,24 @@ void tz_params_layout(tz_params *ps) {
         ps->n_trainable += p->numel;
     }
     ps->flat_numel = off;
+    ps->n_stages = 1;
+    for (int i = 0; i < ps->n; i++)
+        if (ps->p[i]->stage >= ps->n_stages) ps->n_stages = ps->p[i]->stage + 1;
+    free(ps->ready);
+    ps->ready = tz_xcalloc((size_t)ps->n_stages, sizeof *ps->ready);
+    for (int s = 0; s < ps->n_stages; s++) {
+        int64_t r = ps->flat_numel;
+        for (int i = 0; i < ps->n; i++) {
+            const tz_param *p = ps->p[i];
+            if (p->trainable && p->stage > s && p->flat_off < r) r = p->flat_off;
+        }
+        ps->ready[s] = r;
+    }
+}
+
+void tz_params_set_grad_hook(tz_params *ps, void (*fn)(void *ctx, int64_t ready_flat), void *ctx) {
+    ps->grad_hook = fn;
+    ps->grad_hook_ctx = ctx;
 }
 
 void tz_params_bind_grads(tz_params *ps, float *grad) {

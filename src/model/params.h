@@ -37,6 +37,8 @@ typedef struct tz_param {
     int decay;         /* weight decay applies (matrices and adapters, not norms) */
     int adapter;       /* a LoRA tensor (saved with the adapter, not with the model) */
     int64_t flat_off;  /* offset in the flat trainable space; -1 when frozen */
+    int stage;         /* the backward stage after which its gradient is final (0: the first
+                        * stage of backward); the model sets it at registration */
 } tz_param;
 
 typedef struct tz_params {
@@ -46,6 +48,13 @@ typedef struct tz_params {
     int64_t n_trainable; /* trainable elements, without padding */
     int64_t n_total;     /* all elements */
     float *flat_w;       /* trainable weights, one backend buffer over the flat space (or NULL) */
+    /* Gradient readiness, so communication can overlap backward: once backward stage s is
+     * done, every trainable gradient below flat offset ready[s] is final (ready[s] = the
+     * lowest offset of a trainable tensor whose stage is > s, else flat_numel). */
+    int64_t *ready;      /* n_stages entries, set by tz_params_layout */
+    int n_stages;        /* 1 + the largest stage */
+    void (*grad_hook)(void *ctx, int64_t ready_flat); /* called by tz_params_stage_done */
+    void *grad_hook_ctx;
 } tz_params;
 
 void tz_params_init(tz_params *ps);
@@ -54,6 +63,9 @@ void tz_params_free(tz_params *ps, tz_backend *be);
 tz_param *tz_params_add(tz_params *ps, tz_backend *be, const char *name, int ndim, int64_t d0,
                         int64_t d1, int trainable, int decay, int adapter);
 tz_param *tz_params_find(tz_params *ps, const char *name);
+/* A host array of floats as large as the largest tensor whose adapter flag is `adapters`
+ * (at least 1): the staging buffer of a loader. */
+float *tz_params_host_buffer(const tz_params *ps, int adapters);
 /* Register a frozen quantized weight [d0, d1]: codes, scales (zeroed) and levels (copied from
  * the host array of 2^bits floats) in backend memory; no fp32 copy is ever made. */
 tz_param *tz_params_add_quant(tz_params *ps, tz_backend *be, const char *name, int64_t d0,
@@ -67,10 +79,17 @@ void tz_param_make_dense(tz_param *p, tz_backend *be);
 /* Backend bytes held by all weights (dense and quantized), gradients excluded. */
 size_t tz_params_bytes(const tz_params *ps);
 /* Lay the trainable tensors out in one flat space in backward order (the reverse of
- * registration, which is forward order), each at a multiple of TZ_FLAT_ALIGN, and point
- * each trainable tensor's g into grad (flat_numel floats of backend memory). */
+ * registration, which is forward order), each at a multiple of TZ_FLAT_ALIGN, and compute
+ * ready[] from the stages. bind_grads points each trainable tensor's g into grad (flat_numel
+ * floats of backend memory). */
 void tz_params_layout(tz_params *ps);
 void tz_params_bind_grads(tz_params *ps, float *grad);
+/* The hook that hears of final gradients (fn NULL: none). A model calls stage_done after
+ * each backward stage, 0 .. n_stages-1 in order; the hook gets ready[s]. */
+void tz_params_set_grad_hook(tz_params *ps, void (*fn)(void *ctx, int64_t ready_flat), void *ctx);
+static inline void tz_params_stage_done(const tz_params *ps, int s) {
+    if (ps->grad_hook) ps->grad_hook(ps->grad_hook_ctx, ps->ready[s]);
+}
 /* Move every trainable tensor's weights into one backend buffer laid out like the flat
  * space (gaps zero), so whole buckets of updated weights can be gathered into place. */
 void tz_params_flatten_weights(tz_params *ps, tz_backend *be);

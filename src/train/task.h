@@ -7,37 +7,66 @@
 
 #include "core/backend.h"
 #include "io/config.h"
+#include "model/model_base.h"
 #include "model/params.h"
+#include "train/family.h"
 
-typedef struct tz_task tz_task;
 struct tz_task {
+    const tz_family *family;
+    const tz_config *cfg;
+    tz_backend *be;
+    int training;          /* 0: evaluation only (no training data, frozen model) */
+    tz_model_opts opts;    /* what the model is built with (tz_task_model_opts) */
+    tz_params *params;     /* the model's; its grad hook lets ZeRO overlap backward */
+    int64_t B;             /* rows (windows or images) per micro-batch: train.micro_batch */
+    /* set by the family's open: */
     const char *unit;      /* what a validation row counts as: "tokens" (per window) or "images" */
-    tz_params *params;
     size_t arena_bytes;    /* activation arena */
-    int64_t B;             /* rows (windows or images) per micro-batch */
     int64_t row_elems;     /* loss terms per row: seq_len tokens, or C*H*W values */
     int64_t row_count;     /* units per row: seq_len tokens, or 1 image */
     int64_t n_train;       /* training rows (0 when built for evaluation only) */
     int64_t n_val;         /* validation rows (0 without validation data) */
     char describe[2048];    /* one line on the model, for the start-up log */
     char data_line[2048];  /* one line on the data */
-    void *impl;
-    /* The model's gradient-readiness hook (ZeRO overlaps communication with backward). */
-    void (*set_grad_hook)(tz_task *t, void (*fn)(void *, int64_t), void *ctx);
-    /* Training rows first .. first+B-1 of the shared order: forward, loss, backward with
-     * d(loss term)/d(...) = dloss; returns the sum of the loss terms. */
+    /* The family's (tz_task_ops), for the loop. Training rows first .. first+B-1 of the
+     * shared order: forward, loss, backward with d(loss term)/d(...) = dloss; returns the sum
+     * of the loss terms. Validation rows first .. first+n-1 (n <= B), forward only; the sum of
+     * the loss terms. */
     double (*train_rows)(tz_task *t, int64_t first, float dloss);
-    /* Validation rows first .. first+n-1 (n <= B), forward only; sum of the loss terms. */
     double (*eval_rows)(tz_task *t, int64_t first, int64_t n);
-    /* Rank 0 after training: the model (full) or the adapter (LoRA) into run.dir; out gets
-     * the folder written. */
-    void (*save)(tz_task *t, char *out, size_t outlen);
-    void (*destroy)(tz_task *t);
 };
 
-/* Builders, one per model family: the model (+ adapters), its data, the arena for
- * micro_batch rows. training = 0: evaluation only (no training data, frozen model). */
-tz_task *tz_task_llama_create(const tz_config *cfg, tz_backend *be, int training);
-tz_task *tz_task_dit_create(const tz_config *cfg, tz_backend *be, int training);
+/* What a family's task does itself (train/task_<name>.c); the rest is task.c's. */
+typedef struct tz_task_ops {
+    size_t size;  /* bytes of the family's task struct, which starts with a tz_task */
+    /* Builds the model with t->opts from t->cfg's model.path; returns its parameters. */
+    tz_params *(*load)(tz_task *t);
+    /* Sets the model up for t->B rows, opens the data, fills the fields after `unit` (and
+     * the head of describe: the family, its folder and its shape). */
+    void (*open)(tz_task *t);
+    double (*train_rows)(tz_task *t, int64_t first, float dloss);
+    double (*eval_rows)(tz_task *t, int64_t first, int64_t n);
+    /* The whole model (full mode) in the family's folder layout in dir (F32, or BF16). */
+    void (*save_model)(tz_task *t, const char *dir, int bf16);
+    /* Releases what load and open made (not t itself). */
+    void (*close)(tz_task *t);
+} tz_task_ops;
+
+/* The task of cfg's model.arch: options, the model, its adapters (model.adapter, or a fresh
+ * LoRA init), the family's data. training = 0: evaluation only. */
+tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training);
+void tz_task_free(tz_task *t);
+/* Rank 0 after training: the model (full) or the adapter (LoRA, PEFT layout) into run.dir;
+ * out gets the folder written. */
+void tz_task_save(tz_task *t, char *out, size_t outlen);
+
+/* The model options a run of cfg asks of family f: train.mode (training only), checkpointing,
+ * quant.*, and adapters: model.adapter's settings, or lora.* when training LoRA (fatal for
+ * full training with an adapter). */
+tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int training);
+/* Once the model is loaded: model.adapter's tensors into ps, or a fresh LoRA init (run.seed)
+ * when o asks for adapters. */
+void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_params *ps,
+                           tz_backend *be);
 
 #endif

@@ -1,12 +1,12 @@
-/* The DiT task: labelled images (IDX or HDF5, optionally a class subset) into a DiT with a
- * diffusion loss (model/diffusion.h), adapters per lora.* or model.adapter, outputs with
- * DiT's names. The trainer's rows are images; a loss term is one squared pixel error. */
+/* The DiT family: labelled images (IDX or HDF5, optionally a class subset) into a DiT with a
+ * diffusion loss (model/diffusion.h), outputs with DiT's names; its registry entry (LoRA
+ * targets, init-model presets, the sampler). The trainer's rows are images; a loss term is one
+ * squared pixel error. Adapters and saving are task.c's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
-#include "io/fsutil.h"
 #include "io/idx.h"
 #include "io/images_h5.h"
 #include "io/png.h"
@@ -14,7 +14,11 @@
 #include "model/dit_io.h"
 #include "train/data.h"
 #include "train/task.h"
-#include "train/trainer.h"
+
+/* lora.targets names of the projections, in the order of TZ_DIT_* ("adaln": every block's
+ * adaLN_modulation.1 and the final layer's) */
+static const char *const targets[] = {"qkv", "proj", "fc1", "fc2", "adaln", NULL};
+_Static_assert(sizeof targets / sizeof targets[0] == TZ_DIT_LIN_N + 1, "one name per projection");
 
 typedef struct images {
     tz_image_set s;
@@ -24,15 +28,21 @@ typedef struct images {
 
 typedef struct dit_task {
     tz_task t;
-    const tz_config *cfg;
     tz_dit *m;
     tz_diffusion diff;
-    int training, have_val;
+    int have_val;
     images train, val;
     tz_order order;
     float *x0;
     int32_t *y;
 } dit_task;
+
+/* The model, built with the options task.c derived from the config. */
+static tz_params *load(tz_task *t) {
+    dit_task *k = (dit_task *)t;
+    k->m = tz_dit_load(t->be, t->cfg->model.path, &t->opts);
+    return &k->m->params;
+}
 
 /* "0-4,7" -> keep[c] = 1; "" keeps every class. Fatal naming the key on a bad list. */
 static void parse_classes(const char *spec, int64_t nclass, uint8_t *keep) {
@@ -109,118 +119,25 @@ static void gather(dit_task *k, images *im, tz_order *order, int64_t first, int6
     }
 }
 
-static void set_hook(tz_task *t, void (*fn)(void *, int64_t), void *ctx) {
+static void open_task(tz_task *t) {
     dit_task *k = (dit_task *)t;
-    k->m->grad_hook = fn;
-    k->m->grad_hook_ctx = ctx;
-}
-
-static double train_rows(tz_task *t, int64_t first, float dloss) {
-    dit_task *k = (dit_task *)t;
-    gather(k, &k->train, &k->order, first, t->B);
-    tz_dit_set_batch(k->m, t->B);
-    /* draws keyed by the sample's place in the whole run: independent of the rank split */
-    return tz_diffusion_train_batch(k->m, &k->diff, k->x0, k->y, (uint64_t)k->cfg->run.seed, 0,
-                                    (uint64_t)first, dloss);
-}
-
-static double eval_rows(tz_task *t, int64_t first, int64_t n) {
-    dit_task *k = (dit_task *)t;
-    gather(k, &k->val, NULL, first, n);
-    tz_dit_set_batch(k->m, n);
-    return tz_diffusion_eval_batch(k->m, &k->diff, k->x0, k->y, (uint64_t)k->cfg->train.eval_seed,
-                                   (uint64_t)first);
-}
-
-static void save(tz_task *t, char *out, size_t outlen) {
-    dit_task *k = (dit_task *)t;
-    if (k->cfg->train.mode == TZ_MODE_FULL) {
-        tz_path_join(out, outlen, k->cfg->run.dir, "model");
-        tz_dit_save(k->m, out, k->cfg->run.save_dtype);
-    } else {
-        tz_path_join(out, outlen, k->cfg->run.dir, "adapter");
-        tz_dit_save_adapter(k->m, out, k->cfg->model.path);
-    }
-}
-
-static void destroy(tz_task *t) {
-    dit_task *k = (dit_task *)t;
-    if (k->training) {
-        images_free(&k->train);
-        tz_order_free(&k->order);
-    }
-    if (k->have_val) images_free(&k->val);
-    free(k->x0);
-    free(k->y);
-    tz_dit_free(k->m);
-    free(k);
-}
-
-/* lora.targets as DiT projection bits: "all", or DiT names only. */
-static int dit_targets(const tz_config *cfg) {
-    int t = cfg->lora.targets;
-    if (t == TZ_LORA_ALL) return (1 << TZ_DIT_LIN_N) - 1;
-    if (t & TZ_LORA_LLAMA)
-        TZ_FATAL_HINT("DiT's projections are qkv, proj, fc1, fc2 and adaln (or \"all\")",
-                      "%s: lora.targets names Llama projections for model.arch = \"dit\"",
-                      cfg->source);
-    return t >> 7;
-}
-_Static_assert(TZ_LORA_QKV >> 7 == 1 << TZ_DIT_QKV && TZ_LORA_PROJ >> 7 == 1 << TZ_DIT_PROJ &&
-                   TZ_LORA_FC1 >> 7 == 1 << TZ_DIT_FC1 && TZ_LORA_FC2 >> 7 == 1 << TZ_DIT_FC2 &&
-                   TZ_LORA_ADALN >> 7 == 1 << TZ_DIT_ADALN,
-               "config DiT target bits follow the DiT projection order");
-
-/* quant.* as the model opts take it (as task_llama.c passes it). */
-static tz_quant_opts quant_opts(const tz_config *cfg) {
-    tz_quant_opts q = {.method = cfg->quant.method, .bits = (int)cfg->quant.bits,
-                       .group = (int)cfg->quant.group, .seed = (uint64_t)cfg->quant.seed};
-    return q;
-}
-
-tz_task *tz_task_dit_create(const tz_config *cfg, tz_backend *be, int training) {
-    dit_task *k = tz_xcalloc(1, sizeof *k);
-    k->cfg = cfg;
-    k->training = training;
-    tz_dit_opts o = {0};
-    o.full = training && cfg->train.mode == TZ_MODE_FULL;
-    o.quant = quant_opts(cfg);
-    o.checkpointing = cfg->train.checkpointing;
-    if (cfg->model.adapter[0]) {
-        tz_dit_read_adapter_opts(cfg->model.adapter, &o);
-    } else if (training && cfg->train.mode == TZ_MODE_LORA) {
-        o.lora_targets = dit_targets(cfg);
-        o.lora_rank = cfg->lora.rank;
-        o.lora_alpha = cfg->lora.alpha;
-    }
-    if (o.full && o.lora_targets)
-        TZ_FATAL_HINT("unset model.adapter, or train with train.mode = \"lora\"",
-                      "%s: train.mode = \"full\" with an adapter (model.adapter = %s)",
-                      cfg->source, cfg->model.adapter);
-    tz_dit *m = k->m = tz_dit_load(be, cfg->model.path, &o);
-    if (cfg->model.adapter[0]) tz_dit_load_adapter(m, cfg->model.adapter);
-    else if (o.lora_targets) tz_dit_init_lora(m, (uint64_t)cfg->run.seed);
+    const tz_config *cfg = t->cfg;
+    tz_dit *m = k->m;
+    const int64_t B = t->B, numel = tz_dit_image_numel(&m->d);
     tz_diffusion_init(&k->diff, m->d.diffusion);
-    const int64_t B = cfg->train.micro_batch, numel = tz_dit_image_numel(&m->d);
     tz_dit_setup(m, B);
-
-    tz_task *t = &k->t;
     t->unit = "images";
-    t->params = &m->params;
     t->arena_bytes = m->arena.cap;
-    t->B = B;
     t->row_elems = numel;
     t->row_count = 1;
     snprintf(t->describe, sizeof t->describe,
              "dit %s | %lldx%lldx%lld, patch %lld, hidden %lld, depth %lld, %lld heads, %lld "
-             "classes, %s | %lld params, %lld trainable (%s)",
+             "classes, %s",
              cfg->model.path, (long long)m->d.in_channels, (long long)m->d.input_size,
              (long long)m->d.input_size, (long long)m->d.patch_size, (long long)m->d.hidden,
              (long long)m->d.depth, (long long)m->d.num_heads, (long long)m->d.num_classes,
-             m->d.diffusion == TZ_DIFF_FLOW ? "rectified flow" : "DDPM",
-             (long long)m->params.n_total, (long long)m->params.n_trainable,
-             training ? tz_mode_name(cfg->train.mode) : "eval");
-    if (training) {
+             m->d.diffusion == TZ_DIFF_FLOW ? "rectified flow" : "DDPM");
+    if (t->training) {
         load_images(&k->train, cfg, &m->d, cfg->data.train, cfg->data.train_labels, "data.train");
         tz_order_init(&k->order, k->train.n, (uint64_t)cfg->run.seed);
         t->n_train = k->train.n;
@@ -235,24 +152,48 @@ tz_task *tz_task_dit_create(const tz_config *cfg, tz_backend *be, int training) 
     }
     k->x0 = tz_xmalloc((size_t)(B * numel) * sizeof *k->x0);
     k->y = tz_xmalloc((size_t)B * sizeof *k->y);
-    t->impl = k;
-    t->set_grad_hook = set_hook;
-    t->train_rows = train_rows;
-    t->eval_rows = eval_rows;
-    t->save = save;
-    t->destroy = destroy;
-    return t;
 }
 
-int tz_sample_run(const tz_config *cfg, const tz_sample_args *a) {
-    if (cfg->model.arch != TZ_ARCH_DIT)
-        TZ_FATAL("%s: sample needs model.arch = \"dit\"", cfg->source);
+static double train_rows(tz_task *t, int64_t first, float dloss) {
+    dit_task *k = (dit_task *)t;
+    gather(k, &k->train, &k->order, first, t->B);
+    tz_dit_set_batch(k->m, t->B);
+    /* draws keyed by the sample's place in the whole run: independent of the rank split */
+    return tz_diffusion_train_batch(k->m, &k->diff, k->x0, k->y, (uint64_t)t->cfg->run.seed, 0,
+                                    (uint64_t)first, dloss);
+}
+
+static double eval_rows(tz_task *t, int64_t first, int64_t n) {
+    dit_task *k = (dit_task *)t;
+    gather(k, &k->val, NULL, first, n);
+    tz_dit_set_batch(k->m, n);
+    return tz_diffusion_eval_batch(k->m, &k->diff, k->x0, k->y, (uint64_t)t->cfg->train.eval_seed,
+                                   (uint64_t)first);
+}
+
+static void save_model(tz_task *t, const char *dir, int bf16) {
+    tz_dit_save(((dit_task *)t)->m, dir, bf16);
+}
+
+static void close_task(tz_task *t) {
+    dit_task *k = (dit_task *)t;
+    if (t->training) {
+        images_free(&k->train);
+        tz_order_free(&k->order);
+    }
+    if (k->have_val) images_free(&k->val);
+    free(k->x0);
+    free(k->y);
+    tz_dit_free(k->m);
+}
+
+/* sample: DDIM (DDPM) or Euler (flow) with classifier-free guidance, as a PNG grid. */
+static int sample(const tz_config *cfg, const tz_sample_args *a) {
     tz_backend *be = tz_cpu_backend_create((int)cfg->train.threads);
-    tz_dit_opts o = {0};
-    o.quant = quant_opts(cfg);
-    if (cfg->model.adapter[0]) tz_dit_read_adapter_opts(cfg->model.adapter, &o);
+    tz_model_opts o = tz_task_model_opts(&tz_family_dit, cfg, 0);
+    o.checkpointing = 0; /* forward only: nothing to keep for a backward pass */
     tz_dit *m = tz_dit_load(be, cfg->model.path, &o);
-    if (cfg->model.adapter[0]) tz_dit_load_adapter(m, cfg->model.adapter);
+    tz_task_load_adapters(cfg, &o, &m->params, be);
     if (a->cls < 0 || a->cls >= m->d.num_classes)
         TZ_FATAL("sample: --class %lld: the model has classes 0..%lld", (long long)a->cls,
                  (long long)m->d.num_classes - 1);
@@ -279,3 +220,35 @@ int tz_sample_run(const tz_config *cfg, const tz_sample_args *a) {
     tz_cpu_backend_destroy(be);
     return 0;
 }
+
+static const char *const init_flags[] = {"--objective", NULL};
+/* init-model --arch dit --preset P [--objective ddpm|flow]: a random DiT (DiT's own names). */
+static int64_t init_model(const tz_init_args *a, char *about, size_t n) {
+    const char *objective = tz_init_arg(a, "--objective");
+    tz_dit_dims d;
+    char err[512];
+    if (tz_dit_preset(a->preset, &d, err, sizeof err))
+        TZ_FATAL("init-model: --preset %s: %s", a->preset, err);
+    if (objective && !strcmp(objective, "flow")) d.diffusion = TZ_DIFF_FLOW;
+    else if (objective && strcmp(objective, "ddpm"))
+        TZ_FATAL("init-model: --objective %s: expected ddpm or flow", objective);
+    tz_model_opts o = {0};
+    tz_dit *m = tz_dit_create(a->be, &d, &o);
+    tz_dit_init_random(m, a->seed);
+    tz_dit_save(m, a->out, 0);
+    snprintf(about, n, "%lldx%lldx%lld images, patch %lld, hidden %lld, depth %lld, %lld heads, "
+             "%lld classes, %s", (long long)d.in_channels, (long long)d.input_size,
+             (long long)d.input_size, (long long)d.patch_size, (long long)d.hidden,
+             (long long)d.depth, (long long)d.num_heads, (long long)d.num_classes,
+             d.diffusion == TZ_DIFF_FLOW ? "rectified flow" : "DDPM");
+    const int64_t count = m->params.n_total;
+    tz_dit_free(m);
+    return count;
+}
+
+static const tz_task_ops ops = {sizeof(dit_task), load, open_task, train_rows, eval_rows,
+                                save_model, close_task};
+/* The registry entry (train/family.h): name, LoRA targets, PEFT modules, task, init-model,
+ * sampler. */
+const tz_family tz_family_dit = {"dit", targets, tz_dit_lin_names, &ops, init_flags, init_model,
+                                 sample};

@@ -1,31 +1,35 @@
-/* The Llama task: token windows (train/data.h) into tz_llama, adapters per lora.* or
- * model.adapter, outputs in HF / PEFT layout. */
+/* The Llama family: token windows (train/data.h) into tz_llama, outputs in HF layout; its
+ * registry entry (LoRA targets, init-model presets). Adapters and saving are task.c's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
-#include "io/fsutil.h"
 #include "io/tokens.h"
 #include "model/llama_io.h"
+#include "train/commands.h"
 #include "train/data.h"
 #include "train/task.h"
 
-_Static_assert(TZ_LORA_Q == 1 << TZ_LIN_Q && TZ_LORA_K == 1 << TZ_LIN_K &&
-                   TZ_LORA_V == 1 << TZ_LIN_V && TZ_LORA_O == 1 << TZ_LIN_O &&
-                   TZ_LORA_GATE == 1 << TZ_LIN_GATE && TZ_LORA_UP == 1 << TZ_LIN_UP &&
-                   TZ_LORA_DOWN == 1 << TZ_LIN_DOWN,
-               "config LoRA target bits follow the projection order of the model");
+/* lora.targets names of the projections, in the order of TZ_LIN_* */
+static const char *const targets[] = {"q", "k", "v", "o", "gate", "up", "down", NULL};
+_Static_assert(sizeof targets / sizeof targets[0] == TZ_LIN_N + 1, "one name per projection");
 
 typedef struct llama_task {
     tz_task t;
-    const tz_config *cfg;
     tz_llama *m;
-    int training, have_val;
+    int have_val;
     tz_tokens train_tok, val_tok;
     tz_data data, val;
     int32_t *in, *tg;
 } llama_task;
+
+/* The model, built with the options task.c derived from the config. */
+static tz_params *load(tz_task *t) {
+    llama_task *k = (llama_task *)t;
+    k->m = tz_llama_load(t->be, t->cfg->model.path, &t->opts);
+    return &k->m->params;
+}
 
 static void open_tokens(tz_tokens *t, const char *path, const char *key, int64_t vocab) {
     char err[1024];
@@ -37,101 +41,20 @@ static void open_tokens(tz_tokens *t, const char *path, const char *key, int64_t
                       (long long)vocab);
 }
 
-static void set_hook(tz_task *t, void (*fn)(void *, int64_t), void *ctx) {
+static void open_task(tz_task *t) {
     llama_task *k = (llama_task *)t;
-    k->m->grad_hook = fn;
-    k->m->grad_hook_ctx = ctx;
-}
-
-static double train_rows(tz_task *t, int64_t first, float dloss) {
-    llama_task *k = (llama_task *)t;
-    tz_data_batch(&k->data, first, t->B, k->in, k->tg);
-    return tz_llama_forward_backward(k->m, k->in, k->tg, dloss);
-}
-
-static double eval_rows(tz_task *t, int64_t first, int64_t n) {
-    llama_task *k = (llama_task *)t;
-    const int64_t T = k->cfg->data.seq_len;
-    for (int64_t i = 0; i < t->B; i++) {
-        if (i < n) {
-            tz_data_window(&k->val, first + i, k->in + i * T, k->tg + i * T);
-        } else { /* a partial batch: padding rows whose targets are ignored */
-            memset(k->in + i * T, 0, (size_t)T * sizeof *k->in);
-            for (int64_t j = 0; j < T; j++) k->tg[i * T + j] = -1;
-        }
-    }
-    return tz_llama_forward(k->m, k->in, k->tg);
-}
-
-static void save(tz_task *t, char *out, size_t outlen) {
-    llama_task *k = (llama_task *)t;
-    if (k->cfg->train.mode == TZ_MODE_FULL) {
-        tz_path_join(out, outlen, k->cfg->run.dir, "model");
-        tz_llama_save(k->m, out, k->cfg->run.save_dtype);
-    } else {
-        tz_path_join(out, outlen, k->cfg->run.dir, "adapter");
-        tz_llama_save_adapter(k->m, out, k->cfg->model.path);
-    }
-}
-
-static void destroy(tz_task *t) {
-    llama_task *k = (llama_task *)t;
-    free(k->in);
-    free(k->tg);
-    if (k->have_val) {
-        tz_data_free(&k->val);
-        tz_tokens_close(&k->val_tok);
-    }
-    if (k->training) {
-        tz_data_free(&k->data);
-        tz_tokens_close(&k->train_tok);
-    }
-    tz_llama_free(k->m);
-    free(k);
-}
-
-tz_task *tz_task_llama_create(const tz_config *cfg, tz_backend *be, int training) {
-    llama_task *k = tz_xcalloc(1, sizeof *k);
-    k->cfg = cfg;
-    k->training = training;
-    tz_llama_opts o = {0};
-    o.full = training && cfg->train.mode == TZ_MODE_FULL;
-    o.checkpointing = cfg->train.checkpointing;
-    o.quant.method = cfg->quant.method;
-    o.quant.bits = (int)cfg->quant.bits;
-    o.quant.group = (int)cfg->quant.group;
-    o.quant.seed = (uint64_t)cfg->quant.seed;
-    if (cfg->model.adapter[0]) {
-        tz_llama_read_adapter_opts(cfg->model.adapter, &o);
-    } else if (training && cfg->train.mode == TZ_MODE_LORA) {
-        o.lora_targets = cfg->lora.targets;
-        o.lora_rank = cfg->lora.rank;
-        o.lora_alpha = cfg->lora.alpha;
-    }
-    if (o.full && o.lora_targets)
-        TZ_FATAL_HINT("unset model.adapter, or train with train.mode = \"lora\"",
-                      "%s: train.mode = \"full\" with an adapter (model.adapter = %s)",
-                      cfg->source, cfg->model.adapter);
-    tz_llama *m = k->m = tz_llama_load(be, cfg->model.path, &o);
-    if (cfg->model.adapter[0]) tz_llama_load_adapter(m, cfg->model.adapter);
-    else if (o.lora_targets) tz_llama_init_lora(m, (uint64_t)cfg->run.seed);
-    const int64_t B = cfg->train.micro_batch, T = cfg->data.seq_len;
+    const tz_config *cfg = t->cfg;
+    tz_llama *m = k->m;
+    const int64_t B = t->B, T = cfg->data.seq_len;
     tz_llama_setup(m, B, T);
-
-    tz_task *t = &k->t;
     t->unit = "tokens";
-    t->params = &m->params;
     t->arena_bytes = m->arena.cap;
-    t->B = B;
     t->row_elems = t->row_count = T;
     snprintf(t->describe, sizeof t->describe,
-             "llama %s | %lld layers, dim %lld, %lld/%lld heads, vocab %lld | %lld params, "
-             "%lld trainable (%s)",
-             cfg->model.path, (long long)m->d.n_layers, (long long)m->d.dim,
-             (long long)m->d.n_heads, (long long)m->d.n_kv_heads, (long long)m->d.vocab,
-             (long long)m->params.n_total, (long long)m->params.n_trainable,
-             training ? tz_mode_name(cfg->train.mode) : "eval");
-    if (training) {
+             "llama %s | %lld layers, dim %lld, %lld/%lld heads, vocab %lld", cfg->model.path,
+             (long long)m->d.n_layers, (long long)m->d.dim, (long long)m->d.n_heads,
+             (long long)m->d.n_kv_heads, (long long)m->d.vocab);
+    if (t->training) {
         open_tokens(&k->train_tok, cfg->data.train, "data.train", m->d.vocab);
         tz_data_init(&k->data, &k->train_tok, T, (uint64_t)cfg->run.seed);
         t->n_train = k->data.nwin;
@@ -147,11 +70,74 @@ tz_task *tz_task_llama_create(const tz_config *cfg, tz_backend *be, int training
     }
     k->in = tz_xmalloc((size_t)(B * T) * sizeof *k->in);
     k->tg = tz_xmalloc((size_t)(B * T) * sizeof *k->tg);
-    t->impl = k;
-    t->set_grad_hook = set_hook;
-    t->train_rows = train_rows;
-    t->eval_rows = eval_rows;
-    t->save = save;
-    t->destroy = destroy;
-    return t;
 }
+
+static double train_rows(tz_task *t, int64_t first, float dloss) {
+    llama_task *k = (llama_task *)t;
+    tz_data_batch(&k->data, first, t->B, k->in, k->tg);
+    return tz_llama_forward_backward(k->m, k->in, k->tg, dloss);
+}
+
+static double eval_rows(tz_task *t, int64_t first, int64_t n) {
+    llama_task *k = (llama_task *)t;
+    const int64_t T = t->cfg->data.seq_len;
+    for (int64_t i = 0; i < t->B; i++) {
+        if (i < n) {
+            tz_data_window(&k->val, first + i, k->in + i * T, k->tg + i * T);
+        } else { /* a partial batch: padding rows whose targets are ignored */
+            memset(k->in + i * T, 0, (size_t)T * sizeof *k->in);
+            for (int64_t j = 0; j < T; j++) k->tg[i * T + j] = -1;
+        }
+    }
+    return tz_llama_forward(k->m, k->in, k->tg);
+}
+
+static void save_model(tz_task *t, const char *dir, int bf16) {
+    tz_llama_save(((llama_task *)t)->m, dir, bf16);
+}
+
+static void close_task(tz_task *t) {
+    llama_task *k = (llama_task *)t;
+    free(k->in);
+    free(k->tg);
+    if (k->have_val) {
+        tz_data_free(&k->val);
+        tz_tokens_close(&k->val_tok);
+    }
+    if (t->training) {
+        tz_data_free(&k->data);
+        tz_tokens_close(&k->train_tok);
+    }
+    tz_llama_free(k->m);
+}
+
+static const char *const init_flags[] = {"--vocab", "--tied", NULL};
+/* init-model --arch llama --preset P --vocab V [--tied 0|1]: a random Llama in HF layout. */
+static int64_t init_model(const tz_init_args *a, char *about, size_t n) {
+    const char *vocab = tz_init_arg(a, "--vocab"), *tied = tz_init_arg(a, "--tied");
+    if (!vocab) TZ_FATAL("init-model: --arch llama needs --vocab");
+    int64_t v = tz_command_int(vocab, "--vocab");
+    if (v < 2 || v > (1 << 24)) TZ_FATAL("init-model: --vocab %s: expected 2..16777216", vocab);
+    tz_llama_dims d;
+    char err[128];
+    if (tz_llama_preset(a->preset, v, &d, err, sizeof err))
+        TZ_FATAL("init-model: --preset %s: %s", a->preset, err);
+    if (tied) d.tied = (int)tz_command_int(tied, "--tied") != 0;
+    tz_model_opts o = {0};
+    tz_llama *m = tz_llama_create(a->be, &d, &o);
+    tz_llama_init_random(m, a->seed);
+    tz_llama_save(m, a->out, 0);
+    snprintf(about, n, "%lld layers, dim %lld, %lld/%lld heads, vocab %lld, %s embeddings",
+             (long long)d.n_layers, (long long)d.dim, (long long)d.n_heads,
+             (long long)d.n_kv_heads, (long long)d.vocab, d.tied ? "tied" : "untied");
+    const int64_t count = m->params.n_total;
+    tz_llama_free(m);
+    return count;
+}
+
+static const tz_task_ops ops = {sizeof(llama_task), load, open_task, train_rows, eval_rows,
+                                save_model, close_task};
+/* The registry entry (train/family.h): name, LoRA targets, PEFT modules, task, init-model;
+ * no sampler. */
+const tz_family tz_family_llama = {"llama",    targets,    tz_llama_lin_names, &ops,
+                                   init_flags, init_model, NULL};

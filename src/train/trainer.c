@@ -61,15 +61,14 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
             tz_warn("HINT: give each rank as many cores as threads (mpirun --map-by slot:PE=%d, "
                     "or --bind-to none; srun --cpus-per-task=%d), or set train.threads",
                     w->threads, w->threads);
-    r->task = cfg->model.arch == TZ_ARCH_DIT ? tz_task_dit_create(cfg, r->be, training)
-                                             : tz_task_llama_create(cfg, r->be, training);
+    r->task = tz_task_create(cfg, r->be, training);
     r->B = r->task->B;
     r->accum = cfg->train.grad_accum;
     r->N = comm->size;
     if (training) {
         tz_zero_init(&r->z, (int)cfg->zero.stage, cfg->zero.bucket_mb, r->task->params, r->be,
                      comm, w);
-        r->task->set_grad_hook(r->task, tz_zero_grads_ready, &r->z);
+        tz_params_set_grad_hook(r->task->params, tz_zero_grads_ready, &r->z);
     } else if (r->task->n_val == 0) {
         TZ_FATAL_HINT("set data.val", "%s: data.val is not set", cfg->source);
     }
@@ -77,7 +76,7 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
 
 static void run_close(run *r) {
     if (r->training) tz_zero_free(&r->z);
-    r->task->destroy(r->task);
+    tz_task_free(r->task);
     tz_cpu_backend_destroy(r->be);
 }
 
@@ -167,10 +166,12 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
             TZ_FATAL_HINT("choose another run.dir, or --set run.overwrite=true to replace it",
                           "run.dir %s already holds a run (%s); not overwriting it",
                           cfg->run.dir, path);
+        tz_config_names names;
+        tz_family_names(&names);
         printf("# effective config (%s)\n", cfg->source);
-        tz_config_write(cfg, stdout);
+        tz_config_write(cfg, &names, stdout);
         FILE *f = open_rank0(cfg, "config.used.cfg", "w");
-        tz_config_write(cfg, f);
+        tz_config_write(cfg, &names, f);
         if (fclose(f) != 0) TZ_FATAL("cannot write %s/config.used.cfg", cfg->run.dir);
         metrics = open_rank0(cfg, "metrics.jsonl", "w");
     }
@@ -227,7 +228,7 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     if (root) {
         if (fclose(metrics) != 0) TZ_FATAL("cannot write %s/metrics.jsonl", cfg->run.dir);
         char out[1100], took[32];
-        r.task->save(r.task, out, sizeof out);
+        tz_task_save(r.task, out, sizeof out);
         fmt_duration(took, sizeof took, now_s() - t_start);
         tz_info("saved %s | final train loss %.4f | %s", out, s.loss, took);
     }

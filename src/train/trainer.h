@@ -16,15 +16,4 @@ int tz_eval_run(const tz_config *cfg, tz_world *world, tz_comm *comm);
  * (the figures of docs/benchmarks.md). Collective. */
 int tz_bench_run(const tz_config *cfg, tz_world *world, tz_comm *comm);
 
-/* What `turbozero sample` asks for. */
-typedef struct tz_sample_args {
-    int64_t cls, n, steps, seed;
-    double guidance;
-    char out[1024];
-} tz_sample_args;
-
-/* n images of class cls from the configured DiT (+ model.adapter) by its sampler (DDIM for
- * DDPM, Euler for flow) with classifier-free guidance, as a PNG grid. One process. */
-int tz_sample_run(const tz_config *cfg, const tz_sample_args *a);
-
 #endif

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "io/config.h"
+#include "train/family.h"
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
@@ -13,9 +14,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     tz_config cfg;
-    tz_config_load(&cfg, argv[1], (const char *const *)(argv + 2), argc - 2);
+    tz_config_names names;
+    tz_family_names(&names);
+    tz_config_load(&cfg, &names, argv[1], (const char *const *)(argv + 2), argc - 2);
     printf("OK\n");
-    tz_config_write(&cfg, stdout);
+    tz_config_write(&cfg, &names, stdout);
     MPI_Finalize();
     return 0;
 }

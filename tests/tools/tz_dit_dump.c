@@ -111,16 +111,16 @@ int main(int argc, char **argv) {
     dd.learn_sigma = atoi(arg(argc, argv, "--sigma", "0"));
     dd.diffusion = !strcmp(arg(argc, argv, "--diffusion", "ddpm"), "flow") ? TZ_DIFF_FLOW
                                                                              : TZ_DIFF_DDPM;
-    tz_dit_opts o = {0};
+    tz_model_opts o = {0};
     o.full = full;
-    o.lora_targets = full ? 0 : atoi(arg(argc, argv, "--targets", "31"));
-    o.lora_rank = atoll(arg(argc, argv, "--rank", "4"));
-    o.lora_alpha = atof(arg(argc, argv, "--alpha", "8"));
+    o.lora.targets = full ? 0 : atoi(arg(argc, argv, "--targets", "31"));
+    o.lora.rank = atoll(arg(argc, argv, "--rank", "4"));
+    o.lora.alpha = atof(arg(argc, argv, "--alpha", "8"));
     o.checkpointing = atoi(arg(argc, argv, "--ckpt", "0"));
     tz_backend *be = tz_cpu_backend_create(0);
     tz_dit *m = tz_dit_create(be, &dd, &o);
     tz_dit_init_random(m, seed);
-    tz_dit_init_lora(m, seed);
+    tz_model_init_lora(&m->params, m->be, seed);
     for (int i = 0; i < m->params.n; i++) { /* no zero (adaLN-Zero, biases, lora_B) left */
         tz_param *p = m->params.p[i];
         tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_TEST, 0);

@@ -25,15 +25,15 @@ int main(int argc, char **argv) {
     int full = !strcmp(arg(argc, argv, "--mode", "lora"), "full");
     int64_t B = atoll(arg(argc, argv, "--B", "2")), T = atoll(arg(argc, argv, "--T", "9"));
     uint64_t seed = (uint64_t)atoll(arg(argc, argv, "--seed", "1"));
-    tz_llama_opts o = {0};
+    tz_model_opts o = {0};
     o.full = full;
-    o.lora_targets = full ? 0 : atoi(arg(argc, argv, "--targets", "127"));
-    o.lora_rank = atoll(arg(argc, argv, "--rank", "4"));
-    o.lora_alpha = atof(arg(argc, argv, "--alpha", "8"));
+    o.lora.targets = full ? 0 : atoi(arg(argc, argv, "--targets", "127"));
+    o.lora.rank = atoll(arg(argc, argv, "--rank", "4"));
+    o.lora.alpha = atof(arg(argc, argv, "--alpha", "8"));
     o.checkpointing = atoi(arg(argc, argv, "--ckpt", "0"));
     tz_backend *be = tz_cpu_backend_create(0);
     tz_llama *m = tz_llama_load(be, model, &o);
-    tz_llama_init_lora(m, seed);
+    tz_model_init_lora(&m->params, m->be, seed);
     /* B = 0 would make every lora_A gradient zero: give B random values for the check */
     for (int i = 0; i < m->params.n; i++) {
         tz_param *p = m->params.p[i];

@@ -1,6 +1,6 @@
 /* Config loading on good input: defaults, every key from a file, --set of every type,
- * lora.targets forms, write/reload identity and inputs/reference.cfg. Error paths (fatal)
- * are tested by tests/config_errors.sh instead. */
+ * lora.targets forms, write/reload identity and inputs/reference.cfg, with the program's
+ * family names. Error paths (fatal) are tested by tests/config_errors.sh instead. */
 #include <dirent.h>
 #include <libconfig.h>
 #include <math.h>
@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "io/config.h"
+#include "train/family.h"
 
 #ifndef TZ_SOURCE_DIR
 #define TZ_SOURCE_DIR "../.."
@@ -26,7 +27,11 @@ static int g_fail = 0, g_pass = 0;
         }                                                                    \
     } while (0)
 
+static tz_config_names g_names; /* the families' names, as the program passes them */
 static char g_dir[64];
+
+/* The family model.arch names. */
+static const char *arch_of(const tz_config *cfg) { return g_names.archs[cfg->model.arch]; }
 static int g_nfile = 0;
 
 /* Writes TEXT to a fresh file in the temp folder; returns its path (static storage). */
@@ -53,10 +58,10 @@ static void check_round_trip(const tz_config *cfg, const char *what) {
         perror(path);
         exit(1);
     }
-    tz_config_write(cfg, f);
+    tz_config_write(cfg, &g_names, f);
     fclose(f);
     tz_config *back = malloc(sizeof *back), *want = malloc(sizeof *want);
-    tz_config_load(back, path, NULL, 0);
+    tz_config_load(back, &g_names, path, NULL, 0);
     memcpy(want, cfg, sizeof *want);
     memcpy(want->source, back->source, sizeof want->source);
     int same = !memcmp(want, back, sizeof *want);
@@ -69,10 +74,10 @@ static void check_round_trip(const tz_config *cfg, const char *what) {
 static void test_defaults(void) {
     tz_config cfg, want;
     const char *path = write_temp("model = { path = \"m\"; };\n");
-    tz_config_load(&cfg, path, NULL, 0);
+    tz_config_load(&cfg, &g_names, path, NULL, 0);
     CHECK(!strcmp(cfg.source, path));
     CHECK(!strcmp(cfg.model.path, "m"));
-    CHECK(cfg.model.arch == TZ_ARCH_LLAMA && cfg.model.adapter[0] == 0);
+    CHECK(!strcmp(arch_of(&cfg), "llama") && cfg.model.adapter[0] == 0);
     CHECK(cfg.data.train[0] == 0 && cfg.data.val[0] == 0 && cfg.data.seq_len == 128);
     CHECK(cfg.train.mode == TZ_MODE_LORA && cfg.train.steps == 100);
     CHECK(cfg.train.micro_batch == 8 && cfg.train.grad_accum == 1);
@@ -82,7 +87,7 @@ static void test_defaults(void) {
     CHECK(cfg.optim.weight_decay == 0.0 && cfg.optim.beta1 == 0.9 && cfg.optim.beta2 == 0.999);
     CHECK(cfg.optim.eps == 1e-8 && cfg.optim.grad_clip == 1.0);
     CHECK(cfg.lora.rank == 8 && cfg.lora.alpha == 16.0);
-    CHECK(cfg.lora.targets == TZ_LORA_ALL);
+    CHECK(!strcmp(cfg.lora.targets, "all"));
     CHECK(!strcmp(cfg.run.dir, "runs/default") && cfg.run.seed == 1234);
     /* tz_config_defaults is the same, bar path and source */
     tz_config_defaults(&want);
@@ -91,7 +96,7 @@ static void test_defaults(void) {
     CHECK(!memcmp(&want, &cfg, sizeof cfg));
     check_round_trip(&cfg, "defaults");
     /* an empty section and missing semicolons are fine */
-    tz_config_load(&cfg, write_temp("model = { path = \"m\" }\ntrain = { }\n"), NULL, 0);
+    tz_config_load(&cfg, &g_names, write_temp("model = { path = \"m\" }\ntrain = { }\n"), NULL, 0);
     CHECK(!memcmp(cfg.model.path, "m", 2) && cfg.train.steps == 100);
 }
 
@@ -108,8 +113,8 @@ static void test_every_key(void) {
         "  beta1 = 0.0; beta2 = 0.95; eps = 1.0; grad_clip = 0; };\n"
         "lora = { rank = 4096; alpha = 1e6; targets = (\"q\", \"v\"); };\n"
         "run = { dir = \"out\"; seed = 4611686018427387904L; };\n");
-    tz_config_load(&cfg, path, NULL, 0);
-    CHECK(cfg.model.arch == TZ_ARCH_DIT && !strcmp(cfg.model.path, "/models/x y"));
+    tz_config_load(&cfg, &g_names, path, NULL, 0);
+    CHECK(!strcmp(arch_of(&cfg), "dit") && !strcmp(cfg.model.path, "/models/x y"));
     CHECK(!strcmp(cfg.model.adapter, "ad") && !strcmp(cfg.data.train, "t.bin"));
     CHECK(!strcmp(cfg.data.val, "v.bin") && cfg.data.seq_len == 65536);
     CHECK(cfg.train.mode == TZ_MODE_FULL && cfg.train.steps == 1000000000);
@@ -120,11 +125,11 @@ static void test_every_key(void) {
     CHECK(cfg.optim.weight_decay == 1e-2 && cfg.optim.beta1 == 0.0 && cfg.optim.beta2 == 0.95);
     CHECK(cfg.optim.eps == 1.0 && cfg.optim.grad_clip == 0.0);
     CHECK(cfg.lora.rank == 4096 && cfg.lora.alpha == 1e6);
-    CHECK(cfg.lora.targets == (TZ_LORA_Q | TZ_LORA_V));
+    CHECK(!strcmp(cfg.lora.targets, "q,v"));
     CHECK(!strcmp(cfg.run.dir, "out") && cfg.run.seed == (int64_t)1 << 62);
     check_round_trip(&cfg, "every key");
-    CHECK(!strcmp(tz_mode_name(cfg.train.mode), "full") && !strcmp(tz_arch_name(0), "llama"));
-    CHECK(!strcmp(tz_mode_name(TZ_MODE_LORA), "lora") && !strcmp(tz_arch_name(TZ_ARCH_DIT), "dit"));
+    CHECK(!strcmp(tz_mode_name(cfg.train.mode), "full") && !strcmp(g_names.archs[0], "llama"));
+    CHECK(!strcmp(tz_mode_name(TZ_MODE_LORA), "lora") && !strcmp(g_names.archs[1], "dit"));
 }
 
 static void test_sets(void) {
@@ -145,63 +150,66 @@ static void test_sets(void) {
         "lora.targets=q,v",              /* targets, comma list */
         "data.val=",                     /* empty string */
     };
-    tz_config_load(&cfg, path, sets, (int)(sizeof sets / sizeof sets[0]));
+    tz_config_load(&cfg, &g_names, path, sets, (int)(sizeof sets / sizeof sets[0]));
     CHECK(cfg.train.steps == 7 && cfg.run.seed == 5000000000LL && cfg.data.seq_len == 256);
     CHECK(cfg.optim.lr == 1.0 && cfg.optim.eps == 1e-6 && cfg.lora.alpha == 0.5);
     CHECK(cfg.train.checkpointing == 1);
     CHECK(!strcmp(cfg.model.adapter, "quoted dir") && !strcmp(cfg.run.dir, "plain/dir"));
-    CHECK(cfg.train.mode == TZ_MODE_FULL && cfg.model.arch == TZ_ARCH_DIT);
-    CHECK(cfg.lora.targets == (TZ_LORA_Q | TZ_LORA_V) && cfg.data.val[0] == 0);
+    CHECK(cfg.train.mode == TZ_MODE_FULL && !strcmp(arch_of(&cfg), "dit"));
+    CHECK(!strcmp(cfg.lora.targets, "q,v") && cfg.data.val[0] == 0);
     check_round_trip(&cfg, "--set values");
 
     /* bool spellings; later --set wins */
     const char *bools[] = {"train.checkpointing=1", "train.checkpointing=0"};
-    tz_config_load(&cfg, path, bools, 1);
+    tz_config_load(&cfg, &g_names, path, bools, 1);
     CHECK(cfg.train.checkpointing == 1);
-    tz_config_load(&cfg, path, bools, 2);
+    tz_config_load(&cfg, &g_names, path, bools, 2);
     CHECK(cfg.train.checkpointing == 0);
     const char *bools2[] = {"train.checkpointing=TRUE", "train.checkpointing=false"};
-    tz_config_load(&cfg, path, bools2, 1);
+    tz_config_load(&cfg, &g_names, path, bools2, 1);
     CHECK(cfg.train.checkpointing == 1);
-    tz_config_load(&cfg, path, bools2, 2);
+    tz_config_load(&cfg, &g_names, path, bools2, 2);
     CHECK(cfg.train.checkpointing == 0);
 
     /* targets forms */
-    struct { const char *set; int want; } t[] = {
-        {"lora.targets=[\"q\",\"v\"]", TZ_LORA_Q | TZ_LORA_V},
-        {"lora.targets=[q, o]", TZ_LORA_Q | TZ_LORA_O},
-        {"lora.targets=(\"gate\", \"up\", \"down\")", TZ_LORA_GATE | TZ_LORA_UP | TZ_LORA_DOWN},
-        {"lora.targets=all", TZ_LORA_ALL},
-        {"lora.targets=k", TZ_LORA_K},
-        {"lora.targets= k , k ", TZ_LORA_K},
+    struct { const char *set, *want; } t[] = {
+        {"lora.targets=[\"q\",\"v\"]", "q,v"},
+        {"lora.targets=[q, o]", "q,o"},
+        {"lora.targets=(\"down\", \"up\", \"gate\")", "gate,up,down"}, /* the names' order */
+        {"lora.targets=all", "all"},
+        {"lora.targets=k", "k"},
+        {"lora.targets= k , k ", "k"},
+        {"lora.targets=q,all", "all"},
+        {"lora.targets=adaln,qkv", "qkv,adaln"},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
-        tz_config_load(&cfg, path, &t[i].set, 1);
-        if (cfg.lora.targets != t[i].want) fprintf(stderr, "targets case %s\n", t[i].set);
-        CHECK(cfg.lora.targets == t[i].want);
+        tz_config_load(&cfg, &g_names, path, &t[i].set, 1);
+        if (strcmp(cfg.lora.targets, t[i].want)) fprintf(stderr, "targets case %s\n", t[i].set);
+        CHECK(!strcmp(cfg.lora.targets, t[i].want));
+        check_round_trip(&cfg, t[i].set);
     }
     /* no file at all: defaults and --set */
     const char *only[] = {"model.path=/m", "train.steps=3"};
-    tz_config_load(&cfg, NULL, only, 2);
+    tz_config_load(&cfg, &g_names, NULL, only, 2);
     CHECK(!strcmp(cfg.model.path, "/m") && cfg.train.steps == 3 && cfg.source[0] == 0);
     /* --set satisfies a required key the file lacks */
-    tz_config_load(&cfg, write_temp("train = { steps = 2; };\n"), only, 1);
+    tz_config_load(&cfg, &g_names, write_temp("train = { steps = 2; };\n"), only, 1);
     CHECK(!strcmp(cfg.model.path, "/m") && cfg.train.steps == 2);
 }
 
 static void test_targets_file(void) {
-    struct { const char *text; int want; } t[] = {
-        {"lora = { targets = [\"q\", \"v\"]; };", TZ_LORA_Q | TZ_LORA_V},
-        {"lora = { targets = (\"down\"); };", TZ_LORA_DOWN},
-        {"lora = { targets = [\"all\"]; };", TZ_LORA_ALL},
-        {"lora = { targets = [\"o\", \"gate\", \"o\"]; };", TZ_LORA_O | TZ_LORA_GATE},
+    struct { const char *text, *want; } t[] = {
+        {"lora = { targets = [\"q\", \"v\"]; };", "q,v"},
+        {"lora = { targets = (\"down\"); };", "down"},
+        {"lora = { targets = [\"all\"]; };", "all"},
+        {"lora = { targets = [\"o\", \"gate\", \"o\"]; };", "o,gate"},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         char text[256];
         tz_config cfg;
         snprintf(text, sizeof text, "model = { path = \"m\"; };\n%s\n", t[i].text);
-        tz_config_load(&cfg, write_temp(text), NULL, 0);
-        CHECK(cfg.lora.targets == t[i].want);
+        tz_config_load(&cfg, &g_names, write_temp(text), NULL, 0);
+        CHECK(!strcmp(cfg.lora.targets, t[i].want));
     }
 }
 
@@ -216,7 +224,7 @@ static void test_round_trip_hard(void) {
         "model.adapter=caf\xc3\xa9 #not a comment // nor this", "data.val=\x01\x7f end",
         "lora.targets=v,up",
     };
-    tz_config_load(&cfg, write_temp("model = { path = \"m\"; };\n"), sets,
+    tz_config_load(&cfg, &g_names, write_temp("model = { path = \"m\"; };\n"), sets,
                    (int)(sizeof sets / sizeof sets[0]));
     CHECK(cfg.optim.lr == 0.30000000000000004 && cfg.optim.eps > 0);
     CHECK(!strcmp(cfg.run.dir, "a \"quoted\" \\back\\slash\tx"));
@@ -225,7 +233,7 @@ static void test_round_trip_hard(void) {
     char set[TZ_PATH_MAX + 16];
     const char *one[] = {set};
     snprintf(set, sizeof set, "data.train=%0*d", TZ_PATH_MAX - 1, 7);
-    tz_config_load(&cfg, write_temp("model = { path = \"m\"; };\n"), one, 1);
+    tz_config_load(&cfg, &g_names, write_temp("model = { path = \"m\"; };\n"), one, 1);
     CHECK(strlen(cfg.data.train) == TZ_PATH_MAX - 1);
     check_round_trip(&cfg, "longest string");
 }
@@ -235,7 +243,7 @@ static void test_round_trip_hard(void) {
 static void test_reference(void) {
     const char *ref = TZ_SOURCE_DIR "/inputs/reference.cfg";
     tz_config cfg, want;
-    tz_config_load(&cfg, ref, NULL, 0);
+    tz_config_load(&cfg, &g_names, ref, NULL, 0);
     tz_config_defaults(&want);
     strcpy(want.model.path, "inputs/llama/model");
     strcpy(want.source, ref);
@@ -244,7 +252,7 @@ static void test_reference(void) {
     char *buf = NULL;
     size_t len = 0;
     FILE *mem = open_memstream(&buf, &len);
-    tz_config_write(&want, mem);
+    tz_config_write(&want, &g_names, mem);
     fclose(mem);
     config_t written, reference;
     config_init(&written);
@@ -287,6 +295,7 @@ static void remove_dir(const char *dir) {
 }
 
 int main(void) {
+    tz_family_names(&g_names);
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(g_dir, sizeof g_dir, "%.40s/tzcfgXXXXXX", tmp);
     if (!mkdtemp(g_dir)) {

@@ -103,7 +103,7 @@ static tz_dit *tiny_model(int kind) {
     tz_dit_dims d = {.input_size = 8, .patch_size = 4, .in_channels = 1, .hidden = 32,
                      .depth = 2, .num_heads = 2, .mlp_ratio = 2.0, .num_classes = 3,
                      .class_dropout_prob = 0.1, .freq_dim = 32, .diffusion = kind};
-    tz_dit_opts o = {.full = 1};
+    tz_model_opts o = {.full = 1};
     tz_dit *m = tz_dit_create(g_be, &d, &o);
     tz_dit_init_random(m, 2);
     return m;

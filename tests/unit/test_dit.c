@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/adapter_io.h"
 #include "model/dit_io.h"
 #include "tz_check.h"
 
@@ -26,7 +27,7 @@ static tz_dit_dims small_dims(int sigma) {
 /* Every parameter (and, with lora, lora_B) given random values so nothing is trivially 0. */
 static void randomize(tz_dit *m, uint64_t seed) {
     tz_dit_init_random(m, seed);
-    tz_dit_init_lora(m, seed);
+    tz_model_init_lora(&m->params, m->be, seed);
     for (int i = 0; i < m->params.n; i++) {
         tz_param *p = m->params.p[i];
         if (p->adapter && !strstr(p->name, "lora_B")) continue;
@@ -89,10 +90,10 @@ static double run(tz_dit *m, const batch *b, float **g_out, hook_ctx *h) {
     tz_params_bind_grads(&m->params, grad);
     if (h) {
         h->grad = grad, h->m = m, h->calls = 0, h->last = 0, h->monotone = 1;
-        m->grad_hook = hook, m->grad_hook_ctx = h;
+        tz_params_set_grad_hook(&m->params, hook, h);
     }
     double loss = tz_dit_forward_backward(m, b->x, b->t, b->y, b->tgt, 0.01f);
-    m->grad_hook = NULL;
+    tz_params_set_grad_hook(&m->params, NULL, NULL);
     *g_out = malloc((size_t)m->params.flat_numel * sizeof(float));
     g_be->download(g_be, *g_out, grad, (size_t)m->params.flat_numel * sizeof(float));
     g_be->release(g_be, grad);
@@ -105,7 +106,7 @@ static void test_dims(void) {
     check(!tz_dit_preset("tiny", &d, err, sizeof err) && d.hidden == 64 && d.depth == 2 &&
               d.patch_size == 4 && tz_dit_tokens(&d) == 49,
           "preset tiny: hidden 64, depth 2, patch 4 (49 tokens of 28x28)");
-    tz_dit_opts o = {.full = 1};
+    tz_model_opts o = {.full = 1};
     tz_dit *m = tz_dit_create(g_be, &d, &o);
     printf("tiny: %lld parameters\n", (long long)m->params.n_total);
     tz_dit_free(m);
@@ -125,7 +126,7 @@ static void test_dims(void) {
 
 static void test_zero_init(void) {
     tz_dit_dims d = small_dims(1);
-    tz_dit_opts o = {.full = 1};
+    tz_model_opts o = {.full = 1};
     tz_dit *m = tz_dit_create(g_be, &d, &o);
     tz_dit_init_random(m, 5);
     tz_dit_setup(m, 3);
@@ -148,7 +149,7 @@ static int same(const float *a, const float *b, int64_t n) { return !memcmp(a, b
 static void test_equivalences(int full) {
     tz_dit_dims d = small_dims(1);
     d.input_size = 16;
-    tz_dit_opts o = {.full = full, .lora_targets = full ? 0 : 31, .lora_rank = 3, .lora_alpha = 6};
+    tz_model_opts o = {.full = full, .lora.targets = full ? 0 : 31, .lora.rank = 3, .lora.alpha = 6};
     const char *tag = full ? "full" : "lora";
     tz_dit *m = tz_dit_create(g_be, &d, &o);
     randomize(m, 9);
@@ -179,7 +180,7 @@ static void test_equivalences(int full) {
     check(nonzero > n / 2, "%s: gradients are mostly nonzero (%lld of %lld)", tag,
           (long long)nonzero, (long long)n);
     /* checkpointing recomputes the same numbers */
-    tz_dit_opts oc = o;
+    tz_model_opts oc = o;
     oc.checkpointing = 1;
     tz_dit *mc = tz_dit_create(g_be, &d, &oc);
     for (int i = 0; i < m->params.n; i++)
@@ -213,18 +214,18 @@ static void test_io(void) {
     snprintf(ad, sizeof ad, "%s/adapter", dir);
     tz_dit_dims d = small_dims(1);
     d.diffusion = TZ_DIFF_FLOW;
-    tz_dit_opts o = {.full = 0, .lora_targets = (1 << TZ_DIT_QKV) | (1 << TZ_DIT_ADALN),
-                     .lora_rank = 2, .lora_alpha = 4};
+    tz_model_opts o = {.full = 0, .lora.targets = (1 << TZ_DIT_QKV) | (1 << TZ_DIT_ADALN),
+                     .lora.rank = 2, .lora.alpha = 4};
     tz_dit *m = tz_dit_create(g_be, &d, &o);
     randomize(m, 3);
     tz_dit_save(m, sub, 0);
-    tz_dit_save_adapter(m, ad, sub);
-    tz_dit_opts o2 = {0};
-    tz_dit_read_adapter_opts(ad, &o2);
-    check(o2.lora_targets == o.lora_targets && o2.lora_rank == 2 && o2.lora_alpha == 4.0,
+    tz_adapter_save(&m->params, g_be, ad, tz_dit_lin_names, TZ_DIT_LIN_N, &o.lora, sub);
+    tz_model_opts o2 = {0};
+    tz_adapter_read_spec(ad, tz_dit_lin_names, TZ_DIT_LIN_N, &o2.lora);
+    check(o2.lora.targets == o.lora.targets && o2.lora.rank == 2 && o2.lora.alpha == 4.0,
           "adapter_config.json round trip: targets attn.qkv + adaLN_modulation.1, r 2, alpha 4");
     tz_dit *m2 = tz_dit_load(g_be, sub, &o2);
-    tz_dit_load_adapter(m2, ad);
+    tz_adapter_load(&m2->params, g_be, ad);
     const tz_dit_dims *x = &m->d, *z = &m2->d; /* field by field: padding bytes are not data */
     check(x->input_size == z->input_size && x->patch_size == z->patch_size &&
               x->in_channels == z->in_channels && x->hidden == z->hidden && x->depth == z->depth &&
@@ -242,7 +243,7 @@ static void test_io(void) {
     snprintf(sub, sizeof sub, "%s/bf16", dir);
     tz_dit_save(m, sub, 1);
     tz_dit *m3 = tz_dit_load(g_be, sub, &o2);
-    tz_dit_load_adapter(m3, ad);
+    tz_adapter_load(&m3->params, g_be, ad);
     tz_dit_setup(m3, 3);
     double l3 = tz_dit_forward_loss(m3, b.x, b.t, b.y, b.tgt);
     check(fabs(l3 - l1) < 1e-2 * l1 && l3 != l1, "bf16 save loads with a close loss (%.6f vs %.6f)", l3, l1);

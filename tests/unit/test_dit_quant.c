@@ -22,12 +22,12 @@ static const tz_dit_dims k_dims = {.input_size = 8, .patch_size = 2, .in_channel
  * ones get the same values in every model (same registration index, same draws), quantized
  * ones the quantization of such draws. lora_B non-zero so the adapters act. */
 static tz_dit *make(tz_backend *be, const tz_quant_opts *q, int checkpointing) {
-    tz_dit_opts o = {.lora_targets = 0x1f, .lora_rank = 4, .lora_alpha = 8.0,
+    tz_model_opts o = {.lora.targets = 0x1f, .lora.rank = 4, .lora.alpha = 8.0,
                      .checkpointing = checkpointing};
     if (q) o.quant = *q;
     tz_dit *m = tz_dit_create(be, &k_dims, &o);
     tz_dit_init_random(m, 3);
-    tz_dit_init_lora(m, 4);
+    tz_model_init_lora(&m->params, m->be, 4);
     for (int i = 0; i < m->params.n; i++) {
         tz_param *p = m->params.p[i];
         if (p->adapter && !strstr(p->name, "lora_B")) continue;

@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "io/dtype.h"
 #include "io/safetensors.h"
+#include "model/adapter_io.h"
 #include "model/llama_io.h"
 #include "tz_check.h"
 
@@ -39,7 +40,7 @@ int main(int argc, char **argv) {
         tz_llama_dims d = {.vocab = 50, .dim = 32, .hidden = 40, .n_layers = 2, .n_heads = 4,
                            .n_kv_heads = 2, .head_dim = 8, .max_pos = 64, .eps = 1e-5,
                            .theta = 500000.0, .tied = tied};
-        tz_llama_opts o = {0};
+        tz_model_opts o = {0};
         tz_llama *a = tz_llama_create(be, &d, &o);
         tz_llama_init_random(a, 9);
         tz_llama_setup(a, B, T);
@@ -76,9 +77,9 @@ int main(int argc, char **argv) {
         tz_llama_free(b);
 
         /* adapters: save, load into a fresh model, same logits */
-        tz_llama_opts lo = {.lora_targets = 0x7f, .lora_rank = 3, .lora_alpha = 6.0};
+        tz_model_opts lo = {.lora.targets = 0x7f, .lora.rank = 3, .lora.alpha = 6.0};
         tz_llama *c = tz_llama_load(be, dir, &lo);
-        tz_llama_init_lora(c, 3);
+        tz_model_init_lora(&c->params, c->be, 3);
         for (int i = 0; i < c->params.n; i++) /* nonzero B so the adapter changes logits */
             if (strstr(c->params.p[i]->name, "lora_B"))
                 for (int64_t j = 0; j < c->params.p[i]->numel; j++) c->params.p[i]->w[j] = 0.01f * (float)(j % 7);
@@ -86,14 +87,14 @@ int main(int argc, char **argv) {
         float *lc = logits_of(c, in, tg);
         char adir[80];
         snprintf(adir, sizeof adir, "%s/adapter", dir);
-        tz_llama_save_adapter(c, adir, dir);
-        tz_llama_opts lo2 = {0};
-        tz_llama_read_adapter_opts(adir, &lo2);
-        check(lo2.lora_rank == 3 && lo2.lora_alpha == 6.0 && lo2.lora_targets == 0x7f,
+        tz_adapter_save(&c->params, be, adir, tz_llama_lin_names, TZ_LIN_N, &lo.lora, dir);
+        tz_model_opts lo2 = {0};
+        tz_adapter_read_spec(adir, tz_llama_lin_names, TZ_LIN_N, &lo2.lora);
+        check(lo2.lora.rank == 3 && lo2.lora.alpha == 6.0 && lo2.lora.targets == 0x7f,
               "adapter_config.json not read back (r %lld alpha %g targets %x)",
-              (long long)lo2.lora_rank, lo2.lora_alpha, lo2.lora_targets);
+              (long long)lo2.lora.rank, lo2.lora.alpha, lo2.lora.targets);
         tz_llama *e = tz_llama_load(be, dir, &lo2);
-        tz_llama_load_adapter(e, adir);
+        tz_adapter_load(&e->params, be, adir);
         tz_llama_setup(e, B, T);
         float *le = logits_of(e, in, tg);
         check(!memcmp(lc, le, (size_t)(B * T * d.vocab) * sizeof(float)),

@@ -79,9 +79,9 @@ static void test_round_trip(tz_backend *be, const char *dense, int method, int b
     /* the model from the folder = the model quantized at load; the F32 export matches */
     int32_t in[16], tg[16];
     for (int i = 0; i < 16; i++) in[i] = (i * 7) % 64, tg[i] = (i * 5 + 3) % 64;
-    tz_llama_opts o = {.lora_targets = 0x7f, .lora_rank = 2, .lora_alpha = 4.0};
+    tz_model_opts o = {.lora.targets = 0x7f, .lora.rank = 2, .lora.alpha = 4.0};
     tz_llama *mf = tz_llama_load(be, qdir, &o);
-    o.quant = (tz_llama_quant){.method = method, .bits = bits, .group = 128, .seed = 9};
+    o.quant = (tz_quant_opts){.method = method, .bits = bits, .group = 128, .seed = 9};
     tz_llama *ml = tz_llama_load(be, dense, &o);
     float *lf = logits_of(mf, in, tg), *ll = logits_of(ml, in, tg);
     check(!memcmp(lf, ll, 2 * 8 * 64 * sizeof(float)),
@@ -92,7 +92,7 @@ static void test_round_trip(tz_backend *be, const char *dense, int method, int b
     devnull = fopen("/dev/null", "w");
     tz_llama_export_dequantized(qdir, xdir, devnull);
     fclose(devnull);
-    tz_llama_opts od = {0};
+    tz_model_opts od = {0};
     tz_llama *mx = tz_llama_load(be, xdir, &od);
     float *lx = logits_of(mx, in, tg);
     double e = 0, s = 0;
@@ -187,7 +187,7 @@ int main(int argc, char **argv) {
     snprintf(g_dir, sizeof g_dir, "tq_format_%d", (int)getpid());
     char dense[96];
     snprintf(dense, sizeof dense, "%s/dense", g_dir);
-    tz_llama_opts o = {0};
+    tz_model_opts o = {0};
     tz_llama *m = tz_llama_create(be, &k_dims, &o);
     tz_llama_init_random(m, 21);
     tz_llama_save(m, dense, 0);

@@ -18,13 +18,13 @@ static const tz_llama_dims k_dims = {.vocab = 64, .dim = 128, .hidden = 192, .n_
                                      .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
                                      .max_pos = 64, .eps = 1e-5, .theta = 10000.0, .tied = 1};
 
-static tz_llama *make(tz_backend *be, const tz_llama_quant *q, int checkpointing) {
-    tz_llama_opts o = {.lora_targets = 0x7f, .lora_rank = 4, .lora_alpha = 8.0,
+static tz_llama *make(tz_backend *be, const tz_quant_opts *q, int checkpointing) {
+    tz_model_opts o = {.lora.targets = 0x7f, .lora.rank = 4, .lora.alpha = 8.0,
                        .checkpointing = checkpointing};
     if (q) o.quant = *q;
     tz_llama *m = tz_llama_create(be, &k_dims, &o);
     tz_llama_init_random(m, 3);
-    tz_llama_init_lora(m, 4);
+    tz_model_init_lora(&m->params, m->be, 4);
     for (int i = 0; i < m->params.n; i++) /* nonzero B so the adapters act */
         if (strstr(m->params.p[i]->name, "lora_B"))
             for (int64_t j = 0; j < m->params.p[i]->numel; j++)
@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
     tz_backend *be = tz_cpu_backend_create(2);
     count_start(be);
     const int64_t B = 2, T = 16, BT = B * T;
-    const tz_llama_quant q4 = {.method = TZ_TQ_TURBOQUANT, .bits = 4, .group = 128, .seed = 5};
+    const tz_quant_opts q4 = {.method = TZ_TQ_TURBOQUANT, .bits = 4, .group = 128, .seed = 5};
 
     size_t live0 = g_live;
     tz_llama *d = make(be, NULL, 0);
@@ -120,7 +120,7 @@ int main(int argc, char **argv) {
           "with activation checkpointing: same loss and gradients, bit for bit");
 
     /* absmax baseline: the plain-basis kind, no rotation buffer */
-    const tz_llama_quant a4 = {.method = TZ_TQ_ABSMAX, .bits = 4, .group = 128, .seed = 0};
+    const tz_quant_opts a4 = {.method = TZ_TQ_ABSMAX, .bits = 4, .group = 128, .seed = 0};
     tz_llama *a = make(be, &a4, 0);
     tz_llama_setup(a, B, T);
     check(a->tq.act == NULL && a->arena.cap == d->arena.cap + round64(tile * 4),

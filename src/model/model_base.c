@@ -1,11 +1,72 @@
-/* Quantized frozen base weights shared by the models: option checks and codebook, host-side
- * quantization into backend storage, and the decode scratch of the arena. */
-#include "model/quant_base.h"
+/* What the model families share: LoRA initialisation, weight uploads, and the quantized base
+ * (option checks and codebook, host-side quantization, the decode scratch of the arena). */
+#include "model/model_base.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "quant/turboquant.h"
+
+int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n_layers,
+                        int checkpointing, size_t set_bytes, int64_t stream_floats) {
+    const int n_sets = checkpointing ? 1 : (int)n_layers;
+    if (a) {
+        tz_layer_stack_free(s);
+        s->n_layers = n_layers;
+        s->n_sets = n_sets;
+        s->set_bytes = set_bytes;
+        s->xin = tz_xcalloc((size_t)n_layers + 1, sizeof *s->xin);
+        s->sets = tz_xcalloc((size_t)n_sets, set_bytes);
+    }
+    for (int64_t i = 0; i <= n_layers; i++)
+        TZ_ARENA_TAKE(a, total, s->xin[i], stream_floats, "residual stream");
+    return n_sets;
+}
+
+void tz_layer_stack_free(tz_layer_stack *s) {
+    free(s->xin);
+    free(s->sets);
+    memset(s, 0, sizeof *s);
+}
+
+/* Every parameter whose adapter flag is `adapters`, filled from its own stream and uploaded. */
+static void init_params(tz_params *ps, tz_backend *be, const tz_tq_codebook *cb, uint64_t seed,
+                        int purpose, int adapters, tz_init_fill fill, void *ctx) {
+    for (int i = 0; i < ps->n; i++) {
+        tz_param *p = ps->p[i];
+        if (p->adapter != adapters) continue;
+        tz_rng r = tz_rng_make(seed, (uint64_t)i, (uint64_t)purpose, 0);
+        float *h = tz_xmalloc((size_t)p->numel * sizeof *h);
+        fill(ctx, i, p, &r, h);
+        tz_model_upload_param(be, cb, p, h);
+        free(h);
+    }
+}
+
+void tz_model_init_base(tz_params *ps, tz_backend *be, const tz_tq_codebook *cb, uint64_t seed,
+                        tz_init_fill fill, void *ctx) {
+    init_params(ps, be, cb, seed, TZ_RNG_INIT, 0, fill, ctx);
+}
+
+static void fill_lora(void *ctx, int i, const tz_param *p, tz_rng *r, float *h) {
+    const int is_a = strstr(p->name, "lora_A") != NULL;
+    const double bound = 1.0 / sqrt((double)p->shape[1]);
+    for (int64_t k = 0; k < p->numel; k++)
+        h[k] = is_a ? (float)(bound * (2.0 * tz_rng_uniform(r) - 1.0)) : 0.0f;
+}
+
+void tz_model_init_lora(tz_params *ps, tz_backend *be, uint64_t seed) {
+    init_params(ps, be, NULL, seed, TZ_RNG_LORA, 1, fill_lora, NULL);
+}
+
+void tz_model_upload_param(tz_backend *be, const tz_tq_codebook *cb, tz_param *p,
+                           const float *w) {
+    if (p->q) tz_quant_upload(be, cb, p, w);
+    else be->upload(be, p->w, w, (size_t)p->numel * sizeof *w);
+}
 
 void tz_quant_prepare(const tz_quant_opts *q, int full, tz_tq_codebook *cb, float *levels) {
     char err[256];

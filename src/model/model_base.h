@@ -1,0 +1,95 @@
+/* What every model family (Llama, DiT) builds on: its options, the LoRA initialisation,
+ * host-to-backend weight uploads, and the quantized frozen base (codebook set-up, quantizing a
+ * host weight into its storage, the one decode tile + rotation buffer of a model's arena).
+ * Which weights a model quantizes or adapts is the model's choice; the math is src/quant's. */
+#ifndef TZ_MODEL_BASE_H
+#define TZ_MODEL_BASE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/arena.h"
+#include "core/backend.h"
+#include "core/rng.h"
+#include "model/linear.h"
+#include "model/params.h"
+#include "quant/codebook.h"
+
+/* How a model's quantizable weights are stored (quant/turboquant.h). bits 0: dense. */
+typedef struct tz_quant_opts {
+    int method;        /* TZ_TQ_TURBOQUANT | TZ_TQ_ABSMAX (the baseline) */
+    int bits;          /* 0 (dense), 1..4 */
+    int group;         /* 64, 128 or 256 */
+    uint64_t seed;     /* sign seed (TurboQuant) */
+} tz_quant_opts;
+
+/* The LoRA adapters of a model (what PEFT's adapter_config.json says, model/adapter_io.h). */
+typedef struct tz_lora_spec {
+    int targets;       /* bit 1 << j: the family's projection j is adapted; 0: no adapters */
+    int64_t rank;
+    double alpha;      /* the update is alpha / rank * B A */
+} tz_lora_spec;
+
+/* How a model is built: what trains, its adapters, checkpointing, and how the quantizable
+ * weights are stored. One struct for every family. */
+typedef struct tz_model_opts {
+    int full;          /* 1: every weight trainable; 0: frozen base (adapters only) */
+    tz_lora_spec lora;
+    int checkpointing; /* keep only layer inputs, recompute each layer in backward */
+    tz_quant_opts quant;
+} tz_model_opts;
+
+/* What a stack of layers keeps for backward: the residual stream into each layer (and out of
+ * the last), and each layer's saved activations (the family's struct, set_bytes each) or,
+ * with activation checkpointing, one set shared by every layer and recomputed layer by layer
+ * in backward (the last layer's is still in place). */
+typedef struct tz_layer_stack {
+    int64_t n_layers;
+    float **xin;      /* n_layers + 1 residual streams, in the model's arena */
+    void *sets;       /* n_sets activation sets */
+    size_t set_bytes;
+    int n_sets;       /* n_layers, or 1 with checkpointing */
+} tz_layer_stack;
+
+/* The stack's step of a model's arena walk (core/arena.h): takes the n_layers + 1 residual
+ * streams of stream_floats each; when allocating (a != NULL) first (re)allocates s's host
+ * arrays, the family then takes each set's fields. Returns the number of sets. */
+int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n_layers,
+                        int checkpointing, size_t set_bytes, int64_t stream_floats);
+void tz_layer_stack_free(tz_layer_stack *s);
+/* The activation set of a layer, and whether backward must recompute the layer first. */
+static inline void *tz_layer_stack_set(const tz_layer_stack *s, int64_t layer) {
+    return (char *)s->sets + (size_t)(s->n_sets == 1 ? 0 : layer) * s->set_bytes;
+}
+static inline int tz_layer_stack_recompute(const tz_layer_stack *s, int64_t layer) {
+    return s->n_sets == 1 && layer != s->n_layers - 1;
+}
+
+/* A family's initialisation rule: p->numel host floats into h for parameter i of the table,
+ * drawing from r (the stream tz_rng_make(seed, i, purpose, 0)). */
+typedef void (*tz_init_fill)(void *ctx, int i, const tz_param *p, tz_rng *r, float *h);
+/* Random base weights (adapters left alone) by the family's rule, uploaded with
+ * tz_model_upload_param: a quantized weight holds the quantization of the dense draws. */
+void tz_model_init_base(tz_params *ps, tz_backend *be, const tz_tq_codebook *cb, uint64_t seed,
+                        tz_init_fill fill, void *ctx);
+/* LoRA init as PEFT does, for every adapter tensor of ps: A ~ U(-1/sqrt(in), 1/sqrt(in)),
+ * B = 0; the draws of parameter i come from tz_rng_make(seed, i, TZ_RNG_LORA, 0). */
+void tz_model_init_lora(tz_params *ps, tz_backend *be, uint64_t seed);
+/* Sets p from the host floats w (p->numel): uploaded as they are, or, when p is quantized,
+ * quantized on the host as p->q says (cb: the model's codebook) and its codes uploaded. */
+void tz_model_upload_param(tz_backend *be, const tz_tq_codebook *cb, tz_param *p,
+                           const float *w);
+
+/* Checks q (fatal with a hint when it cannot be used, e.g. full fine-tuning: `full` non-zero)
+ * and fills cb (TurboQuant) and levels (2^bits code values, tz_tq_levels). */
+void tz_quant_prepare(const tz_quant_opts *q, int full, tz_tq_codebook *cb, float *levels);
+/* The codebook of `bits` bits: cb when it has that many, else computed into local. */
+const tz_tq_codebook *tz_quant_codebook(const tz_tq_codebook *cb, int method, int bits,
+                                        tz_tq_codebook *local);
+/* Quantizes the host weight w (p->numel floats) as p->q says and uploads codes and scales. */
+void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, const float *w);
+/* The scratch of a model whose quantized weights are those of ps: one tile for the largest,
+ * one rotation buffer of rows x (largest `in` of a TurboQuant weight). With a NULL arena it
+ * only counts bytes (64-byte rounded, as tz_arena_alloc takes them); else it allocates s. */
+size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows);
+
+#endif

@@ -1,0 +1,81 @@
+/* What every family's task does the same way: the model options from the config (mode,
+ * adapters, quantization), the adapters' loading or initialisation, saving the result. The
+ * data and the model are each family's (task_<name>.c). */
+#include "train/task.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "io/fsutil.h"
+#include "model/adapter_io.h"
+
+tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int training) {
+    tz_model_opts o;
+    memset(&o, 0, sizeof o);
+    o.full = training && cfg->train.mode == TZ_MODE_FULL;
+    o.checkpointing = cfg->train.checkpointing;
+    o.quant.method = cfg->quant.method;
+    o.quant.bits = (int)cfg->quant.bits;
+    o.quant.group = (int)cfg->quant.group;
+    o.quant.seed = (uint64_t)cfg->quant.seed;
+    if (cfg->model.adapter[0]) {
+        tz_adapter_read_spec(cfg->model.adapter, f->modules, tz_family_n_targets(f), &o.lora);
+    } else if (training && cfg->train.mode == TZ_MODE_LORA) {
+        o.lora.targets = tz_family_lora_targets(f, cfg);
+        o.lora.rank = cfg->lora.rank;
+        o.lora.alpha = cfg->lora.alpha;
+    }
+    if (o.full && o.lora.targets)
+        TZ_FATAL_HINT("unset model.adapter, or train with train.mode = \"lora\"",
+                      "%s: train.mode = \"full\" with an adapter (model.adapter = %s)",
+                      cfg->source, cfg->model.adapter);
+    return o;
+}
+
+void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_params *ps,
+                           tz_backend *be) {
+    if (cfg->model.adapter[0]) tz_adapter_load(ps, be, cfg->model.adapter);
+    else if (o->lora.targets) tz_model_init_lora(ps, be, (uint64_t)cfg->run.seed);
+}
+
+void tz_task_save(tz_task *t, char *out, size_t outlen) {
+    const tz_config *cfg = t->cfg;
+    if (cfg->train.mode == TZ_MODE_FULL) {
+        tz_path_join(out, outlen, cfg->run.dir, "model");
+        t->family->task->save_model(t, out, cfg->run.save_dtype);
+    } else {
+        const tz_family *f = t->family;
+        tz_path_join(out, outlen, cfg->run.dir, "adapter");
+        tz_adapter_save(t->params, t->be, out, f->modules, tz_family_n_targets(f), &t->opts.lora,
+                        cfg->model.path);
+    }
+}
+
+tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training) {
+    const tz_family *f = tz_family_of(cfg);
+    const tz_task_ops *ops = f->task;
+    tz_task *t = tz_xcalloc(1, ops->size);
+    t->family = f;
+    t->cfg = cfg;
+    t->be = be;
+    t->training = training;
+    t->opts = tz_task_model_opts(f, cfg, training);
+    t->params = ops->load(t);
+    tz_task_load_adapters(cfg, &t->opts, t->params, be);
+    t->B = cfg->train.micro_batch;
+    ops->open(t);
+    size_t used = strlen(t->describe);
+    snprintf(t->describe + used, sizeof t->describe - used,
+             " | %lld params, %lld trainable (%s)", (long long)t->params->n_total,
+             (long long)t->params->n_trainable, training ? tz_mode_name(cfg->train.mode) : "eval");
+    t->train_rows = ops->train_rows;
+    t->eval_rows = ops->eval_rows;
+    return t;
+}
+
+void tz_task_free(tz_task *t) {
+    t->family->task->close(t);
+    free(t);
+}
