@@ -13,8 +13,8 @@ static int own_rank(const tz_zero *z) { return z->stage == 0 ? 0 : z->comm->rank
 /* Flat offset of the first element of rank r's slice of bucket b. */
 static int64_t slice_base(const tz_zero_bucket *b, int r) { return b->start + (int64_t)r * b->slice; }
 
-void tz_zero_init(tz_zero *z, int stage, double bucket_mb, tz_params *ps, tz_backend *be,
-                  tz_comm *comm, const tz_world *world) {
+void tz_zero_init(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt, tz_params *ps,
+                  tz_backend *be, tz_comm *comm, const tz_world *world) {
     memset(z, 0, sizeof *z);
     z->stage = stage;
     z->be = be;
@@ -42,14 +42,7 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, tz_params *ps, tz_bac
     free(num);
 
     /* the host shard, on this rank's NUMA node */
-    z->shard = z->plan.shard_numel;
-    size_t fb = (size_t)z->shard * sizeof(float);
-    z->master = tz_world_host_alloc(world, fb);
-    z->m = tz_world_host_alloc(world, fb);
-    z->v = tz_world_host_alloc(world, fb);
-    z->acc = tz_world_host_alloc(world, fb);
-    z->decay = tz_world_host_alloc(world, (size_t)z->shard);
-    z->shard_bytes = 4 * fb + (size_t)z->shard;
+    tz_shard_init(&z->sh, opt, z->plan.shard_numel, world);
 
     /* master <- this rank's slice of the weights; decay flags per element */
     /* per flat element: 0 gap, 1 parameter, 2 parameter with weight decay */
@@ -64,9 +57,9 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, tz_params *ps, tz_bac
         tz_zero_plan_slice(&z->plan, b, r, &begin, &end);
         if (end <= begin) continue;
         int64_t at = bk->shard_off + (begin - slice_base(bk, r));
-        be->download(be, z->master + at, ps->flat_w + begin, (size_t)(end - begin) * sizeof(float));
+        be->download(be, z->sh.master + at, ps->flat_w + begin, (size_t)(end - begin) * sizeof(float));
         for (int64_t f = begin; f < end; f++) {
-            z->decay[at + f - begin] = flat_kind[f] == 2;
+            z->sh.decay[at + f - begin] = flat_kind[f] == 2;
             z->owned_params += flat_kind[f] != 0;
         }
     }
@@ -83,12 +76,7 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, tz_params *ps, tz_bac
 }
 
 void tz_zero_free(tz_zero *z) {
-    size_t fb = (size_t)z->shard * sizeof(float);
-    tz_world_host_free(z->world, z->master, fb);
-    tz_world_host_free(z->world, z->m, fb);
-    tz_world_host_free(z->world, z->v, fb);
-    tz_world_host_free(z->world, z->acc, fb);
-    tz_world_host_free(z->world, z->decay, (size_t)z->shard);
+    tz_shard_free(&z->sh);
     for (int s = 0; s < TZ_ZERO_SLOTS; s++) {
         if (z->stage_buf[s]) z->be->release(z->be, z->stage_buf[s]);
         free(z->recv[s]);
@@ -101,7 +89,7 @@ void tz_zero_free(tz_zero *z) {
 
 void tz_zero_begin_step(tz_zero *z) {
     z->be->fill(z->be, z->grad, 0.0f, z->ps->flat_numel);
-    memset(z->acc, 0, (size_t)z->shard * sizeof(float));
+    memset(z->sh.acc, 0, (size_t)z->sh.n * sizeof(float));
 }
 
 void tz_zero_begin_micro(tz_zero *z, int last) {
@@ -114,7 +102,7 @@ void tz_zero_begin_micro(tz_zero *z, int last) {
 
 /* acc[shard range of bucket b] += src (slice elements of host memory). */
 static void accumulate(tz_zero *z, int b, const float *src, int64_t n) {
-    float *dst = z->acc + z->plan.b[b].shard_off;
+    float *dst = z->sh.acc + z->plan.b[b].shard_off;
     for (int64_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
@@ -147,7 +135,7 @@ static void launch(tz_zero *z, int b) {
     tz_zero_plan_slice(&z->plan, b, r, &begin, &end);
     if (end <= begin) return;
     be->download(be, z->host_tmp, z->grad + begin, (size_t)(end - begin) * sizeof(float));
-    float *dst = z->acc + bk->shard_off + (begin - slice_base(bk, r));
+    float *dst = z->sh.acc + bk->shard_off + (begin - slice_base(bk, r));
     for (int64_t i = 0; i < end - begin; i++) dst[i] += z->host_tmp[i];
 }
 
@@ -167,21 +155,20 @@ void tz_zero_end_micro(tz_zero *z) {
     for (int k = 0; k < TZ_ZERO_SLOTS; k++) finish_slot(z, (z->next_slot + k) % TZ_ZERO_SLOTS);
 }
 
-double tz_zero_step(tz_zero *z, const tz_adamw_hparams *h, int64_t t, double max_norm) {
-    double ss = 0.0; /* sequential: the same sum for any thread count */
-    for (int64_t i = 0; i < z->shard; i++) ss += (double)z->acc[i] * (double)z->acc[i];
+double tz_zero_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max_norm) {
+    double ss = tz_shard_sumsq(&z->sh);
     if (z->stage > 0 && z->comm->size > 1) tz_comm_all_reduce(z->comm, &ss, &ss, 1, TZ_DT_F64);
     double norm = sqrt(ss);
     float clip = 1.0f;
     if (max_norm > 0 && norm > max_norm) clip = (float)(max_norm / norm);
-    if (isfinite(norm)) tz_adamw_step(z->master, z->m, z->v, z->acc, z->decay, z->shard, t, h, clip);
+    if (isfinite(norm)) tz_shard_update(&z->sh, h, t, clip);
     /* the updated weights back into every rank's model */
     tz_backend *be = z->be;
     for (int b = 0; b < z->plan.n_buckets; b++) {
         const tz_zero_bucket *bk = &z->plan.b[b];
-        const float *src = z->master + bk->shard_off;
+        const float *src = z->sh.master + bk->shard_off;
         if (z->stage > 0 && z->comm->size > 1) {
-            tz_comm_all_gather(z->comm, z->master + bk->shard_off, z->host_tmp, bk->slice, TZ_DT_F32);
+            tz_comm_all_gather(z->comm, z->sh.master + bk->shard_off, z->host_tmp, bk->slice, TZ_DT_F32);
             src = z->host_tmp;
         }
         be->upload(be, z->ps->flat_w + bk->start, src, (size_t)bk->len * sizeof(float));
@@ -190,10 +177,11 @@ double tz_zero_step(tz_zero *z, const tz_adamw_hparams *h, int64_t t, double max
 }
 
 void tz_zero_print(const tz_zero *z) {
+    char arrays[256];
+    tz_shard_describe(&z->sh, arrays, sizeof arrays);
     tz_info_all("zero stage %d: owns %lld of %lld trainable parameters (shard of %lld elements "
-                "in %d buckets, with padding) | host shard %zu bytes (%.2f MiB: fp32 master, m, "
-                "v, grad accumulator, decay flags)",
+                "in %d buckets, with padding) | host shard %zu bytes (%.2f MiB: %s: %s)",
                 z->stage, (long long)z->owned_params, (long long)z->ps->n_trainable,
-                (long long)z->shard, z->plan.n_buckets, z->shard_bytes,
-                (double)z->shard_bytes / 1048576.0);
+                (long long)z->sh.n, z->plan.n_buckets, z->sh.bytes,
+                (double)z->sh.bytes / 1048576.0, z->sh.opt->name, arrays);
 }
