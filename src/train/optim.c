@@ -5,6 +5,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -53,11 +54,13 @@ void tz_shard_init(tz_shard *s, const tz_optim *opt, int64_t n, const tz_world *
     s->master = s->a[TZ_SHARD_MASTER].data;
     s->acc = s->a[TZ_SHARD_ACC].data;
     s->decay = s->a[TZ_SHARD_DECAY].data;
+    s->partial = tz_xmalloc((size_t)((n + TZ_SHARD_SUMSQ_BLOCK - 1) / TZ_SHARD_SUMSQ_BLOCK + 1) * sizeof(double));
 }
 
 void tz_shard_free(tz_shard *s) {
     for (int i = 0; i < s->n_arrays; i++)
         tz_world_host_free(s->world, s->a[i].data, (size_t)s->n * s->a[i].elem_bytes);
+    free(s->partial);
     memset(s, 0, sizeof *s);
 }
 
@@ -66,18 +69,44 @@ float *tz_shard_state(const tz_shard *s, int i) {
     return s->a[TZ_SHARD_STATE0 + i].data;
 }
 
+/* Sum of squares of one block in 16 fixed lanes (element i of the block in lane i % 16),
+ * the lanes added pairwise in a fixed tree. Each float square is exact in double, so only
+ * the sums round, the same way on any machine and for any thread count. */
+static double block_sumsq(const float *restrict x, int64_t n) {
+    double lane[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) lane[j] += (double)x[i + j] * (double)x[i + j];
+    for (int j = 0; i < n; i++, j++) lane[j] += (double)x[i] * (double)x[i];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) lane[j] += lane[j + w];
+    return lane[0];
+}
+
 double tz_shard_sumsq(const tz_shard *s) {
-    double ss = 0.0; /* sequential: the same sum for any thread count */
-    for (int64_t i = 0; i < s->n; i++) ss += (double)s->acc[i] * (double)s->acc[i];
+    const int64_t n = s->n, B = TZ_SHARD_SUMSQ_BLOCK, nb = (n + B - 1) / B;
+    double *part = s->partial;
+#pragma omp parallel for schedule(static) if (n >= 4 * B)
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * B;
+        part[b] = block_sumsq(s->acc + lo, n - lo < B ? n - lo : B);
+    }
+    double ss = 0.0; /* the blocks in order */
+    for (int64_t b = 0; b < nb; b++) ss += part[b];
     return ss;
 }
 
-/* Thread k of nt takes [lo, hi): equal parts, cut at multiples of 16 elements (64 bytes). */
-static void thread_range(int64_t n, int k, int nt, int64_t *lo, int64_t *hi) {
+void tz_shard_thread_range(int64_t n, int64_t *lo, int64_t *hi) {
+    const int k = omp_get_thread_num(), nt = omp_get_num_threads();
     int64_t per = (n + nt - 1) / nt;
-    per = (per + 15) / 16 * 16;
+    per = (per + 15) / 16 * 16; /* cut at multiples of 16 elements (64 bytes) */
     *lo = (int64_t)k * per < n ? (int64_t)k * per : n;
     *hi = *lo + per < n ? *lo + per : n;
+}
+
+size_t tz_shard_step_bytes(const tz_shard *s) {
+    /* read master, gradient, decay flag and states; write master and states */
+    return 2 * sizeof(float) + 1 + (size_t)s->opt->n_states * 2 * sizeof(float) + sizeof(float);
 }
 
 void tz_shard_update(tz_shard *s, const tz_optim_hparams *h, int64_t t, float grad_scale) {
@@ -88,7 +117,7 @@ void tz_shard_update(tz_shard *s, const tz_optim_hparams *h, int64_t t, float gr
 #pragma omp parallel if (n >= 32768)
     {
         int64_t lo, hi;
-        thread_range(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        tz_shard_thread_range(n, &lo, &hi);
         o->step(&a, lo, hi, t, h, grad_scale);
     }
 }

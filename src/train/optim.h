@@ -74,18 +74,30 @@ typedef struct tz_shard {
     float *master, *acc;   /* = a[TZ_SHARD_MASTER].data, a[TZ_SHARD_ACC].data */
     uint8_t *decay;        /* = a[TZ_SHARD_DECAY].data */
     size_t bytes;          /* all arrays together */
+    double *partial;       /* one sum of squares per block (tz_shard_sumsq) */
 } tz_shard;
+
+/* tz_shard_sumsq's block: the shard is cut into blocks of this many elements from its
+ * start, whatever the thread count. */
+#define TZ_SHARD_SUMSQ_BLOCK 16384
 
 /* Allocates every array zeroed on the world's NUMA node. Fatal on an invalid optimizer. */
 void tz_shard_init(tz_shard *s, const tz_optim *opt, int64_t n, const tz_world *world);
 void tz_shard_free(tz_shard *s);
 /* The optimizer's state i (0 <= i < opt->n_states). */
 float *tz_shard_state(const tz_shard *s, int i);
-/* Sum of squares of the accumulator, in double. */
+/* Sum of squares of the accumulator in double, blocked: each block of TZ_SHARD_SUMSQ_BLOCK
+ * elements summed in a fixed order by one thread, the block sums added in block order. The
+ * bits do not depend on the thread count (they differ from a serial sum's last bits). */
 double tz_shard_sumsq(const tz_shard *s);
 /* One optimizer step over the whole shard: master and states from the accumulator times
- * grad_scale. */
+ * grad_scale, one range per OpenMP thread (tz_shard_thread_range). */
 void tz_shard_update(tz_shard *s, const tz_optim_hparams *h, int64_t t, float grad_scale);
+/* Inside a parallel region: this thread's part of n elements, equal parts cut at multiples
+ * of 16 elements (64 bytes). */
+void tz_shard_thread_range(int64_t n, int64_t *lo, int64_t *hi);
+/* Bytes a step reads and writes per element (AdamW: 29). */
+size_t tz_shard_step_bytes(const tz_shard *s);
 /* "master, grad_acc, decay, exp_avg, exp_avg_sq" into buf. */
 void tz_shard_describe(const tz_shard *s, char *buf, size_t len);
 

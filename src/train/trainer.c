@@ -261,6 +261,7 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     const int64_t warm = steps > 3 ? 2 : 0;
     double *dt = tz_xmalloc((size_t)steps * sizeof *dt);
     for (int64_t step = 0; step < steps; step++) {
+        if (step == warm) tz_zero_clock_reset(&r.z); /* host-step phases after the warm-up */
         double t0 = now_s();
         step_result s = train_step(&r, step);
         dt[step] = now_s() - t0;
@@ -283,6 +284,7 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
             (long long)units, r.task->unit, med, (long long)n, (long long)warm,
             (double)units / med, r.task->unit, (double)r.z.sh.bytes / 1048576.0,
             (double)r.task->arena_bytes / 1048576.0, (double)rss_max / 1024.0);
+    tz_zero_clock_print(&r.z);
     free(all);
     free(dt);
     run_close(&r);

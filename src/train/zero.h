@@ -14,6 +14,17 @@
 
 #define TZ_ZERO_SLOTS 2 /* buckets in flight at once in stage 2 */
 
+/* Phases of the host side of a step, timed (and their bytes counted, read + written as
+ * STREAM counts them) by every rank: gradients into the accumulator (and, on a
+ * host-addressable backend, into the stage-2 staging buffers), the sum of squares, the
+ * optimizer, the all-gather of updated slices, the copies of the weights into the model. */
+enum { TZ_ZERO_GRADS, TZ_ZERO_NORM, TZ_ZERO_UPDATE, TZ_ZERO_GATHER, TZ_ZERO_WEIGHTS,
+       TZ_ZERO_PHASES };
+extern const char *const tz_zero_phase_names[TZ_ZERO_PHASES];
+typedef struct tz_zero_clock {
+    double seconds, bytes;
+} tz_zero_clock;
+
 typedef struct tz_zero {
     int stage;             /* 0: all-reduce, replicated optimizer; 1: all-reduce, sharded
                             * optimizer; 2: reduce-scatter, sharded optimizer */
@@ -33,6 +44,10 @@ typedef struct tz_zero {
     float *host_tmp;       /* one padded bucket on the host (gathers, device downloads) */
     int next_bucket;       /* first bucket not yet communicated in this micro-batch */
     int communicate;       /* this micro-batch's backward communicates (hook armed) */
+    int pipelined;         /* stage 2 on more than one rank: staged, non-blocking */
+    int fresh;             /* no gradient has reached the accumulator in this step yet */
+    tz_zero_clock clock[TZ_ZERO_PHASES]; /* summed over steps since init or reset */
+    int64_t steps;
 } tz_zero;
 
 /* Plans, allocates the shard with opt's states and copies this rank's slice of the current
@@ -42,7 +57,8 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt, 
                   tz_backend *be, tz_comm *comm, const tz_world *world);
 void tz_zero_free(tz_zero *z);
 
-/* Before each optimizer step: zero the gradient buffer and the host accumulator. */
+/* Before each optimizer step: zero the gradient buffer; the step's first gradients will
+ * overwrite the host accumulator. */
 void tz_zero_begin_step(tz_zero *z);
 /* Before each micro-batch's backward; last: the step's final micro-batch. */
 void tz_zero_begin_micro(tz_zero *z, int last);
@@ -56,5 +72,8 @@ void tz_zero_end_micro(tz_zero *z);
 double tz_zero_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max_norm);
 /* Every rank prints its share: owned elements and host shard bytes. */
 void tz_zero_print(const tz_zero *z);
+/* Restart the phase clocks; every rank prints its phases' mean time and bytes/s per step. */
+void tz_zero_clock_reset(tz_zero *z);
+void tz_zero_clock_print(const tz_zero *z);
 
 #endif

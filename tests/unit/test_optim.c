@@ -1,6 +1,6 @@
 /* The optimizer interface and the host shard: the registry and AdamW's state names, AdamW
  * against a double-precision scalar reference, the same bits for any range split or thread
- * count, and a shard built for optimizers with 0, 1 and 3 states. */
+ * count, a shard built for optimizers with 0, 1 and 3 states, the blocked sum of squares. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -198,6 +198,39 @@ static void test_shard_generic(void) {
     free(ref);
 }
 
+/* ---- the blocked sum of squares ---- */
+
+static void test_sumsq(void) {
+    const int64_t B = TZ_SHARD_SUMSQ_BLOCK;
+    const int64_t sizes[] = {0, 1, 15, 16, 17, B - 1, B, B + 1, 4 * B + 17, 3000001};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        const int64_t n = sizes[k];
+        tz_shard s;
+        tz_shard_init(&s, &tz_optim_adamw, n, &g_world);
+        fill_normal(s.acc, n, 1e-3, 40 + k);
+        for (int64_t i = 0; i < n; i += 997) s.acc[i] *= 1e4f; /* a few large values */
+        long double ref = 0;
+        double serial = 0;
+        for (int64_t i = 0; i < n; i++) {
+            ref += (long double)s.acc[i] * s.acc[i];
+            serial += (double)s.acc[i] * (double)s.acc[i];
+        }
+        double got[3];
+        for (int nt = 1; nt <= 3; nt++) {
+            omp_set_num_threads(nt);
+            got[nt - 1] = tz_shard_sumsq(&s);
+        }
+        omp_set_num_threads(omp_get_num_procs());
+        const double rel = n ? fabs((double)((long double)got[0] - ref)) / (double)ref : fabs(got[0]);
+        const double rel_serial = n ? fabs((double)((long double)serial - ref)) / (double)ref : 0;
+        check(memcmp(&got[0], &got[1], sizeof got[0]) == 0 && memcmp(&got[0], &got[2], sizeof got[0]) == 0 &&
+                  rel < 1e-12,
+              "sumsq n=%lld: same bits for 1, 2, 3 threads; %.1e from long double (serial double "
+              "loop: %.1e)", (long long)n, rel, rel_serial);
+        tz_shard_free(&s);
+    }
+}
+
 int main(void) {
     memset(&g_world, 0, sizeof g_world);
     g_world.numa_node = -1;
@@ -205,5 +238,6 @@ int main(void) {
     test_adamw_reference();
     test_adamw_split();
     test_shard_generic();
+    test_sumsq();
     return tz_check_done("optim");
 }
