@@ -1,18 +1,25 @@
-/* CPU AdamW over a contiguous shard, written as one flat loop the compiler vectorises, and
- * the LR schedule. Knows nothing of parameters or ranks: the caller hands it the slice. */
+/* CPU AdamW over a range of a shard, written as one flat loop the compiler vectorises. Knows
+ * nothing of parameters, ranks or threads: the shard (train/optim.c) hands it the ranges. */
 #include "train/adamw.h"
 
 #include <math.h>
 #include <stddef.h>
 
-void tz_adamw_step(float *restrict w, float *restrict m, float *restrict v,
-                   const float *restrict g, const uint8_t *restrict decay, int64_t n, int64_t t,
-                   const tz_adamw_hparams *h, float grad_scale) {
+const tz_optim tz_optim_adamw = {
+    .name = "adamw",
+    .n_states = 2,
+    .state_names = {"exp_avg", "exp_avg_sq"},
+    .step = tz_adamw_step,
+};
+
+static void adamw_range(float *restrict w, float *restrict m, float *restrict v,
+                        const float *restrict g, const uint8_t *restrict decay, int64_t n,
+                        const tz_optim_hparams *h, int64_t t, float grad_scale) {
     const float b1 = (float)h->beta1, b2 = (float)h->beta2, eps = (float)h->eps;
     const float lr = (float)h->lr, wd = (float)h->weight_decay;
     const float c1 = (float)(1.0 / (1.0 - pow(h->beta1, (double)t)));
     const float c2 = (float)(1.0 / (1.0 - pow(h->beta2, (double)t)));
-#pragma omp parallel for simd schedule(static)
+#pragma omp simd
     for (int64_t i = 0; i < n; i++) {
         float gi = g[i] * grad_scale;
         float mi = b1 * m[i] + (1.0f - b1) * gi;
@@ -25,11 +32,9 @@ void tz_adamw_step(float *restrict w, float *restrict m, float *restrict v,
     }
 }
 
-double tz_lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double min_ratio) {
-    if (warmup > 0 && step < warmup) return lr * (double)(step + 1) / (double)warmup;
-    int64_t span = total - warmup;
-    if (span <= 1) return lr;
-    double p = (double)(step - warmup) / (double)(span - 1);
-    if (p > 1.0) p = 1.0;
-    return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + cos(M_PI * p)));
+void tz_adamw_step(const tz_optim_arrays *a, int64_t lo, int64_t hi, int64_t t,
+                   const tz_optim_hparams *h, float grad_scale) {
+    if (hi <= lo) return;
+    adamw_range(a->w + lo, a->state[0] + lo, a->state[1] + lo, a->g + lo,
+                a->decay ? a->decay + lo : NULL, hi - lo, h, t, grad_scale);
 }

@@ -1,21 +1,19 @@
-/* AdamW on a host shard of the flat trainable space (fp32 master, m, v), the LR schedule
- * (linear warmup, cosine decay to a floor). The shard is whatever slice this rank owns. */
+/* AdamW, the first optimizer behind the tz_optim interface (train/optim.h): decoupled weight
+ * decay, bias-corrected moments, over a range of a host shard. No parameters, no ranks. */
 #ifndef TZ_ADAMW_H
 #define TZ_ADAMW_H
 #include <stdint.h>
 
-typedef struct tz_adamw_hparams {
-    double lr, beta1, beta2, eps, weight_decay;
-} tz_adamw_hparams;
+#include "train/optim.h"
 
-/* One step t (1-based) over n elements: g is the (already clipped, scaled) gradient;
- * decay[i] != 0 where weight decay applies (NULL: everywhere). Decoupled decay:
- * w -= lr * (mhat / (sqrt(vhat) + eps) + wd * w). OpenMP over elements. */
-void tz_adamw_step(float *w, float *m, float *v, const float *g, const uint8_t *decay,
-                   int64_t n, int64_t t, const tz_adamw_hparams *h, float grad_scale);
+/* "adamw", states "exp_avg" (m) and "exp_avg_sq" (v), as torch.optim.AdamW names them.
+ * Reads lr, beta1, beta2, eps, weight_decay. */
+extern const tz_optim tz_optim_adamw;
 
-/* Learning rate at step (0-based) of total: linear warmup over `warmup` steps to lr, then
- * cosine from lr down to lr * min_ratio at the last step. */
-double tz_lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double min_ratio);
+/* Elements [lo, hi): g = a->g * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * w -= lr * (m c1 / (sqrt(v c2) + eps) + wd w), c1 = 1/(1-b1^t), c2 = 1/(1-b2^t), wd where
+ * decay[i] != 0 (NULL: everywhere). fp32 arithmetic, one flat vectorised loop; t 1-based. */
+void tz_adamw_step(const tz_optim_arrays *a, int64_t lo, int64_t hi, int64_t t,
+                   const tz_optim_hparams *h, float grad_scale);
 
 #endif

@@ -14,7 +14,7 @@
 
 #include "core/error.h"
 #include "io/fsutil.h"
-#include "train/adamw.h"
+#include "train/optim.h"
 #include "train/task.h"
 #include "train/zero.h"
 
@@ -66,8 +66,8 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     r->accum = cfg->train.grad_accum;
     r->N = comm->size;
     if (training) {
-        tz_zero_init(&r->z, (int)cfg->zero.stage, cfg->zero.bucket_mb, r->task->params, r->be,
-                     comm, w);
+        tz_zero_init(&r->z, (int)cfg->zero.stage, cfg->zero.bucket_mb, tz_optim_find("adamw"),
+                     r->task->params, r->be, comm, w);
         tz_params_set_grad_hook(r->task->params, tz_zero_grads_ready, &r->z);
     } else if (r->task->n_val == 0) {
         TZ_FATAL_HINT("set data.val", "%s: data.val is not set", cfg->source);
@@ -123,7 +123,7 @@ static step_result train_step(run *r, int64_t step) {
     step_result s;
     s.loss = lsum / total;
     s.lr = tz_lr_at(step, cfg->train.steps, cfg->optim.warmup, cfg->optim.lr, cfg->optim.min_lr_ratio);
-    tz_adamw_hparams hp = {s.lr, cfg->optim.beta1, cfg->optim.beta2, cfg->optim.eps,
+    tz_optim_hparams hp = {s.lr, cfg->optim.beta1, cfg->optim.beta2, cfg->optim.eps,
                            cfg->optim.weight_decay};
     s.gnorm = tz_zero_step(&r->z, &hp, step + 1, cfg->optim.grad_clip);
     if (!isfinite(s.loss) || !isfinite(s.gnorm))
@@ -263,6 +263,7 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     const int64_t warm = steps > 3 ? 2 : 0;
     double *dt = tz_xmalloc((size_t)steps * sizeof *dt);
     for (int64_t step = 0; step < steps; step++) {
+        if (step == warm) tz_zero_clock_reset(&r.z); /* host-step phases after the warm-up */
         double t0 = now_s();
         step_result s = train_step(&r, step);
         dt[step] = now_s() - t0;
@@ -283,8 +284,9 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
             "MiB/rank | activations %.1f MiB/rank | peak RSS %.1f MiB (largest rank)",
             (long long)r.N, w->threads, (long long)cfg->zero.stage, tz_mode_name(cfg->train.mode),
             (long long)units, r.task->unit, med, (long long)n, (long long)warm,
-            (double)units / med, r.task->unit, (double)r.z.shard_bytes / 1048576.0,
+            (double)units / med, r.task->unit, (double)r.z.sh.bytes / 1048576.0,
             (double)r.task->arena_bytes / 1048576.0, (double)rss_max / 1024.0);
+    tz_zero_clock_print(&r.z);
     free(all);
     free(dt);
     run_close(&r);

@@ -3,6 +3,8 @@
 #include "train/zero.h"
 
 #include <math.h>
+#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,14 +15,16 @@ static int own_rank(const tz_zero *z) { return z->stage == 0 ? 0 : z->comm->rank
 /* Flat offset of the first element of rank r's slice of bucket b. */
 static int64_t slice_base(const tz_zero_bucket *b, int r) { return b->start + (int64_t)r * b->slice; }
 
-void tz_zero_init(tz_zero *z, int stage, double bucket_mb, tz_params *ps, tz_backend *be,
-                  tz_comm *comm, const tz_world *world) {
+void tz_zero_init(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt, tz_params *ps,
+                  tz_backend *be, tz_comm *comm, const tz_world *world) {
     memset(z, 0, sizeof *z);
     z->stage = stage;
     z->be = be;
     z->comm = comm;
     z->world = world;
     z->ps = ps;
+    /* one rank's reduce-scatter is the identity: stage 2 then reads the gradients in place */
+    z->pipelined = stage == 2 && comm->size > 1;
     tz_params_flatten_weights(ps, be);
     const int64_t F = ps->flat_numel;
     z->grad = be->alloc(be, (size_t)F * sizeof(float));
@@ -42,14 +46,7 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, tz_params *ps, tz_bac
     free(num);
 
     /* the host shard, on this rank's NUMA node */
-    z->shard = z->plan.shard_numel;
-    size_t fb = (size_t)z->shard * sizeof(float);
-    z->master = tz_world_host_alloc(world, fb);
-    z->m = tz_world_host_alloc(world, fb);
-    z->v = tz_world_host_alloc(world, fb);
-    z->acc = tz_world_host_alloc(world, fb);
-    z->decay = tz_world_host_alloc(world, (size_t)z->shard);
-    z->shard_bytes = 4 * fb + (size_t)z->shard;
+    tz_shard_init(&z->sh, opt, z->plan.shard_numel, world);
 
     /* master <- this rank's slice of the weights; decay flags per element */
     /* per flat element: 0 gap, 1 parameter, 2 parameter with weight decay */
@@ -64,9 +61,9 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, tz_params *ps, tz_bac
         tz_zero_plan_slice(&z->plan, b, r, &begin, &end);
         if (end <= begin) continue;
         int64_t at = bk->shard_off + (begin - slice_base(bk, r));
-        be->download(be, z->master + at, ps->flat_w + begin, (size_t)(end - begin) * sizeof(float));
+        be->download(be, z->sh.master + at, ps->flat_w + begin, (size_t)(end - begin) * sizeof(float));
         for (int64_t f = begin; f < end; f++) {
-            z->decay[at + f - begin] = flat_kind[f] == 2;
+            z->sh.decay[at + f - begin] = flat_kind[f] == 2;
             z->owned_params += flat_kind[f] != 0;
         }
     }
@@ -74,7 +71,7 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, tz_params *ps, tz_bac
 
     const int64_t B = z->plan.bucket_elems;
     z->host_tmp = tz_xmalloc((size_t)B * sizeof(float));
-    if (stage == 2)
+    if (z->pipelined)
         for (int s = 0; s < TZ_ZERO_SLOTS; s++) {
             z->stage_buf[s] = be->alloc(be, (size_t)B * sizeof(float));
             z->recv[s] = tz_xmalloc((size_t)(B / comm->size + 1) * sizeof(float));
@@ -83,12 +80,7 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, tz_params *ps, tz_bac
 }
 
 void tz_zero_free(tz_zero *z) {
-    size_t fb = (size_t)z->shard * sizeof(float);
-    tz_world_host_free(z->world, z->master, fb);
-    tz_world_host_free(z->world, z->m, fb);
-    tz_world_host_free(z->world, z->v, fb);
-    tz_world_host_free(z->world, z->acc, fb);
-    tz_world_host_free(z->world, z->decay, (size_t)z->shard);
+    tz_shard_free(&z->sh);
     for (int s = 0; s < TZ_ZERO_SLOTS; s++) {
         if (z->stage_buf[s]) z->be->release(z->be, z->stage_buf[s]);
         free(z->recv[s]);
@@ -100,8 +92,9 @@ void tz_zero_free(tz_zero *z) {
 }
 
 void tz_zero_begin_step(tz_zero *z) {
+    /* the accumulator needs no zeroing: the step's first gradients overwrite it (fresh) */
     z->be->fill(z->be, z->grad, 0.0f, z->ps->flat_numel);
-    memset(z->acc, 0, (size_t)z->shard * sizeof(float));
+    z->fresh = 1;
 }
 
 void tz_zero_begin_micro(tz_zero *z, int last) {
@@ -112,43 +105,81 @@ void tz_zero_begin_micro(tz_zero *z, int last) {
     z->communicate = z->stage == 2 || last;
 }
 
-/* acc[shard range of bucket b] += src (slice elements of host memory). */
-static void accumulate(tz_zero *z, int b, const float *src, int64_t n) {
-    float *dst = z->acc + z->plan.b[b].shard_off;
+/* ---- host memory at memory bandwidth: every thread, elementwise (the same bits) ---- */
+
+#define PAR_MIN 32768 /* elements below which a loop runs on the calling thread */
+
+static void host_copy(float *restrict dst, const float *restrict src, int64_t n) {
+#pragma omp parallel if (n >= PAR_MIN)
+    {
+        int64_t lo, hi;
+        tz_shard_thread_range(n, &lo, &hi);
+        if (hi > lo) memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
+    }
+}
+
+static void host_add(float *restrict dst, const float *restrict src, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
     for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+static void clock_add(tz_zero *z, int phase, double t0, double bytes) {
+    z->clock[phase].seconds += omp_get_wtime() - t0;
+    z->clock[phase].bytes += bytes;
+}
+
+/* dst (n shard elements) gets host gradients src: written by the step's first gradients,
+ * added to by later micro-batches'. */
+static void take_grads(tz_zero *z, float *dst, const float *src, int64_t n) {
+    const double t0 = omp_get_wtime();
+    if (z->fresh) host_copy(dst, src, n);
+    else host_add(dst, src, n);
+    clock_add(z, TZ_ZERO_GRADS, t0, (double)n * (z->fresh ? 8.0 : 12.0));
 }
 
 static void finish_slot(tz_zero *z, int s) {
     if (!z->req[s]) return;
     tz_comm_wait(z->req[s]);
     z->req[s] = NULL;
-    int b = z->slot_bucket[s];
-    accumulate(z, b, z->recv[s], z->plan.b[b].slice);
+    const tz_zero_bucket *bk = &z->plan.b[z->slot_bucket[s]];
+    /* a fresh step's slice was reduce-scattered straight into the accumulator */
+    if (!z->fresh) take_grads(z, z->sh.acc + bk->shard_off, z->recv[s], bk->slice);
 }
 
 static void launch(tz_zero *z, int b) {
     const tz_zero_bucket *bk = &z->plan.b[b];
     tz_backend *be = z->be;
-    if (z->stage == 2) {
+    if (z->pipelined) {
         int s = z->next_slot;
         finish_slot(z, s);
-        be->copy(be, z->stage_buf[s], z->grad + bk->start, (size_t)bk->len * sizeof(float));
+        const double t0 = omp_get_wtime();
+        if (be->device) be->copy(be, z->stage_buf[s], z->grad + bk->start, (size_t)bk->len * sizeof(float));
+        else host_copy(z->stage_buf[s], z->grad + bk->start, bk->len);
         if (bk->padded > bk->len) be->fill(be, z->stage_buf[s] + bk->len, 0.0f, bk->padded - bk->len);
-        z->req[s] = tz_comm_ireduce_scatter(z->comm, z->stage_buf[s], z->recv[s], bk->slice, TZ_DT_F32);
+        if (!be->device) clock_add(z, TZ_ZERO_GRADS, t0, (double)bk->len * 8.0);
+        float *recv = z->fresh ? z->sh.acc + bk->shard_off : z->recv[s];
+        z->req[s] = tz_comm_ireduce_scatter(z->comm, z->stage_buf[s], recv, bk->slice, TZ_DT_F32);
         z->slot_bucket[s] = b;
         z->next_slot = (s + 1) % TZ_ZERO_SLOTS;
         return;
     }
-    /* stages 0/1: sum the bucket in place, keep the owned slice */
+    /* stages 0/1 (and stage 2 on one rank): sum the bucket in place, keep the owned slice */
     if (z->comm->size > 1)
         tz_comm_all_reduce(z->comm, z->grad + bk->start, z->grad + bk->start, bk->len, TZ_DT_F32);
     int r = own_rank(z);
     int64_t begin, end;
     tz_zero_plan_slice(&z->plan, b, r, &begin, &end);
     if (end <= begin) return;
-    be->download(be, z->host_tmp, z->grad + begin, (size_t)(end - begin) * sizeof(float));
-    float *dst = z->acc + bk->shard_off + (begin - slice_base(bk, r));
-    for (int64_t i = 0; i < end - begin; i++) dst[i] += z->host_tmp[i];
+    float *dst = z->sh.acc + bk->shard_off + (begin - slice_base(bk, r));
+    const size_t bytes = (size_t)(end - begin) * sizeof(float);
+    if (!be->device) { /* host-addressable: straight from the gradient buffer */
+        take_grads(z, dst, z->grad + begin, end - begin);
+    } else if (z->fresh) {
+        be->download(be, dst, z->grad + begin, bytes);
+    } else {
+        be->download(be, z->host_tmp, z->grad + begin, bytes);
+        take_grads(z, dst, z->host_tmp, end - begin);
+    }
 }
 
 void tz_zero_grads_ready(void *ctx, int64_t ready_flat) {
@@ -165,35 +196,77 @@ void tz_zero_end_micro(tz_zero *z) {
     if (!z->communicate) return;
     while (z->next_bucket < z->plan.n_buckets) launch(z, z->next_bucket++);
     for (int k = 0; k < TZ_ZERO_SLOTS; k++) finish_slot(z, (z->next_slot + k) % TZ_ZERO_SLOTS);
+    z->fresh = 0;
 }
 
-double tz_zero_step(tz_zero *z, const tz_adamw_hparams *h, int64_t t, double max_norm) {
-    double ss = 0.0; /* sequential: the same sum for any thread count */
-    for (int64_t i = 0; i < z->shard; i++) ss += (double)z->acc[i] * (double)z->acc[i];
+double tz_zero_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max_norm) {
+    const int64_t n = z->sh.n;
+    double t0 = omp_get_wtime();
+    double ss = tz_shard_sumsq(&z->sh);
+    clock_add(z, TZ_ZERO_NORM, t0, (double)n * 4.0);
     if (z->stage > 0 && z->comm->size > 1) tz_comm_all_reduce(z->comm, &ss, &ss, 1, TZ_DT_F64);
     double norm = sqrt(ss);
     float clip = 1.0f;
     if (max_norm > 0 && norm > max_norm) clip = (float)(max_norm / norm);
-    if (isfinite(norm)) tz_adamw_step(z->master, z->m, z->v, z->acc, z->decay, z->shard, t, h, clip);
+    t0 = omp_get_wtime();
+    if (isfinite(norm)) tz_shard_update(&z->sh, h, t, clip);
+    clock_add(z, TZ_ZERO_UPDATE, t0, (double)n * (double)tz_shard_step_bytes(&z->sh));
     /* the updated weights back into every rank's model */
     tz_backend *be = z->be;
     for (int b = 0; b < z->plan.n_buckets; b++) {
         const tz_zero_bucket *bk = &z->plan.b[b];
-        const float *src = z->master + bk->shard_off;
+        const float *src = z->sh.master + bk->shard_off;
         if (z->stage > 0 && z->comm->size > 1) {
-            tz_comm_all_gather(z->comm, z->master + bk->shard_off, z->host_tmp, bk->slice, TZ_DT_F32);
+            t0 = omp_get_wtime();
+            tz_comm_all_gather(z->comm, z->sh.master + bk->shard_off, z->host_tmp, bk->slice, TZ_DT_F32);
+            clock_add(z, TZ_ZERO_GATHER, t0, (double)bk->padded * 4.0);
             src = z->host_tmp;
         }
-        be->upload(be, z->ps->flat_w + bk->start, src, (size_t)bk->len * sizeof(float));
+        t0 = omp_get_wtime();
+        if (be->device) be->upload(be, z->ps->flat_w + bk->start, src, (size_t)bk->len * sizeof(float));
+        else host_copy(z->ps->flat_w + bk->start, src, bk->len);
+        clock_add(z, TZ_ZERO_WEIGHTS, t0, be->device ? 0.0 : (double)bk->len * 8.0);
     }
+    z->steps++;
     return norm;
 }
 
+const char *const tz_zero_phase_names[TZ_ZERO_PHASES] = {"gradients", "norm", "update",
+                                                         "all-gather", "weights"};
+
+void tz_zero_clock_reset(tz_zero *z) {
+    memset(z->clock, 0, sizeof z->clock);
+    z->steps = 0;
+}
+
+void tz_zero_clock_print(const tz_zero *z) {
+    if (z->steps == 0) return;
+    char line[1024];
+    size_t at = 0;
+    double total = 0.0;
+    for (int p = 0; p < TZ_ZERO_PHASES && at < sizeof line; p++) {
+        const tz_zero_clock *c = &z->clock[p];
+        total += c->seconds;
+        if (c->seconds == 0 && c->bytes == 0) continue; /* a phase this run does not have */
+        int k = snprintf(line + at, sizeof line - at, " | %s%s%s %.2f ms", tz_zero_phase_names[p],
+                         p == TZ_ZERO_UPDATE ? " " : "", p == TZ_ZERO_UPDATE ? z->sh.opt->name : "",
+                         1e3 * c->seconds / (double)z->steps);
+        if (k > 0) at += (size_t)k;
+        if (c->bytes > 0 && c->seconds > 0 && at < sizeof line) {
+            k = snprintf(line + at, sizeof line - at, " %.1f GB/s", 1e-9 * c->bytes / c->seconds);
+            if (k > 0) at += (size_t)k;
+        }
+    }
+    tz_info_all("host step, mean of %lld steps: %.2f ms%s", (long long)z->steps,
+                1e3 * total / (double)z->steps, line);
+}
+
 void tz_zero_print(const tz_zero *z) {
+    char arrays[256];
+    tz_shard_describe(&z->sh, arrays, sizeof arrays);
     tz_info_all("zero stage %d: owns %lld of %lld trainable parameters (shard of %lld elements "
-                "in %d buckets, with padding) | host shard %zu bytes (%.2f MiB: fp32 master, m, "
-                "v, grad accumulator, decay flags)",
+                "in %d buckets, with padding) | host shard %zu bytes (%.2f MiB: %s: %s)",
                 z->stage, (long long)z->owned_params, (long long)z->ps->n_trainable,
-                (long long)z->shard, z->plan.n_buckets, z->shard_bytes,
-                (double)z->shard_bytes / 1048576.0);
+                (long long)z->sh.n, z->plan.n_buckets, z->sh.bytes,
+                (double)z->sh.bytes / 1048576.0, z->sh.opt->name, arrays);
 }

@@ -1,0 +1,133 @@
+/* The optimizer registry, the LR schedule, and the host shard: its named arrays, the sum of
+ * squares of its gradient and the threaded step. No communication here (train/zero.c). */
+#include "train/optim.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "train/adamw.h"
+
+/* Every optimizer, one line each. */
+static const tz_optim *const optims[] = {&tz_optim_adamw};
+
+const tz_optim *tz_optim_find(const char *name) {
+    for (size_t i = 0; i < sizeof optims / sizeof optims[0]; i++)
+        if (strcmp(optims[i]->name, name) == 0) return optims[i];
+    return NULL;
+}
+
+double tz_lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double min_ratio) {
+    if (warmup > 0 && step < warmup) return lr * (double)(step + 1) / (double)warmup;
+    int64_t span = total - warmup;
+    if (span <= 1) return lr;
+    double p = (double)(step - warmup) / (double)(span - 1);
+    if (p > 1.0) p = 1.0;
+    return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + cos(M_PI * p)));
+}
+
+static void add_array(tz_shard *s, const char *name, size_t elem_bytes, int saved) {
+    tz_shard_array *a = &s->a[s->n_arrays++];
+    a->name = name;
+    a->elem_bytes = elem_bytes;
+    a->saved = saved;
+    a->data = tz_world_host_alloc(s->world, (size_t)s->n * elem_bytes);
+    s->bytes += (size_t)s->n * elem_bytes;
+}
+
+void tz_shard_init(tz_shard *s, const tz_optim *opt, int64_t n, const tz_world *world) {
+    memset(s, 0, sizeof *s);
+    if (!opt || !opt->step || opt->n_states < 0 || opt->n_states > TZ_OPTIM_MAX_STATES)
+        TZ_FATAL("optimizer %s: needs a step function and 0..%d states",
+                 opt && opt->name ? opt->name : "(null)", TZ_OPTIM_MAX_STATES);
+    if (n < 0) TZ_FATAL("shard of %lld elements", (long long)n);
+    s->opt = opt;
+    s->world = world;
+    s->n = n;
+    add_array(s, "master", sizeof(float), 1);
+    add_array(s, "grad_acc", sizeof(float), 0);
+    add_array(s, "decay", sizeof(uint8_t), 0);
+    for (int i = 0; i < opt->n_states; i++) add_array(s, opt->state_names[i], sizeof(float), 1);
+    s->master = s->a[TZ_SHARD_MASTER].data;
+    s->acc = s->a[TZ_SHARD_ACC].data;
+    s->decay = s->a[TZ_SHARD_DECAY].data;
+    s->partial = tz_xmalloc((size_t)((n + TZ_SHARD_SUMSQ_BLOCK - 1) / TZ_SHARD_SUMSQ_BLOCK + 1) * sizeof(double));
+}
+
+void tz_shard_free(tz_shard *s) {
+    for (int i = 0; i < s->n_arrays; i++)
+        tz_world_host_free(s->world, s->a[i].data, (size_t)s->n * s->a[i].elem_bytes);
+    free(s->partial);
+    memset(s, 0, sizeof *s);
+}
+
+float *tz_shard_state(const tz_shard *s, int i) {
+    if (i < 0 || i >= s->opt->n_states) TZ_FATAL("%s has no state %d", s->opt->name, i);
+    return s->a[TZ_SHARD_STATE0 + i].data;
+}
+
+/* Sum of squares of one block in 16 fixed lanes (element i of the block in lane i % 16),
+ * the lanes added pairwise in a fixed tree. Each float square is exact in double, so only
+ * the sums round, the same way on any machine and for any thread count. */
+static double block_sumsq(const float *restrict x, int64_t n) {
+    double lane[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) lane[j] += (double)x[i + j] * (double)x[i + j];
+    for (int j = 0; i < n; i++, j++) lane[j] += (double)x[i] * (double)x[i];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) lane[j] += lane[j + w];
+    return lane[0];
+}
+
+double tz_shard_sumsq(const tz_shard *s) {
+    const int64_t n = s->n, B = TZ_SHARD_SUMSQ_BLOCK, nb = (n + B - 1) / B;
+    double *part = s->partial;
+#pragma omp parallel for schedule(static) if (n >= 4 * B)
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * B;
+        part[b] = block_sumsq(s->acc + lo, n - lo < B ? n - lo : B);
+    }
+    double ss = 0.0; /* the blocks in order */
+    for (int64_t b = 0; b < nb; b++) ss += part[b];
+    return ss;
+}
+
+void tz_shard_thread_range(int64_t n, int64_t *lo, int64_t *hi) {
+    const int k = omp_get_thread_num(), nt = omp_get_num_threads();
+    int64_t per = (n + nt - 1) / nt;
+    per = (per + 15) / 16 * 16; /* cut at multiples of 16 elements (64 bytes) */
+    *lo = (int64_t)k * per < n ? (int64_t)k * per : n;
+    *hi = *lo + per < n ? *lo + per : n;
+}
+
+size_t tz_shard_step_bytes(const tz_shard *s) {
+    /* read master, gradient, decay flag and states; write master and states */
+    return 2 * sizeof(float) + 1 + (size_t)s->opt->n_states * 2 * sizeof(float) + sizeof(float);
+}
+
+void tz_shard_update(tz_shard *s, const tz_optim_hparams *h, int64_t t, float grad_scale) {
+    tz_optim_arrays a = {.w = s->master, .g = s->acc, .decay = s->decay};
+    for (int i = 0; i < s->opt->n_states; i++) a.state[i] = tz_shard_state(s, i);
+    const tz_optim *o = s->opt;
+    const int64_t n = s->n;
+#pragma omp parallel if (n >= 32768)
+    {
+        int64_t lo, hi;
+        tz_shard_thread_range(n, &lo, &hi);
+        o->step(&a, lo, hi, t, h, grad_scale);
+    }
+}
+
+void tz_shard_describe(const tz_shard *s, char *buf, size_t len) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < s->n_arrays && at < len; i++) {
+        int k = snprintf(buf + at, len - at, "%s%s", i ? ", " : "", s->a[i].name);
+        if (k < 0) break;
+        at += (size_t)k;
+    }
+}
