@@ -49,7 +49,11 @@ void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *d
                    const float *x, const float *h, float *scratch, int64_t n) {
     const tz_qweight *q = l->w->q;
     if (q) {
-        if (l->w->g) TZ_FATAL("%s: a quantized weight has no gradient", l->w->name);
+        /* Straight-through: the forward used W_hat = Q(master), and the gradient w.r.t. the
+         * master is taken as the gradient w.r.t. W_hat, in the plain basis the master lives
+         * in: dW += dy^T x with the un-rotated x (the rotation of the forward acts on x and
+         * W_rot together and cancels: x_rot W_rot^T = x W_hat^T). */
+        if (l->w->g) be->matmul(be, l->w->g, dy, x, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
         if (dx && q->method == TZ_TQ_TURBOQUANT) { /* dx += R^T (dy W_rot) */
             float *t = act_buffer(l, n);
             be->matmul(be, t, dy, decode(be, l), n, l->in, l->out, 0, 0, 1.0f, 0.0f);

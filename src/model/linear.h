@@ -39,8 +39,10 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
                    int64_t n);
 /* Accumulates dx += dy W (+ LoRA path), and the weight / adapter gradients where trainable.
  * dx may be NULL (input gradient not needed). scratch: n * r floats when adapted.
- * Quantized W (never trainable): the tile is decoded again, tq->act = dy W_rot, and
- * dx += tq_rotate_bwd(tq->act) (TurboQuant), or dx += dy W_hat (absmax). */
+ * Quantized W: the tile is decoded again, tq->act = dy W_rot, and dx += tq_rotate_bwd(tq->act)
+ * (TurboQuant), or dx += dy W_hat (absmax). A trainable quantized W (full fine-tuning: the
+ * fp32 master lives in the optimizer's host shard) gets the straight-through gradient
+ * dW += dy^T x, the gradient w.r.t. W_hat in the plain basis, as for a dense weight. */
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                    const float *x, const float *h, float *scratch, int64_t n);
 

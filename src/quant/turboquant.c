@@ -88,23 +88,67 @@ static void quantize_group(const float *w, const float *s, int g, const tz_tq_co
     tz_tq_pack_group(packed, idx, g, cb->bits);
 }
 
+/* Absmax round-to-nearest of one group x (length g) into packed codes and a bf16 step. */
+static void absmax_group(const float *x, int g, int bits, uint8_t *packed, uint16_t *scale) {
+    const int n = 1 << bits;
+    const float half = 0.5f * (float)(n - 1);
+    uint8_t idx[TZ_TQ_MAX_GROUP];
+    float amax = 0.0f;
+    for (int i = 0; i < g; i++) amax = fmaxf(amax, fabsf(x[i]));
+    uint16_t sb = tz_f32_to_bf16(2.0f * amax / (float)(n - 1));
+    float step = tz_bf16_to_f32(sb);
+    if (step == 0.0f) {
+        memset(idx, n / 2, (size_t)g);
+    } else {
+        float inv = 1.0f / step;
+        for (int i = 0; i < g; i++) {
+            float q = floorf(x[i] * inv + half + 0.5f); /* nearest level */
+            q = q < 0.0f ? 0.0f : (q > (float)(n - 1) ? (float)(n - 1) : q);
+            idx[i] = (uint8_t)q;
+        }
+    }
+    *scale = sb;
+    tz_tq_pack_group(packed, idx, g, bits);
+}
+
+void tz_tq_quantize_range(int method, const tz_tq_codebook *cb, int bits, int group,
+                          int64_t cols, uint64_t seed, const float *w, int64_t first,
+                          int64_t count, uint8_t *codes, uint16_t *scales) {
+    if (bits < 1 || bits > TZ_TQ_MAX_BITS || (group != 64 && group != 128 && group != 256) ||
+        cols <= 0 || cols % group || first < 0 || count < 0)
+        TZ_FATAL("quantize_range: %d bits, group %d, %lld columns, groups [%lld, +%lld)", bits,
+                 group, (long long)cols, (long long)first, (long long)count);
+    const int g = group;
+    const int64_t gbytes = TZ_TQ_GROUP_BYTES(g, bits), per_row = cols / g;
+    if (method == TZ_TQ_ABSMAX) {
+#pragma omp parallel for schedule(static)
+        for (int64_t k = 0; k < count; k++)
+            absmax_group(w + k * g, g, bits, codes + k * gbytes, scales + k);
+        return;
+    }
+    if (!cb || cb->bits != bits || cb->n != (1 << bits))
+        TZ_FATAL("codebook of %d bits given for %d-bit codes", cb ? cb->bits : -1, bits);
+    float *signs = tz_xmalloc((size_t)cols * sizeof *signs);
+    tz_tq_signs_row(seed, cols, g, signs);
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < count; k++) {
+        int64_t j = (first + k) % per_row;
+        quantize_group(w + k * g, signs + j * g, g, cb, codes + k * gbytes, scales + k);
+    }
+    free(signs);
+}
+
 void tz_tq_quantize_groups(tz_tq_tensor *t, const tz_tq_codebook *cb, const float *w,
                            int64_t first, int64_t count) {
     check_codebook(t, cb);
-    int64_t total = tz_tq_tensor_groups(t), per_row = t->cols / t->group;
+    int64_t total = tz_tq_tensor_groups(t);
     if (first < 0 || count < 0 || first > total || count > total - first)
         TZ_FATAL("groups [%lld, %lld) outside the tensor's %lld groups", (long long)first,
                  (long long)(first + count), (long long)total);
-    const int g = t->group;
-    const int64_t gbytes = TZ_TQ_GROUP_BYTES(g, t->bits);
-    float *signs = tz_xmalloc((size_t)t->cols * sizeof *signs);
-    tz_tq_signs_row(t->seed, t->cols, g, signs);
-#pragma omp parallel for schedule(static)
-    for (int64_t k = first; k < first + count; k++) {
-        int64_t j = k % per_row;
-        quantize_group(w + k * g, signs + j * g, g, cb, t->codes + k * gbytes, t->scales + k);
-    }
-    free(signs);
+    const int64_t g = t->group, gbytes = TZ_TQ_GROUP_BYTES(t->group, t->bits);
+    tz_tq_quantize_range(TZ_TQ_TURBOQUANT, cb, t->bits, t->group, t->cols, t->seed,
+                         w + first * g, first, count, t->codes + first * gbytes,
+                         t->scales + first);
 }
 
 void tz_tq_quantize(tz_tq_tensor *t, const tz_tq_codebook *cb, const float *w) {
@@ -148,33 +192,47 @@ void tz_tq_dequantize(const tz_tq_tensor *t, const tz_tq_codebook *cb, float *w_
     free(signs);
 }
 
+void tz_tq_dequantize_range(int method, const tz_tq_codebook *cb, int bits, int group,
+                            int64_t cols, uint64_t seed, const uint8_t *codes,
+                            const uint16_t *scales, int64_t first, int64_t count, float *w_hat) {
+    if (bits < 1 || bits > TZ_TQ_MAX_BITS || (group != 64 && group != 128 && group != 256) ||
+        cols <= 0 || cols % group || first < 0 || count < 0)
+        TZ_FATAL("dequantize_range: %d bits, group %d, %lld columns, groups [%lld, +%lld)",
+                 bits, group, (long long)cols, (long long)first, (long long)count);
+    const int g = group;
+    const int64_t gbytes = TZ_TQ_GROUP_BYTES(g, bits), per_row = cols / g;
+    if (method == TZ_TQ_ABSMAX) {
+        const float half = 0.5f * (float)((1 << bits) - 1);
+#pragma omp parallel for schedule(static)
+        for (int64_t k = 0; k < count; k++) {
+            uint8_t idx[TZ_TQ_MAX_GROUP];
+            tz_tq_unpack_group(idx, codes + k * gbytes, g, bits);
+            float step = tz_bf16_to_f32(scales[k]);
+            for (int i = 0; i < g; i++) w_hat[k * g + i] = ((float)idx[i] - half) * step;
+        }
+        return;
+    }
+    if (!cb || cb->bits != bits || cb->n != (1 << bits))
+        TZ_FATAL("codebook of %d bits given for %d-bit codes", cb ? cb->bits : -1, bits);
+    const float inv = (float)(1.0 / sqrt((double)g));
+    float *signs = tz_xmalloc((size_t)cols * sizeof *signs);
+    tz_tq_signs_row(seed, cols, g, signs);
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < count; k++) {
+        float *out = w_hat + k * g;
+        const float *s = signs + ((first + k) % per_row) * g;
+        decode_group(codes + k * gbytes, scales[k], g, cb, out);
+        tz_fwht(out, g);
+        for (int i = 0; i < g; i++) out[i] = s[i] * (out[i] * inv);
+    }
+    free(signs);
+}
+
 /* ---- absmax round-to-nearest baseline ---- */
 
 void tz_tq_absmax_quantize(tz_tq_tensor *t, const float *w) {
-    const int g = t->group, n = 1 << t->bits;
-    const int64_t gbytes = TZ_TQ_GROUP_BYTES(g, t->bits), total = tz_tq_tensor_groups(t);
-    const float half = 0.5f * (float)(n - 1);
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < total; k++) {
-        const float *x = w + k * g;
-        uint8_t idx[TZ_TQ_MAX_GROUP];
-        float amax = 0.0f;
-        for (int i = 0; i < g; i++) amax = fmaxf(amax, fabsf(x[i]));
-        uint16_t sb = tz_f32_to_bf16(2.0f * amax / (float)(n - 1));
-        float step = tz_bf16_to_f32(sb);
-        if (step == 0.0f) {
-            memset(idx, n / 2, (size_t)g);
-        } else {
-            float inv = 1.0f / step;
-            for (int i = 0; i < g; i++) {
-                float q = floorf(x[i] * inv + half + 0.5f); /* nearest level */
-                q = q < 0.0f ? 0.0f : (q > (float)(n - 1) ? (float)(n - 1) : q);
-                idx[i] = (uint8_t)q;
-            }
-        }
-        t->scales[k] = sb;
-        tz_tq_pack_group(t->codes + k * gbytes, idx, g, t->bits);
-    }
+    tz_tq_quantize_range(TZ_TQ_ABSMAX, NULL, t->bits, t->group, t->cols, t->seed, w, 0,
+                         tz_tq_tensor_groups(t), t->codes, t->scales);
 }
 
 void tz_tq_absmax_dequantize(const tz_tq_tensor *t, float *w_hat) {

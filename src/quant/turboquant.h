@@ -67,10 +67,27 @@ void tz_tq_quantize(tz_tq_tensor *t, const tz_tq_codebook *cb, const float *w);
  * owned slice); w is the whole tensor's base pointer, only those groups are read. */
 void tz_tq_quantize_groups(tz_tq_tensor *t, const tz_tq_codebook *cb, const float *w,
                            int64_t first, int64_t count);
+/* The one quantizer behind all of the above, on a range of groups held contiguously: `count`
+ * groups of a weight with rows of `cols` elements (in groups of `group`), starting at group
+ * `first` of the row-major group order (which fixes each group's signs). w points at the
+ * first of them (count * group floats); codes receives count * TZ_TQ_GROUP_BYTES(group,
+ * bits) bytes and scales count bf16 values: exactly the bytes the whole-tensor functions
+ * write at those groups. method TZ_TQ_TURBOQUANT (cb of `bits` bits) or TZ_TQ_ABSMAX (cb
+ * unused). Used where a rank re-quantizes the groups it owns from its fp32 master. */
+void tz_tq_quantize_range(int method, const tz_tq_codebook *cb, int bits, int group,
+                          int64_t cols, uint64_t seed, const float *w, int64_t first,
+                          int64_t count, uint8_t *codes, uint16_t *scales);
 /* w_hat [rows, cols] = the dequantized weight in the plain basis. */
 void tz_tq_dequantize(const tz_tq_tensor *t, const tz_tq_codebook *cb, float *w_hat);
 /* w_rot [rows, cols] = the weight in the rotated basis (see the identity above). */
 void tz_tq_dequantize_rotated(const tz_tq_tensor *t, const tz_tq_codebook *cb, float *w_rot);
+
+/* The inverse of tz_tq_quantize_range on the same range: count groups starting at `first`
+ * (codes and scales point at the first group's), decoded in the plain basis into w_hat
+ * (count * group floats), by either method; the same values tz_tq_dequantize(_as) gives. */
+void tz_tq_dequantize_range(int method, const tz_tq_codebook *cb, int bits, int group,
+                            int64_t cols, uint64_t seed, const uint8_t *codes,
+                            const uint16_t *scales, int64_t first, int64_t count, float *w_hat);
 
 /* ---- absmax round-to-nearest baseline ----
  * Kept only as the baseline that tests and docs compare TurboQuant against; not used by

@@ -1,7 +1,9 @@
 /* The quantized-weight ops and the `tq` linear layer: the CPU ops against src/quant (bit for
  * bit, any thread count); the layer's forward against a dense layer on the dequantized weight,
  * its input and LoRA gradients against that layer and against central differences of its own
- * forward, for TurboQuant and absmax at 2-4 bits. Model-level memory checks: test_tq_model. */
+ * forward, for TurboQuant and absmax at 2-4 bits; the straight-through weight gradient of
+ * full fine-tuning against the dense layer on W_hat, its central differences, and the same
+ * gradient taken in the rotated basis. Model-level memory checks: test_tq_model. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -175,6 +177,9 @@ static void test_layer(const lcase *c) {
     double e = maxrel(yq, yd, n * out);
     check(e < 1e-5, "%s: forward = dense layer on the dequantized weight (rel %.1e)", what, e);
 
+    /* full fine-tuning: both weights trainable, the quantized one straight-through */
+    pq->g = g_be->alloc(g_be, (size_t)(out * in) * sizeof(float));
+    pd->g = g_be->alloc(g_be, (size_t)(out * in) * sizeof(float));
     /* backward on a nonzero dx: both accumulate */
     float *dx0 = frand(n * in, 0.3f), *dxq = copy_of(dx0, n * in), *dxd = copy_of(dx0, n * in);
     tz_linear_bwd(g_be, &lq, dxq, dy, x, hq, scr, n);
@@ -186,8 +191,42 @@ static void test_layer(const lcase *c) {
         check(ea < 1e-5 && eb < 1e-5, "%s: LoRA dA, dB = the dense layer's (rel %.1e, %.1e)",
               what, ea, eb);
     }
+    e = maxrel(pq->g, pd->g, out * in);
+    check(e < 1e-6, "%s: straight-through dW = the dense layer's dW on W_hat (rel %.1e)", what, e);
+    /* where the rotation goes: the same gradient taken in the rotated basis, dW_rot = dy^T
+     * x_rot, and brought back per group with R_j^T, is the plain-basis gradient */
+    if (c->method == TZ_TQ_TURBOQUANT) {
+        float *xr = malloc((size_t)(n * in) * 4), *gr = calloc((size_t)(out * in), 4);
+        float *gp = malloc((size_t)(out * in) * 4);
+        tz_tq_rotate(xr, x, n, in, c->group, 77);
+        g_be->matmul(g_be, gr, dy, xr, out, in, n, 1, 0, 1.0f, 0.0f);
+        tz_tq_rotate_inv(gp, gr, out, in, c->group, 77);
+        e = maxrel(gp, pq->g, out * in);
+        check(e < 1e-5, "%s: R^T (dy^T x_rot) = dy^T x, the master's basis (rel %.1e)", what, e);
+        free(xr), free(gr), free(gp);
+    }
+    /* dW against central differences of the dense layer on the decoded weight (the
+     * quantized layer's own loss is piecewise constant in the master: hence straight-through) */
+    {
+        double sc = 0.0, bad = 0.0;
+        for (int64_t i = 0; i < out * in; i++) sc = fmax(sc, fabs((double)pq->g[i]));
+        const float hw = 0.01f;
+        for (int k = 0; k < 24; k++) {
+            int64_t i = (int64_t)tz_rng_below(&g_rng, (uint64_t)(out * in));
+            float w0 = pd->w[i];
+            pd->w[i] = w0 + hw;
+            double lp = layer_loss(&ld, x, dy, yd, hd, n);
+            pd->w[i] = w0 - hw;
+            double lm = layer_loss(&ld, x, dy, yd, hd, n);
+            pd->w[i] = w0;
+            bad = fmax(bad, fabs((lp - lm) / (2.0 * (double)hw) - (double)pq->g[i]) / sc);
+        }
+        check(bad < 1e-3, "%s: straight-through dW = central differences in W_hat (rel %.1e)",
+              what, bad);
+    }
     /* dx against central differences of the quantized layer's own forward */
     float *dx = calloc((size_t)(n * in), sizeof *dx);
+    g_be->fill(g_be, pq->g, 0.0f, out * in);
     tz_linear_bwd(g_be, &lq, dx, dy, x, hq, scr, n);
     double worst = 0.0, scale = 0.0;
     for (int64_t i = 0; i < n * in; i++) scale = fmax(scale, fabs((double)dx[i]));

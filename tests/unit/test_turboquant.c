@@ -490,6 +490,29 @@ static void test_determinism(void) {
         check(memcmp(a.codes, e.codes, (size_t)cb) == 0 &&
                   memcmp(a.scales, e.scales, (size_t)ns * 2) == 0,
               "b=%d quantize_groups in two ranges = whole tensor", b);
+        /* an owned range held contiguously (as a rank's shard holds it), both methods:
+         * the same bytes as the whole-tensor quantizer, and decoded to the same floats */
+        for (int method = TZ_TQ_TURBOQUANT; method <= TZ_TQ_ABSMAX; method++) {
+            const int64_t g0 = 5, ng = tz_tq_tensor_groups(&e) / 2; /* starts inside a row */
+            const int64_t gb = TZ_TQ_GROUP_BYTES(128, b);
+            uint8_t *rcod = malloc((size_t)(ng * gb));
+            uint16_t *rs = malloc((size_t)ng * 2);
+            float *rw = malloc((size_t)(ng * 128) * sizeof(float));
+            tz_tq_tensor whole;
+            tz_tq_tensor_init(&whole, b, 128, rows, cols, 42, err, sizeof err);
+            tz_tq_quantize_as(&whole, method, &g_cb[b], w);
+            tz_tq_quantize_range(method, &g_cb[b], b, 128, cols, 42, w + g0 * 128, g0, ng, rcod, rs);
+            int same = !memcmp(rcod, whole.codes + g0 * gb, (size_t)(ng * gb)) &&
+                       !memcmp(rs, whole.scales + g0, (size_t)ng * 2);
+            tz_tq_dequantize_as(&whole, method, &g_cb[b], h2);
+            tz_tq_dequantize_range(method, &g_cb[b], b, 128, cols, 42, rcod, rs, g0, ng, rw);
+            same &= !memcmp(rw, h2 + g0 * 128, (size_t)(ng * 128) * sizeof(float));
+            check(same, "b=%d %s: quantize_range / dequantize_range of groups [%lld, +%lld) = "
+                  "the whole-tensor bytes and floats", b, tz_tq_method_name(method),
+                  (long long)g0, (long long)ng);
+            tz_tq_tensor_free(&whole);
+            free(rcod), free(rs), free(rw);
+        }
         int zero = 1;
         for (int64_t i = 0; i < cols; i++) zero &= h1[5 * cols + i] == 0.0f;
         check(zero, "b=%d all-zero row dequantizes to exact zeros", b);
