@@ -70,6 +70,24 @@ void tz_comm_all_gather(tz_comm *c, const void *send, void *recv, int64_t send_c
     c->all_gather(c, send, recv, send_count, dt);
 }
 
+void tz_comm_all_gatherv(tz_comm *c, const void *send, void *recv, const int64_t *counts,
+                         enum tz_dtype dt) {
+    if (!c || !counts) TZ_FATAL("all_gatherv: no communicator or no counts");
+    int64_t total = 0, own = 0;
+    for (int r = 0; r < c->size; r++) {
+        if (counts[r] < 0 || counts[r] > INT64_MAX / 16 - total)
+            TZ_FATAL("all_gatherv on comm %s: count %lld of rank %d invalid", c->name,
+                     (long long)counts[r], r);
+        if (r == c->rank) own = total;
+        total += counts[r];
+    }
+    size_t es = check_args(c, "all_gatherv", counts[c->rank] ? send : recv, recv, total, dt);
+    check_overlap(c, "all_gatherv", send, (size_t)counts[c->rank] * es, recv,
+                  (size_t)total * es, (size_t)own * es);
+    if (!c->all_gatherv) TZ_FATAL("comm %s has no all_gatherv", c->name);
+    c->all_gatherv(c, send, recv, counts, dt);
+}
+
 void tz_comm_all_reduce(tz_comm *c, const void *send, void *recv, int64_t count, enum tz_dtype dt) {
     size_t es = check_args(c, "all_reduce", send, recv, count, dt);
     check_overlap(c, "all_reduce", send, (size_t)count * es, recv, (size_t)count * es, 0);
@@ -270,6 +288,38 @@ static void ag_body(tz_comm *c, const void *send, void *recv, int64_t n, enum tz
     }
 }
 
+/* MPI_Allgatherv while every count and offset fits an int and the call limit; else each
+ * rank broadcasts its block piece by piece (what NCCL, which has no allgatherv, does too). */
+static void mpi_all_gatherv(tz_comm *c, const void *send, void *recv, const int64_t *counts,
+                            enum tz_dtype dt) {
+    mpi_ctx *x = ctx_of(c);
+    const size_t es = tz_comm_dtype_size(dt);
+    const MPI_Datatype T = mpi_type(dt);
+    int64_t total = 0, own = 0;
+    for (int r = 0; r < c->size; r++) {
+        if (r == c->rank) own = total;
+        total += counts[r];
+    }
+    void *mine = at(recv, own, es);
+    const int in_place = send == mine;
+    if (!in_place && counts[c->rank]) memcpy(mine, send, (size_t)counts[c->rank] * es);
+    if (c->size == 1 || total == 0) return;
+    if (total <= x->max_count) {
+        int *cn = tz_xmalloc((size_t)c->size * sizeof *cn), *dp = tz_xmalloc((size_t)c->size * sizeof *dp);
+        for (int r = 0, d = 0; r < c->size; d += (int)counts[r], r++) cn[r] = (int)counts[r], dp[r] = d;
+        MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, T, recv, cn, dp, T, x->comm));
+        free(cn);
+        free(dp);
+        return;
+    }
+    int64_t d = 0;
+    for (int r = 0; r < c->size; d += counts[r], r++)
+        for (int64_t off = 0; off < counts[r]; off += x->max_count) {
+            const int len = (int)(counts[r] - off < x->max_count ? counts[r] - off : x->max_count);
+            MPI_CHECK(MPI_Bcast(at(recv, d + off, es), len, T, r, x->comm));
+        }
+}
+
 static void mpi_reduce_scatter(tz_comm *c, const void *send, void *recv, int64_t n,
                                enum tz_dtype dt) {
     rs_body(c, send, recv, n, dt, NULL);
@@ -374,6 +424,7 @@ tz_comm *tz_comm_mpi_create_limited(MPI_Comm comm, int64_t max_call_count) {
     MPI_CHECK(MPI_Comm_size(x->comm, &c->size));
     c->reduce_scatter = mpi_reduce_scatter;
     c->all_gather = mpi_all_gather;
+    c->all_gatherv = mpi_all_gatherv;
     c->all_reduce = mpi_all_reduce;
     c->bcast = mpi_bcast;
     c->barrier = mpi_barrier;

@@ -40,6 +40,11 @@ struct tz_comm {
     /* send: send_count elements; recv: size * send_count, block r from rank r. */
     void (*all_gather)(tz_comm *c, const void *send, void *recv, int64_t send_count,
                        enum tz_dtype dt);
+    /* Blocks of different lengths: rank r sends counts[r] elements (send; counts is the
+     * same array on every rank), recv gets every block back to back in rank order (block r
+     * at the sum of counts[0..r-1]). In place: send == the rank's own block of recv. */
+    void (*all_gatherv)(tz_comm *c, const void *send, void *recv, const int64_t *counts,
+                        enum tz_dtype dt);
     void (*all_reduce)(tz_comm *c, const void *send, void *recv, int64_t count,
                        enum tz_dtype dt);
     void (*bcast)(tz_comm *c, void *buf, int64_t count, enum tz_dtype dt, int root);
@@ -75,6 +80,8 @@ void tz_comm_reduce_scatter(tz_comm *c, const void *send, void *recv, int64_t re
                             enum tz_dtype dt);
 void tz_comm_all_gather(tz_comm *c, const void *send, void *recv, int64_t send_count,
                         enum tz_dtype dt);
+void tz_comm_all_gatherv(tz_comm *c, const void *send, void *recv, const int64_t *counts,
+                         enum tz_dtype dt);
 void tz_comm_all_reduce(tz_comm *c, const void *send, void *recv, int64_t count,
                         enum tz_dtype dt);
 void tz_comm_bcast(tz_comm *c, void *buf, int64_t count, enum tz_dtype dt, int root);

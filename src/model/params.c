@@ -19,18 +19,18 @@ static void release_storage(tz_param *p, tz_backend *be) {
         be->release(be, p->q->levels);
         free(p->q);
     }
+    free(p->init);
     p->w = NULL;
     p->q = NULL;
+    p->init = NULL;
     p->bytes = 0;
 }
 
 void tz_params_free(tz_params *ps, tz_backend *be) {
     for (int i = 0; i < ps->n; i++) {
-        if (ps->flat_w && ps->p[i]->trainable) ps->p[i]->w = NULL; /* in flat_w */
         release_storage(ps->p[i], be);
         free(ps->p[i]);
     }
-    if (ps->flat_w) be->release(be, ps->flat_w);
     free(ps->p);
     free(ps->ready);
     memset(ps, 0, sizeof *ps);
@@ -76,8 +76,8 @@ tz_param *tz_params_add_quant(tz_params *ps, tz_backend *be, const char *name, i
 
 void tz_param_make_quant(tz_param *p, tz_backend *be, int method, int bits, int group,
                          uint64_t seed, const float *levels) {
-    if (p->trainable || p->ndim != 2)
-        TZ_FATAL("%s: only a frozen matrix can be quantized", p->name);
+    if (p->ndim != 2 || p->adapter)
+        TZ_FATAL("%s: only a weight matrix can be quantized", p->name);
     if (bits < 1 || bits > TZ_TQ_MAX_BITS || (group != 64 && group != 128 && group != 256) ||
         p->shape[1] % group)
         TZ_FATAL("%s: cannot hold %d-bit codes in groups of %d for %lld columns", p->name, bits,
@@ -163,15 +163,9 @@ void tz_params_bind_grads(tz_params *ps, float *grad) {
         ps->p[i]->g = ps->p[i]->trainable ? grad + ps->p[i]->flat_off : NULL;
 }
 
-void tz_params_flatten_weights(tz_params *ps, tz_backend *be) {
-    if (ps->flat_w || ps->flat_numel == 0) return;
-    ps->flat_w = be->alloc(be, (size_t)ps->flat_numel * sizeof(float));
+void tz_params_drop_init(tz_params *ps) {
     for (int i = 0; i < ps->n; i++) {
-        tz_param *p = ps->p[i];
-        if (!p->trainable) continue;
-        float *w = ps->flat_w + p->flat_off;
-        be->copy(be, w, p->w, (size_t)p->numel * sizeof(float));
-        be->release(be, p->w);
-        p->w = w;
+        free(ps->p[i]->init);
+        ps->p[i]->init = NULL;
     }
 }

@@ -33,6 +33,9 @@ typedef struct tz_param {
     tz_qweight *q;     /* quantized storage (frozen); NULL when dense */
     size_t bytes;      /* backend bytes the weight holds (w, or codes + scales + levels) */
     float *g;          /* gradient in the flat gradient buffer; NULL when frozen */
+    float *init;       /* host: the dense values a trainable quantized weight was quantized
+                        * from (its fp32 master starts there), kept until the optimizer has
+                        * read them (tz_params_drop_init); NULL otherwise */
     int trainable;
     int decay;         /* weight decay applies (matrices and adapters, not norms) */
     int adapter;       /* a LoRA tensor (saved with the adapter, not with the model) */
@@ -47,7 +50,6 @@ typedef struct tz_params {
     int64_t flat_numel; /* padded length of the flat trainable space */
     int64_t n_trainable; /* trainable elements, without padding */
     int64_t n_total;     /* all elements */
-    float *flat_w;       /* trainable weights, one backend buffer over the flat space (or NULL) */
     /* Gradient readiness, so communication can overlap backward: once backward stage s is
      * done, every trainable gradient below flat offset ready[s] is final (ready[s] = the
      * lowest offset of a trainable tensor whose stage is > s, else flat_numel). */
@@ -71,11 +73,15 @@ float *tz_params_host_buffer(const tz_params *ps, int adapters);
 tz_param *tz_params_add_quant(tz_params *ps, tz_backend *be, const char *name, int64_t d0,
                               int64_t d1, int method, int bits, int group, uint64_t seed,
                               const float *levels);
-/* Change a frozen 2-D weight's storage, before its values are loaded: to quantized (as
- * tz_params_add_quant), or to dense fp32 (zeroed). The old storage is released. */
+/* Change a 2-D weight's storage, before its values are loaded: to quantized (as
+ * tz_params_add_quant), or to dense fp32 (zeroed). The old storage is released. A trainable
+ * quantized weight (full fine-tuning) has a gradient like a dense one; its fp32 master lives
+ * only in the optimizer's host shard, the backend holds codes + scales. */
 void tz_param_make_quant(tz_param *p, tz_backend *be, int method, int bits, int group,
                          uint64_t seed, const float *levels);
 void tz_param_make_dense(tz_param *p, tz_backend *be);
+/* Frees every p->init (host copies of dense sources). */
+void tz_params_drop_init(tz_params *ps);
 /* Backend bytes held by all weights (dense and quantized), gradients excluded. */
 size_t tz_params_bytes(const tz_params *ps);
 /* Lay the trainable tensors out in one flat space in backward order (the reverse of
@@ -90,8 +96,5 @@ void tz_params_set_grad_hook(tz_params *ps, void (*fn)(void *ctx, int64_t ready_
 static inline void tz_params_stage_done(const tz_params *ps, int s) {
     if (ps->grad_hook) ps->grad_hook(ps->grad_hook_ctx, ps->ready[s]);
 }
-/* Move every trainable tensor's weights into one backend buffer laid out like the flat
- * space (gaps zero), so whole buckets of updated weights can be gathered into place. */
-void tz_params_flatten_weights(tz_params *ps, tz_backend *be);
 
 #endif

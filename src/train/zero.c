@@ -25,7 +25,6 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt, 
     z->ps = ps;
     /* one rank's reduce-scatter is the identity: stage 2 then reads the gradients in place */
     z->pipelined = stage == 2 && comm->size > 1;
-    tz_params_flatten_weights(ps, be);
     const int64_t F = ps->flat_numel;
     z->grad = be->alloc(be, (size_t)F * sizeof(float));
     tz_params_bind_grads(ps, z->grad);
@@ -48,7 +47,9 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt, 
     /* the host shard, on this rank's NUMA node */
     tz_shard_init(&z->sh, opt, z->plan.shard_numel, world);
 
-    /* master <- this rank's slice of the weights; decay flags per element */
+    /* master <- this rank's slice of the weights (a quantized weight's dense source, or its
+     * decoded value: train/zero_weights); decay flags per element */
+    tz_zero_weights_init(&z->zw, &z->plan, ps);
     /* per flat element: 0 gap, 1 parameter, 2 parameter with weight decay */
     uint8_t *flat_kind = tz_xcalloc((size_t)F + 1, 1);
     for (int i = 0; i < ps->n; i++)
@@ -61,16 +62,19 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt, 
         tz_zero_plan_slice(&z->plan, b, r, &begin, &end);
         if (end <= begin) continue;
         int64_t at = bk->shard_off + (begin - slice_base(bk, r));
-        be->download(be, z->sh.master + at, ps->flat_w + begin, (size_t)(end - begin) * sizeof(float));
+        tz_zero_weights_read(&z->zw, be, b, r, z->sh.master + bk->shard_off);
         for (int64_t f = begin; f < end; f++) {
             z->sh.decay[at + f - begin] = flat_kind[f] == 2;
             z->owned_params += flat_kind[f] != 0;
         }
     }
     free(flat_kind);
+    tz_params_drop_init(ps); /* the dense sources of quantized weights are in the master now */
 
     const int64_t B = z->plan.bucket_elems;
     z->host_tmp = tz_xmalloc((size_t)B * sizeof(float));
+    z->wsend = tz_xmalloc((size_t)z->zw.max_chunk + 8);
+    z->wrecv = tz_xmalloc((size_t)z->zw.max_bucket + 8);
     if (z->pipelined)
         for (int s = 0; s < TZ_ZERO_SLOTS; s++) {
             z->stage_buf[s] = be->alloc(be, (size_t)B * sizeof(float));
@@ -86,6 +90,9 @@ void tz_zero_free(tz_zero *z) {
         free(z->recv[s]);
     }
     free(z->host_tmp);
+    free(z->wsend);
+    free(z->wrecv);
+    tz_zero_weights_free(&z->zw);
     z->be->release(z->be, z->grad);
     tz_zero_plan_free(&z->plan);
     memset(z, 0, sizeof *z);
@@ -211,27 +218,37 @@ double tz_zero_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max
     t0 = omp_get_wtime();
     if (isfinite(norm)) tz_shard_update(&z->sh, h, t, clip);
     clock_add(z, TZ_ZERO_UPDATE, t0, (double)n * (double)tz_shard_step_bytes(&z->sh));
-    /* the updated weights back into every rank's model */
-    tz_backend *be = z->be;
+    /* the updated weights back into every rank's model: each owner packs its slice (fp32,
+     * or codes + scales re-quantized from the master), all-gathered in stages 1 and 2 */
+    const int r = own_rank(z), gather = z->stage > 0 && z->comm->size > 1;
+    const int64_t N = z->zw.world;
     for (int b = 0; b < z->plan.n_buckets; b++) {
-        const tz_zero_bucket *bk = &z->plan.b[b];
-        const float *src = z->sh.master + bk->shard_off;
-        if (z->stage > 0 && z->comm->size > 1) {
+        const int64_t *counts = z->zw.bytes + (int64_t)b * N;
+        t0 = omp_get_wtime();
+        tz_zero_weights_pack(&z->zw, b, r, z->sh.master + z->plan.b[b].shard_off, z->wsend);
+        clock_add(z, TZ_ZERO_PACK, t0, 4.0 * (double)z->plan.b[b].slice + (double)counts[r]);
+        if (!gather) {
             t0 = omp_get_wtime();
-            tz_comm_all_gather(z->comm, z->sh.master + bk->shard_off, z->host_tmp, bk->slice, TZ_DT_F32);
-            clock_add(z, TZ_ZERO_GATHER, t0, (double)bk->padded * 4.0);
-            src = z->host_tmp;
+            tz_zero_weights_unpack(&z->zw, z->be, b, r, z->wsend);
+            clock_add(z, TZ_ZERO_WEIGHTS, t0, 2.0 * (double)counts[r]);
+            continue;
         }
         t0 = omp_get_wtime();
-        if (be->device) be->upload(be, z->ps->flat_w + bk->start, src, (size_t)bk->len * sizeof(float));
-        else host_copy(z->ps->flat_w + bk->start, src, bk->len);
-        clock_add(z, TZ_ZERO_WEIGHTS, t0, be->device ? 0.0 : (double)bk->len * 8.0);
+        tz_comm_all_gatherv(z->comm, z->wsend, z->wrecv, counts, TZ_DT_U8);
+        int64_t at = 0;
+        for (int q = 0; q < N; q++) at += counts[q];
+        clock_add(z, TZ_ZERO_GATHER, t0, (double)at);
+        t0 = omp_get_wtime();
+        at = 0;
+        for (int q = 0; q < N; at += counts[q], q++)
+            tz_zero_weights_unpack(&z->zw, z->be, b, q, z->wrecv + at);
+        clock_add(z, TZ_ZERO_WEIGHTS, t0, 2.0 * (double)at);
     }
     z->steps++;
     return norm;
 }
 
-const char *const tz_zero_phase_names[TZ_ZERO_PHASES] = {"gradients", "norm", "update",
+const char *const tz_zero_phase_names[TZ_ZERO_PHASES] = {"gradients", "norm", "update", "pack",
                                                          "all-gather", "weights"};
 
 void tz_zero_clock_reset(tz_zero *z) {

@@ -11,15 +11,18 @@
 #include "mpi/world.h"
 #include "mpi/zero_plan.h"
 #include "train/optim.h"
+#include "train/zero_weights.h"
 
 #define TZ_ZERO_SLOTS 2 /* buckets in flight at once in stage 2 */
 
 /* Phases of the host side of a step, timed (and their bytes counted, read + written as
  * STREAM counts them) by every rank: gradients into the accumulator (and, on a
  * host-addressable backend, into the stage-2 staging buffers), the sum of squares, the
- * optimizer, the all-gather of updated slices, the copies of the weights into the model. */
-enum { TZ_ZERO_GRADS, TZ_ZERO_NORM, TZ_ZERO_UPDATE, TZ_ZERO_GATHER, TZ_ZERO_WEIGHTS,
-       TZ_ZERO_PHASES };
+ * optimizer, packing the updated slice (fp32 copies, and the re-quantization of quantized
+ * weights from the master), the all-gather of the packed slices, the copies of the weights
+ * (or codes and scales) into the model. */
+enum { TZ_ZERO_GRADS, TZ_ZERO_NORM, TZ_ZERO_UPDATE, TZ_ZERO_PACK, TZ_ZERO_GATHER,
+       TZ_ZERO_WEIGHTS, TZ_ZERO_PHASES };
 extern const char *const tz_zero_phase_names[TZ_ZERO_PHASES];
 typedef struct tz_zero_clock {
     double seconds, bytes;
@@ -41,7 +44,9 @@ typedef struct tz_zero {
     tz_comm_req *req[TZ_ZERO_SLOTS];
     int slot_bucket[TZ_ZERO_SLOTS];
     int next_slot;
-    float *host_tmp;       /* one padded bucket on the host (gathers, device downloads) */
+    float *host_tmp;       /* one padded bucket on the host (device downloads) */
+    tz_zero_weights zw;    /* the weights' way back: pieces of every slice, packed */
+    uint8_t *wsend, *wrecv; /* one packed slice; a bucket's packed slices (the all-gather) */
     int next_bucket;       /* first bucket not yet communicated in this micro-batch */
     int communicate;       /* this micro-batch's backward communicates (hook armed) */
     int pipelined;         /* stage 2 on more than one rank: staged, non-blocking */
@@ -51,8 +56,8 @@ typedef struct tz_zero {
 } tz_zero;
 
 /* Plans, allocates the shard with opt's states and copies this rank's slice of the current
- * weights into the master. Moves the trainable weights into one flat buffer
- * (tz_params_flatten_weights) and binds the gradients. Collective. */
+ * weights into the master (a quantized weight's from its dense source, or decoded), and
+ * binds the gradients. Collective. */
 void tz_zero_init(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt, tz_params *ps,
                   tz_backend *be, tz_comm *comm, const tz_world *world);
 void tz_zero_free(tz_zero *z);

@@ -125,6 +125,34 @@ static void check_all_gather(tz_comm *c, const char *cn, enum tz_dtype dt, int64
     free(recv);
 }
 
+/* Blocks of different lengths: rank r sends n * (r + 1) + r elements, rank 1 none at all;
+ * out of place and in place. */
+static void check_all_gatherv(tz_comm *c, const char *cn, enum tz_dtype dt, int64_t n) {
+    const int N = g_size;
+    int64_t *counts = tz_xmalloc((size_t)N * sizeof *counts), total = 0, own = 0;
+    for (int r = 0; r < N; r++) {
+        counts[r] = r == 1 ? 0 : n * (r + 1) + r;
+        if (r == g_rank) own = total;
+        total += counts[r];
+    }
+    const size_t es = tz_comm_dtype_size(dt);
+    void *send = alloc(counts[g_rank], dt), *recv = alloc(total, dt);
+    for (int64_t j = 0; j < counts[g_rank]; j++) put(dt, send, j, val(g_rank, j, dt));
+    int64_t bad = 0, bad_ip = 0;
+    tz_comm_all_gatherv(c, send, recv, counts, dt);
+    for (int r = 0, d = 0; r < N; d += (int)counts[r], r++)
+        for (int64_t j = 0; j < counts[r]; j++) bad += get(dt, recv, d + j) != val(r, j, dt);
+    memset(recv, 0, (size_t)(total > 0 ? total : 1) * es);
+    char *mine = (char *)recv + (size_t)own * es;
+    for (int64_t j = 0; j < counts[g_rank]; j++) put(dt, mine, j, val(g_rank, j, dt));
+    tz_comm_all_gatherv(c, mine, recv, counts, dt);
+    for (int r = 0, d = 0; r < N; d += (int)counts[r], r++)
+        for (int64_t j = 0; j < counts[r]; j++) bad_ip += get(dt, recv, d + j) != val(r, j, dt);
+    agree(bad == 0 && bad_ip == 0, "%s all_gatherv %s n=%lld (wrong: %lld, in place %lld)", cn,
+          tz_dtype_name(dt), (long long)n, (long long)bad, (long long)bad_ip);
+    free(send), free(recv), free(counts);
+}
+
 static void check_all_reduce(tz_comm *c, const char *cn, enum tz_dtype dt, int64_t n) {
     void *send = alloc(n, dt), *recv = alloc(n, dt);
     for (int64_t j = 0; j < n; j++)
@@ -322,6 +350,8 @@ int main(int argc, char **argv) {
             check_all_gather(comms[k], names[k], TZ_DT_F32, counts[i]);
             check_all_gather(comms[k], names[k], TZ_DT_U8, counts[i]);
             check_all_gather(comms[k], names[k], TZ_DT_BF16, counts[i]);
+            check_all_gatherv(comms[k], names[k], TZ_DT_U8, counts[i]);
+            check_all_gatherv(comms[k], names[k], TZ_DT_F32, counts[i]);
             check_bcast(comms[k], names[k], TZ_DT_F64, counts[i], g_size - 1);
             check_bcast(comms[k], names[k], TZ_DT_U8, counts[i], 0);
         }
@@ -338,6 +368,7 @@ int main(int argc, char **argv) {
     check_reduce_scatter(c, "mpi", TZ_DT_F32, 1000003);
     check_reduce_scatter(mid, "mpi/limit256K", TZ_DT_F32, 1000003);
     check_all_gather(mid, "mpi/limit256K", TZ_DT_F32, 1000003);
+    check_all_gatherv(mid, "mpi/limit256K", TZ_DT_U8, 300001);
     check_nonblocking(c, "mpi", 1 << 20, TZ_DT_F32);
     check_nonblocking(mid, "mpi/limit256K", 600001, TZ_DT_F32);
 

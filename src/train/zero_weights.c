@@ -1,0 +1,167 @@
+/* Pieces of the ranks' slices, the master's first values, and packing (re-quantizing) and
+ * unpacking the updated weights of one bucket slice. Communication is train/zero.c's. */
+#include "train/zero_weights.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "quant/turboquant.h"
+
+static int64_t piece_bytes(const tz_param *p, int64_t n) {
+    if (!p->q) return 4 * n;
+    return n * p->q->bits / 8 + 2 * (n / p->q->group);
+}
+
+void tz_zero_weights_init(tz_zero_weights *zw, const tz_zero_plan *plan, tz_params *ps) {
+    memset(zw, 0, sizeof *zw);
+    const int N = plan->world;
+    zw->world = N;
+    zw->n_buckets = plan->n_buckets;
+    /* trainable tensors in flat order */
+    tz_param **tt = tz_xmalloc((size_t)(ps->n ? ps->n : 1) * sizeof *tt);
+    int nt = 0;
+    for (int i = ps->n - 1; i >= 0; i--)
+        if (ps->p[i]->trainable) tt[nt++] = ps->p[i];
+    for (int i = 0; i < nt; i++) {
+        tz_param *p = tt[i];
+        if (p->q) {
+            zw->quant_params += p->numel;
+            if (p->q->method == TZ_TQ_TURBOQUANT && !zw->cb[p->q->bits].bits) {
+                char err[256];
+                if (tz_tq_codebook_init(&zw->cb[p->q->bits], p->q->bits, err, sizeof err))
+                    TZ_FATAL("%s", err);
+            }
+        } else {
+            zw->dense_params += p->numel;
+        }
+    }
+    const int64_t ns = (int64_t)plan->n_buckets * N;
+    zw->first = tz_xcalloc((size_t)ns + 1, sizeof *zw->first);
+    zw->bytes = tz_xcalloc((size_t)ns + 1, sizeof *zw->bytes);
+    int64_t cap = 0, np = 0;
+    for (int b = 0; b < plan->n_buckets; b++) {
+        int64_t sum = 0;
+        for (int r = 0; r < N; r++) {
+            zw->first[(int64_t)b * N + r] = np;
+            int64_t begin, end, at = 0;
+            tz_zero_plan_slice(plan, b, r, &begin, &end);
+            const int64_t base = plan->b[b].start + (int64_t)r * plan->b[b].slice;
+            for (int i = 0; i < nt && end > begin; i++) {
+                tz_param *p = tt[i];
+                int64_t lo = p->flat_off > begin ? p->flat_off : begin;
+                int64_t hi = p->flat_off + p->numel < end ? p->flat_off + p->numel : end;
+                if (hi <= lo) continue;
+                tz_zero_piece c = {p, lo - p->flat_off, hi - lo, lo - base, at, 0};
+                if (p->q && (c.off % p->q->group || c.n % p->q->group))
+                    TZ_FATAL("%s: a ZeRO slice cuts a quantization group of %d (elements "
+                             "[%lld, %lld)): the plan must cut at multiples of the group",
+                             p->name, p->q->group, (long long)c.off, (long long)(c.off + c.n));
+                c.bytes = piece_bytes(p, c.n);
+                at += (c.bytes + 7) & ~(int64_t)7; /* 8-aligned pieces: aligned copies */
+                if (np == cap) {
+                    cap = cap ? 2 * cap : 64;
+                    zw->pc = tz_xrealloc(zw->pc, (size_t)cap * sizeof *zw->pc);
+                }
+                zw->pc[np++] = c;
+            }
+            zw->bytes[(int64_t)b * N + r] = at;
+            if (at > zw->max_chunk) zw->max_chunk = at;
+            sum += at;
+        }
+        if (sum > zw->max_bucket) zw->max_bucket = sum;
+    }
+    zw->first[ns] = np;
+    free(tt);
+}
+
+void tz_zero_weights_free(tz_zero_weights *zw) {
+    free(zw->first);
+    free(zw->pc);
+    free(zw->bytes);
+    memset(zw, 0, sizeof *zw);
+}
+
+static const tz_zero_piece *pieces(const tz_zero_weights *zw, int b, int r, int64_t *n) {
+    int64_t k = (int64_t)b * zw->world + r;
+    *n = zw->first[k + 1] - zw->first[k];
+    return zw->pc + zw->first[k];
+}
+
+static const tz_tq_codebook *codebook(const tz_zero_weights *zw, const tz_qweight *q) {
+    return q->method == TZ_TQ_TURBOQUANT ? &zw->cb[q->bits] : NULL;
+}
+
+void tz_zero_weights_read(const tz_zero_weights *zw, tz_backend *be, int b, int r,
+                          float *slice) {
+    int64_t n;
+    const tz_zero_piece *pc = pieces(zw, b, r, &n);
+    for (int64_t k = 0; k < n; k++) {
+        const tz_zero_piece *c = &pc[k];
+        const tz_param *p = c->p;
+        float *dst = slice + c->in_slice;
+        if (!p->q) {
+            be->download(be, dst, p->w + c->off, (size_t)c->n * sizeof(float));
+        } else if (p->init) { /* the dense weight it was quantized from */
+            memcpy(dst, p->init + c->off, (size_t)c->n * sizeof(float));
+        } else { /* only codes exist: the master starts at the decoded weight */
+            const tz_qweight *q = p->q;
+            const int64_t g0 = c->off / q->group, ng = c->n / q->group;
+            uint8_t *codes = tz_xmalloc((size_t)(c->n * q->bits / 8));
+            uint16_t *scales = tz_xmalloc((size_t)ng * sizeof *scales);
+            be->download(be, codes, q->codes + c->off * q->bits / 8, (size_t)(c->n * q->bits / 8));
+            be->download(be, scales, q->scales + g0, (size_t)ng * sizeof *scales);
+            tz_tq_dequantize_range(q->method, codebook(zw, q), q->bits, q->group, p->shape[1],
+                                   q->seed, codes, scales, g0, ng, dst);
+            free(codes);
+            free(scales);
+        }
+    }
+}
+
+void tz_zero_weights_pack(const tz_zero_weights *zw, int b, int r, const float *slice,
+                          uint8_t *chunk) {
+    int64_t n;
+    const tz_zero_piece *pc = pieces(zw, b, r, &n);
+    for (int64_t k = 0; k < n; k++) {
+        const tz_zero_piece *c = &pc[k];
+        const tz_qweight *q = c->p->q;
+        const float *src = slice + c->in_slice;
+        uint8_t *dst = chunk + c->at;
+        if (!q) {
+            memcpy(dst, src, (size_t)c->bytes);
+            continue;
+        }
+        const int64_t ng = c->n / q->group, cbytes = c->n * q->bits / 8;
+        tz_tq_quantize_range(q->method, codebook(zw, q), q->bits, q->group, c->p->shape[1],
+                             q->seed, src, c->off / q->group, ng, dst, (uint16_t *)(dst + cbytes));
+    }
+}
+
+void tz_zero_weights_unpack(const tz_zero_weights *zw, tz_backend *be, int b, int r,
+                            const uint8_t *chunk) {
+    int64_t n;
+    const tz_zero_piece *pc = pieces(zw, b, r, &n);
+    for (int64_t k = 0; k < n; k++) {
+        const tz_zero_piece *c = &pc[k];
+        const tz_param *p = c->p;
+        const uint8_t *src = chunk + c->at;
+        if (!p->q) {
+            be->upload(be, p->w + c->off, src, (size_t)c->bytes);
+            continue;
+        }
+        const tz_qweight *q = p->q;
+        const int64_t cbytes = c->n * q->bits / 8;
+        be->upload(be, q->codes + c->off * q->bits / 8, src, (size_t)cbytes);
+        be->upload(be, q->scales + c->off / q->group, src + cbytes,
+                   (size_t)(c->n / q->group) * sizeof(uint16_t));
+    }
+}
+
+int64_t tz_zero_weights_gather_bytes(const tz_zero_weights *zw, int r) {
+    int64_t s = 0;
+    for (int b = 0; b < zw->n_buckets; b++)
+        for (int q = 0; q < zw->world; q++)
+            if (q != r) s += zw->bytes[(int64_t)b * zw->world + q];
+    return s;
+}
