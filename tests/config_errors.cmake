@@ -10,4 +10,4 @@ add_test(NAME config_errors
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/config_errors.sh $<TARGET_FILE:tz_config_check>
   WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
 set_tests_properties(config_errors PROPERTIES TIMEOUT 300
-  ENVIRONMENT "${TZ_TEST_ENV}")
+  ENVIRONMENT "${TZ_TEST_ENV}" LABELS "quick")

@@ -15,11 +15,11 @@ foreach(np 1 2 3 4)
             ${MPIEXEC_PREFLAGS} $<TARGET_FILE:tz_comm_check> ${MPIEXEC_POSTFLAGS}
     WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
   set_tests_properties(mpi_comm_np${np} PROPERTIES TIMEOUT 300 PROCESSORS ${np}
-    ENVIRONMENT "${TZ_MPI_ENV}" FAIL_REGULAR_EXPRESSION "FAIL ")
+    ENVIRONMENT "${TZ_MPI_ENV}" FAIL_REGULAR_EXPRESSION "FAIL " LABELS "quick;mpi")
 endforeach()
 add_test(NAME mpi_fatal_one_rank
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mpi_fatal.sh ${MPIEXEC_EXECUTABLE}
           ${MPIEXEC_NUMPROC_FLAG} $<TARGET_FILE:tz_comm_check>
   WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
 set_tests_properties(mpi_fatal_one_rank PROPERTIES TIMEOUT 200 PROCESSORS 3
-  ENVIRONMENT "${TZ_MPI_ENV}")
+  ENVIRONMENT "${TZ_MPI_ENV}" LABELS "quick;mpi")

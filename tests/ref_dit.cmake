@@ -8,4 +8,4 @@ add_test(NAME ref_dit_vs_torch
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ref/dit_ref.sh $<TARGET_FILE:tz_dit_dump>
           ${CMAKE_CURRENT_SOURCE_DIR}/ref)
 set_tests_properties(ref_dit_vs_torch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
-  ENVIRONMENT "${TZ_TEST_ENV}")
+  ENVIRONMENT "${TZ_TEST_ENV}" LABELS "reference")

@@ -7,4 +7,4 @@ add_test(NAME ref_llama_vs_torch
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ref/llama_ref.sh $<TARGET_FILE:turbozero>
           $<TARGET_FILE:tz_grad_dump> ${CMAKE_CURRENT_SOURCE_DIR}/ref)
 set_tests_properties(ref_llama_vs_torch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
-  ENVIRONMENT "${TZ_TEST_ENV}")
+  ENVIRONMENT "${TZ_TEST_ENV}" LABELS "reference")

@@ -3,4 +3,4 @@
 add_test(NAME train_llama_end_to_end
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/train_test.sh $<TARGET_FILE:turbozero> ${CMAKE_SOURCE_DIR})
 set_tests_properties(train_llama_end_to_end PROPERTIES TIMEOUT 900
-  ENVIRONMENT "${TZ_TEST_ENV}")
+  ENVIRONMENT "${TZ_TEST_ENV}" LABELS "e2e")
