@@ -10,6 +10,8 @@
 #include "io/fsutil.h"
 #include "io/peft.h"
 #include "io/safetensors.h"
+#include "io/tq_format.h"
+#include "quant/turboquant.h"
 
 void tz_adapter_read_spec(const char *dir, const char *const *names, int n, tz_lora_spec *s) {
     char path[1100], err[1200];
@@ -53,12 +55,10 @@ void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir) {
 
 /* Downloads numel floats at src and adds them to w as F32 or BF16; the host copy goes to
  * bufs[(*n)++] (the writer reads it when saving). */
-static void add_dense(tz_st_writer *w, tz_backend *be, const char *path, const char *name,
-                      int ndim, const int64_t *shape, const float *src, int64_t numel, int bf16,
-                      void **bufs, int *n) {
+/* Adds host floats f (numel, owned from here on: freed with bufs) as F32 or BF16. */
+static void add_host(tz_st_writer *w, const char *path, const char *name, int ndim,
+                     const int64_t *shape, float *f, int64_t numel, int bf16, void **bufs, int *n) {
     char err[1024];
-    float *f = tz_xmalloc((size_t)numel * sizeof *f);
-    be->download(be, f, src, (size_t)numel * sizeof *f);
     if (bf16) {
         uint16_t *h = tz_xmalloc((size_t)numel * sizeof *h);
         tz_dtype_from_f32(TZ_DT_BF16, f, h, numel);
@@ -72,26 +72,63 @@ static void add_dense(tz_st_writer *w, tz_backend *be, const char *path, const c
         TZ_FATAL("%s: %s", path, err);
 }
 
-void tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
-                          const tz_tensor_view *views, int n_views) {
+static void add_dense(tz_st_writer *w, tz_backend *be, const char *path, const char *name,
+                      int ndim, const int64_t *shape, const float *src, int64_t numel, int bf16,
+                      void **bufs, int *n) {
+    float *f = tz_xmalloc((size_t)numel * sizeof *f);
+    be->download(be, f, src, (size_t)numel * sizeof *f);
+    add_host(w, path, name, ndim, shape, f, numel, bf16, bufs, n);
+}
+
+/* A quantized weight from the backend into a host tensor (codes and scales). */
+static void download_quant(tz_backend *be, const tz_param *p, tz_tq_tensor *t, const char *path) {
+    const tz_qweight *q = p->q;
+    char err[256];
+    if (tz_tq_tensor_init(t, q->bits, q->group, p->shape[0], p->shape[1], q->seed, err, sizeof err))
+        TZ_FATAL("%s: %s: %s", path, p->name, err);
+    be->download(be, t->codes, q->codes, (size_t)tz_tq_codes_bytes(t->rows, t->cols, t->bits));
+    be->download(be, t->scales, q->scales,
+                 (size_t)tz_tq_scales_count(t->rows, t->cols, t->group) * sizeof *t->scales);
+}
+
+int tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
+                         const tz_tensor_view *views, int n_views, const tz_quant_opts *quant) {
     tz_st_writer w;
     tz_st_writer_init(&w);
     tz_st_writer_set_metadata(&w, "format", "pt");
     tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
     char err[1024];
     void **bufs = tz_xcalloc((size_t)(ps->n + n_views) + 1, sizeof *bufs);
-    int n = 0;
+    tz_tq_tensor *qt = tz_xcalloc((size_t)ps->n + 1, sizeof *qt);
+    const char **qnames = tz_xcalloc((size_t)ps->n + 1, sizeof *qnames);
+    const tz_tq_tensor **qts = tz_xcalloc((size_t)ps->n + 1, sizeof *qts);
+    int n = 0, nq = 0;
     for (int i = 0; i < ps->n; i++) {
         tz_param *p = ps->p[i];
         int viewed = 0;
         for (int v = 0; v < n_views; v++) viewed |= !strcmp(views[v].name, p->name);
         if (p->adapter != adapters || viewed) continue;
-        if (p->q)
-            TZ_FATAL_HINT("write quantized models with `turbozero quantize`, dense ones with "
-                          "`turbozero export --dequantize`",
-                          "%s: %s is quantized; saving a quantized model here is not supported",
-                          path, p->name);
-        add_dense(&w, be, path, p->name, p->ndim, p->shape, p->w, p->numel, bf16, bufs, &n);
+        if (!p->q) {
+            add_dense(&w, be, path, p->name, p->ndim, p->shape, p->w, p->numel, bf16, bufs, &n);
+            continue;
+        }
+        tz_tq_tensor *t = &qt[nq];
+        download_quant(be, p, t, path);
+        if (quant) { /* the quantized layout, as `turbozero quantize` writes it */
+            if (tz_tqf_writer_add(&w, p->name, t, err, sizeof err)) TZ_FATAL("%s: %s", path, err);
+            qnames[nq] = p->name;
+            qts[nq] = t;
+            nq++;
+            continue;
+        }
+        tz_tq_codebook cb;
+        memset(&cb, 0, sizeof cb);
+        if (p->q->method == TZ_TQ_TURBOQUANT && tz_tq_codebook_init(&cb, p->q->bits, err, sizeof err))
+            TZ_FATAL("%s", err);
+        float *f = tz_xmalloc((size_t)p->numel * sizeof *f);
+        tz_tq_dequantize_as(t, p->q->method, &cb, f);
+        tz_tq_tensor_free(t);
+        add_host(&w, path, p->name, p->ndim, p->shape, f, p->numel, bf16, bufs, &n);
     }
     for (int v = 0; v < n_views; v++) {
         int64_t numel = 1;
@@ -99,10 +136,17 @@ void tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int a
         add_dense(&w, be, path, views[v].name, views[v].ndim, views[v].shape, views[v].w, numel,
                   bf16, bufs, &n);
     }
+    char *meta = NULL;
+    if (nq) {
+        meta = tz_tqf_meta_json(quant->method, quant->bits, quant->group, quant->seed, qnames, qts, nq);
+        tz_st_writer_set_metadata(&w, TZ_TQF_META_KEY, meta);
+    }
     if (tz_st_writer_save(&w, path, err, sizeof err)) TZ_FATAL("%s", err);
     for (int i = 0; i < n; i++) free(bufs[i]);
-    free(bufs);
+    for (int i = 0; i < nq; i++) tz_tq_tensor_free(&qt[i]);
+    free(meta), free(bufs), free(qt), free(qnames), free(qts);
     tz_st_writer_free(&w);
+    return nq;
 }
 
 void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char *const *names,
@@ -118,7 +162,7 @@ void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char 
             snprintf(c.targets[c.ntargets++], sizeof c.targets[0], "%s", names[j]);
     snprintf(c.base_model, sizeof c.base_model, "%s", base_model_path);
     tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
-    tz_params_save_dense(ps, be, path, 1, 0, NULL, 0);
+    tz_params_save_dense(ps, be, path, 1, 0, NULL, 0, NULL);
     tz_path_join(path, sizeof path, dir, "adapter_config.json");
     if (tz_peft_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }

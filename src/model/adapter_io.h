@@ -27,10 +27,12 @@ typedef struct tz_tensor_view {
     const float *w;     /* backend memory, the product of shape floats */
 } tz_tensor_view;
 
-/* Writes the dense tensors of ps whose adapter flag equals `adapters`, and the n_views views,
- * to a safetensors file (F32, or BF16 rounded to nearest even), under their table names and
- * shapes. Fatal on a quantized tensor (those are written by `turbozero quantize`). */
-void tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
-                          const tz_tensor_view *views, int n_views);
+/* Writes the tensors of ps whose adapter flag equals `adapters`, and the n_views views, to a
+ * safetensors file under their table names and shapes: dense ones as F32 (or BF16 rounded to
+ * nearest even); quantized ones, with quant given, in the quantized layout of io/tq_format.h
+ * (codes, scales and the metadata, whose top-level method/bits/group/seed are *quant's), or
+ * with quant NULL dequantized like the dense ones. Returns the number written quantized. */
+int tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
+                         const tz_tensor_view *views, int n_views, const tz_quant_opts *quant);
 
 #endif

@@ -86,11 +86,12 @@ static void add_linear(tz_dit *m, tz_dit_linear *L, const char *module, int64_t 
     L->lin.tq = &m->tq;
     snprintf(name, sizeof name, "%s.weight", module);
     const tz_quant_opts *q = &m->o.quant;
-    if (q->bits && stage >= 1 && stage <= m->d.depth)
+    if (q->bits && stage >= 1 && stage <= m->d.depth) {
         L->lin.w = with_meta(m, tz_params_add_quant(&m->params, m->be, name, out, in, q->method,
                                                     q->bits, q->group, q->seed, m->levels),
                              stage, init);
-    else
+        L->lin.w->trainable = full; /* full fine-tuning: fp32 master on the host, codes here */
+    } else
         L->lin.w = add_param(m, name, 2, out, in, full, 1, 0, stage, init);
     snprintf(name, sizeof name, "%s.bias", module);
     L->bias = add_param(m, name, 1, out, 1, full, 0, 0, stage, INIT_ZERO);
@@ -141,7 +142,7 @@ tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_model_opts 
     tz_params_init(&m->params);
     const int64_t Hd = d->hidden, p = d->patch_size, L = d->depth, emb = L + 1;
     if (o->quant.bits) {
-        tz_quant_prepare(&o->quant, o->full, &m->cb, m->levels);
+        tz_quant_prepare(&o->quant, &m->cb, m->levels);
         const int64_t g = o->quant.group, F = tz_dit_mlp_hidden(d);
         if (Hd % g || F % g)
             TZ_FATAL_HINT("use quant.group = 64 (the tiny and small presets: hidden_size 64 and "

@@ -100,7 +100,9 @@ void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
         {m->x_emb.lin.w->name, 4, {d->hidden, d->in_channels, pp, pp}, m->x_emb.lin.w->w},
         {"pos_embed", 3, {1, tz_dit_tokens(d), d->hidden, 0}, m->pos_embed}};
     tz_path_join(path, sizeof path, dir, "model.safetensors");
-    tz_params_save_dense(&m->params, m->be, path, 0, bf16, views, 2);
+    /* a quantized block weight (full fine-tuning at quant.bits) is written dequantized: a
+     * quantized DiT folder is not read yet */
+    tz_params_save_dense(&m->params, m->be, path, 0, bf16, views, 2, NULL);
     tz_path_join(path, sizeof path, dir, "config.json");
     if (tz_dit_config_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }

@@ -57,6 +57,7 @@ static void add_linear(tz_llama *m, tz_linear *l, int layer, int which, int64_t 
         l->w = tz_params_add_quant(&m->params, m->be, name, out, in, qo->method, qo->bits, g,
                                    qo->seed, m->levels);
         l->w->stage = (int)stage;
+        l->w->trainable = m->o.full; /* full fine-tuning: fp32 master on the host, codes here */
     } else {
         l->w = add_param(m, name, 2, out, in, m->o.full, 1, 0, stage);
     }
@@ -84,7 +85,7 @@ tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_model
     m->be = be;
     tz_params_init(&m->params);
     int full = o->full;
-    if (o->quant.bits) tz_quant_prepare(&o->quant, o->full, &m->cb, m->levels);
+    if (o->quant.bits) tz_quant_prepare(&o->quant, &m->cb, m->levels);
     const int64_t C = d->dim, qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
     /* registration in forward order; the flat layout reverses it (backward order) */
     m->embed = add_param(m, "model.embed_tokens.weight", 2, d->vocab, C, full, 1, 0,

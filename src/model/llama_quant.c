@@ -215,6 +215,14 @@ static void report_totals(FILE *rep, const qtotals *tot, int method, int bits, i
             tot->in_bytes, tot->out_bytes, tot->in_bytes / tot->out_bytes, out);
 }
 
+void tz_llama_quant_config_json(const tz_quant_opts *q, char *qc, size_t n) {
+    snprintf(qc, n, "{\"quant_method\": \"%s\", \"bits\": %d, \"group_size\": %d, "
+             "\"seed\": %llu, \"format\": \"turbozero\", \"quantized\": \"the projections of "
+             "every block; see model.safetensors __metadata__ %s\"}",
+             tz_tq_method_name(q->method), q->bits, q->group, (unsigned long long)q->seed,
+             TZ_TQF_META_KEY);
+}
+
 /* The model's metadata: "turbozero_quant" (every tensor's layout) in the safetensors header,
  * "quantization_config" for config.json into qc. */
 static void describe_quant(tz_st_writer *w, const qrow *rows, int64_t nq, int method, int bits,
@@ -224,10 +232,8 @@ static void describe_quant(tz_st_writer *w, const qrow *rows, int64_t nq, int me
     for (int64_t k = 0; k < nq; k++) names[k] = rows[k].name, ts[k] = &rows[k].t;
     char *meta = tz_tqf_meta_json(method, bits, group, seed, names, ts, nq);
     tz_st_writer_set_metadata(w, TZ_TQF_META_KEY, meta);
-    snprintf(qc, n, "{\"quant_method\": \"%s\", \"bits\": %d, \"group_size\": %d, "
-             "\"seed\": %llu, \"format\": \"turbozero\", \"quantized\": \"the projections of "
-             "every block; see model.safetensors __metadata__ %s\"}",
-             tz_tq_method_name(method), bits, group, (unsigned long long)seed, TZ_TQF_META_KEY);
+    tz_quant_opts o = {method, bits, group, seed};
+    tz_llama_quant_config_json(&o, qc, n);
     free(meta);
     free(names);
     free(ts);

@@ -18,6 +18,8 @@ void tz_llama_quant_from_file(tz_quant_opts *q, const tz_tqf *qf, const char *di
  * holds p->numel floats. Fatal with the file and tensor on any error. */
 void tz_llama_load_weight(tz_llama *m, const tz_safetensors *st, const tz_tqf *qf, tz_param *p,
                           float *buf);
+/* config.json's "quantization_config" object for a model quantized as q (at most 400 bytes). */
+void tz_llama_quant_config_json(const tz_quant_opts *q, char *qc, size_t n);
 /* One log line on the base weights: how many projections are quantized, how, and bytes. */
 void tz_llama_quant_report(const tz_llama *m);
 

@@ -64,19 +64,19 @@ void tz_model_init_lora(tz_params *ps, tz_backend *be, uint64_t seed) {
 
 void tz_model_upload_param(tz_backend *be, const tz_tq_codebook *cb, tz_param *p,
                            const float *w) {
-    if (p->q) tz_quant_upload(be, cb, p, w);
-    else be->upload(be, p->w, w, (size_t)p->numel * sizeof *w);
+    if (!p->q) {
+        be->upload(be, p->w, w, (size_t)p->numel * sizeof *w);
+        return;
+    }
+    tz_quant_upload(be, cb, p, w);
+    if (p->trainable) { /* its fp32 master starts at the dense weight, not at the decoded one */
+        if (!p->init) p->init = tz_xmalloc((size_t)p->numel * sizeof *p->init);
+        memcpy(p->init, w, (size_t)p->numel * sizeof *w);
+    }
 }
 
-void tz_quant_prepare(const tz_quant_opts *q, int full, tz_tq_codebook *cb, float *levels) {
+void tz_quant_prepare(const tz_quant_opts *q, tz_tq_codebook *cb, float *levels) {
     char err[256];
-    if (full)
-        TZ_FATAL_HINT("train LoRA adapters on the quantized base (train.mode = \"lora\"), or "
-                      "fine-tune a dense model (quant.bits = 0; `turbozero export --dequantize` "
-                      "turns a quantized model into a dense one)",
-                      "full fine-tuning of a quantized base (%s, %d bits) is not supported yet: "
-                      "quantization-aware training is later work",
-                      tz_tq_method_name(q->method), q->bits);
     if (q->bits < 1 || q->bits > TZ_TQ_MAX_BITS)
         TZ_FATAL("quantization bits %d out of range (1..%d)", q->bits, TZ_TQ_MAX_BITS);
     if (q->group != 64 && q->group != 128 && q->group != 256)

@@ -75,13 +75,14 @@ void tz_model_init_base(tz_params *ps, tz_backend *be, const tz_tq_codebook *cb,
  * B = 0; the draws of parameter i come from tz_rng_make(seed, i, TZ_RNG_LORA, 0). */
 void tz_model_init_lora(tz_params *ps, tz_backend *be, uint64_t seed);
 /* Sets p from the host floats w (p->numel): uploaded as they are, or, when p is quantized,
- * quantized on the host as p->q says (cb: the model's codebook) and its codes uploaded. */
+ * quantized on the host as p->q says (cb: the model's codebook) and its codes uploaded; a
+ * trainable quantized p also keeps w in p->init, where its fp32 master will start. */
 void tz_model_upload_param(tz_backend *be, const tz_tq_codebook *cb, tz_param *p,
                            const float *w);
 
-/* Checks q (fatal with a hint when it cannot be used, e.g. full fine-tuning: `full` non-zero)
- * and fills cb (TurboQuant) and levels (2^bits code values, tz_tq_levels). */
-void tz_quant_prepare(const tz_quant_opts *q, int full, tz_tq_codebook *cb, float *levels);
+/* Checks q (fatal when it cannot be used) and fills cb (TurboQuant) and levels (2^bits code
+ * values, tz_tq_levels). */
+void tz_quant_prepare(const tz_quant_opts *q, tz_tq_codebook *cb, float *levels);
 /* The codebook of `bits` bits: cb when it has that many, else computed into local. */
 const tz_tq_codebook *tz_quant_codebook(const tz_tq_codebook *cb, int method, int bits,
                                         tz_tq_codebook *local);

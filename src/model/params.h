@@ -68,8 +68,9 @@ tz_param *tz_params_find(tz_params *ps, const char *name);
 /* A host array of floats as large as the largest tensor whose adapter flag is `adapters`
  * (at least 1): the staging buffer of a loader. */
 float *tz_params_host_buffer(const tz_params *ps, int adapters);
-/* Register a frozen quantized weight [d0, d1]: codes, scales (zeroed) and levels (copied from
- * the host array of 2^bits floats) in backend memory; no fp32 copy is ever made. */
+/* Register a quantized weight [d0, d1]: codes, scales (zeroed) and levels (copied from the
+ * host array of 2^bits floats) in backend memory; no fp32 copy is ever made on the backend.
+ * Frozen; a model makes it trainable (full fine-tuning) before tz_params_layout. */
 tz_param *tz_params_add_quant(tz_params *ps, tz_backend *be, const char *name, int64_t d0,
                               int64_t d1, int method, int bits, int group, uint64_t seed,
                               const float *levels);

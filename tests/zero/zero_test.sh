@@ -9,6 +9,21 @@
 #     Awkward sizes on purpose: vocab 97 and MLP width 171 (tests/zero/make_model.py), so no
 #     tensor is a multiple of the alignment; buckets of 0.02 MiB (5242 elements), smaller
 #     than the largest tensors (6208 and 10944 elements), so tensors are cut across buckets.
+#     Full fine-tuning of a 4-bit TurboQuant base (quant.bits = 4, group 64: the projections
+#     whose rows are a multiple of 64 are quantized, down_proj's 171 stays dense), stages 1
+#     and 2: every rank re-quantizes the groups it owns and all-gathers codes and scales.
+#     Here 1e-6 cannot hold in general, and the test says why rather than hide it: the fp32
+#     masters differ by rounding as above, and Q is discontinuous, so a value at a codebook
+#     decision boundary (or a group scale at a bf16 rounding boundary, a 2^-8 step) takes
+#     the neighbouring code at one N and not at another; from then on the forward passes
+#     differ by that one step. Measured (2026-11-23): N = 3, 4 stay within 1e-8 (no value
+#     crossed); N = 2 had 4 differing code bytes of 34,176 and losses 2.2e-5 apart, scales
+#     3.6e-4 (norm-wise). So quantized runs assert losses within TOLQ = 1e-4, dense tensors
+#     and scales within SCALES = 2e-3 (norm-wise) and at most CODES = 0.1% differing code
+#     bytes. What is exact is asserted exactly: where the sums are the same additions the
+#     results are the same bits: N = 2 in stage 2 (one addition of two ranks' gradients per
+#     bucket) equals N = 1 with grad_accum = 2 (the host accumulator adds the two
+#     micro-batches), losses and model file alike, full and LoRA on the 4-bit base.
 #  2. each rank's host shard is exactly its share: the per-rank bytes printed at start-up
 #     are equal and sum to the one-rank figure plus at most one bucket padding per bucket.
 #  3. a rank that fails alone (its data path does not exist in its working directory)
@@ -18,6 +33,7 @@ set -u
 tz=$1 src=$2 mpiexec=$3
 py=/usr/bin/python3
 TOL=1e-6
+TOLQ=1e-4 SCALES=2e-3 CODES=0.001   # quantized full fine-tuning: see above
 work=$(mktemp -d "${TMPDIR:-/tmp}/tzzero.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/../lib.sh"
@@ -66,6 +82,48 @@ for mode in lora full; do
       fi
     done
   done
+done
+
+# full fine-tuning of a 4-bit base: every N and stages 1, 2 against N = 1 stage 0
+q=(--set train.mode=full --set quant.bits=4 --set quant.group=64)
+ref=""
+for n in 1 2 3 4; do
+  for stage in 0 1 2; do
+    [ $n -gt 1 ] && [ $stage -eq 0 ] && continue
+    [ $n -eq 1 ] && [ $stage -ne 0 ] && continue
+    dir="$work/fullq-$n-$stage"
+    if ! timeout 300 "$mpiexec" -np $n "$tz" train "$work/run.cfg" "${q[@]}" --set train.micro_batch=$((12 / n)) \
+        --set zero.stage=$stage --set run.dir="$dir" > "$dir.log" 2>&1; then
+      bad "fullq N=$n stage $stage: run failed"; tail -5 "$dir.log"; continue
+    fi
+    [ -n "$ref" ] || { ref=$dir; continue; }
+    worst=$(paste <(losses "$ref") <(losses "$dir") | awk '
+      { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
+      END { if (n != 20) print "steps:" n; else printf "%.3e", w }')
+    pw=$($py "$src/tests/zero/compare.py" "$ref/model/model.safetensors" "$dir/model/model.safetensors" $SCALES $CODES)
+    prc=$?
+    if [[ "$worst" =~ ^[0-9.e+-]+$ ]] && awk -v w="$worst" -v t=$TOLQ 'BEGIN {exit !(w <= t)}' && [ $prc -eq 0 ]; then
+      ok "full on a 4-bit base, N=$n stage $stage: 20 losses within $worst; dense tensors and scales within $pw"
+    else
+      bad "full on a 4-bit base, N=$n stage $stage: losses differ by $worst, parameters by $pw"
+    fi
+  done
+done
+# the same additions give the same bits: N = 2 stage 2 vs N = 1 with two accumulated micro-batches
+for mode in full lora; do
+  for r in a b; do
+    np=$([ $r = a ] && echo 1 || echo 2) acc=$([ $r = a ] && echo 2 || echo 1)
+    "$mpiexec" -np $np "$tz" train "$work/run.cfg" "${q[@]}" --set train.mode=$mode --set train.micro_batch=6 \
+      --set train.grad_accum=$acc --set zero.stage=2 --set run.dir="$work/same-$mode-$r" > "$work/same-$mode-$r.log" 2>&1 ||
+      bad "$mode on a 4-bit base, N=$np accum $acc: run failed"
+  done
+  out=$([ $mode = lora ] && echo adapter/adapter_model.safetensors || echo model/model.safetensors)
+  if [ -s "$work/same-$mode-a/$out" ] && diff <(losses "$work/same-$mode-a") <(losses "$work/same-$mode-b") > /dev/null &&
+     cmp -s "$work/same-$mode-a/$out" "$work/same-$mode-b/$out"; then
+    ok "$mode on a 4-bit base: N=2 stage 2 = N=1 with grad_accum 2, bit for bit (losses and $out)"
+  else
+    bad "$mode on a 4-bit base: N=2 stage 2 differs from N=1 with grad_accum 2"
+  fi
 done
 
 # host shard bytes per rank (stage 2 full runs): equal across ranks, sum = one-rank + padding
