@@ -31,6 +31,9 @@ struct tz_backend {
     void (*download)(tz_backend *be, void *host_dst, const void *src, size_t bytes);
     void (*copy)(tz_backend *be, void *dst, const void *src, size_t bytes);
     void (*sync)(tz_backend *be);
+    /* Bytes of backend memory allocated through alloc and not yet released, now and at most
+     * so far (kept by the implementation; the ops' own scratch is not counted). */
+    size_t live_bytes, peak_bytes;
 
     /* ---- elementwise and reductions ---- */
     void (*fill)(tz_backend *be, float *x, float v, int64_t n);

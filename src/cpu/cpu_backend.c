@@ -47,13 +47,26 @@ float *tz_cpu_ws_get(tz_backend *be, int tid, size_t floats) {
 
 /* ---- memory ---- */
 
+/* Each block carries its size in a 64-byte header (the user pointer stays 64-aligned), so
+ * release can keep live_bytes. */
+#define TZ_CPU_HDR 64
 static void *cpu_alloc(tz_backend *be, size_t bytes) {
-    void *p = tz_cpu_aligned_alloc(bytes);
-    memset(p, 0, bytes);
-    return p;
+    char *p = tz_cpu_aligned_alloc(bytes + TZ_CPU_HDR);
+    memset(p + TZ_CPU_HDR, 0, bytes);
+    memcpy(p, &bytes, sizeof bytes);
+    be->live_bytes += bytes;
+    if (be->live_bytes > be->peak_bytes) be->peak_bytes = be->live_bytes;
+    return p + TZ_CPU_HDR;
 }
 
-static void cpu_release(tz_backend *be, void *p) { free(p); }
+static void cpu_release(tz_backend *be, void *p) {
+    if (!p) return;
+    char *h = (char *)p - TZ_CPU_HDR;
+    size_t bytes;
+    memcpy(&bytes, h, sizeof bytes);
+    be->live_bytes -= bytes;
+    free(h);
+}
 
 static void cpu_memcpy(tz_backend *be, void *dst, const void *src, size_t bytes) {
     if (bytes) memcpy(dst, src, bytes);
