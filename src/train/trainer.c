@@ -144,6 +144,7 @@ static void print_start(const run *r) {
     tz_world_print(r->w);
     tz_zero_plan_print(&r->z.plan);
     tz_zero_print(&r->z);
+    tz_zero_print_memory(&r->z, t->arena_bytes);
 }
 
 static FILE *open_rank0(const tz_config *cfg, const char *name, const char *mode) {

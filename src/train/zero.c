@@ -278,6 +278,26 @@ void tz_zero_clock_print(const tz_zero *z) {
                 1e3 * total / (double)z->steps, line);
 }
 
+void tz_zero_print_memory(const tz_zero *z, size_t activations) {
+    const tz_params *ps = z->ps;
+    size_t quant = 0, weights = tz_params_bytes(ps);
+    for (int i = 0; i < ps->n; i++)
+        if (ps->p[i]->q) quant += ps->p[i]->bytes;
+    const size_t grads = (size_t)ps->flat_numel * sizeof(float);
+    const size_t staging = z->pipelined ? TZ_ZERO_SLOTS * (size_t)z->plan.bucket_elems * sizeof(float) : 0;
+    const size_t sum = weights + grads + staging + activations, live = z->be->live_bytes;
+    const double M = 1048576.0;
+    char other[64] = "";
+    if (live != sum)
+        snprintf(other, sizeof other, " + other %.2f", ((double)live - (double)sum) / M);
+    tz_info_all("memory per rank: %s %.2f MiB = weights %.2f (codes + scales %.2f, dense %.2f) "
+                "+ gradients %.2f + staging %.2f + activations %.2f%s (the allocator's count) | "
+                "host shard %.2f MiB", z->be->device ? "device" : "backend (host)", (double)live / M,
+                (double)weights / M, (double)quant / M, (double)(weights - quant) / M,
+                (double)grads / M, (double)staging / M, (double)activations / M, other,
+                (double)z->sh.bytes / M);
+}
+
 void tz_zero_print(const tz_zero *z) {
     char arrays[256];
     tz_shard_describe(&z->sh, arrays, sizeof arrays);

@@ -77,6 +77,10 @@ void tz_zero_end_micro(tz_zero *z);
 double tz_zero_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max_norm);
 /* Every rank prints its share: owned elements and host shard bytes. */
 void tz_zero_print(const tz_zero *z);
+/* Every rank prints its memory: the backend's bytes as its allocator counts them, split into
+ * weights (quantized codes + scales, dense), gradients, stage-2 staging and `activations`
+ * (the model's arena), with any remainder named "other"; and the host shard. */
+void tz_zero_print_memory(const tz_zero *z, size_t activations);
 /* Restart the phase clocks; every rank prints its phases' mean time and bytes/s per step. */
 void tz_zero_clock_reset(tz_zero *z);
 void tz_zero_clock_print(const tz_zero *z);

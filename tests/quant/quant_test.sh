@@ -104,6 +104,18 @@ for b in 4 3; do
     bad "full fine-tuning on a $b-bit base: $f0 -> $fb vs dense $f0 -> $f1 (share '$share', at least $want)"
   fi
 done
+# memory per rank, as the backend's allocator counts it: the parts add up, and the 4-bit
+# model's weights (codes + scales + the dense embeddings and norms) are a fraction of dense
+mem() { grep -o 'memory per rank: .*' "$1" | head -1; }
+m4=$(mem "$work/full4.log") m0=$(mem "$work/full0.log")
+if echo "$m4" | awk -v d="$(echo "$m0" | sed -n 's/.* weights \([0-9.]*\) .*/\1/p')" '{
+     t = $6; w = $10; q = $14 + 0; g = $19; s = $22; a = $25
+     exit !(index($0, "other") == 0 && t - (w + g + s + a) < 0.015 && t - (w + g + s + a) > -0.015 &&
+            q > 0 && d > 0 && w < 0.25 * d) }'; then
+  ok "memory: $m4 (dense: $(echo "$m0" | sed -n 's/.* = \(weights [0-9.]*\) .*/\1/p') MiB)"
+else
+  bad "memory lines: [$m4] vs dense [$m0]"
+fi
 grep -q '"quant_method": "turboquant"' "$work/full4/model/config.json" 2>/dev/null &&
   grep -q 'q_proj.weight.tq_codes' "$work/full4/model/model.safetensors" &&
   ok "the fine-tuned 4-bit model is saved in the quantized layout" || bad "full4/model is not quantized"
