@@ -50,7 +50,7 @@ double tz_lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double m
 /* ---- the host shard ---- */
 
 /* One named per-element array of the shard. saved: part of the training state a checkpoint
- * keeps (the master and the optimizer's states); the accumulator is empty between steps
+ * keeps (the master and the optimizer's states); the accumulator is rewritten every step
  * and the decay flags follow from the parameter table. */
 typedef struct tz_shard_array {
     const char *name;
