@@ -76,10 +76,17 @@ static void quantize_group(const float *w, const float *s, int g, const tz_tq_co
         *scale = tz_f32_to_bf16(0.0f);
     } else {
         double inv = 1.0 / norm, num = 0.0, den = 0.0;
+        /* the nearest centroid = the number of decision thresholds below z: the same index
+         * as tz_tq_codebook_nearest's binary search (ties and NaN included), branch-free */
+        const int nt = cb->n - 1;
         for (int i = 0; i < g; i++) {
-            int k = tz_tq_codebook_nearest(cb, (float)((double)r[i] * inv));
-            double c = cb->centroids[k];
+            const float z = (float)((double)r[i] * inv);
+            int k = 0;
+            for (int j = 0; j < nt; j++) k += z > cb->thresholds[j];
             idx[i] = (uint8_t)k;
+        }
+        for (int i = 0; i < g; i++) {
+            double c = cb->centroids[idx[i]];
             num += (double)r[i] * c;
             den += c * c;
         }
