@@ -76,8 +76,6 @@ tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
 
 void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
     char path[1100], err[1200];
-    if (m->o.quant.bits)
-        TZ_FATAL("dit: saving a DiT with a quantized base is not supported (save the adapter)");
     if (tz_mkdir_p(dir, err, sizeof err)) TZ_FATAL("%s", err);
     const tz_dit_dims *d = &m->d;
     tz_dit_config c;

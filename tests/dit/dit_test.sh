@@ -70,6 +70,19 @@ qb=$(evals "$work/qlora" | head -1) qa=$(evals "$work/qlora" | tail -1)
 [ -n "$qb" ] && awk -v b="$qb" -v a="$qa" 'BEGIN {exit !(a < b - 0.01)}' &&
   ok "LoRA on a 4-bit TurboQuant base: validation loss $qb -> $qa" || bad "LoRA on a quantized base: $qb -> $qa"
 
+# full fine-tuning of the 4-bit block weights (fp32 master on the host, codes in the model);
+# the model is saved dequantized and evaluates as the run ended. Measured: 0.0986 -> 0.0855
+# after 20 steps of 16 images on all 5000 validation images; required: a drop of more than 0.005
+"$tz" train inputs/dit/finetune.cfg "${data[@]}" --set train.mode=full --set train.steps=20 \
+  --set train.micro_batch=16 --set optim.lr=5e-4 --set train.eval_every=0 --set train.eval_windows=0 \
+  --set train.threads=2 --set quant.bits=4 --set quant.group=64 --set run.dir="$work/qfull" > "$work/qfull.log" 2>&1 ||
+  { bad "full fine-tuning of a quantized DiT failed"; tail -5 "$work/qfull.log"; }
+fb=$(evals "$work/qfull" | head -1) fa=$(evals "$work/qfull" | tail -1)
+fe=$("$tz" eval inputs/dit/finetune.cfg "${data[@]}" --set model.path="$work/qfull/model" --set train.threads=2 2>&1 | tail -1 | sed -n 's/^eval_loss=\([0-9.]*\) .*/\1/p')
+[ -n "$fb" ] && awk -v b="$fb" -v a="$fa" -v e="$fe" 'BEGIN {d = e - a; exit !(a < b - 0.005 && d < 1e-5 && d > -1e-5)}' &&
+  ok "full fine-tuning of a 4-bit DiT: $fb -> $fa; the saved model evaluates to $fe" ||
+  bad "full fine-tuning of a 4-bit DiT: $fb -> $fa, saved model $fe"
+
 # samples of the bundled model follow their class; same seed, same bytes
 args=()
 for c in 0 1 2 3 4; do
@@ -99,7 +112,4 @@ expect_error "bad class list" "data.classes = \"3-x\"" \
   "$tz" eval inputs/dit/pretrain.cfg --set model.path=inputs/dit/model "${data[@]}" --set data.classes=3-x
 expect_error "quantized DiT: group must divide hidden_size" "must divide hidden_size 64" \
   "$tz" eval inputs/dit/pretrain.cfg --set model.path=inputs/dit/model "${data[@]}" --set quant.bits=4 --set quant.group=128
-expect_error "quantized DiT: no full fine-tuning" "full fine-tuning of a quantized base" \
-  "$tz" train inputs/dit/pretrain.cfg --set model.path=inputs/dit/model "${data[@]}" --set quant.bits=4 \
-  --set quant.group=64 --set run.dir="$work/e4"
 finish dit
