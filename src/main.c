@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "help.h"
 #include "io/config.h"
 #include "io/tokens.h"
 #include "mpi/comm.h"
@@ -14,35 +15,14 @@
 #include "train/family.h"
 #include "train/trainer.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "turbozero %s: fine-tune Llama models with TurboQuant weights and ZeRO-2\n"
-            "usage: turbozero <command> [args]\n"
-            "  train CONFIG [--set section.key=value ...]   train as configured\n"
-            "  eval CONFIG [--set section.key=value ...]    mean next-token loss on data.val\n"
-            "  bench CONFIG [--set section.key=value ...]   time train.steps steps, no output files\n"
-            "  sample CONFIG --class C --n N --steps S --guidance W --out grid.png [--seed S]\n"
-            "             [--set section.key=value ...]     a PNG grid from a DiT (+ adapter)\n"
-            "  init-model --arch llama --preset tiny|mini|small --vocab V --out DIR [--seed S]\n"
-            "             [--tied 0|1]                      a random Llama in HF layout\n"
-            "  init-model --arch dit --preset tiny|small --out DIR [--seed S]\n"
-            "             [--objective ddpm|flow]           a random DiT (DiT's own names)\n"
-            "  prep text --tokenizer bytes --in TEXT --out FILE [--val-fraction F]\n"
-            "             [--val-out FILE2]                 text to a token file\n"
-            "  quantize --model DIR --bits B --out DIR2 [--group 64|128|256] [--seed S]\n"
-            "             [--method turboquant|absmax]      quantize the block projections\n"
-            "  export --model DIR2 --dequantize --out DIR3  a quantized model as dense F32\n"
-            "See docs/guide.md and inputs/reference.cfg.\n",
-            TZ_VERSION);
-}
-
 /* Value of --name in argv[from..argc), or NULL; every other argument must be a known flag. */
 static const char *flag(int argc, char **argv, int from, const char *name, const char *const *known) {
     const char *val = NULL;
     for (int i = from; i < argc; i += 2) { /* flag, value, flag, value, ... */
         int ok = 0;
         for (const char *const *k = known; *k; k++) ok |= !strcmp(argv[i], *k);
-        if (!ok) TZ_FATAL("%s: unknown argument '%s' (see turbozero --help)", argv[from - 1], argv[i]);
+        if (!ok) TZ_FATAL("%s: unknown argument '%s' (see turbozero %s --help)", argv[from - 1], argv[i],
+                         argv[1]);
         if (i + 1 >= argc) TZ_FATAL("%s: %s needs a value", argv[from - 1], argv[i]);
         if (!strcmp(argv[i], name)) val = argv[i + 1];
     }
@@ -208,22 +188,40 @@ static int cmd_collective(int argc, char **argv, int (*fn)(const tz_config *, tz
     return rc;
 }
 
+/* Help and --version, answered before MPI starts or any file is opened; -1 when argv asks
+ * for neither, else the exit status. */
+static int answer_help(int argc, char **argv) {
+    if (argc < 2) {
+        tz_help_print_summary(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
+        (!strcmp(argv[1], "help") && argc == 2)) {
+        tz_help_print_summary(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        tz_help_print_version();
+        return 0;
+    }
+    const char *cmd = NULL;
+    if (!strcmp(argv[1], "help")) cmd = tz_help_wanted(argc, argv, 2) ? "help" : argv[2];
+    else if (tz_help_wanted(argc, argv, 2)) cmd = argv[1];
+    if (!cmd) return -1;
+    if (tz_help_print_command(cmd) == 0) return 0;
+    fprintf(stderr, "turbozero: unknown command '%s'\n", cmd);
+    tz_help_print_summary(stderr);
+    return 2;
+}
+
 int main(int argc, char **argv) {
+    int hrc = answer_help(argc, argv);
+    if (hrc >= 0) return hrc;
     MPI_Init(&argc, &argv);
     int rank = 0, world = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     tz_log_set_rank(rank, world);
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage(argc < 2 ? stderr : stdout);
-        MPI_Finalize();
-        return argc < 2 ? 2 : 0;
-    }
-    if (!strcmp(argv[1], "--version")) {
-        printf("turbozero %s\n", TZ_VERSION);
-        MPI_Finalize();
-        return 0;
-    }
     int rc;
     if (!strcmp(argv[1], "init-model")) {
         rc = cmd_init_model(argc, argv);
@@ -242,7 +240,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[1], "sample")) {
         rc = cmd_sample(argc, argv);
     } else {
-        TZ_FATAL("unknown command '%s' (see turbozero --help)", argv[1]);
+        TZ_FATAL_HINT("turbozero --help lists the commands", "unknown command '%s'", argv[1]);
     }
     MPI_Finalize();
     return rc;
