@@ -75,7 +75,7 @@ static const tz_key schema[] = {
     INT(train, micro_batch, 8, 1, 65536, "sequences per rank per forward/backward pass"),
     INT(train, grad_accum, 1, 1, 65536, "micro-batches accumulated per optimizer step"),
     INT(train, eval_every, 0, 0, 1000000000, "steps between evaluations (0 = only at start and end)"),
-    INT(train, eval_windows, 0, 0, 1000000000, "validation windows per evaluation (0 = all)"),
+    INT(train, eval_windows, 0, 0, 1000000000, "validation windows (DiT: images) per evaluation (0 = all)"),
     INT(train, eval_seed, 0, 0, INT64_C(1) << 62, "seed of the diffusion eval's timesteps and noise (kept fixed so runs compare)"),
     INT(train, log_every, 1, 1, 1000000000, "steps between log lines"),
     BOOL(train, checkpointing, 0, "activation checkpointing (recompute in backward, less memory)"),

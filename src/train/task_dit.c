@@ -127,6 +127,7 @@ static void open_task(tz_task *t) {
     tz_diffusion_init(&k->diff, m->d.diffusion);
     tz_dit_setup(m, B);
     t->unit = "images";
+    t->row_name = "images";
     t->arena_bytes = m->arena.cap;
     t->row_elems = numel;
     t->row_count = 1;

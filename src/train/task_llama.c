@@ -48,6 +48,7 @@ static void open_task(tz_task *t) {
     const int64_t B = t->B, T = cfg->data.seq_len;
     tz_llama_setup(m, B, T);
     t->unit = "tokens";
+    t->row_name = "windows";
     t->arena_bytes = m->arena.cap;
     t->row_elems = t->row_count = T;
     snprintf(t->describe, sizeof t->describe,

@@ -86,16 +86,32 @@ typedef struct eval_result {
 } eval_result;
 
 /* Mean loss over the first `limit` validation rows (all if limit <= 0), in batches of B
- * consecutive rows, batch k on rank k % N; the sums are added over the ranks. */
-static eval_result evaluate(run *r, int64_t limit) {
+ * consecutive rows, batch k on rank k % N; the sums are added over the ranks. With progress,
+ * rank 0 prints a line at each tenth of its batches once the evaluation has run 2 s. */
+static eval_result evaluate(run *r, int64_t limit, int progress) {
     tz_task *t = r->task;
     const int64_t B = r->B, N = r->N, rank = r->comm->rank;
     int64_t n = limit > 0 && limit < t->n_val ? limit : t->n_val;
     double sum[2] = {0.0, 0.0}; /* loss terms, rows */
+    const int64_t mine = n > rank * B ? (n - rank * B + B * N - 1) / (B * N) : 0; /* my batches */
+    const double t0 = now_s();
+    int64_t done = 0, tenth = 0;
     for (int64_t first = rank * B; first < n; first += B * N) {
         int64_t rows = n - first < B ? n - first : B;
         sum[0] += t->eval_rows(t, first, rows);
         sum[1] += (double)rows;
+        done++;
+        if (progress && rank == 0 && done * 10 / mine > tenth) {
+            tenth = done * 10 / mine;
+            double el = now_s() - t0;
+            if (el >= 2.0 && done < mine) {
+                char a[32], b[32];
+                fmt_duration(a, sizeof a, el);
+                fmt_duration(b, sizeof b, el / (double)done * (double)(mine - done));
+                tz_info("eval: %lld%% | %lld of %lld %s | %s, ETA %s", (long long)(done * 100 / mine),
+                        (long long)(first + rows), (long long)n, t->row_name, a, b);
+            }
+        }
     }
     if (N > 1) tz_comm_all_reduce(r->comm, sum, sum, 2, TZ_DT_F64);
     eval_result e = {sum[0] / (sum[1] * (double)t->row_elems), (int64_t)sum[1] * t->row_count};
@@ -182,7 +198,7 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     const int have_val = r.task->n_val > 0;
     eval_result ev0 = {0, 0}, ev = {0, 0};
     if (have_val) {
-        ev0 = evaluate(&r, cfg->train.eval_windows);
+        ev0 = evaluate(&r, cfg->train.eval_windows, 0);
         tz_info("eval before training: val_loss %.4f (%lld %s)", ev0.loss, (long long)ev0.count,
                 r.task->unit);
         if (root)
@@ -209,7 +225,7 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         }
         if (have_val && cfg->train.eval_every > 0 && (step + 1) % cfg->train.eval_every == 0 &&
             step + 1 != steps) {
-            ev = evaluate(&r, cfg->train.eval_windows);
+            ev = evaluate(&r, cfg->train.eval_windows, 0);
             tz_info("eval at step %lld: val_loss %.4f", (long long)step + 1, ev.loss);
             if (root)
                 fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.6f, \"eval_%s\": %lld}\n",
@@ -218,7 +234,7 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         if (root) fflush(metrics);
     }
     if (have_val) {
-        ev = evaluate(&r, cfg->train.eval_windows);
+        ev = evaluate(&r, cfg->train.eval_windows, 0);
         tz_info("eval after training: val_loss %.4f (before %.4f, change %+.4f)", ev.loss,
                 ev0.loss, ev.loss - ev0.loss);
         if (root)
@@ -241,10 +257,12 @@ int tz_eval_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     run r;
     run_open(&r, cfg, w, comm, 0);
     double t0 = now_s();
-    eval_result e = evaluate(&r, 0);
-    tz_info("model %s%s%s | %s: %lld rows | %lld ranks | %.1f s", cfg->model.path,
+    eval_result e = evaluate(&r, 0, 1);
+    char ppl[64] = ""; /* perplexity: a next-token loss only */
+    if (!strcmp(r.task->unit, "tokens")) snprintf(ppl, sizeof ppl, " | perplexity %.3f", exp(e.loss));
+    tz_info("model %s%s%s | %s: %lld %s | %lld ranks | %.1f s | loss %.4f%s", cfg->model.path,
             cfg->model.adapter[0] ? " + adapter " : "", cfg->model.adapter, cfg->data.val,
-            (long long)r.task->n_val, (long long)r.N, now_s() - t0);
+            (long long)r.task->n_val, r.task->row_name, (long long)r.N, now_s() - t0, e.loss, ppl);
     tz_info("eval_loss=%.6f %s=%lld", e.loss, r.task->unit, (long long)e.count);
     run_close(&r);
     return 0;
