@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "help.h"
@@ -214,9 +215,23 @@ static int answer_help(int argc, char **argv) {
     return 2;
 }
 
+/* OpenMP threads that sleep at barriers unless the user chose otherwise. libgomp reads
+ * OMP_WAIT_POLICY once, when the program is loaded, so the default is set by running the
+ * program again (same process, same pid, before MPI starts) with OMP_WAIT_POLICY=passive: on
+ * cores shared with other ranks or jobs, spinning threads slowed steps several times over,
+ * while sleeping ones cost microseconds per parallel region. OMP_WAIT_POLICY=active (or
+ * any value) is kept as given; a failed exec goes on with the library's default. */
+static void default_wait_policy(char **argv) {
+    const char *p = getenv("OMP_WAIT_POLICY");
+    if (p && *p) return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    execv("/proc/self/exe", argv);
+}
+
 int main(int argc, char **argv) {
     int hrc = answer_help(argc, argv);
     if (hrc >= 0) return hrc;
+    default_wait_policy(argv);
     MPI_Init(&argc, &argv);
     int rank = 0, world = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
