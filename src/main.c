@@ -138,8 +138,9 @@ static void load_config(tz_config *cfg, int argc, char **argv, tz_comm *comm) {
 /* sample CONFIG --class C --n N --steps S --guidance W --out FILE [--seed S] [--set k=v ...]:
  * one process (rank 0 samples, the others wait). */
 static int cmd_sample(int argc, char **argv) {
-    static const char *const known[] = {"--class", "--n", "--steps", "--guidance", "--out", "--seed", NULL};
-    tz_sample_args a = {.cls = 0, .n = 16, .steps = 50, .guidance = 4.0, .seed = 0};
+    static const char *const known[] = {"--class", "--n",    "--steps", "--guidance",
+                                        "--out",   "--seed", "--scale", NULL};
+    tz_sample_args a = {.cls = 0, .n = 16, .steps = 50, .guidance = 4.0, .seed = 0, .scale = 1};
     char **rest = tz_xcalloc((size_t)argc + 1, sizeof *rest);
     int nrest = 0;
     const char *out = NULL;
@@ -157,11 +158,13 @@ static int cmd_sample(int argc, char **argv) {
             a.guidance = strtod(v, &end);
             if (!*v || *end) TZ_FATAL("sample: --guidance %s: expected a number", v);
         } else if (k == 4) out = v;
-        else a.seed = tz_command_int(v, "--seed");
+        else if (k == 5) a.seed = tz_command_int(v, "--seed");
+        else a.scale = tz_command_int(v, "--scale");
     }
     if (!out) TZ_FATAL("sample: --out FILE.png is required");
     if (a.n < 1 || a.n > 4096 || a.steps < 1 || a.steps > 1000)
         TZ_FATAL("sample: --n must be in 1..4096 and --steps in 1..1000");
+    if (a.scale < 1 || a.scale > 16) TZ_FATAL("sample: --scale must be in 1..16");
     snprintf(a.out, sizeof a.out, "%s", out);
     static tz_config cfg;
     tz_world world;

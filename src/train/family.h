@@ -30,6 +30,7 @@ const char *tz_init_arg(const tz_init_args *a, const char *flag);
 /* What `turbozero sample` asks for. */
 typedef struct tz_sample_args {
     int64_t cls, n, steps, seed;
+    int64_t scale; /* each pixel enlarged to scale x scale (1: as sampled) */
     double guidance;
     char out[1024];
 } tz_sample_args;

@@ -209,8 +209,9 @@ static int sample(const tz_config *cfg, const tz_sample_args *a) {
     for (int64_t i = 0; i < a->n; i++) y[i] = (int32_t)a->cls;
     tz_diffusion_sample(m, &diff, y, a->n, (int)a->steps, a->guidance, (uint64_t)a->seed, img);
     char err[1024];
-    if (tz_png_write_grid(a->out, img, a->n, m->d.in_channels, m->d.input_size, m->d.input_size,
-                          0, 2, err, sizeof err))
+    if (tz_png_write_grid_scaled(a->out, img, a->n, m->d.in_channels, m->d.input_size,
+                                 m->d.input_size, 0, 2, a->scale > 1 ? a->scale : 1, err,
+                                 sizeof err))
         TZ_FATAL("sample: %s", err);
     tz_info("wrote %s: %lld samples of class %lld, %lld %s steps, guidance %g, seed %lld", a->out,
             (long long)a->n, (long long)a->cls, (long long)a->steps,
