@@ -83,6 +83,12 @@ static const tz_help_page pages[] = {
      "  --dequantize     decode the quantized tensors (the only export there is)\n"
      "  --out DIR3       the folder to write\n",
      "turbozero export --model models/q4 --dequantize --out models/q4-f32"},
+    {"plot", "train and eval loss against steps of one or more runs, as a PNG",
+     "turbozero plot RUN_DIR [RUN_DIR ...] --out curve.png",
+     "  RUN_DIR          a run.dir with a metrics.jsonl (finished or still running)\n"
+     "  --out FILE.png   the picture to write: one colour per run, the training loss as a\n"
+     "                   line, the evaluation loss as squares\n",
+     "turbozero plot runs/a runs/b --out curves.png"},
     {"help", "this summary, or one command's page",
      "turbozero help [COMMAND]   (or turbozero COMMAND --help)", "", "turbozero help train"},
 };

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "help.h"
 #include "io/config.h"
+#include "io/loss_plot.h"
 #include "io/tokens.h"
 #include "mpi/comm.h"
 #include "mpi/world.h"
@@ -110,6 +111,24 @@ static int cmd_export(int argc, char **argv) {
         TZ_FATAL("export: expected 'export --model DIR --dequantize --out DIR2' (only "
                  "--dequantize is supported)");
     tz_export_run(model, out);
+    return 0;
+}
+
+/* plot RUN_DIR [RUN_DIR ...] --out FILE.png: loss curves of finished or running runs. */
+static int cmd_plot(int argc, char **argv) {
+    const char *out = NULL;
+    int n = 0;
+    const char **dirs = tz_xcalloc((size_t)argc, sizeof *dirs);
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
+        else if (!strncmp(argv[i], "--", 2)) TZ_FATAL("plot: unknown argument '%s' (see turbozero plot --help)", argv[i]);
+        else dirs[n++] = argv[i];
+    }
+    if (!n || !out) TZ_FATAL("plot: expected 'plot RUN_DIR [RUN_DIR ...] --out FILE.png'");
+    char err[1024];
+    if (tz_loss_plot_write(dirs, n, out, err, sizeof err)) TZ_FATAL("plot: %s", err);
+    tz_info("wrote %s: loss curves of %d run%s", out, n, n > 1 ? "s" : "");
+    free(dirs);
     return 0;
 }
 
@@ -255,6 +274,8 @@ int main(int argc, char **argv) {
         rc = cmd_collective(argc, argv, tz_eval_run);
     } else if (!strcmp(argv[1], "bench")) {
         rc = cmd_collective(argc, argv, tz_bench_run);
+    } else if (!strcmp(argv[1], "plot")) {
+        rc = cmd_plot(argc, argv);
     } else if (!strcmp(argv[1], "sample")) {
         rc = cmd_sample(argc, argv);
     } else {

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "io/fsutil.h"
+#include "io/loss_plot.h"
 #include "train/adamw.h"
 #include "train/run_record.h"
 #include "train/task.h"
@@ -274,7 +275,11 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         metrics_summary(metrics, steps, steps * units, r.task->unit, now_s() - t_start, s.loss,
                         have_val ? &best : NULL, best_step, have_val ? &ev : NULL, rss_mib);
         if (fclose(metrics) != 0) TZ_FATAL("cannot write %s/metrics.jsonl", cfg->run.dir);
-        char out[1100], took[32];
+        char out[1100], took[32], err[1024];
+        const char *dirs[1] = {cfg->run.dir};
+        tz_path_join(out, sizeof out, cfg->run.dir, "loss.png");
+        if (steps > 0 && tz_loss_plot_write(dirs, 1, out, err, sizeof err)) /* a picture only */
+            tz_warn("no loss curve: %s", err);
         tz_task_save(r.task, out, sizeof out);
         fmt_duration(took, sizeof took, now_s() - t_start);
         tz_info("saved %s | final train loss %.4f | %s", out, s.loss, took);
