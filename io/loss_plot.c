@@ -98,7 +98,8 @@ static const uint8_t *glyph(char ch) {
     static const struct { char c; uint8_t g[5]; } signs[] = {
         {'.', {0, 0, 0, 0, 2}}, {'-', {0, 0, 7, 0, 0}}, {'+', {0, 2, 7, 2, 0}},
         {'_', {0, 0, 0, 0, 7}}, {'/', {1, 1, 2, 4, 4}}, {':', {0, 2, 0, 2, 0}},
-        {'(', {1, 2, 2, 2, 1}}, {')', {4, 2, 2, 2, 4}}, {'=', {0, 7, 0, 7, 0}}, {',', {0, 0, 0, 2, 4}}};
+        {'(', {1, 2, 2, 2, 1}}, {')', {4, 2, 2, 2, 4}}, {'=', {0, 7, 0, 7, 0}},
+        {',', {0, 0, 0, 2, 4}}};
     static const uint8_t blank[5] = {0, 0, 0, 0, 0};
     if (ch >= '0' && ch <= '9') return digits[ch - '0'];
     if (ch >= 'a' && ch <= 'z') ch = (char)(ch - 'a' + 'A');
@@ -148,7 +149,8 @@ int tz_loss_plot_write(const char *const *dirs, int n, const char *out, char *er
             }
         }
     }
-    if (!rc && !(y1 >= y0)) rc = tz_errf(err, errlen, "%s: no loss recorded in the runs given", out);
+    if (!rc && !(y1 >= y0))
+        rc = tz_errf(err, errlen, "%s: no loss recorded in the runs given", out);
     if (!rc) {
         if (y1 - y0 < 1e-6) y0 -= 0.5, y1 += 0.5;
         double pad = 0.05 * (y1 - y0);

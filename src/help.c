@@ -67,7 +67,8 @@ static const tz_help_page pages[] = {
      "  --val-fraction F    hold out the last fraction F in [0, 1) for validation\n"
      "  --val-out FILE2     where the held-out tokens go (default FILE with .val before the\n"
      "                      extension)\n",
-     "turbozero prep text --tokenizer bytes --in notes.txt --out data/notes.tok --val-fraction 0.05"},
+     "turbozero prep text --tokenizer bytes --in notes.txt --out data/notes.tok "
+     "--val-fraction 0.05"},
     {"quantize", "quantize the projections of every transformer block of a Llama folder",
      "turbozero quantize --model DIR --bits B --out DIR2 [--group G] [--method M] [--seed S]",
      "  --model DIR        the HF-layout model to read\n"

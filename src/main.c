@@ -23,8 +23,9 @@ static const char *flag(int argc, char **argv, int from, const char *name, const
     for (int i = from; i < argc; i += 2) { /* flag, value, flag, value, ... */
         int ok = 0;
         for (const char *const *k = known; *k; k++) ok |= !strcmp(argv[i], *k);
-        if (!ok) TZ_FATAL("%s: unknown argument '%s' (see turbozero %s --help)", argv[from - 1], argv[i],
-                         argv[1]);
+        if (!ok)
+            TZ_FATAL("%s: unknown argument '%s' (see turbozero %s --help)", argv[from - 1],
+                     argv[i], argv[1]);
         if (i + 1 >= argc) TZ_FATAL("%s: %s needs a value", argv[from - 1], argv[i]);
         if (!strcmp(argv[i], name)) val = argv[i + 1];
     }
@@ -121,7 +122,8 @@ static int cmd_plot(int argc, char **argv) {
     const char **dirs = tz_xcalloc((size_t)argc, sizeof *dirs);
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
-        else if (!strncmp(argv[i], "--", 2)) TZ_FATAL("plot: unknown argument '%s' (see turbozero plot --help)", argv[i]);
+        else if (!strncmp(argv[i], "--", 2))
+            TZ_FATAL("plot: unknown argument '%s' (see turbozero plot --help)", argv[i]);
         else dirs[n++] = argv[i];
     }
     if (!n || !out) TZ_FATAL("plot: expected 'plot RUN_DIR [RUN_DIR ...] --out FILE.png'");

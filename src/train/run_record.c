@@ -63,7 +63,8 @@ static json_t *command_line(void) {
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = 0;
-    for (size_t i = 0; i < n; i += strlen(buf + i) + 1) json_array_append_new(a, json_string(buf + i));
+    for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+        json_array_append_new(a, json_string(buf + i));
     return a;
 }
 

@@ -109,8 +109,9 @@ static eval_result evaluate(run *r, int64_t limit, int progress) {
                 char a[32], b[32];
                 fmt_duration(a, sizeof a, el);
                 fmt_duration(b, sizeof b, el / (double)done * (double)(mine - done));
-                tz_info("eval: %lld%% | %lld of %lld %s | %s, ETA %s", (long long)(done * 100 / mine),
-                        (long long)(first + rows), (long long)n, t->row_name, a, b);
+                tz_info("eval: %lld%% | %lld of %lld %s | %s, ETA %s",
+                        (long long)(done * 100 / mine), (long long)(first + rows), (long long)n,
+                        t->row_name, a, b);
             }
         }
     }
@@ -177,7 +178,8 @@ static void metrics_eval(FILE *f, int64_t step, eval_result e, const char *unit)
 static void metrics_summary(FILE *f, int64_t steps, int64_t units, const char *unit, double wall,
                             double train_loss, const eval_result *best, int64_t best_step,
                             const eval_result *final, double rss_mib) {
-    char tl[128], bl[128] = "\"best_eval_loss\": null", fl[128] = "\"final_eval_loss\": null", now[40];
+    char tl[128], bl[128] = "\"best_eval_loss\": null", now[40];
+    char fl[128] = "\"final_eval_loss\": null";
     tz_record_json_number(tl, sizeof tl, "final_train_loss", "%.9g", train_loss);
     if (best) tz_record_json_number(bl, sizeof bl, "best_eval_loss", "%.6f", best->loss);
     if (final) tz_record_json_number(fl, sizeof fl, "final_eval_loss", "%.6f", final->loss);
@@ -296,7 +298,8 @@ int tz_eval_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     double t0 = now_s();
     eval_result e = evaluate(&r, 0, 1);
     char ppl[64] = ""; /* perplexity: a next-token loss only */
-    if (!strcmp(r.task->unit, "tokens")) snprintf(ppl, sizeof ppl, " | perplexity %.3f", exp(e.loss));
+    if (!strcmp(r.task->unit, "tokens"))
+        snprintf(ppl, sizeof ppl, " | perplexity %.3f", exp(e.loss));
     tz_info("model %s%s%s | %s: %lld %s | %lld ranks | %.1f s | loss %.4f%s", cfg->model.path,
             cfg->model.adapter[0] ? " + adapter " : "", cfg->model.adapter, cfg->data.val,
             (long long)r.task->n_val, r.task->row_name, (long long)r.N, now_s() - t0, e.loss, ppl);
