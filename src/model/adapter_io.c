@@ -114,10 +114,10 @@ void tz_adapter_base_quant(const tz_params *ps, tz_peft_config *c) {
         const tz_qweight *q = ps->p[i]->q;
         if (!q) continue;
         c->quant_bits = q->bits;
-        c->quant_group = q->group;
         c->quant_seed = q->seed;
-        snprintf(c->quant_method, sizeof c->quant_method, "%s", tz_tq_method_name(q->method));
-        return;
+        if (q->group > c->quant_group) c->quant_group = q->group; /* the setting; rows that */
+        snprintf(c->quant_method, sizeof c->quant_method, "%s", /* it does not divide use less */
+                 tz_tq_method_name(q->method));
     }
 }
 

@@ -20,8 +20,9 @@ void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir);
 void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char *const *names,
                      int n, const tz_lora_spec *s, const char *base_model_path,
                      const char *task_type);
-/* The quantization of the base ps holds (its first quantized weight's; bits 0: dense) into
- * c's quant_* fields. */
+/* The quantization of the base ps holds into c's quant_* fields: bits, method and seed of its
+ * quantized weights, the largest group among them (quant.group; rows it does not divide
+ * use a smaller one); bits 0: dense. */
 void tz_adapter_base_quant(const tz_params *ps, tz_peft_config *c);
 /* A tensor of backend floats written under a name and shape of its own: a buffer that is no
  * parameter (DiT's pos_embed), or a parameter in its file layout (a Conv2d weight held as a
