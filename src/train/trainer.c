@@ -169,8 +169,13 @@ static void metrics_eval(FILE *f, int64_t step, eval_result e, const char *unit)
     char loss[128], now[40];
     tz_record_json_number(loss, sizeof loss, "eval_loss", "%.6f", e.loss);
     tz_record_time_now(now, sizeof now);
-    fprintf(f, "{\"step\": %lld, %s, \"eval_%s\": %lld, \"time\": \"%s\"}\n", (long long)step, loss,
-            unit, (long long)e.count, now);
+    fprintf(f, "{\"step\": %lld, %s, \"eval_%s\": %lld, \"time\": \"%s\"}\n", (long long)step,
+            loss, unit, (long long)e.count, now);
+}
+
+/* Whether e is a better evaluation than best (a finite loss beats a non-finite one). */
+static int eval_better(eval_result e, eval_result best) {
+    return isfinite(e.loss) && !(e.loss >= best.loss);
 }
 
 /* The last record of metrics.jsonl: what the run did in all (best and final NULL without
@@ -261,7 +266,7 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
             ev = evaluate(&r, cfg->train.eval_windows, 0);
             tz_info("eval at step %lld: val_loss %.4f", (long long)step + 1, ev.loss);
             if (root) metrics_eval(metrics, step + 1, ev, r.task->unit);
-            if (ev.loss < best.loss) best = ev, best_step = step + 1;
+            if (eval_better(ev, best)) best = ev, best_step = step + 1;
         }
         if (root) fflush(metrics);
     }
@@ -270,7 +275,7 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         tz_info("eval after training: val_loss %.4f (before %.4f, change %+.4f)", ev.loss,
                 ev0.loss, ev.loss - ev0.loss);
         if (root) metrics_eval(metrics, steps, ev, r.task->unit);
-        if (ev.loss < best.loss) best = ev, best_step = steps;
+        if (eval_better(ev, best)) best = ev, best_step = steps;
     }
     const double rss_mib = tz_record_peak_rss_mib(comm);
     if (root) {
@@ -314,8 +319,6 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
-    tz_run_record rec;
-    tz_record_begin(&rec, cfg->run.dir, w, comm);
     run r;
     run_open(&r, cfg, w, comm, 1);
     print_start(&r);
