@@ -75,7 +75,7 @@ static const tz_key schema[] = {
     INT(train, micro_batch, 8, 1, 65536, "sequences per rank per forward/backward pass"),
     INT(train, grad_accum, 1, 1, 65536, "micro-batches accumulated per optimizer step"),
     INT(train, eval_every, 0, 0, 1000000000, "steps between evaluations (0 = only at start and end)"),
-    INT(train, eval_windows, 0, 0, 1000000000, "validation windows per evaluation (0 = all)"),
+    INT(train, eval_windows, 0, 0, 1000000000, "validation windows (DiT: images) per evaluation (0 = all)"),
     INT(train, eval_seed, 0, 0, INT64_C(1) << 62, "seed of the diffusion eval's timesteps and noise (kept fixed so runs compare)"),
     INT(train, log_every, 1, 1, 1000000000, "steps between log lines"),
     BOOL(train, checkpointing, 0, "activation checkpointing (recompute in backward, less memory)"),
@@ -185,7 +185,16 @@ static void describe_setting(const config_setting_t *s, char *buf, size_t n) {
 TZ_NORETURN static void fail(const tz_origin *o, const tz_key *k, const char *got) {
     char want[400];
     describe_expected(k, want, sizeof want);
-    if (o->set) TZ_FATAL("--set %s: expected %s (got %s)", o->set, want, got);
+    /* One rule for booleans in the file and in --set: true or false, as libconfig spells them
+     * (any case); 1 and 0 are integers in the file, so they are refused in --set too. */
+    const char *hint = k->type == T_BOOL ? "write true or false (1 and 0 are integers)" : NULL;
+    if (o->set) {
+        if (hint) TZ_FATAL_HINT(hint, "--set %s: expected %s (got %s)", o->set, want, got);
+        TZ_FATAL("--set %s: expected %s (got %s)", o->set, want, got);
+    }
+    if (hint)
+        TZ_FATAL_HINT(hint, "%s:%d: %s.%s: expected %s (got %s)", o->file, o->line, k->section,
+                      k->key, want, got);
     TZ_FATAL("%s:%d: %s.%s: expected %s (got %s)", o->file, o->line, k->section, k->key, want, got);
 }
 
@@ -501,8 +510,8 @@ static void apply_set(tz_config *cfg, const tz_config_names *nm, const char *arg
         break;
     }
     case T_BOOL:
-        if (!strcasecmp(v, "true") || !strcmp(v, "1")) *(int *)field(cfg, k) = 1;
-        else if (!strcasecmp(v, "false") || !strcmp(v, "0")) *(int *)field(cfg, k) = 0;
+        if (!strcasecmp(v, "true")) *(int *)field(cfg, k) = 1;
+        else if (!strcasecmp(v, "false")) *(int *)field(cfg, k) = 0;
         else fail(&o, k, got);
         break;
     case T_STRING: store_string(cfg, k, &o, unquote(v)); break;

@@ -40,6 +40,19 @@ int tz_peft_read(tz_peft_config *c, const char *path, char *err, size_t errlen) 
         c->alpha = json_number_value(a);
         if (json_is_string(base))
             snprintf(c->base_model, sizeof c->base_model, "%s", json_string_value(base));
+        json_t *tt = json_object_get(root, "task_type");
+        if (json_is_string(tt))
+            snprintf(c->task_type, sizeof c->task_type, "%s", json_string_value(tt));
+        json_t *q = json_object_get(root, "turbozero_base_quantization");
+        if (json_is_object(q)) {
+            json_t *b = json_object_get(q, "bits"), *g = json_object_get(q, "group_size"),
+                   *m = json_object_get(q, "method"), *sd = json_object_get(q, "seed");
+            c->quant_bits = json_is_integer(b) ? (int)json_integer_value(b) : 0;
+            c->quant_group = json_is_integer(g) ? (int)json_integer_value(g) : 0;
+            c->quant_seed = json_is_integer(sd) ? (uint64_t)json_integer_value(sd) : 0;
+            if (json_is_string(m))
+                snprintf(c->quant_method, sizeof c->quant_method, "%s", json_string_value(m));
+        }
         rc = 0;
         size_t i;
         json_t *v;
@@ -61,7 +74,13 @@ int tz_peft_write(const tz_peft_config *c, const char *path, char *err, size_t e
     json_t *t = json_array();
     for (int i = 0; i < c->ntargets; i++) json_array_append_new(t, json_string(c->targets[i]));
     json_object_set_new(root, "peft_type", json_string("LORA"));
-    json_object_set_new(root, "task_type", json_string("CAUSAL_LM"));
+    json_object_set_new(root, "task_type",
+                        c->task_type[0] ? json_string(c->task_type) : json_null());
+    if (c->quant_bits > 0) /* PEFT ignores keys it does not know */
+        json_object_set_new(root, "turbozero_base_quantization",
+                            json_pack("{s:i, s:i, s:s, s:I}", "bits", c->quant_bits, "group_size",
+                                      c->quant_group, "method", c->quant_method, "seed",
+                                      (json_int_t)c->quant_seed));
     json_object_set_new(root, "base_model_name_or_path", json_string(c->base_model));
     json_object_set_new(root, "r", json_integer(c->r));
     json_object_set_new(root, "lora_alpha", json_real(c->alpha));

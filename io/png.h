@@ -1,6 +1,6 @@
-/* PNG output of image grids (libpng): n images [n, C, H, W] with C = 1 (grayscale) or 3
- * (RGB), values in [-1, 1] mapped to 0..255, tiled row by row. Written atomically. No
- * reader (the tests read back with libpng directly). */
+/* PNG output (libpng) of image grids, n images [n, C, H, W] with C = 1 (grayscale) or 3
+ * (RGB), values in [-1, 1] mapped to 0..255, tiled row by row, and of RGB pictures (plots).
+ * Written atomically. No reader (the tests read back with libpng directly). */
 #ifndef TZ_PNG_H
 #define TZ_PNG_H
 #include <stddef.h>
@@ -14,5 +14,16 @@ uint8_t tz_png_byte(float v);
  * message naming the file (unsupported channel count, libpng or file errors). */
 int tz_png_write_grid(const char *path, const float *img, int64_t n, int64_t C, int64_t H,
                       int64_t W, int64_t ncols, int64_t pad, char *err, size_t errlen);
+
+/* The same grid with every pixel (pads included) enlarged to scale x scale (nearest
+ * neighbour), scale >= 1, so that small images can be looked at. */
+int tz_png_write_grid_scaled(const char *path, const float *img, int64_t n, int64_t C, int64_t H,
+                             int64_t W, int64_t ncols, int64_t pad, int64_t scale, char *err,
+                             size_t errlen);
+
+/* w x h RGB pixels (3 bytes each, row by row) to path, atomically. 0, or non-zero with a
+ * message naming the file. */
+int tz_png_write_rgb(const char *path, const uint8_t *rgb, int64_t w, int64_t h, char *err,
+                     size_t errlen);
 
 #endif

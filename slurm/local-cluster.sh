@@ -2,7 +2,8 @@
 # A real one-node Slurm cluster in a private folder, for tests and trying the sbatch
 # template without a cluster: munged with its own key and socket, slurmctld and slurmd on
 # non-default ports, 8 CPUs (config_overrides lets several tasks share 2 cores).
-#   slurm/local-cluster.sh start DIR   -> prints "export SLURM_CONF=DIR/slurm.conf"
+#   slurm/local-cluster.sh start DIR   -> prints "export SLURM_CONF=DIR/slurm.conf" (stdout)
+#                                         and the node's CPUs and memory (stderr)
 #   slurm/local-cluster.sh stop DIR
 # Needs root and the Debian packages slurmctld slurmd slurm-client munge.
 set -euo pipefail
@@ -55,7 +56,13 @@ export SLURM_CONF="$dir/slurm.conf"
 slurmctld -f "$SLURM_CONF"
 slurmd -f "$SLURM_CONF" -N localhost
 for _ in $(seq 1 150); do
-  srun -n1 -t1 true 2>/dev/null && { echo "export SLURM_CONF=$SLURM_CONF"; exit 0; }
+  if srun -n1 -t1 true 2>/dev/null; then
+    # what a job may ask for (to stderr: stdout is the line to eval)
+    scontrol show node localhost | tr ' ' '\n' | grep -E '^(CPUTot|RealMemory|Partitions)=' |
+      tr '\n' ' ' | sed 's/^/local cluster: node localhost: /; s/ $/ (a job fits when ntasks x cpus-per-task <= CPUTot)\n/' >&2
+    echo "export SLURM_CONF=$SLURM_CONF"
+    exit 0
+  fi
   sleep 0.2
 done
 echo "local Slurm did not come up; logs in $dir" >&2

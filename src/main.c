@@ -4,9 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
+#include "help.h"
 #include "io/config.h"
+#include "io/loss_plot.h"
 #include "io/tokens.h"
 #include "mpi/comm.h"
 #include "mpi/world.h"
@@ -14,35 +17,15 @@
 #include "train/family.h"
 #include "train/trainer.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "turbozero %s: fine-tune Llama models with TurboQuant weights and ZeRO-2\n"
-            "usage: turbozero <command> [args]\n"
-            "  train CONFIG [--set section.key=value ...]   train as configured\n"
-            "  eval CONFIG [--set section.key=value ...]    mean next-token loss on data.val\n"
-            "  bench CONFIG [--set section.key=value ...]   time train.steps steps, no output files\n"
-            "  sample CONFIG --class C --n N --steps S --guidance W --out grid.png [--seed S]\n"
-            "             [--set section.key=value ...]     a PNG grid from a DiT (+ adapter)\n"
-            "  init-model --arch llama --preset tiny|mini|small --vocab V --out DIR [--seed S]\n"
-            "             [--tied 0|1]                      a random Llama in HF layout\n"
-            "  init-model --arch dit --preset tiny|small --out DIR [--seed S]\n"
-            "             [--objective ddpm|flow]           a random DiT (DiT's own names)\n"
-            "  prep text --tokenizer bytes --in TEXT --out FILE [--val-fraction F]\n"
-            "             [--val-out FILE2]                 text to a token file\n"
-            "  quantize --model DIR --bits B --out DIR2 [--group 64|128|256] [--seed S]\n"
-            "             [--method turboquant|absmax]      quantize the block projections\n"
-            "  export --model DIR2 --dequantize --out DIR3  a quantized model as dense F32\n"
-            "See docs/guide.md and inputs/reference.cfg.\n",
-            TZ_VERSION);
-}
-
 /* Value of --name in argv[from..argc), or NULL; every other argument must be a known flag. */
 static const char *flag(int argc, char **argv, int from, const char *name, const char *const *known) {
     const char *val = NULL;
     for (int i = from; i < argc; i += 2) { /* flag, value, flag, value, ... */
         int ok = 0;
         for (const char *const *k = known; *k; k++) ok |= !strcmp(argv[i], *k);
-        if (!ok) TZ_FATAL("%s: unknown argument '%s' (see turbozero --help)", argv[from - 1], argv[i]);
+        if (!ok)
+            TZ_FATAL("%s: unknown argument '%s' (see turbozero %s --help)", argv[from - 1],
+                     argv[i], argv[1]);
         if (i + 1 >= argc) TZ_FATAL("%s: %s needs a value", argv[from - 1], argv[i]);
         if (!strcmp(argv[i], name)) val = argv[i + 1];
     }
@@ -132,6 +115,25 @@ static int cmd_export(int argc, char **argv) {
     return 0;
 }
 
+/* plot RUN_DIR [RUN_DIR ...] --out FILE.png: loss curves of finished or running runs. */
+static int cmd_plot(int argc, char **argv) {
+    const char *out = NULL;
+    int n = 0;
+    const char **dirs = tz_xcalloc((size_t)argc, sizeof *dirs);
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
+        else if (!strncmp(argv[i], "--", 2))
+            TZ_FATAL("plot: unknown argument '%s' (see turbozero plot --help)", argv[i]);
+        else dirs[n++] = argv[i];
+    }
+    if (!n || !out) TZ_FATAL("plot: expected 'plot RUN_DIR [RUN_DIR ...] --out FILE.png'");
+    char err[1024];
+    if (tz_loss_plot_write(dirs, n, out, err, sizeof err)) TZ_FATAL("plot: %s", err);
+    tz_info("wrote %s: loss curves of %d run%s", out, n, n > 1 ? "s" : "");
+    free(dirs);
+    return 0;
+}
+
 /* CONFIG [--set k=v ...], parsed on rank 0 (an error there stops every rank) and
  * broadcast, so every rank runs the same configuration. */
 static void load_config_file(tz_config *cfg, int argc, char **argv) {
@@ -157,8 +159,9 @@ static void load_config(tz_config *cfg, int argc, char **argv, tz_comm *comm) {
 /* sample CONFIG --class C --n N --steps S --guidance W --out FILE [--seed S] [--set k=v ...]:
  * one process (rank 0 samples, the others wait). */
 static int cmd_sample(int argc, char **argv) {
-    static const char *const known[] = {"--class", "--n", "--steps", "--guidance", "--out", "--seed", NULL};
-    tz_sample_args a = {.cls = 0, .n = 16, .steps = 50, .guidance = 4.0, .seed = 0};
+    static const char *const known[] = {"--class", "--n",    "--steps", "--guidance",
+                                        "--out",   "--seed", "--scale", NULL};
+    tz_sample_args a = {.cls = 0, .n = 16, .steps = 50, .guidance = 4.0, .seed = 0, .scale = 1};
     char **rest = tz_xcalloc((size_t)argc + 1, sizeof *rest);
     int nrest = 0;
     const char *out = NULL;
@@ -176,11 +179,13 @@ static int cmd_sample(int argc, char **argv) {
             a.guidance = strtod(v, &end);
             if (!*v || *end) TZ_FATAL("sample: --guidance %s: expected a number", v);
         } else if (k == 4) out = v;
-        else a.seed = tz_command_int(v, "--seed");
+        else if (k == 5) a.seed = tz_command_int(v, "--seed");
+        else a.scale = tz_command_int(v, "--scale");
     }
     if (!out) TZ_FATAL("sample: --out FILE.png is required");
     if (a.n < 1 || a.n > 4096 || a.steps < 1 || a.steps > 1000)
         TZ_FATAL("sample: --n must be in 1..4096 and --steps in 1..1000");
+    if (a.scale < 1 || a.scale > 16) TZ_FATAL("sample: --scale must be in 1..16");
     snprintf(a.out, sizeof a.out, "%s", out);
     static tz_config cfg;
     tz_world world;
@@ -208,22 +213,54 @@ static int cmd_collective(int argc, char **argv, int (*fn)(const tz_config *, tz
     return rc;
 }
 
+/* Help and --version, answered before MPI starts or any file is opened; -1 when argv asks
+ * for neither, else the exit status. */
+static int answer_help(int argc, char **argv) {
+    if (argc < 2) {
+        tz_help_print_summary(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
+        (!strcmp(argv[1], "help") && argc == 2)) {
+        tz_help_print_summary(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        tz_help_print_version();
+        return 0;
+    }
+    const char *cmd = NULL;
+    if (!strcmp(argv[1], "help")) cmd = tz_help_wanted(argc, argv, 2) ? "help" : argv[2];
+    else if (tz_help_wanted(argc, argv, 2)) cmd = argv[1];
+    if (!cmd) return -1;
+    if (tz_help_print_command(cmd) == 0) return 0;
+    fprintf(stderr, "turbozero: unknown command '%s'\n", cmd);
+    tz_help_print_summary(stderr);
+    return 2;
+}
+
+/* OpenMP threads that sleep at barriers unless the user chose otherwise. libgomp reads
+ * OMP_WAIT_POLICY once, when the program is loaded, so the default is set by running the
+ * program again (same process, same pid, before MPI starts) with OMP_WAIT_POLICY=passive: on
+ * cores shared with other ranks or jobs, spinning threads slowed steps several times over,
+ * while sleeping ones cost microseconds per parallel region. OMP_WAIT_POLICY=active (or
+ * any value) is kept as given; a failed exec goes on with the library's default. */
+static void default_wait_policy(char **argv) {
+    const char *p = getenv("OMP_WAIT_POLICY");
+    if (p && *p) return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    execv("/proc/self/exe", argv);
+}
+
 int main(int argc, char **argv) {
+    int hrc = answer_help(argc, argv);
+    if (hrc >= 0) return hrc;
+    default_wait_policy(argv);
     MPI_Init(&argc, &argv);
     int rank = 0, world = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     tz_log_set_rank(rank, world);
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage(argc < 2 ? stderr : stdout);
-        MPI_Finalize();
-        return argc < 2 ? 2 : 0;
-    }
-    if (!strcmp(argv[1], "--version")) {
-        printf("turbozero %s\n", TZ_VERSION);
-        MPI_Finalize();
-        return 0;
-    }
     int rc;
     if (!strcmp(argv[1], "init-model")) {
         rc = cmd_init_model(argc, argv);
@@ -239,10 +276,12 @@ int main(int argc, char **argv) {
         rc = cmd_collective(argc, argv, tz_eval_run);
     } else if (!strcmp(argv[1], "bench")) {
         rc = cmd_collective(argc, argv, tz_bench_run);
+    } else if (!strcmp(argv[1], "plot")) {
+        rc = cmd_plot(argc, argv);
     } else if (!strcmp(argv[1], "sample")) {
         rc = cmd_sample(argc, argv);
     } else {
-        TZ_FATAL("unknown command '%s' (see turbozero --help)", argv[1]);
+        TZ_FATAL_HINT("turbozero --help lists the commands", "unknown command '%s'", argv[1]);
     }
     MPI_Finalize();
     return rc;

@@ -103,7 +103,8 @@ cfg int_for_bool <<'EOF'
 model = { path = "m"; };
 train = { checkpointing = 1; };
 EOF
-fails int_for_bool "$F:2: train.checkpointing: expected a boolean (true or false) (got an integer (1))" "" "$F"
+fails int_for_bool "$F:2: train.checkpointing: expected a boolean (true or false) (got an integer (1))" \
+    "HINT: write true or false" "$F"
 
 cfg list_for_string <<'EOF'
 model = { path = "m"; };
@@ -269,6 +270,8 @@ fails set_int_overflow "--set run.seed=99999999999999999999: expected an integer
 fails set_bad_float "--set optim.lr=1e-3x: expected a number in (0, 10]" "" "$GOOD" optim.lr=1e-3x
 fails set_nan "--set optim.lr=nan: expected a number in (0, 10] (got nan)" "" "$GOOD" optim.lr=nan
 fails set_bad_bool "--set train.checkpointing=yes: expected a boolean (true or false)" "" "$GOOD" train.checkpointing=yes
+fails set_int_for_bool "--set run.overwrite=1: expected a boolean (true or false)" \
+    "HINT: write true or false" "$GOOD" run.overwrite=1
 fails set_bad_enum "--set model.arch=gpt: expected one of \"llama\", \"dit\" (got \"gpt\")" "" "$GOOD" model.arch=gpt
 fails set_bad_target "--set lora.targets=q,x: expected a non-empty list" "(got \"x\")" "$GOOD" lora.targets=q,x
 fails set_empty_targets "--set lora.targets=: expected a non-empty list" "(got an empty list)" "$GOOD" lora.targets=

@@ -55,11 +55,14 @@ expect() {
 
 for np in 2 3; do
     run "np $np" "$np" --fatal-rank 1
-    expect "np $np, TZ_FATAL on rank 1" \
-        '^\[rank 1\] .*tz_comm_check\.c:[0-9]+ main: deliberate failure on rank 1'
+    expect "np $np, TZ_FATAL on rank 1" '^\[rank 1\] deliberate failure on rank 1'
 done
 run "np 3" 3 --mpi-error-rank 2
-expect "np 3, MPI error on rank 2 through MPI_CHECK" \
-    '^\[rank 2\] .*tz_comm_check\.c:[0-9]+ main: MPI_Bcast\(.*\) failed: .*MPI error'
+expect "np 3, MPI error on rank 2 through MPI_CHECK" '^\[rank 2\] MPI_Bcast\(.*\) failed: .*MPI error'
+export TZ_DEBUG=1
+run "np 2, TZ_DEBUG=1" 2 --fatal-rank 1
+unset TZ_DEBUG
+expect "np 2, TZ_DEBUG=1 keeps the source location" \
+    '^\[rank 1\] .*tz_comm_check\.c:[0-9]+ main: deliberate failure on rank 1'
 echo "mpi_fatal: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -32,7 +32,10 @@ TZ_NORETURN static void tz_abort(void) {
 static void tz_vfatal(const char *file, int line, const char *func, const char *hint,
                       const char *fmt, va_list ap) {
     char buf[4096];
-    int n = snprintf(buf, sizeof buf, "[rank %d] %s:%d %s: ", g_rank, file, line, func);
+    const char *dbg = getenv("TZ_DEBUG"); /* the source location, for developers */
+    int n = dbg && *dbg && strcmp(dbg, "0")
+                ? snprintf(buf, sizeof buf, "[rank %d] %s:%d %s: ", g_rank, file, line, func)
+                : snprintf(buf, sizeof buf, "[rank %d] ", g_rank);
     if (n < 0 || n >= (int)sizeof buf) n = 0;
     int m = vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
     n = m < 0 ? n : n + m < (int)sizeof buf ? n + m : (int)sizeof buf - 1;

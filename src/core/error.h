@@ -13,8 +13,9 @@
 #define TZ_NORETURN
 #endif
 
-/* Prints "[rank r] file:line func: message", flushes, and aborts every rank (MPI_Abort
- * when MPI is up, exit(1) otherwise). */
+/* Prints "[rank r] message" ("[rank r] file:line func: message" when the environment has
+ * TZ_DEBUG set and not 0), flushes, and aborts every rank (MPI_Abort when MPI is up, exit(1)
+ * otherwise). */
 TZ_NORETURN void tz_fatal_at(const char *file, int line, const char *func, const char *fmt, ...)
     TZ_PRINTF(4, 5);
 /* Same, with a HINT line telling the user the likely fix. */

@@ -149,8 +149,24 @@ int tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int ad
     return nq;
 }
 
+void tz_adapter_base_quant(const tz_params *ps, tz_peft_config *c) {
+    c->quant_bits = c->quant_group = 0;
+    c->quant_seed = 0;
+    c->quant_method[0] = 0;
+    for (int i = 0; i < ps->n; i++) {
+        const tz_qweight *q = ps->p[i]->q;
+        if (!q) continue;
+        c->quant_bits = q->bits;
+        c->quant_seed = q->seed;
+        if (q->group > c->quant_group) c->quant_group = q->group; /* the setting; rows that */
+        snprintf(c->quant_method, sizeof c->quant_method, "%s", /* it does not divide use less */
+                 tz_tq_method_name(q->method));
+    }
+}
+
 void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char *const *names,
-                     int n, const tz_lora_spec *s, const char *base_model_path) {
+                     int n, const tz_lora_spec *s, const char *base_model_path,
+                     const char *task_type) {
     char path[1100], err[1200];
     if (tz_mkdir_p(dir, err, sizeof err)) TZ_FATAL("%s", err);
     tz_peft_config c;
@@ -161,6 +177,8 @@ void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char 
         if (s->targets & (1 << j))
             snprintf(c.targets[c.ntargets++], sizeof c.targets[0], "%s", names[j]);
     snprintf(c.base_model, sizeof c.base_model, "%s", base_model_path);
+    snprintf(c.task_type, sizeof c.task_type, "%s", task_type ? task_type : "");
+    tz_adapter_base_quant(ps, &c);
     tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
     tz_params_save_dense(ps, be, path, 1, 0, NULL, 0, NULL);
     tz_path_join(path, sizeof path, dir, "adapter_config.json");

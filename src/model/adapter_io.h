@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "io/peft.h"
 #include "model/model_base.h"
 #include "model/params.h"
 
@@ -14,9 +15,15 @@
 void tz_adapter_read_spec(const char *dir, const char *const *names, int n, tz_lora_spec *s);
 /* Loads every adapter tensor of ps from DIR/adapter_model.safetensors by name and shape. */
 void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir);
-/* Writes DIR/adapter_model.safetensors (F32) and DIR/adapter_config.json. */
+/* Writes DIR/adapter_model.safetensors (F32) and DIR/adapter_config.json (PEFT task_type,
+ * NULL for none, and the quantization of the base ps holds). */
 void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char *const *names,
-                     int n, const tz_lora_spec *s, const char *base_model_path);
+                     int n, const tz_lora_spec *s, const char *base_model_path,
+                     const char *task_type);
+/* The quantization of the base ps holds into c's quant_* fields: bits, method and seed of its
+ * quantized weights, the largest group among them (quant.group; rows it does not divide
+ * use a smaller one); bits 0: dense. */
+void tz_adapter_base_quant(const tz_params *ps, tz_peft_config *c);
 /* A tensor of backend floats written under a name and shape of its own: a buffer that is no
  * parameter (DiT's pos_embed), or a parameter in its file layout (a Conv2d weight held as a
  * matrix); a view named like a parameter is written instead of it. */

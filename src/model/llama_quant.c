@@ -336,9 +336,12 @@ void tz_llama_export_dequantized(const char *in, const char *out, FILE *rep) {
         ndeq++;
     }
     save_model(&w, in, out, NULL, "float32");
-    fprintf(rep, "wrote %s: %lld tensors, F32, %.0f bytes (%lld dequantized from %s %d-bit)\n",
-            out, (long long)nb, bytes, (long long)ndeq,
-            qf.present ? tz_tq_method_name(qf.method) : "-", qf.present ? qf.bits : 0);
+    if (qf.present)
+        fprintf(rep, "wrote %s: %lld tensors, F32, %.0f bytes (%lld dequantized from %s %d-bit)\n",
+                out, (long long)nb, bytes, (long long)ndeq, tz_tq_method_name(qf.method), qf.bits);
+    else
+        fprintf(rep, "wrote %s: %lld tensors, F32, %.0f bytes (the model was not quantized: a "
+                "dense F32 copy)\n", out, (long long)nb, bytes);
     for (int64_t k = 0; k < nb; k++) free(bufs[k]);
     free(bufs);
     tz_st_writer_free(&w);

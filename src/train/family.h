@@ -30,6 +30,7 @@ const char *tz_init_arg(const tz_init_args *a, const char *flag);
 /* What `turbozero sample` asks for. */
 typedef struct tz_sample_args {
     int64_t cls, n, steps, seed;
+    int64_t scale; /* each pixel enlarged to scale x scale (1: as sampled) */
     double guidance;
     char out[1024];
 } tz_sample_args;
@@ -49,6 +50,8 @@ typedef struct tz_family {
     int64_t (*init_model)(const tz_init_args *a, char *about, size_t n);
     /* sample: images from the configured model as a PNG (one process); NULL: no sampler. */
     int (*sample)(const tz_config *cfg, const tz_sample_args *a);
+    /* The PEFT task_type of its adapters ("CAUSAL_LM"), or NULL (written as null). */
+    const char *peft_task_type;
 } tz_family;
 
 /* The registry's entries, each defined in its family's task file. */

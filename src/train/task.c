@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "io/fsutil.h"
+#include "io/peft.h"
 #include "model/adapter_io.h"
 
 tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int training) {
@@ -34,8 +35,38 @@ tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int t
     return o;
 }
 
+/* "turboquant 4-bit, group 128, seed 0", or "dense". */
+static void describe_quant(const tz_peft_config *c, char *buf, size_t n) {
+    if (c->quant_bits <= 0) snprintf(buf, n, "dense");
+    else snprintf(buf, n, "%s %d-bit, group %d, seed %llu", c->quant_method, c->quant_bits,
+                  c->quant_group, (unsigned long long)c->quant_seed);
+}
+
+/* Warns when model.adapter was trained on a base quantized otherwise than this one. */
+static void check_adapter_base(const tz_config *cfg, const tz_params *ps) {
+    char path[1100], err[1200], was[128], is[128], diff[128] = "";
+    tz_path_join(path, sizeof path, cfg->model.adapter, "adapter_config.json");
+    tz_peft_config a, b;
+    if (tz_peft_read(&a, path, err, sizeof err)) return; /* read and checked before */
+    memset(&b, 0, sizeof b);
+    tz_adapter_base_quant(ps, &b);
+    const char *what = a.quant_bits != b.quant_bits                           ? "bits"
+                       : a.quant_bits <= 0                                    ? NULL
+                       : strcmp(a.quant_method, b.quant_method)               ? "method"
+                       : a.quant_group != b.quant_group                       ? "group"
+                       : a.quant_seed != b.quant_seed                         ? "seed"
+                                                                              : NULL;
+    if (!what) return;
+    snprintf(diff, sizeof diff, "%s", what);
+    describe_quant(&a, was, sizeof was);
+    describe_quant(&b, is, sizeof is);
+    tz_warn("model.adapter %s was trained on a %s base; this base is %s (different %s): its "
+            "corrections were learnt against other weights", cfg->model.adapter, was, is, diff);
+}
+
 void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_params *ps,
                            tz_backend *be) {
+    if (cfg->model.adapter[0]) check_adapter_base(cfg, ps);
     if (cfg->model.adapter[0]) tz_adapter_load(ps, be, cfg->model.adapter);
     else if (o->lora.targets) tz_model_init_lora(ps, be, (uint64_t)cfg->run.seed);
 }
@@ -49,7 +80,7 @@ void tz_task_save(tz_task *t, char *out, size_t outlen) {
         const tz_family *f = t->family;
         tz_path_join(out, outlen, cfg->run.dir, "adapter");
         tz_adapter_save(t->params, t->be, out, f->modules, tz_family_n_targets(f), &t->opts.lora,
-                        cfg->model.path);
+                        cfg->model.path, f->peft_task_type);
     }
 }
 

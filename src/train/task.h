@@ -21,6 +21,7 @@ struct tz_task {
     int64_t B;             /* rows (windows or images) per micro-batch: train.micro_batch */
     /* set by the family's open: */
     const char *unit;      /* what a validation row counts as: "tokens" (per window) or "images" */
+    const char *row_name;  /* what a row is: "windows" (of seq_len tokens) or "images" */
     size_t arena_bytes;    /* activation arena */
     int64_t row_elems;     /* loss terms per row: seq_len tokens, or C*H*W values */
     int64_t row_count;     /* units per row: seq_len tokens, or 1 image */

@@ -127,6 +127,7 @@ static void open_task(tz_task *t) {
     tz_diffusion_init(&k->diff, m->d.diffusion);
     tz_dit_setup(m, B);
     t->unit = "images";
+    t->row_name = "images";
     t->arena_bytes = m->arena.cap;
     t->row_elems = numel;
     t->row_count = 1;
@@ -208,8 +209,9 @@ static int sample(const tz_config *cfg, const tz_sample_args *a) {
     for (int64_t i = 0; i < a->n; i++) y[i] = (int32_t)a->cls;
     tz_diffusion_sample(m, &diff, y, a->n, (int)a->steps, a->guidance, (uint64_t)a->seed, img);
     char err[1024];
-    if (tz_png_write_grid(a->out, img, a->n, m->d.in_channels, m->d.input_size, m->d.input_size,
-                          0, 2, err, sizeof err))
+    if (tz_png_write_grid_scaled(a->out, img, a->n, m->d.in_channels, m->d.input_size,
+                                 m->d.input_size, 0, 2, a->scale > 1 ? a->scale : 1, err,
+                                 sizeof err))
         TZ_FATAL("sample: %s", err);
     tz_info("wrote %s: %lld samples of class %lld, %lld %s steps, guidance %g, seed %lld", a->out,
             (long long)a->n, (long long)a->cls, (long long)a->steps,
@@ -251,4 +253,4 @@ static const tz_task_ops ops = {sizeof(dit_task), load, open_task, train_rows, e
 /* The registry entry (train/family.h): name, LoRA targets, PEFT modules, task, init-model,
  * sampler. */
 const tz_family tz_family_dit = {"dit", targets, tz_dit_lin_names, &ops, init_flags, init_model,
-                                 sample};
+                                 sample, NULL};

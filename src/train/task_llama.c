@@ -48,6 +48,7 @@ static void open_task(tz_task *t) {
     const int64_t B = t->B, T = cfg->data.seq_len;
     tz_llama_setup(m, B, T);
     t->unit = "tokens";
+    t->row_name = "windows";
     t->arena_bytes = m->arena.cap;
     t->row_elems = t->row_count = T;
     snprintf(t->describe, sizeof t->describe,
@@ -140,4 +141,4 @@ static const tz_task_ops ops = {sizeof(llama_task), load, open_task, train_rows,
 /* The registry entry (train/family.h): name, LoRA targets, PEFT modules, task, init-model;
  * no sampler. */
 const tz_family tz_family_llama = {"llama",    targets,    tz_llama_lin_names, &ops,
-                                   init_flags, init_model, NULL};
+                                   init_flags, init_model, NULL,      "CAUSAL_LM"};

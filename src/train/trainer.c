@@ -9,12 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 
 #include "core/error.h"
 #include "io/fsutil.h"
+#include "io/loss_plot.h"
 #include "train/optim.h"
+#include "train/run_record.h"
 #include "train/task.h"
 #include "train/zero.h"
 
@@ -86,16 +87,33 @@ typedef struct eval_result {
 } eval_result;
 
 /* Mean loss over the first `limit` validation rows (all if limit <= 0), in batches of B
- * consecutive rows, batch k on rank k % N; the sums are added over the ranks. */
-static eval_result evaluate(run *r, int64_t limit) {
+ * consecutive rows, batch k on rank k % N; the sums are added over the ranks. With progress,
+ * rank 0 prints a line at each tenth of its batches once the evaluation has run 2 s. */
+static eval_result evaluate(run *r, int64_t limit, int progress) {
     tz_task *t = r->task;
     const int64_t B = r->B, N = r->N, rank = r->comm->rank;
     int64_t n = limit > 0 && limit < t->n_val ? limit : t->n_val;
     double sum[2] = {0.0, 0.0}; /* loss terms, rows */
+    const int64_t mine = n > rank * B ? (n - rank * B + B * N - 1) / (B * N) : 0; /* my batches */
+    const double t0 = now_s();
+    int64_t done = 0, tenth = 0;
     for (int64_t first = rank * B; first < n; first += B * N) {
         int64_t rows = n - first < B ? n - first : B;
         sum[0] += t->eval_rows(t, first, rows);
         sum[1] += (double)rows;
+        done++;
+        if (progress && rank == 0 && done * 10 / mine > tenth) {
+            tenth = done * 10 / mine;
+            double el = now_s() - t0;
+            if (el >= 2.0 && done < mine) {
+                char a[32], b[32];
+                fmt_duration(a, sizeof a, el);
+                fmt_duration(b, sizeof b, el / (double)done * (double)(mine - done));
+                tz_info("eval: %lld%% | %lld of %lld %s | %s, ETA %s",
+                        (long long)(done * 100 / mine), (long long)(first + rows), (long long)n,
+                        t->row_name, a, b);
+            }
+        }
     }
     if (N > 1) tz_comm_all_reduce(r->comm, sum, sum, 2, TZ_DT_F64);
     eval_result e = {sum[0] / (sum[1] * (double)t->row_elems), (int64_t)sum[1] * t->row_count};
@@ -147,6 +165,37 @@ static void print_start(const run *r) {
     tz_zero_print_memory(&r->z, t->arena_bytes);
 }
 
+/* One evaluation record of metrics.jsonl (rank 0). */
+static void metrics_eval(FILE *f, int64_t step, eval_result e, const char *unit) {
+    char loss[128], now[40];
+    tz_record_json_number(loss, sizeof loss, "eval_loss", "%.6f", e.loss);
+    tz_record_time_now(now, sizeof now);
+    fprintf(f, "{\"step\": %lld, %s, \"eval_%s\": %lld, \"time\": \"%s\"}\n", (long long)step,
+            loss, unit, (long long)e.count, now);
+}
+
+/* Whether e is a better evaluation than best (a finite loss beats a non-finite one). */
+static int eval_better(eval_result e, eval_result best) {
+    return isfinite(e.loss) && !(e.loss >= best.loss);
+}
+
+/* The last record of metrics.jsonl: what the run did in all (best and final NULL without
+ * validation data). */
+static void metrics_summary(FILE *f, int64_t steps, int64_t units, const char *unit, double wall,
+                            double train_loss, const eval_result *best, int64_t best_step,
+                            const eval_result *final, double rss_mib) {
+    char tl[128], bl[128] = "\"best_eval_loss\": null", now[40];
+    char fl[128] = "\"final_eval_loss\": null";
+    tz_record_json_number(tl, sizeof tl, "final_train_loss", "%.9g", train_loss);
+    if (best) tz_record_json_number(bl, sizeof bl, "best_eval_loss", "%.6f", best->loss);
+    if (final) tz_record_json_number(fl, sizeof fl, "final_eval_loss", "%.6f", final->loss);
+    tz_record_time_now(now, sizeof now);
+    fprintf(f, "{\"summary\": true, \"steps\": %lld, \"%s\": %lld, \"wall_s\": %.3f, %s, %s, "
+            "\"best_eval_step\": %lld, %s, \"peak_rss_mib\": %.1f, \"time\": \"%s\"}\n",
+            (long long)steps, unit, (long long)units, wall, tl, bl, (long long)best_step, fl,
+            rss_mib, now);
+}
+
 static FILE *open_rank0(const tz_config *cfg, const char *name, const char *mode) {
     char path[1100];
     tz_path_join(path, sizeof path, cfg->run.dir, name);
@@ -176,19 +225,21 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         if (fclose(f) != 0) TZ_FATAL("cannot write %s/config.used.cfg", cfg->run.dir);
         metrics = open_rank0(cfg, "metrics.jsonl", "w");
     }
+    tz_run_record rec;
+    tz_record_begin(&rec, cfg->run.dir, w, comm);
     run r;
     run_open(&r, cfg, w, comm, 1);
     print_start(&r);
     const int64_t steps = cfg->train.steps, units = r.N * r.B * r.accum * r.task->row_count;
     const int have_val = r.task->n_val > 0;
-    eval_result ev0 = {0, 0}, ev = {0, 0};
+    eval_result ev0 = {0, 0}, ev = {0, 0}, best = {0, 0};
+    int64_t best_step = 0;
     if (have_val) {
-        ev0 = evaluate(&r, cfg->train.eval_windows);
+        ev0 = evaluate(&r, cfg->train.eval_windows, 0);
         tz_info("eval before training: val_loss %.4f (%lld %s)", ev0.loss, (long long)ev0.count,
                 r.task->unit);
-        if (root)
-            fprintf(metrics, "{\"step\": 0, \"eval_loss\": %.6f, \"eval_%s\": %lld}\n",
-                    ev0.loss, r.task->unit, (long long)ev0.count);
+        if (root) metrics_eval(metrics, 0, ev0, r.task->unit);
+        best = ev0;
     }
     const double t_loop = now_s();
     step_result s = {0, 0, 0};
@@ -196,11 +247,14 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         double t0 = now_s();
         s = train_step(&r, step);
         double t1 = now_s(), tps = (double)units / (t1 - t0);
-        if (root)
+        if (root) {
+            char now[40];
+            tz_record_time_now(now, sizeof now);
             fprintf(metrics,
                     "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.9g, "
-                    "\"%s_per_s\": %.1f, \"step_s\": %.4f}\n",
-                    (long long)step + 1, s.loss, s.lr, s.gnorm, r.task->unit, tps, t1 - t0);
+                    "\"%s_per_s\": %.1f, \"step_s\": %.4f, \"time\": \"%s\"}\n",
+                    (long long)step + 1, s.loss, s.lr, s.gnorm, r.task->unit, tps, t1 - t0, now);
+        }
         if ((step + 1) % cfg->train.log_every == 0 || step + 1 == steps) {
             char eta[32];
             fmt_duration(eta, sizeof eta, (t1 - t_loop) / (double)(step + 1) * (double)(steps - step - 1));
@@ -210,30 +264,36 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         }
         if (have_val && cfg->train.eval_every > 0 && (step + 1) % cfg->train.eval_every == 0 &&
             step + 1 != steps) {
-            ev = evaluate(&r, cfg->train.eval_windows);
+            ev = evaluate(&r, cfg->train.eval_windows, 0);
             tz_info("eval at step %lld: val_loss %.4f", (long long)step + 1, ev.loss);
-            if (root)
-                fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.6f, \"eval_%s\": %lld}\n",
-                        (long long)step + 1, ev.loss, r.task->unit, (long long)ev.count);
+            if (root) metrics_eval(metrics, step + 1, ev, r.task->unit);
+            if (eval_better(ev, best)) best = ev, best_step = step + 1;
         }
         if (root) fflush(metrics);
     }
     if (have_val) {
-        ev = evaluate(&r, cfg->train.eval_windows);
+        ev = evaluate(&r, cfg->train.eval_windows, 0);
         tz_info("eval after training: val_loss %.4f (before %.4f, change %+.4f)", ev.loss,
                 ev0.loss, ev.loss - ev0.loss);
-        if (root)
-            fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.6f, \"eval_%s\": %lld}\n",
-                    (long long)steps, ev.loss, r.task->unit, (long long)ev.count);
+        if (root) metrics_eval(metrics, steps, ev, r.task->unit);
+        if (eval_better(ev, best)) best = ev, best_step = steps;
     }
+    const double rss_mib = tz_record_peak_rss_mib(comm);
     if (root) {
+        metrics_summary(metrics, steps, steps * units, r.task->unit, now_s() - t_start, s.loss,
+                        have_val ? &best : NULL, best_step, have_val ? &ev : NULL, rss_mib);
         if (fclose(metrics) != 0) TZ_FATAL("cannot write %s/metrics.jsonl", cfg->run.dir);
-        char out[1100], took[32];
+        char out[1100], took[32], err[1024];
+        const char *dirs[1] = {cfg->run.dir};
+        tz_path_join(out, sizeof out, cfg->run.dir, "loss.png");
+        if (steps > 0 && tz_loss_plot_write(dirs, 1, out, err, sizeof err)) /* a picture only */
+            tz_warn("no loss curve: %s", err);
         tz_task_save(r.task, out, sizeof out);
         fmt_duration(took, sizeof took, now_s() - t_start);
         tz_info("saved %s | final train loss %.4f | %s", out, s.loss, took);
     }
     tz_comm_barrier(comm); /* no rank leaves before the outputs are written */
+    tz_record_end(&rec, cfg->run.dir, comm);
     run_close(&r);
     return 0;
 }
@@ -242,10 +302,13 @@ int tz_eval_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     run r;
     run_open(&r, cfg, w, comm, 0);
     double t0 = now_s();
-    eval_result e = evaluate(&r, 0);
-    tz_info("model %s%s%s | %s: %lld rows | %lld ranks | %.1f s", cfg->model.path,
+    eval_result e = evaluate(&r, 0, 1);
+    char ppl[64] = ""; /* perplexity: a next-token loss only */
+    if (!strcmp(r.task->unit, "tokens"))
+        snprintf(ppl, sizeof ppl, " | perplexity %.3f", exp(e.loss));
+    tz_info("model %s%s%s | %s: %lld %s | %lld ranks | %.1f s | loss %.4f%s", cfg->model.path,
             cfg->model.adapter[0] ? " + adapter " : "", cfg->model.adapter, cfg->data.val,
-            (long long)r.task->n_val, (long long)r.N, now_s() - t0);
+            (long long)r.task->n_val, r.task->row_name, (long long)r.N, now_s() - t0, e.loss, ppl);
     tz_info("eval_loss=%.6f %s=%lld", e.loss, r.task->unit, (long long)e.count);
     run_close(&r);
     return 0;
@@ -274,21 +337,15 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     const int64_t n = steps - warm;
     qsort(dt + warm, (size_t)n, sizeof *dt, cmp_double);
     double med = dt[warm + n / 2];
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    int64_t rss = (int64_t)ru.ru_maxrss, *all = tz_xmalloc((size_t)r.N * sizeof *all);
-    tz_comm_all_gather(comm, &rss, all, 1, TZ_DT_I64);
-    int64_t rss_max = 0;
-    for (int64_t i = 0; i < r.N; i++) rss_max = all[i] > rss_max ? all[i] : rss_max;
+    const double rss_mib = tz_record_peak_rss_mib(comm);
     tz_info("bench: %lld ranks x %d threads, zero stage %lld, %s | %lld %s/step | step time "
             "median %.4f s (%lld steps after %lld warm-up) | %.0f %s/s | host shard %.2f "
             "MiB/rank | activations %.1f MiB/rank | peak RSS %.1f MiB (largest rank)",
             (long long)r.N, w->threads, (long long)cfg->zero.stage, tz_mode_name(cfg->train.mode),
             (long long)units, r.task->unit, med, (long long)n, (long long)warm,
             (double)units / med, r.task->unit, (double)r.z.sh.bytes / 1048576.0,
-            (double)r.task->arena_bytes / 1048576.0, (double)rss_max / 1024.0);
+            (double)r.task->arena_bytes / 1048576.0, rss_mib);
     tz_zero_clock_print(&r.z);
-    free(all);
     free(dt);
     run_close(&r);
     return 0;

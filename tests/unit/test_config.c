@@ -160,7 +160,7 @@ static void test_sets(void) {
     check_round_trip(&cfg, "--set values");
 
     /* bool spellings; later --set wins */
-    const char *bools[] = {"train.checkpointing=1", "train.checkpointing=0"};
+    const char *bools[] = {"train.checkpointing=true", "train.checkpointing=False"};
     tz_config_load(&cfg, &g_names, path, bools, 1);
     CHECK(cfg.train.checkpointing == 1);
     tz_config_load(&cfg, &g_names, path, bools, 2);

@@ -219,7 +219,7 @@ static void test_io(void) {
     tz_dit *m = tz_dit_create(g_be, &d, &o);
     randomize(m, 3);
     tz_dit_save(m, sub, 0);
-    tz_adapter_save(&m->params, g_be, ad, tz_dit_lin_names, TZ_DIT_LIN_N, &o.lora, sub);
+    tz_adapter_save(&m->params, g_be, ad, tz_dit_lin_names, TZ_DIT_LIN_N, &o.lora, sub, NULL);
     tz_model_opts o2 = {0};
     tz_adapter_read_spec(ad, tz_dit_lin_names, TZ_DIT_LIN_N, &o2.lora);
     check(o2.lora.targets == o.lora.targets && o2.lora.rank == 2 && o2.lora.alpha == 4.0,

@@ -87,7 +87,8 @@ int main(int argc, char **argv) {
         float *lc = logits_of(c, in, tg);
         char adir[80];
         snprintf(adir, sizeof adir, "%s/adapter", dir);
-        tz_adapter_save(&c->params, be, adir, tz_llama_lin_names, TZ_LIN_N, &lo.lora, dir);
+        tz_adapter_save(&c->params, be, adir, tz_llama_lin_names, TZ_LIN_N, &lo.lora, dir,
+                        "CAUSAL_LM");
         tz_model_opts lo2 = {0};
         tz_adapter_read_spec(adir, tz_llama_lin_names, TZ_LIN_N, &lo2.lora);
         check(lo2.lora.rank == 3 && lo2.lora.alpha == 6.0 && lo2.lora.targets == 0x7f,

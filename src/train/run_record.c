@@ -1,0 +1,138 @@
+/* Run records: ISO wall-clock times, JSON numbers without bare nan, run.dir/run.json written
+ * whole (atomic replace) at the start and at the end of a run. No training logic here. */
+#include "train/run_record.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/backend.h"
+#include "core/build_info.h"
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/fsutil.h"
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void tz_record_time_now(char *buf, size_t n) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char day[24];
+    if (!strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm)) day[0] = 0;
+    snprintf(buf, n, "%.19s.%03dZ", day, (int)(ts.tv_nsec / 1000000L % 1000));
+}
+
+void tz_record_json_number(char *buf, size_t n, const char *key, const char *fmt, double v) {
+    if (isfinite(v)) {
+        int m = snprintf(buf, n, "\"%s\": ", key);
+        if (m >= 0 && (size_t)m < n) snprintf(buf + m, n - (size_t)m, fmt, v);
+        return;
+    }
+    snprintf(buf, n, "\"%s\": null, \"%s_nonfinite\": \"%s\"", key, key,
+             isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+}
+
+double tz_record_peak_rss_mib(tz_comm *comm) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    int64_t rss = (int64_t)ru.ru_maxrss, *all = tz_xmalloc((size_t)comm->size * sizeof *all);
+    tz_comm_all_gather(comm, &rss, all, 1, TZ_DT_I64);
+    int64_t top = 0;
+    for (int64_t i = 0; i < comm->size; i++) top = all[i] > top ? all[i] : top;
+    free(all);
+    return (double)top / 1024.0; /* ru_maxrss is in KiB on Linux */
+}
+
+/* The command line as given (/proc/self/cmdline), one string per argument. */
+static json_t *command_line(void) {
+    json_t *a = json_array();
+    FILE *f = fopen("/proc/self/cmdline", "rb");
+    if (!f) return a;
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+        json_array_append_new(a, json_string(buf + i));
+    return a;
+}
+
+static void write_run_json(const tz_run_record *rec, const char *dir, const char *end,
+                           double wall_s) {
+    json_t *hosts = json_array();
+    for (int64_t i = 0, off = 0; i < rec->n_hosts; i++) {
+        json_array_append_new(hosts, json_string(rec->hosts + off));
+        off += (int64_t)strlen(rec->hosts + off) + 1;
+    }
+    char cwd[4096];
+    if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "?");
+    json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:s, s:o, s:s, s:I, s:o, s:s, s:s}",
+                          "program", "turbozero", "version", tz_build_version(), "commit",
+                          tz_build_commit(), "cuda", tz_build_has_cuda(), "cpu_kernel",
+                          tz_cpu_kernel_name(), "command", command_line(), "cwd", cwd, "ranks",
+                          (json_int_t)rec->ranks, "hosts", hosts, "start", rec->start, "status",
+                          end ? "finished" : "running");
+    TZ_CHECK(o, "run.json: cannot build the record");
+    json_object_set_new(o, "end", end ? json_string(end) : json_null());
+    json_object_set_new(o, "wall_s", end ? json_real(wall_s) : json_null());
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+    json_decref(o);
+    TZ_CHECK(text, "run.json: cannot format the record");
+    char path[1100], err[1024];
+    tz_path_join(path, sizeof path, dir, "run.json");
+    tz_atomic_file f;
+    size_t len = strlen(text);
+    text[len] = '\n'; /* json_dumps ends without a newline; its buffer holds the NUL there */
+    if (tz_atomic_file_open(&f, path, err, sizeof err) ||
+        tz_atomic_file_write(&f, text, len + 1, err, sizeof err) ||
+        tz_atomic_file_commit(&f, err, sizeof err))
+        TZ_FATAL("cannot write %s: %s", path, err);
+    free(text);
+}
+
+void tz_record_begin(tz_run_record *rec, const char *dir, const tz_world *w, tz_comm *comm) {
+    memset(rec, 0, sizeof *rec);
+    tz_record_time_now(rec->start, sizeof rec->start);
+    rec->t0 = mono_s();
+    rec->ranks = comm->size;
+    char mine[TZ_HOST_MAX] = {0};
+    snprintf(mine, sizeof mine, "%s", w->hostname);
+    char *all = tz_xmalloc((size_t)comm->size * TZ_HOST_MAX);
+    tz_comm_all_gather(comm, mine, all, TZ_HOST_MAX, TZ_DT_U8);
+    if (comm->rank == 0) { /* distinct names, in rank order */
+        rec->hosts = tz_xcalloc((size_t)comm->size, TZ_HOST_MAX);
+        int64_t off = 0;
+        for (int64_t r = 0; r < comm->size; r++) {
+            const char *h = all + r * TZ_HOST_MAX;
+            int seen = 0;
+            for (int64_t q = 0; q < r && !seen; q++) seen = !strcmp(h, all + q * TZ_HOST_MAX);
+            if (seen) continue;
+            memcpy(rec->hosts + off, h, strlen(h) + 1);
+            off += (int64_t)strlen(h) + 1;
+            rec->n_hosts++;
+        }
+        write_run_json(rec, dir, NULL, 0.0);
+    }
+    free(all);
+}
+
+void tz_record_end(tz_run_record *rec, const char *dir, tz_comm *comm) {
+    if (comm->rank == 0) {
+        char end[40];
+        tz_record_time_now(end, sizeof end);
+        write_run_json(rec, dir, end, mono_s() - rec->t0);
+    }
+    free(rec->hosts);
+    rec->hosts = NULL;
+}
