@@ -15,13 +15,18 @@
 #     Here 1e-6 cannot hold in general, and the test says why rather than hide it: the fp32
 #     masters differ by rounding as above, and Q is discontinuous, so a value at a codebook
 #     decision boundary (or a group scale at a bf16 rounding boundary, a 2^-8 step) takes
-#     the neighbouring code at one N and not at another; from then on the forward passes
-#     differ by that one step. Measured (2026-11-23): N = 3, 4 stay within 1e-8 (no value
-#     crossed); N = 2 had 4 differing code bytes of 34,176 and losses 2.2e-5 apart, scales
-#     3.6e-4 (norm-wise). So quantized runs assert losses within TOLQ = 1e-4, dense tensors
-#     and scales within SCALES = 2e-3 (norm-wise) and at most CODES = 0.1% differing code
-#     bytes. What is exact is asserted exactly: where the sums are the same additions the
-#     results are the same bits: N = 2 in stage 2 (one addition of two ranks' gradients per
+#     the neighbouring code at one N and not at another; from then on the two runs see
+#     different weights and drift apart as any training does from a perturbation. Measured
+#     (2026-11-23), worst over N = 2, 3, 4 and stages 1, 2: with the AVX-512 kernel, 4 code
+#     bytes of 34,176 differ, losses 2.2e-5 apart, scales 3.6e-4 (norm-wise); with the AVX2
+#     kernel (other rounding in attention), 141 code bytes (0.41%), losses 2.8e-4, scales
+#     3.4e-3; with the portable kernel, within the AVX-512 figures. So quantized runs assert
+#     losses within TOLQ = 2e-3, dense tensors and scales within SCALES = 2e-2 and at most
+#     CODES = 2% differing code bytes (about 7x the worst measured). Where a slice lands and
+#     which signs re-quantize it is checked exactly elsewhere (unit/test_zero_weights: every
+#     slice at N = 1-4 gives the codes of quantizing the whole master), and what is exact here
+#     is asserted exactly: where the sums are the same additions the results are the same
+#     bits: N = 2 in stage 2 (one addition of two ranks' gradients per
 #     bucket) equals N = 1 with grad_accum = 2 (the host accumulator adds the two
 #     micro-batches), losses and model file alike, full and LoRA on the 4-bit base.
 #  2. each rank's host shard is exactly its share: the per-rank bytes printed at start-up
@@ -33,7 +38,7 @@ set -u
 tz=$1 src=$2 mpiexec=$3
 py=/usr/bin/python3
 TOL=1e-6
-TOLQ=1e-4 SCALES=2e-3 CODES=0.001   # quantized full fine-tuning: see above
+TOLQ=2e-3 SCALES=2e-2 CODES=0.02   # quantized full fine-tuning: see above
 work=$(mktemp -d "${TMPDIR:-/tmp}/tzzero.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/../lib.sh"
