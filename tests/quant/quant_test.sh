@@ -154,5 +154,22 @@ perl -0777 -pi -e 's/\\"bits\\":4,\\"group\\":64/\\"bits\\":5,\\"group\\":64/' "
 expect_error "malformed quantized file" "bad/model.safetensors: __metadata__ \"turbozero_quant\": tensor model.layers.0.mlp.gate_proj.weight: bits 5 out of range (1..4)" \
   "$tz" eval $cfg --set model.path="$work/bad"
 
+# existing outputs: refused unless --force; the input never written over, even with --force
+expect_error "quantize into an existing folder" "--out $work/tq4 already exists (a folder that is not empty)" \
+  "$tz" quantize --model inputs/llama/model --bits 4 --out "$work/tq4"
+expect_error "export into an existing file" "already exists (a file)" \
+  "$tz" export --model "$work/tq4" --dequantize --out "$work/tq4.log"
+expect_error "quantize over its own input" "turbozero never writes over its input" \
+  "$tz" quantize --model "$work/tq4-f32" --bits 4 --out "$work/tq4-f32/." --force
+expect_error "export into its own input" "turbozero never writes over its input" \
+  "$tz" export --model "$work/tq4" --dequantize --out "$work/tq4/sub" --force
+ln -s "$work/tq4" "$work/tq4-link"
+expect_error "export over its input through a link" "turbozero never writes over its input" \
+  "$tz" export --model "$work/tq4" --dequantize --out "$work/tq4-link" --force
+expect_error "init-model into an existing folder" "already exists (a folder that is not empty)" \
+  "$tz" init-model --arch llama --preset tiny --vocab 256 --out "$work/tq4-f32"
+"$tz" export --model "$work/tq4" --dequantize --out "$work/tq4-f32" --force > /dev/null 2>&1 &&
+  ok "export --force writes over an existing output folder" || bad "export --force failed"
+
 echo "quant: $pass passed, $fail failed"
 [ $fail -eq 0 ]
