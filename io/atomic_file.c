@@ -1,13 +1,17 @@
 /* Atomic file replacement (tmp + fsync + rename + folder fsync), used by every writer in io/
- * so a crash mid-write leaves either the old file or the new one, never a torn one. */
+ * so a crash mid-write leaves either the old file or the new one, never a torn one. The
+ * temporary has an unpredictable name and is created exclusively: no link is ever followed. */
 #include "io/atomic_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -20,6 +24,38 @@ static void af_release(tz_atomic_file *f) {
     f->fd = -1;
 }
 
+int tz_atomic_file_make_temp(const char *path, char **tmp_path, char *err, size_t errlen) {
+    size_t n = strlen(path);
+    char *tmp = (char *)tz_xmalloc(n + 32);
+    static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    for (int attempt = 0; attempt < 100; attempt++) {
+        unsigned char r[12];
+        if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) { /* no entropy: time and pid */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
+                         ((uint64_t)getpid() << 40) ^ ((uint64_t)attempt * 0x9e3779b97f4a7c15u);
+            for (size_t i = 0; i < sizeof r; i++, x = x * 6364136223846793005u + 1442695040888963407u)
+                r[i] = (unsigned char)(x >> 56);
+        }
+        char suffix[13];
+        for (size_t i = 0; i < sizeof r; i++) suffix[i] = digits[r[i] % 62];
+        suffix[12] = 0;
+        snprintf(tmp, n + 32, "%s.tmp.%s", path, suffix);
+        /* O_EXCL: a name that exists, a planted link included, is never opened */
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            *tmp_path = tmp;
+            return fd;
+        }
+        if (errno != EEXIST) break;
+    }
+    tz_errf(err, errlen, "%s: cannot create a temporary file %s: %s", path, tmp, strerror(errno));
+    free(tmp);
+    *tmp_path = NULL;
+    return -1;
+}
+
 int tz_atomic_file_open(tz_atomic_file *f, const char *path, char *err, size_t errlen) {
     f->fd = -1;
     f->path = NULL;
@@ -28,14 +64,9 @@ int tz_atomic_file_open(tz_atomic_file *f, const char *path, char *err, size_t e
         tz_errf(err, errlen, "(empty path): cannot write a file without a name");
         return 1;
     }
-    size_t n = strlen(path);
     f->path = tz_xstrdup(path);
-    f->tmp_path = (char *)tz_xmalloc(n + 5);
-    memcpy(f->tmp_path, path, n);
-    memcpy(f->tmp_path + n, ".tmp", 5);
-    f->fd = open(f->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    f->fd = tz_atomic_file_make_temp(path, &f->tmp_path, err, errlen);
     if (f->fd < 0) {
-        tz_errf(err, errlen, "%s: cannot create %s: %s", path, f->tmp_path, strerror(errno));
         af_release(f);
         return 1;
     }

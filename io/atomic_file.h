@@ -1,5 +1,5 @@
 /* Whole-file replacement that never leaves a half-written file under the final name:
- * write PATH.tmp, fsync, rename over PATH, fsync the folder. No formats, no retries. */
+ * write PATH.tmp.<random>, fsync, rename over PATH, fsync the folder. No formats. */
 #ifndef TZ_ATOMIC_FILE_H
 #define TZ_ATOMIC_FILE_H
 #include <stddef.h>
@@ -7,17 +7,21 @@
 typedef struct tz_atomic_file {
     int fd;          /* -1 when not open */
     char *path;      /* final name */
-    char *tmp_path;  /* path + ".tmp" */
+    char *tmp_path;  /* path + ".tmp." + 12 random characters */
 } tz_atomic_file;
 
-/* Creates (truncates) path.tmp for writing. 0, or non-zero with a message in err. */
+/* A new empty file path.tmp.<12 random characters> in path's folder, created with O_CREAT |
+ * O_EXCL | O_NOFOLLOW (an existing name or a planted link is never opened; another name is
+ * tried); its name in *tmp_path (free it). The open fd, or -1 with a message in err. */
+int tz_atomic_file_make_temp(const char *path, char **tmp_path, char *err, size_t errlen);
+/* Creates a temporary (as above) for writing. 0, or non-zero with a message in err. */
 int tz_atomic_file_open(tz_atomic_file *f, const char *path, char *err, size_t errlen);
 /* Writes all n bytes (retrying short writes). 0, or non-zero with a message. */
 int tz_atomic_file_write(tz_atomic_file *f, const void *buf, size_t n, char *err, size_t errlen);
 /* fsync, close, rename to the final name, fsync the folder; frees f. On failure the .tmp
  * file is removed, the final name is left as it was, and f is freed. */
 int tz_atomic_file_commit(tz_atomic_file *f, char *err, size_t errlen);
-/* Gives up: closes and removes path.tmp, frees f. Safe on a file that failed to open. */
+/* Gives up: closes and removes the temporary, frees f. Safe on a file that failed to open. */
 void tz_atomic_file_abort(tz_atomic_file *f);
 
 #endif

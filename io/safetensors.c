@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,10 +232,37 @@ static int st_cmp_tensor(const void *a, const void *b) {
     return strcmp(((const tz_st_tensor *)a)->name, ((const tz_st_tensor *)b)->name);
 }
 
+static int st_cmp_place(const void *a, const void *b) {
+    const tz_st_tensor *x = *(const tz_st_tensor *const *)a, *y = *(const tz_st_tensor *const *)b;
+    int c = strcmp(x->file, y->file);
+    if (c) return c;
+    return (const char *)x->data < (const char *)y->data ? -1 : (const char *)x->data > (const char *)y->data;
+}
+
+/* Rejects two tensors of one file whose data_offsets overlap (empty tensors overlap nothing). */
+static int st_check_overlap(st_load *L) {
+    tz_safetensors *st = L->st;
+    const tz_st_tensor **by = tz_xcalloc((size_t)st->count + 1, sizeof *by);
+    int64_t n = 0;
+    for (int64_t i = 0; i < st->count; i++)
+        if (st->tensors[i].nbytes) by[n++] = &st->tensors[i];
+    if (n > 1) qsort(by, (size_t)n, sizeof *by, st_cmp_place);
+    int rc = 0;
+    for (int64_t i = 1; i < n && !rc; i++) {
+        const tz_st_tensor *a = by[i - 1], *b = by[i];
+        if (!strcmp(a->file, b->file) && (const char *)a->data + a->nbytes > (const char *)b->data)
+            rc = LERR(L, "%s: tensors '%s' and '%s' overlap: their data_offsets share bytes",
+                      a->file, a->name, b->name);
+    }
+    free(by);
+    return rc;
+}
+
 /* Sorts by name and rejects a name found twice (necessarily in two shards: one header
- * with a repeated key was already rejected by the JSON parser). */
+ * with a repeated key was already rejected by the JSON parser), and overlapping data. */
 static int st_finish(st_load *L) {
     tz_safetensors *st = L->st;
+    if (st_check_overlap(L)) return 1;
     if (st->count > 1) qsort(st->tensors, (size_t)st->count, sizeof(tz_st_tensor), st_cmp_tensor);
     for (int64_t i = 1; i < st->count; i++) {
         if (strcmp(st->tensors[i - 1].name, st->tensors[i].name) == 0)
@@ -449,6 +477,12 @@ int tz_st_tensor_to_f32(const tz_st_tensor *t, float *out, char *err, size_t err
                 "fp32", t->file, t->name, tz_dtype_name(t->dtype));
         return 1;
     }
+    for (int64_t i = 0; i < t->numel; i++)
+        if (!isfinite(out[i])) {
+            tz_errf(err, errlen, "%s: tensor '%s': element %" PRId64 " is %s: the file holds a "
+                    "non-finite value", t->file, t->name, i, isnan(out[i]) ? "NaN" : "Inf");
+            return 1;
+        }
     return 0;
 }
 

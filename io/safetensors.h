@@ -43,7 +43,8 @@ typedef struct tz_safetensors {
 
 /* Opens path: a .safetensors file, a model.safetensors.index.json, or a folder holding
  * model.safetensors or (else) model.safetensors.index.json. Every file is mapped and
- * every header entry checked before success. 0 on success; non-zero with a message in err
+ * every header entry checked before success (two tensors of one file whose data_offsets
+ * overlap are refused). 0 on success; non-zero with a message in err
  * naming the file and, where there is one, the tensor, and st left empty (safe to close). */
 int tz_st_open(tz_safetensors *st, const char *path, char *err, size_t errlen);
 /* Unmaps and frees everything; st is zeroed. Safe on a zeroed or failed-to-open st. */
@@ -56,10 +57,11 @@ const char *tz_st_metadata(const tz_safetensors *st, const char *key);
 
 /* Finds name, checks its shape equals (ndim, shape), converts F32/F16/BF16 to fp32 into
  * out (numel floats). 0, or non-zero with a message naming the file, the tensor and the
- * shapes or dtype that disagree. */
+ * shapes or dtype that disagree, or the first non-finite element. */
 int tz_st_read_f32(const tz_safetensors *st, const char *name, float *out, int ndim,
                    const int64_t *shape, char *err, size_t errlen);
-/* Converts one tensor (F32/F16/BF16) to fp32, out holds t->numel floats. 0, or non-zero. */
+/* Converts one tensor (F32/F16/BF16) to fp32, out holds t->numel floats. 0, or non-zero;
+ * a NaN or Inf element is an error naming the file, the tensor and the element. */
 int tz_st_tensor_to_f32(const tz_st_tensor *t, float *out, char *err, size_t errlen);
 /* Writes "[a, b, c]" into buf; returns buf. */
 char *tz_st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape);
@@ -80,6 +82,8 @@ typedef struct tz_st_writer {
     int64_t count, cap;
     char **meta; /* key0, value0, ... */
     int64_t nmeta, metacap;
+    int allow_nonfinite; /* 0 (init): save refuses NaN/Inf in F32/F16/BF16 tensors; 1 lets
+                          * format tests write them */
 } tz_st_writer;
 
 void tz_st_writer_init(tz_st_writer *w);
@@ -95,7 +99,8 @@ void tz_st_writer_set_metadata(tz_st_writer *w, const char *key, const char *val
  * back in header order. The order is the reference writer's: element size descending, then
  * name (strcmp), so each tensor's data is aligned to its element size; files of one dtype
  * are in plain name order. Written to path.tmp, fsynced, renamed onto path. 0, or non-zero
- * with a message (path is then untouched). A name added twice is an error. Reorders
+ * with a message (path is then untouched). A name added twice is an error, and so is a
+ * NaN or Inf in a floating tensor (named) unless w->allow_nonfinite. Reorders
  * w->entries into that layout order; w can be saved again or freed. */
 int tz_st_writer_save(tz_st_writer *w, const char *path, char *err, size_t errlen);
 

@@ -2,6 +2,7 @@
  * writes the standard layout atomically (tmp + fsync + rename). Reading is safetensors.c. */
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,7 +144,29 @@ static char *sw_header(const tz_st_writer *w, const char *path, char *err, size_
     return s;
 }
 
+/* 0 when every value of a floating entry is finite; else a message naming the tensor. */
+static int sw_check_finite(const tz_st_wentry *e, const char *path, char *err, size_t errlen) {
+    if (e->dtype != TZ_DT_F32 && e->dtype != TZ_DT_F16 && e->dtype != TZ_DT_BF16) return 0;
+    size_t es = tz_dtype_size(e->dtype);
+    int64_t n = (int64_t)(e->nbytes / es);
+    float buf[1024];
+    for (int64_t at = 0; at < n; at += 1024) {
+        int64_t k = n - at < 1024 ? n - at : 1024;
+        if (tz_dtype_to_f32(e->dtype, (const char *)e->data + (size_t)at * es, buf, k)) return 0;
+        for (int64_t i = 0; i < k; i++)
+            if (!isfinite(buf[i])) {
+                tz_errf(err, errlen, "%s: tensor '%s': element %" PRId64 " is %s: refusing to save "
+                        "a non-finite value (the training diverged or the input held one)",
+                        path, e->name, at + i, isnan(buf[i]) ? "NaN" : "Inf");
+                return 1;
+            }
+    }
+    return 0;
+}
+
 int tz_st_writer_save(tz_st_writer *w, const char *path, char *err, size_t errlen) {
+    for (int64_t i = 0; i < w->count; i++)
+        if (!w->allow_nonfinite && sw_check_finite(&w->entries[i], path, err, errlen)) return 1;
     if (w->count > 1) qsort(w->entries, (size_t)w->count, sizeof(tz_st_wentry), sw_cmp_name);
     for (int64_t i = 1; i < w->count; i++) {
         if (strcmp(w->entries[i - 1].name, w->entries[i].name) == 0) {

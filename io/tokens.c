@@ -34,6 +34,12 @@ int tz_tokens_open(tz_tokens *t, const char *path, char *err, size_t errlen) {
         return 1;
     }
     struct stat st;
+    if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s: not a token file: it is %s, expected a file", path,
+                 S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
+        close(fd);
+        return 1;
+    }
     if (fstat(fd, &st) != 0 || st.st_size < TZ_TOKENS_HEADER) {
         snprintf(err, errlen, "%s: not a token file: %lld bytes, the header alone is %d", path,
                  (long long)st.st_size, TZ_TOKENS_HEADER);

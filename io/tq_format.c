@@ -211,6 +211,15 @@ int tz_tqf_load(const tz_tqf *q, const tz_tqf_entry *e, tz_tq_tensor *t, char *e
         return 1;
     memcpy(t->codes, e->codes->data, e->codes->nbytes);
     memcpy(t->scales, e->scales->data, e->scales->nbytes); /* little-endian bf16 bits */
+    int64_t ns = (int64_t)(e->scales->nbytes / 2);
+    for (int64_t i = 0; i < ns; i++)
+        if ((t->scales[i] & 0x7f80) == 0x7f80) { /* exponent all ones: Inf or NaN */
+            tz_errf(err, errlen, "%s: tensor '%s': scale %" PRId64 " is %s: the file holds a "
+                    "non-finite value", e->scales->file, e->scales->name, i,
+                    (t->scales[i] & 0x7f) ? "NaN" : "Inf");
+            tz_tq_tensor_free(t);
+            return 1;
+        }
     return 0;
 }
 

@@ -47,12 +47,14 @@ static const tz_help_page pages[] = {
      "--scale 4 --out grid.png"},
     {"init-model", "a randomly initialised Llama (HF layout) or DiT",
      "turbozero init-model --arch llama --preset tiny|mini|small --vocab V --out DIR\n"
-     "                     [--seed S] [--tied 0|1]\n"
+     "                     [--seed S] [--tied 0|1] [--force]\n"
      "turbozero init-model --arch dit --preset tiny|small --out DIR [--seed S]\n"
-     "                     [--objective ddpm|flow]",
+     "                     [--objective ddpm|flow] [--force]",
      "  --arch llama|dit     the model family\n"
      "  --preset NAME        the size (docs/guide.md lists the presets)\n"
-     "  --out DIR            the folder to write (config.json, model.safetensors)\n"
+     "  --out DIR            the folder to write (config.json, model.safetensors); an\n"
+     "                       existing file or non-empty folder is refused\n"
+     "  --force              write into an existing --out\n"
      "  --seed S             initialisation seed (default 0)\n"
      "  --vocab V            Llama: vocabulary size (required)\n"
      "  --tied 0|1           Llama: tie the input and output embeddings\n"
@@ -70,19 +72,24 @@ static const tz_help_page pages[] = {
      "turbozero prep text --tokenizer bytes --in notes.txt --out data/notes.tok "
      "--val-fraction 0.05"},
     {"quantize", "quantize the projections of every transformer block of a Llama folder",
-     "turbozero quantize --model DIR --bits B --out DIR2 [--group G] [--method M] [--seed S]",
+     "turbozero quantize --model DIR --bits B --out DIR2 [--group G] [--method M] [--seed S]\n"
+     "                   [--force]",
      "  --model DIR        the HF-layout model to read\n"
      "  --bits B           2, 3 or 4 bits per weight\n"
-     "  --out DIR2         the quantized model folder to write\n"
+     "  --out DIR2         the quantized model folder to write; an existing file or\n"
+     "                     non-empty folder is refused, DIR itself or a folder inside it always\n"
+     "  --force            write into an existing --out (never into --model)\n"
      "  --group G          64, 128 or 256 weights per group (default 128)\n"
      "  --method M         turboquant (default) or absmax\n"
      "  --seed S           the rotation's sign seed (default 0)\n",
      "turbozero quantize --model inputs/llama/model --bits 4 --out models/q4"},
     {"export", "a quantized model back as a plain HF-layout model, every tensor F32",
-     "turbozero export --model DIR2 --dequantize --out DIR3",
+     "turbozero export --model DIR2 --dequantize --out DIR3 [--force]",
      "  --model DIR2     the (quantized) model folder to read\n"
      "  --dequantize     decode the quantized tensors (the only export there is)\n"
-     "  --out DIR3       the folder to write\n",
+     "  --out DIR3       the folder to write; an existing file or non-empty folder is\n"
+     "                   refused, DIR2 itself or a folder inside it always\n"
+     "  --force          write into an existing --out (never into --model)\n",
      "turbozero export --model models/q4 --dequantize --out models/q4-f32"},
     {"plot", "train and eval loss against steps of one or more runs, as a PNG",
      "turbozero plot RUN_DIR [RUN_DIR ...] --out curve.png",

@@ -32,7 +32,19 @@ static const char *flag(int argc, char **argv, int from, const char *name, const
     return val;
 }
 
+/* Removes the switch `name` (a flag without a value) from argv; 1 when it was there. */
+static int take_switch(int *argc, char **argv, const char *name) {
+    int n = 0, seen = 0;
+    for (int i = 0; i < *argc; i++) {
+        if (i >= 2 && !strcmp(argv[i], name)) seen = 1;
+        else argv[n++] = argv[i];
+    }
+    *argc = n;
+    return seen;
+}
+
 static int cmd_init_model(int argc, char **argv) {
+    int force = take_switch(&argc, argv, "--force");
     tz_init_args a = {0};
     tz_family_init_flags(&a); /* --vocab, --tied, --objective, ...: each family's own */
     const char *known[4 + TZ_INIT_FLAGS_MAX + 1] = {"--arch", "--preset", "--out", "--seed"};
@@ -44,6 +56,7 @@ static int cmd_init_model(int argc, char **argv) {
     for (int i = 0; i < a.n; i++) a.values[i] = flag(argc, argv, 2, a.flags[i], known);
     if (!arch || !a.preset || !a.out) TZ_FATAL("init-model: --arch, --preset and --out are required");
     a.seed = seed ? (uint64_t)tz_command_int(seed, "--seed") : 0;
+    tz_command_check_output("init-model", a.out, NULL, force);
     tz_init_model_run(arch, &a);
     return 0;
 }
@@ -83,6 +96,7 @@ static int cmd_prep(int argc, char **argv) {
 }
 
 static int cmd_quantize(int argc, char **argv) {
+    int force = take_switch(&argc, argv, "--force");
     static const char *const known[] = {"--model", "--bits", "--group", "--out", "--method",
                                         "--seed", NULL};
     const char *model = flag(argc, argv, 2, "--model", known);
@@ -92,6 +106,7 @@ static int cmd_quantize(int argc, char **argv) {
     const char *method = flag(argc, argv, 2, "--method", known);
     const char *seed = flag(argc, argv, 2, "--seed", known);
     if (!model || !bits || !out) TZ_FATAL("quantize: --model, --bits and --out are required");
+    tz_command_check_output("quantize", out, model, force);
     tz_quantize_args a = {model, out, bits, group, method, seed};
     tz_quantize_run(&a);
     return 0;
@@ -99,6 +114,7 @@ static int cmd_quantize(int argc, char **argv) {
 
 static int cmd_export(int argc, char **argv) {
     static const char *const known[] = {"--model", "--out", NULL};
+    int force = take_switch(&argc, argv, "--force");
     int deq = 0, n = 0;
     char **rest = tz_xcalloc((size_t)argc + 1, sizeof *rest);
     for (int i = 0; i < argc; i++) { /* --dequantize takes no value */
@@ -111,6 +127,7 @@ static int cmd_export(int argc, char **argv) {
     if (!model || !out || !deq)
         TZ_FATAL("export: expected 'export --model DIR --dequantize --out DIR2' (only "
                  "--dequantize is supported)");
+    tz_command_check_output("export", out, model, force);
     tz_export_run(model, out);
     return 0;
 }

@@ -2,6 +2,7 @@
  * the projections come from the family, everything else is the same for both. */
 #include "model/adapter_io.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,11 @@ static void add_host(tz_st_writer *w, const char *path, const char *name, int nd
     if (bf16) {
         uint16_t *h = tz_xmalloc((size_t)numel * sizeof *h);
         tz_dtype_from_f32(TZ_DT_BF16, f, h, numel);
+        for (int64_t i = 0; i < numel; i++)
+            if (isfinite(f[i]) && !isfinite(tz_bf16_to_f32(h[i])))
+                TZ_FATAL_HINT("the training diverged: lower optim.lr or raise optim.grad_clip",
+                              "%s: tensor '%s': element %lld = %g overflows to Inf in BF16; "
+                              "refusing to save it", path, name, (long long)i, (double)f[i]);
         free(f);
         bufs[(*n)++] = h;
     } else {

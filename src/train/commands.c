@@ -2,8 +2,14 @@
  * brings its own code, train/task_<name>.c), quantize and export onto model/llama_quant.c. */
 #include "train/commands.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "model/llama_quant.h"
@@ -14,6 +20,54 @@ int64_t tz_command_int(const char *s, const char *what) {
     long long v = strtoll(s, &end, 10);
     if (!*s || *end) TZ_FATAL("%s: expected an integer, got '%s'", what, s);
     return v;
+}
+
+/* path made absolute and free of links: realpath of its longest existing ancestor followed
+ * by the rest as typed (the part that does not exist yet cannot be a link). */
+static void command_resolve_path(const char *path, char *out, size_t cap) {
+    char head[PATH_MAX], rest[PATH_MAX] = "", tmp[PATH_MAX], real[PATH_MAX];
+    snprintf(head, sizeof head, "%s", path);
+    for (;;) {
+        size_t n = strlen(head);
+        while (n > 1 && head[n - 1] == '/') head[--n] = 0;
+        if (realpath(n ? head : ".", real)) break;
+        char *slash = strrchr(head, '/');
+        const char *last = slash ? slash + 1 : head;
+        snprintf(tmp, sizeof tmp, "%s%s%s", last, rest[0] ? "/" : "", rest);
+        snprintf(rest, sizeof rest, "%s", tmp);
+        if (!slash) head[0] = 0;
+        else if (slash == head) head[1] = 0; /* "/" */
+        else *slash = 0;
+    }
+    snprintf(out, cap, "%s%s%s", real, rest[0] && strcmp(real, "/") ? "/" : "", rest);
+}
+
+void tz_command_check_output(const char *cmd, const char *out, const char *in, int force) {
+    char ro[2 * PATH_MAX + 2], ri[PATH_MAX];
+    command_resolve_path(out, ro, sizeof ro);
+    if (in && realpath(in, ri)) {
+        size_t n = strlen(ri);
+        if (!strcmp(ro, ri) || (!strncmp(ro, ri, n) && (ri[n - 1] == '/' || ro[n] == '/')))
+            TZ_FATAL_HINT("choose an --out outside the model folder; --force does not allow "
+                          "this",
+                          "%s: --out %s is the input %s or inside it: turbozero never writes "
+                          "over its input",
+                          cmd, out, in);
+    }
+    struct stat st;
+    if (stat(out, &st)) return; /* nothing there yet */
+    int empty = 0;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(out);
+        empty = 1;
+        for (struct dirent *e; d && (e = readdir(d));)
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = 0;
+        if (d) closedir(d);
+    }
+    if (!empty && !force)
+        TZ_FATAL_HINT("choose another --out, remove it, or add --force to write over it",
+                      "%s: --out %s already exists (%s)", cmd, out,
+                      S_ISDIR(st.st_mode) ? "a folder that is not empty" : "a file");
 }
 
 void tz_init_model_run(const char *arch, const tz_init_args *a) {

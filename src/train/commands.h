@@ -11,6 +11,11 @@
 /* s as an integer; fatal naming the flag (what) otherwise. */
 int64_t tz_command_int(const char *s, const char *what);
 
+/* Fatal unless --out (out) may be written by command cmd: out must not be the input folder
+ * in (NULL when there is none) nor inside it, after links are resolved, whatever force says;
+ * an existing file or non-empty folder is refused unless force (--force). */
+void tz_command_check_output(const char *cmd, const char *out, const char *in, int force);
+
 /* A random model of family `arch` (init-model --arch), as the family's preset says; fatal
  * naming the families when there is none of that name. */
 void tz_init_model_run(const char *arch, const tz_init_args *a);

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "train/trainer.h"
 
+#include <errno.h>
 #include <math.h>
 #include <sched.h>
 #include <omp.h>
@@ -200,7 +201,7 @@ static FILE *open_rank0(const tz_config *cfg, const char *name, const char *mode
     char path[1100];
     tz_path_join(path, sizeof path, cfg->run.dir, name);
     FILE *f = fopen(path, mode);
-    if (!f) TZ_FATAL("cannot write %s", path);
+    if (!f) TZ_FATAL("cannot write %s: %s", path, strerror(errno));
     return f;
 }
 
@@ -222,7 +223,8 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         tz_config_write(cfg, &names, stdout);
         FILE *f = open_rank0(cfg, "config.used.cfg", "w");
         tz_config_write(cfg, &names, f);
-        if (fclose(f) != 0) TZ_FATAL("cannot write %s/config.used.cfg", cfg->run.dir);
+        if (fclose(f) != 0)
+            TZ_FATAL("cannot write %s/config.used.cfg: %s", cfg->run.dir, strerror(errno));
         metrics = open_rank0(cfg, "metrics.jsonl", "w");
     }
     tz_run_record rec;
@@ -282,7 +284,8 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     if (root) {
         metrics_summary(metrics, steps, steps * units, r.task->unit, now_s() - t_start, s.loss,
                         have_val ? &best : NULL, best_step, have_val ? &ev : NULL, rss_mib);
-        if (fclose(metrics) != 0) TZ_FATAL("cannot write %s/metrics.jsonl", cfg->run.dir);
+        if (fclose(metrics) != 0)
+            TZ_FATAL("cannot write %s/metrics.jsonl: %s", cfg->run.dir, strerror(errno));
         char out[1100], took[32], err[1024];
         const char *dirs[1] = {cfg->run.dir};
         tz_path_join(out, sizeof out, cfg->run.dir, "loss.png");

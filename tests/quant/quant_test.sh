@@ -154,5 +154,50 @@ perl -0777 -pi -e 's/\\"bits\\":4,\\"group\\":64/\\"bits\\":5,\\"group\\":64/' "
 expect_error "malformed quantized file" "bad/model.safetensors: __metadata__ \"turbozero_quant\": tensor model.layers.0.mlp.gate_proj.weight: bits 5 out of range (1..4)" \
   "$tz" eval $cfg --set model.path="$work/bad"
 
+# existing outputs: refused unless --force; the input never written over, even with --force
+expect_error "quantize into an existing folder" "--out $work/tq4 already exists (a folder that is not empty)" \
+  "$tz" quantize --model inputs/llama/model --bits 4 --out "$work/tq4"
+expect_error "export into an existing file" "already exists (a file)" \
+  "$tz" export --model "$work/tq4" --dequantize --out "$work/tq4.log"
+expect_error "quantize over its own input" "turbozero never writes over its input" \
+  "$tz" quantize --model "$work/tq4-f32" --bits 4 --out "$work/tq4-f32/." --force
+expect_error "export into its own input" "turbozero never writes over its input" \
+  "$tz" export --model "$work/tq4" --dequantize --out "$work/tq4/sub" --force
+ln -s "$work/tq4" "$work/tq4-link"
+expect_error "export over its input through a link" "turbozero never writes over its input" \
+  "$tz" export --model "$work/tq4" --dequantize --out "$work/tq4-link" --force
+expect_error "init-model into an existing folder" "already exists (a folder that is not empty)" \
+  "$tz" init-model --arch llama --preset tiny --vocab 256 --out "$work/tq4-f32"
+"$tz" export --model "$work/tq4" --dequantize --out "$work/tq4-f32" --force > /dev/null 2>&1 &&
+  ok "export --force writes over an existing output folder" || bad "export --force failed"
+
+# non-finite values: refused at load (file and tensor named), by quantize, eval and export
+poison() { # folder, tensor-name substring, value bytes (hex) written over its first element
+  /usr/bin/python3 - "$1/model.safetensors" "$2" "$3" <<'PY'
+import json, struct, sys
+p, part, val = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3])
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+k = sorted(k for k in h if k != "__metadata__" and part in k)[0]
+o = 8 + n + h[k]["data_offsets"][0]
+b[o:o + len(val)] = val
+open(p, "wb").write(b)
+print(k)
+PY
+}
+cp -r inputs/llama/model "$work/nan"
+nt=$(poison "$work/nan" layers.0.self_attn.q_proj.weight c07f) # BF16 NaN
+expect_error "quantize of a NaN model" "nan/model.safetensors: tensor '$nt': element 0 is NaN" \
+  "$tz" quantize --model "$work/nan" --bits 4 --out "$work/nanq"
+expect_error "eval of a NaN model" "tensor '$nt': element 0 is NaN" \
+  "$tz" eval $cfg --set model.path="$work/nan"
+cp -r "$work/tq4" "$work/infs"
+st=$(poison "$work/infs" layers.1.mlp.up_proj.weight.tq_scales 807f) # BF16 +Inf
+expect_error "eval with an Inf scale" "tensor '$st': scale 0 is Inf" \
+  "$tz" eval $cfg --set model.path="$work/infs"
+expect_error "export with an Inf scale" "tensor '$st': scale 0 is Inf" \
+  "$tz" export --model "$work/infs" --dequantize --out "$work/infs-f32"
+
 echo "quant: $pass passed, $fail failed"
 [ $fail -eq 0 ]

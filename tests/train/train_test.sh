@@ -80,5 +80,10 @@ cmp -s "$work/a/metrics.jsonl" "$work/keep.jsonl" && ok "existing run's metrics 
 printf 'garbage' > "$work/bad.tok"
 expect_error "malformed token file" "bad.tok: not a token file" \
   "$tz" eval inputs/llama/finetune.cfg --set data.val="$work/bad.tok"
+expect_error "a directory as token file" "not a token file: it is a directory" \
+  "$tz" eval inputs/llama/finetune.cfg --set data.val="$work"
+mkdir -p "$work/e2/config.used.cfg" # a folder where a file must go: the reason is given
+expect_error "write error with its reason" "config.used.cfg: Is a directory" \
+  "$tz" train inputs/llama/finetune.cfg "${common[@]}" --set run.dir="$work/e2"
 
 finish train

@@ -96,6 +96,7 @@ static void test_roundtrip(void) {
     char err[1024];
     tz_st_writer w;
     tz_st_writer_init(&w);
+    w.allow_nonfinite = 1; /* the reader's conversions of -0, Inf and NaN are tested below */
     const int64_t s_f32[2] = {3, 5}, s_bf[3] = {4, 2, 3}, s_h[1] = {7}, s_i32[2] = {2, 2},
                   s_empty[2] = {0, 4}, s_i8[1] = {5};
     int rc = add(&w, "model.embed.weight", TZ_DT_F32, 2, s_f32, g_f32) |
@@ -203,12 +204,21 @@ static void test_roundtrip(void) {
 
     float out[24];
     rc = tz_st_read_f32(&st, "model.embed.weight", out, 2, s_f32, err, sizeof err);
+    check(rc != 0 && strstr(err, "rt.safetensors") && strstr(err, "'model.embed.weight'") &&
+              strstr(err, "non-finite"),
+          "read_f32 refuses a tensor holding Inf or NaN: %s", rc ? err : "(accepted!)");
+    const tz_st_tensor *te = tz_st_find(&st, "model.embed.weight");
+    rc = tz_dtype_to_f32(te->dtype, te->data, out, te->numel);
     check(rc == 0 && memcmp(out, g_f32, sizeof g_f32) == 0,
-          "read_f32 F32: bit-identical (-0, inf, NaN payload, subnormal)");
+          "F32 data: bit-identical (-0, inf, NaN payload, subnormal)");
     rc = tz_st_read_f32(&st, "b.bf16", out, 3, s_bf, err, sizeof err);
     check(rc == 0 && memcmp(out, g_bf, sizeof g_bf) == 0, "read_f32 BF16: exact");
     rc = tz_st_read_f32(&st, "c.f16", out, 1, s_h, err, sizeof err);
-    check(rc == 0 && memcmp(out, g_h, sizeof g_h) == 0, "read_f32 F16: exact incl. subnormal, inf");
+    check(rc != 0 && strstr(err, "'c.f16'") && strstr(err, "is Inf"),
+          "read_f32 F16 refuses inf: %s", rc ? err : "(accepted!)");
+    te = tz_st_find(&st, "c.f16");
+    rc = tz_dtype_to_f32(te->dtype, te->data, out, te->numel);
+    check(rc == 0 && memcmp(out, g_h, sizeof g_h) == 0, "F16 data: exact incl. subnormal, inf");
     const int64_t wrong[2] = {4, 6};
     rc = tz_st_read_f32(&st, "b.bf16", out, 2, wrong, err, sizeof err);
     check(rc && strstr(err, "rt.safetensors") && strstr(err, "'b.bf16'") &&
@@ -246,6 +256,18 @@ static void test_writer_errors(void) {
     add(&w, "x", TZ_DT_F32, 1, two, d);
     rc = tz_st_writer_save(&w, TMP "/no/such/dir/x.safetensors", err, sizeof err);
     check(rc && strstr(err, "x.safetensors"), "writer into a missing folder fails -> %s", err);
+    {
+        tz_st_writer wn;
+        tz_st_writer_init(&wn);
+        uint16_t hb[2] = {0x3f80, 0x7fc0}; /* 1, NaN (BF16) */
+        add(&wn, "ok", TZ_DT_F32, 1, two, d);
+        add(&wn, "bad.bf16", TZ_DT_BF16, 1, two, hb);
+        rc = tz_st_writer_save(&wn, TMP "/nan_w.safetensors", err, sizeof err);
+        check(rc && strstr(err, "nan_w.safetensors") && strstr(err, "'bad.bf16'") &&
+                  strstr(err, "element 1 is NaN") && stat(TMP "/nan_w.safetensors", &sb) != 0,
+              "writer refuses a NaN, writes nothing -> %s", err);
+        tz_st_writer_free(&wn);
+    }
     /* single-file folder: overwrite an existing file atomically, open by folder */
     mkdir(TMP "/single", 0755);
     write_bytes(TMP "/single/model.safetensors", "garbage", 7);
@@ -263,7 +285,7 @@ static void test_writer_errors(void) {
 
 static void save_shard(const char *path, const char *n1, const char *n2, int meta) {
     static float a[6] = {1, 2, 3, 4, 5, 6};
-    static uint16_t b[8] = {0x3f80, 0x4000, 0xbf80, 0x0001, 0x7f80, 0, 0x8000, 0x4049};
+    static uint16_t b[8] = {0x3f80, 0x4000, 0xbf80, 0x0001, 0x4080, 0, 0x8000, 0x4049};
     const int64_t sa[2] = {2, 3}, sb[2] = {4, 2};
     char err[512];
     tz_st_writer w;
@@ -315,7 +337,7 @@ static void test_sharded(void) {
     int ok = rc == 0 && out[0] == 1 && out[5] == 6;
     rc = tz_st_read_f32(&st, "lm_head.weight", out, 2, sb, err, sizeof err);
     ok &= rc == 0 && out[0] == 1 && out[1] == 2 && out[2] == -1 && out[3] == ldexpf(1, -133) &&
-          isinf(out[4]) && out[5] == 0 && signbit(out[6]) && out[7] == 3.140625f;
+          out[4] == 4 && out[5] == 0 && signbit(out[6]) && out[7] == 3.140625f;
     check(ok, "read_f32 across shards (F32 and BF16) exact");
     const char *fmt = tz_st_metadata(&st, "format");
     check(fmt && strcmp(fmt, "pt") == 0, "shard __metadata__ readable through the folder");
@@ -441,6 +463,10 @@ static void test_malformed(void) {
               "\"data_offsets\": [0, 4]}, \"w\": {\"dtype\": \"F32\", \"shape\": [1], "
               "\"data_offsets\": [4, 8]}}", 8);
     expect_reject("name twice in one header", p, "dupkey.safetensors", "duplicate", NULL);
+    write_hdr(BAD("overlap.safetensors"), "{\"w\": {\"dtype\": \"F32\", \"shape\": [2], "
+              "\"data_offsets\": [0, 8]}, \"v\": {\"dtype\": \"F32\", \"shape\": [1], "
+              "\"data_offsets\": [4, 8]}}", 8);
+    expect_reject("overlapping data_offsets", p, "overlap.safetensors", "'w' and 'v' overlap", NULL);
     write_hdr(BAD("meta_val.safetensors"), "{\"__metadata__\": {\"format\": 1}}", 0);
     expect_reject("metadata value not a string", p, "meta_val.safetensors", "\"format\"",
                   "expected a string");
