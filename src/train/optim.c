@@ -104,6 +104,16 @@ void tz_shard_thread_range(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = *lo + per < n ? *lo + per : n;
 }
 
+void tz_host_copy(void *dst, const void *src, size_t bytes) {
+    const int64_t n = (int64_t)bytes;
+#pragma omp parallel if (n >= 32768 * 4)
+    {
+        int64_t lo, hi;
+        tz_shard_thread_range(n, &lo, &hi);
+        if (hi > lo) memcpy((char *)dst + lo, (const char *)src + lo, (size_t)(hi - lo));
+    }
+}
+
 size_t tz_shard_step_bytes(const tz_shard *s) {
     /* read master, gradient, decay flag and states; write master and states */
     return 2 * sizeof(float) + 1 + (size_t)s->opt->n_states * 2 * sizeof(float) + sizeof(float);

@@ -96,6 +96,9 @@ void tz_shard_update(tz_shard *s, const tz_optim_hparams *h, int64_t t, float gr
 /* Inside a parallel region: this thread's part of n elements, equal parts cut at multiples
  * of 16 elements (64 bytes). */
 void tz_shard_thread_range(int64_t n, int64_t *lo, int64_t *hi);
+/* memcpy of host memory on every thread (one part each) when it is large (>= 128 KiB): the
+ * host step's copies at memory bandwidth; the same bytes as memcpy. */
+void tz_host_copy(void *dst, const void *src, size_t bytes);
 /* Bytes a step reads and writes per element (AdamW: 29). */
 size_t tz_shard_step_bytes(const tz_shard *s);
 /* "master, grad_acc, decay, exp_avg, exp_avg_sq" into buf. */

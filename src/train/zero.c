@@ -117,12 +117,7 @@ void tz_zero_begin_micro(tz_zero *z, int last) {
 #define PAR_MIN 32768 /* elements below which a loop runs on the calling thread */
 
 static void host_copy(float *restrict dst, const float *restrict src, int64_t n) {
-#pragma omp parallel if (n >= PAR_MIN)
-    {
-        int64_t lo, hi;
-        tz_shard_thread_range(n, &lo, &hi);
-        if (hi > lo) memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
-    }
+    tz_host_copy(dst, src, (size_t)n * sizeof(float));
 }
 
 static void host_add(float *restrict dst, const float *restrict src, int64_t n) {

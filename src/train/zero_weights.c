@@ -2,28 +2,12 @@
  * unpacking the updated weights of one bucket slice. Communication is train/zero.c's. */
 #include "train/zero_weights.h"
 
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "quant/turboquant.h"
-
-/* memcpy on every thread for large blocks (host memory at bandwidth; the same bytes). */
-static void par_copy(void *dst, const void *src, size_t bytes) {
-    const size_t min = (size_t)1 << 17;
-    if (bytes < min) {
-        memcpy(dst, src, bytes);
-        return;
-    }
-#pragma omp parallel
-    {
-        const size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
-        const size_t per = (bytes / nt + 63) & ~(size_t)63;
-        const size_t lo = t * per < bytes ? t * per : bytes, hi = lo + per < bytes ? lo + per : bytes;
-        if (hi > lo) memcpy((char *)dst + lo, (const char *)src + lo, hi - lo);
-    }
-}
+#include "train/optim.h"
 
 static int64_t piece_bytes(const tz_param *p, int64_t n) {
     if (!p->q) return 4 * n;
@@ -146,7 +130,7 @@ void tz_zero_weights_pack(const tz_zero_weights *zw, int b, int r, const float *
         const float *src = slice + c->in_slice;
         uint8_t *dst = chunk + c->at;
         if (!q) {
-            par_copy(dst, src, (size_t)c->bytes);
+            tz_host_copy(dst, src, (size_t)c->bytes);
             continue;
         }
         const int64_t ng = c->n / q->group, cbytes = c->n * q->bits / 8;
@@ -165,7 +149,7 @@ void tz_zero_weights_unpack(const tz_zero_weights *zw, tz_backend *be, int b, in
         const uint8_t *src = chunk + c->at;
         if (!p->q) {
             if (be->device) be->upload(be, p->w + c->off, src, (size_t)c->bytes);
-            else par_copy(p->w + c->off, src, (size_t)c->bytes); /* host memory: every thread */
+            else tz_host_copy(p->w + c->off, src, (size_t)c->bytes); /* host memory: every thread */
             continue;
         }
         const tz_qweight *q = p->q;
