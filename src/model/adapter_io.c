@@ -97,7 +97,7 @@ static void download_quant(tz_backend *be, const tz_param *p, tz_tq_tensor *t, c
                  (size_t)tz_tq_scales_count(t->rows, t->cols, t->group) * sizeof *t->scales);
 }
 
-int tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
+int tz_params_save(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
                          const tz_tensor_view *views, int n_views, const tz_quant_opts *quant) {
     tz_st_writer w;
     tz_st_writer_init(&w);
@@ -186,7 +186,7 @@ void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char 
     snprintf(c.task_type, sizeof c.task_type, "%s", task_type ? task_type : "");
     tz_adapter_base_quant(ps, &c);
     tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
-    tz_params_save_dense(ps, be, path, 1, 0, NULL, 0, NULL);
+    tz_params_save(ps, be, path, 1, 0, NULL, 0, NULL);
     tz_path_join(path, sizeof path, dir, "adapter_config.json");
     if (tz_peft_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }

@@ -1,5 +1,5 @@
 /* LoRA adapters of any model family in PEFT layout (adapter_config.json and
- * adapter_model.safetensors), and the plain write of a parameter table's dense tensors. The
+ * adapter_model.safetensors), and the write of a parameter table (dense, or quantized). The
  * families pass the names of their projections; formats are in io/ (peft, safetensors). */
 #ifndef TZ_ADAPTER_IO_H
 #define TZ_ADAPTER_IO_H
@@ -39,7 +39,7 @@ typedef struct tz_tensor_view {
  * nearest even); quantized ones, with quant given, in the quantized layout of io/tq_format.h
  * (codes, scales and the metadata, whose top-level method/bits/group/seed are *quant's), or
  * with quant NULL dequantized like the dense ones. Returns the number written quantized. */
-int tz_params_save_dense(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
+int tz_params_save(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
                          const tz_tensor_view *views, int n_views, const tz_quant_opts *quant);
 
 #endif
