@@ -1,5 +1,6 @@
 /* Token file reading (mmap, validated up front) and writing (atomic), and byte-level
- * preparation of a text. Real tokenizers are not here: bring pre-tokenized files. */
+ * preparation of a text. Real tokenizers are io/tokenizer.c;
+ * preparation with them is io/prep.c. */
 #include "io/tokens.h"
 
 #include <errno.h>
@@ -58,24 +59,32 @@ int tz_tokens_open(tz_tokens *t, const char *path, char *err, size_t errlen) {
     uint32_t version = rd32(h + 8);
     t->width = rd32(h + 12);
     t->vocab = rd32(h + 16);
+    uint32_t flags = rd32(h + 20);
     uint64_t count = rd64(h + 24);
+    t->version = version;
+    int has_mask = version >= 2 && (flags & TZ_TOKENS_FLAG_MASK);
+    uint64_t avail = t->map_bytes - TZ_TOKENS_HEADER;
     const char *why = NULL;
     char buf[160];
     if (memcmp(h, TZ_TOKENS_MAGIC, 8) != 0)
         why = "bad magic (expected \"TZTOKENS\"; make one with `turbozero prep text`)";
-    else if (version != TZ_TOKENS_VERSION)
-        snprintf(buf, sizeof buf, "version %u, this build reads version %u", version,
+    else if (version < 1 || version > TZ_TOKENS_VERSION)
+        snprintf(buf, sizeof buf, "version %u, this build reads versions 1 to %u", version,
                  TZ_TOKENS_VERSION), why = buf;
+    else if ((version == 1 && flags) || (flags & ~TZ_TOKENS_FLAG_MASK))
+        snprintf(buf, sizeof buf, "unknown flags 0x%x for version %u", flags, version), why = buf;
     else if (t->width != 1 && t->width != 2 && t->width != 4)
         snprintf(buf, sizeof buf, "token width %u, expected 1, 2 or 4 bytes", t->width), why = buf;
     else if (t->vocab == 0 || (t->width < 4 && t->vocab > (1u << (8 * t->width))))
         snprintf(buf, sizeof buf, "vocab %u does not fit %u-byte tokens", t->vocab, t->width),
             why = buf;
-    else if (count > (uint64_t)(t->map_bytes - TZ_TOKENS_HEADER) / t->width ||
-             TZ_TOKENS_HEADER + count * t->width != t->map_bytes)
-        snprintf(buf, sizeof buf, "header says %llu tokens (%llu bytes) but the file has %zu",
-                 (unsigned long long)count,
-                 (unsigned long long)(TZ_TOKENS_HEADER + count * t->width), t->map_bytes),
+    else if (count > avail / t->width ||
+             TZ_TOKENS_HEADER + count * t->width + (has_mask ? (count + 7) / 8 : 0) != t->map_bytes)
+        snprintf(buf, sizeof buf, "header says %llu tokens%s (%llu bytes) but the file has %zu",
+                 (unsigned long long)count, has_mask ? " and a loss mask" : "",
+                 (unsigned long long)(TZ_TOKENS_HEADER + count * t->width +
+                                      (has_mask ? (count + 7) / 8 : 0)),
+                 t->map_bytes),
             why = buf;
     if (why) {
         snprintf(err, errlen, "%s: %s", path, why);
@@ -84,6 +93,7 @@ int tz_tokens_open(tz_tokens *t, const char *path, char *err, size_t errlen) {
     }
     t->count = (int64_t)count;
     t->tokens = t->data + TZ_TOKENS_HEADER;
+    t->mask = has_mask ? t->tokens + count * t->width : NULL;
     if (t->width < 4 || t->vocab < UINT32_MAX) {
         for (int64_t i = 0; i < t->count; i++) {
             uint32_t v = (uint32_t)tz_tokens_at(t, i);
@@ -109,12 +119,18 @@ void tz_tokens_read(const tz_tokens *t, int64_t start, int64_t n, int32_t *out) 
 
 int tz_tokens_write(const char *path, const uint32_t *tok, int64_t n, uint32_t vocab, char *err,
                     size_t errlen) {
+    return tz_tokens_write_masked(path, tok, NULL, n, vocab, err, errlen);
+}
+
+int tz_tokens_write_masked(const char *path, const uint32_t *tok, const uint8_t *mask, int64_t n,
+                           uint32_t vocab, char *err, size_t errlen) {
     uint32_t width = vocab <= 256 ? 1 : vocab <= 65536 ? 2 : 4;
     uint8_t h[TZ_TOKENS_HEADER] = {0};
     memcpy(h, TZ_TOKENS_MAGIC, 8);
-    wr32(h + 8, TZ_TOKENS_VERSION);
+    wr32(h + 8, mask ? 2u : 1u);
     wr32(h + 12, width);
     wr32(h + 16, vocab);
+    wr32(h + 20, mask ? TZ_TOKENS_FLAG_MASK : 0u);
     wr64(h + 24, (uint64_t)n);
     tz_atomic_file f;
     if (tz_atomic_file_open(&f, path, err, errlen)) return 1;
@@ -130,6 +146,15 @@ int tz_tokens_write(const char *path, const uint32_t *tok, int64_t n, uint32_t v
                 return 1;
             }
             for (uint32_t b = 0; b < width; b++) buf[k++] = (uint8_t)(tok[i] >> (8 * b));
+        }
+        rc = tz_atomic_file_write(&f, buf, k, err, errlen);
+    }
+    for (int64_t i = 0; mask && i < n && !rc;) { /* the mask, 8 tokens a byte */
+        size_t k = 0;
+        for (; i < n && k < sizeof buf; i += 8) {
+            uint8_t bits = 0;
+            for (int64_t j = i; j < i + 8 && j < n; j++) bits |= (uint8_t)((mask[j] != 0) << (j - i));
+            buf[k++] = bits;
         }
         rc = tz_atomic_file_write(&f, buf, k, err, errlen);
     }

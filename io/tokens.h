@@ -1,15 +1,18 @@
 /* Token files: a 64-byte little-endian header (magic, version, dtype, vocab, count) then the
  * tokens, and the byte-level text preparation. Knows the format, not batching or training.
  *
- * Layout (version 1), all integers little-endian:
+ * Layout (version 2), all integers little-endian:
  *   0  char[8]  magic "TZTOKENS"
- *   8  u32      version = 1
+ *   8  u32      version = 2 (1: flags are 0)
  *  12  u32      bytes per token: 1 (u8), 2 (u16) or 4 (u32)
  *  16  u32      vocab size V (every token < V)
- *  20  u32      reserved, 0
+ *  20  u32      flags: bit 0 = a loss mask follows the tokens
  *  24  u64      token count N
  *  32  u8[32]   reserved, 0
  *  64  tokens   N * (bytes per token)
+ *      mask     with flag bit 0: ceil(N / 8) bytes, bit i % 8 of byte i / 8 set when token i
+ *               is trained as a target (a response token); clear: it is context only
+ * Files without a mask are written as version 1, which every reader of version 1 reads.
  */
 #ifndef TZ_TOKENS_H
 #define TZ_TOKENS_H
@@ -17,7 +20,8 @@
 #include <stdint.h>
 
 #define TZ_TOKENS_MAGIC "TZTOKENS"
-#define TZ_TOKENS_VERSION 1u
+#define TZ_TOKENS_VERSION 2u
+#define TZ_TOKENS_FLAG_MASK 1u
 #define TZ_TOKENS_HEADER 64
 
 typedef struct tz_tokens {
@@ -28,6 +32,8 @@ typedef struct tz_tokens {
     const uint8_t *data; /* mmap of the whole file */
     size_t map_bytes;
     const uint8_t *tokens; /* data + header */
+    const uint8_t *mask;   /* the loss mask bits, or NULL: every token is trained */
+    uint32_t version;
 } tz_tokens;
 
 /* Open and validate (magic, version, width, size agrees with count, every token < vocab).
@@ -40,12 +46,20 @@ static inline int32_t tz_tokens_at(const tz_tokens *t, int64_t i) {
     if (t->width == 2) return (int32_t)(p[0] | (uint32_t)p[1] << 8);
     return (int32_t)(p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
 }
+/* Whether token i is trained as a target (always, without a mask). */
+static inline int tz_tokens_trained(const tz_tokens *t, int64_t i) {
+    return !t->mask || (t->mask[i >> 3] >> (i & 7) & 1);
+}
 /* out[i] = token[start + i], i < n. */
 void tz_tokens_read(const tz_tokens *t, int64_t start, int64_t n, int32_t *out);
 
 /* Write n tokens (each < vocab) with the narrowest width; to path.tmp, fsync, rename. */
 int tz_tokens_write(const char *path, const uint32_t *tok, int64_t n, uint32_t vocab, char *err,
                     size_t errlen);
+/* The same with a loss mask, one byte per token (non-zero: trained), as version 2; mask NULL
+ * writes version 1 as tz_tokens_write. */
+int tz_tokens_write_masked(const char *path, const uint32_t *tok, const uint8_t *mask, int64_t n,
+                           uint32_t vocab, char *err, size_t errlen);
 
 /* Byte-level tokenizer: token = byte value, vocab 256. The last val_fraction of the text
  * (cut at a byte) goes to val_path, the rest to out_path; val_fraction = 0 writes every

@@ -10,6 +10,7 @@
 #include "help.h"
 #include "io/config.h"
 #include "io/loss_plot.h"
+#include "io/prep.h"
 #include "io/tokens.h"
 #include "mpi/comm.h"
 #include "mpi/world.h"
@@ -62,23 +63,29 @@ static int cmd_init_model(int argc, char **argv) {
 }
 
 static int cmd_prep(int argc, char **argv) {
-    if (argc < 3 || strcmp(argv[2], "text"))
-        TZ_FATAL("prep: expected 'prep text --tokenizer bytes --in TEXT --out FILE'");
-    static const char *const known[] = {"--tokenizer", "--in", "--out", "--val-fraction", "--val-out", NULL};
+    int jsonl = argc >= 3 && !strcmp(argv[2], "jsonl");
+    if (argc < 3 || (strcmp(argv[2], "text") && !jsonl))
+        TZ_FATAL("prep: expected 'prep text --tokenizer TOK --in TEXT --out FILE' or 'prep jsonl "
+                 "--tokenizer TOK --in DATA.jsonl --out FILE'");
+    const char *cmd = jsonl ? "prep jsonl" : "prep text";
+    static const char *const known[] = {"--tokenizer", "--in", "--out", "--val-fraction", "--val-out",
+                                        "--template", NULL};
     const char *tok = flag(argc, argv, 3, "--tokenizer", known);
     const char *in = flag(argc, argv, 3, "--in", known);
     const char *out = flag(argc, argv, 3, "--out", known);
     const char *vf = flag(argc, argv, 3, "--val-fraction", known);
     const char *vout = flag(argc, argv, 3, "--val-out", known);
-    if (!in || !out) TZ_FATAL("prep text: --in and --out are required");
-    if (tok && strcmp(tok, "bytes"))
-        TZ_FATAL_HINT("tokenize elsewhere and write the token file format of docs/guide.md",
-                      "prep text: --tokenizer %s: only 'bytes' is built in", tok);
+    const char *tmpl = flag(argc, argv, 3, "--template", known);
+    if (!in || !out) TZ_FATAL("%s: --in and --out are required", cmd);
+    if (!tok && jsonl)
+        TZ_FATAL_HINT("give the model's tokenizer.json or its folder",
+                      "prep jsonl: --tokenizer is required");
+    if (tmpl && !jsonl) TZ_FATAL("prep text: --template is for prep jsonl");
     double frac = 0.0;
     if (vf) {
         char *end;
         frac = strtod(vf, &end);
-        if (!*vf || *end) TZ_FATAL("prep text: --val-fraction %s: expected a number in [0, 1)", vf);
+        if (!*vf || *end) TZ_FATAL("%s: --val-fraction %s: expected a number in [0, 1)", cmd, vf);
     }
     char vpath[1024];
     if (vout) {
@@ -90,8 +97,12 @@ static int cmd_prep(int argc, char **argv) {
         else
             snprintf(vpath, sizeof vpath, "%s.val", out);
     }
-    char err[1024];
-    if (tz_tokens_prep_bytes(in, out, vpath, frac, err, sizeof err)) TZ_FATAL("prep text: %s", err);
+    char err[2048];
+    int rc = jsonl ? tz_prep_jsonl(tok, in, out, vpath, frac, tmpl, err, sizeof err)
+             : !tok || !strcmp(tok, "bytes")
+                 ? tz_tokens_prep_bytes(in, out, vpath, frac, err, sizeof err)
+                 : tz_prep_text(tok, in, out, vpath, frac, err, sizeof err);
+    if (rc) TZ_FATAL("%s: %s", cmd, err);
     return 0;
 }
 

@@ -38,14 +38,38 @@ void tz_data_init(tz_data *d, const tz_tokens *tok, int64_t seq_len, uint64_t se
                       "%s: %lld tokens hold no window of data.seq_len + 1 = %lld tokens",
                       tok->path, (long long)tok->count, (long long)seq_len + 1);
     tz_order_init(&d->order, d->nwin, seed);
+    d->wterms = NULL;
+    if (tok->mask) {
+        d->wterms = tz_xmalloc((size_t)d->nwin * sizeof *d->wterms);
+        for (int64_t w = 0; w < d->nwin; w++) {
+            int32_t c = 0;
+            for (int64_t j = 1; j <= seq_len; j++) c += tz_tokens_trained(tok, w * seq_len + j);
+            d->wterms[w] = c;
+        }
+    }
 }
 
-void tz_data_free(tz_data *d) { tz_order_free(&d->order); }
+void tz_data_free(tz_data *d) {
+    tz_order_free(&d->order);
+    free(d->wterms);
+    d->wterms = NULL;
+}
+
+int64_t tz_data_terms(tz_data *d, int64_t first, int64_t n, int file_order) {
+    if (!d->wterms) return n * d->T;
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++)
+        c += d->wterms[file_order ? first + i : tz_order_at(&d->order, first + i)];
+    return c;
+}
 
 void tz_data_window(const tz_data *d, int64_t w, int32_t *inputs, int32_t *targets) {
     int64_t start = w * d->T;
     tz_tokens_read(d->tok, start, d->T, inputs);
     tz_tokens_read(d->tok, start + 1, d->T, targets);
+    if (d->tok->mask)
+        for (int64_t j = 0; j < d->T; j++)
+            if (!tz_tokens_trained(d->tok, start + 1 + j)) targets[j] = -1;
 }
 
 void tz_data_batch(tz_data *d, int64_t first, int64_t n, int32_t *inputs, int32_t *targets) {

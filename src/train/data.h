@@ -26,6 +26,7 @@ typedef struct tz_data {
     int64_t T;        /* seq_len */
     int64_t nwin;     /* windows in the file */
     tz_order order;
+    int32_t *wterms;  /* with a loss mask: the trained targets of each window; else NULL */
 } tz_data;
 
 /* Fatal (naming the file) when the file holds no complete window. */
@@ -34,7 +35,11 @@ void tz_data_free(tz_data *d);
 /* Rows [first, first+n) of the global sample sequence (tz_order) into inputs and targets,
  * [n*T] each. */
 void tz_data_batch(tz_data *d, int64_t first, int64_t n, int32_t *inputs, int32_t *targets);
-/* Window w in file order (no permutation), for evaluation. */
+/* Window w in file order (no permutation), for evaluation. Targets the loss mask leaves out
+ * are -1 (no loss, no gradient). */
 void tz_data_window(const tz_data *d, int64_t w, int32_t *inputs, int32_t *targets);
+/* The trained targets (loss terms) of samples [first, first+n) of the global order, or of
+ * windows [first, first+n) in file order when file_order; n*T without a loss mask. */
+int64_t tz_data_terms(tz_data *d, int64_t first, int64_t n, int file_order);
 
 #endif

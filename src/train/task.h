@@ -35,6 +35,11 @@ struct tz_task {
      * the loss terms. */
     double (*train_rows)(tz_task *t, int64_t first, float dloss);
     double (*eval_rows)(tz_task *t, int64_t first, int64_t n);
+    /* Set by open when not every row element is a loss term (a token file's loss mask): the
+     * loss terms of training rows first .. first+n-1 of the shared order (val = 0) or of
+     * validation rows (val = 1). The same on every rank: the loop divides by it. NULL:
+     * n * row_elems. */
+    int64_t (*terms)(tz_task *t, int val, int64_t first, int64_t n);
 };
 
 /* What a family's task does itself (train/task_<name>.c); the rest is task.c's. */

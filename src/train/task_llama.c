@@ -41,6 +41,12 @@ static void open_tokens(tz_tokens *t, const char *path, const char *key, int64_t
                       (long long)vocab);
 }
 
+/* The loss terms of a masked token file: its trained targets. */
+static int64_t llama_terms(tz_task *t, int val, int64_t first, int64_t n) {
+    llama_task *k = (llama_task *)t;
+    return val ? tz_data_terms(&k->val, first, n, 1) : tz_data_terms(&k->data, first, n, 0);
+}
+
 static void open_task(tz_task *t) {
     llama_task *k = (llama_task *)t;
     const tz_config *cfg = t->cfg;
@@ -59,9 +65,9 @@ static void open_task(tz_task *t) {
         open_tokens(&k->train_tok, cfg->data.train, "data.train", m->d.vocab);
         tz_data_init(&k->data, &k->train_tok, T, (uint64_t)cfg->run.seed);
         t->n_train = k->data.nwin;
-        snprintf(t->data_line, sizeof t->data_line, "%s: %lld tokens, %lld windows of %lld",
+        snprintf(t->data_line, sizeof t->data_line, "%s: %lld tokens, %lld windows of %lld%s",
                  cfg->data.train, (long long)k->train_tok.count, (long long)k->data.nwin,
-                 (long long)T);
+                 (long long)T, k->train_tok.mask ? ", loss on the masked-in (response) tokens" : "");
     }
     k->have_val = cfg->data.val[0] != 0;
     if (k->have_val) {
@@ -69,6 +75,7 @@ static void open_task(tz_task *t) {
         tz_data_init(&k->val, &k->val_tok, T, 0);
         t->n_val = k->val.nwin;
     }
+    if ((t->training && k->train_tok.mask) || (k->have_val && k->val_tok.mask)) t->terms = llama_terms;
     k->in = tz_xmalloc((size_t)(B * T) * sizeof *k->in);
     k->tg = tz_xmalloc((size_t)(B * T) * sizeof *k->tg);
 }

@@ -94,7 +94,7 @@ static eval_result evaluate(run *r, int64_t limit, int progress) {
     tz_task *t = r->task;
     const int64_t B = r->B, N = r->N, rank = r->comm->rank;
     int64_t n = limit > 0 && limit < t->n_val ? limit : t->n_val;
-    double sum[2] = {0.0, 0.0}; /* loss terms, rows */
+    double sum[3] = {0.0, 0.0, 0.0}; /* loss, rows, loss terms */
     const int64_t mine = n > rank * B ? (n - rank * B + B * N - 1) / (B * N) : 0; /* my batches */
     const double t0 = now_s();
     int64_t done = 0, tenth = 0;
@@ -102,6 +102,7 @@ static eval_result evaluate(run *r, int64_t limit, int progress) {
         int64_t rows = n - first < B ? n - first : B;
         sum[0] += t->eval_rows(t, first, rows);
         sum[1] += (double)rows;
+        sum[2] += t->terms ? (double)t->terms(t, 1, first, rows) : (double)(rows * t->row_elems);
         done++;
         if (progress && rank == 0 && done * 10 / mine > tenth) {
             tenth = done * 10 / mine;
@@ -116,8 +117,8 @@ static eval_result evaluate(run *r, int64_t limit, int progress) {
             }
         }
     }
-    if (N > 1) tz_comm_all_reduce(r->comm, sum, sum, 2, TZ_DT_F64);
-    eval_result e = {sum[0] / (sum[1] * (double)t->row_elems), (int64_t)sum[1] * t->row_count};
+    if (N > 1) tz_comm_all_reduce(r->comm, sum, sum, 3, TZ_DT_F64);
+    eval_result e = {sum[0] / (sum[2] > 0.0 ? sum[2] : 1.0), (int64_t)sum[1] * t->row_count};
     return e;
 }
 
@@ -130,7 +131,13 @@ typedef struct step_result {
 static step_result train_step(run *r, int64_t step) {
     const tz_config *cfg = r->cfg;
     const int64_t B = r->B, A = r->accum, N = r->N, rank = r->comm->rank;
-    const double total = (double)(B * r->task->row_elems * A * N);
+    /* the loss is the mean over the step's loss terms: every row element, or the trained
+     * tokens of a loss mask (counted alike on every rank, so any N gives the same step) */
+    double total = (double)(B * r->task->row_elems * A * N);
+    if (r->task->terms) {
+        total = (double)r->task->terms(r->task, 0, step * A * N * B, A * N * B);
+        if (total < 1.0) total = 1.0; /* no trained token in the step: loss and gradient 0 */
+    }
     tz_zero_begin_step(&r->z);
     double lsum = 0.0;
     for (int64_t k = 0; k < A; k++) {

@@ -1,0 +1,29 @@
+/* Token files from text and from instruction data (JSONL) with a real tokenizer
+ * (io/tokenizer.h); the byte-level text preparation stays in io/tokens.h.
+ *
+ * JSONL: one record per line, blank lines skipped, each an object with either
+ *   "prompt" and "response" (strings; optional "system" string), or
+ *   "messages": [{"role": "system"|"user"|"assistant", "content": string}, ...], or
+ *   "text" (a string, all of it trained).
+ * A record becomes its chat template's tokens, BOS first and EOS (or the template's end of
+ * turn) last; only the assistant's tokens and the end token after each are trained (the loss
+ * mask of the token file). Records are laid end to end in file order: a window of seq_len
+ * tokens is cut from that stream at a fixed stride, so it may hold the end of one record and
+ * the start of the next, and attention crosses that boundary (no packing with isolation). */
+#ifndef TZ_PREP_H
+#define TZ_PREP_H
+#include <stddef.h>
+
+/* Text through the tokenizer (no BOS or EOS added; special tokens in the text are text).
+ * The last val_fraction of the tokens goes to val_path. Prints what it wrote. */
+int tz_prep_text(const char *tokenizer, const char *in_path, const char *out_path,
+                 const char *val_path, double val_fraction, char *err, size_t errlen);
+
+/* JSONL records with a chat template: "llama3", "llama2", "chatml", "plain", or NULL for the
+ * tokenizer's own (llama3 when it has <|start_header_id|>, llama2 for a SentencePiece
+ * vocabulary, otherwise plain). The last val_fraction of the records goes to val_path. */
+int tz_prep_jsonl(const char *tokenizer, const char *in_path, const char *out_path,
+                  const char *val_path, double val_fraction, const char *tmpl, char *err,
+                  size_t errlen);
+
+#endif
