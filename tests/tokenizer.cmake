@@ -10,3 +10,8 @@ add_test(NAME tokenizer_hf
           $<TARGET_FILE:tz_tokenize> $<TARGET_FILE:turbozero> ${CMAKE_BINARY_DIR}/tokenizer_cache)
 set_tests_properties(tokenizer_hf PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
   ENVIRONMENT "${TZ_TEST_ENV}" LABELS "e2e")
+add_test(NAME tokenizer_mask
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/mask_test.sh $<TARGET_FILE:turbozero>
+          ${CMAKE_SOURCE_DIR} ${MPIEXEC_EXECUTABLE})
+set_tests_properties(tokenizer_mask PROPERTIES TIMEOUT 600
+  ENVIRONMENT "${TZ_TEST_ENV}" LABELS "e2e;mpi")
