@@ -60,16 +60,28 @@ static const tz_help_page pages[] = {
      "  --tied 0|1           Llama: tie the input and output embeddings\n"
      "  --objective ddpm|flow  DiT: training objective (default ddpm)\n",
      "turbozero init-model --arch llama --preset tiny --vocab 256 --out models/tiny"},
-    {"prep", "a text file to a byte-level token file (prep text)",
-     "turbozero prep text --tokenizer bytes --in TEXT --out FILE [--val-fraction F]\n"
-     "                    [--val-out FILE2]",
-     "  --tokenizer bytes   the only built-in tokenizer: one token per byte (V = 256)\n"
-     "  --in TEXT           the text to read\n"
-     "  --out FILE          the training token file\n"
-     "  --val-fraction F    hold out the last fraction F in [0, 1) for validation\n"
+    {"prep", "a text or instruction data (JSONL) to a token file (prep text, prep jsonl)",
+     "turbozero prep text --tokenizer TOK --in TEXT --out FILE [--val-fraction F]\n"
+     "                    [--val-out FILE2]\n"
+     "turbozero prep jsonl --tokenizer TOK --in DATA.jsonl --out FILE\n"
+     "                     [--template llama3|llama2|chatml|plain] [--val-fraction F]\n"
+     "                     [--val-out FILE2]",
+     "  --tokenizer TOK     the model's tokenizer.json or the folder holding it (byte-level\n"
+     "                      BPE as Llama 3, SentencePiece-style BPE as Llama 2; BOS/EOS from\n"
+     "                      tokenizer_config.json or config.json beside it), or 'bytes': one\n"
+     "                      token per byte (V = 256, the default of prep text)\n"
+     "  --in TEXT|DATA      the text, or JSONL records: {\"prompt\", \"response\"[, \"system\"]},\n"
+     "                      {\"messages\": [{\"role\", \"content\"}, ...]} or {\"text\"}\n"
+     "  --out FILE          the training token file; prep jsonl adds a loss mask so that only\n"
+     "                      the responses are trained\n"
+     "  --template T        prep jsonl's chat format: llama3, llama2, chatml or plain (default:\n"
+     "                      llama3 when the tokenizer has <|start_header_id|>, llama2 for a\n"
+     "                      SentencePiece vocabulary, else plain)\n"
+     "  --val-fraction F    hold out the last fraction F in [0, 1) of the tokens (prep text)\n"
+     "                      or of the records (prep jsonl) for validation\n"
      "  --val-out FILE2     where the held-out tokens go (default FILE with .val before the\n"
      "                      extension)\n",
-     "turbozero prep text --tokenizer bytes --in notes.txt --out data/notes.tok "
+     "turbozero prep jsonl --tokenizer models/llama3 --in chat.jsonl --out data/chat.tok "
      "--val-fraction 0.05"},
     {"quantize", "quantize the projections of every transformer block of a Llama folder",
      "turbozero quantize --model DIR --bits B --out DIR2 [--group G] [--method M] [--seed S]\n"
