@@ -1,4 +1,4 @@
-/* Token files: write/read round trip at each width, byte-level prep with and without a
+/* Token files: write/read round trip at each width, version 2 with a loss mask, byte-level prep with and without a
  * validation split, and each malformed file rejected with a message naming it. Also the
  * data windows: the permutation covers every window once per epoch and is seeded. */
 #include <mpi.h>
@@ -58,10 +58,11 @@ int main(int argc, char **argv) {
     check(tz_tokens_write(path, big, 2, 256, err, sizeof err) != 0 && strstr(err, "not below"),
           "token >= vocab accepted by the writer");
 
-    uint8_t v2[4] = {2, 0, 0, 0}, w3[4] = {3, 0, 0, 0}, many[8] = {0xff, 0xff, 0, 0, 0, 0, 0, 0};
+    uint8_t v3[4] = {3, 0, 0, 0}, flag1[4] = {1, 0, 0, 0}, w3[4] = {3, 0, 0, 0}, many[8] = {0xff, 0xff, 0, 0, 0, 0, 0, 0};
     uint8_t small_vocab[4] = {5, 0, 0, 0};
     check(try_bad(path, 0, "XXTOKENS", 8, 0, "bad magic"), "bad magic");
-    check(try_bad(path, 8, v2, 4, 0, "version 2"), "bad version");
+    check(try_bad(path, 8, v3, 4, 0, "version 3"), "bad version");
+    check(try_bad(path, 20, flag1, 4, 0, "unknown flags 0x1 for version 1"), "flags in version 1");
     check(try_bad(path, 12, w3, 4, 0, "token width 3"), "bad width");
     check(try_bad(path, 24, many, 8, 0, "header says"), "count larger than the file");
     check(try_bad(path, 0, NULL, 0, 70, "header says"), "truncated tokens");
@@ -111,6 +112,41 @@ int main(int argc, char **argv) {
     tz_data_free(&e);
     tz_tokens_close(&a);
     tz_tokens_close(&b);
+
+    /* version 2 with a loss mask: round trip, masked targets -1, the trained-target count */
+    uint32_t mt[37];
+    uint8_t mm[37];
+    for (int i = 0; i < 37; i++) mt[i] = (uint32_t)(i * 13) % 300, mm[i] = (uint8_t)(i % 3 != 0);
+    check(tz_tokens_write_masked(path, mt, mm, 37, 300, err, sizeof err) == 0, "masked write: %s", err);
+    tz_tokens m;
+    check(tz_tokens_open(&m, path, err, sizeof err) == 0, "masked open: %s", err);
+    int mok = m.version == 2 && m.mask && m.count == 37 && m.width == 2;
+    for (int i = 0; i < 37 && mok; i++) mok = tz_tokens_at(&m, i) == (int32_t)mt[i] && tz_tokens_trained(&m, i) == mm[i];
+    check(mok, "masked round trip");
+    tz_data md;
+    tz_data_init(&md, &m, 6, 1); /* 6 windows of 6 */
+    int64_t want = 0;
+    int tok_ok = 1;
+    for (int64_t w = 0; w < 6; w++) {
+        int32_t mi[6], mtg[6];
+        tz_data_window(&md, w, mi, mtg);
+        for (int j = 0; j < 6; j++) {
+            int64_t i = w * 6 + j + 1;
+            tok_ok &= mi[j] == (int32_t)mt[i - 1] && mtg[j] == (mm[i] ? (int32_t)mt[i] : -1);
+            want += mm[i];
+        }
+    }
+    check(tok_ok, "masked window: targets not -1 exactly where the mask is clear");
+    check(tz_data_terms(&md, 0, 6, 1) == want && tz_data_terms(&md, 0, 6, 0) == want,
+          "trained targets %lld, expected %lld", (long long)tz_data_terms(&md, 0, 6, 1), (long long)want);
+    tz_data_free(&md);
+    tz_tokens_close(&m);
+    /* a mask that does not match the count */
+    FILE *f = fopen(path, "ab");
+    fputc(0, f);
+    fclose(f);
+    check(tz_tokens_open(&m, path, err, sizeof err) != 0 && strstr(err, "and a loss mask"),
+          "mask of the wrong size accepted");
     unlink(path); unlink(txt); unlink(tr); unlink(va);
     MPI_Finalize();
     return tz_check_done("tokens");
