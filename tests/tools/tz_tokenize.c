@@ -1,7 +1,7 @@
 /* Tokenizer tool for the tests and the benchmark (io/tokenizer.h):
  *   tz_tokenize TOKENIZER encode [--specials] < CASES   one JSON string per line in, one JSON
  *                                                       array of ids per line out
- *   tz_tokenize TOKENIZER decode < IDS                  JSON arrays of ids in, JSON strings out
+ *   tz_tokenize TOKENIZER decode [--skip-special] < IDS JSON arrays of ids in, JSON strings out
  *   tz_tokenize TOKENIZER roundtrip N SEED              N random Unicode strings: decode(encode(x))
  *                                                       == x; exits 1 naming the first failure
  *   tz_tokenize TOKENIZER bench FILE                    encoding speed on FILE, MB/s
@@ -77,6 +77,7 @@ int main(int argc, char **argv) {
                tz_tokenizer_eos(t));
     } else if (!strcmp(cmd, "encode") || !strcmp(cmd, "decode")) {
         int specials = argc > 3 && !strcmp(argv[3], "--specials");
+        int skip = argc > 3 && !strcmp(argv[3], "--skip-special");
         char *line = NULL;
         size_t lcap = 0;
         ssize_t got;
@@ -102,7 +103,7 @@ int main(int argc, char **argv) {
                 size_t n = json_array_size(v);
                 for (size_t i = 0; i < n && i < cap; i++)
                     ids[i] = (int32_t)json_integer_value(json_array_get(v, i));
-                int64_t m = tz_tokenizer_decode(t, ids, (int64_t)n, specials, buf, 4 * cap);
+                int64_t m = tz_tokenizer_decode(t, ids, (int64_t)n, skip, buf, 4 * cap);
                 if (m < 0) {
                     fprintf(stderr, "error: an id is out of range\n");
                     return 1;
