@@ -93,6 +93,14 @@ int tz_sample_run(const tz_config *cfg, const tz_sample_args *a) {
     return f->sample(cfg, a);
 }
 
+int tz_generate_run(const tz_config *cfg, const tz_generate_args *a) {
+    const tz_family *f = tz_family_of(cfg);
+    if (!f->generate)
+        TZ_FATAL("%s: generate needs a model.arch that generates text (model.arch = \"%s\" "
+                 "has no generator)", cfg->source, f->name);
+    return f->generate(cfg, a);
+}
+
 void tz_quantize_run(const tz_quantize_args *a) {
     int method = TZ_TQ_TURBOQUANT;
     if (a->method && tz_tq_method_from_name(a->method, &method))

@@ -23,6 +23,10 @@ void tz_init_model_run(const char *arch, const tz_init_args *a);
  * sampler, as a PNG grid; fatal when the family has none. One process. */
 int tz_sample_run(const tz_config *cfg, const tz_sample_args *a);
 
+/* A continuation of a->prompt from the configured model (+ model.adapter) by the family's
+ * generator, on stdout; fatal when the family has none. One process. */
+int tz_generate_run(const tz_config *cfg, const tz_generate_args *a);
+
 /* What `turbozero quantize` was given, as typed (group, method and seed may be NULL). */
 typedef struct tz_quantize_args {
     const char *in, *out, *bits, *group, *method, *seed;
