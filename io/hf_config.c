@@ -413,3 +413,25 @@ int tz_hf_config_rewrite(const char *src, const char *dst, const char *quant_jso
     free(text);
     return rc;
 }
+
+int tz_hf_model_type(const char *dir, char *buf, size_t len, char *err, size_t errlen) {
+    size_t n = strlen(dir);
+    char *file = (char *)tz_xmalloc(n + 13);
+    snprintf(file, n + 13, "%s%sconfig.json", dir, n && dir[n - 1] == '/' ? "" : "/");
+    json_error_t je;
+    json_t *root = json_load_file(file, 0, &je);
+    int rc = 0;
+    buf[0] = 0;
+    if (!root || !json_is_object(root)) {
+        rc = tz_errf(err, errlen, "%s: %s", file, root ? "not a JSON object" : je.text);
+    } else {
+        json_t *v = json_object_get(root, "model_type");
+        if (v && !json_is_string(v))
+            rc = tz_errf(err, errlen, "%s: key \"model_type\" is not a string", file);
+        else if (v)
+            snprintf(buf, len, "%s", json_string_value(v));
+    }
+    json_decref(root);
+    free(file);
+    return rc;
+}

@@ -49,4 +49,8 @@ int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t 
 int tz_hf_config_rewrite(const char *src, const char *dst, const char *quant_json,
                          const char *torch_dtype, char *err, size_t errlen);
 
+/* The "model_type" string of the config.json in folder dir into buf ("" when the key is
+ * absent). 0, or non-zero with a message naming the file. */
+int tz_hf_model_type(const char *dir, char *buf, size_t len, char *err, size_t errlen);
+
 #endif

@@ -114,22 +114,27 @@ static int cmd_quantize(int argc, char **argv) {
 }
 
 static int cmd_export(int argc, char **argv) {
-    static const char *const known[] = {"--model", "--out", NULL};
+    static const char *const known[] = {"--model", "--out", "--adapter", "--dtype", NULL};
     int force = take_switch(&argc, argv, "--force");
-    int deq = 0, n = 0;
-    char **rest = tz_xcalloc((size_t)argc + 1, sizeof *rest);
-    for (int i = 0; i < argc; i++) { /* --dequantize takes no value */
-        if (i >= 2 && !strcmp(argv[i], "--dequantize")) deq = 1;
-        else rest[n++] = argv[i];
-    }
-    const char *model = flag(n, rest, 2, "--model", known);
-    const char *out = flag(n, rest, 2, "--out", known);
-    free(rest);
-    if (!model || !out || !deq)
-        TZ_FATAL("export: expected 'export --model DIR --dequantize --out DIR2' (only "
-                 "--dequantize is supported)");
+    int deq = take_switch(&argc, argv, "--dequantize");
+    int merge = take_switch(&argc, argv, "--merge");
+    const char *model = flag(argc, argv, 2, "--model", known);
+    const char *out = flag(argc, argv, 2, "--out", known);
+    const char *adapter = flag(argc, argv, 2, "--adapter", known);
+    const char *dtype = flag(argc, argv, 2, "--dtype", known);
+    if (!model || !out || deq + merge != 1)
+        TZ_FATAL("export: expected 'export --model DIR --dequantize --out DIR2' or 'export "
+                 "--model DIR --adapter ADIR --merge --out DIR2 [--dtype f32|bf16]'");
+    if (deq && (adapter || dtype))
+        TZ_FATAL("export: --dequantize takes no %s (it writes F32; --merge folds an adapter in)",
+                 adapter ? "--adapter" : "--dtype");
+    if (merge && !adapter) TZ_FATAL("export: --merge needs --adapter ADIR (a LoRA adapter folder)");
+    if (dtype && strcmp(dtype, "f32") && strcmp(dtype, "bf16"))
+        TZ_FATAL("export: --dtype %s: expected f32 or bf16", dtype);
     tz_command_check_output("export", out, model, force);
-    tz_export_run(model, out);
+    if (adapter) tz_command_check_output("export", out, adapter, force);
+    if (deq) tz_export_run(model, out);
+    else tz_export_merge_run(model, adapter, out, dtype && !strcmp(dtype, "bf16"));
     return 0;
 }
 

@@ -276,7 +276,7 @@ static int generate(const tz_config *cfg, const tz_generate_args *a) {
     fwrite(text, 1, (size_t)len, stdout);
     fputc('\n', stdout);
     fflush(stdout);
-    tz_info("generate: %lld prompt tokens, %lld new (%s%s)", (long long)np,
+    fprintf(stderr, "generate: %lld prompt tokens, %lld new (%s%s)\n", (long long)np,
             (long long)(n - np), a->temperature > 0 ? "sampled" : "greedy",
             cfg->model.adapter[0] ? ", with model.adapter" : "");
     free(text), free(logits), free(p), free(idx), free(ids);
