@@ -4,7 +4,7 @@
 #  2. a fine-tuned adapter changes the greedy continuation of a prompt from its data;
 #  3. export --merge (F32) gives the eval_loss of base + adapter (to 1e-5), BF16 within
 #     bf16 rounding, and a 4-bit quantized base + adapter merges (dequantized) to the same
-#     eval_loss as the quantized base + adapter;
+#     eval_loss as the quantized base + adapter; a DiT merges as well;
 #  4. refusals: an existing --out, --merge without --adapter, a model without a tokenizer.
 # (Greedy generation with the cache equals the forward pass's argmax continuation:
 # tests/unit/test_llama_generate.c.)
@@ -50,6 +50,21 @@ ref=$(evl --set model.adapter="$ad")
   ! grep -q quantization_config "$work/mq/config.json" &&
   ok "merged 4-bit base: dense eval_loss $mq = quantized base + adapter $qref" ||
   bad "merged 4-bit base: eval_loss '$mq', quantized base + adapter '$qref'"
+
+# a DiT: a few LoRA steps, merged, evaluated (the data is the bundled config's Fashion-MNIST)
+if [ -r /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ]; then
+  dcfg=inputs/dit/finetune.cfg
+  "$tz" train $dcfg --set train.steps=4 --set train.micro_batch=16 --set train.eval_every=0 \
+    --set train.eval_windows=64 --set train.threads=2 --set optim.warmup=1 --set run.dir="$work/dit" \
+    > "$work/dit.log" 2>&1 || { bad "DiT LoRA run failed"; tail -5 "$work/dit.log"; }
+  devl() { "$tz" eval $dcfg "$@" 2>&1 | tail -1 | sed -n 's/^eval_loss=\([0-9.]*\) .*/\1/p'; }
+  dref=$(devl --set model.adapter="$work/dit/adapter")
+  "$tz" export --model inputs/dit/model --adapter "$work/dit/adapter" --merge --out "$work/ditm" > /dev/null &&
+    dm=$(devl --set model.path="$work/ditm") && close "$dm" "$dref" 1e-5 &&
+    ok "merged DiT folder: eval_loss $dm = base + adapter $dref" || bad "merged DiT: eval_loss '$dm', base + adapter '$dref'"
+else
+  echo "skip the DiT merge: no Fashion-MNIST in /usr/share/datasets"
+fi
 
 out=$("$tz" export --model inputs/llama/model --adapter "$ad" --merge --out "$work/m32" 2>&1) &&
   bad "export over an existing folder was not refused" ||
