@@ -160,58 +160,46 @@ static tz_tokenizer *open_tokenizer(const tz_config *cfg, const tz_generate_args
     return t;
 }
 
-/* idx: an array of n ids, sorted by descending p (ties by id) on return. */
-static void sort_by_prob(int32_t *idx, const double *p, int64_t n) {
-    for (int64_t i = 1; i < n; i++) { /* insertion sort over the candidates kept so far */
-        int32_t v = idx[i];
-        int64_t j = i;
-        while (j > 0 && (p[idx[j - 1]] < p[v] || (p[idx[j - 1]] == p[v] && idx[j - 1] > v))) {
-            idx[j] = idx[j - 1];
-            j--;
-        }
-        idx[j] = v;
-    }
+typedef struct cand {
+    double p;
+    int32_t id;
+} cand;
+
+/* Descending probability, ties by ascending id: a total order, so the draw is reproducible. */
+static int cand_cmp(const void *x, const void *y) {
+    const cand *a = x, *b = y;
+    if (a->p != b->p) return a->p < b->p ? 1 : -1;
+    return (a->id > b->id) - (a->id < b->id);
 }
 
-/* The next token from logits[0..V): argmax (temperature 0), or a draw u in [0, 1) from the
- * softmax of logits / temperature restricted to the smallest top set of mass >= top_p. */
+/* The next token from logits[0..V): argmax (temperature 0; the first of equal maxima), or
+ * the draw u in [0, 1) from the softmax of logits / temperature restricted to the most
+ * likely tokens whose mass first reaches top_p (all of them at top_p = 1). c: V scratch. */
 static int32_t pick_token(const float *logits, int64_t V, double temperature, double top_p,
-                          float u, double *p, int32_t *idx) {
+                          float u, cand *c) {
     int64_t best = 0;
     for (int64_t i = 1; i < V; i++)
         if (logits[i] > logits[best]) best = i;
     if (temperature <= 0) return (int32_t)best;
     double sum = 0.0;
     for (int64_t i = 0; i < V; i++) {
-        p[i] = exp(((double)logits[i] - (double)logits[best]) / temperature);
-        sum += p[i];
+        c[i].p = exp(((double)logits[i] - (double)logits[best]) / temperature);
+        c[i].id = (int32_t)i;
+        sum += c[i].p;
     }
-    int64_t n = 0;
-    if (top_p < 1.0) { /* candidates by descending probability, until their mass reaches top_p */
-        for (int64_t i = 0; i < V; i++) idx[i] = (int32_t)i;
-        /* a partial selection: only the tokens needed, largest first */
+    int64_t n = V;
+    if (top_p < 1.0) {
+        qsort(c, (size_t)V, sizeof *c, cand_cmp);
         double mass = 0.0;
-        for (n = 0; n < V && mass < top_p * sum; n++) {
-            int64_t m = n;
-            for (int64_t j = n + 1; j < V; j++)
-                if (p[idx[j]] > p[idx[m]]) m = j;
-            int32_t t = idx[n];
-            idx[n] = idx[m];
-            idx[m] = t;
-            mass += p[idx[n]];
-        }
-        sort_by_prob(idx, p, n);
+        for (n = 0; n < V && mass < top_p * sum; n++) mass += c[n].p;
         sum = mass;
-    } else {
-        for (int64_t i = 0; i < V; i++) idx[i] = (int32_t)i;
-        n = V;
     }
     double target = (double)u * sum, acc = 0.0;
     for (int64_t k = 0; k < n; k++) {
-        acc += p[idx[k]];
-        if (target < acc) return idx[k];
+        acc += c[k].p;
+        if (target < acc) return c[k].id;
     }
-    return idx[n - 1];
+    return c[n - 1].id;
 }
 
 /* generate: the prompt through the model once (filling the key/value cache), then one token
@@ -250,8 +238,7 @@ static int generate(const tz_config *cfg, const tz_generate_args *a) {
     tz_llama_cache cache;
     tz_llama_cache_init(m, &cache, total);
     float *logits = tz_xmalloc((size_t)m->d.vocab * sizeof *logits);
-    double *p = tz_xmalloc((size_t)V * sizeof *p);
-    int32_t *idx = tz_xmalloc((size_t)V * sizeof *idx);
+    cand *cands = tz_xmalloc((size_t)V * sizeof *cands);
     tz_rng r = tz_rng_make((uint64_t)a->seed, 0, TZ_RNG_NOISE, 0);
     const int32_t eos = tz_tokenizer_eos(tk);
     const float *lg = tz_llama_decode(m, &cache, ids, np);
@@ -259,7 +246,7 @@ static int generate(const tz_config *cfg, const tz_generate_args *a) {
     for (int64_t step = 0; step < a->max_new; step++) {
         be->download(be, logits, lg, (size_t)m->d.vocab * sizeof *logits);
         float u = tz_rng_uniform(&r);
-        int32_t next = pick_token(logits, V, a->temperature, a->top_p, u, p, idx);
+        int32_t next = pick_token(logits, V, a->temperature, a->top_p, u, cands);
         if (next == eos) break;
         ids[n++] = next;
         if (step + 1 < a->max_new) lg = tz_llama_decode(m, &cache, &ids[n - 1], 1);
@@ -279,7 +266,7 @@ static int generate(const tz_config *cfg, const tz_generate_args *a) {
     fprintf(stderr, "generate: %lld prompt tokens, %lld new (%s%s)\n", (long long)np,
             (long long)(n - np), a->temperature > 0 ? "sampled" : "greedy",
             cfg->model.adapter[0] ? ", with model.adapter" : "");
-    free(text), free(logits), free(p), free(idx), free(ids);
+    free(text), free(logits), free(cands), free(ids);
     tz_llama_cache_free(m, &cache);
     tz_tokenizer_free(tk);
     tz_llama_free(m);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # generate and export --merge with the real binary on the bundled byte-level model:
-#  1. greedy generation is deterministic, and so is sampling with a seed;
+#  1. greedy generation is deterministic, and so is sampling with a seed; a top-p that
+#     keeps one token is greedy;
 #  2. a fine-tuned adapter changes the greedy continuation of a prompt from its data;
 #  3. export --merge (F32) gives the eval_loss of base + adapter (to 1e-5), BF16 within
 #     bf16 rounding, and a 4-bit quantized base + adapter merges (dequantized) to the same
@@ -28,6 +29,8 @@ g1=$(gen) && g2=$(gen) && [ -n "$g1" ] && [ "$g1" == "$g2" ] &&
   ok "greedy generation is deterministic: '${g1//$'\n'/\\n}'" || { bad "greedy runs differ or failed"; cat "$work/gen.err"; }
 s1=$(gen --temperature 0.9 --top-p 0.9 --seed 5) && s2=$(gen --temperature 0.9 --top-p 0.9 --seed 5) &&
   [ "$s1" == "$s2" ] && ok "sampling with a seed is reproducible" || bad "sampling with one seed differs"
+t1=$(gen --temperature 1 --top-p 1e-6 --seed 9) && [ "$t1" == "$g1" ] &&
+  ok "top-p small enough to keep one token is greedy" || bad "top-p 1e-6: '$t1', greedy: '$g1'"
 ga=$(gen --set model.adapter="$ad") && [ -n "$ga" ] && [ "$ga" != "$g1" ] &&
   ok "the fine-tuned adapter changes the continuation: '${ga//$'\n'/\\n}'" ||
   { bad "with the adapter: '$ga', without: '$g1'"; cat "$work/gen.err"; }
