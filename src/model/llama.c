@@ -130,11 +130,6 @@ tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_model
     m->lm_head = d->tied ? m->embed
                          : add_param(m, "lm_head.weight", 2, d->vocab, C, full, 1, 0, 0);
     tz_params_layout(&m->params);
-    float *inv = tz_xmalloc((size_t)(d->head_dim / 2) * sizeof *inv);
-    tz_llama_inv_freq(d, inv);
-    m->inv_freq = be->alloc(be, (size_t)(d->head_dim / 2) * sizeof *inv);
-    be->upload(be, m->inv_freq, inv, (size_t)(d->head_dim / 2) * sizeof *inv);
-    free(inv);
     return m;
 }
 
@@ -226,6 +221,14 @@ static void rope(tz_llama *m, float *x, int64_t B, int64_t T, int64_t H, int64_t
     if (!be->rope_tab_fwd || !be->rope_tab_bwd)
         TZ_FATAL("llama: the %s backend has no RoPE with a frequency table (needed for "
                  "rope_scaling and for generation)", be->name);
+    if (!m->inv_freq) { /* made on first use: a model that never needs it holds none */
+        const size_t bytes = (size_t)(d->head_dim / 2) * sizeof(float);
+        float *inv = tz_xmalloc(bytes);
+        tz_llama_inv_freq(d, inv);
+        m->inv_freq = be->alloc(be, bytes);
+        be->upload(be, m->inv_freq, inv, bytes);
+        free(inv);
+    }
     if (bwd) be->rope_tab_bwd(be, x, B, T, H, d->head_dim, m->inv_freq, pos0);
     else be->rope_tab_fwd(be, x, B, T, H, d->head_dim, m->inv_freq, pos0);
 }
