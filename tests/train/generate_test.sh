@@ -20,8 +20,8 @@ cfg=inputs/llama/finetune.cfg
 prompt=":hacker: n. [Usenet] "
 
 "$tz" train $cfg --set data.seq_len=64 --set train.steps=8 --set train.micro_batch=4 \
-  --set train.eval_every=0 --set train.eval_windows=0 --set optim.warmup=2 --set train.threads=2 \
-  --set run.dir="$work/a" > "$work/train.log" 2>&1 || { bad "LoRA run failed"; tail -20 "$work/train.log"; }
+  --set train.eval_every=0 --set train.eval_windows=0 --set optim.warmup=2 --set optim.lr=1e-2 \
+  --set train.threads=2 --set run.dir="$work/a" > "$work/train.log" 2>&1 || { bad "LoRA run failed"; tail -20 "$work/train.log"; }
 ad="$work/a/adapter"
 
 gen() { "$tz" generate $cfg --prompt "$prompt" --max-new 40 "$@" 2> "$work/gen.err"; }
