@@ -102,6 +102,50 @@ static int hf_unsupported_flag(hf_ctx *x, const char *key, const char *what) {
     return 0;
 }
 
+/* rope_scaling: null, absent or rope_type "default" (none), or "llama3" with its keys. */
+static int hf_rope_scaling(hf_ctx *x, tz_hf_llama *c) {
+    char show[96];
+    json_t *rs = json_object_get(x->root, "rope_scaling");
+    c->rope_type[0] = 0;
+    if (!rs || json_is_null(rs)) return 0;
+    if (!json_is_object(rs))
+        return HERR(x, "%s: key \"rope_scaling\" is %s, expected null or an object", x->file,
+                    hf_show(rs, show, sizeof show));
+    const char *tkey = "rope_type";
+    json_t *t = json_object_get(rs, tkey);
+    if (!t) t = json_object_get(rs, tkey = "type"); /* the name before transformers 4.43 */
+    if (!t || !json_is_string(t))
+        return HERR(x, "%s: key \"rope_scaling.rope_type\" is %s, expected \"llama3\" or "
+                    "\"default\"", x->file, t ? hf_show(t, show, sizeof show) : "missing");
+    const char *type = json_string_value(t);
+    if (!strcmp(type, "default")) return 0;
+    if (strcmp(type, "llama3") != 0)
+        return HERR(x, "%s: key \"rope_scaling.%s\" is \"%.40s\", expected \"llama3\" or "
+                    "\"default\" (other RoPE scalings are not supported)", x->file, tkey, type);
+    snprintf(c->rope_type, sizeof c->rope_type, "llama3");
+    const char *keys[3] = {"factor", "low_freq_factor", "high_freq_factor"};
+    double *vals[3] = {&c->rope_factor, &c->rope_low_freq_factor, &c->rope_high_freq_factor};
+    for (int i = 0; i < 3; i++) {
+        json_t *v = json_object_get(rs, keys[i]);
+        if (!v || !json_is_number(v) || !(json_number_value(v) > 0) ||
+            !isfinite(json_number_value(v)))
+            return HERR(x, "%s: key \"rope_scaling.%s\" is %s, expected a positive number",
+                        x->file, keys[i], v ? hf_show(v, show, sizeof show) : "missing");
+        *vals[i] = json_number_value(v);
+    }
+    json_t *o = json_object_get(rs, "original_max_position_embeddings");
+    if (!o || !json_is_integer(o) || json_integer_value(o) <= 0)
+        return HERR(x, "%s: key \"rope_scaling.original_max_position_embeddings\" is %s, "
+                    "expected a positive integer", x->file,
+                    o ? hf_show(o, show, sizeof show) : "missing");
+    c->rope_original_max_position_embeddings = (int64_t)json_integer_value(o);
+    if (!(c->rope_low_freq_factor < c->rope_high_freq_factor))
+        return HERR(x, "%s: key \"rope_scaling.high_freq_factor\" is %g, expected more than "
+                    "low_freq_factor %g", x->file, c->rope_high_freq_factor,
+                    c->rope_low_freq_factor);
+    return 0;
+}
+
 void tz_hf_llama_defaults(tz_hf_llama *c) {
     memset(c, 0, sizeof *c);
     c->max_position_embeddings = 2048;
@@ -119,9 +163,9 @@ static int hf_parse(hf_ctx *x, tz_hf_llama *c) {
     tz_hf_llama_defaults(c);
     int found = 0;
     if (hf_str(x, "model_type", c->model_type, sizeof c->model_type, &found)) return 1;
-    if (found && strcmp(c->model_type, "llama") != 0)
-        return HERR(x, "%s: key \"model_type\" is \"%s\", expected \"llama\" (only Llama "
-                    "configs are read here)", x->file, c->model_type);
+    if (found && strcmp(c->model_type, "llama") != 0 && strcmp(c->model_type, "mistral") != 0)
+        return HERR(x, "%s: key \"model_type\" is \"%s\", expected \"llama\" or \"mistral\" "
+                    "(only Llama-architecture configs are read here)", x->file, c->model_type);
     if (hf_int(x, "vocab_size", 1, 0, &c->vocab_size) ||
         hf_int(x, "hidden_size", 1, 0, &c->hidden_size) ||
         hf_int(x, "intermediate_size", 1, 0, &c->intermediate_size) ||
@@ -138,11 +182,14 @@ static int hf_parse(hf_ctx *x, tz_hf_llama *c) {
     if (hf_str(x, "torch_dtype", c->torch_dtype, sizeof c->torch_dtype, &found)) return 1;
     if (!found && hf_str(x, "dtype", c->torch_dtype, sizeof c->torch_dtype, NULL)) return 1;
 
-    json_t *rs = json_object_get(x->root, "rope_scaling");
-    if (rs && !json_is_null(rs))
-        return HERR(x, "%s: key \"rope_scaling\" is %s, expected null or absent (RoPE scaling, "
-                    "e.g. Llama 3.1 \"llama3\", is not supported)", x->file,
-                    hf_show(rs, show, sizeof show));
+    if (hf_rope_scaling(x, c)) return 1;
+    json_t *sw = json_object_get(x->root, "sliding_window");
+    if (sw && !json_is_null(sw) &&
+        !(json_is_integer(sw) && json_integer_value(sw) >= c->max_position_embeddings))
+        return HERR(x, "%s: key \"sliding_window\" is %s, expected null or at least "
+                    "max_position_embeddings %" PRId64 " (sliding-window attention is not "
+                    "supported)", x->file, hf_show(sw, show, sizeof show),
+                    c->max_position_embeddings);
     if (hf_unsupported_flag(x, "attention_bias", "a bias in the attention projections") ||
         hf_unsupported_flag(x, "mlp_bias", "a bias in the MLP projections"))
         return 1;
@@ -230,7 +277,8 @@ int tz_hf_llama_check(const tz_hf_llama *c, const char *file, char *err, size_t 
                 c->rope_theta);
         return 1;
     }
-    if (c->model_type[0] && strcmp(c->model_type, "llama") != 0) {
+    if (c->model_type[0] && strcmp(c->model_type, "llama") != 0 &&
+        strcmp(c->model_type, "mistral") != 0) {
         tz_errf(err, errlen, "%s: key \"model_type\" is \"%.31s\", expected \"llama\"", file,
                 c->model_type);
         return 1;
@@ -270,7 +318,18 @@ int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t 
     size_t dn = strnlen(c->torch_dtype, sizeof c->torch_dtype);
     if (dn == 0) snprintf(dtype, sizeof dtype, "null");
     else snprintf(dtype, sizeof dtype, "\"%.*s\"", (int)dn, c->torch_dtype);
-    char text[2048];
+    char rope[300] = "null";
+    if (c->rope_type[0]) {
+        char f[40], lo[40], hi[40];
+        hf_fmt_double(f, sizeof f, c->rope_factor);
+        hf_fmt_double(lo, sizeof lo, c->rope_low_freq_factor);
+        hf_fmt_double(hi, sizeof hi, c->rope_high_freq_factor);
+        snprintf(rope, sizeof rope, "{\"rope_type\": \"llama3\", \"factor\": %s, "
+                 "\"low_freq_factor\": %s, \"high_freq_factor\": %s, "
+                 "\"original_max_position_embeddings\": %" PRId64 "}", f, lo, hi,
+                 c->rope_original_max_position_embeddings);
+    }
+    char text[2400];
     int n = snprintf(text, sizeof text,
         "{\n"
         "  \"architectures\": [\"LlamaForCausalLM\"],\n"
@@ -285,7 +344,7 @@ int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t 
         "  \"max_position_embeddings\": %" PRId64 ",\n"
         "  \"rms_norm_eps\": %s,\n"
         "  \"rope_theta\": %s,\n"
-        "  \"rope_scaling\": null,\n"
+        "  \"rope_scaling\": %s,\n"
         "  \"tie_word_embeddings\": %s,\n"
         "  \"hidden_act\": \"silu\",\n"
         "  \"attention_bias\": false,\n"
@@ -300,7 +359,7 @@ int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t 
         "}\n",
         c->vocab_size, c->hidden_size, c->intermediate_size, c->num_hidden_layers,
         c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->max_position_embeddings,
-        eps, theta, c->tie_word_embeddings ? "true" : "false", dtype);
+        eps, theta, rope, c->tie_word_embeddings ? "true" : "false", dtype);
     if (n < 0 || (size_t)n >= sizeof text) {
         tz_errf(err, errlen, "%s: config text does not fit its buffer", path);
         return 1;
@@ -352,5 +411,27 @@ int tz_hf_config_rewrite(const char *src, const char *dst, const char *quant_jso
         rc = tz_atomic_file_commit(&f, err, errlen);
     }
     free(text);
+    return rc;
+}
+
+int tz_hf_model_type(const char *dir, char *buf, size_t len, char *err, size_t errlen) {
+    size_t n = strlen(dir);
+    char *file = (char *)tz_xmalloc(n + 13);
+    snprintf(file, n + 13, "%s%sconfig.json", dir, n && dir[n - 1] == '/' ? "" : "/");
+    json_error_t je;
+    json_t *root = json_load_file(file, 0, &je);
+    int rc = 0;
+    buf[0] = 0;
+    if (!root || !json_is_object(root)) {
+        rc = tz_errf(err, errlen, "%s: %s", file, root ? "not a JSON object" : je.text);
+    } else {
+        json_t *v = json_object_get(root, "model_type");
+        if (v && !json_is_string(v))
+            rc = tz_errf(err, errlen, "%s: key \"model_type\" is not a string", file);
+        else if (v)
+            snprintf(buf, len, "%s", json_string_value(v));
+    }
+    json_decref(root);
+    free(file);
     return rc;
 }

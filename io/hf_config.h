@@ -10,7 +10,11 @@ typedef struct tz_hf_llama {
         num_key_value_heads, head_dim, max_position_embeddings;
     double rms_norm_eps, rope_theta;
     int tie_word_embeddings;
-    char model_type[32];  /* "llama" */
+    /* rope_scaling: "" (null, absent or rope_type "default"), or "llama3" with its four keys */
+    char rope_type[16];
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int64_t rope_original_max_position_embeddings;
+    char model_type[32];  /* "llama" or "mistral" */
     char torch_dtype[16]; /* "bfloat16", "float16", "float32"; "" when the file has none */
 } tz_hf_llama;
 
@@ -22,7 +26,10 @@ void tz_hf_llama_defaults(tz_hf_llama *c);
  * Defaults: num_key_value_heads = num_attention_heads, head_dim = hidden_size /
  * num_attention_heads, rope_theta 10000, rms_norm_eps 1e-6, tie_word_embeddings false,
  * max_position_embeddings 2048. Rejected: wrong JSON types, non-positive sizes, heads that
- * do not divide, rope_scaling not null, model_type other than "llama", attention_bias or
+ * do not divide, rope_scaling other than null or {"rope_type": "llama3" (or "default"), factor,
+ * low_freq_factor < high_freq_factor, original_max_position_embeddings} (Llama 3.1, 3.2;
+ * older files say "type"), model_type other than "llama" or "mistral" (the same architecture
+ * when its sliding_window is null or not below max_position_embeddings), attention_bias or
  * mlp_bias true, hidden_act other than "silu". An explicit head_dim need not equal
  * hidden_size / num_attention_heads (as in HF). 0, or non-zero with "file: key \"k\" is X,
  * expected Y" (c then holds partial values: do not use it). */
@@ -32,7 +39,7 @@ int tz_hf_llama_read(tz_hf_llama *c, const char *path, char *err, size_t errlen)
 int tz_hf_llama_check(const tz_hf_llama *c, const char *file, char *err, size_t errlen);
 
 /* Writes a config.json for LlamaForCausalLM (model_type llama, silu, no biases,
- * rope_scaling null, bos/eos null; torch_dtype null when empty), via path.tmp + rename.
+ * rope_scaling null or llama3's, bos/eos null; torch_dtype null when empty), via path.tmp + rename.
  * 0, or non-zero with a message. */
 int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t errlen);
 
@@ -41,5 +48,9 @@ int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t 
  * "torch_dtype" replaced when torch_dtype is not NULL. 0, or non-zero with a message. */
 int tz_hf_config_rewrite(const char *src, const char *dst, const char *quant_json,
                          const char *torch_dtype, char *err, size_t errlen);
+
+/* The "model_type" string of the config.json in folder dir into buf ("" when the key is
+ * absent). 0, or non-zero with a message naming the file. */
+int tz_hf_model_type(const char *dir, char *buf, size_t len, char *err, size_t errlen);
 
 #endif

@@ -45,6 +45,24 @@ static const tz_help_page pages[] = {
      SET_FLAG,
      "turbozero sample inputs/dit/finetune.cfg --class 7 --n 16 --steps 50 --guidance 4 "
      "--scale 4 --out grid.png"},
+    {"generate", "a text continuation of a prompt from a Llama (+ model.adapter)",
+     "turbozero generate CONFIG --prompt TEXT [--max-new N] [--temperature T] [--top-p P]\n"
+     "                   [--seed S] [--tokenizer PATH] [--set section.key=value ...]",
+     "  --prompt TEXT    the text to continue (required)\n"
+     "  --max-new N      tokens to generate, 0..1048576 (default 64); stops early at the\n"
+     "                   tokenizer's end-of-sequence token\n"
+     "  --temperature T  0 (default): greedy, the most likely token each time (deterministic);\n"
+     "                   T > 0: sample from softmax(logits / T)\n"
+     "  --top-p P        sample only among the most likely tokens whose mass reaches P,\n"
+     "                   0 < P <= 1 (default 1: all)\n"
+     "  --seed S         the sampling seed (default 0): same seed, same text\n"
+     "  --tokenizer PATH a tokenizer.json, or bytes (default: model.path's tokenizer.json,\n"
+     "                   else bytes for a model of 256 tokens)\n"
+     SET_FLAG
+     "model.path may be dense, quantized or merged; the continuation alone goes to stdout.\n"
+     "One process: under mpirun rank 0 generates and the others wait.\n",
+     "turbozero generate inputs/llama/finetune.cfg --set model.adapter=runs/a/adapter "
+     "--prompt ':hacker: n. ' --max-new 80"},
     {"init-model", "a randomly initialised Llama (HF layout) or DiT",
      "turbozero init-model --arch llama --preset tiny|mini|small --vocab V --out DIR\n"
      "                     [--seed S] [--tied 0|1] [--force]\n"
@@ -95,14 +113,22 @@ static const tz_help_page pages[] = {
      "  --method M         turboquant (default) or absmax\n"
      "  --seed S           the rotation's sign seed (default 0)\n",
      "turbozero quantize --model inputs/llama/model --bits 4 --out models/q4"},
-    {"export", "a quantized model back as a plain HF-layout model, every tensor F32",
-     "turbozero export --model DIR2 --dequantize --out DIR3 [--force]",
-     "  --model DIR2     the (quantized) model folder to read\n"
-     "  --dequantize     decode the quantized tensors (the only export there is)\n"
+    {"export", "a dense HF-layout copy of a model: dequantized, or with an adapter merged",
+     "turbozero export --model DIR2 --dequantize --out DIR3 [--force]\n"
+     "turbozero export --model DIR --adapter ADIR --merge --out DIR3 [--dtype f32|bf16]\n"
+     "                 [--force]",
+     "  --model DIR      the model folder to read (Llama or DiT; dense or quantized)\n"
+     "  --dequantize     decode the quantized tensors, every tensor F32\n"
+     "  --merge          fold the LoRA adapter ADIR into the weights (W += alpha/r B A),\n"
+     "                   dequantizing a quantized base: a dense folder that loads like any\n"
+     "                   HF checkpoint and computes what base + adapter computes\n"
+     "  --adapter ADIR   the PEFT adapter folder to merge (with --merge)\n"
+     "  --dtype f32|bf16 the merged tensors' type (default f32)\n"
      "  --out DIR3       the folder to write; an existing file or non-empty folder is\n"
-     "                   refused, DIR2 itself or a folder inside it always\n"
+     "                   refused, DIR, ADIR or a folder inside them always\n"
      "  --force          write into an existing --out (never into --model)\n",
-     "turbozero export --model models/q4 --dequantize --out models/q4-f32"},
+     "turbozero export --model inputs/llama/model --adapter runs/a/adapter --merge "
+     "--out models/merged"},
     {"plot", "train and eval loss against steps of one or more runs, as a PNG",
      "turbozero plot RUN_DIR [RUN_DIR ...] --out curve.png",
      "  RUN_DIR          a run.dir with a metrics.jsonl (finished or still running)\n"

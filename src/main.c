@@ -1,6 +1,7 @@
 /* turbozero <command>: the command-line entry point. Parses arguments and dispatches to
  * the commands; holds no training logic of its own. */
 #include <mpi.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,22 +125,27 @@ static int cmd_quantize(int argc, char **argv) {
 }
 
 static int cmd_export(int argc, char **argv) {
-    static const char *const known[] = {"--model", "--out", NULL};
+    static const char *const known[] = {"--model", "--out", "--adapter", "--dtype", NULL};
     int force = take_switch(&argc, argv, "--force");
-    int deq = 0, n = 0;
-    char **rest = tz_xcalloc((size_t)argc + 1, sizeof *rest);
-    for (int i = 0; i < argc; i++) { /* --dequantize takes no value */
-        if (i >= 2 && !strcmp(argv[i], "--dequantize")) deq = 1;
-        else rest[n++] = argv[i];
-    }
-    const char *model = flag(n, rest, 2, "--model", known);
-    const char *out = flag(n, rest, 2, "--out", known);
-    free(rest);
-    if (!model || !out || !deq)
-        TZ_FATAL("export: expected 'export --model DIR --dequantize --out DIR2' (only "
-                 "--dequantize is supported)");
+    int deq = take_switch(&argc, argv, "--dequantize");
+    int merge = take_switch(&argc, argv, "--merge");
+    const char *model = flag(argc, argv, 2, "--model", known);
+    const char *out = flag(argc, argv, 2, "--out", known);
+    const char *adapter = flag(argc, argv, 2, "--adapter", known);
+    const char *dtype = flag(argc, argv, 2, "--dtype", known);
+    if (!model || !out || deq + merge != 1)
+        TZ_FATAL("export: expected 'export --model DIR --dequantize --out DIR2' or 'export "
+                 "--model DIR --adapter ADIR --merge --out DIR2 [--dtype f32|bf16]'");
+    if (deq && (adapter || dtype))
+        TZ_FATAL("export: --dequantize takes no %s (it writes F32; --merge folds an adapter in)",
+                 adapter ? "--adapter" : "--dtype");
+    if (merge && !adapter) TZ_FATAL("export: --merge needs --adapter ADIR (a LoRA adapter folder)");
+    if (dtype && strcmp(dtype, "f32") && strcmp(dtype, "bf16"))
+        TZ_FATAL("export: --dtype %s: expected f32 or bf16", dtype);
     tz_command_check_output("export", out, model, force);
-    tz_export_run(model, out);
+    if (adapter) tz_command_check_output("export", out, adapter, force);
+    if (deq) tz_export_run(model, out);
+    else tz_export_merge_run(model, adapter, out, dtype && !strcmp(dtype, "bf16"));
     return 0;
 }
 
@@ -228,6 +234,57 @@ static int cmd_sample(int argc, char **argv) {
     return rc;
 }
 
+/* A number from flag what's value v; fatal otherwise. */
+static double number_arg(const char *cmd, const char *what, const char *v) {
+    char *end;
+    double x = strtod(v, &end);
+    if (!*v || *end || !isfinite(x)) TZ_FATAL("%s: %s %s: expected a number", cmd, what, v);
+    return x;
+}
+
+/* generate CONFIG --prompt TEXT [--max-new N] [--temperature T] [--top-p P] [--seed S]
+ * [--tokenizer PATH] [--set k=v ...]: one process (rank 0 generates, the others wait). */
+static int cmd_generate(int argc, char **argv) {
+    static const char *const known[] = {"--prompt", "--max-new", "--temperature", "--top-p",
+                                        "--seed",   "--tokenizer", NULL};
+    tz_generate_args a = {.prompt = NULL, .max_new = 64, .temperature = 0.0, .top_p = 1.0};
+    char **rest = tz_xcalloc((size_t)argc + 1, sizeof *rest);
+    int nrest = 0;
+    for (int i = 0; i < argc; i++) {
+        int k = 0;
+        while (known[k] && strcmp(argv[i], known[k])) k++;
+        if (i < 3 || !known[k]) { rest[nrest++] = argv[i]; continue; }
+        if (i + 1 >= argc) TZ_FATAL("generate: %s needs a value", argv[i]);
+        const char *v = argv[++i];
+        if (k == 0) a.prompt = v;
+        else if (k == 1) a.max_new = tz_command_int(v, "--max-new");
+        else if (k == 2) a.temperature = number_arg("generate", "--temperature", v);
+        else if (k == 3) a.top_p = number_arg("generate", "--top-p", v);
+        else if (k == 4) a.seed = tz_command_int(v, "--seed");
+        else a.tokenizer = v;
+    }
+    if (!a.prompt) TZ_FATAL("generate: --prompt TEXT is required");
+    if (a.max_new < 0 || a.max_new > (1 << 20))
+        TZ_FATAL("generate: --max-new %lld: expected 0..1048576", (long long)a.max_new);
+    if (a.temperature < 0) TZ_FATAL("generate: --temperature %g: expected 0 (greedy) or more",
+                                    a.temperature);
+    if (!(a.top_p > 0 && a.top_p <= 1)) TZ_FATAL("generate: --top-p %g: expected 0 < P <= 1",
+                                                 a.top_p);
+    if (a.seed < 0) TZ_FATAL("generate: --seed %lld: expected a non-negative integer",
+                             (long long)a.seed);
+    static tz_config cfg;
+    tz_world world;
+    tz_world_init(&world, -1);
+    tz_comm *comm = tz_comm_mpi_create(MPI_COMM_WORLD);
+    load_config(&cfg, nrest, rest, comm);
+    int rc = comm->rank == 0 ? tz_generate_run(&cfg, &a) : 0;
+    tz_comm_barrier(comm);
+    tz_comm_destroy(comm);
+    tz_world_free(&world);
+    free(rest);
+    return rc;
+}
+
 /* The collective commands: world, communicator, config, then the driver. */
 static int cmd_collective(int argc, char **argv, int (*fn)(const tz_config *, tz_world *, tz_comm *)) {
     static tz_config cfg;
@@ -308,6 +365,8 @@ int main(int argc, char **argv) {
         rc = cmd_plot(argc, argv);
     } else if (!strcmp(argv[1], "sample")) {
         rc = cmd_sample(argc, argv);
+    } else if (!strcmp(argv[1], "generate")) {
+        rc = cmd_generate(argc, argv);
     } else {
         TZ_FATAL_HINT("turbozero --help lists the commands", "unknown command '%s'", argv[1]);
     }

@@ -73,6 +73,15 @@ struct tz_backend {
                      float theta);
     void (*rope_bwd)(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H, int64_t D,
                      float theta);
+    /* The same rotation with the frequencies given and the positions offset: inv_freq is
+     * D/2 floats of backend memory (theta^(-2i/D), or a scaled table such as Llama 3's),
+     * the position of row (b, t) is pos0 + t, the angle (float)(pos0 + t) * inv_freq[i].
+     * With inv_freq[i] = 1 / theta^((float)(2i) / D) in float and pos0 = 0 it gives
+     * rope_fwd's results bit for bit. bwd: the inverse rotation, in place. */
+    void (*rope_tab_fwd)(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                         const float *inv_freq, int64_t pos0);
+    void (*rope_tab_bwd)(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H, int64_t D,
+                         const float *inv_freq, int64_t pos0);
 
     /* ---- scaled dot-product attention with grouped-query heads ----
      * q [B,T,Hq,D], k, v [B,T,Hkv,D], Hq % Hkv == 0, query head h reads kv head h/(Hq/Hkv).
@@ -87,6 +96,16 @@ struct tz_backend {
                           const float *out, const float *lse, const float *q, const float *k,
                           const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                           int64_t D, int causal);
+
+    /* Attention of T new queries against a key/value cache (generation; forward only):
+     * q [B,T,Hq,D] at positions pos0 .. pos0+T-1; kc, vc [B,S,Hkv,D] hold the keys and values
+     * of positions 0 .. pos0+T-1 (the new ones included; pos0 + T <= S, the cache's
+     * capacity). Causal: query t reads keys s <= pos0 + t, with rope, scale and grouped heads
+     * as attention_fwd; with pos0 = 0 and S = T it is attention_fwd's forward. out
+     * [B,T,Hq,D]; no lse. */
+    void (*attention_cache_fwd)(tz_backend *be, float *out, const float *q, const float *kc,
+                                const float *vc, int64_t B, int64_t T, int64_t S, int64_t pos0,
+                                int64_t Hq, int64_t Hkv, int64_t D);
 
     /* ---- SwiGLU: out = silu(g) * u, n elements. bwd: dg, du += ... ---- */
     void (*swiglu_fwd)(tz_backend *be, float *out, const float *g, const float *u, int64_t n);

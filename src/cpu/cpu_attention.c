@@ -85,6 +85,52 @@ static void cpu_attention_fwd(tz_backend *be, float *out, float *lse, const floa
     }
 }
 
+/* Queries at positions pos0.. against a cache of S rows per sequence: work item (b, h, query
+ * block) as in the forward above, over the pos0 + t0 + nq keys the block can see. */
+static void cpu_attention_cache_fwd(tz_backend *be, float *out, const float *q, const float *kc,
+                                    const float *vc, int64_t B, int64_t T, int64_t S,
+                                    int64_t pos0, int64_t Hq, int64_t Hkv, int64_t D) {
+    att_shape sh = make_shape(B, T, Hq, Hkv, D, 1);
+    if (B <= 0 || T <= 0 || D <= 0) return;
+    if (pos0 < 0 || pos0 + T > S)
+        TZ_FATAL("attention_cache: positions %lld..%lld do not fit a cache of %lld",
+                 (long long)pos0, (long long)(pos0 + T - 1), (long long)S);
+    int64_t nqb = (T + BQ - 1) / BQ, items = B * Hq * nqb;
+    double work = (double)B * (double)Hq * (double)T * (double)(pos0 + T) * (double)D;
+    int nt = work < 65536.0 ? 1 : tz_cpu_threads(be);
+    tz_cpu_ws_reserve(be, nt);
+#pragma omp parallel num_threads(nt)
+    {
+        float *ws = tz_cpu_ws_get(be, omp_get_thread_num(), TZ_CPU_K(tz_cpu_gemm_ws_floats)());
+        float *P = tz_cpu_aligned_alloc((size_t)(BQ * (pos0 + T)) * sizeof(float));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            int64_t b = it / (Hq * nqb), h = (it / nqb) % Hq, t0 = (it % nqb) * BQ;
+            int64_t nq = T - t0 < BQ ? T - t0 : BQ, nk = pos0 + t0 + nq;
+            const float *kg = kc + (b * S * Hkv + h / sh.rep) * D;
+            const float *vg = vc + (b * S * Hkv + h / sh.rep) * D;
+            int64_t row0 = (b * T + t0) * Hq + h;
+            gemm(P, nk, q + row0 * D, sh.ldq, kg, sh.ldk, 1, nq, nk, D, sh.scale, 0.0f, ws);
+            for (int64_t i = 0; i < nq; i++) {
+                float *sr = P + i * nk;
+                int64_t n = pos0 + t0 + i + 1;
+                float m = tz_cpu_maxf(sr, n), sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t s = 0; s < n; s++) {
+                    sr[s] = tz_cpu_expf(sr[s] - m);
+                    sum += sr[s];
+                }
+                float inv = 1.0f / sum;
+#pragma omp simd
+                for (int64_t s = 0; s < n; s++) sr[s] *= inv;
+                for (int64_t s = n; s < nk; s++) sr[s] = 0.0f;
+            }
+            gemm(out + row0 * D, sh.ldq, P, nk, vg, sh.ldk, 0, nq, D, nk, 1.0f, 0.0f, ws);
+        }
+        free(P);
+    }
+}
+
 /* With P = exp(S - lse), dP = dO V^T, delta_t = dO_t . O_t (= sum_s P_ts dP_ts) and
  * dS = P * (dP - delta):  dV = P^T dO,  dQ = scale dS K,  dK = scale dS^T Q.
  * Two passes so every gradient row has one owner: dq over (b, q-head, query block); dk and
@@ -196,4 +242,5 @@ static void cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, c
 void TZ_CPU_K(tz_cpu_install_attention)(tz_backend *be) {
     be->attention_fwd = cpu_attention_fwd;
     be->attention_bwd = cpu_attention_bwd;
+    be->attention_cache_fwd = cpu_attention_cache_fwd;
 }

@@ -39,34 +39,35 @@ static void cpu_embedding_bwd(tz_backend *be, float *dtable, const int32_t *tok,
 
 /* ---- RoPE (HF rotate-half) ---- */
 
-/* cs[t*half + i] = cos, sn[...] = sin of angle (float)t * inv_freq[i], with inv_freq in float
- * as HF computes it: 1 / theta^((2i)/D). */
-static void rope_table(float *cs, float *sn, int64_t T, int64_t D, float theta, int nt) {
-    int64_t half = D / 2;
-    float *inv = tz_xmalloc((size_t)half * sizeof(float));
-    for (int64_t i = 0; i < half; i++)
+/* inv[i] = 1 / theta^((2i)/D) in float, as HF computes it. */
+static void rope_inv_freq(float *inv, int64_t D, float theta) {
+    for (int64_t i = 0; i < D / 2; i++)
         inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)D);
+}
+
+/* cs[t*half + i] = cos, sn[...] = sin of angle (float)(pos0 + t) * inv[i]. */
+static void rope_table(float *cs, float *sn, int64_t T, int64_t D, const float *inv,
+                       int64_t pos0, int nt) {
+    int64_t half = D / 2;
 #pragma omp parallel for schedule(static) num_threads(nt) if (T * half >= 4096)
     for (int64_t t = 0; t < T; t++) {
         for (int64_t i = 0; i < half; i++) {
-            float ang = (float)t * inv[i];
+            float ang = (float)(pos0 + t) * inv[i];
             cs[t * half + i] = cosf(ang);
             sn[t * half + i] = sinf(ang);
         }
     }
-    free(inv);
 }
 
-/* dir = +1: forward rotation; -1: its transpose (the backward). */
+/* dir = +1: forward rotation; -1: its transpose (the backward). inv: D/2 host floats. */
 static void rope_apply(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
-                       float theta, float dir) {
-    if (D % 2 != 0) TZ_FATAL("rope needs an even head dimension, got D=%lld", (long long)D);
+                       const float *inv, int64_t pos0, float dir) {
     if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
     int nt = tz_cpu_threads(be);
     int64_t half = D / 2;
     float *cs = tz_xmalloc((size_t)(T * half) * sizeof(float));
     float *sn = tz_xmalloc((size_t)(T * half) * sizeof(float));
-    rope_table(cs, sn, T, D, theta, nt);
+    rope_table(cs, sn, T, D, inv, pos0, nt);
 #pragma omp parallel for schedule(static) num_threads(nt) if (B * T * H * D >= TZ_CPU_PAR_MIN)
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t t = bt % T;
@@ -85,14 +86,36 @@ static void rope_apply(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H
     free(sn);
 }
 
+static void rope_theta(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                       float theta, float dir) {
+    if (D % 2 != 0) TZ_FATAL("rope needs an even head dimension, got D=%lld", (long long)D);
+    if (D <= 0) return;
+    float *inv = tz_xmalloc((size_t)(D / 2) * sizeof(float));
+    rope_inv_freq(inv, D, theta);
+    rope_apply(be, x, B, T, H, D, inv, 0, dir);
+    free(inv);
+}
+
 static void cpu_rope_fwd(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
                          float theta) {
-    rope_apply(be, x, B, T, H, D, theta, 1.0f);
+    rope_theta(be, x, B, T, H, D, theta, 1.0f);
 }
 
 static void cpu_rope_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H, int64_t D,
                          float theta) {
-    rope_apply(be, dx, B, T, H, D, theta, -1.0f);
+    rope_theta(be, dx, B, T, H, D, theta, -1.0f);
+}
+
+static void cpu_rope_tab_fwd(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H,
+                             int64_t D, const float *inv_freq, int64_t pos0) {
+    if (D % 2 != 0) TZ_FATAL("rope needs an even head dimension, got D=%lld", (long long)D);
+    rope_apply(be, x, B, T, H, D, inv_freq, pos0, 1.0f);
+}
+
+static void cpu_rope_tab_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H,
+                             int64_t D, const float *inv_freq, int64_t pos0) {
+    if (D % 2 != 0) TZ_FATAL("rope needs an even head dimension, got D=%lld", (long long)D);
+    rope_apply(be, dx, B, T, H, D, inv_freq, pos0, -1.0f);
 }
 
 /* ---- patches ---- */
@@ -145,6 +168,8 @@ void TZ_CPU_K(tz_cpu_install_layout)(tz_backend *be) {
     be->embedding_bwd = cpu_embedding_bwd;
     be->rope_fwd = cpu_rope_fwd;
     be->rope_bwd = cpu_rope_bwd;
+    be->rope_tab_fwd = cpu_rope_tab_fwd;
+    be->rope_tab_bwd = cpu_rope_tab_bwd;
     be->patchify = cpu_patchify;
     be->unpatchify = cpu_unpatchify;
     be->copy2d = cpu_copy2d;

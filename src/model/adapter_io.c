@@ -190,3 +190,52 @@ void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char 
     tz_path_join(path, sizeof path, dir, "adapter_config.json");
     if (tz_peft_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }
+
+/* The dense host floats of quantized p (its codes decoded as tz_params_save writes them). */
+static float *dequant_host(tz_backend *be, const tz_param *p) {
+    tz_tq_tensor t;
+    char err[256];
+    download_quant(be, p, &t, "merge");
+    tz_tq_codebook cb;
+    memset(&cb, 0, sizeof cb);
+    if (p->q->method == TZ_TQ_TURBOQUANT && tz_tq_codebook_init(&cb, p->q->bits, err, sizeof err))
+        TZ_FATAL("%s", err);
+    float *f = tz_xmalloc((size_t)p->numel * sizeof *f);
+    tz_tq_dequantize_as(&t, p->q->method, &cb, f);
+    tz_tq_tensor_free(&t);
+    return f;
+}
+
+int tz_params_merge_lora(tz_params *ps, tz_backend *be, const tz_lora_spec *s) {
+    static const char prefix[] = "base_model.model.", tail[] = ".lora_A.weight";
+    for (int i = 0; i < ps->n; i++) { /* every weight dense first */
+        tz_param *p = ps->p[i];
+        if (!p->q) continue;
+        float *f = dequant_host(be, p);
+        tz_param_make_dense(p, be);
+        be->upload(be, p->w, f, (size_t)p->numel * sizeof *f);
+        free(f);
+    }
+    const float scale = (float)(s->alpha / (double)s->rank);
+    int merged = 0;
+    for (int i = 0; i < ps->n; i++) {
+        tz_param *a = ps->p[i];
+        size_t n = strlen(a->name), np = sizeof prefix - 1, nt = sizeof tail - 1;
+        if (!a->adapter || n <= np + nt || strncmp(a->name, prefix, np) ||
+            strcmp(a->name + n - nt, tail))
+            continue;
+        char wname[TZ_NAME_MAX], bname[TZ_NAME_MAX];
+        snprintf(wname, sizeof wname, "%.*s.weight", (int)(n - np - nt), a->name + np);
+        snprintf(bname, sizeof bname, "%.*s.lora_B.weight", (int)(n - nt), a->name);
+        tz_param *w = tz_params_find(ps, wname), *b = tz_params_find(ps, bname);
+        if (!w || !b || w->ndim != 2 || b->shape[0] != w->shape[0] || b->shape[1] != a->shape[0] ||
+            a->shape[1] != w->shape[1])
+            TZ_FATAL("merge: adapter %s has no matching %s and %s [%lld, %lld]", a->name, bname,
+                     wname, (long long)(w ? w->shape[0] : 0), (long long)a->shape[0]);
+        /* W[out, in] += scale * B[out, r] A[r, in] */
+        be->matmul(be, w->w, b->w, a->w, w->shape[0], w->shape[1], a->shape[0], 0, 0, scale,
+                   1.0f);
+        merged++;
+    }
+    return merged;
+}

@@ -42,4 +42,12 @@ typedef struct tz_tensor_view {
 int tz_params_save(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
                          const tz_tensor_view *views, int n_views, const tz_quant_opts *quant);
 
+/* Folds the LoRA adapters of ps into their base weights, W += alpha / rank * B A (PEFT's
+ * names: base_model.model.X.lora_A.weight and lora_B adapt X.weight), and makes every
+ * quantized weight dense, dequantized: afterwards the base weights alone compute what base +
+ * adapters computed (to rounding) and save like any dense model's. The adapter tensors are
+ * left as they were. Returns the number of weights merged; fatal when an adapter's weight is
+ * missing or mis-shaped. */
+int tz_params_merge_lora(tz_params *ps, tz_backend *be, const tz_lora_spec *s);
+
 #endif

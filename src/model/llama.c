@@ -35,6 +35,26 @@ int tz_llama_preset(const char *name, int64_t vocab, tz_llama_dims *d, char *err
     return 0;
 }
 
+void tz_llama_inv_freq(const tz_llama_dims *d, float *inv) {
+    const int64_t D = d->head_dim;
+    const float two_pi = 6.283185307179586f;
+    for (int64_t i = 0; i < D / 2; i++) {
+        float f = 1.0f / powf((float)d->theta, (float)(2 * i) / (float)D);
+        if (d->rope_type == TZ_ROPE_LLAMA3) {
+            const float L = (float)d->rope_orig_max, lo = (float)d->rope_low_freq,
+                        hi = (float)d->rope_high_freq, factor = (float)d->rope_factor;
+            float wl = two_pi / f;
+            if (wl > L / lo) {
+                f = f / factor;
+            } else if (!(wl < L / hi)) {
+                float s = (L / wl - lo) / (hi - lo);
+                f = (1.0f - s) * f / factor + s * f;
+            }
+        }
+        inv[i] = f;
+    }
+}
+
 static tz_param *add_param(tz_llama *m, const char *name, int ndim, int64_t d0, int64_t d1,
                            int trainable, int decay, int adapter, int64_t stage) {
     tz_param *p = tz_params_add(&m->params, m->be, name, ndim, d0, d1, trainable, decay, adapter);
@@ -117,6 +137,7 @@ void tz_llama_free(tz_llama *m) {
     if (!m) return;
     tz_arena_free(&m->arena);
     tz_params_free(&m->params, m->be);
+    if (m->inv_freq) m->be->release(m->be, m->inv_freq);
     free(m->layers);
     tz_layer_stack_free(&m->stack);
     free(m->loss_host);
@@ -187,6 +208,31 @@ void tz_llama_setup(tz_llama *m, int64_t B, int64_t T) {
 
 /* ---- forward ---- */
 
+/* RoPE on x [B, T, H, head_dim] at positions pos0 + t: the theta op where it suffices (no
+ * scaling, no offset; every backend has it), else the op with the frequency table. */
+static void rope(tz_llama *m, float *x, int64_t B, int64_t T, int64_t H, int64_t pos0, int bwd) {
+    tz_backend *be = m->be;
+    const tz_llama_dims *d = &m->d;
+    if (d->rope_type == TZ_ROPE_DEFAULT && pos0 == 0) {
+        if (bwd) be->rope_bwd(be, x, B, T, H, d->head_dim, (float)d->theta);
+        else be->rope_fwd(be, x, B, T, H, d->head_dim, (float)d->theta);
+        return;
+    }
+    if (!be->rope_tab_fwd || !be->rope_tab_bwd)
+        TZ_FATAL("llama: the %s backend has no RoPE with a frequency table (needed for "
+                 "rope_scaling and for generation)", be->name);
+    if (!m->inv_freq) { /* made on first use: a model that never needs it holds none */
+        const size_t bytes = (size_t)(d->head_dim / 2) * sizeof(float);
+        float *inv = tz_xmalloc(bytes);
+        tz_llama_inv_freq(d, inv);
+        m->inv_freq = be->alloc(be, bytes);
+        be->upload(be, m->inv_freq, inv, bytes);
+        free(inv);
+    }
+    if (bwd) be->rope_tab_bwd(be, x, B, T, H, d->head_dim, m->inv_freq, pos0);
+    else be->rope_tab_fwd(be, x, B, T, H, d->head_dim, m->inv_freq, pos0);
+}
+
 /* One layer: x -> out, saving its activations in a. */
 static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, const float *x,
                       float *out) {
@@ -197,8 +243,8 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     tz_linear_fwd(be, &L->lin[TZ_LIN_Q], a->q, a->lh[TZ_LIN_Q], a->h1, BT);
     tz_linear_fwd(be, &L->lin[TZ_LIN_K], a->k, a->lh[TZ_LIN_K], a->h1, BT);
     tz_linear_fwd(be, &L->lin[TZ_LIN_V], a->v, a->lh[TZ_LIN_V], a->h1, BT);
-    be->rope_fwd(be, a->q, B, T, d->n_heads, d->head_dim, (float)d->theta);
-    be->rope_fwd(be, a->k, B, T, d->n_kv_heads, d->head_dim, (float)d->theta);
+    rope(m, a->q, B, T, d->n_heads, 0, 0);
+    rope(m, a->k, B, T, d->n_kv_heads, 0, 0);
     be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, B, T, d->n_heads, d->n_kv_heads,
                       d->head_dim, 1);
     tz_linear_fwd(be, &L->lin[TZ_LIN_O], a->x2, a->lh[TZ_LIN_O], a->att, BT);
@@ -260,8 +306,8 @@ static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     be->fill(be, m->dv, 0.0f, BT * kvd);
     be->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T,
                       d->n_heads, d->n_kv_heads, d->head_dim, 1);
-    be->rope_bwd(be, m->dq, B, T, d->n_heads, d->head_dim, (float)d->theta);
-    be->rope_bwd(be, m->dk, B, T, d->n_kv_heads, d->head_dim, (float)d->theta);
+    rope(m, m->dq, B, T, d->n_heads, 0, 1);
+    rope(m, m->dk, B, T, d->n_kv_heads, 0, 1);
     be->fill(be, m->dh, 0.0f, BT * C);
     tz_linear_bwd(be, &L->lin[TZ_LIN_Q], m->dh, m->dq, a->h1, a->lh[TZ_LIN_Q], m->dlora, BT);
     tz_linear_bwd(be, &L->lin[TZ_LIN_K], m->dh, m->dk, a->h1, a->lh[TZ_LIN_K], m->dlora, BT);
@@ -296,4 +342,80 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     if (m->embed->g) be->embedding_bwd(be, m->embed->g, m->tok, m->dres, BT, C);
     tz_params_stage_done(&m->params, (int)d->n_layers + 1);
     return loss;
+}
+
+/* ---- generation ---- */
+
+void tz_llama_cache_init(tz_llama *m, tz_llama_cache *c, int64_t cap) {
+    const int64_t L = m->d.n_layers, kvd = m->d.n_kv_heads * m->d.head_dim;
+    c->cap = cap;
+    c->len = 0;
+    c->k = tz_xcalloc((size_t)L, sizeof *c->k);
+    c->v = tz_xcalloc((size_t)L, sizeof *c->v);
+    for (int64_t l = 0; l < L; l++) {
+        c->k[l] = m->be->alloc(m->be, (size_t)(cap * kvd) * sizeof(float));
+        c->v[l] = m->be->alloc(m->be, (size_t)(cap * kvd) * sizeof(float));
+    }
+}
+
+void tz_llama_cache_free(tz_llama *m, tz_llama_cache *c) {
+    for (int64_t l = 0; c->k && l < m->d.n_layers; l++) {
+        m->be->release(m->be, c->k[l]);
+        m->be->release(m->be, c->v[l]);
+    }
+    free(c->k);
+    free(c->v);
+    memset(c, 0, sizeof *c);
+}
+
+/* One layer for n new tokens at positions pos0..: layer_fwd with the offset RoPE and the
+ * keys and values written into the cache, attention reading the cache. */
+static void layer_decode(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, float *kc,
+                         float *vc, int64_t cap, int64_t pos0, const float *x, float *out,
+                         int64_t n) {
+    tz_backend *be = m->be;
+    const tz_llama_dims *d = &m->d;
+    const int64_t C = d->dim, kvd = d->n_kv_heads * d->head_dim;
+    be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, n, C, (float)d->eps);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_Q], a->q, a->lh[TZ_LIN_Q], a->h1, n);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_K], a->k, a->lh[TZ_LIN_K], a->h1, n);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_V], a->v, a->lh[TZ_LIN_V], a->h1, n);
+    rope(m, a->q, 1, n, d->n_heads, pos0, 0);
+    rope(m, a->k, 1, n, d->n_kv_heads, pos0, 0);
+    be->copy(be, kc + pos0 * kvd, a->k, (size_t)(n * kvd) * sizeof(float));
+    be->copy(be, vc + pos0 * kvd, a->v, (size_t)(n * kvd) * sizeof(float));
+    be->attention_cache_fwd(be, a->att, a->q, kc, vc, 1, n, cap, pos0, d->n_heads,
+                            d->n_kv_heads, d->head_dim);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_O], a->x2, a->lh[TZ_LIN_O], a->att, n);
+    be->axpy(be, a->x2, 1.0f, x, n * C);
+    be->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, L->mlp_norm->w, n, C, (float)d->eps);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_GATE], a->g, a->lh[TZ_LIN_GATE], a->h2, n);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_UP], a->u, a->lh[TZ_LIN_UP], a->h2, n);
+    be->swiglu_fwd(be, a->s, a->g, a->u, n * d->hidden);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_DOWN], out, a->lh[TZ_LIN_DOWN], a->s, n);
+    be->axpy(be, out, 1.0f, a->x2, n * C);
+}
+
+const float *tz_llama_decode(tz_llama *m, tz_llama_cache *c, const int32_t *tok, int64_t n) {
+    tz_backend *be = m->be;
+    const tz_llama_dims *d = &m->d;
+    const int64_t C = d->dim;
+    if (!m->arena.base || m->B != 1 || n < 1 || n > m->T)
+        TZ_FATAL("llama: decode of %lld tokens needs tz_llama_setup(m, 1, T >= %lld)",
+                 (long long)n, (long long)n);
+    if (!be->attention_cache_fwd)
+        TZ_FATAL("llama: the %s backend has no attention over a key/value cache", be->name);
+    if (c->len + n > c->cap)
+        TZ_FATAL("llama: the key/value cache holds %lld positions; %lld more do not fit",
+                 (long long)c->cap, (long long)(c->len + n - c->cap));
+    be->upload(be, m->tok, tok, (size_t)n * sizeof *tok);
+    be->embedding_fwd(be, m->stack.xin[0], m->tok, m->embed->w, n, C);
+    for (int64_t l = 0; l < d->n_layers; l++)
+        layer_decode(m, &m->layers[l], acts_of(m, 0), c->k[l], c->v[l], c->cap, c->len,
+                     m->stack.xin[l], m->stack.xin[l + 1], n);
+    c->len += n;
+    const float *last = m->stack.xin[d->n_layers] + (n - 1) * C;
+    be->rmsnorm_fwd(be, m->hf, m->rstdf, last, m->final_norm->w, 1, C, (float)d->eps);
+    be->matmul(be, m->logits, m->hf, m->lm_head->w, 1, d->vocab, C, 0, 1, 1.0f, 0.0f);
+    return m->logits;
 }

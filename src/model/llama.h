@@ -19,7 +19,20 @@ typedef struct tz_llama_dims {
     int64_t vocab, dim, hidden, n_layers, n_heads, n_kv_heads, head_dim, max_pos;
     double eps, theta;
     int tied;
+    /* RoPE scaling (HF rope_scaling): TZ_ROPE_DEFAULT, or TZ_ROPE_LLAMA3 (Llama 3.1 / 3.2)
+     * with its factor, low_freq_factor, high_freq_factor and original_max_position_embeddings */
+    int rope_type;
+    double rope_factor, rope_low_freq, rope_high_freq;
+    int64_t rope_orig_max;
 } tz_llama_dims;
+enum { TZ_ROPE_DEFAULT = 0, TZ_ROPE_LLAMA3 = 1 };
+
+/* The head_dim/2 RoPE frequencies of d into inv (host floats), computed in float as HF does:
+ * inv[i] = 1 / theta^(2i/head_dim), then for TZ_ROPE_LLAMA3 (wavelength w = 2 pi / inv[i],
+ * L = original_max_position_embeddings): w < L / high_freq_factor: kept; w > L /
+ * low_freq_factor: divided by factor; between: (1 - s) inv / factor + s inv with
+ * s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor). */
+void tz_llama_inv_freq(const tz_llama_dims *d, float *inv);
 
 /* Presets for `init-model --arch llama`, every one with tied embeddings, 2048 positions, eps
  * 1e-5 and theta 1e4: "tiny" (dim 128, 2 layers, 4 heads / 2 kv, MLP 352), "mini" (192, 4,
@@ -54,6 +67,8 @@ typedef struct tz_llama {
     tz_tq_codebook cb;        /* codebook of o.quant.bits (TurboQuant) */
     float levels[TZ_TQ_MAX_LEVELS]; /* the code values of o.quant (tz_tq_levels) */
     tz_tq_scratch tq;         /* the one decode tile + rotation buffer, in the arena */
+    float *inv_freq;          /* head_dim/2 RoPE frequencies (backend memory), made when
+                               * first needed (rope_scaling, or generation) */
     /* activations for batches of B sequences of T tokens (set by tz_llama_setup) */
     int64_t B, T;
     tz_arena arena;
@@ -88,5 +103,23 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
 double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targets);
 /* Logits of the last forward, [B*T, vocab], backend memory. */
 static inline const float *tz_llama_logits(const tz_llama *m) { return m->logits; }
+
+/* ---- generation with a key/value cache ---- */
+
+/* The keys and values (after RoPE) of the positions a sequence has gone through, per layer,
+ * for one sequence (B = 1). */
+typedef struct tz_llama_cache {
+    int64_t cap, len;  /* positions it can hold; positions held (the next one's index) */
+    float **k, **v;    /* n_layers buffers of [cap, n_kv_heads * head_dim], backend memory */
+} tz_llama_cache;
+
+/* A cache for up to cap positions (backend memory; tz_llama_cache_free releases it). */
+void tz_llama_cache_init(tz_llama *m, tz_llama_cache *c, int64_t cap);
+void tz_llama_cache_free(tz_llama *m, tz_llama_cache *c);
+/* Runs the n tokens tok (host) at positions c->len .. c->len + n - 1, appends their keys and
+ * values to c, and returns the logits of the last one (vocab floats, backend memory, valid
+ * until the next call). Needs tz_llama_setup(m, 1, T) with n <= T; fatal when the cache is
+ * full. The logits are the forward pass's for the same prefix, up to rounding. */
+const float *tz_llama_decode(tz_llama *m, tz_llama_cache *c, const int32_t *tok, int64_t n);
 
 #endif

@@ -31,6 +31,13 @@ void tz_llama_read_dims(const char *dir, tz_llama_dims *d) {
     d->eps = c.rms_norm_eps;
     d->theta = c.rope_theta;
     d->tied = c.tie_word_embeddings;
+    if (!strcmp(c.rope_type, "llama3")) {
+        d->rope_type = TZ_ROPE_LLAMA3;
+        d->rope_factor = c.rope_factor;
+        d->rope_low_freq = c.rope_low_freq_factor;
+        d->rope_high_freq = c.rope_high_freq_factor;
+        d->rope_orig_max = c.rope_original_max_position_embeddings;
+    }
 }
 
 tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
@@ -70,6 +77,13 @@ void tz_llama_save(tz_llama *m, const char *dir, int bf16) {
     c.rms_norm_eps = m->d.eps;
     c.rope_theta = m->d.theta;
     c.tie_word_embeddings = m->d.tied;
+    if (m->d.rope_type == TZ_ROPE_LLAMA3) {
+        snprintf(c.rope_type, sizeof c.rope_type, "llama3");
+        c.rope_factor = m->d.rope_factor;
+        c.rope_low_freq_factor = m->d.rope_low_freq;
+        c.rope_high_freq_factor = m->d.rope_high_freq;
+        c.rope_original_max_position_embeddings = m->d.rope_orig_max;
+    }
     snprintf(c.model_type, sizeof c.model_type, "llama");
     snprintf(c.torch_dtype, sizeof c.torch_dtype, bf16 ? "bfloat16" : "float32");
     tz_path_join(path, sizeof path, dir, "model.safetensors");

@@ -12,8 +12,12 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/fsutil.h"
+#include "io/hf_config.h"
+#include "model/adapter_io.h"
 #include "model/llama_quant.h"
 #include "quant/turboquant.h"
+#include "train/task.h"
 
 int64_t tz_command_int(const char *s, const char *what) {
     char *end;
@@ -93,6 +97,14 @@ int tz_sample_run(const tz_config *cfg, const tz_sample_args *a) {
     return f->sample(cfg, a);
 }
 
+int tz_generate_run(const tz_config *cfg, const tz_generate_args *a) {
+    const tz_family *f = tz_family_of(cfg);
+    if (!f->generate)
+        TZ_FATAL("%s: generate needs a model.arch that generates text (model.arch = \"%s\" "
+                 "has no generator)", cfg->source, f->name);
+    return f->generate(cfg, a);
+}
+
 void tz_quantize_run(const tz_quantize_args *a) {
     int method = TZ_TQ_TURBOQUANT;
     if (a->method && tz_tq_method_from_name(a->method, &method))
@@ -109,3 +121,63 @@ void tz_quantize_run(const tz_quantize_args *a) {
 }
 
 void tz_export_run(const char *in, const char *out) { tz_llama_export_dequantized(in, out, stdout); }
+
+/* Copies file name from folder src to folder dst when it is there. */
+static void copy_if_present(const char *src, const char *dst, const char *name) {
+    char from[1100], to[1100];
+    tz_path_join(from, sizeof from, src, name);
+    tz_path_join(to, sizeof to, dst, name);
+    FILE *in = fopen(from, "rb");
+    if (!in) return;
+    FILE *out = fopen(to, "wb");
+    if (!out) TZ_FATAL("export: cannot write %s: %s", to, strerror(errno));
+    char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, n, out) != n) TZ_FATAL("export: cannot write %s: %s", to, strerror(errno));
+    if (ferror(in)) TZ_FATAL("export: cannot read %s", from);
+    fclose(in);
+    if (fclose(out)) TZ_FATAL("export: cannot write %s: %s", to, strerror(errno));
+}
+
+void tz_export_merge_run(const char *in, const char *adapter, const char *out, int bf16) {
+    char type[64], err[1200], src[1100], dst[1100];
+    if (tz_hf_model_type(in, type, sizeof type, err, sizeof err)) TZ_FATAL("export: %s", err);
+    const tz_family *f = tz_family_find(!strcmp(type, "mistral") || !type[0] ? "llama" : type);
+    if (!f)
+        TZ_FATAL("export: %s/config.json: model_type \"%s\": expected \"llama\", \"mistral\" or "
+                 "\"dit\"", in, type);
+    static tz_config cfg; /* what a config file would say: the model and its adapter */
+    memset(&cfg, 0, sizeof cfg);
+    snprintf(cfg.source, sizeof cfg.source, "export --merge");
+    snprintf(cfg.model.path, sizeof cfg.model.path, "%s", in);
+    snprintf(cfg.model.adapter, sizeof cfg.model.adapter, "%s", adapter);
+    tz_task *t = tz_xcalloc(1, f->task->size);
+    t->family = f;
+    t->cfg = &cfg;
+    t->be = tz_cpu_backend_create(0);
+    t->opts = tz_task_model_opts(f, &cfg, 0);
+    t->params = f->task->load(t);
+    int nq = 0;
+    for (int i = 0; i < t->params->n; i++) nq += t->params->p[i]->q != NULL;
+    tz_task_load_adapters(&cfg, &t->opts, t->params, t->be);
+    int merged = tz_params_merge_lora(t->params, t->be, &t->opts.lora);
+    if (!merged) TZ_FATAL("export: %s holds no LoRA weights for %s", adapter, in);
+    f->task->save_model(t, out, bf16);
+    /* the source's config.json as it was (rope_scaling, token ids, ...), now dense */
+    tz_path_join(src, sizeof src, in, "config.json");
+    tz_path_join(dst, sizeof dst, out, "config.json");
+    if (tz_hf_config_rewrite(src, dst, NULL, bf16 ? "bfloat16" : "float32", err, sizeof err))
+        TZ_FATAL("export: %s", err);
+    static const char *const extra[] = {"tokenizer.json", "tokenizer_config.json",
+                                        "special_tokens_map.json", "generation_config.json",
+                                        "tokenizer.model", NULL};
+    for (int i = 0; extra[i]; i++) copy_if_present(in, out, extra[i]);
+    printf("wrote %s: %s with %d LoRA weights merged (alpha/rank %g)%s, %s\n", out, in, merged,
+           t->opts.lora.alpha / (double)t->opts.lora.rank,
+           nq ? ", quantized weights dequantized" : "", bf16 ? "BF16" : "F32");
+    tz_backend *be = t->be;
+    f->task->close(t);
+    free(t);
+    tz_cpu_backend_destroy(be);
+}

@@ -23,6 +23,10 @@ void tz_init_model_run(const char *arch, const tz_init_args *a);
  * sampler, as a PNG grid; fatal when the family has none. One process. */
 int tz_sample_run(const tz_config *cfg, const tz_sample_args *a);
 
+/* A continuation of a->prompt from the configured model (+ model.adapter) by the family's
+ * generator, on stdout; fatal when the family has none. One process. */
+int tz_generate_run(const tz_config *cfg, const tz_generate_args *a);
+
 /* What `turbozero quantize` was given, as typed (group, method and seed may be NULL). */
 typedef struct tz_quantize_args {
     const char *in, *out, *bits, *group, *method, *seed;
@@ -32,5 +36,10 @@ typedef struct tz_quantize_args {
 void tz_quantize_run(const tz_quantize_args *a);
 /* export --dequantize: the Llama folder in, every tensor F32 (the quantized ones decoded). */
 void tz_export_run(const char *in, const char *out);
+/* export --merge: the model folder in (Llama, Mistral-style or DiT, by its config.json's
+ * model_type; dense or quantized) with the LoRA adapter folder `adapter` folded into its
+ * weights, written to out as a dense folder of the same layout (F32, or BF16 when bf16):
+ * config.json copied from in without "quantization_config", the tokenizer files copied. */
+void tz_export_merge_run(const char *in, const char *adapter, const char *out, int bf16);
 
 #endif

@@ -35,6 +35,16 @@ typedef struct tz_sample_args {
     char out[1024];
 } tz_sample_args;
 
+/* What `turbozero generate` asks for. */
+typedef struct tz_generate_args {
+    const char *prompt;     /* the text to continue */
+    const char *tokenizer;  /* --tokenizer (NULL: the model folder's tokenizer.json, else bytes
+                             * for a vocab of 256) */
+    int64_t max_new, seed;
+    double temperature;     /* 0: greedy (argmax, deterministic) */
+    double top_p;           /* nucleus sampling: the smallest set of tokens of this mass */
+} tz_generate_args;
+
 typedef struct tz_family {
     const char *name;               /* model.arch and init-model --arch */
     /* The projections LoRA can adapt, in the model's order (bit 1 << j of tz_lora_spec.targets):
@@ -52,6 +62,8 @@ typedef struct tz_family {
     int (*sample)(const tz_config *cfg, const tz_sample_args *a);
     /* The PEFT task_type of its adapters ("CAUSAL_LM"), or NULL (written as null). */
     const char *peft_task_type;
+    /* generate: a continuation of a->prompt on stdout (one process); NULL: no generator. */
+    int (*generate)(const tz_config *cfg, const tz_generate_args *a);
 } tz_family;
 
 /* The registry's entries, each defined in its family's task file. */

@@ -1,10 +1,14 @@
 /* The Llama family: token windows (train/data.h) into tz_llama, outputs in HF layout; its
  * registry entry (LoRA targets, init-model presets). Adapters and saving are task.c's. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "core/rng.h"
+#include "io/fsutil.h"
+#include "io/tokenizer.h"
 #include "io/tokens.h"
 #include "model/llama_io.h"
 #include "train/commands.h"
@@ -143,9 +147,143 @@ static int64_t init_model(const tz_init_args *a, char *about, size_t n) {
     return count;
 }
 
+/* ---- generate ---- */
+
+/* The tokenizer generate uses: --tokenizer, else the model folder's tokenizer.json, else
+ * "bytes" for a model of 256 tokens. */
+static tz_tokenizer *open_tokenizer(const tz_config *cfg, const tz_generate_args *a,
+                                    int64_t vocab) {
+    char path[1100], err[1024];
+    tz_path_join(path, sizeof path, cfg->model.path, "tokenizer.json");
+    const char *use = a->tokenizer;
+    if (!use && tz_path_exists(path)) use = path;
+    if (!use && vocab == 256) use = "bytes";
+    if (!use)
+        TZ_FATAL_HINT("give --tokenizer PATH (a tokenizer.json, or bytes)",
+                      "generate: %s has no tokenizer.json and its vocab is %lld, not 256 (the "
+                      "byte-level tokenizer's)", cfg->model.path, (long long)vocab);
+    tz_tokenizer *t = tz_tokenizer_load(use, err, sizeof err);
+    if (!t) TZ_FATAL("generate: tokenizer %s: %s", use, err);
+    return t;
+}
+
+typedef struct cand {
+    double p;
+    int32_t id;
+} cand;
+
+/* Descending probability, ties by ascending id: a total order, so the draw is reproducible. */
+static int cand_cmp(const void *x, const void *y) {
+    const cand *a = x, *b = y;
+    if (a->p != b->p) return a->p < b->p ? 1 : -1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* The next token from logits[0..V): argmax (temperature 0; the first of equal maxima), or
+ * the draw u in [0, 1) from the softmax of logits / temperature restricted to the most
+ * likely tokens whose mass first reaches top_p (all of them at top_p = 1). c: V scratch. */
+static int32_t pick_token(const float *logits, int64_t V, double temperature, double top_p,
+                          float u, cand *c) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (temperature <= 0) return (int32_t)best;
+    double sum = 0.0;
+    for (int64_t i = 0; i < V; i++) {
+        c[i].p = exp(((double)logits[i] - (double)logits[best]) / temperature);
+        c[i].id = (int32_t)i;
+        sum += c[i].p;
+    }
+    int64_t n = V;
+    if (top_p < 1.0) {
+        qsort(c, (size_t)V, sizeof *c, cand_cmp);
+        double mass = 0.0;
+        for (n = 0; n < V && mass < top_p * sum; n++) mass += c[n].p;
+        sum = mass;
+    }
+    double target = (double)u * sum, acc = 0.0;
+    for (int64_t k = 0; k < n; k++) {
+        acc += c[k].p;
+        if (target < acc) return c[k].id;
+    }
+    return c[n - 1].id;
+}
+
+/* generate: the prompt through the model once (filling the key/value cache), then one token
+ * at a time; stops after max_new tokens or at the end-of-sequence token. */
+static int generate(const tz_config *cfg, const tz_generate_args *a) {
+    tz_backend *be = tz_cpu_backend_create((int)cfg->train.threads);
+    tz_model_opts o = tz_task_model_opts(&tz_family_llama, cfg, 0);
+    o.checkpointing = 0;
+    tz_llama *m = tz_llama_load(be, cfg->model.path, &o);
+    tz_task_load_adapters(cfg, &o, &m->params, be);
+    tz_tokenizer *tk = open_tokenizer(cfg, a, m->d.vocab);
+    char err[1024];
+    size_t plen = strlen(a->prompt);
+    int64_t cap = (int64_t)plen + 16, need = 0;
+    int32_t *ids = tz_xmalloc((size_t)(cap + a->max_new) * sizeof *ids);
+    int64_t np = tz_tokenizer_encode(tk, a->prompt, plen, 1, ids, cap, &need, err, sizeof err);
+    if (np >= 0 && need > cap) { /* more ids than bytes + 16: encode again into room enough */
+        cap = need;
+        ids = tz_xrealloc(ids, (size_t)(cap + a->max_new) * sizeof *ids);
+        np = tz_tokenizer_encode(tk, a->prompt, plen, 1, ids, cap, &need, err, sizeof err);
+    }
+    if (np < 0) TZ_FATAL("generate: --prompt: %s", err);
+    if (np == 0)
+        TZ_FATAL("generate: --prompt is empty and the tokenizer adds no begin-of-sequence token");
+    for (int64_t i = 0; i < np; i++)
+        if (ids[i] < 0 || ids[i] >= m->d.vocab)
+            TZ_FATAL("generate: the tokenizer gave id %d, outside the model's vocab of %lld",
+                     ids[i], (long long)m->d.vocab);
+    const int64_t total = np + a->max_new;
+    if (total > m->d.max_pos)
+        tz_warn("generate: %lld positions exceed the model's max_position_embeddings %lld",
+                (long long)total, (long long)m->d.max_pos);
+    /* ids past the tokenizer's are never drawn: they have no text */
+    int64_t V = m->d.vocab < tz_tokenizer_vocab(tk) ? m->d.vocab : tz_tokenizer_vocab(tk);
+    tz_llama_setup(m, 1, np);
+    tz_llama_cache cache;
+    tz_llama_cache_init(m, &cache, total);
+    float *logits = tz_xmalloc((size_t)m->d.vocab * sizeof *logits);
+    cand *cands = tz_xmalloc((size_t)V * sizeof *cands);
+    tz_rng r = tz_rng_make((uint64_t)a->seed, 0, TZ_RNG_NOISE, 0);
+    const int32_t eos = tz_tokenizer_eos(tk);
+    const float *lg = tz_llama_decode(m, &cache, ids, np);
+    int64_t n = np;
+    for (int64_t step = 0; step < a->max_new; step++) {
+        be->download(be, logits, lg, (size_t)m->d.vocab * sizeof *logits);
+        float u = tz_rng_uniform(&r);
+        int32_t next = pick_token(logits, V, a->temperature, a->top_p, u, cands);
+        if (next == eos) break;
+        ids[n++] = next;
+        if (step + 1 < a->max_new) lg = tz_llama_decode(m, &cache, &ids[n - 1], 1);
+    }
+    size_t tcap = 256 + 32 * (size_t)(n - np);
+    char *text = tz_xmalloc(tcap);
+    int64_t len = tz_tokenizer_decode(tk, ids + np, n - np, 1, text, tcap);
+    if (len >= (int64_t)tcap) { /* snprintf's answer: the length the whole text needs */
+        tcap = (size_t)len + 1;
+        text = tz_xrealloc(text, tcap);
+        len = tz_tokenizer_decode(tk, ids + np, n - np, 1, text, tcap);
+    }
+    if (len < 0) TZ_FATAL("generate: a generated id has no text in the tokenizer");
+    fwrite(text, 1, (size_t)len, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    fprintf(stderr, "generate: %lld prompt tokens, %lld new (%s%s)\n", (long long)np,
+            (long long)(n - np), a->temperature > 0 ? "sampled" : "greedy",
+            cfg->model.adapter[0] ? ", with model.adapter" : "");
+    free(text), free(logits), free(cands), free(ids);
+    tz_llama_cache_free(m, &cache);
+    tz_tokenizer_free(tk);
+    tz_llama_free(m);
+    tz_cpu_backend_destroy(be);
+    return 0;
+}
+
 static const tz_task_ops ops = {sizeof(llama_task), load, open_task, train_rows, eval_rows,
                                 save_model, close_task};
 /* The registry entry (train/family.h): name, LoRA targets, PEFT modules, task, init-model;
- * no sampler. */
+ * no image sampler; the text generator. */
 const tz_family tz_family_llama = {"llama",    targets,    tz_llama_lin_names, &ops,
-                                   init_flags, init_model, NULL,      "CAUSAL_LM"};
+                                   init_flags, init_model, NULL,      "CAUSAL_LM", generate};

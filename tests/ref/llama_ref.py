@@ -2,6 +2,8 @@
 HF LlamaForCausalLM semantics (fp64): loss and the gradient of every trainable tensor.
 
 usage: llama_ref.py MODEL_DIR DUMP.safetensors MODE(lora|full) ALPHA [TOL]
+MODEL_DIR may hold one model.safetensors or shards with model.safetensors.index.json (F32,
+F16 or BF16), and rope_scaling of type llama3 in its config.json.
 Exits 1 if any relative error exceeds TOL (default 1e-4)."""
 import json
 import math
@@ -26,10 +28,33 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def rope(x, theta):
+def llama3_inv_freq(inv, rs):
+    # Llama 3.1's RoPE scaling (Meta's apply_scaling; HF rope_type "llama3"), in fp32:
+    # wavelengths shorter than L / high_freq_factor are kept, longer than L / low_freq_factor
+    # divided by factor, and in between interpolated by smooth = (L / wavelen - low) / (high - low).
+    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    L = rs["original_max_position_embeddings"]
+    out = []
+    for f in inv.tolist():
+        f = torch.tensor(f, dtype=torch.float32)
+        wl = 2 * math.pi / f
+        if wl < L / high:
+            g = f
+        elif wl > L / low:
+            g = f / factor
+        else:
+            smooth = (L / wl - low) / (high - low)
+            g = (1 - smooth) * f / factor + smooth * f
+        out.append(float(g))
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def rope(x, theta, rs=None):
     # x: [B, H, T, D]; HF computes inv_freq and the angles in fp32
     D, T = x.shape[-1], x.shape[-2]
     inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+    if rs is not None:
+        inv = llama3_inv_freq(inv, rs)
     t = torch.arange(T, dtype=torch.int64).float()
     freqs = torch.outer(t.float(), inv.float()).to(torch.float32)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -41,7 +66,15 @@ def main():
     model_dir, dump_path, mode, alpha = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     tol = float(sys.argv[5]) if len(sys.argv) > 5 else 1e-4
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
-    W = {k: torch.tensor(v, dtype=torch.float64) for k, v in st.load(os.path.join(model_dir, "model.safetensors")).items()}
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    files = (sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index)
+             else ["model.safetensors"])
+    W = {}
+    for f in files:
+        W.update({k: torch.tensor(v.astype("float64")) for k, v in st.load(os.path.join(model_dir, f)).items()})
+    rs = cfg.get("rope_scaling")
+    if rs is not None:
+        assert rs.get("rope_type", rs.get("type")) == "llama3", rs
     dump = st.load(dump_path)
     C = cfg["hidden_size"]
     H = cfg["num_attention_heads"]
@@ -81,7 +114,7 @@ def main():
         q = linear(h, i, "self_attn", "q_proj").view(B, T, H, D).transpose(1, 2)
         k = linear(h, i, "self_attn", "k_proj").view(B, T, KV, D).transpose(1, 2)
         v = linear(h, i, "self_attn", "v_proj").view(B, T, KV, D).transpose(1, 2)
-        q, k = rope(q, theta), rope(k, theta)
+        q, k = rope(q, theta, rs), rope(k, theta, rs)
         k = k.repeat_interleave(H // KV, dim=1)
         v = v.repeat_interleave(H // KV, dim=1)
         att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + mask, dim=-1) @ v

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Drives tests/ref/llama_ref.py over tiny random models: tied/untied x lora/full (+ checkpointing).
+# Drives tests/ref/llama_ref.py over tiny random models: tied/untied x lora/full (+ checkpointing),
+# and a Llama 3.1-style copy (llama3 rope_scaling, F16 shards).
 # usage: llama_ref.sh TURBOZERO TZ_GRAD_DUMP REF_DIR
 set -u
 tz=$1 dump=$2 ref=$3
@@ -26,5 +27,20 @@ for tied in 1 0; do
       fail=$((fail + 1)); echo "FAIL $name"; cat "$work/log"
     fi
   done
+done
+# Llama 3.1-style: rope_scaling llama3 (original_max_position_embeddings 64 puts the tiny
+# model's 16 frequencies in all three bands: kept, interpolated, divided), tied embeddings,
+# F16 weights in two shards with model.safetensors.index.json
+$py "$ref/reshard.py" "$work/m1" "$work/m3" 8 1 4 64 || exit 1
+for mode in lora full; do
+  name="llama3 rope_scaling, F16 shards, tied, mode=$mode"
+  out="$work/d-l3-$mode.safetensors"
+  if "$dump" --model "$work/m3" --mode $mode --ckpt 0 --B 2 --T 13 --rank 4 --alpha 8 \
+       --targets 127 --seed 3 --out "$out" >/dev/null &&
+     $py "$ref/llama_ref.py" "$work/m3" "$out" $mode 8 1e-4 > "$work/log" 2>&1; then
+    pass=$((pass + 1)); echo "ok   $name: $(grep 'worst' "$work/log")"
+  else
+    fail=$((fail + 1)); echo "FAIL $name"; cat "$work/log"
+  fi
 done
 finish llama_ref

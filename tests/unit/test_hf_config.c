@@ -100,6 +100,24 @@ static void test_good(void) {
                           err, sizeof err);
     check(rc == 0 && c.head_dim == 128 && c.num_key_value_heads == 32,
           "null head_dim / num_key_value_heads mean the default");
+    rc = tz_hf_llama_read(&c, make_cfg("llama31", "rope_scaling",
+                                       "{\"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                                       "\"high_freq_factor\": 4.0, "
+                                       "\"original_max_position_embeddings\": 8192, "
+                                       "\"rope_type\": \"llama3\"}", NULL, NULL),
+                          err, sizeof err);
+    check(rc == 0 && !strcmp(c.rope_type, "llama3") && c.rope_factor == 8.0 &&
+              c.rope_low_freq_factor == 1.0 && c.rope_high_freq_factor == 4.0 &&
+              c.rope_original_max_position_embeddings == 8192,
+          "Llama 3.1 rope_scaling (llama3) read%s%s", rc ? ": " : "", rc ? err : "");
+    rc = tz_hf_llama_read(&c, make_cfg("ropedefault", "rope_scaling",
+                                       "{\"rope_type\": \"default\"}", NULL, NULL),
+                          err, sizeof err);
+    check(rc == 0 && c.rope_type[0] == 0, "rope_scaling of type default means none");
+    rc = tz_hf_llama_read(&c, make_cfg("mistral", "model_type", "\"mistral\"", "sliding_window",
+                                       "null"), err, sizeof err);
+    check(rc == 0 && !strcmp(c.model_type, "mistral"),
+          "Mistral config without a sliding window read%s%s", rc ? ": " : "", rc ? err : "");
     rc = tz_hf_llama_read(&c, make_cfg("dtype_new", "dtype", "\"float16\"", "rope_theta", "10000"),
                           err, sizeof err);
     check(rc == 0 && strcmp(c.torch_dtype, "float16") == 0 && c.rope_theta == 10000.0,
@@ -122,6 +140,11 @@ static void test_write(void) {
     c.rope_theta = 100000.0;
     c.tie_word_embeddings = 1;
     snprintf(c.torch_dtype, sizeof c.torch_dtype, "bfloat16");
+    snprintf(c.rope_type, sizeof c.rope_type, "llama3");
+    c.rope_factor = 32.0;
+    c.rope_low_freq_factor = 1.0;
+    c.rope_high_freq_factor = 4.0;
+    c.rope_original_max_position_embeddings = 8192;
     int rc = tz_hf_llama_write(&c, TMP "/out_config.json", err, sizeof err);
     struct stat sb;
     check(rc == 0 && stat(TMP "/out_config.json.tmp", &sb) != 0, "writer writes, no .tmp left%s%s",
@@ -136,7 +159,7 @@ static void test_write(void) {
     text[n] = '\0';
     if (f) fclose(f);
     const char *keys[] = {"\"architectures\": [\"LlamaForCausalLM\"]", "\"model_type\": \"llama\"",
-                          "\"hidden_act\": \"silu\"", "\"rope_scaling\": null",
+                          "\"hidden_act\": \"silu\"", "\"rope_scaling\": {\"rope_type\": \"llama3\"",
                           "\"attention_bias\": false", "\"mlp_bias\": false",
                           "\"torch_dtype\": \"bfloat16\"", "\"rope_theta\": 100000.0,",
                           "\"tie_word_embeddings\": true", "\"bos_token_id\": null"};
@@ -191,9 +214,21 @@ static void test_bad(void) {
          "\"hidden_size\""},
         {"heads not divisible by kv", "num_key_value_heads", "5", NULL, NULL,
          "\"num_key_value_heads\""},
-        {"rope_scaling set", "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", NULL,
-         NULL, "\"rope_scaling\""},
-        {"model_type mistral", "model_type", "\"mistral\"", NULL, NULL, "\"model_type\""},
+        {"rope_scaling llama3 without keys", "rope_scaling",
+         "{\"rope_type\": \"llama3\", \"factor\": 8.0}", NULL, NULL,
+         "\"rope_scaling.low_freq_factor\""},
+        {"rope_scaling yarn", "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}",
+         NULL, NULL, "\"rope_scaling.rope_type\" is \"yarn\""},
+        {"rope_scaling linear (old name)", "rope_scaling",
+         "{\"type\": \"linear\", \"factor\": 2.0}", NULL, NULL, "\"rope_scaling.type\""},
+        {"rope_scaling a number", "rope_scaling", "2", NULL, NULL, "\"rope_scaling\""},
+        {"rope_scaling high <= low", "rope_scaling",
+         "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4.0, "
+         "\"high_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192}", NULL, NULL,
+         "\"rope_scaling.high_freq_factor\""},
+        {"mistral with a sliding window", "model_type", "\"mistral\"", "sliding_window", "1024",
+         "\"sliding_window\""},
+        {"model_type qwen2", "model_type", "\"qwen2\"", NULL, NULL, "\"model_type\""},
         {"attention_bias true", "attention_bias", "true", NULL, NULL, "\"attention_bias\""},
         {"mlp_bias true", "mlp_bias", "true", NULL, NULL, "\"mlp_bias\""},
         {"hidden_act gelu", "hidden_act", "\"gelu\"", NULL, NULL, "\"hidden_act\""},
