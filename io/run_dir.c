@@ -199,8 +199,8 @@ int tz_run_lock_take(tz_run_lock *l, const char *dir, char *note, size_t note_n,
         }
     }
     if (left)
-        snprintf(note, note_n, "%s: the previous run (pid %ld on host %s, since %s) ended "
-                 "without finishing (crashed or killed)%s", dir, h.pid, h.host, h.since,
+        snprintf(note, note_n, "%s: the previous run (pid %ld on host %s, since %s) did not "
+                 "finish (it failed, crashed or was killed)%s", dir, h.pid, h.host, h.since,
                  same_host(h.host) && !pid_alive(h.pid) ? "; that process is gone" : "");
     char since[64];
     iso_now(since, sizeof since);

@@ -148,6 +148,7 @@ void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite) {
     if (note[0]) tz_warn("%s", note);
     if (!overwrite && tz_run_dir_holds_run(dir, what, sizeof what)) {
         (void)rmdir(o->stage);
+        tz_run_lock_release(&o->lock); /* refused: this process never ran here */
         TZ_FATAL_HINT("choose another run.dir, or --set run.overwrite=true to replace it",
                       "run.dir %s already holds a run (%s); not overwriting it", dir, what);
     }
