@@ -150,8 +150,9 @@ static int write_holder(int fd, const char *since, const char *state) {
     host[sizeof host - 1] = 0;
     int len = snprintf(buf, sizeof buf, "host=%s pid=%ld since=%s state=%s\n", host,
                        (long)getpid(), since, state);
-    if (ftruncate(fd, 0) != 0) return 1;
-    return pwrite(fd, buf, (size_t)len, 0) != (ssize_t)len;
+    /* written over the old record, then cut to length: never an empty file to a reader */
+    if (pwrite(fd, buf, (size_t)len, 0) != (ssize_t)len) return 1;
+    return ftruncate(fd, (off_t)len) != 0;
 }
 
 static int same_host(const char *host) {
@@ -174,11 +175,14 @@ int tz_run_lock_take(tz_run_lock *l, const char *dir, char *note, size_t note_n,
     int fd = open(l->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) return tz_errf(err, n, "%s: cannot open the lock file: %s", l->path, strerror(errno));
     holder h;
-    int known = read_holder(fd, &h), left = known && !strcmp(h.state, "running");
+    int left;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         int e = errno;
+        left = read_holder(fd, &h) && !strcmp(h.state, "running");
         if (e == EWOULDBLOCK) {
-            read_holder(fd, &h); /* the holder may have written it just now */
+            /* a holder that took the lock a moment ago writes its record just after */
+            for (int i = 0; i < 40 && !(read_holder(fd, &h) && !strcmp(h.state, "running")); i++)
+                usleep(25000);
             close(fd);
             if (h.pid > 0)
                 return tz_errf(err, n, "%s is in use by another run: pid %ld on host %s, since %s "
@@ -189,7 +193,7 @@ int tz_run_lock_take(tz_run_lock *l, const char *dir, char *note, size_t note_n,
             close(fd);
             return tz_errf(err, n, "%s: cannot lock: %s", l->path, strerror(e));
         }
-        /* a file system without locks (NFS mounted with nolock): the holder's record decides */
+        /* a file system that refuses locks (NFS without a lock manager): the record decides */
         if (left && (!same_host(h.host) || pid_alive(h.pid))) {
             close(fd);
             return tz_errf(err, n, "%s is in use by another run: pid %ld on host %s, since %s "
@@ -197,6 +201,8 @@ int tz_run_lock_take(tz_run_lock *l, const char *dir, char *note, size_t note_n,
                            "going on, delete the lock file)", dir, h.pid, h.host, h.since,
                            l->path, strerror(e));
         }
+    } else {
+        left = read_holder(fd, &h) && !strcmp(h.state, "running"); /* read under the lock */
     }
     if (left)
         snprintf(note, note_n, "%s: the previous run (pid %ld on host %s, since %s) did not "
@@ -420,7 +426,7 @@ int tz_dir_commit(const char *tmp_dir, const char *final_dir, char *err, size_t 
             rc = tz_errf(err, n, "%s: cannot rename %s to it: %s", final_dir, tmp_dir,
                          strerror(errno));
     } else if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
-        rc = sync_path(parent, 1, err, n); /* tmp_dir now holds the old folder, removed below */
+        /* tmp_dir now holds the old folder, removed below */
     } else if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
         rc = tz_errf(err, n, "%s: cannot exchange it with %s: %s", final_dir, tmp_dir,
                      strerror(errno));
