@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The life of a run.dir, with the real binary and a tiny model:
-#  1. two runs started together on one run.dir: one runs, the other is refused (the
-#     holder named, or the finished run found), the outputs are one run's (repeated: a race);
-#     a lock held elsewhere is named; a dead run's lock and staging are taken over;
+#  1. two runs started together on one run.dir: one runs, the other is refused naming the
+#     holder (or comes after it), the outputs are one whole run's (repeated: a race); a run
+#     started while another trains is refused naming it; a lock held elsewhere is named;
+#     a killed run's lock and staging are named and taken over;
 #  2. a run that fails (bad data path) leaves the previous run as it was (overwrite=true), and
 #     a failed first run does not block the corrected command;
 #  3. a write failure injected at each write of an overwriting run (TZ_TEST_FAIL_WRITE=N): the
@@ -22,14 +23,15 @@ cleanup() {
 trap cleanup EXIT
 source "$(dirname "$0")/../lib.sh"
 cd "$src"
+export OMPI_MCA_ess_singleton_isolated=1 # about 40 one-rank runs: no orted to start for each
 
 "$tz" init-model --arch llama --preset tiny --vocab 256 --out "$work/tiny" > /dev/null ||
   { echo "init-model failed"; exit 1; }
+common=(--set model.path="$work/tiny" --set train.steps=2 --set data.seq_len=32
+        --set train.micro_batch=2 --set train.eval_windows=2 --set train.threads=1)
 train() { # run.dir, alpha, more --set ...
   local dir=$1 alpha=$2; shift 2
-  "$tz" train inputs/llama/finetune.cfg --set model.path="$work/tiny" --set train.steps=2 \
-    --set data.seq_len=32 --set train.micro_batch=2 --set train.eval_windows=2 \
-    --set train.threads=1 --set lora.alpha="$alpha" --set run.dir="$dir" "$@"
+  "$tz" train inputs/llama/finetune.cfg "${common[@]}" --set lora.alpha="$alpha" --set run.dir="$dir" "$@"
 }
 # which run a run.dir holds: "ALPHA" when its outputs agree on one lora.alpha and the run is
 # finished, else a description of the mix
@@ -49,24 +51,29 @@ same_files() {
   diff -r -x .lock -x staging "$1" "$2" > /dev/null
 }
 
-# 1. concurrent runs
+# 1. concurrent runs: started together with run.overwrite=true and 100 steps, so that both
+# pass the start and train at once unless the lock stops one; a second run that comes after
+# the first has ended may replace it, whole
 races=0
 for i in 1 2 3; do
   d="$work/race$i"
-  train "$d" 8 > "$work/race$i.a.log" 2>&1 & pa=$!
-  train "$d" 64 > "$work/race$i.b.log" 2>&1 & pb=$!
+  train "$d" 8 --set run.overwrite=true --set train.steps=100 > "$work/race$i.a.log" 2>&1 & pa=$!
+  train "$d" 64 --set run.overwrite=true --set train.steps=100 > "$work/race$i.b.log" 2>&1 & pb=$!
   wait $pa; ra=$?
   wait $pb; rb=$?
   h=$(holds_run "$d")
+  steps=$(grep -c '"loss"' "$d/metrics.jsonl" 2> /dev/null)
   if [ $ra -eq 0 ] && [ $rb -ne 0 ]; then lost="$work/race$i.b.log" want=8
   elif [ $rb -eq 0 ] && [ $ra -ne 0 ]; then lost="$work/race$i.a.log" want=64
-  else bad "race $i: exit statuses $ra and $rb, expected one success"; continue; fi
-  if ! grep -Eq "is in use by another run: pid [0-9]+ on host|already holds a run" "$lost"; then
-    bad "race $i: the refused run does not say why"; tail -3 "$lost"; continue
+  elif [ $ra -eq 0 ] && [ $rb -eq 0 ]; then lost="" want="8 or 64"
+  else bad "race $i: both runs failed ($ra, $rb)"; tail -3 "$work/race$i.a.log"; continue; fi
+  if [ -n "$lost" ] && ! grep -Eq "is in use by another run: pid [0-9]+ on host" "$lost"; then
+    bad "race $i: the refused run does not name the holder"; tail -3 "$lost"; continue
   fi
-  [ "$h" = "$want" ] && races=$((races + 1)) || bad "race $i: run.dir holds '$h', expected alpha $want"
+  if [[ " $want " == *" $h "* ]] && [ "$steps" = 100 ]; then races=$((races + 1))
+  else bad "race $i: run.dir holds '$h' with $steps step records, expected alpha $want, 100 steps"; fi
 done
-[ $races -eq 3 ] && ok "two runs on one run.dir at once: one runs, the other is refused, 3 of 3"
+[ $races -eq 3 ] && ok "two runs on one run.dir at once: one whole run in it, a refused run names the holder, 3 of 3"
 
 d="$work/held"
 mkdir -p "$d"
@@ -79,16 +86,29 @@ elif grep -q "in use by another run: pid 4242 on host elsewhere" "$work/held.log
 else bad "a held lock: wrong message"; cat "$work/held.log"; fi
 kill $fpid 2> /dev/null; wait $fpid 2> /dev/null
 
-d="$work/stale"
-mkdir -p "$d/staging/adapter"
-sh -c 'exit 0' & dead=$!; wait $dead
-echo "host=$(hostname) pid=$dead since=2026-01-01T00:00:00Z state=running" > "$d/.lock"
-echo '{"step": 1, "loss": 5' > "$d/staging/metrics.jsonl"
-if train "$d" 8 > "$work/stale.log" 2>&1 && grep -q "pid $dead on host $(hostname).*did not finish" "$work/stale.log" &&
-   grep -q "partial outputs of a previous run" "$work/stale.log" && [ "$(holds_run "$d")" = 8 ] &&
+# a run killed mid-training (SIGKILL: nothing of it can clean up): while it trains, a second
+# run on its run.dir is refused naming its pid, even with run.overwrite=true; once it is
+# dead, the next run names it, clears its staging folder and completes
+d="$work/killed"
+"$tz" train inputs/llama/finetune.cfg "${common[@]}" --set lora.alpha=8 --set train.steps=1000000 \
+  --set run.dir="$d" > "$work/killed.log" 2>&1 & pk=$!
+for _ in $(seq 600); do
+  grep -qs '"loss"' "$d/staging/metrics.jsonl" "$d/metrics.jsonl" && break
+  kill -0 $pk 2> /dev/null || break
+  sleep 0.05
+done
+if train "$d" 64 --set run.overwrite=true > "$work/killed2.log" 2>&1; then
+  bad "a second run on a run.dir in use: it went ahead"
+elif grep -q "is in use by another run: pid $pk on host $(hostname)" "$work/killed2.log"; then
+  ok "a second run on a run.dir in use (run.overwrite=true): refused, naming the holder's pid"
+else bad "a second run on a run.dir in use: wrong message"; tail -3 "$work/killed2.log"; fi
+kill -9 $pk 2> /dev/null; wait $pk 2> /dev/null
+if train "$d" 8 > "$work/killed3.log" 2>&1 &&
+   grep -q "pid $pk on host $(hostname).*did not finish.*that process is gone" "$work/killed3.log" &&
+   grep -q "partial outputs of a previous run" "$work/killed3.log" && [ "$(holds_run "$d")" = 8 ] &&
    grep -q "pid=[0-9]* .*state=released" "$d/.lock"; then
-  ok "a dead run's lock and staging folder: named, taken over, cleared; the new run completes"
-else bad "stale lock"; tail -5 "$work/stale.log"; fi
+  ok "after a killed run: its lock and staging folder named and cleared, the next run completes"
+else bad "after a killed run"; tail -5 "$work/killed3.log"; fi
 
 # 2. failed runs
 train "$work/old" 8 > "$work/old.log" 2>&1 || { bad "the reference run failed"; tail -5 "$work/old.log"; }
