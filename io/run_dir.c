@@ -181,7 +181,7 @@ int tz_run_lock_take(tz_run_lock *l, const char *dir, char *note, size_t note_n,
         left = read_holder(fd, &h) && !strcmp(h.state, "running");
         if (e == EWOULDBLOCK) {
             /* a holder that took the lock a moment ago writes its record just after */
-            for (int i = 0; i < 40 && !(read_holder(fd, &h) && !strcmp(h.state, "running")); i++)
+            for (int i = 0; i < 80 && !(read_holder(fd, &h) && !strcmp(h.state, "running")); i++)
                 usleep(25000);
             close(fd);
             if (h.pid > 0)
