@@ -385,7 +385,9 @@ int tz_run_stage_commit(const char *dir, char *err, size_t n) {
     struct dirent *e;
     int rc = 0;
     while (!rc && (e = readdir(d))) {
-        if (e->d_name[0] == '.' || strstr(e->d_name, ".tmp.") || is_output(e->d_name)) continue;
+        if (e->d_name[0] == '.' || strstr(e->d_name, ".tmp.") || is_output(e->d_name) ||
+            !strcmp(e->d_name, "checkpoints")) /* never replaces run.dir/checkpoints */
+            continue;
         rc = record_line(dir, stage, e->d_name, buf, sizeof buf, &len, err, n);
     }
     closedir(d);

@@ -144,7 +144,8 @@ void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite) {
         TZ_FATAL_HINT("wait for that run to end, or choose another run.dir", "run.dir: %s", err);
     if (note[0]) tz_warn("%s", note);
     if (tz_run_stage_open(dir, o->stage, sizeof o->stage, note, sizeof note, err, sizeof err))
-        TZ_FATAL("run.dir: %s", err);
+        TZ_FATAL_HINT("fix the cause; or delete run.dir/staging by hand to discard what a "
+                      "previous run left there", "run.dir: %s", err);
     if (note[0]) tz_warn("%s", note);
     if (!overwrite && tz_run_dir_holds_run(dir, what, sizeof what)) {
         (void)rmdir(o->stage);
