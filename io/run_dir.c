@@ -173,7 +173,8 @@ int tz_run_lock_take(tz_run_lock *l, const char *dir, char *note, size_t note_n,
     if (tz_mkdir_p(dir, err, n)) return 1;
     if (join(l->path, sizeof l->path, dir, ".lock", err, n)) return 1;
     int fd = open(l->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) return tz_errf(err, n, "%s: cannot open the lock file: %s", l->path, strerror(errno));
+    if (fd < 0)
+        return tz_errf(err, n, "%s: cannot open the lock file: %s", l->path, strerror(errno));
     holder h;
     int left;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -273,7 +274,8 @@ static int roll_forward(const char *dir, char *err, size_t n) {
             rc = tz_errf(err, n, "%s: malformed line '%s'", rec, line);
             break;
         }
-        if (join(fin, sizeof fin, dir, name, err, n) || join(stg, sizeof stg, stage, name, err, n) ||
+        if (join(fin, sizeof fin, dir, name, err, n) ||
+            join(stg, sizeof stg, stage, name, err, n) ||
             join(old, sizeof old, old_dir, name, err, n)) {
             rc = 1;
             break;
@@ -301,7 +303,8 @@ static int roll_forward(const char *dir, char *err, size_t n) {
         } else if (renameat2(AT_FDCWD, stg, AT_FDCWD, fin, RENAME_EXCHANGE) != 0) {
             /* no atomic exchange here (NFS): the old folder aside, then the new one in */
             if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
-                rc = tz_errf(err, n, "%s: cannot exchange it with %s: %s", fin, stg, strerror(errno));
+                rc = tz_errf(err, n, "%s: cannot exchange it with %s: %s", fin, stg,
+                             strerror(errno));
             else if (tz_rm_rf(old, err, n)) rc = 1;
             else if (rename(fin, old) != 0)
                 rc = tz_errf(err, n, "%s: cannot move it to %s: %s", fin, old, strerror(errno));

@@ -38,9 +38,9 @@ int tz_run_stage_open(const char *dir, char *stage, size_t stage_n, char *note, 
                       char *err, size_t n);
 /* Moves everything in DIR/staging into DIR, replacing the outputs of a previous run (the
  * outputs it had that this one lacks are removed; DIR/checkpoints and the lock are never
- * touched, nor is a staging/checkpoints moved), then removes DIR/staging. A commit record written first makes the moves
- * complete on the next tz_run_stage_open if this process stops half-way. 0, or non-zero
- * with err. */
+ * touched, nor is a staging/checkpoints moved), then removes DIR/staging. A commit record
+ * written first makes the moves complete on the next tz_run_stage_open if this process
+ * stops half-way. 0, or non-zero with err. */
 int tz_run_stage_commit(const char *dir, char *err, size_t n);
 
 /* ---- one folder as one unit ---------------------------------------------------------- */

@@ -149,7 +149,8 @@ static void test_stage(void) {
         int rc = tz_run_stage_commit(at("r"), err, sizeof err);
         tz_write_fault_arm(0);
         if (rc == 0) {
-            check(is_new() && !exists(at("r/staging")) && holds(at("r/checkpoints/step-1/s"), "ckpt"),
+            check(is_new() && !exists(at("r/staging")) &&
+                      holds(at("r/checkpoints/step-1/s"), "ckpt"),
                   "stage commit: the new outputs replace the old ones together, the old model/ "
                   "is gone, checkpoints/ untouched, no staging left");
             tz_run_lock_release(&l);
