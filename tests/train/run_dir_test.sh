@@ -78,7 +78,7 @@ done
 d="$work/held"
 mkdir -p "$d"
 echo "host=elsewhere pid=4242 since=2026-01-01T00:00:00Z state=running" > "$d/.lock"
-flock -n "$d/.lock" sleep 60 & fpid=$!
+( flock -n 9 && exec sleep 60 ) 9< "$d/.lock" & fpid=$! # the sleep holds the lock
 for _ in $(seq 100); do flock -n "$d/.lock" true || break; sleep 0.05; done
 if train "$d" 8 > "$work/held.log" 2>&1; then bad "a held lock: the run went ahead"
 elif grep -q "in use by another run: pid 4242 on host elsewhere" "$work/held.log" && [ ! -e "$d/staging" ]; then
