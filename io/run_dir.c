@@ -49,6 +49,21 @@ int tz_write_fault(const char *what, char *err, size_t n) {
 
 /* ---- small helpers -------------------------------------------------------------------- */
 
+static int no_exchange; /* tests: behave as on a file system without RENAME_EXCHANGE */
+
+void tz_dir_exchange_off(int off) {
+    no_exchange = off;
+}
+
+/* Swaps two names atomically; -1 with errno EINVAL where the file system cannot. */
+static int exchange(const char *a, const char *b) {
+    if (no_exchange) {
+        errno = EINVAL;
+        return -1;
+    }
+    return renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE);
+}
+
 static int join(char *out, size_t out_n, const char *a, const char *b, char *err, size_t n) {
     if ((size_t)snprintf(out, out_n, "%s/%s", a, b) >= out_n)
         return tz_errf(err, n, "%s/%s: path too long", a, b);
@@ -300,7 +315,7 @@ static int roll_forward(const char *dir, char *err, size_t n) {
         } else if (!have_final || (!S_ISDIR(fs.st_mode) && !S_ISDIR(ss.st_mode))) {
             if (rename(stg, fin) != 0) /* a file over a file: one atomic replace */
                 rc = tz_errf(err, n, "%s: cannot move %s there: %s", fin, stg, strerror(errno));
-        } else if (renameat2(AT_FDCWD, stg, AT_FDCWD, fin, RENAME_EXCHANGE) != 0) {
+        } else if (exchange(stg, fin) != 0) {
             /* no atomic exchange here (NFS): the old folder aside, then the new one in */
             if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
                 rc = tz_errf(err, n, "%s: cannot exchange it with %s: %s", fin, stg,
@@ -308,6 +323,8 @@ static int roll_forward(const char *dir, char *err, size_t n) {
             else if (tz_rm_rf(old, err, n)) rc = 1;
             else if (rename(fin, old) != 0)
                 rc = tz_errf(err, n, "%s: cannot move it to %s: %s", fin, old, strerror(errno));
+            else if (tz_write_fault(fin, err, n)) /* a stop between the two renames */
+                rc = 1;
             else if (rename(stg, fin) != 0)
                 rc = tz_errf(err, n, "%s: cannot move %s there: %s", fin, stg, strerror(errno));
         }
@@ -430,7 +447,7 @@ int tz_dir_commit(const char *tmp_dir, const char *final_dir, char *err, size_t 
         if (rename(tmp_dir, final_dir) != 0)
             rc = tz_errf(err, n, "%s: cannot rename %s to it: %s", final_dir, tmp_dir,
                          strerror(errno));
-    } else if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
+    } else if (exchange(tmp_dir, final_dir) == 0) {
         /* tmp_dir now holds the old folder, removed below */
     } else if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
         rc = tz_errf(err, n, "%s: cannot exchange it with %s: %s", final_dir, tmp_dir,
@@ -439,6 +456,9 @@ int tz_dir_commit(const char *tmp_dir, const char *final_dir, char *err, size_t 
         snprintf(aside, sizeof aside, "%s.old", tmp_dir);
         if (rename(final_dir, aside) != 0) {
             rc = tz_errf(err, n, "%s: cannot move it to %s: %s", final_dir, aside, strerror(errno));
+        } else if (tz_write_fault(final_dir, err, n)) { /* a stop between the two renames */
+            rc = 1;
+            (void)rename(aside, final_dir);
         } else if (rename(tmp_dir, final_dir) != 0) {
             rc = tz_errf(err, n, "%s: cannot rename %s to it: %s", final_dir, tmp_dir,
                          strerror(errno));

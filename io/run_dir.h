@@ -78,5 +78,7 @@ int tz_line_log_close(tz_line_log *l, char *err, size_t n);
 int tz_write_fault(const char *what, char *err, size_t n);
 /* Unit tests: the nth call from now fails (0: none), whatever the environment says. */
 void tz_write_fault_arm(long nth);
+/* Unit tests: off = 1 commits folders as on a file system without an atomic exchange. */
+void tz_dir_exchange_off(int off);
 
 #endif
