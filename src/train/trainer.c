@@ -298,11 +298,12 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     }
     tz_record_end(&rec, out_dir.stage, comm); /* rank 0 writes run.json */
     if (root) {
-        char took[32];
+        char took[32], name[64], saved[1200];
         tz_run_out_commit(&out_dir);
         fmt_duration(took, sizeof took, now_s() - t_start);
-        tz_path_join(out, sizeof out, cfg->run.dir, strrchr(out, '/') + 1);
-        tz_info("saved %s | final train loss %.4f | %s", out, s.loss, took);
+        snprintf(name, sizeof name, "%s", strrchr(out, '/') + 1); /* adapter or model */
+        tz_path_join(saved, sizeof saved, cfg->run.dir, name);
+        tz_info("saved %s | final train loss %.4f | %s", saved, s.loss, took);
     }
     tz_comm_barrier(comm); /* no rank leaves before the outputs are committed */
     run_close(&r);
