@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/run_dir.h"
 
 static void af_release(tz_atomic_file *f) {
     free(f->path);
@@ -113,6 +114,10 @@ static void af_sync_dir(const char *path) {
 }
 
 int tz_atomic_file_commit(tz_atomic_file *f, char *err, size_t errlen) {
+    if (tz_write_fault(f->path, err, errlen)) {
+        tz_atomic_file_abort(f);
+        return 1;
+    }
     if (fsync(f->fd) != 0) {
         tz_errf(err, errlen, "%s: fsync of %s failed: %s", f->path, f->tmp_path, strerror(errno));
         tz_atomic_file_abort(f);

@@ -19,7 +19,9 @@ static const tz_help_page pages[] = {
      "turbozero train CONFIG [--set section.key=value ...]",
      SET_FLAG
      "Writes run.dir: config.used.cfg, metrics.jsonl, run.json, the adapter or model,\n"
-     "checkpoints. Launch several ranks with mpirun or srun (one rank per GPU).\n",
+     "checkpoints. Launch several ranks with mpirun or srun (one rank per GPU).\n"
+     "run.dir is locked while a run uses it; the outputs are written to run.dir/staging\n"
+     "(live log: run.dir/staging/metrics.jsonl) and moved into run.dir together at the end.\n",
      "mpirun -n 2 turbozero train inputs/llama/finetune.cfg --set run.dir=runs/a"},
     {"eval", "mean validation loss and perplexity of model.path (+ model.adapter)",
      "turbozero eval CONFIG [--set section.key=value ...]",
@@ -131,7 +133,8 @@ static const tz_help_page pages[] = {
      "--out models/merged"},
     {"plot", "train and eval loss against steps of one or more runs, as a PNG",
      "turbozero plot RUN_DIR [RUN_DIR ...] --out curve.png",
-     "  RUN_DIR          a run.dir with a metrics.jsonl (finished or still running)\n"
+     "  RUN_DIR          a run.dir with a metrics.jsonl (finished), or run.dir/staging\n"
+     "                   (a run in progress: its live metrics.jsonl)\n"
      "  --out FILE.png   the picture to write: one colour per run, the training loss as a\n"
      "                   line, the evaluation loss as squares\n",
      "turbozero plot runs/a runs/b --out curves.png"},

@@ -136,3 +136,32 @@ void tz_record_end(tz_run_record *rec, const char *dir, tz_comm *comm) {
     free(rec->hosts);
     rec->hosts = NULL;
 }
+
+void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite) {
+    char err[2400], note[2400], what[1100];
+    snprintf(o->dir, sizeof o->dir, "%s", dir);
+    if (tz_run_lock_take(&o->lock, dir, note, sizeof note, err, sizeof err))
+        TZ_FATAL_HINT("wait for that run to end, or choose another run.dir", "run.dir: %s", err);
+    if (note[0]) tz_warn("%s", note);
+    if (tz_run_stage_open(dir, o->stage, sizeof o->stage, note, sizeof note, err, sizeof err))
+        TZ_FATAL_HINT("fix the cause; or delete run.dir/staging by hand to discard what a "
+                      "previous run left there", "run.dir: %s", err);
+    if (note[0]) tz_warn("%s", note);
+    if (!overwrite && tz_run_dir_holds_run(dir, what, sizeof what)) {
+        (void)rmdir(o->stage);
+        tz_run_lock_release(&o->lock); /* refused: this process never ran here */
+        TZ_FATAL_HINT("choose another run.dir, or --set run.overwrite=true to replace it",
+                      "run.dir %s already holds a run (%s); not overwriting it", dir, what);
+    }
+    tz_info("run.dir %s: this run writes to %s (live log: %s/metrics.jsonl), moved into "
+            "run.dir when it ends", dir, o->stage, o->stage);
+}
+
+void tz_run_out_commit(tz_run_out *o) {
+    char err[2400];
+    if (tz_run_stage_commit(o->dir, err, sizeof err))
+        TZ_FATAL_HINT("fix the cause; the next run in this run.dir completes the commit or "
+                      "discards the outputs, which are in its staging folder until then",
+                      "run.dir %s: committing the outputs failed: %s", o->dir, err);
+    tz_run_lock_release(&o->lock);
+}

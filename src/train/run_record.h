@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "io/run_dir.h"
 #include "mpi/comm.h"
 #include "mpi/world.h"
 
@@ -33,5 +34,21 @@ void tz_record_begin(tz_run_record *rec, const char *dir, const tz_world *w, tz_
 /* Rank 0: rewrites dir/run.json with the end time, the wall time and status "finished".
  * Frees the record on every rank. */
 void tz_record_end(tz_run_record *rec, const char *dir, tz_comm *comm);
+
+/* Rank 0's hold on run.dir for one training run: the lock, and the staging folder where the
+ * run writes its outputs until they are committed into run.dir together. */
+typedef struct tz_run_out {
+    tz_run_lock lock;
+    char dir[1100];   /* run.dir */
+    char stage[1100]; /* run.dir/staging: where this run writes */
+} tz_run_out;
+
+/* Locks dir (fatal, naming the holder, when another run has it), finishes or clears what a
+ * previous run left in dir/staging, refuses (fatal) a dir that holds a finished run unless
+ * overwrite, and opens an empty staging folder. */
+void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite);
+/* Commits the staging folder into run.dir (fatal on failure, run.dir's earlier outputs kept
+ * or the commit completed by the next run) and releases the lock. */
+void tz_run_out_commit(tz_run_out *o);
 
 #endif

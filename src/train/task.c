@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "io/fsutil.h"
 #include "io/peft.h"
+#include "io/run_dir.h"
 #include "model/adapter_io.h"
 
 tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int training) {
@@ -71,17 +72,22 @@ void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_para
     else if (o->lora.targets) tz_model_init_lora(ps, be, (uint64_t)cfg->run.seed);
 }
 
-void tz_task_save(tz_task *t, char *out, size_t outlen) {
+void tz_task_save(tz_task *t, const char *dir, char *out, size_t outlen) {
     const tz_config *cfg = t->cfg;
-    if (cfg->train.mode == TZ_MODE_FULL) {
-        tz_path_join(out, outlen, cfg->run.dir, "model");
-        t->family->task->save_model(t, out, cfg->run.save_dtype);
+    const int full = cfg->train.mode == TZ_MODE_FULL;
+    char tmp[1200], err[2400];
+    tz_path_join(out, outlen, dir, full ? "model" : "adapter");
+    /* the folder is written under a temporary name and renamed whole: its files always
+     * belong together (never new weights beside an old adapter_config.json) */
+    if (tz_dir_make_temp(out, tmp, sizeof tmp, err, sizeof err)) TZ_FATAL("%s", err);
+    if (full) {
+        t->family->task->save_model(t, tmp, cfg->run.save_dtype);
     } else {
         const tz_family *f = t->family;
-        tz_path_join(out, outlen, cfg->run.dir, "adapter");
-        tz_adapter_save(t->params, t->be, out, f->modules, tz_family_n_targets(f), &t->opts.lora,
+        tz_adapter_save(t->params, t->be, tmp, f->modules, tz_family_n_targets(f), &t->opts.lora,
                         cfg->model.path, f->peft_task_type);
     }
+    if (tz_dir_commit(tmp, out, err, sizeof err)) TZ_FATAL("%s", err);
 }
 
 tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training) {

@@ -62,9 +62,9 @@ typedef struct tz_task_ops {
  * LoRA init), the family's data. training = 0: evaluation only. */
 tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training);
 void tz_task_free(tz_task *t);
-/* Rank 0 after training: the model (full) or the adapter (LoRA, PEFT layout) into run.dir;
- * out gets the folder written. */
-void tz_task_save(tz_task *t, char *out, size_t outlen);
+/* Rank 0 after training: the model (full) or the adapter (LoRA, PEFT layout) into
+ * dir/model or dir/adapter, committed as one folder (fatal on failure); out gets its path. */
+void tz_task_save(tz_task *t, const char *dir, char *out, size_t outlen);
 
 /* The model options a run of cfg asks of family f: train.mode (training only), checkpointing,
  * quant.*, and adapters: model.adapter's settings, or lora.* when training LoRA (fatal for

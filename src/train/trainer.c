@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "io/fsutil.h"
+#include "io/run_dir.h"
 #include "io/loss_plot.h"
 #include "train/optim.h"
 #include "train/run_record.h"
@@ -204,38 +205,38 @@ static void metrics_summary(FILE *f, int64_t steps, int64_t units, const char *u
             rss_mib, now);
 }
 
-static FILE *open_rank0(const tz_config *cfg, const char *name, const char *mode) {
-    char path[1100];
-    tz_path_join(path, sizeof path, cfg->run.dir, name);
-    FILE *f = fopen(path, mode);
-    if (!f) TZ_FATAL("cannot write %s: %s", path, strerror(errno));
-    return f;
+/* Rank 0: the records so far out to metrics.jsonl, stopping the run at the first failure. */
+static void metrics_flush(tz_line_log *m, const tz_run_out *o, int64_t step) {
+    char err[2400];
+    if (tz_line_log_flush(m, err, sizeof err))
+        TZ_FATAL_HINT("free space or fix the cause, then run again: nothing in run.dir was "
+                      "replaced", "step %lld: %s (this run's outputs so far are in %s)",
+                      (long long)step, err, o->stage);
 }
 
 int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     const double t_start = now_s();
     const int root = comm->rank == 0;
-    FILE *metrics = NULL;
+    tz_line_log mlog = {0};
+    tz_run_out out_dir = {0}; /* rank 0: run.dir locked, outputs staged in out_dir.stage */
     if (root) { /* decided on rank 0; a refusal aborts every rank */
-        char err[1024], path[1100];
-        if (tz_mkdir_p(cfg->run.dir, err, sizeof err)) TZ_FATAL("run.dir: %s", err);
-        tz_path_join(path, sizeof path, cfg->run.dir, "metrics.jsonl");
-        if (tz_path_exists(path) && !cfg->run.overwrite)
-            TZ_FATAL_HINT("choose another run.dir, or --set run.overwrite=true to replace it",
-                          "run.dir %s already holds a run (%s); not overwriting it",
-                          cfg->run.dir, path);
+        char err[2400], path[1200];
+        tz_run_out_begin(&out_dir, cfg->run.dir, cfg->run.overwrite);
         tz_config_names names;
         tz_family_names(&names);
         printf("# effective config (%s)\n", cfg->source);
         tz_config_write(cfg, &names, stdout);
-        FILE *f = open_rank0(cfg, "config.used.cfg", "w");
-        tz_config_write(cfg, &names, f);
-        if (fclose(f) != 0)
-            TZ_FATAL("cannot write %s/config.used.cfg: %s", cfg->run.dir, strerror(errno));
-        metrics = open_rank0(cfg, "metrics.jsonl", "w");
+        tz_path_join(path, sizeof path, out_dir.stage, "config.used.cfg");
+        tz_line_log f;
+        if (tz_line_log_open(&f, path, err, sizeof err)) TZ_FATAL("%s", err);
+        tz_config_write(cfg, &names, f.f);
+        if (tz_line_log_close(&f, err, sizeof err)) TZ_FATAL("cannot write %s", err);
+        tz_path_join(path, sizeof path, out_dir.stage, "metrics.jsonl");
+        if (tz_line_log_open(&mlog, path, err, sizeof err)) TZ_FATAL("%s", err);
     }
+    FILE *metrics = mlog.f;
     tz_run_record rec;
-    tz_record_begin(&rec, cfg->run.dir, w, comm);
+    tz_record_begin(&rec, out_dir.stage, w, comm);
     run r;
     run_open(&r, cfg, w, comm, 1);
     print_start(&r);
@@ -278,7 +279,7 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
             if (root) metrics_eval(metrics, step + 1, ev, r.task->unit);
             if (eval_better(ev, best)) best = ev, best_step = step + 1;
         }
-        if (root) fflush(metrics);
+        if (root) metrics_flush(&mlog, &out_dir, step + 1);
     }
     if (have_val) {
         ev = evaluate(&r, cfg->train.eval_windows, 0);
@@ -288,22 +289,30 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         if (eval_better(ev, best)) best = ev, best_step = steps;
     }
     const double rss_mib = tz_record_peak_rss_mib(comm);
-    if (root) {
+    char out[1200];
+    if (root) { /* the result first, the logs second: a failing log write names a saved result */
+        char png[1200], err[2400];
+        tz_task_save(r.task, out_dir.stage, out, sizeof out);
         metrics_summary(metrics, steps, steps * units, r.task->unit, now_s() - t_start, s.loss,
                         have_val ? &best : NULL, best_step, have_val ? &ev : NULL, rss_mib);
-        if (fclose(metrics) != 0)
-            TZ_FATAL("cannot write %s/metrics.jsonl: %s", cfg->run.dir, strerror(errno));
-        char out[1100], took[32], err[1024];
-        const char *dirs[1] = {cfg->run.dir};
-        tz_path_join(out, sizeof out, cfg->run.dir, "loss.png");
-        if (steps > 0 && tz_loss_plot_write(dirs, 1, out, err, sizeof err)) /* a picture only */
+        if (tz_line_log_close(&mlog, err, sizeof err))
+            TZ_FATAL_HINT("free space or fix the cause: nothing in run.dir was replaced",
+                          "%s (the trained result is complete in %s)", err, out);
+        const char *dirs[1] = {out_dir.stage};
+        tz_path_join(png, sizeof png, out_dir.stage, "loss.png");
+        if (steps > 0 && tz_loss_plot_write(dirs, 1, png, err, sizeof err)) /* a picture only */
             tz_warn("no loss curve: %s", err);
-        tz_task_save(r.task, out, sizeof out);
-        fmt_duration(took, sizeof took, now_s() - t_start);
-        tz_info("saved %s | final train loss %.4f | %s", out, s.loss, took);
     }
-    tz_comm_barrier(comm); /* no rank leaves before the outputs are written */
-    tz_record_end(&rec, cfg->run.dir, comm);
+    tz_record_end(&rec, out_dir.stage, comm); /* rank 0 writes run.json */
+    if (root) {
+        char took[32], name[64], saved[1200];
+        tz_run_out_commit(&out_dir);
+        fmt_duration(took, sizeof took, now_s() - t_start);
+        snprintf(name, sizeof name, "%s", strrchr(out, '/') + 1); /* adapter or model */
+        tz_path_join(saved, sizeof saved, cfg->run.dir, name);
+        tz_info("saved %s | final train loss %.4f | %s", saved, s.loss, took);
+    }
+    tz_comm_barrier(comm); /* no rank leaves before the outputs are committed */
     run_close(&r);
     return 0;
 }
