@@ -19,9 +19,13 @@ static uint64_t hash_ptr(const void *p) {
 
 static void sizes_put(tz_cuda_sizes *t, void *p, size_t bytes);
 
+/* Rehashes without the tombstones, doubling the table only when live entries fill more than
+ * a quarter of it (alloc/release cycles do not grow it). */
 static void sizes_grow(tz_cuda_sizes *t) {
     tz_cuda_sizes old = *t;
-    t->cap = old.cap ? old.cap * 2 : 1024;
+    int64_t live = 0;
+    for (int64_t i = 0; i < old.cap; i++) live += old.key[i] && old.key[i] != TZ_TOMB;
+    t->cap = !old.cap ? 1024 : 4 * live > old.cap ? old.cap * 2 : old.cap;
     t->used = 0;
     t->key = (void **)tz_xcalloc((size_t)t->cap, sizeof(void *));
     t->bytes = (size_t *)tz_xcalloc((size_t)t->cap, sizeof(size_t));
