@@ -1,11 +1,8 @@
 # The CUDA backend (cuda/*.cu), included by the top-level CMakeLists.txt once the CUDA language
 # is enabled. One object library compiled by nvcc for CMAKE_CUDA_ARCHITECTURES (default 90:
 # H100/H200), added to tzcore like the CPU kernels, so every program and test links it.
+# (CMakeLists.txt found the toolkit and cuBLAS before enabling the language.)
 find_package(CUDAToolkit REQUIRED)
-if(NOT TARGET CUDA::cublas)
-  message(FATAL_ERROR "CUDA backend: cuBLAS (CUDA::cublas) was not found with the CUDA toolkit "
-    "${CUDAToolkit_VERSION} at ${CUDAToolkit_LIBRARY_DIR}")
-endif()
 add_library(tzcuda OBJECT ${TZ_CUDA_SOURCES})
 target_include_directories(tzcuda PRIVATE
   $<TARGET_PROPERTY:tzcore,INTERFACE_INCLUDE_DIRECTORIES>)
