@@ -41,6 +41,7 @@ enum { FAMILY_NONE = 0, FAMILY_ARCHS = 1, FAMILY_TARGETS = 2 };
 
 static const char *const mode_names[] = {"lora", "full", NULL};
 static const char *const dtype_names[] = {"f32", "bf16", NULL};
+static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const quant_methods[] = {"turboquant", "absmax", NULL};
 static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "quant",
                                             "zero", "run", NULL};
@@ -101,6 +102,7 @@ static const tz_key schema[] = {
     INT(run, seed, 1234, 0, INT64_C(1) << 62, "seed of every random stream"),
     BOOL(run, overwrite, 0, "replace a finished run already in run.dir (else stop, keeping it)"),
     ENUM(run, save_dtype, 0, dtype_names, "dtype of the model written by full-mode training"),
+    ENUM(run, device, 0, device_names, "compute backend: auto (cuda when built in and a GPU is visible, else cpu), cpu or cuda"),
 };
 #define NKEYS ((int)(sizeof schema / sizeof schema[0]))
 
@@ -118,6 +120,10 @@ static const void *cfield(const tz_config *cfg, const tz_key *k) {
 
 const char *tz_mode_name(int mode) {
     return mode >= 0 && mode <= TZ_MODE_FULL ? mode_names[mode] : "?";
+}
+
+const char *tz_device_name(int device) {
+    return device >= 0 && device <= 2 ? device_names[device] : "auto";
 }
 
 /* The row with its names filled in: the caller's for the families' keys. */

@@ -77,6 +77,7 @@ typedef struct tz_config {
         int64_t seed;
         int overwrite;                /* replace an existing run in run.dir */
         int save_dtype;               /* full-mode model output: "f32" (0) | "bf16" (1) */
+        int device;                   /* compute backend: "auto" (0) | "cpu" (1) | "cuda" (2) */
     } run;
 } tz_config;
 
@@ -91,5 +92,7 @@ void tz_config_defaults(tz_config *cfg);
 void tz_config_write(const tz_config *cfg, const tz_config_names *names, FILE *f);
 /* Name for printing. */
 const char *tz_mode_name(int mode);
+/* run.device as a backend name for tz_backend_create: "auto", "cpu" or "cuda". */
+const char *tz_device_name(int device);
 
 #endif

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "io/dtype.h"
+#include "core/dtype.h"
 
 #define TZ_ST_MAX_DIMS 8
 /* The reference implementation's limit on the JSON header (100 MB). */

@@ -5,7 +5,8 @@
 #include <mpi.h>
 #include <stdint.h>
 
-#include "io/dtype.h"
+#include "core/dtype.h"
+#include "mpi/fwd.h"
 
 /* Element types a comm moves: F32, F64, BF16, F16, I32, I64, U8. Sums of F32/F64/I32/I64/U8
  * are MPI_SUM; MPI has no 16-bit floats, so BF16 and F16 are summed by a user-defined op that
@@ -24,9 +25,8 @@
  * Blocking calls return when the result is in recv and send may be reused (MPI); an NCCL
  * table will define them as ordered on its stream, which is all a caller may assume. */
 
-typedef struct tz_comm tz_comm;
-/* A non-blocking operation in flight; finished (and freed) by tz_comm_wait. */
-typedef struct tz_comm_req tz_comm_req;
+/* tz_comm, and tz_comm_req (a non-blocking operation in flight; finished, and freed, by
+ * tz_comm_wait), are named in mpi/fwd.h. */
 
 struct tz_comm {
     const char *name; /* "mpi", "nccl" */

@@ -5,11 +5,12 @@
 #include <mpi.h>
 
 #include "core/error.h" /* MPI_CHECK */
+#include "mpi/fwd.h"
 
 #define TZ_HOST_MAX 256
 #define TZ_REASON_MAX 160
 
-typedef struct tz_world {
+struct tz_world {
     int rank, size;             /* in MPI_COMM_WORLD */
     int local_rank, local_size; /* among the ranks sharing this node's memory */
     MPI_Comm local;             /* the shared-memory communicator (freed by tz_world_free) */
@@ -21,7 +22,7 @@ typedef struct tz_world {
     char numa_reason[TZ_REASON_MAX]; /* why not bound ("single node", "set_mempolicy: ...") */
     int numa_warned;            /* the refusal warning was printed (once per rank) */
     int threads;                /* OpenMP threads this rank will use */
-} tz_world;
+};
 
 /* Fills w from MPI_COMM_WORLD (MPI must be initialised), sets the log rank, and binds the
  * rank to a NUMA node: with several nodes, node = local_rank % nodes (the CPU choice; the GPU

@@ -21,8 +21,10 @@ typedef struct tz_backend tz_backend;
 
 struct tz_backend {
     const char *name;
-    int device;        /* 1: memory is not host-addressable (copy with memcpy_*) */
+    int device;        /* 1: memory is not host-addressable (copy with upload/download) */
     void *ctx;         /* implementation state */
+    /* frees the implementation state and the table itself (tz_backend_destroy calls it) */
+    void (*destroy)(tz_backend *be);
 
     /* ---- memory ---- */
     void *(*alloc)(tz_backend *be, size_t bytes); /* zeroed, 64-byte aligned; fatal on failure */
@@ -211,9 +213,43 @@ struct tz_backend {
                        const float *levels, int64_t rows, int64_t cols, int bits, int group);
 };
 
+/* Every function pointer of the table, in the order of the struct (the memory ops first).
+ * tz_backend_create checks that a backend set each one (a NULL slot is fatal, naming the
+ * op); backend.c asserts at compile time that the list covers the whole struct, so a new
+ * op is added here as well. */
+#define TZ_BACKEND_OPS(X)                                                                    \
+    X(destroy) X(alloc) X(release) X(upload) X(download) X(copy) X(sync) X(fill) X(scale)    \
+    X(axpy) X(sumsq) X(matmul) X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd)             \
+    X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_tab_fwd) X(rope_tab_bwd) X(attention_fwd)   \
+    X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \
+    X(swiglu_bwd) X(xent_fwd) X(xent_bwd) X(layernorm_fwd) X(layernorm_bwd)                 \
+    X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \
+    X(gelu_tanh_bwd) X(silu_fwd) X(silu_bwd) X(bias_add_fwd) X(bias_bwd) X(mse_fwd)         \
+    X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate_bwd)            \
+    X(tq_dequant)
+
+/* A backend by name: "cpu", "cuda", or "auto" (cuda when this build has the CUDA backend and
+ * a GPU is visible, else cpu); the run.device key. device: the GPU ordinal hint (taken
+ * modulo the visible GPUs; < 0: 0), ignored by cpu. threads: CPU threads (<= 0: OpenMP
+ * default), used by cpu. Fatal, with a hint, when the backend named cannot be created
+ * (a build without CUDA, no GPU), or when the table it fills has a NULL op. */
+tz_backend *tz_backend_create(const char *name, int device, int threads);
+/* Frees a backend made by any create function (NULL: nothing). */
+void tz_backend_destroy(tz_backend *be);
+/* Names of the backends built in, e.g. "cpu, cuda" (a static string). */
+const char *tz_backend_names(void);
+/* Fatal, naming the op, when a slot of be's table is NULL (tz_backend_create calls it). */
+void tz_backend_check(const tz_backend *be);
+
 /* The CPU backend (always available). threads <= 0: OpenMP default. */
 tz_backend *tz_cpu_backend_create(int threads);
 void tz_cpu_backend_destroy(tz_backend *be);
+
+/* The CUDA backend (cuda/; present in builds configured with it, see
+ * tz_cuda_device_count). Creating it without a GPU is fatal. */
+tz_backend *tz_cuda_backend_create(int device);
+/* Visible CUDA devices; 0 when none (or no driver); -1 in a build without CUDA. */
+int tz_cuda_device_count(void);
 
 /* The CPU kernel, i.e. the instruction set the CPU ops were compiled for, that a backend
  * created now uses: "avx512", "avx2" or "portable" ("native" alone in a TZ_NATIVE build), the

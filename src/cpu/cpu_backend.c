@@ -213,8 +213,10 @@ tz_backend *tz_cpu_backend_create(int threads) {
     be->device = 0;
     be->ctx = c;
     tz_cpu_ws_reserve(be, tz_cpu_threads(be));
+    be->destroy = tz_cpu_backend_destroy;
     install_memory(be);
     kernel_pick()->install(be);
+    tz_backend_check(be);
     return be;
 }
 

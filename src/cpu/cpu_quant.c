@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "cpu/cpu_internal.h"
-#include "io/dtype.h"
+#include "core/dtype.h"
 #include "quant/fwht.h"
 #include "quant/tq_layout.h"
 

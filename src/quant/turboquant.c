@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "io/dtype.h"
+#include "core/dtype.h"
 #include "quant/fwht.h"
 
 int tz_tq_tensor_init(tz_tq_tensor *t, int bits, int group, int64_t rows, int64_t cols,

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "mpi/world.h"
 #include "train/adamw.h"
 
 /* Every optimizer, one line each. */

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "mpi/world.h"
+#include "mpi/fwd.h"
 
 #define TZ_OPTIM_MAX_STATES 4
 

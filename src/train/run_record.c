@@ -16,6 +16,8 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/fsutil.h"
+#include "mpi/comm.h"
+#include "mpi/world.h"
 
 static double mono_s(void) {
     struct timespec ts;

@@ -7,8 +7,7 @@
 #include <stdint.h>
 
 #include "io/run_dir.h"
-#include "mpi/comm.h"
-#include "mpi/world.h"
+#include "mpi/fwd.h"
 
 /* The wall-clock time now, ISO 8601 UTC with milliseconds: "2026-11-23T11:56:52.123Z". */
 void tz_record_time_now(char *buf, size_t n);

@@ -13,6 +13,8 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "mpi/comm.h"
+#include "mpi/world.h"
 #include "io/fsutil.h"
 #include "io/run_dir.h"
 #include "io/loss_plot.h"
@@ -54,8 +56,10 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     r->comm = comm;
     r->training = training;
     if (cfg->train.threads > 0) omp_set_num_threads((int)cfg->train.threads); /* AdamW too */
-    r->be = tz_cpu_backend_create((int)cfg->train.threads);
-    tz_info("cpu kernel: %s", tz_cpu_kernel_name());
+    r->be = tz_backend_create(tz_device_name(cfg->run.device), w->local_rank,
+                              (int)cfg->train.threads);
+    if (!strcmp(r->be->name, "cpu")) tz_info("cpu kernel: %s", tz_cpu_kernel_name());
+    else tz_info("backend: %s", r->be->name);
     w->threads = omp_get_max_threads();
     cpu_set_t cpus;
     if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < w->threads)
@@ -80,7 +84,7 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
 static void run_close(run *r) {
     if (r->training) tz_zero_free(&r->z);
     tz_task_free(r->task);
-    tz_cpu_backend_destroy(r->be);
+    tz_backend_destroy(r->be);
 }
 
 typedef struct eval_result {

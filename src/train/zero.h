@@ -7,8 +7,7 @@
 
 #include "core/backend.h"
 #include "model/params.h"
-#include "mpi/comm.h"
-#include "mpi/world.h"
+#include "mpi/fwd.h"
 #include "mpi/zero_plan.h"
 #include "train/optim.h"
 #include "train/zero_weights.h"

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "io/dtype.h"
+#include "core/dtype.h"
 #include "mpi/comm.h"
 #include "mpi/world.h"
 

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "io/dtype.h"
+#include "core/dtype.h"
 #include "tz_check.h"
 
 

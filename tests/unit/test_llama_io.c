@@ -11,7 +11,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "io/dtype.h"
+#include "core/dtype.h"
 #include "io/safetensors.h"
 #include "model/adapter_io.h"
 #include "model/llama_io.h"

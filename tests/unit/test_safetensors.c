@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/dtype.h"
+#include "core/dtype.h"
 #include "io/safetensors.h"
 #include "tz_check.h"
 

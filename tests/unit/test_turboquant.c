@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "core/rng.h"
-#include "io/dtype.h"
+#include "core/dtype.h"
 #include "quant/codebook.h"
 #include "quant/fwht.h"
 #include "quant/tq_layout.h"

@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/params.h"
+#include "mpi/comm.h"
+#include "mpi/world.h"
 #include "train/adamw.h"
 #include "train/zero.h"
 #include "tz_check.h"

@@ -1,6 +1,6 @@
 /* Names and sizes of the stored element types, and the bulk fp32 <-> bf16/fp16 converters.
  * The scalar conversions live in dtype.h (static inline); nothing here touches files. */
-#include "io/dtype.h"
+#include "core/dtype.h"
 
 #include <string.h>
 

@@ -1,0 +1,93 @@
+/* CUDA activations, elementwise, forward and backward: SwiGLU (silu(g) * u), GELU with the
+ * tanh approximation, SiLU (cpu/cpu_activation.c's twins, with the device's expf). */
+#include "cuda/cuda_internal.cuh"
+
+#define LAUNCH(kernel, n, ...)                                                                \
+    do {                                                                                      \
+        if ((n) > 0) {                                                                        \
+            kernel<<<tz_cuda_blocks((n), TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,                \
+                     tz_cuda_stream(be)>>>(__VA_ARGS__);                                      \
+            CUDA_LAUNCHED();                                                                  \
+        }                                                                                     \
+    } while (0)
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static __global__ void k_swiglu_fwd(float *out, const float *g, const float *u, int64_t n) {
+    TZ_CUDA_FOR(i, n) out[i] = g[i] * sigmoid(g[i]) * u[i];
+}
+
+/* d silu(g)/dg = sig * (1 + g * (1 - sig)). */
+static __global__ void k_swiglu_bwd(float *dg, float *du, const float *dout, const float *g,
+                                    const float *u, int64_t n) {
+    TZ_CUDA_FOR(i, n) {
+        float sig = sigmoid(g[i]), silu = g[i] * sig;
+        dg[i] += dout[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig)));
+        du[i] += dout[i] * silu;
+    }
+}
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+
+/* tanh(u) = 1 - 2 / (exp(2u) + 1), the CPU's formula: exact limits +-1 where exp saturates. */
+__device__ __forceinline__ float tanh_e(float u) { return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); }
+
+static __global__ void k_gelu_fwd(float *out, const float *x, int64_t n) {
+    TZ_CUDA_FOR(i, n) {
+        float v = x[i];
+        out[i] = 0.5f * v * (1.0f + tanh_e(GELU_K * (v + GELU_A * v * v * v)));
+    }
+}
+
+static __global__ void k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n) {
+    TZ_CUDA_FOR(i, n) {
+        float v = x[i], th = tanh_e(GELU_K * (v + GELU_A * v * v * v));
+        float d = 0.5f * (1.0f + th) +
+                  0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+        dx[i] += dout[i] * d;
+    }
+}
+
+static __global__ void k_silu_fwd(float *out, const float *x, int64_t n) {
+    TZ_CUDA_FOR(i, n) out[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+static __global__ void k_silu_bwd(float *dx, const float *dout, const float *x, int64_t n) {
+    TZ_CUDA_FOR(i, n) {
+        float sig = sigmoid(x[i]);
+        dx[i] += dout[i] * sig * (1.0f + x[i] * (1.0f - sig));
+    }
+}
+
+static void cuda_swiglu_fwd(tz_backend *be, float *out, const float *g, const float *u,
+                            int64_t n) {
+    LAUNCH(k_swiglu_fwd, n, out, g, u, n);
+}
+static void cuda_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *dout,
+                            const float *g, const float *u, int64_t n) {
+    LAUNCH(k_swiglu_bwd, n, dg, du, dout, g, u, n);
+}
+static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n) {
+    LAUNCH(k_gelu_fwd, n, out, x, n);
+}
+static void cuda_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
+                               int64_t n) {
+    LAUNCH(k_gelu_bwd, n, dx, dout, x, n);
+}
+static void cuda_silu_fwd(tz_backend *be, float *out, const float *x, int64_t n) {
+    LAUNCH(k_silu_fwd, n, out, x, n);
+}
+static void cuda_silu_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
+                          int64_t n) {
+    LAUNCH(k_silu_bwd, n, dx, dout, x, n);
+}
+
+void tz_cuda_install_activation(tz_backend *be) {
+    be->swiglu_fwd = cuda_swiglu_fwd;
+    be->swiglu_bwd = cuda_swiglu_bwd;
+    be->gelu_tanh_fwd = cuda_gelu_tanh_fwd;
+    be->gelu_tanh_bwd = cuda_gelu_tanh_bwd;
+    be->silu_fwd = cuda_silu_fwd;
+    be->silu_bwd = cuda_silu_bwd;
+}

@@ -1,0 +1,197 @@
+/* The CUDA backend: device choice, the stream and cuBLAS handle, device memory with live and
+ * peak bytes, the ops' scratch, and the table (each op family file installs its ops). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_internal.cuh"
+
+/* ---- pointer sizes (for live_bytes) ---- */
+
+#define TZ_TOMB ((void *)1)
+
+static uint64_t hash_ptr(const void *p) {
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static void sizes_put(tz_cuda_sizes *t, void *p, size_t bytes);
+
+/* Rehashes without the tombstones, doubling the table only when live entries fill more than
+ * a quarter of it (alloc/release cycles do not grow it). */
+static void sizes_grow(tz_cuda_sizes *t) {
+    tz_cuda_sizes old = *t;
+    int64_t live = 0;
+    for (int64_t i = 0; i < old.cap; i++) live += old.key[i] && old.key[i] != TZ_TOMB;
+    t->cap = !old.cap ? 1024 : 4 * live > old.cap ? old.cap * 2 : old.cap;
+    t->used = 0;
+    t->key = (void **)tz_xcalloc((size_t)t->cap, sizeof(void *));
+    t->bytes = (size_t *)tz_xcalloc((size_t)t->cap, sizeof(size_t));
+    for (int64_t i = 0; i < old.cap; i++)
+        if (old.key[i] && old.key[i] != TZ_TOMB) sizes_put(t, old.key[i], old.bytes[i]);
+    free(old.key);
+    free(old.bytes);
+}
+
+static void sizes_put(tz_cuda_sizes *t, void *p, size_t bytes) {
+    if (4 * (t->used + 1) > 3 * t->cap) sizes_grow(t);
+    int64_t i = (int64_t)(hash_ptr(p) & (uint64_t)(t->cap - 1));
+    while (t->key[i] && t->key[i] != TZ_TOMB) i = (i + 1) & (t->cap - 1);
+    if (!t->key[i]) t->used++;
+    t->key[i] = p;
+    t->bytes[i] = bytes;
+}
+
+/* Removes p and returns its size; fatal when p was not allocated here. */
+static size_t sizes_take(tz_cuda_sizes *t, void *p) {
+    if (t->cap) {
+        int64_t i = (int64_t)(hash_ptr(p) & (uint64_t)(t->cap - 1));
+        while (t->key[i]) {
+            if (t->key[i] == p) {
+                t->key[i] = TZ_TOMB;
+                return t->bytes[i];
+            }
+            i = (i + 1) & (t->cap - 1);
+        }
+    }
+    TZ_FATAL("cuda release: %p was not allocated by this backend", p);
+}
+
+/* ---- memory ---- */
+
+static void *cuda_alloc(tz_backend *be, size_t bytes) {
+    tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+    void *p = NULL;
+    cudaError_t rc = cudaMalloc(&p, bytes ? bytes : 1); /* 256-byte aligned */
+    if (rc != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&fr, &tot);
+        TZ_FATAL_HINT("use fewer or shorter sequences per micro-batch (train.micro_batch, "
+                      "data.seq_len), train.checkpointing = true, or more ranks",
+                      "out of GPU memory on %s: cannot allocate %zu bytes (%s; %.1f of %.1f "
+                      "GiB free, %.1f GiB allocated by turbozero)", c->name, bytes,
+                      cudaGetErrorString(rc), (double)fr / 1073741824.0,
+                      (double)tot / 1073741824.0, (double)be->live_bytes / 1073741824.0);
+    }
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
+    sizes_put(&c->sizes, p, bytes);
+    be->live_bytes += bytes;
+    if (be->live_bytes > be->peak_bytes) be->peak_bytes = be->live_bytes;
+    return p;
+}
+
+static void cuda_release(tz_backend *be, void *p) {
+    if (!p) return;
+    tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+    be->live_bytes -= sizes_take(&c->sizes, p);
+    CUDA_CHECK(cudaFree(p)); /* waits for the device: no kernel still reads p */
+}
+
+/* upload and download return once the copy is done (the host buffer may be reused or read);
+ * copy is ordered on the stream like every op. */
+static void cuda_upload(tz_backend *be, void *dst, const void *host_src, size_t bytes) {
+    if (!bytes) return;
+    cudaStream_t s = tz_cuda_stream(be);
+    CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+static void cuda_download(tz_backend *be, void *host_dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    cudaStream_t s = tz_cuda_stream(be);
+    CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+static void cuda_copy(tz_backend *be, void *dst, const void *src, size_t bytes) {
+    if (!bytes || dst == src) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, tz_cuda_stream(be)));
+}
+
+static void cuda_sync(tz_backend *be) { CUDA_CHECK(cudaStreamSynchronize(tz_cuda_stream(be))); }
+
+void *tz_cuda_scratch(tz_backend *be, size_t bytes) {
+    tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+    if (bytes <= c->scratch_cap) return c->scratch;
+    size_t cap = c->scratch_cap * 2 > bytes ? c->scratch_cap * 2 : bytes;
+    if (c->scratch) CUDA_CHECK(cudaFree(c->scratch)); /* waits for kernels still using it */
+    c->scratch = NULL;
+    cudaError_t rc = cudaMalloc(&c->scratch, cap);
+    if (rc != cudaSuccess)
+        TZ_FATAL("out of GPU memory on %s: cannot allocate %zu bytes of op scratch (%s)",
+                 c->name, cap, cudaGetErrorString(rc));
+    c->scratch_cap = cap;
+    return c->scratch;
+}
+
+/* ---- the table ---- */
+
+int tz_cuda_device_count(void) {
+    int n = 0;
+    cudaError_t rc = cudaGetDeviceCount(&n);
+    if (rc != cudaSuccess) {
+        cudaGetLastError(); /* no driver or no device: not sticky */
+        return 0;
+    }
+    return n;
+}
+
+static void cuda_destroy(tz_backend *be) {
+    if (!be) return;
+    tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+    cudaStreamSynchronize(c->stream);
+    cudaFree(c->scratch);
+    cudaFree(c->rope.cs);
+    cudaFree(c->rope.sn);
+    for (int i = 0; i < TZ_CUDA_SIGN_SLOTS; i++) cudaFree(c->signs.s[i]);
+    cudaFreeHost(c->host_d);
+    cublasDestroy(c->cublas);
+    cudaStreamDestroy(c->stream);
+    free(c->sizes.key);
+    free(c->sizes.bytes);
+    free(c);
+    free(be);
+}
+
+tz_backend *tz_cuda_backend_create(int device) {
+    int n = tz_cuda_device_count();
+    if (n <= 0)
+        TZ_FATAL_HINT("set run.device = \"cpu\" (or \"auto\"), or run where a GPU is visible "
+                      "(check nvidia-smi and CUDA_VISIBLE_DEVICES)",
+                      "run.device = \"cuda\": no CUDA device is visible to this process");
+    tz_cuda_ctx *c = (tz_cuda_ctx *)tz_xcalloc(1, sizeof *c);
+    c->device = (device < 0 ? 0 : device) % n;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, c->device));
+    snprintf(c->name, sizeof c->name, "GPU %d (%s, sm_%d%d)", c->device, prop.name, prop.major,
+             prop.minor);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&c->cublas));
+    CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
+    /* fp32 products in fp32 (no TF32), so the ops compare with the CPU's; cuBLAS results
+     * are reproducible on one GPU and stream with the default workspace. */
+    CUBLAS_CHECK(cublasSetMathMode(c->cublas, CUBLAS_PEDANTIC_MATH));
+    CUDA_CHECK(cudaMallocHost((void **)&c->host_d, sizeof(double)));
+
+    tz_backend *be = (tz_backend *)tz_xcalloc(1, sizeof *be);
+    be->name = "cuda";
+    be->device = 1;
+    be->ctx = c;
+    be->destroy = cuda_destroy;
+    be->alloc = cuda_alloc;
+    be->release = cuda_release;
+    be->upload = cuda_upload;
+    be->download = cuda_download;
+    be->copy = cuda_copy;
+    be->sync = cuda_sync;
+#define TZ_CUDA_CALL_INSTALL(family) tz_cuda_install_##family(be);
+    TZ_CUDA_FAMILIES(TZ_CUDA_CALL_INSTALL)
+#undef TZ_CUDA_CALL_INSTALL
+    tz_backend_check(be);
+    tz_info_all("cuda backend on %s", c->name);
+    return be;
+}

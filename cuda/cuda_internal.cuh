@@ -1,0 +1,183 @@
+/* Shared state, error checks and small device helpers of the CUDA backend, between its .cu
+ * files (one per op family, mirroring src/cpu/). Not a public interface: the program reaches
+ * these ops through tz_backend (core/backend.h). Only cuda/ includes CUDA headers.
+ *
+ * Conventions of every op here: fp32 tensors in device memory, the shapes and contracts of
+ * core/backend.h; every kernel runs on the backend's one stream (ctx->stream), so ops are
+ * ordered among themselves and with upload/download/copy; results are reproducible bit for
+ * bit on one GPU and one shape (no atomics: every output element has one writer, and the
+ * reductions split their work by shape only, never by the device's size). */
+#ifndef TZ_CUDA_INTERNAL_CUH
+#define TZ_CUDA_INTERNAL_CUH
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "core/backend.h"
+#include "core/error.h"
+}
+
+/* CUDA_CHECK(call) / CUBLAS_CHECK(call): a failing runtime or cuBLAS call into the one fatal
+ * path (TZ_FATAL: message, then every rank aborts), with the call and the library's text. */
+#define CUDA_CHECK(call)                                                                      \
+    do {                                                                                      \
+        cudaError_t tz_cu_rc_ = (call);                                                       \
+        if (tz_cu_rc_ != cudaSuccess)                                                         \
+            TZ_FATAL("%s failed: %s (%s)", #call, cudaGetErrorString(tz_cu_rc_),              \
+                     cudaGetErrorName(tz_cu_rc_));                                            \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                                    \
+    do {                                                                                      \
+        cublasStatus_t tz_cb_rc_ = (call);                                                    \
+        if (tz_cb_rc_ != CUBLAS_STATUS_SUCCESS)                                               \
+            TZ_FATAL("%s failed: %s (%s)", #call, cublasGetStatusString(tz_cb_rc_),           \
+                     cublasGetStatusName(tz_cb_rc_));                                         \
+    } while (0)
+/* After a kernel launch: launch errors (bad configuration) at once. Faults inside kernels
+ * surface at the next synchronising call (download, sync, sumsq). */
+#define CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
+
+/* A table of pointer -> size for live_bytes (cudaMalloc does not say a block's size). Open
+ * addressing, linear probing, tombstones; grown when 3/4 full. */
+typedef struct tz_cuda_sizes {
+    void **key;
+    size_t *bytes;
+    int64_t cap, used; /* used counts live entries and tombstones */
+} tz_cuda_sizes;
+
+/* Host-made tables the ops cache on the device: RoPE cos/sin for (T, D, theta) and the
+ * TurboQuant signs of a row for (seed, cols, group). */
+typedef struct tz_cuda_rope_cache {
+    float *cs, *sn; /* [T, D/2] each, device */
+    int64_t T, D;
+    float theta;
+} tz_cuda_rope_cache;
+#define TZ_CUDA_SIGN_SLOTS 8
+typedef struct tz_cuda_sign_cache {
+    float *s[TZ_CUDA_SIGN_SLOTS]; /* [cols] device */
+    uint64_t seed[TZ_CUDA_SIGN_SLOTS];
+    int64_t cols[TZ_CUDA_SIGN_SLOTS];
+    int group[TZ_CUDA_SIGN_SLOTS];
+    int next; /* slot replaced next (round robin) */
+} tz_cuda_sign_cache;
+
+typedef struct tz_cuda_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    void *scratch;       /* ops' device scratch (not in live_bytes), grown on demand */
+    size_t scratch_cap;
+    double *host_d;      /* pinned host double, for sumsq's result */
+    tz_cuda_sizes sizes;
+    tz_cuda_rope_cache rope;
+    tz_cuda_sign_cache signs;
+    char name[320];      /* the device's name, for messages */
+} tz_cuda_ctx;
+
+static inline tz_cuda_ctx *tz_cuda_ctx_of(tz_backend *be) { return (tz_cuda_ctx *)be->ctx; }
+static inline cudaStream_t tz_cuda_stream(tz_backend *be) { return tz_cuda_ctx_of(be)->stream; }
+
+/* Device scratch of at least `bytes` (256-aligned), valid until the next call; the previous
+ * contents are lost when it grows. Ops use it between their own kernels on the stream. */
+void *tz_cuda_scratch(tz_backend *be, size_t bytes);
+
+/* Launch geometry of elementwise kernels: 256 threads, a grid-stride loop over n, at most
+ * TZ_CUDA_MAX_BLOCKS blocks (the grid changes which thread does an element, never a result). */
+#define TZ_CUDA_THREADS 256
+#define TZ_CUDA_MAX_BLOCKS 65535
+static inline unsigned tz_cuda_blocks(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    return (unsigned)(b < TZ_CUDA_MAX_BLOCKS ? b : TZ_CUDA_MAX_BLOCKS);
+}
+#define TZ_CUDA_FOR(i, n)                                                                     \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+/* Block-wide reductions in a fixed tree (warp shuffles, then the warps' partials in order):
+ * the same inputs give the same bits every time. blockDim.x a multiple of 32, at most 1024;
+ * every thread of the block calls them and gets the result. */
+__device__ __forceinline__ double tz_warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float tz_warp_sum_f(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float tz_warp_max_f(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double tz_block_sum_d(double v) {
+    __shared__ double part[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = tz_warp_sum_d(v);
+    __syncthreads(); /* part may still be read by a previous call */
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : 0.0;
+    return tz_warp_sum_d(v);
+}
+__device__ __forceinline__ float tz_block_max_f(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = tz_warp_max_f(v);
+    __syncthreads();
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : -INFINITY;
+    return tz_warp_max_f(v);
+}
+
+/* Column sums of the parameter-like gradients, deterministic without atomics:
+ *   dst[b*ld + c] += (float) sum_{t<T} f(b, t, c), in double,
+ * for b < B, c < C. Stage 1 sums fixed chunks of t (chunk count from T alone) into a
+ * double scratch; stage 2 adds the chunks in order. F is a device functor
+ * `double operator()(int64_t b, int64_t t, int64_t c) const`. */
+#define TZ_CUDA_COLSUM_CHUNK 64
+template <class F>
+__global__ void tz_colsum_stage1(double *part, F f, int64_t T, int64_t C, int64_t nch) {
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t ch = blockIdx.y, b = blockIdx.z;
+    if (c >= C) return;
+    int64_t t0 = ch * TZ_CUDA_COLSUM_CHUNK, t1 = t0 + TZ_CUDA_COLSUM_CHUNK < T ? t0 + TZ_CUDA_COLSUM_CHUNK : T;
+    double acc = 0.0;
+    for (int64_t t = t0; t < t1; t++) acc += f(b, t, c);
+    part[(b * nch + ch) * C + c] = acc;
+}
+static __global__ void tz_colsum_stage2(float *dst, int64_t ld, const double *part, int64_t B,
+                                        int64_t C, int64_t nch) {
+    TZ_CUDA_FOR(i, B * C) {
+        int64_t b = i / C, c = i % C;
+        double acc = 0.0;
+        for (int64_t ch = 0; ch < nch; ch++) acc += part[(b * nch + ch) * C + c];
+        dst[b * ld + c] += (float)acc;
+    }
+}
+template <class F>
+static void tz_cuda_colsum(tz_backend *be, float *dst, int64_t ld, F f, int64_t B, int64_t T,
+                           int64_t C) {
+    if (B <= 0 || C <= 0 || T <= 0) return;
+    int64_t nch = (T + TZ_CUDA_COLSUM_CHUNK - 1) / TZ_CUDA_COLSUM_CHUNK;
+    if (nch > 65535 || B > 65535)
+        TZ_FATAL("column sum: %lld rows in %lld batches is beyond this kernel's grid",
+                 (long long)T, (long long)B);
+    double *part = (double *)tz_cuda_scratch(be, (size_t)(B * nch * C) * sizeof(double));
+    dim3 grid((unsigned)((C + 127) / 128), (unsigned)nch, (unsigned)B);
+    tz_colsum_stage1<<<grid, 128, 0, tz_cuda_stream(be)>>>(part, f, T, C, nch);
+    CUDA_LAUNCHED();
+    tz_colsum_stage2<<<tz_cuda_blocks(B * C, 256), 256, 0, tz_cuda_stream(be)>>>(dst, ld, part,
+                                                                                 B, C, nch);
+    CUDA_LAUNCHED();
+}
+
+/* Each family file sets its entries of the table (cuda_backend.c calls them all). */
+#define TZ_CUDA_FAMILIES(X)                                                                   \
+    X(elementwise) X(norm) X(activation) X(attention) X(matmul) X(loss) X(layout) X(quant)
+#define TZ_CUDA_DECLARE_INSTALL(family) void tz_cuda_install_##family(tz_backend *be);
+TZ_CUDA_FAMILIES(TZ_CUDA_DECLARE_INSTALL)
+
+#endif

@@ -1,0 +1,12 @@
+/* The names of the mpi/ types, without <mpi.h>: headers above mpi/ (src/train) declare
+ * functions taking tz_world, tz_comm and tz_comm_req pointers through this file, so only
+ * the .c files that use MPI or the types' members include mpi/world.h, mpi/comm.h (and so
+ * <mpi.h>). */
+#ifndef TZ_MPI_FWD_H
+#define TZ_MPI_FWD_H
+
+typedef struct tz_world tz_world;
+typedef struct tz_comm tz_comm;
+typedef struct tz_comm_req tz_comm_req;
+
+#endif

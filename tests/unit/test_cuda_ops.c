@@ -1,0 +1,491 @@
+/* Every op of the CUDA table against the CPU table (the specification), on random inputs at
+ * odd sizes, forward and backward (backwards on random, not zero, gradients: they accumulate),
+ * plus the memory ops, live/peak bytes and run-to-run reproducibility. Exits 77 (skip) in a
+ * build without the CUDA backend or where no GPU is visible.
+ *
+ * Tolerances, as max |gpu - cpu| / max |cpu| over the output (the error relative to the
+ * result's scale, so a cancelled element does not blow it up):
+ *   0       permutations and copies (patchify, unpatchify, copy2d, embedding forward,
+ *           memory), decoding (one product of the same two floats), the embedding backward
+ *           (both add the tokens of a column in the same order), fill and scale (one
+ *           rounding of the same product).
+ *   1e-7    axpy: nvcc fuses the multiply-add (one rounding instead of two: half an ulp).
+ *   1e-6    elementwise ops with exponentials or tanh (the device's expf and the CPU's
+ *           polynomial each err by up to 2 ulp, amplified by a few operations after them),
+ *           RoPE (the same host-made table; the rotation is two rounded products and a sum),
+ *           modulate/gate/bias/mse and the rotation (a few roundings; column sums in double).
+ *   1e-5    row reductions in fp32 math around double sums (norms, cross-entropy) and the
+ *           GEMM (K <= 96 products summed in another order: ~sqrt(K) * 6e-8 typical, far
+ *           below; the margin covers the worst element).
+ *   3e-5    attention (two chained reductions over T <= 80 and D <= 128 in different order,
+ *           an online softmax against a two-pass one, exp of the difference).
+ *   1e-12   sumsq (double accumulation of the same squares, relative). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "quant/tq_layout.h"
+#include "tz_check.h"
+
+static tz_backend *g_cpu, *g_gpu;
+static tz_rng g_rng;
+
+/* A tensor on both backends: h (CPU backend memory = host), d (GPU), n floats. */
+typedef struct {
+    float *h, *d;
+    int64_t n;
+} pair;
+
+static float urand(float amp) { return amp * (2.0f * tz_rng_uniform(&g_rng) - 1.0f); }
+
+static pair mk(int64_t n, float amp) {
+    pair p = {g_cpu->alloc(g_cpu, (size_t)n * 4), g_gpu->alloc(g_gpu, (size_t)n * 4), n};
+    for (int64_t i = 0; i < n; i++) p.h[i] = urand(amp);
+    g_gpu->upload(g_gpu, p.d, p.h, (size_t)n * 4);
+    return p;
+}
+static pair mkz(int64_t n) { return mk(n, 0.0f); }
+static void drop(pair *p) {
+    g_cpu->release(g_cpu, p->h);
+    g_gpu->release(g_gpu, p->d);
+}
+
+/* Device integers (token ids, targets) with their host copy. */
+static int32_t *up_i32(const int32_t *h, int64_t n) {
+    int32_t *d = g_gpu->alloc(g_gpu, (size_t)n * 4);
+    g_gpu->upload(g_gpu, d, h, (size_t)n * 4);
+    return d;
+}
+
+/* max |gpu - cpu| / max |cpu| of p (NaN anywhere: +inf) */
+static double err_of(const pair *p) {
+    float *g = malloc((size_t)p->n * 4);
+    g_gpu->download(g_gpu, g, p->d, (size_t)p->n * 4);
+    double e = 0.0, s = 0.0;
+    for (int64_t i = 0; i < p->n; i++) {
+        double df = fabs((double)g[i] - (double)p->h[i]);
+        if (!(df <= e)) e = df;
+        if (fabs((double)p->h[i]) > s) s = fabs((double)p->h[i]);
+    }
+    free(g);
+    if (e != e) return INFINITY;
+    return s > 0 ? e / s : e;
+}
+
+static void expect(const char *what, const pair *p, double tol) {
+    double e = err_of(p);
+    check(e <= tol, "%-48s err %.3e (tol %.0e)", what, e, tol);
+}
+
+/* ---- memory ---- */
+
+static void test_memory(void) {
+    size_t live0 = g_gpu->live_bytes;
+    float *a = g_gpu->alloc(g_gpu, 1000), *b = g_gpu->alloc(g_gpu, 3000);
+    check(g_gpu->live_bytes == live0 + 4000 && g_gpu->peak_bytes >= live0 + 4000,
+          "live/peak bytes after two allocations (%zu, %zu)", g_gpu->live_bytes,
+          g_gpu->peak_bytes);
+    float z[250], h[250], back[250];
+    g_gpu->download(g_gpu, z, a, sizeof z);
+    int zero = 1;
+    for (int i = 0; i < 250; i++) zero &= z[i] == 0.0f;
+    check(zero, "alloc gives zeroed memory");
+    for (int i = 0; i < 250; i++) h[i] = urand(1.0f);
+    g_gpu->upload(g_gpu, a, h, sizeof h);
+    g_gpu->copy(g_gpu, b + 10, a, sizeof h);
+    g_gpu->sync(g_gpu);
+    g_gpu->download(g_gpu, back, b + 10, sizeof back);
+    check(!memcmp(back, h, sizeof h), "upload, copy, download round trip");
+    g_gpu->release(g_gpu, a);
+    g_gpu->release(g_gpu, b);
+    g_gpu->release(g_gpu, NULL);
+    check(g_gpu->live_bytes == live0, "live bytes back after release");
+}
+
+/* ---- elementwise and reductions ---- */
+
+static void test_elementwise(void) {
+    const int64_t n = 100003;
+    pair x = mk(n, 2.0f), y = mk(n, 2.0f);
+    g_cpu->fill(g_cpu, x.h, 0.37f, 777), g_gpu->fill(g_gpu, x.d, 0.37f, 777);
+    expect("fill", &x, 0);
+    g_cpu->scale(g_cpu, x.h, -1.7f, n), g_gpu->scale(g_gpu, x.d, -1.7f, n);
+    expect("scale", &x, 0);
+    g_cpu->axpy(g_cpu, y.h, 0.3f, x.h, n), g_gpu->axpy(g_gpu, y.d, 0.3f, x.d, n);
+    expect("axpy (a fused multiply-add on the GPU)", &y, 1e-7);
+    double sc = g_cpu->sumsq(g_cpu, y.h, n), sg = g_gpu->sumsq(g_gpu, y.d, n);
+    double e = fabs(sc - sg) / sc;
+    check(e <= 1e-12, "sumsq %.17g vs %.17g (rel %.1e, tol 1e-12)", sg, sc, e);
+    double sg2 = g_gpu->sumsq(g_gpu, y.d, n);
+    check(sg2 == sg, "sumsq is the same bits run to run");
+    check(g_gpu->sumsq(g_gpu, y.d, 0) == 0.0, "sumsq of nothing is 0");
+    drop(&x), drop(&y);
+}
+
+/* ---- matmul ---- */
+
+static void test_matmul(void) {
+    const int64_t M = 37, N = 53, K = 71;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int bi = 0; bi < 2; bi++) {
+                float beta = bi ? 0.3f : 0.0f;
+                pair A = mk(M * K, 1.0f), B = mk(K * N, 1.0f), C = mk(M * N, 1.0f);
+                if (!bi) { /* beta = 0: C may hold NaN, which must not come through */
+                    for (int64_t i = 0; i < M * N; i++) C.h[i] = NAN;
+                    g_gpu->upload(g_gpu, C.d, C.h, (size_t)(M * N) * 4);
+                }
+                g_cpu->matmul(g_cpu, C.h, A.h, B.h, M, N, K, ta, tb, 0.7f, beta);
+                g_gpu->matmul(g_gpu, C.d, A.d, B.d, M, N, K, ta, tb, 0.7f, beta);
+                char what[96];
+                snprintf(what, sizeof what, "matmul transA=%d transB=%d beta=%g", ta, tb,
+                         (double)beta);
+                expect(what, &C, 1e-5);
+                drop(&A), drop(&B), drop(&C);
+            }
+    pair C = mk(M * N, 1.0f);
+    g_cpu->matmul(g_cpu, C.h, NULL, NULL, M, N, 0, 0, 0, 1.0f, 0.5f);
+    g_gpu->matmul(g_gpu, C.d, NULL, NULL, M, N, 0, 0, 0, 1.0f, 0.5f);
+    expect("matmul K=0 (C = beta C)", &C, 0);
+    drop(&C);
+}
+
+/* ---- embedding, RoPE, layouts ---- */
+
+static void test_layout(void) {
+    const int64_t V = 50, C = 67, n = 301;
+    int32_t tok[301];
+    for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)tz_rng_below(&g_rng, (uint64_t)V);
+    int32_t *dtok = up_i32(tok, n);
+    pair table = mk(V * C, 1.0f), out = mkz(n * C), dout = mk(n * C, 1.0f);
+    g_cpu->embedding_fwd(g_cpu, out.h, tok, table.h, n, C);
+    g_gpu->embedding_fwd(g_gpu, out.d, dtok, table.d, n, C);
+    expect("embedding_fwd", &out, 0);
+    g_cpu->embedding_bwd(g_cpu, table.h, tok, dout.h, n, C);
+    g_gpu->embedding_bwd(g_gpu, table.d, dtok, dout.d, n, C);
+    expect("embedding_bwd (repeated ids, same order)", &table, 0);
+    drop(&table), drop(&out), drop(&dout);
+    g_gpu->release(g_gpu, dtok);
+
+    const int64_t B = 2, T = 37, H = 3, D = 18;
+    pair x = mk(B * T * H * D, 1.0f);
+    g_cpu->rope_fwd(g_cpu, x.h, B, T, H, D, 10000.0f);
+    g_gpu->rope_fwd(g_gpu, x.d, B, T, H, D, 10000.0f);
+    expect("rope_fwd", &x, 1e-6);
+    g_cpu->rope_bwd(g_cpu, x.h, B, T, H, D, 500000.0f);
+    g_gpu->rope_bwd(g_gpu, x.d, B, T, H, D, 500000.0f); /* a new table */
+    expect("rope_bwd (another theta)", &x, 1e-6);
+    /* the table form at an offset: the angle is the same float product on both, cos and sin
+     * are the host's and the device's cosf/sinf (2 ulp apart at most; angles up to ~60 rad
+     * lose a few more bits in the argument reduction), hence 2e-6 */
+    pair inv = mk(D / 2, 0.0f);
+    for (int64_t i = 0; i < D / 2; i++) /* every third frequency scaled down, as llama3 does */
+        inv.h[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)D) * (i % 3 ? 1.0f : 0.125f);
+    g_gpu->upload(g_gpu, inv.d, inv.h, (size_t)inv.n * 4);
+    g_cpu->rope_tab_fwd(g_cpu, x.h, B, T, H, D, inv.h, 23);
+    g_gpu->rope_tab_fwd(g_gpu, x.d, B, T, H, D, inv.d, 23);
+    expect("rope_tab_fwd (pos0 23, scaled table)", &x, 2e-6);
+    g_cpu->rope_tab_bwd(g_cpu, x.h, B, T, H, D, inv.h, 5);
+    g_gpu->rope_tab_bwd(g_gpu, x.d, B, T, H, D, inv.d, 5);
+    expect("rope_tab_bwd (pos0 5)", &x, 2e-6);
+    drop(&inv);
+    drop(&x);
+
+    for (int cl = 0; cl < 2; cl++) {
+        const int64_t Bi = 2, Ci = 3, Hi = 12, Wi = 8, p = 4, P = Ci * p * p;
+        const int64_t Tt = (Hi / p) * (Wi / p);
+        pair img = mk(Bi * Ci * Hi * Wi, 1.0f), tk = mkz(Bi * Tt * P), back = mkz(img.n);
+        g_cpu->patchify(g_cpu, tk.h, img.h, Bi, Ci, Hi, Wi, p, cl);
+        g_gpu->patchify(g_gpu, tk.d, img.d, Bi, Ci, Hi, Wi, p, cl);
+        expect(cl ? "patchify chan_last" : "patchify", &tk, 0);
+        g_cpu->unpatchify(g_cpu, back.h, tk.h, Bi, Ci, Hi, Wi, p, cl);
+        g_gpu->unpatchify(g_gpu, back.d, tk.d, Bi, Ci, Hi, Wi, p, cl);
+        expect(cl ? "unpatchify chan_last" : "unpatchify", &back, 0);
+        drop(&img), drop(&tk), drop(&back);
+    }
+    pair src = mk(9 * 20, 1.0f), dst = mk(9 * 17, 1.0f);
+    g_cpu->copy2d(g_cpu, dst.h, 17, src.h, 20, 9, 13);
+    g_gpu->copy2d(g_gpu, dst.d, 17, src.d, 20, 9, 13);
+    expect("copy2d", &dst, 0);
+    drop(&src), drop(&dst);
+}
+
+/* ---- norms ---- */
+
+static void test_norm(void) {
+    const int64_t rows = 29, C = 333;
+    pair x = mk(rows * C, 2.0f), w = mk(C, 1.0f), out = mkz(rows * C), rstd = mkz(rows);
+    pair dout = mk(rows * C, 1.0f), dx = mk(rows * C, 1.0f), dw = mk(C, 1.0f);
+    g_cpu->rmsnorm_fwd(g_cpu, out.h, rstd.h, x.h, w.h, rows, C, 1e-5f);
+    g_gpu->rmsnorm_fwd(g_gpu, out.d, rstd.d, x.d, w.d, rows, C, 1e-5f);
+    expect("rmsnorm_fwd out", &out, 1e-5);
+    expect("rmsnorm_fwd rstd", &rstd, 1e-5);
+    g_cpu->rmsnorm_bwd(g_cpu, dx.h, dw.h, dout.h, x.h, w.h, rstd.h, rows, C);
+    g_gpu->rmsnorm_bwd(g_gpu, dx.d, dw.d, dout.d, x.d, w.d, rstd.d, rows, C);
+    expect("rmsnorm_bwd dx", &dx, 1e-5);
+    expect("rmsnorm_bwd dw", &dw, 1e-5);
+    g_cpu->rmsnorm_bwd(g_cpu, dx.h, NULL, dout.h, x.h, w.h, rstd.h, rows, C);
+    g_gpu->rmsnorm_bwd(g_gpu, dx.d, NULL, dout.d, x.d, w.d, rstd.d, rows, C);
+    expect("rmsnorm_bwd dx (frozen weight)", &dx, 1e-5);
+    pair mean = mkz(rows);
+    for (int64_t i = 0; i < x.n; i++) x.h[i] += 0.5f; /* a mean to remove */
+    g_gpu->upload(g_gpu, x.d, x.h, (size_t)x.n * 4);
+    g_cpu->layernorm_fwd(g_cpu, out.h, mean.h, rstd.h, x.h, rows, C, 1e-6f);
+    g_gpu->layernorm_fwd(g_gpu, out.d, mean.d, rstd.d, x.d, rows, C, 1e-6f);
+    expect("layernorm_fwd out", &out, 1e-5);
+    expect("layernorm_fwd mean", &mean, 1e-5);
+    expect("layernorm_fwd rstd", &rstd, 1e-5);
+    g_cpu->layernorm_bwd(g_cpu, dx.h, dout.h, x.h, mean.h, rstd.h, rows, C);
+    g_gpu->layernorm_bwd(g_gpu, dx.d, dout.d, x.d, mean.d, rstd.d, rows, C);
+    expect("layernorm_bwd dx", &dx, 1e-5);
+    drop(&x), drop(&w), drop(&out), drop(&rstd), drop(&dout), drop(&dx), drop(&dw), drop(&mean);
+}
+
+/* ---- activations ---- */
+
+static void test_activation(void) {
+    const int64_t n = 10007;
+    pair g = mk(n, 6.0f), u = mk(n, 2.0f), out = mkz(n), dout = mk(n, 1.0f);
+    pair dg = mk(n, 1.0f), du = mk(n, 1.0f);
+    g_cpu->swiglu_fwd(g_cpu, out.h, g.h, u.h, n), g_gpu->swiglu_fwd(g_gpu, out.d, g.d, u.d, n);
+    expect("swiglu_fwd", &out, 1e-6);
+    g_cpu->swiglu_bwd(g_cpu, dg.h, du.h, dout.h, g.h, u.h, n);
+    g_gpu->swiglu_bwd(g_gpu, dg.d, du.d, dout.d, g.d, u.d, n);
+    expect("swiglu_bwd dg", &dg, 1e-6);
+    expect("swiglu_bwd du", &du, 1e-6);
+    g_cpu->gelu_tanh_fwd(g_cpu, out.h, g.h, n), g_gpu->gelu_tanh_fwd(g_gpu, out.d, g.d, n);
+    expect("gelu_tanh_fwd", &out, 1e-6);
+    g_cpu->gelu_tanh_bwd(g_cpu, dg.h, dout.h, g.h, n);
+    g_gpu->gelu_tanh_bwd(g_gpu, dg.d, dout.d, g.d, n);
+    expect("gelu_tanh_bwd", &dg, 1e-6);
+    g_cpu->silu_fwd(g_cpu, out.h, g.h, n), g_gpu->silu_fwd(g_gpu, out.d, g.d, n);
+    expect("silu_fwd", &out, 1e-6);
+    g_cpu->silu_bwd(g_cpu, dg.h, dout.h, g.h, n), g_gpu->silu_bwd(g_gpu, dg.d, dout.d, g.d, n);
+    expect("silu_bwd", &dg, 1e-6);
+    drop(&g), drop(&u), drop(&out), drop(&dout), drop(&dg), drop(&du);
+}
+
+/* ---- losses ---- */
+
+static void test_loss(void) {
+    const int64_t n = 13, V = 1001;
+    int32_t tgt[13];
+    for (int64_t i = 0; i < n; i++) tgt[i] = i % 5 == 3 ? -1 : (int32_t)tz_rng_below(&g_rng, V);
+    int32_t *dt = up_i32(tgt, n);
+    pair logits = mk(n * V, 8.0f), loss = mk(n, 1.0f), dl = mk(n * V, 1.0f);
+    g_cpu->xent_fwd(g_cpu, loss.h, logits.h, tgt, n, V);
+    g_gpu->xent_fwd(g_gpu, loss.d, logits.d, dt, n, V);
+    expect("xent_fwd (ignored rows give 0)", &loss, 1e-5);
+    g_cpu->xent_bwd(g_cpu, dl.h, logits.h, tgt, 0.25f, n, V);
+    g_gpu->xent_bwd(g_gpu, dl.d, logits.d, dt, 0.25f, n, V);
+    expect("xent_bwd", &dl, 1e-5);
+    g_cpu->xent_bwd(g_cpu, logits.h, logits.h, tgt, 0.25f, n, V);
+    g_gpu->xent_bwd(g_gpu, logits.d, logits.d, dt, 0.25f, n, V);
+    expect("xent_bwd in place", &logits, 1e-5);
+    drop(&logits), drop(&loss), drop(&dl);
+    g_gpu->release(g_gpu, dt);
+
+    const int64_t rows = 7, m = 50, ld = 60;
+    pair pred = mk(rows * ld, 1.0f), target = mk(rows * m, 1.0f), sse = mkz(rows);
+    pair dpred = mk(rows * ld, 1.0f);
+    g_cpu->mse_fwd(g_cpu, sse.h, pred.h, ld, target.h, rows, m);
+    g_gpu->mse_fwd(g_gpu, sse.d, pred.d, ld, target.d, rows, m);
+    expect("mse_fwd", &sse, 1e-6);
+    g_cpu->mse_bwd(g_cpu, dpred.h, pred.h, ld, target.h, 0.1f, rows, m);
+    g_gpu->mse_bwd(g_gpu, dpred.d, pred.d, ld, target.d, 0.1f, rows, m);
+    expect("mse_bwd (extra channels untouched)", &dpred, 1e-6);
+    drop(&pred), drop(&target), drop(&sse), drop(&dpred);
+}
+
+/* ---- DiT conditioning ---- */
+
+static void test_conditioning(void) {
+    const int64_t B = 3, T = 19, C = 37, ld = 3 * C, n = B * T * C;
+    pair x = mk(n, 1.0f), y = mk(n, 1.0f), cond = mk(B * ld, 0.5f), out = mkz(n);
+    pair dout = mk(n, 1.0f), dx = mk(n, 1.0f), dcond = mk(B * ld, 1.0f);
+    const float *shift_h = cond.h, *scale_h = cond.h + C, *gate_h = cond.h + 2 * C;
+    const float *shift_d = cond.d, *scale_d = cond.d + C, *gate_d = cond.d + 2 * C;
+    g_cpu->modulate_fwd(g_cpu, out.h, x.h, shift_h, scale_h, ld, B, T, C);
+    g_gpu->modulate_fwd(g_gpu, out.d, x.d, shift_d, scale_d, ld, B, T, C);
+    expect("modulate_fwd", &out, 1e-6);
+    g_cpu->modulate_bwd(g_cpu, dx.h, dcond.h, dcond.h + C, dout.h, x.h, scale_h, ld, B, T, C);
+    g_gpu->modulate_bwd(g_gpu, dx.d, dcond.d, dcond.d + C, dout.d, x.d, scale_d, ld, B, T, C);
+    expect("modulate_bwd dx", &dx, 1e-6);
+    expect("modulate_bwd dshift, dscale", &dcond, 1e-6);
+    g_cpu->gate_fwd(g_cpu, out.h, x.h, y.h, gate_h, ld, B, T, C);
+    g_gpu->gate_fwd(g_gpu, out.d, x.d, y.d, gate_d, ld, B, T, C);
+    expect("gate_fwd", &out, 1e-6);
+    g_cpu->gate_bwd(g_cpu, dx.h, dcond.h + 2 * C, dout.h, y.h, gate_h, ld, B, T, C);
+    g_gpu->gate_bwd(g_gpu, dx.d, dcond.d + 2 * C, dout.d, y.d, gate_d, ld, B, T, C);
+    expect("gate_bwd dy", &dx, 1e-6);
+    expect("gate_bwd dgate", &dcond, 1e-6);
+    /* bias over more rows than one column-sum chunk */
+    const int64_t rows = 141, Cb = 29;
+    pair yb = mk(rows * Cb, 1.0f), bias = mk(Cb, 1.0f);
+    g_cpu->bias_add_fwd(g_cpu, yb.h, bias.h, rows, Cb);
+    g_gpu->bias_add_fwd(g_gpu, yb.d, bias.d, rows, Cb);
+    expect("bias_add_fwd", &yb, 1e-6);
+    g_cpu->bias_bwd(g_cpu, bias.h, yb.h, rows, Cb);
+    g_gpu->bias_bwd(g_gpu, bias.d, yb.d, rows, Cb);
+    expect("bias_bwd", &bias, 1e-6);
+    drop(&x), drop(&y), drop(&cond), drop(&out), drop(&dout), drop(&dx), drop(&dcond);
+    drop(&yb), drop(&bias);
+}
+
+/* ---- attention ---- */
+
+static void test_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                           int causal) {
+    pair q = mk(B * T * Hq * D, 1.0f), k = mk(B * T * Hkv * D, 1.0f), v = mk(B * T * Hkv * D, 1.0f);
+    pair out = mkz(q.n), lse = mkz(B * Hq * T), dout = mk(q.n, 1.0f);
+    pair dq = mk(q.n, 0.1f), dk = mk(k.n, 0.1f), dv = mk(v.n, 0.1f);
+    char what[128];
+    snprintf(what, sizeof what, "B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal=%d", (long long)B,
+             (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal);
+    g_cpu->attention_fwd(g_cpu, out.h, lse.h, q.h, k.h, v.h, B, T, Hq, Hkv, D, causal);
+    g_gpu->attention_fwd(g_gpu, out.d, lse.d, q.d, k.d, v.d, B, T, Hq, Hkv, D, causal);
+    char line[200];
+    snprintf(line, sizeof line, "attention_fwd out %s", what);
+    expect(line, &out, 3e-5);
+    snprintf(line, sizeof line, "attention_fwd lse %s", what);
+    expect(line, &lse, 3e-5);
+    /* the backward on the CPU's forward results for both, so only the backward is compared */
+    g_gpu->upload(g_gpu, out.d, out.h, (size_t)out.n * 4);
+    g_gpu->upload(g_gpu, lse.d, lse.h, (size_t)lse.n * 4);
+    g_cpu->attention_bwd(g_cpu, dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, B, T, Hq,
+                         Hkv, D, causal);
+    float *dq0 = malloc((size_t)dq.n * 4), *dk0 = malloc((size_t)dk.n * 4);
+    g_gpu->download(g_gpu, dq0, dq.d, (size_t)dq.n * 4);
+    g_gpu->download(g_gpu, dk0, dk.d, (size_t)dk.n * 4);
+    g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
+                         Hkv, D, causal);
+    snprintf(line, sizeof line, "attention_bwd dq %s", what);
+    expect(line, &dq, 3e-5);
+    snprintf(line, sizeof line, "attention_bwd dk %s", what);
+    expect(line, &dk, 3e-5);
+    snprintf(line, sizeof line, "attention_bwd dv %s", what);
+    expect(line, &dv, 3e-5);
+    /* run to run: the same gradients from the same starting buffers, to the bit */
+    float *dq1 = malloc((size_t)dq.n * 4), *dk1 = malloc((size_t)dk.n * 4);
+    g_gpu->download(g_gpu, dq1, dq.d, (size_t)dq.n * 4);
+    g_gpu->download(g_gpu, dk1, dk.d, (size_t)dk.n * 4);
+    g_gpu->upload(g_gpu, dq.d, dq0, (size_t)dq.n * 4);
+    g_gpu->upload(g_gpu, dk.d, dk0, (size_t)dk.n * 4);
+    g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
+                         Hkv, D, causal);
+    g_gpu->download(g_gpu, dq0, dq.d, (size_t)dq.n * 4);
+    g_gpu->download(g_gpu, dk0, dk.d, (size_t)dk.n * 4);
+    snprintf(line, sizeof line, "attention_bwd reproducible %s", what);
+    check(!memcmp(dq0, dq1, (size_t)dq.n * 4) && !memcmp(dk0, dk1, (size_t)dk.n * 4), "%s", line);
+    free(dq0), free(dk0), free(dq1), free(dk1);
+    drop(&q), drop(&k), drop(&v), drop(&out), drop(&lse), drop(&dout);
+    drop(&dq), drop(&dk), drop(&dv);
+}
+
+/* Attention of T new queries at pos0 against a cache of capacity S (keys 0 .. pos0+T-1
+ * filled, the rest garbage that must not be read): the same 3e-5 as attention_fwd. */
+static void test_attention_cache(int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq,
+                                 int64_t Hkv, int64_t D) {
+    pair q = mk(B * T * Hq * D, 1.0f), kc = mk(B * S * Hkv * D, 1.0f), vc = mk(kc.n, 1.0f);
+    pair out = mkz(q.n);
+    for (int64_t b = 0; b < B; b++) /* unfilled slots: huge values that would show if read */
+        for (int64_t s = pos0 + T; s < S; s++)
+            for (int64_t e = 0; e < Hkv * D; e++) {
+                kc.h[(b * S + s) * Hkv * D + e] = 1e30f;
+                vc.h[(b * S + s) * Hkv * D + e] = 1e30f;
+            }
+    g_gpu->upload(g_gpu, kc.d, kc.h, (size_t)kc.n * 4);
+    g_gpu->upload(g_gpu, vc.d, vc.h, (size_t)vc.n * 4);
+    g_cpu->attention_cache_fwd(g_cpu, out.h, q.h, kc.h, vc.h, B, T, S, pos0, Hq, Hkv, D);
+    g_gpu->attention_cache_fwd(g_gpu, out.d, q.d, kc.d, vc.d, B, T, S, pos0, Hq, Hkv, D);
+    char line[200];
+    snprintf(line, sizeof line, "attention_cache_fwd B=%lld T=%lld S=%lld pos0=%lld Hq=%lld "
+             "Hkv=%lld D=%lld", (long long)B, (long long)T, (long long)S, (long long)pos0,
+             (long long)Hq, (long long)Hkv, (long long)D);
+    expect(line, &out, 3e-5);
+    drop(&q), drop(&kc), drop(&vc), drop(&out);
+}
+
+/* ---- quantized weights ---- */
+
+static void test_quant(void) {
+    const int64_t rows = 5;
+    const int64_t shapes[][2] = {{64, 192}, {128, 384}, {256, 512}, {128, 1152}};
+    for (int s = 0; s < 4; s++) {
+        int g = (int)shapes[s][0];
+        int64_t cols = shapes[s][1];
+        pair x = mk(rows * cols, 1.0f), y = mkz(rows * cols), dx = mk(rows * cols, 1.0f);
+        char what[96];
+        g_cpu->tq_rotate(g_cpu, y.h, x.h, rows, cols, g, 42 + (uint64_t)s);
+        g_gpu->tq_rotate(g_gpu, y.d, x.d, rows, cols, g, 42 + (uint64_t)s);
+        snprintf(what, sizeof what, "tq_rotate group %d cols %lld", g, (long long)cols);
+        expect(what, &y, 1e-6);
+        g_cpu->tq_rotate_bwd(g_cpu, dx.h, y.h, rows, cols, g, 42 + (uint64_t)s);
+        g_gpu->tq_rotate_bwd(g_gpu, dx.d, y.d, rows, cols, g, 42 + (uint64_t)s);
+        snprintf(what, sizeof what, "tq_rotate_bwd group %d cols %lld", g, (long long)cols);
+        expect(what, &dx, 1e-6);
+        g_cpu->tq_rotate(g_cpu, x.h, x.h, rows, cols, g, 7);
+        g_gpu->tq_rotate(g_gpu, x.d, x.d, rows, cols, g, 7);
+        snprintf(what, sizeof what, "tq_rotate in place group %d", g);
+        expect(what, &x, 1e-6);
+        drop(&x), drop(&y), drop(&dx);
+    }
+    for (int bits = 1; bits <= 4; bits++)
+        for (int g = 64; g <= 128; g *= 2) {
+            const int64_t r = 3, cols = 2 * (int64_t)g, ng = r * cols / g;
+            size_t cb = (size_t)tz_tq_codes_bytes(r, cols, bits);
+            uint8_t *codes = malloc(cb);
+            uint16_t *scales = malloc((size_t)ng * 2);
+            for (size_t i = 0; i < cb; i++) codes[i] = (uint8_t)tz_rng_below(&g_rng, 256);
+            for (int64_t i = 0; i < ng; i++) scales[i] = tz_f32_to_bf16(urand(0.1f));
+            pair lv = mk(1 << bits, 2.0f), w = mkz(r * cols);
+            uint8_t *dcodes = g_gpu->alloc(g_gpu, cb);
+            uint16_t *dscales = g_gpu->alloc(g_gpu, (size_t)ng * 2);
+            g_gpu->upload(g_gpu, dcodes, codes, cb);
+            g_gpu->upload(g_gpu, dscales, scales, (size_t)ng * 2);
+            g_cpu->tq_dequant(g_cpu, w.h, codes, scales, lv.h, r, cols, bits, g);
+            g_gpu->tq_dequant(g_gpu, w.d, dcodes, dscales, lv.d, r, cols, bits, g);
+            char what[64];
+            snprintf(what, sizeof what, "tq_dequant bits %d group %d", bits, g);
+            expect(what, &w, 0);
+            g_gpu->release(g_gpu, dcodes), g_gpu->release(g_gpu, dscales);
+            free(codes), free(scales);
+            drop(&lv), drop(&w);
+        }
+}
+
+int main(void) {
+    int n = tz_cuda_device_count();
+    if (n <= 0) {
+        printf("skip: %s\n", n < 0 ? "this build has no CUDA backend" : "no CUDA device");
+        return 77;
+    }
+    g_rng = tz_rng_make(2024, 0, TZ_RNG_TEST, 0);
+    g_cpu = tz_backend_create("cpu", 0, 2);
+    g_gpu = tz_backend_create("cuda", 0, 0);
+    test_memory();
+    test_elementwise();
+    test_matmul();
+    test_layout();
+    test_norm();
+    test_activation();
+    test_loss();
+    test_conditioning();
+    test_attention(2, 45, 4, 2, 40, 1);
+    test_attention(1, 70, 3, 3, 128, 0);
+    test_attention(1, 33, 2, 1, 72, 1);
+    test_attention(3, 80, 2, 2, 16, 1);
+    test_attention(1, 1, 1, 1, 8, 1);
+    test_attention_cache(2, 1, 80, 70, 4, 2, 40);  /* one decode step, 71 keys */
+    test_attention_cache(1, 13, 50, 20, 3, 1, 128); /* a prefill chunk at an offset */
+    test_attention_cache(1, 33, 33, 0, 2, 2, 72);   /* pos0 0, S = T: attention_fwd's case */
+    test_quant();
+    tz_backend_destroy(g_gpu);
+    tz_backend_destroy(g_cpu);
+    return tz_check_done("test_cuda_ops");
+}
