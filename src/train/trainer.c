@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "io/fsutil.h"
 #include "io/loss_plot.h"
+#include "train/checkpoint.h"
 #include "train/optim.h"
 #include "train/run_record.h"
 #include "train/task.h"
@@ -206,6 +207,10 @@ static FILE *open_rank0(const tz_config *cfg, const char *name, const char *mode
 }
 
 int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
+    return tz_train_run_from(cfg, w, comm, NULL);
+}
+
+int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const char *resume) {
     const double t_start = now_s();
     const int root = comm->rank == 0;
     FILE *metrics = NULL;
@@ -213,7 +218,7 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         char err[1024], path[1100];
         if (tz_mkdir_p(cfg->run.dir, err, sizeof err)) TZ_FATAL("run.dir: %s", err);
         tz_path_join(path, sizeof path, cfg->run.dir, "metrics.jsonl");
-        if (tz_path_exists(path) && !cfg->run.overwrite)
+        if (tz_path_exists(path) && !cfg->run.overwrite && !resume)
             TZ_FATAL_HINT("choose another run.dir, or --set run.overwrite=true to replace it",
                           "run.dir %s already holds a run (%s); not overwriting it",
                           cfg->run.dir, path);
@@ -225,7 +230,7 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         tz_config_write(cfg, &names, f);
         if (fclose(f) != 0)
             TZ_FATAL("cannot write %s/config.used.cfg: %s", cfg->run.dir, strerror(errno));
-        metrics = open_rank0(cfg, "metrics.jsonl", "w");
+        if (!resume) metrics = open_rank0(cfg, "metrics.jsonl", "w");
     }
     tz_run_record rec;
     tz_record_begin(&rec, cfg->run.dir, w, comm);
@@ -236,7 +241,16 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     const int have_val = r.task->n_val > 0;
     eval_result ev0 = {0, 0}, ev = {0, 0}, best = {0, 0};
     int64_t best_step = 0;
-    if (have_val) {
+    tz_ckpt_state ck = {.global_batch = r.N * r.B * r.accum};
+    const int resumed = resume && tz_ckpt_resume(cfg, &r.z, resume, ck.global_batch, &ck);
+    if (root && resume)
+        metrics = resumed ? tz_ckpt_metrics_reopen(cfg, ck.step) : open_rank0(cfg, "metrics.jsonl", "w");
+    tz_ckpt_signals_install();
+    if (resumed && ck.have_eval) {
+        ev0 = (eval_result){ck.eval0, ck.eval0_count};
+        best = (eval_result){ck.best, ck.best_count};
+        best_step = ck.best_step;
+    } else if (have_val) {
         ev0 = evaluate(&r, cfg->train.eval_windows, 0);
         tz_info("eval before training: val_loss %.4f (%lld %s)", ev0.loss, (long long)ev0.count,
                 r.task->unit);
@@ -245,7 +259,9 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     }
     const double t_loop = now_s();
     step_result s = {0, 0, 0};
-    for (int64_t step = 0; step < steps; step++) {
+    const int64_t first = resumed ? ck.step : 0;
+    int stopped = 0;
+    for (int64_t step = first; step < steps && !stopped; step++) {
         double t0 = now_s();
         s = train_step(&r, step);
         double t1 = now_s(), tps = (double)units / (t1 - t0);
@@ -259,7 +275,7 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         }
         if ((step + 1) % cfg->train.log_every == 0 || step + 1 == steps) {
             char eta[32];
-            fmt_duration(eta, sizeof eta, (t1 - t_loop) / (double)(step + 1) * (double)(steps - step - 1));
+            fmt_duration(eta, sizeof eta, (t1 - t_loop) / (double)(step + 1 - first) * (double)(steps - step - 1));
             tz_info("step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f %s/s | ETA %s",
                     (long long)step + 1, (long long)steps, s.loss, s.lr, s.gnorm, tps,
                     r.task->unit, eta);
@@ -272,6 +288,27 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
             if (eval_better(ev, best)) best = ev, best_step = step + 1;
         }
         if (root) fflush(metrics);
+        /* checkpoint every train.checkpoint_every steps, and when a signal asks to stop */
+        tz_ckpt_fault("step", step + 1, comm->rank);
+        stopped = tz_ckpt_stop_agreed(comm) && step + 1 < steps;
+        if (stopped || (cfg->train.checkpoint_every > 0 && step + 1 < steps &&
+                        (step + 1) % cfg->train.checkpoint_every == 0)) {
+            ck.step = step + 1;
+            ck.have_eval = have_val;
+            ck.eval0 = ev0.loss, ck.eval0_count = ev0.count;
+            ck.best = best.loss, ck.best_count = best.count, ck.best_step = best_step;
+            tz_ckpt_write(cfg, &r.z, &ck, cfg->train.keep_checkpoints);
+        }
+    }
+    if (stopped) { /* the outputs wait for the resumed run */
+        if (root && fclose(metrics) != 0)
+            TZ_FATAL("cannot write %s/metrics.jsonl: %s", cfg->run.dir, strerror(errno));
+        tz_info("stopped after step %lld of %lld; continue with `turbozero train ... --resume` "
+                "(exit status %d)", (long long)ck.step, (long long)steps, TZ_EXIT_REQUEUE);
+        tz_comm_barrier(comm);
+        free(rec.hosts);
+        run_close(&r);
+        return TZ_EXIT_REQUEUE;
     }
     if (have_val) {
         ev = evaluate(&r, cfg->train.eval_windows, 0);
