@@ -36,7 +36,10 @@ static void quiet_off(quiet q) { H5Eset_auto2(H5E_DEFAULT, q.fn, q.data); }
 
 tz_h5_shard *tz_h5_shard_create(const char *path, char *err, size_t errlen) {
     quiet q = quiet_on();
-    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t fc = H5Pcreate(H5P_FILE_CREATE); /* no object times: equal states, equal bytes */
+    if (fc >= 0) H5Pset_obj_track_times(fc, 0);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fc >= 0 ? fc : H5P_DEFAULT, H5P_DEFAULT);
+    if (fc >= 0) H5Pclose(fc);
     quiet_off(q);
     if (f < 0) {
         tz_errf(err, errlen, "%s: cannot create the HDF5 file: %s", path,
@@ -97,7 +100,11 @@ int tz_h5_shard_attr(tz_h5_shard *s, const char *obj, const char *name, const in
 /* The group `name`, created when absent; < 0 on failure. */
 static hid_t group(hid_t f, const char *name) {
     if (H5Lexists(f, name, H5P_DEFAULT) > 0) return H5Gopen2(f, name, H5P_DEFAULT);
-    return H5Gcreate2(f, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t gc = H5Pcreate(H5P_GROUP_CREATE);
+    if (gc >= 0) H5Pset_obj_track_times(gc, 0);
+    hid_t g = H5Gcreate2(f, name, H5P_DEFAULT, gc >= 0 ? gc : H5P_DEFAULT, H5P_DEFAULT);
+    if (gc >= 0) H5Pclose(gc);
+    return g;
 }
 
 int tz_h5_shard_write(tz_h5_shard *s, const char *gname, const char *name, const float *data,
@@ -110,7 +117,7 @@ int tz_h5_shard_write(tz_h5_shard *s, const char *gname, const char *name, const
     hid_t sp = H5Screate_simple(1, dims, NULL);
     hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
     int ok = g >= 0 && sp >= 0 && pl >= 0 && H5Pset_chunk(pl, 1, chunk) >= 0 &&
-             H5Pset_fletcher32(pl) >= 0;
+             H5Pset_fletcher32(pl) >= 0 && H5Pset_obj_track_times(pl, 0) >= 0;
     hid_t d = ok ? H5Dcreate2(g, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, pl, H5P_DEFAULT) : -1;
     ok = ok && d >= 0;
     for (hsize_t at = 0; ok && at < (hsize_t)n; at += BLOCK_ELEMS) {

@@ -80,7 +80,8 @@ int tz_ckpt_fault(const char *point, int64_t step, int rank) {
             (long long)step);
     fflush(stderr);
     if (!strcmp(act, "kill")) raise(SIGKILL);
-    if (!strcmp(act, "pause")) sleep(3600);
+    if (!strcmp(act, "pause")) sleep(3600); /* a signal ends it */
+    for (int i = 0; !strcmp(act, "hold") && i < 3600; i++) sleep(1); /* signals do not */
     return !strcmp(act, "fail");
 }
 
@@ -279,7 +280,7 @@ static char *gather_msgs(tz_comm *comm, const char *mine, int *failed) {
 /* Every rank says what failed (each failing rank's message, then `what`), and stops. */
 TZ_NORETURN static void fail_all(tz_comm *comm, const char *msgs, const char *what) {
     for (int r = 0; r < comm->size; r++)
-        if (msgs[(size_t)r * MSG]) tz_warn("rank %d: %s", r, msgs + (size_t)r * MSG);
+        if (msgs[(size_t)r * MSG]) tz_warn("rank %d failed: %s", r, msgs + (size_t)r * MSG);
     tz_comm_barrier(comm); /* every rank has printed before the first abort */
     TZ_FATAL("%s", what);
 }

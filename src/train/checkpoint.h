@@ -51,8 +51,9 @@ int tz_ckpt_resume(const tz_config *cfg, tz_zero *z, const char *path, int64_t g
 FILE *tz_ckpt_metrics_reopen(const tz_config *cfg, int64_t step);
 
 /* Test hook: TZ_CKPT_FAULT="rank=R,at=POINT,step=S,do=ACTION" makes rank R, at POINT of
- * the checkpoint of step S (0: any), either die (kill: SIGKILL), pause (pause: sleep 1 h) or
- * fail as a full disk would (fail: only where a write can fail). POINT: "step" (after the
+ * the checkpoint of step S (0: any), either die (kill: SIGKILL), pause (pause: sleep up to
+ * 1 h, ended by a signal; hold: 1 h whatever comes) or fail as a full disk would (fail:
+ * "shard" and "meta"). POINT: "step" (after the
  * step, before any checkpoint), "begin", "shard" (shard written), "meta" (rank 0, before
  * the marker), "rename" (rank 0, before the rename). Returns 1 for a simulated failure. */
 int tz_ckpt_fault(const char *point, int64_t step, int rank);
