@@ -77,7 +77,7 @@ args_of() {
 # ---- 1. resume at another N (and the same N, bit for bit)
 # variant: the writing N's, then writer:reader pairs
 declare -A writers=([lora]="4 2" [full]="2" [fullq]="4 2")
-declare -A plan=([lora]="4:1 4:3 2:3" [full]="2:1 2:2" [fullq]="4:2 2:3 2:2")
+declare -A plan=([lora]="4:1 4:3" [full]="2:1 2:2" [fullq]="4:2 2:3 2:2")
 for v in lora full fullq; do
   a=$(args_of $v) out=$(out_of $v)
   for w in ${writers[$v]}; do
