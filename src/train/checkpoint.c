@@ -305,7 +305,7 @@ static int write_shard(const char *file, const tz_zero *z, const tz_ckpt_tensor 
     return rc;
 }
 
-static char *config_text(const tz_config *cfg) {
+char *tz_ckpt_config_text(const tz_config *cfg) {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
@@ -410,7 +410,7 @@ static char *meta_text(const tz_config *cfg, const tz_zero *z, const tz_ckpt_sta
         json_array_append_new(sh, e);
     }
     json_object_set_new(m, "shards", sh);
-    char *cfgtext = config_text(cfg);
+    char *cfgtext = tz_ckpt_config_text(cfg);
     json_object_set_new(m, "config", json_string(cfgtext));
     free(cfgtext);
     char *s = json_dumps(m, JSON_INDENT(1));

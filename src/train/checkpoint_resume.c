@@ -25,6 +25,7 @@ typedef struct ck_meta {
     int have_eval;
     double eval0, best;
     int64_t eval0_count, best_count, best_step;
+    char *config;             /* the effective configuration it was written with, or NULL */
 } ck_meta;
 
 static void meta_free(ck_meta *m) {
@@ -32,6 +33,7 @@ static void meta_free(ck_meta *m) {
     free(m->t);
     free(m->bytes);
     free(m->crc);
+    free(m->config);
     memset(m, 0, sizeof *m);
 }
 
@@ -103,6 +105,8 @@ static int meta_parse(const char *text, ck_meta *m, char *err, size_t n) {
             else snprintf(m->arrays[a], sizeof m->arrays[a], "%s", s);
         }
         if (rc) tz_errf(err, n, "checkpoint.json: malformed buckets, tensors, shards or arrays");
+        const char *c = json_string_value(json_object_get(j, "config"));
+        if (!rc && c) m->config = tz_xstrdup(c);
         if (!rc && e) {
             json_t *b0 = json_object_get(e, "before"), *bb = json_object_get(e, "best");
             m->have_eval = json_is_number(b0) && json_is_number(bb) &&
@@ -245,6 +249,37 @@ static void check_compatible(const ck_meta *m, const char *folder, const tz_zero
                       (long long)m->global_batch, (long long)global_batch);
 }
 
+/* Rank 0: warns about the settings of this run that differ from the checkpoint's (the
+ * lines of the effective configuration it lacks); a changed run.dir or rank split is fine. */
+static void warn_config_changes(const tz_config *cfg, const ck_meta *m) {
+    if (!m->config) return;
+    char *now = tz_ckpt_config_text(cfg), changed[512] = "";
+    int n = 0;
+    size_t at = 0;
+    for (char *line = now, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        while (*line == ' ') line++;
+        if (!*line || *line == '#' || strchr(line, '{') || strchr(line, '}') ||
+            !strncmp(line, "dir = ", 6) || !strncmp(line, "micro_batch = ", 14) ||
+            !strncmp(line, "grad_accum = ", 13) || !strncmp(line, "overwrite = ", 12))
+            continue;
+        const char *hit = strstr(m->config, line); /* the same line, indented alike or not */
+        int whole = 0;
+        for (; hit && !whole; hit = strstr(hit + 1, line))
+            whole = (hit == m->config || hit[-1] == ' ' || hit[-1] == '\n') && hit[strlen(line)] == '\n';
+        if (whole) continue;
+        if (n++ < 6 && at < sizeof changed) {
+            int k = snprintf(changed + at, sizeof changed - at, "%s%s", at ? " " : "", line);
+            if (k > 0) at += (size_t)k;
+        }
+    }
+    if (n)
+        tz_warn("resuming with %d setting%s other than the checkpoint's: %s%s", n, n == 1 ? "" : "s",
+                changed, n > 6 ? " ..." : "");
+    free(now);
+}
+
 /* Rank 0: the checkpoint folders to try, newest first; *one when path names one checkpoint
  * (no fall back). */
 static char **candidates(const tz_config *cfg, const char *path, int *n, int *one, char *where,
@@ -377,6 +412,7 @@ int tz_ckpt_resume(const tz_config *cfg, tz_zero *z, const char *path, int64_t g
     tz_ckpt_tensor *t = tz_ckpt_tensors(z->ps, &nt);
     int *map = tz_xcalloc((size_t)nt + 1, sizeof *map);
     check_compatible(&m, cur, z, t, nt, global_batch, map);
+    if (root) warn_config_changes(cfg, &m);
     char err[TZ_CKPT_MSG] = "";
     load_shards(&m, cur, z, t, nt, map, err, sizeof err);
     int failed;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "io/config.h"
 #include "model/params.h"
 #include "mpi/comm.h"
 #include "mpi/zero_plan.h"
@@ -44,6 +45,8 @@ tz_ckpt_bucket *tz_ckpt_buckets(const tz_zero_plan *p);
 int64_t tz_ckpt_pieces(const tz_ckpt_bucket *b, int nb, int rank, const tz_ckpt_tensor *t, int nt,
                        tz_ckpt_piece **out, int64_t *count);
 
+/* The effective configuration as config.used.cfg holds it (free it). */
+char *tz_ckpt_config_text(const tz_config *cfg);
 /* A path from a format; fatal when it does not fit. */
 void tz_ckpt_pathf(char *out, size_t n, const char *fmt, ...) TZ_PRINTF(3, 4);
 /* A whole text file (free it), or NULL with a message. */

@@ -12,7 +12,7 @@
 #  3. a truncated shard, a flipped byte, a missing shard, a folder without its marker: each
 #     refused with its name, --resume falls back to the previous complete checkpoint and
 #     still ends bit for bit where the uninterrupted run does; one named checkpoint that is
-#     damaged is refused outright.
+#     damaged is refused outright; so is a resume with another global batch.
 #  4. a shard write that fails (a full disk, simulated) and a checkpoint folder that cannot
 #     be made: an error on every rank, the earlier checkpoint kept.
 #  5. SIGTERM: the step finishes, a checkpoint is written, the exit status is 75 (SIGUSR1,
@@ -189,6 +189,13 @@ if ! train 2 "$work/named" --set train.mode=lora --resume "$c/step-7" && grep -q
   ok "a named damaged checkpoint is refused outright, with the file named"
 else
   bad "--resume of a damaged named checkpoint"; tail -3 "$work/named.log"
+fi
+
+if ! train 3 "$work/batch" --set train.mode=lora --set train.micro_batch=2 --resume "$ref/checkpoints/step-2" &&
+   grep -q "the checkpoint's steps are 12 rows each, this run's 6" "$work/batch.log"; then
+  ok "a resume that would change the global batch (and so the data order) is refused"
+else
+  bad "resume with another global batch"; tail -3 "$work/batch.log"
 fi
 
 # ---- 4. a failing write: an error on every rank, the earlier checkpoint kept
