@@ -47,6 +47,8 @@ typedef struct tz_config {
         int64_t log_every;
         int checkpointing;            /* activation checkpointing */
         int64_t threads;              /* 0: OpenMP default */
+        int64_t checkpoint_every;     /* steps between checkpoints (0: none but on a signal) */
+        int64_t keep_checkpoints;     /* newest complete checkpoints kept (0: all) */
     } train;
     struct {
         double lr;

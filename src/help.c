@@ -16,12 +16,17 @@ typedef struct tz_help_page {
 
 static const tz_help_page pages[] = {
     {"train", "train as configured (Llama or DiT; LoRA or full), writes run.dir",
-     "turbozero train CONFIG [--set section.key=value ...]",
+     "turbozero train CONFIG [--resume [PATH]] [--set section.key=value ...]",
      SET_FLAG
+     "  --resume [PATH]          continue from the newest complete checkpoint in\n"
+     "                           run.dir/checkpoints (or PATH: one step-<N> folder, or a\n"
+     "                           folder of them), at any number of ranks\n"
      "Writes run.dir: config.used.cfg, metrics.jsonl, run.json, the adapter or model,\n"
-     "checkpoints. Launch several ranks with mpirun or srun (one rank per GPU).\n"
-     "run.dir is locked while a run uses it; the outputs are written to run.dir/staging\n"
-     "(live log: run.dir/staging/metrics.jsonl) and moved into run.dir together at the end.\n",
+     "checkpoints (train.checkpoint_every). Launch several ranks with mpirun or srun (one\n"
+     "rank per GPU). run.dir is locked while a run uses it; the outputs are written to\n"
+     "run.dir/staging (live log: run.dir/staging/metrics.jsonl) and moved into run.dir\n"
+     "together at the end. SIGUSR1, SIGTERM or SIGINT: finish the step, write a checkpoint\n"
+     "and exit with status 75 (a second SIGINT stops at once).\n",
      "mpirun -n 2 turbozero train inputs/llama/finetune.cfg --set run.dir=runs/a"},
     {"eval", "mean validation loss and perplexity of model.path (+ model.adapter)",
      "turbozero eval CONFIG [--set section.key=value ...]",

@@ -298,6 +298,29 @@ static int cmd_collective(int argc, char **argv, int (*fn)(const tz_config *, tz
     return rc;
 }
 
+/* train CONFIG [--resume [PATH]] [--set k=v ...]: --resume with no PATH (the next argument
+ * absent or another flag) continues from the newest checkpoint in run.dir/checkpoints. */
+static int cmd_train(int argc, char **argv) {
+    const char *resume = NULL;
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (i >= 3 && !strcmp(argv[i], "--resume")) {
+            resume = i + 1 < argc && strncmp(argv[i + 1], "--", 2) ? argv[++i] : "";
+            continue;
+        }
+        argv[n++] = argv[i];
+    }
+    static tz_config cfg;
+    tz_world world;
+    tz_world_init(&world, -1);
+    tz_comm *comm = tz_comm_mpi_create(MPI_COMM_WORLD);
+    load_config(&cfg, n, argv, comm);
+    int rc = tz_train_run_from(&cfg, &world, comm, resume);
+    tz_comm_destroy(comm);
+    tz_world_free(&world);
+    return rc;
+}
+
 /* Help and --version, answered before MPI starts or any file is opened; -1 when argv asks
  * for neither, else the exit status. */
 static int answer_help(int argc, char **argv) {
@@ -356,7 +379,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[1], "export")) {
         rc = cmd_export(argc, argv);
     } else if (!strcmp(argv[1], "train")) {
-        rc = cmd_collective(argc, argv, tz_train_run);
+        rc = cmd_train(argc, argv);
     } else if (!strcmp(argv[1], "eval")) {
         rc = cmd_collective(argc, argv, tz_eval_run);
     } else if (!strcmp(argv[1], "bench")) {

@@ -1,7 +1,10 @@
 /* Run records: ISO wall-clock times, JSON numbers without bare nan, run.dir/run.json written
  * whole (atomic replace) at the start and at the end of a run. No training logic here. */
+#define _GNU_SOURCE /* getline */
 #include "train/run_record.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -139,31 +142,102 @@ void tz_record_end(tz_run_record *rec, const char *dir, tz_comm *comm) {
     rec->hosts = NULL;
 }
 
-void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite) {
-    char err[2400], note[2400], what[1100];
+#define TZ_RESUME_LOG ".metrics.resume.jsonl" /* run.dir/: the stopped run's log, set aside */
+#define TZ_CKPT_ASIDE "checkpoints.replaced"  /* run.dir/: an earlier run's checkpoints */
+
+/* Whether dir/checkpoints holds any entry. */
+static int has_checkpoints(const char *dir) {
+    char path[1200];
+    tz_path_join(path, sizeof path, dir, "checkpoints");
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    int any = 0;
+    for (struct dirent *e; !any && (e = readdir(d));)
+        any = strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return any;
+}
+
+void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume) {
+    char err[2400], note[2400], what[1100], a[1200], b[1200], c[1200];
     snprintf(o->dir, sizeof o->dir, "%s", dir);
     if (tz_run_lock_take(&o->lock, dir, note, sizeof note, err, sizeof err))
         TZ_FATAL_HINT("wait for that run to end, or choose another run.dir", "run.dir: %s", err);
     if (note[0]) tz_warn("%s", note);
+    tz_path_join(a, sizeof a, dir, TZ_STAGE_NAME "/metrics.jsonl");
+    tz_path_join(b, sizeof b, dir, TZ_RESUME_LOG);
+    tz_path_join(c, sizeof c, dir, TZ_STAGE_NAME "/.commit");
+    /* the stopped run's log survives the clearing of staging (unless an earlier resume set
+     * one aside and stopped before copying it: that one is the whole log) */
+    if (resume && tz_path_exists(a) && !tz_path_exists(b) && !tz_path_exists(c) &&
+        rename(a, b) != 0)
+        TZ_FATAL("run.dir: cannot move %s to %s: %s", a, b, strerror(errno));
     if (tz_run_stage_open(dir, o->stage, sizeof o->stage, note, sizeof note, err, sizeof err))
         TZ_FATAL_HINT("fix the cause; or delete run.dir/staging by hand to discard what a "
                       "previous run left there", "run.dir: %s", err);
     if (note[0]) tz_warn("%s", note);
-    if (!overwrite && tz_run_dir_holds_run(dir, what, sizeof what)) {
+    if (resume) {
+        tz_info("run.dir %s: resuming; this run writes to %s (live log: %s/metrics.jsonl), "
+                "moved into run.dir when it ends", dir, o->stage, o->stage);
+        return;
+    }
+    int held = tz_run_dir_holds_run(dir, what, sizeof what);
+    if (!held && has_checkpoints(dir)) held = 1, snprintf(what, sizeof what, "%s/checkpoints", dir);
+    if (!overwrite && held) {
         (void)rmdir(o->stage);
         tz_run_lock_release(&o->lock); /* refused: this process never ran here */
-        TZ_FATAL_HINT("choose another run.dir, or --set run.overwrite=true to replace it",
+        TZ_FATAL_HINT("continue it with --resume, choose another run.dir, or --set "
+                      "run.overwrite=true to replace it",
                       "run.dir %s already holds a run (%s); not overwriting it", dir, what);
+    }
+    if (has_checkpoints(dir)) { /* overwrite: the earlier run's checkpoints go at the commit */
+        tz_path_join(a, sizeof a, dir, "checkpoints");
+        tz_path_join(b, sizeof b, dir, TZ_CKPT_ASIDE);
+        if (tz_rm_rf(b, err, sizeof err)) TZ_FATAL("run.dir: %s", err);
+        if (rename(a, b) != 0)
+            TZ_FATAL("run.dir: cannot move %s to %s: %s", a, b, strerror(errno));
+        tz_warn("run.dir %s: the earlier run's checkpoints are set aside in %s, removed when "
+                "this run's outputs are committed", dir, b);
     }
     tz_info("run.dir %s: this run writes to %s (live log: %s/metrics.jsonl), moved into "
             "run.dir when it ends", dir, o->stage, o->stage);
 }
 
+void tz_run_out_resume_log(tz_run_out *o, FILE *f, int64_t step) {
+    char aside[1200], path[1200], err[2400];
+    tz_path_join(aside, sizeof aside, o->dir, TZ_RESUME_LOG);
+    tz_path_join(path, sizeof path, o->dir, "metrics.jsonl");
+    const char *src = tz_path_exists(aside) ? aside : path;
+    FILE *in = step >= 0 ? fopen(src, "re") : NULL;
+    if (in) {
+        char *line = NULL;
+        size_t cap = 0;
+        int64_t kept = 0;
+        while (getline(&line, &cap, in) > 0) {
+            const char *s = strstr(line, "\"step\": ");
+            if (!strncmp(line, "{\"summary\"", 10) || !s || strtoll(s + 8, NULL, 10) > step ||
+                !strchr(line, '\n'))
+                continue; /* a summary, a later step, or a line cut short */
+            fputs(line, f);
+            kept++;
+        }
+        free(line);
+        fclose(in);
+        tz_info("metrics.jsonl: %lld records of the stopped run kept (steps up to %lld)",
+                (long long)kept, (long long)step);
+    } else if (step >= 0 && errno != ENOENT) {
+        TZ_FATAL("cannot read %s: %s", src, strerror(errno));
+    }
+    if (tz_path_exists(aside) && tz_rm_rf(aside, err, sizeof err)) tz_warn("%s", err);
+}
+
 void tz_run_out_commit(tz_run_out *o) {
-    char err[2400];
+    char err[2400], aside[1200];
     if (tz_run_stage_commit(o->dir, err, sizeof err))
         TZ_FATAL_HINT("fix the cause; the next run in this run.dir completes the commit or "
                       "discards the outputs, which are in its staging folder until then",
                       "run.dir %s: committing the outputs failed: %s", o->dir, err);
+    tz_path_join(aside, sizeof aside, o->dir, TZ_CKPT_ASIDE);
+    if (tz_rm_rf(aside, err, sizeof err)) tz_warn("run.dir: %s", err);
     tz_run_lock_release(&o->lock);
 }

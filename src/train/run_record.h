@@ -43,11 +43,16 @@ typedef struct tz_run_out {
 } tz_run_out;
 
 /* Locks dir (fatal, naming the holder, when another run has it), finishes or clears what a
- * previous run left in dir/staging, refuses (fatal) a dir that holds a finished run unless
- * overwrite, and opens an empty staging folder. */
-void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite);
-/* Commits the staging folder into run.dir (fatal on failure, run.dir's earlier outputs kept
- * or the commit completed by the next run) and releases the lock. */
+ * previous run left in dir/staging, and opens an empty staging folder. A new run (resume 0)
+ * is refused (fatal) when dir holds a finished run or checkpoints, unless overwrite; with
+ * overwrite, earlier checkpoints are set aside in dir/checkpoints.replaced until the commit
+ * (a failed run leaves them there). resume 1: neither is refused, and the metrics.jsonl of
+ * the run that stopped is set aside for tz_run_out_resume_log. */
+void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume);
+/* Resuming: copies into f the records of the stopped run's metrics.jsonl (its staging copy,
+ * else run.dir/metrics.jsonl) up to and including `step` (summaries left out); step < 0:
+ * none (the run starts over). The set-aside copy is removed once copied. */
+void tz_run_out_resume_log(tz_run_out *o, FILE *f, int64_t step);
 void tz_run_out_commit(tz_run_out *o);
 
 #endif

@@ -18,6 +18,7 @@
 #include "io/fsutil.h"
 #include "io/run_dir.h"
 #include "io/loss_plot.h"
+#include "train/checkpoint.h"
 #include "train/optim.h"
 #include "train/run_record.h"
 #include "train/task.h"
@@ -219,13 +220,17 @@ static void metrics_flush(tz_line_log *m, const tz_run_out *o, int64_t step) {
 }
 
 int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
+    return tz_train_run_from(cfg, w, comm, NULL);
+}
+
+int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const char *resume) {
     const double t_start = now_s();
     const int root = comm->rank == 0;
     tz_line_log mlog = {0};
     tz_run_out out_dir = {0}; /* rank 0: run.dir locked, outputs staged in out_dir.stage */
     if (root) { /* decided on rank 0; a refusal aborts every rank */
         char err[2400], path[1200];
-        tz_run_out_begin(&out_dir, cfg->run.dir, cfg->run.overwrite);
+        tz_run_out_begin(&out_dir, cfg->run.dir, cfg->run.overwrite, resume != NULL);
         tz_config_names names;
         tz_family_names(&names);
         printf("# effective config (%s)\n", cfg->source);
@@ -248,7 +253,16 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     const int have_val = r.task->n_val > 0;
     eval_result ev0 = {0, 0}, ev = {0, 0}, best = {0, 0};
     int64_t best_step = 0;
-    if (have_val) {
+    tz_ckpt_state ck = {.global_batch = r.N * r.B * r.accum};
+    const int resumed = resume && tz_ckpt_resume(cfg, &r.z, resume, ck.global_batch, &ck);
+    if (root && resume) /* the lines of the run resumed, up to its checkpoint's step */
+        tz_run_out_resume_log(&out_dir, metrics, resumed ? ck.step : -1);
+    tz_ckpt_signals_install();
+    if (resumed && ck.have_eval) {
+        ev0 = (eval_result){ck.eval0, ck.eval0_count};
+        best = (eval_result){ck.best, ck.best_count};
+        best_step = ck.best_step;
+    } else if (have_val) {
         ev0 = evaluate(&r, cfg->train.eval_windows, 0);
         tz_info("eval before training: val_loss %.4f (%lld %s)", ev0.loss, (long long)ev0.count,
                 r.task->unit);
@@ -257,7 +271,9 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     }
     const double t_loop = now_s();
     step_result s = {0, 0, 0};
-    for (int64_t step = 0; step < steps; step++) {
+    const int64_t first = resumed ? ck.step : 0;
+    int stopped = 0;
+    for (int64_t step = first; step < steps && !stopped; step++) {
         double t0 = now_s();
         s = train_step(&r, step);
         double t1 = now_s(), tps = (double)units / (t1 - t0);
@@ -271,7 +287,7 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         }
         if ((step + 1) % cfg->train.log_every == 0 || step + 1 == steps) {
             char eta[32];
-            fmt_duration(eta, sizeof eta, (t1 - t_loop) / (double)(step + 1) * (double)(steps - step - 1));
+            fmt_duration(eta, sizeof eta, (t1 - t_loop) / (double)(step + 1 - first) * (double)(steps - step - 1));
             tz_info("step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f %s/s | ETA %s",
                     (long long)step + 1, (long long)steps, s.loss, s.lr, s.gnorm, tps,
                     r.task->unit, eta);
@@ -284,6 +300,29 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
             if (eval_better(ev, best)) best = ev, best_step = step + 1;
         }
         if (root) metrics_flush(&mlog, &out_dir, step + 1);
+        /* checkpoint every train.checkpoint_every steps, and when a signal asks to stop */
+        tz_ckpt_fault("step", step + 1, comm->rank);
+        stopped = tz_ckpt_stop_agreed(comm) && step + 1 < steps;
+        if (stopped || (cfg->train.checkpoint_every > 0 && step + 1 < steps &&
+                        (step + 1) % cfg->train.checkpoint_every == 0)) {
+            ck.step = step + 1;
+            ck.have_eval = have_val;
+            ck.eval0 = ev0.loss, ck.eval0_count = ev0.count;
+            ck.best = best.loss, ck.best_count = best.count, ck.best_step = best_step;
+            tz_ckpt_write(cfg, &r.z, &ck, cfg->train.keep_checkpoints);
+        }
+    }
+    if (stopped) { /* the outputs wait in run.dir/staging for the resumed run */
+        char err[2400];
+        if (root && tz_line_log_close(&mlog, err, sizeof err))
+            TZ_FATAL("cannot write %s", err);
+        if (root) tz_run_lock_release(&out_dir.lock);
+        tz_info("stopped after step %lld of %lld; continue with `turbozero train ... --resume` "
+                "(exit status %d)", (long long)ck.step, (long long)steps, TZ_EXIT_REQUEUE);
+        tz_comm_barrier(comm);
+        free(rec.hosts);
+        run_close(&r);
+        return TZ_EXIT_REQUEUE;
     }
     if (have_val) {
         ev = evaluate(&r, cfg->train.eval_windows, 0);

@@ -8,6 +8,11 @@
 /* Train as configured; rank 0 writes run.dir (config.used.cfg, metrics.jsonl, the trained
  * weights). Returns 0; every error is fatal with its place. Collective. */
 int tz_train_run(const tz_config *cfg, tz_world *world, tz_comm *comm);
+/* The same, continuing from a checkpoint when resume is not NULL ("": the newest complete
+ * one under run.dir/checkpoints; else a checkpoint folder, or a folder of them). Returns 0,
+ * or TZ_EXIT_REQUEUE (train/checkpoint.h) when SIGUSR1/SIGTERM/SIGINT stopped it after a
+ * checkpoint. Collective. */
+int tz_train_run_from(const tz_config *cfg, tz_world *world, tz_comm *comm, const char *resume);
 /* Mean next-token loss over data.val (windows spread over the ranks); last line printed:
  * eval_loss=<float> tokens=<int>. Collective. */
 int tz_eval_run(const tz_config *cfg, tz_world *world, tz_comm *comm);

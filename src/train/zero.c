@@ -215,6 +215,13 @@ double tz_zero_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max
     t0 = omp_get_wtime();
     if (isfinite(norm)) tz_shard_update(&z->sh, h, t, clip);
     clock_add(z, TZ_ZERO_UPDATE, t0, (double)n * (double)tz_shard_step_bytes(&z->sh));
+    tz_zero_push_weights(z);
+    z->steps++;
+    return norm;
+}
+
+void tz_zero_push_weights(tz_zero *z) {
+    double t0;
     /* the updated weights back into every rank's model: each owner packs its slice (fp32,
      * or codes + scales re-quantized from the master), all-gathered in stages 1 and 2 */
     const int r = own_rank(z), gather = z->stage > 0 && z->comm->size > 1;
@@ -241,8 +248,6 @@ double tz_zero_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max
             tz_zero_weights_unpack(&z->zw, z->be, b, q, z->wrecv + at);
         clock_add(z, TZ_ZERO_WEIGHTS, t0, 2.0 * (double)at);
     }
-    z->steps++;
-    return norm;
 }
 
 const char *const tz_zero_phase_names[TZ_ZERO_PHASES] = {"gradients", "norm", "update", "pack",

@@ -74,6 +74,10 @@ void tz_zero_end_micro(tz_zero *z);
 /* Global gradient norm (before clipping), clip to max_norm (0: off), the optimizer on the
  * shard, all-gather the updated weights into every rank's model. t is the 1-based step. */
 double tz_zero_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max_norm);
+/* The masters into every rank's model (what the end of tz_zero_step does): each owner packs
+ * its slices (fp32, or codes + scales re-quantized), all-gathered in stages 1 and 2. After
+ * a checkpoint's shards were read into the masters. Collective. */
+void tz_zero_push_weights(tz_zero *z);
 /* Every rank prints its share: owned elements and host shard bytes. */
 void tz_zero_print(const tz_zero *z);
 /* Every rank prints its memory: the backend's bytes as its allocator counts them, split into

@@ -1,0 +1,211 @@
+/* Checkpoint shard files through the HDF5 C API (HDF5's own error printing silenced, each
+ * failure turned into one message naming the file and object), and the file CRC-32. */
+#include "io/ckpt_h5.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "core/error.h"
+
+struct tz_h5_shard {
+    hid_t f;
+    char path[1024];
+};
+
+#define CHUNK_ELEMS ((hsize_t)1 << 20)  /* 4 MiB chunks, each with its Fletcher32 checksum */
+#define BLOCK_ELEMS ((hsize_t)1 << 26)  /* one write or read call moves at most 256 MiB */
+
+/* HDF5 prints its error stack by default; every call here reports through err instead. */
+typedef struct quiet {
+    H5E_auto2_t fn;
+    void *data;
+} quiet;
+static quiet quiet_on(void) {
+    quiet q;
+    H5Eget_auto2(H5E_DEFAULT, &q.fn, &q.data);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    return q;
+}
+static void quiet_off(quiet q) { H5Eset_auto2(H5E_DEFAULT, q.fn, q.data); }
+
+tz_h5_shard *tz_h5_shard_create(const char *path, char *err, size_t errlen) {
+    quiet q = quiet_on();
+    hid_t fc = H5Pcreate(H5P_FILE_CREATE); /* no object times: equal states, equal bytes */
+    if (fc >= 0) H5Pset_obj_track_times(fc, 0);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fc >= 0 ? fc : H5P_DEFAULT, H5P_DEFAULT);
+    if (fc >= 0) H5Pclose(fc);
+    quiet_off(q);
+    if (f < 0) {
+        tz_errf(err, errlen, "%s: cannot create the HDF5 file: %s", path,
+                errno ? strerror(errno) : "HDF5 error");
+        return NULL;
+    }
+    tz_h5_shard *s = tz_xcalloc(1, sizeof *s);
+    s->f = f;
+    snprintf(s->path, sizeof s->path, "%s", path);
+    return s;
+}
+
+tz_h5_shard *tz_h5_shard_open(const char *path, char *err, size_t errlen) {
+    quiet q = quiet_on();
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    quiet_off(q);
+    if (f < 0) {
+        tz_errf(err, errlen, "%s: not a readable HDF5 file (missing, truncated or damaged)", path);
+        return NULL;
+    }
+    tz_h5_shard *s = tz_xcalloc(1, sizeof *s);
+    s->f = f;
+    snprintf(s->path, sizeof s->path, "%s", path);
+    return s;
+}
+
+int tz_h5_shard_close(tz_h5_shard *s, char *err, size_t errlen) {
+    if (!s) return 0;
+    quiet q = quiet_on();
+    int ok = H5Fclose(s->f) >= 0;
+    quiet_off(q);
+    int rc = ok ? 0 : tz_errf(err, errlen, "%s: closing the HDF5 file failed (disk full?)", s->path);
+    free(s);
+    return rc;
+}
+
+static int put_attr(hid_t obj, const char *name, const int64_t *v, hsize_t n) {
+    hsize_t dims[1] = {n ? n : 1};
+    hid_t sp = H5Screate_simple(1, dims, NULL);
+    hid_t a = H5Acreate2(obj, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    int64_t zero = 0;
+    int ok = sp >= 0 && a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, n ? v : &zero) >= 0;
+    if (a >= 0) H5Aclose(a);
+    if (sp >= 0) H5Sclose(sp);
+    return ok;
+}
+
+int tz_h5_shard_attr(tz_h5_shard *s, const char *obj, const char *name, const int64_t *v, int n,
+                     char *err, size_t errlen) {
+    quiet q = quiet_on();
+    hid_t o = obj && *obj ? H5Oopen(s->f, obj, H5P_DEFAULT) : s->f;
+    int ok = o >= 0 && put_attr(o, name, v, (hsize_t)n);
+    if (obj && *obj && o >= 0) H5Oclose(o);
+    quiet_off(q);
+    return ok ? 0 : tz_errf(err, errlen, "%s: cannot write attribute %s", s->path, name);
+}
+
+/* The group `name`, created when absent; < 0 on failure. */
+static hid_t group(hid_t f, const char *name) {
+    if (H5Lexists(f, name, H5P_DEFAULT) > 0) return H5Gopen2(f, name, H5P_DEFAULT);
+    hid_t gc = H5Pcreate(H5P_GROUP_CREATE);
+    if (gc >= 0) H5Pset_obj_track_times(gc, 0);
+    hid_t g = H5Gcreate2(f, name, H5P_DEFAULT, gc >= 0 ? gc : H5P_DEFAULT, H5P_DEFAULT);
+    if (gc >= 0) H5Pclose(gc);
+    return g;
+}
+
+int tz_h5_shard_write(tz_h5_shard *s, const char *gname, const char *name, const float *data,
+                      int64_t n, const int64_t *shape, int ndim, int64_t flat_offset,
+                      const int64_t *pieces, int64_t npieces, char *err, size_t errlen) {
+    quiet q = quiet_on();
+    hsize_t dims[1] = {(hsize_t)n}, chunk[1] = {(hsize_t)n < CHUNK_ELEMS ? (hsize_t)n : CHUNK_ELEMS};
+    if (chunk[0] == 0) chunk[0] = 1;
+    hid_t g = group(s->f, gname);
+    hid_t sp = H5Screate_simple(1, dims, NULL);
+    hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
+    int ok = g >= 0 && sp >= 0 && pl >= 0 && H5Pset_chunk(pl, 1, chunk) >= 0 &&
+             H5Pset_fletcher32(pl) >= 0 && H5Pset_obj_track_times(pl, 0) >= 0;
+    hid_t d = ok ? H5Dcreate2(g, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, pl, H5P_DEFAULT) : -1;
+    ok = ok && d >= 0;
+    for (hsize_t at = 0; ok && at < (hsize_t)n; at += BLOCK_ELEMS) {
+        hsize_t cnt[1] = {(hsize_t)n - at < BLOCK_ELEMS ? (hsize_t)n - at : BLOCK_ELEMS}, off[1] = {at};
+        hid_t ms = H5Screate_simple(1, cnt, NULL), fs = H5Dget_space(d);
+        ok = ms >= 0 && fs >= 0 &&
+             H5Sselect_hyperslab(fs, H5S_SELECT_SET, off, NULL, cnt, NULL) >= 0 &&
+             H5Dwrite(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, data + at) >= 0;
+        if (ms >= 0) H5Sclose(ms);
+        if (fs >= 0) H5Sclose(fs);
+    }
+    ok = ok && put_attr(d, "shape", shape, (hsize_t)ndim) && put_attr(d, "flat_offset", &flat_offset, 1) &&
+         put_attr(d, "pieces", pieces, (hsize_t)(2 * npieces));
+    if (d >= 0) H5Dclose(d);
+    if (pl >= 0) H5Pclose(pl);
+    if (sp >= 0) H5Sclose(sp);
+    if (g >= 0) H5Gclose(g);
+    quiet_off(q);
+    return ok ? 0 : tz_errf(err, errlen, "%s: cannot write dataset %s/%s (%lld floats): disk full or "
+                            "not writable?", s->path, gname, name, (long long)n);
+}
+
+int tz_h5_shard_read(tz_h5_shard *s, const char *gname, const char *name, int64_t total, int64_t at,
+                     int64_t n, float *dst, char *err, size_t errlen) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", gname, name);
+    quiet q = quiet_on();
+    int rc = 0;
+    hid_t d = H5Lexists(s->f, gname, H5P_DEFAULT) > 0 && H5Lexists(s->f, path, H5P_DEFAULT) > 0
+                  ? H5Dopen2(s->f, path, H5P_DEFAULT)
+                  : -1;
+    hid_t fs = d >= 0 ? H5Dget_space(d) : -1;
+    hsize_t dims[1] = {0};
+    if (d < 0) {
+        rc = tz_errf(err, errlen, "%s: no dataset %s", s->path, path);
+    } else if (fs < 0 || H5Sget_simple_extent_ndims(fs) != 1 ||
+               H5Sget_simple_extent_dims(fs, dims, NULL) < 0 || (int64_t)dims[0] != total) {
+        rc = tz_errf(err, errlen, "%s: dataset %s holds %lld values, expected %lld", s->path, path,
+                     (long long)dims[0], (long long)total);
+    } else if (at < 0 || n < 0 || at + n > total) {
+        rc = tz_errf(err, errlen, "%s: %s: elements [%lld, %lld) outside [0, %lld)", s->path, path,
+                     (long long)at, (long long)(at + n), (long long)total);
+    }
+    for (int64_t done = 0; rc == 0 && done < n; done += (int64_t)BLOCK_ELEMS) {
+        hsize_t cnt[1] = {(hsize_t)(n - done) < BLOCK_ELEMS ? (hsize_t)(n - done) : BLOCK_ELEMS};
+        hsize_t off[1] = {(hsize_t)(at + done)};
+        hid_t ms = H5Screate_simple(1, cnt, NULL);
+        int ok = ms >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, off, NULL, cnt, NULL) >= 0 &&
+                 H5Dread(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, dst + done) >= 0;
+        if (ms >= 0) H5Sclose(ms);
+        if (!ok)
+            rc = tz_errf(err, errlen, "%s: reading %s failed (checksum mismatch: the file is "
+                         "damaged)", s->path, path);
+    }
+    if (fs >= 0) H5Sclose(fs);
+    if (d >= 0) H5Dclose(d);
+    quiet_off(q);
+    return rc;
+}
+
+int tz_file_sync_crc(const char *path, int64_t *bytes, uint32_t *crc, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return tz_errf(err, errlen, "%s: %s", path, strerror(errno));
+    if (fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        return tz_errf(err, errlen, "%s: fsync: %s", path, strerror(e));
+    }
+    const size_t B = (size_t)8 << 20;
+    unsigned char *buf = tz_xmalloc(B);
+    uLong c = crc32(0L, Z_NULL, 0);
+    int64_t total = 0;
+    for (;;) {
+        ssize_t k = read(fd, buf, B);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            return tz_errf(err, errlen, "%s: read: %s", path, strerror(e));
+        }
+        if (k == 0) break;
+        c = crc32(c, buf, (uInt)k);
+        total += k;
+    }
+    free(buf);
+    close(fd);
+    *bytes = total;
+    *crc = (uint32_t)c;
+    return 0;
+}

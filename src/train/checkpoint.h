@@ -1,0 +1,57 @@
+/* Training checkpoints: run.dir/checkpoints/step-<N>/ with one HDF5 shard per owning rank
+ * (fp32 master and optimizer states of its slices, datasets named after the tensors), the
+ * shared checkpoint.json (step, data position, seed, ZeRO plan, tensor table, config, shard
+ * sizes and CRC-32s) and a COMPLETE marker written last; written into a temporary folder and
+ * renamed. Resume at the same or another rank count (shards re-cut through the saved plan),
+ * the preemption signals, and the loop state a checkpoint carries. Not the loop itself. */
+#ifndef TZ_CHECKPOINT_H
+#define TZ_CHECKPOINT_H
+#include <stdint.h>
+#include <stdio.h>
+
+#include "io/config.h"
+#include "mpi/comm.h"
+#include "train/zero.h"
+
+/* Exit status of a run stopped by SIGUSR1, SIGTERM or SIGINT after writing a checkpoint:
+ * EX_TEMPFAIL, "try again"; slurm/train.sbatch requeues the job on it. */
+#define TZ_EXIT_REQUEUE 75
+
+/* What the loop carries across a checkpoint besides the shards. */
+typedef struct tz_ckpt_state {
+    int64_t step;        /* optimizer steps done */
+    int64_t global_batch; /* rows per step: ranks x micro_batch x grad_accum */
+    int have_eval;       /* the evaluation figures below are set */
+    double eval0, best;  /* eval loss before training; best so far */
+    int64_t eval0_count, best_count, best_step;
+} tz_ckpt_state;
+
+/* SIGUSR1, SIGTERM, SIGINT: ask the loop to stop at the end of the step (a second SIGINT
+ * stops at once). */
+void tz_ckpt_signals_install(void);
+/* Whether any rank was asked to stop (an all-reduce: every rank gets the same answer).
+ * Collective. */
+int tz_ckpt_stop_agreed(tz_comm *comm);
+
+/* Writes checkpoint step-<st->step> of z's shards; keeps the newest `keep` complete
+ * checkpoints (0: all). Any rank's failure is fatal on every rank with its message; earlier
+ * checkpoints are never touched but by the pruning after success. Collective. */
+void tz_ckpt_write(const tz_config *cfg, tz_zero *z, const tz_ckpt_state *st, int64_t keep);
+
+/* Loads the newest complete, undamaged checkpoint: path "" searches run.dir/checkpoints
+ * (falling back past damaged or incomplete ones, saying so), else path is one checkpoint
+ * folder (refused when damaged) or a folder of them. Reads every rank's owned slices
+ * through the saved plan, then pushes the masters into the model. Returns 1 with *st set,
+ * or 0 when the search finds no checkpoint at all. Collective. */
+int tz_ckpt_resume(const tz_config *cfg, tz_zero *z, const char *path, int64_t global_batch,
+                   tz_ckpt_state *st);
+
+/* Test hook: TZ_CKPT_FAULT="rank=R,at=POINT,step=S,do=ACTION" makes rank R, at POINT of
+ * the checkpoint of step S (0: any), either die (kill: SIGKILL), pause (pause: sleep up to
+ * 1 h, ended by a signal; hold: 1 h whatever comes) or fail as a full disk would (fail:
+ * "shard" and "meta"). POINT: "step" (after the
+ * step, before any checkpoint), "begin", "shard" (shard written), "meta" (rank 0, before
+ * the marker), "rename" (rank 0, before the rename). Returns 1 for a simulated failure. */
+int tz_ckpt_fault(const char *point, int64_t step, int rank);
+
+#endif
