@@ -246,9 +246,13 @@ void tz_run_lock_release(tz_run_lock *l) {
 /* ---- staging and commit ---------------------------------------------------------------- */
 
 /* What a run leaves in its folder, in the order of the commit (the result first, the log
- * that says a run is there last); DIR/checkpoints and DIR/.lock are not among them. */
-static const char *const outputs[] = {"adapter", "model", "loss.png", "config.used.cfg",
-                                      "run.json", "metrics.jsonl"};
+ * that says a run is there last); DIR/checkpoints and DIR/.lock are not among them. The
+ * last, never in a staging folder, is where a run that replaces another sets the earlier
+ * run's checkpoints aside (train/run_record.c): the commit removes it with the rest. */
+static const char *const outputs[] = {"adapter",  "model",         "loss.png",
+                                      "config.used.cfg", "run.json", "metrics.jsonl",
+                                      "checkpoints.replaced"};
+static int output_is_dir(int i) { return i < 2 || i == 6; }
 #define N_OUTPUTS ((int)(sizeof outputs / sizeof outputs[0]))
 
 int tz_run_dir_holds_run(const char *dir, char *what, size_t n) {
@@ -357,7 +361,7 @@ int tz_run_stage_open(const char *dir, char *stage, size_t stage_n, char *note, 
     }
     for (int i = 0; i < N_OUTPUTS; i++) { /* an output's name taken by the wrong kind */
         char p[1400];
-        int want_dir = i < 2; /* adapter, model */
+        int want_dir = output_is_dir(i);
         if (join(p, sizeof p, dir, outputs[i], err, n)) return 1;
         if (lstat(p, &st) == 0 && !S_ISDIR(st.st_mode) != !want_dir)
             return tz_errf(err, n, "cannot write %s: %s", p, strerror(want_dir ? ENOTDIR : EISDIR));

@@ -143,7 +143,8 @@ void tz_record_end(tz_run_record *rec, const char *dir, tz_comm *comm) {
 }
 
 #define TZ_RESUME_LOG ".metrics.resume.jsonl" /* run.dir/: the stopped run's log, set aside */
-#define TZ_CKPT_ASIDE "checkpoints.replaced"  /* run.dir/: an earlier run's checkpoints */
+#define TZ_CKPT_ASIDE "checkpoints.replaced"  /* run.dir/: an earlier run's checkpoints, removed
+                                                * by the commit (io/run_dir.c) */
 
 /* Whether dir/checkpoints holds any entry. */
 static int has_checkpoints(const char *dir) {
@@ -232,12 +233,10 @@ void tz_run_out_resume_log(tz_run_out *o, FILE *f, int64_t step) {
 }
 
 void tz_run_out_commit(tz_run_out *o) {
-    char err[2400], aside[1200];
+    char err[2400];
     if (tz_run_stage_commit(o->dir, err, sizeof err))
         TZ_FATAL_HINT("fix the cause; the next run in this run.dir completes the commit or "
                       "discards the outputs, which are in its staging folder until then",
                       "run.dir %s: committing the outputs failed: %s", o->dir, err);
-    tz_path_join(aside, sizeof aside, o->dir, TZ_CKPT_ASIDE);
-    if (tz_rm_rf(aside, err, sizeof err)) tz_warn("run.dir: %s", err);
     tz_run_lock_release(&o->lock);
 }

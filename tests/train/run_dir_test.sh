@@ -114,16 +114,19 @@ else bad "after a killed run"; tail -5 "$work/killed3.log"; fi
 train "$work/old" 8 > "$work/old.log" 2>&1 || { bad "the reference run failed"; tail -5 "$work/old.log"; }
 mkdir -p "$work/old/checkpoints/step-1" && echo keep > "$work/old/checkpoints/step-1/x"
 cp -a "$work/old" "$work/old.copy"
+# what a failed overwriting run leaves: the old outputs byte for byte, the old checkpoints
+# set aside whole in checkpoints.replaced/ (so that a --resume never mixes two runs')
+cp -a "$work/old" "$work/old.aside" && mv "$work/old.aside/checkpoints" "$work/old.aside/checkpoints.replaced"
 d="$work/ow"
 cp -a "$work/old" "$d"
 if train "$d" 64 --set run.overwrite=true --set data.train=nonexistent.tok > "$work/ow.log" 2>&1; then
   bad "overwrite with a bad data path: succeeded"
-elif same_files "$d" "$work/old.copy"; then
-  ok "overwrite with a bad data path fails and leaves the previous run byte for byte"
-else bad "overwrite with a bad data path changed the previous run"; diff -r -x .lock -x staging "$d" "$work/old.copy" | head -5; fi
+elif same_files "$d" "$work/old.aside"; then
+  ok "overwrite with a bad data path fails and leaves the previous run byte for byte (its checkpoints set aside)"
+else bad "overwrite with a bad data path changed the previous run"; diff -r -x .lock -x staging "$d" "$work/old.aside" | head -5; fi
 if train "$d" 64 --set run.overwrite=true > "$work/ow2.log" 2>&1 && [ "$(holds_run "$d")" = 64 ] &&
-   [ "$(cat "$d/checkpoints/step-1/x")" = keep ]; then
-  ok "overwrite: the new run replaces the old outputs whole, checkpoints/ untouched"
+   [ ! -e "$d/checkpoints" ] && [ ! -e "$d/checkpoints.replaced" ]; then
+  ok "overwrite: the new run replaces the old outputs and the old checkpoints whole"
 else bad "overwrite: run.dir holds '$(holds_run "$d")'"; tail -3 "$work/ow2.log"; fi
 d="$work/first"
 train "$d" 8 --set data.train=nonexistent.tok > "$work/first.log" 2>&1
@@ -149,11 +152,11 @@ for n in $(seq 1 40); do
      ! grep -q '"lora_alpha": 64' "$d/staging/adapter/adapter_config.json"; then
     mixed=$((mixed + 1)); echo "write $n: the kept result is not the new adapter"
   fi
-  if same_files "$d" "$work/old.copy"; then kept=$((kept + 1)); continue; fi
+  if same_files "$d" "$work/old.aside"; then kept=$((kept + 1)); continue; fi
   # an interrupted commit: the next run on this run.dir completes it, then finds the run
   train "$d" 8 > "$work/inj2.log" 2>&1
   if grep -q "completed the commit" "$work/inj2.log" && grep -q "already holds a run" "$work/inj2.log" &&
-     [ "$(holds_run "$d")" = 64 ] && [ "$(cat "$d/checkpoints/step-1/x")" = keep ]; then
+     [ "$(holds_run "$d")" = 64 ] && [ ! -e "$d/checkpoints.replaced" ]; then
     done_=$((done_ + 1))
   else
     mixed=$((mixed + 1)); echo "write $n: run.dir holds '$(holds_run "$d")'"; tail -3 "$work/inj2.log"
