@@ -101,6 +101,7 @@ static const tz_key schema[] = {
     INT(run, seed, 1234, 0, INT64_C(1) << 62, "seed of every random stream"),
     BOOL(run, overwrite, 0, "replace a finished run already in run.dir (else stop, keeping it)"),
     ENUM(run, save_dtype, 0, dtype_names, "dtype of the model written by full-mode training"),
+    FLT(run, collective_timeout, 1800.0, CLOSED, 0.0, 1e7, CLOSED, "seconds a collective may wait before every rank is stopped (0 = never)"),
 };
 #define NKEYS ((int)(sizeof schema / sizeof schema[0]))
 

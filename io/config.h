@@ -77,6 +77,7 @@ typedef struct tz_config {
         int64_t seed;
         int overwrite;                /* replace an existing run in run.dir */
         int save_dtype;               /* full-mode model output: "f32" (0) | "bf16" (1) */
+        double collective_timeout;    /* seconds a collective may wait; 0 = no watchdog */
     } run;
 } tz_config;
 

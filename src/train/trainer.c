@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "io/fsutil.h"
 #include "io/loss_plot.h"
+#include "mpi/watchdog.h"
 #include "train/optim.h"
 #include "train/run_record.h"
 #include "train/task.h"
@@ -128,6 +129,7 @@ typedef struct step_result {
 /* One optimizer step over the global batch: rank r's rows of micro-batch k of step s are
  * samples ((s * accum + k) * N + r) * B ... + B - 1 of the shared order. */
 static step_result train_step(run *r, int64_t step) {
+    tz_watchdog_set_step(step + 1); /* named by a collective timeout */
     const tz_config *cfg = r->cfg;
     const int64_t B = r->B, A = r->accum, N = r->N, rank = r->comm->rank;
     const double total = (double)(B * r->task->row_elems * A * N);
@@ -149,6 +151,7 @@ static step_result train_step(run *r, int64_t step) {
         TZ_FATAL_HINT("lower optim.lr or check the data",
                       "step %lld: loss %g, gradient norm %g are not finite", (long long)step + 1,
                       s.loss, s.gnorm);
+    tz_watchdog_set_step(0);
     return s;
 }
 
