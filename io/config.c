@@ -611,11 +611,14 @@ static void format_value(const tz_key *k, const void *p, char *buf, size_t n) {
     }
     case T_FLOAT: {
         double v = *(const double *)p;
+        char t[40]; /* formatted here: GCC's -Wformat-truncation under -fsanitize=undefined
+                     * (TZ_SANITIZE) saw a NULL buf in the loop and failed the build */
         for (int digits = 15; digits <= 17; digits++) {
-            snprintf(buf, n, "%.*g", digits, v);
-            if (strtod(buf, NULL) == v) break;
+            snprintf(t, sizeof t, "%.*g", digits, v);
+            if (strtod(t, NULL) == v) break;
         }
-        if (!strpbrk(buf, ".eEn")) strcat(buf, ".0");
+        if (!strpbrk(t, ".eEn")) strcat(t, ".0");
+        snprintf(buf, n, "%s", t);
         break;
     }
     case T_BOOL: snprintf(buf, n, "%s", *(const int *)p ? "true" : "false"); break;

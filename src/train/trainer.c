@@ -159,6 +159,13 @@ static void print_start(const run *r) {
     const tz_task *t = r->task;
     tz_info("model: %s | activations %.1f MiB per rank", t->describe,
             (double)t->arena_bytes / 1048576.0);
+    const tz_config *cfg = r->cfg; /* a warning, not an error: short trial runs keep the default */
+    if (r->comm->rank == 0 && cfg->optim.warmup >= cfg->train.steps)
+        tz_warn("optim.warmup %lld >= train.steps %lld: the learning rate rises for the whole "
+                "run and peaks at %.3g, never reaching optim.lr %g (lower optim.warmup for a "
+                "warmup + cosine schedule)", (long long)cfg->optim.warmup,
+                (long long)cfg->train.steps,
+                cfg->optim.lr * (double)cfg->train.steps / (double)cfg->optim.warmup, cfg->optim.lr);
     tz_info("data: %s | %lld ranks x %lld x %lld accum = %lld rows (%lld %s) per step",
             t->data_line, (long long)r->N, (long long)r->B, (long long)r->accum,
             (long long)(r->N * r->B * r->accum), (long long)(r->N * r->B * r->accum * t->row_count),
