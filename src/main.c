@@ -16,6 +16,7 @@
 #include "mpi/world.h"
 #include "train/commands.h"
 #include "train/family.h"
+#include "train/inputs_check.h"
 #include "train/trainer.h"
 
 /* Value of --name in argv[from..argc), or NULL; every other argument must be a known flag. */
@@ -226,6 +227,7 @@ static int cmd_collective(int argc, char **argv, int (*fn)(const tz_config *, tz
     tz_comm *comm = tz_comm_mpi_create(MPI_COMM_WORLD);
     load_config(&cfg, argc, argv, comm);
     tz_watchdog_start(cfg.run.collective_timeout);
+    tz_inputs_check(&cfg, comm); /* every rank sees the same model and data */
     int rc = fn(&cfg, &world, comm);
     tz_watchdog_stop();
     tz_comm_destroy(comm);
