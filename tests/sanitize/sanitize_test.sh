@@ -19,7 +19,7 @@ fi
 if ! cmake --build "$tree" -j "${TZ_SANITIZE_JOBS:-2}" --target $names > "$tree.build.log" 2>&1; then
   grep -E "error|Error" "$tree.build.log" | head -20; echo "FAIL building the sanitizer tree"; exit 1
 fi
-export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:check_initialization_order=1
+export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$src/tests/sanitize/lsan.supp:print_suppressions=0
 ctest --test-dir "$tree" -L unit -E '^test_ops_grad$' -j "${TZ_SANITIZE_JOBS:-2}" --output-on-failure
