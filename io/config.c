@@ -105,6 +105,7 @@ static const tz_key schema[] = {
     BOOL(run, overwrite, 0, "replace a finished run already in run.dir (else stop, keeping it)"),
     ENUM(run, save_dtype, 0, dtype_names, "dtype of the model written by full-mode training"),
     ENUM(run, device, 0, device_names, "compute backend: auto (cuda when built in and a GPU is visible, else cpu), cpu or cuda"),
+    FLT(run, collective_timeout, 1800.0, CLOSED, 0.0, 1e7, CLOSED, "seconds a collective may wait before every rank is stopped (0 = never)"),
 };
 #define NKEYS ((int)(sizeof schema / sizeof schema[0]))
 
@@ -618,11 +619,14 @@ static void format_value(const tz_key *k, const void *p, char *buf, size_t n) {
     }
     case T_FLOAT: {
         double v = *(const double *)p;
+        char t[40]; /* formatted here: GCC's -Wformat-truncation under -fsanitize=undefined
+                     * (TZ_SANITIZE) saw a NULL buf in the loop and failed the build */
         for (int digits = 15; digits <= 17; digits++) {
-            snprintf(buf, n, "%.*g", digits, v);
-            if (strtod(buf, NULL) == v) break;
+            snprintf(t, sizeof t, "%.*g", digits, v);
+            if (strtod(t, NULL) == v) break;
         }
-        if (!strpbrk(buf, ".eEn")) strcat(buf, ".0");
+        if (!strpbrk(t, ".eEn")) strcat(t, ".0");
+        snprintf(buf, n, "%s", t);
         break;
     }
     case T_BOOL: snprintf(buf, n, "%s", *(const int *)p ? "true" : "false"); break;

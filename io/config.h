@@ -80,6 +80,7 @@ typedef struct tz_config {
         int overwrite;                /* replace an existing run in run.dir */
         int save_dtype;               /* full-mode model output: "f32" (0) | "bf16" (1) */
         int device;                   /* compute backend: "auto" (0) | "cpu" (1) | "cuda" (2) */
+        double collective_timeout;    /* seconds a collective may wait; 0 = no watchdog */
     } run;
 } tz_config;
 

@@ -23,8 +23,9 @@ int tz_peft_read(tz_peft_config *c, const char *path, char *err, size_t errlen) 
     json_t *dora = json_object_get(root, "use_dora"), *rs = json_object_get(root, "use_rslora");
     json_t *bias = json_object_get(root, "bias"), *base = json_object_get(root, "base_model_name_or_path");
     if (!json_is_object(root)) snprintf(err, errlen, "%s: expected a JSON object", path);
-    else if (!json_is_integer(r) || json_integer_value(r) < 1)
-        snprintf(err, errlen, "%s: r: expected a positive integer", path);
+    else if (!json_is_integer(r) || json_integer_value(r) < 1 || json_integer_value(r) > 4096)
+        snprintf(err, errlen, "%s: r: expected an integer in 1..4096 (the range of lora.rank)",
+                 path);
     else if (!json_is_number(a) || json_number_value(a) <= 0)
         snprintf(err, errlen, "%s: lora_alpha: expected a positive number", path);
     else if (!json_is_array(t) || json_array_size(t) == 0 ||

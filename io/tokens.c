@@ -78,6 +78,9 @@ int tz_tokens_open(tz_tokens *t, const char *path, char *err, size_t errlen) {
     else if (t->vocab == 0 || (t->width < 4 && t->vocab > (1u << (8 * t->width))))
         snprintf(buf, sizeof buf, "vocab %u does not fit %u-byte tokens", t->vocab, t->width),
             why = buf;
+    else if (count > (UINT64_MAX - TZ_TOKENS_HEADER) / t->width) /* the size would wrap */
+        snprintf(buf, sizeof buf, "header says %llu tokens (more than 2^64 bytes) but the file "
+                 "has %zu bytes", (unsigned long long)count, t->map_bytes), why = buf;
     else if (count > avail / t->width ||
              TZ_TOKENS_HEADER + count * t->width + (has_mask ? (count + 7) / 8 : 0) != t->map_bytes)
         snprintf(buf, sizeof buf, "header says %llu tokens%s (%llu bytes) but the file has %zu",

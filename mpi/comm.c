@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "mpi/watchdog.h"
 #include "mpi/world.h"
 
 /* ======================= checked dispatch ======================= */
@@ -14,7 +15,12 @@
 struct tz_comm_req {
     tz_comm *c;
     void *h;
+    int64_t seq;    /* the collective's number, for the watchdog */
+    const char *op;
 };
+
+/* A blocking collective starts: counted, and its wait watched (see mpi/watchdog.h). */
+static void watch_begin(const char *op) { tz_watch_block(tz_watch_enter(op), op); }
 
 size_t tz_comm_dtype_size(enum tz_dtype dt) {
     switch (dt) {
@@ -59,7 +65,9 @@ void tz_comm_reduce_scatter(tz_comm *c, const void *send, void *recv, int64_t re
     size_t blk = (size_t)recv_count * es;
     check_overlap(c, "reduce_scatter", recv, blk, send, blk * (size_t)c->size,
                   (size_t)c->rank * blk);
+    watch_begin("reduce_scatter");
     c->reduce_scatter(c, send, recv, recv_count, dt);
+    tz_watch_unblock();
 }
 
 void tz_comm_all_gather(tz_comm *c, const void *send, void *recv, int64_t send_count,
@@ -67,7 +75,9 @@ void tz_comm_all_gather(tz_comm *c, const void *send, void *recv, int64_t send_c
     size_t es = check_args(c, "all_gather", send, recv, send_count, dt);
     size_t blk = (size_t)send_count * es;
     check_overlap(c, "all_gather", send, blk, recv, blk * (size_t)c->size, (size_t)c->rank * blk);
+    watch_begin("all_gather");
     c->all_gather(c, send, recv, send_count, dt);
+    tz_watch_unblock();
 }
 
 void tz_comm_all_gatherv(tz_comm *c, const void *send, void *recv, const int64_t *counts,
@@ -85,31 +95,41 @@ void tz_comm_all_gatherv(tz_comm *c, const void *send, void *recv, const int64_t
     check_overlap(c, "all_gatherv", send, (size_t)counts[c->rank] * es, recv,
                   (size_t)total * es, (size_t)own * es);
     if (!c->all_gatherv) TZ_FATAL("comm %s has no all_gatherv", c->name);
+    watch_begin("all_gatherv");
     c->all_gatherv(c, send, recv, counts, dt);
+    tz_watch_unblock();
 }
 
 void tz_comm_all_reduce(tz_comm *c, const void *send, void *recv, int64_t count, enum tz_dtype dt) {
     size_t es = check_args(c, "all_reduce", send, recv, count, dt);
     check_overlap(c, "all_reduce", send, (size_t)count * es, recv, (size_t)count * es, 0);
+    watch_begin("all_reduce");
     c->all_reduce(c, send, recv, count, dt);
+    tz_watch_unblock();
 }
 
 void tz_comm_bcast(tz_comm *c, void *buf, int64_t count, enum tz_dtype dt, int root) {
     check_args(c, "bcast", buf, buf, count, dt);
     if (root < 0 || root >= c->size)
         TZ_FATAL("bcast on comm %s: root %d is not a rank of %d", c->name, root, c->size);
+    watch_begin("bcast");
     c->bcast(c, buf, count, dt, root);
+    tz_watch_unblock();
 }
 
 void tz_comm_barrier(tz_comm *c) {
     if (!c) TZ_FATAL("barrier: no communicator");
+    watch_begin("barrier");
     c->barrier(c);
+    tz_watch_unblock();
 }
 
-static tz_comm_req *make_req(tz_comm *c, void *h) {
+static tz_comm_req *make_req(tz_comm *c, void *h, int64_t seq, const char *op) {
     tz_comm_req *r = tz_xmalloc(sizeof *r);
     r->c = c;
     r->h = h;
+    r->seq = seq;
+    r->op = op;
     return r;
 }
 
@@ -120,7 +140,9 @@ tz_comm_req *tz_comm_ireduce_scatter(tz_comm *c, const void *send, void *recv, i
     size_t blk = (size_t)recv_count * es;
     check_overlap(c, "ireduce_scatter", recv, blk, send, blk * (size_t)c->size,
                   (size_t)c->rank * blk);
-    return make_req(c, c->ireduce_scatter(c, send, recv, recv_count, dt));
+    int64_t k = tz_watch_enter("reduce_scatter (non-blocking)");
+    return make_req(c, c->ireduce_scatter(c, send, recv, recv_count, dt), k,
+                    "reduce_scatter (non-blocking)");
 }
 
 tz_comm_req *tz_comm_iall_gather(tz_comm *c, const void *send, void *recv, int64_t send_count,
@@ -129,7 +151,9 @@ tz_comm_req *tz_comm_iall_gather(tz_comm *c, const void *send, void *recv, int64
     if (!c->iall_gather) TZ_FATAL("comm %s has no iall_gather", c->name);
     size_t blk = (size_t)send_count * es;
     check_overlap(c, "iall_gather", send, blk, recv, blk * (size_t)c->size, (size_t)c->rank * blk);
-    return make_req(c, c->iall_gather(c, send, recv, send_count, dt));
+    int64_t k = tz_watch_enter("all_gather (non-blocking)");
+    return make_req(c, c->iall_gather(c, send, recv, send_count, dt), k,
+                    "all_gather (non-blocking)");
 }
 
 int tz_comm_test(tz_comm_req *req) {
@@ -139,7 +163,9 @@ int tz_comm_test(tz_comm_req *req) {
 
 void tz_comm_wait(tz_comm_req *req) {
     if (!req) return;
+    tz_watch_block(req->seq, req->op);
     req->c->wait(req->c, req->h);
+    tz_watch_unblock();
     free(req);
 }
 

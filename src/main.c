@@ -14,9 +14,11 @@
 #include "io/prep.h"
 #include "io/tokens.h"
 #include "mpi/comm.h"
+#include "mpi/watchdog.h"
 #include "mpi/world.h"
 #include "train/commands.h"
 #include "train/family.h"
+#include "train/inputs_check.h"
 #include "train/trainer.h"
 
 /* Value of --name in argv[from..argc), or NULL; every other argument must be a known flag. */
@@ -292,7 +294,10 @@ static int cmd_collective(int argc, char **argv, int (*fn)(const tz_config *, tz
     tz_world_init(&world, -1);
     tz_comm *comm = tz_comm_mpi_create(MPI_COMM_WORLD);
     load_config(&cfg, argc, argv, comm);
+    tz_watchdog_start(cfg.run.collective_timeout);
+    tz_inputs_check(&cfg, comm); /* every rank sees the same model and data */
     int rc = fn(&cfg, &world, comm);
+    tz_watchdog_stop();
     tz_comm_destroy(comm);
     tz_world_free(&world);
     return rc;
@@ -364,7 +369,8 @@ int main(int argc, char **argv) {
     int hrc = answer_help(argc, argv);
     if (hrc >= 0) return hrc;
     default_wait_policy(argv);
-    MPI_Init(&argc, &argv);
+    int thread_level = MPI_THREAD_SINGLE; /* the watchdog thread asks other ranks (watchdog.h) */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &thread_level);
     int rank = 0, world = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);

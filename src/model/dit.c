@@ -98,6 +98,11 @@ static void add_linear(tz_dit *m, tz_dit_linear *L, const char *module, int64_t 
     L->lin.a = L->lin.b = NULL;
     L->lin.r = 0;
     if (lora_bit >= 0 && (m->o.lora.targets & (1 << lora_bit))) {
+        if (m->o.lora.rank > (in < out ? in : out))
+            TZ_FATAL_HINT("lower lora.rank (or use an adapter of a smaller r)",
+                          "LoRA rank %lld exceeds the smaller dimension of %s (%lld x %lld): "
+                          "B A would have more parameters than the update can use",
+                          (long long)m->o.lora.rank, module, (long long)out, (long long)in);
         L->lin.r = m->o.lora.rank;
         L->lin.scale = (float)(m->o.lora.alpha / (double)m->o.lora.rank);
         snprintf(name, sizeof name, "base_model.model.%s.lora_A.weight", module);

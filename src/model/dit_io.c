@@ -53,9 +53,63 @@ static void load_param(tz_dit *m, const tz_safetensors *st, tz_param *p, float *
     tz_model_upload_param(m->be, &m->cb, p, buf); /* a quantized p: quantized at load */
 }
 
+/* A linear layer config.json implies: MODULE.weight [out, in] (the patch embedding may be
+ * its 4-D Conv2d form) and MODULE.bias [out], present with these shapes. */
+static void expect_linear(const tz_safetensors *st, const char *dir, const char *module,
+                          int64_t out, int64_t in, const tz_dit_dims *d) {
+    char name[160], got[96], want[96];
+    for (int bias = 0; bias < 2; bias++) {
+        snprintf(name, sizeof name, "%s.%s", module, bias ? "bias" : "weight");
+        const tz_st_tensor *t = tz_st_find(st, name);
+        int64_t shape[2] = {out, in};
+        if (!t)
+            TZ_FATAL_HINT("check config.json against the weights (a config.json of another model?)",
+                          "model.path: %s: tensor '%s' is missing from the weights, but "
+                          "config.json implies it (depth %lld, hidden_size %lld)", dir, name,
+                          (long long)d->depth, (long long)d->hidden);
+        if (bias ? t->ndim == 1 && t->shape[0] == out
+                 : (t->ndim == 2 && t->shape[0] == out && t->shape[1] == in) ||
+                       (t->ndim == 4 && !strcmp(module, "x_embedder.proj") &&
+                        t->shape[0] == out && t->shape[1] * t->shape[2] * t->shape[3] == in))
+            continue;
+        TZ_FATAL_HINT("check config.json against the weights (a config.json of another model?)",
+                      "model.path: %s: tensor '%s' has shape %s in the weights, config.json "
+                      "implies %s", dir, name, tz_st_shape_str(got, sizeof got, t->ndim, t->shape),
+                      tz_st_shape_str(want, sizeof want, bias ? 1 : 2, shape));
+    }
+}
+
+/* Every weight config.json implies, checked against the file before anything is allocated
+ * (a depth or width of another model is refused by name instead of growing memory first). */
+static void check_shapes(const tz_dit_dims *d, const tz_safetensors *st, const char *dir) {
+    const int64_t Hd = d->hidden, p = d->patch_size, F = tz_dit_mlp_hidden(d);
+    char name[96], got[96], want[96];
+    expect_linear(st, dir, "x_embedder.proj", Hd, d->in_channels * p * p, d);
+    expect_linear(st, dir, "t_embedder.mlp.0", Hd, d->freq_dim, d);
+    expect_linear(st, dir, "t_embedder.mlp.2", Hd, Hd, d);
+    const tz_st_tensor *y = tz_st_find(st, "y_embedder.embedding_table.weight");
+    int64_t ys[2] = {tz_dit_label_rows(d), Hd};
+    if (!y || y->ndim != 2 || y->shape[0] != ys[0] || y->shape[1] != ys[1])
+        TZ_FATAL("model.path: %s: tensor 'y_embedder.embedding_table.weight' is %s%s in the "
+                 "weights, config.json implies %s (num_classes %lld, hidden_size %lld)", dir,
+                 y ? "of shape " : "missing", y ? tz_st_shape_str(got, sizeof got, y->ndim, y->shape) : "",
+                 tz_st_shape_str(want, sizeof want, 2, ys), (long long)d->num_classes,
+                 (long long)Hd);
+    for (int64_t i = 0; i < d->depth; i++) {
+        static const char *const mod[5] = {"adaLN_modulation.1", "attn.qkv", "attn.proj",
+                                           "mlp.fc1", "mlp.fc2"};
+        const int64_t out[5] = {6 * Hd, 3 * Hd, Hd, F, Hd}, in[5] = {Hd, Hd, Hd, Hd, F};
+        for (int j = 0; j < 5; j++) {
+            snprintf(name, sizeof name, "blocks.%lld.%s", (long long)i, mod[j]);
+            expect_linear(st, dir, name, out[j], in[j], d);
+        }
+    }
+    expect_linear(st, dir, "final_layer.adaLN_modulation.1", 2 * Hd, Hd, d);
+    expect_linear(st, dir, "final_layer.linear", p * p * tz_dit_out_channels(d), Hd, d);
+}
+
 tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
     const tz_dit_dims d = read_dims(dir);
-    tz_dit *m = tz_dit_create(be, &d, o);
     tz_safetensors st;
     char err[1024];
     if (tz_st_open(&st, dir, err, sizeof err)) TZ_FATAL("model.path: %s", err);
@@ -66,6 +120,8 @@ tz_dit *tz_dit_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
                       "model.path %s holds quantized tensors: loading an already-quantized DiT "
                       "folder is not supported yet", dir);
     tz_tqf_free(&qf);
+    check_shapes(&d, &st, dir);
+    tz_dit *m = tz_dit_create(be, &d, o);
     float *buf = tz_params_host_buffer(&m->params, 0);
     for (int i = 0; i < m->params.n; i++)
         if (!m->params.p[i]->adapter) load_param(m, &st, m->params.p[i], buf);

@@ -40,6 +40,68 @@ void tz_llama_read_dims(const char *dir, tz_llama_dims *d) {
     }
 }
 
+/* One tensor the dims promise: present in the file (dense, or as a quantized entry) with
+ * this shape. Fatal, naming the file and the config key, otherwise. */
+static void expect_tensor(const tz_safetensors *st, const tz_tqf *qf, const char *dir,
+                          const char *name, int ndim, int64_t d0, int64_t d1, const char *key,
+                          int64_t key_value) {
+    char got[96] = "", want[96];
+    int64_t shape[2] = {d0, d1};
+    tz_st_shape_str(want, sizeof want, ndim, shape);
+    const tz_tqf_entry *e = qf->present ? tz_tqf_find(qf, name) : NULL;
+    if (e) {
+        int64_t qs[2] = {e->rows, e->cols};
+        if (ndim == 2 && e->rows == d0 && e->cols == d1) return;
+        tz_st_shape_str(got, sizeof got, 2, qs);
+    } else {
+        const tz_st_tensor *t = tz_st_find(st, name);
+        if (!t)
+            TZ_FATAL_HINT("check config.json against the weights (a config.json of another model?)",
+                          "model.path: %s: tensor '%s' is missing from the weights, but "
+                          "config.json says %s = %lld", dir, name, key, (long long)key_value);
+        if (t->ndim == ndim && t->shape[0] == d0 && (ndim == 1 || t->shape[1] == d1)) return;
+        tz_st_shape_str(got, sizeof got, t->ndim, t->shape);
+    }
+    TZ_FATAL_HINT("check config.json against the weights (a config.json of another model?)",
+                  "model.path: %s: tensor '%s' has shape %s in the weights, config.json implies %s "
+                  "(%s = %lld)", dir, name, got, want, key, (long long)key_value);
+}
+
+/* Every tensor config.json implies, checked against the file before anything is allocated:
+ * a config.json that does not belong to the weights (num_hidden_layers 1000000, a vocab of
+ * another model) is refused by name instead of growing memory first. */
+static void check_shapes(const tz_llama_dims *d, const tz_safetensors *st, const tz_tqf *qf,
+                         const char *dir) {
+    const int64_t C = d->dim, qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
+    static const char *const blk[7] = {"self_attn", "self_attn", "self_attn", "self_attn",
+                                       "mlp", "mlp", "mlp"};
+    static const char *const lin[7] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                       "gate_proj", "up_proj", "down_proj"};
+    const int64_t out[7] = {qd, kvd, kvd, C, d->hidden, d->hidden, C};
+    const int64_t in[7] = {C, C, C, qd, C, C, d->hidden};
+    static const char *const key[7] = {"num_attention_heads", "num_key_value_heads",
+                                       "num_key_value_heads", "num_attention_heads",
+                                       "intermediate_size", "intermediate_size",
+                                       "intermediate_size"};
+    const int64_t keyv[7] = {d->n_heads, d->n_kv_heads, d->n_kv_heads, d->n_heads,
+                             d->hidden, d->hidden, d->hidden};
+    char name[256];
+    expect_tensor(st, qf, dir, "model.embed_tokens.weight", 2, d->vocab, C, "vocab_size", d->vocab);
+    expect_tensor(st, qf, dir, "model.norm.weight", 1, C, 1, "hidden_size", C);
+    if (!d->tied) expect_tensor(st, qf, dir, "lm_head.weight", 2, d->vocab, C, "vocab_size", d->vocab);
+    for (int64_t i = 0; i < d->n_layers; i++) {
+        snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)i);
+        expect_tensor(st, qf, dir, name, 1, C, 1, "num_hidden_layers", d->n_layers);
+        snprintf(name, sizeof name, "model.layers.%lld.post_attention_layernorm.weight", (long long)i);
+        expect_tensor(st, qf, dir, name, 1, C, 1, "num_hidden_layers", d->n_layers);
+        for (int j = 0; j < 7; j++) {
+            snprintf(name, sizeof name, "model.layers.%lld.%s.%s.weight", (long long)i, blk[j],
+                     lin[j]);
+            expect_tensor(st, qf, dir, name, 2, out[j], in[j], key[j], keyv[j]);
+        }
+    }
+}
+
 tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
     tz_llama_dims d;
     tz_llama_read_dims(dir, &d);
@@ -50,6 +112,7 @@ tz_llama *tz_llama_load(tz_backend *be, const char *dir, const tz_model_opts *o)
     if (tz_tqf_read(&qf, &st, err, sizeof err)) TZ_FATAL("model.path: %s", err);
     tz_model_opts oq = *o;
     if (qf.present) tz_llama_quant_from_file(&oq.quant, &qf, dir);
+    check_shapes(&d, &st, &qf, dir);
     tz_llama *m = tz_llama_create(be, &d, &oq);
     float *buf = tz_params_host_buffer(&m->params, 0);
     for (int i = 0; i < m->params.n; i++)

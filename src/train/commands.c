@@ -37,7 +37,8 @@ static void command_resolve_path(const char *path, char *out, size_t cap) {
         if (realpath(n ? head : ".", real)) break;
         char *slash = strrchr(head, '/');
         const char *last = slash ? slash + 1 : head;
-        snprintf(tmp, sizeof tmp, "%s%s%s", last, rest[0] ? "/" : "", rest);
+        if (snprintf(tmp, sizeof tmp, "%s%s%s", last, rest[0] ? "/" : "", rest) >= (int)sizeof tmp)
+            TZ_FATAL("path too long: %s", path);
         snprintf(rest, sizeof rest, "%s", tmp);
         if (!slash) head[0] = 0;
         else if (slash == head) head[1] = 0; /* "/" */

@@ -19,6 +19,7 @@
 #include "io/run_dir.h"
 #include "io/loss_plot.h"
 #include "train/checkpoint.h"
+#include "mpi/watchdog.h"
 #include "train/optim.h"
 #include "train/run_record.h"
 #include "train/task.h"
@@ -135,6 +136,7 @@ typedef struct step_result {
 /* One optimizer step over the global batch: rank r's rows of micro-batch k of step s are
  * samples ((s * accum + k) * N + r) * B ... + B - 1 of the shared order. */
 static step_result train_step(run *r, int64_t step) {
+    tz_watchdog_set_step(step + 1); /* named by a collective timeout */
     const tz_config *cfg = r->cfg;
     const int64_t B = r->B, A = r->accum, N = r->N, rank = r->comm->rank;
     /* the loss is the mean over the step's loss terms: every row element, or the trained
@@ -162,6 +164,7 @@ static step_result train_step(run *r, int64_t step) {
         TZ_FATAL_HINT("lower optim.lr or check the data",
                       "step %lld: loss %g, gradient norm %g are not finite", (long long)step + 1,
                       s.loss, s.gnorm);
+    tz_watchdog_set_step(0);
     return s;
 }
 
@@ -169,6 +172,13 @@ static void print_start(const run *r) {
     const tz_task *t = r->task;
     tz_info("model: %s | activations %.1f MiB per rank", t->describe,
             (double)t->arena_bytes / 1048576.0);
+    const tz_config *cfg = r->cfg; /* a warning, not an error: short trial runs keep the default */
+    if (r->comm->rank == 0 && cfg->optim.warmup >= cfg->train.steps)
+        tz_warn("optim.warmup %lld >= train.steps %lld: the learning rate rises for the whole "
+                "run and peaks at %.3g, never reaching optim.lr %g (lower optim.warmup for a "
+                "warmup + cosine schedule)", (long long)cfg->optim.warmup,
+                (long long)cfg->train.steps,
+                cfg->optim.lr * (double)cfg->train.steps / (double)cfg->optim.warmup, cfg->optim.lr);
     tz_info("data: %s | %lld ranks x %lld x %lld accum = %lld rows (%lld %s) per step",
             t->data_line, (long long)r->N, (long long)r->B, (long long)r->accum,
             (long long)(r->N * r->B * r->accum), (long long)(r->N * r->B * r->accum * t->row_count),

@@ -176,7 +176,7 @@ static void test_random(void) {
                 n, c.d.world, (long long)c.d.align, (long long)c.d.bucket_bytes, c.d.n_tensors,
                 (long long)c.d.flat_numel, bad);
         if (tz_zero_plan_init(&q, &c.d, err, sizeof err) || q.n_buckets != p.n_buckets ||
-            memcmp(q.b, p.b, (size_t)p.n_buckets * sizeof *p.b) != 0)
+            (p.n_buckets > 0 && memcmp(q.b, p.b, (size_t)p.n_buckets * sizeof *p.b) != 0))
             det_fail++;
         tz_zero_plan_free(&q);
         tz_zero_plan_free(&p);

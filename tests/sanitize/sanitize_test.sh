@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The sanitizer configuration (TZ_SANITIZE=ON: AddressSanitizer + UndefinedBehaviorSanitizer,
+# portable CPU kernel, -O1) as part of the suite: configures and builds a second tree with
+# only the unit test targets, and runs its unit tests. Any ASan report (out of bounds, use
+# after free, a leak of ours) or UBSan report (which aborts: -fno-sanitize-recover) fails
+# the test. OpenMPI's own leaks are suppressed by tests/sanitize/lsan.supp; its libraries
+# have no frame pointers, so stacks are unwound slowly (fast_unwind_on_malloc=0) for the
+# suppressions to see their frames. test_ops_grad (the op gradients: pure arithmetic,
+# about 40% of the run under ASan) runs in the ordinary build only, to keep this test short.
+# usage: sanitize_test.sh SOURCE_DIR TREE
+set -u
+src=$1 tree=$2
+names=$(cd "$src/tests/unit" && ls test_*.c | sed 's/\.c$//')
+if ! cmake -S "$src" -B "$tree" -DTZ_SANITIZE=ON -DTZ_CUDA=OFF -DTZ_NATIVE=OFF \
+    -DCMAKE_BUILD_TYPE=Release > "$tree.configure.log" 2>&1; then
+  tail -20 "$tree.configure.log"; echo "FAIL configuring the sanitizer tree"; exit 1
+fi
+# shellcheck disable=SC2086
+if ! cmake --build "$tree" -j "${TZ_SANITIZE_JOBS:-2}" --target $names > "$tree.build.log" 2>&1; then
+  grep -E "error|Error" "$tree.build.log" | head -20; echo "FAIL building the sanitizer tree"; exit 1
+fi
+export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export LSAN_OPTIONS=suppressions=$src/tests/sanitize/lsan.supp:print_suppressions=0
+ctest --test-dir "$tree" -L unit -E '^test_ops_grad$' -j "${TZ_SANITIZE_JOBS:-2}" --output-on-failure
