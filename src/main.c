@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "help.h"
 #include "io/config.h"
+#include "io/fsutil.h"
 #include "io/loss_plot.h"
 #include "io/prep.h"
 #include "io/tokens.h"
@@ -101,6 +102,14 @@ static int cmd_prep(int argc, char **argv) {
             snprintf(vpath, sizeof vpath, "%s.val", out);
     }
     char err[2048];
+    const char *outs[2] = {out, vpath};
+    for (int i = 0; i < (frac > 0 ? 2 : 1); i++) { /* the output folders, made as needed */
+        const char *slash = strrchr(outs[i], '/');
+        char dir[1024];
+        if (!slash || slash == outs[i]) continue;
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - outs[i]), outs[i]);
+        if (tz_mkdir_p(dir, err, sizeof err)) TZ_FATAL("%s: %s", cmd, err);
+    }
     int rc = jsonl ? tz_prep_jsonl(tok, in, out, vpath, frac, tmpl, err, sizeof err)
              : !tok || !strcmp(tok, "bytes")
                  ? tz_tokens_prep_bytes(in, out, vpath, frac, err, sizeof err)
@@ -303,6 +312,11 @@ static int cmd_collective(int argc, char **argv, int (*fn)(const tz_config *, tz
     return rc;
 }
 
+static const char *g_resume; /* train's --resume: NULL, "" (newest checkpoint) or a path */
+static int train_resuming(const tz_config *cfg, tz_world *w, tz_comm *comm) {
+    return tz_train_run_from(cfg, w, comm, g_resume);
+}
+
 /* train CONFIG [--resume [PATH]] [--set k=v ...]: --resume with no PATH (the next argument
  * absent or another flag) continues from the newest checkpoint in run.dir/checkpoints. */
 static int cmd_train(int argc, char **argv) {
@@ -315,15 +329,8 @@ static int cmd_train(int argc, char **argv) {
         }
         argv[n++] = argv[i];
     }
-    static tz_config cfg;
-    tz_world world;
-    tz_world_init(&world, -1);
-    tz_comm *comm = tz_comm_mpi_create(MPI_COMM_WORLD);
-    load_config(&cfg, n, argv, comm);
-    int rc = tz_train_run_from(&cfg, &world, comm, resume);
-    tz_comm_destroy(comm);
-    tz_world_free(&world);
-    return rc;
+    g_resume = resume;
+    return cmd_collective(n, argv, train_resuming);
 }
 
 /* Help and --version, answered before MPI starts or any file is opened; -1 when argv asks

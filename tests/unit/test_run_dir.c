@@ -42,7 +42,7 @@ static int exists(const char *path) {
 }
 
 static void test_lock(void) {
-    char err[2400], note[2400], host[256] = "", want[300];
+    char err[2400], note[2400], host[256] = "", want[400];
     gethostname(host, sizeof host);
     tz_run_lock a, b;
     check(tz_run_lock_take(&a, at("run"), note, sizeof note, err, sizeof err) == 0 && !note[0],
