@@ -11,12 +11,15 @@
 #include "io/fsutil.h"
 #include "io/peft.h"
 #include "model/adapter_io.h"
+#include "train/qzo.h"
 
 tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int training) {
     tz_model_opts o;
     memset(&o, 0, sizeof o);
     o.full = training && cfg->train.mode == TZ_MODE_FULL;
     o.checkpointing = cfg->train.checkpointing;
+    /* evaluation and qzo (two forward passes a step) keep nothing for a backward pass */
+    o.forward_only = !training || cfg->train.mode == TZ_MODE_QZO;
     o.quant.method = cfg->quant.method;
     o.quant.bits = (int)cfg->quant.bits;
     o.quant.group = (int)cfg->quant.group;
@@ -31,6 +34,10 @@ tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int t
     if (o.full && o.lora.targets)
         TZ_FATAL_HINT("unset model.adapter, or train with train.mode = \"lora\"",
                       "%s: train.mode = \"full\" with an adapter (model.adapter = %s)",
+                      cfg->source, cfg->model.adapter);
+    if (training && cfg->train.mode == TZ_MODE_QZO && o.lora.targets)
+        TZ_FATAL_HINT("unset model.adapter (qzo trains the base's quantization scales)",
+                      "%s: train.mode = \"qzo\" with an adapter (model.adapter = %s)",
                       cfg->source, cfg->model.adapter);
     return o;
 }
@@ -73,7 +80,7 @@ void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_para
 
 void tz_task_save(tz_task *t, char *out, size_t outlen) {
     const tz_config *cfg = t->cfg;
-    if (cfg->train.mode == TZ_MODE_FULL) {
+    if (cfg->train.mode == TZ_MODE_FULL || cfg->train.mode == TZ_MODE_QZO) {
         tz_path_join(out, outlen, cfg->run.dir, "model");
         t->family->task->save_model(t, out, cfg->run.save_dtype);
     } else {
@@ -98,11 +105,14 @@ tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training) {
     t->B = cfg->train.micro_batch;
     ops->open(t);
     size_t used = strlen(t->describe);
+    const int qzo = training && cfg->train.mode == TZ_MODE_QZO; /* the scales train */
     snprintf(t->describe + used, sizeof t->describe - used,
              " | %lld params, %lld trainable (%s)", (long long)t->params->n_total,
-             (long long)t->params->n_trainable, training ? tz_mode_name(cfg->train.mode) : "eval");
+             (long long)(qzo ? tz_qzo_count_scales(t->params) : t->params->n_trainable),
+             training ? tz_mode_name(cfg->train.mode) : "eval");
     t->train_rows = ops->train_rows;
     t->eval_rows = ops->eval_rows;
+    t->train_loss = ops->train_loss;
     return t;
 }
 

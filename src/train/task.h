@@ -35,6 +35,9 @@ struct tz_task {
      * the loss terms. */
     double (*train_rows)(tz_task *t, int64_t first, float dloss);
     double (*eval_rows)(tz_task *t, int64_t first, int64_t n);
+    /* Training rows first .. first+B-1 as train_rows takes them (the same data and draws),
+     * forward only (qzo); the sum of the loss terms. */
+    double (*train_loss)(tz_task *t, int64_t first);
 };
 
 /* What a family's task does itself (train/task_<name>.c); the rest is task.c's. */
@@ -51,13 +54,14 @@ typedef struct tz_task_ops {
     void (*save_model)(tz_task *t, const char *dir, int bf16);
     /* Releases what load and open made (not t itself). */
     void (*close)(tz_task *t);
+    double (*train_loss)(tz_task *t, int64_t first);
 } tz_task_ops;
 
 /* The task of cfg's model.arch: options, the model, its adapters (model.adapter, or a fresh
  * LoRA init), the family's data. training = 0: evaluation only. */
 tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training);
 void tz_task_free(tz_task *t);
-/* Rank 0 after training: the model (full) or the adapter (LoRA, PEFT layout) into run.dir;
+/* Rank 0 after training: the model (full, qzo) or the adapter (LoRA, PEFT layout) into run.dir;
  * out gets the folder written. */
 void tz_task_save(tz_task *t, char *out, size_t outlen);
 
