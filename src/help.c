@@ -15,7 +15,7 @@ typedef struct tz_help_page {
                  "                           inputs/reference.cfg for every key\n"
 
 static const tz_help_page pages[] = {
-    {"train", "train as configured (Llama or DiT; LoRA or full), writes run.dir",
+    {"train", "train as configured (Llama or DiT; LoRA, full or qzo), writes run.dir",
      "turbozero train CONFIG [--set section.key=value ...]",
      SET_FLAG
      "Writes run.dir: config.used.cfg, metrics.jsonl, run.json, the adapter or model,\n"
