@@ -181,10 +181,9 @@ static int64_t rank_loss(void *ctx) {
     return sum;
 }
 
-tz_qzo_stats tz_qzo_train_step(tz_qzo *q, int64_t step) {
+tz_qzo_stats tz_qzo_train_step(tz_qzo *q, int64_t step, double total) {
     const tz_config *cfg = q->cfg;
     step_ctx c = {q->task, step, cfg->train.grad_accum, q->comm->size, q->comm->rank};
-    const double total = (double)(q->task->B * q->task->row_elems * c.accum * c.N);
     const double lr = cfg->qzo.schedule == TZ_QZO_COSINE
                           ? tz_lr_at(step, cfg->train.steps, cfg->optim.warmup, cfg->optim.lr,
                                      cfg->optim.min_lr_ratio)

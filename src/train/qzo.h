@@ -81,8 +81,9 @@ tz_qzo_stats tz_qzo_step(tz_qzo *q, uint64_t step, double eps, double clip, doub
 tz_qzo *tz_qzo_create(const tz_config *cfg, tz_task *task, tz_comm *comm);
 void tz_qzo_destroy(tz_qzo *q);
 /* Step `step` (0-based) over the global batch: rank r's rows of micro-batch k are samples
- * ((step * accum + k) * N + r) * B ..., as in LoRA and full training. */
-tz_qzo_stats tz_qzo_train_step(tz_qzo *q, int64_t step);
+ * ((step * accum + k) * N + r) * B ..., as in LoRA and full training; total: the loss terms
+ * of the global batch, as the trainer counts them for the other modes. */
+tz_qzo_stats tz_qzo_train_step(tz_qzo *q, int64_t step, double total);
 /* The start-up lines: what trains and the memory per rank. */
 void tz_qzo_print(const tz_qzo *q);
 /* Trainable scales in the quantized weights of ps. */

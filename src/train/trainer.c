@@ -137,7 +137,7 @@ static step_result train_step(run *r, int64_t step) {
     const int64_t B = r->B, A = r->accum, N = r->N, rank = r->comm->rank;
     const double total = (double)(B * r->task->row_elems * A * N);
     if (r->qzo) { /* grad_norm: |d|, the directional derivative estimated (before clipping) */
-        tz_qzo_stats q = tz_qzo_train_step(r->qzo, step);
+        tz_qzo_stats q = tz_qzo_train_step(r->qzo, step, total);
         step_result s = {q.loss, fabs(q.d), q.lr};
         return s;
     }
