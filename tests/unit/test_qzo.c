@@ -13,7 +13,7 @@
  *        rounding of the two losses, and mostly by the bf16 rounding of the perturbed scales
  *        (the model sees bf16(m + eps z), not m + eps z): at most half a bf16 step, 2^-9 of a
  *        scale of about 0.02 here, i.e. up to 4% of eps |z| per scale with independent
- *        signs, a few % of |p_k| in all (measured: correlation 0.9996, slope 1.00). Under the
+ *        signs, a few % of |p_k| in all (measured: correlation 0.9993, slope 0.994). Under the
  *        null (d unrelated to z) the correlation is 0 +- 1/sqrt(K) = 0.05.
  *     b. the SPSA mean (1/K) sum d_k z_k, which estimates G: its cosine with G. For an exact
  *        directional derivative and Gaussian z its expectation is about
