@@ -39,12 +39,13 @@ typedef struct {
 } tz_key;
 enum { FAMILY_NONE = 0, FAMILY_ARCHS = 1, FAMILY_TARGETS = 2 };
 
-static const char *const mode_names[] = {"lora", "full", NULL};
+static const char *const mode_names[] = {"lora", "full", "qzo", NULL};
+static const char *const qzo_schedules[] = {"constant", "cosine", NULL};
 static const char *const dtype_names[] = {"f32", "bf16", NULL};
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const quant_methods[] = {"turboquant", "absmax", NULL};
 static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "quant",
-                                            "zero", "run", NULL};
+                                            "qzo", "zero", "run", NULL};
 
 #define ROW(s, k) .section = #s, .key = #k, .off = offsetof(tz_config, s.k), \
                   .size = sizeof(((tz_config *)0)->s.k)
@@ -71,7 +72,7 @@ static const tz_key schema[] = {
     STR(data, val_labels, "", "IDX label file of data.val (dit with IDX images)"),
     STR(data, classes, "", "classes of image data to use, e.g. \"0-4\" or \"1,3,5-7\" (\"\" = all)"),
     INT(data, seq_len, 128, 1, 65536, "tokens per training window"),
-    ENUM(train, mode, TZ_MODE_LORA, mode_names, "what is trained: LoRA adapters or every weight"),
+    ENUM(train, mode, TZ_MODE_LORA, mode_names, "what is trained: LoRA adapters, every weight, or the quantization scales (zeroth-order)"),
     INT(train, steps, 100, 1, 1000000000, "optimizer steps"),
     INT(train, micro_batch, 8, 1, 65536, "sequences per rank per forward/backward pass"),
     INT(train, grad_accum, 1, 1, 65536, "micro-batches accumulated per optimizer step"),
@@ -98,6 +99,9 @@ static const tz_key schema[] = {
     POW2(quant, group, 128, 64, 256, "weights per quantization group (one bf16 scale each)"),
     ENUM(quant, method, TZ_QUANT_TURBOQUANT, quant_methods, "quantizer (absmax: the baseline)"),
     INT(quant, seed, 0, 0, INT64_C(1) << 62, "seed of the TurboQuant random signs"),
+    FLT(qzo, eps, 1e-3, OPEN, 0.0, 1.0, CLOSED, "qzo: perturbation size of the scales"),
+    FLT(qzo, clip, 100.0, OPEN, 0.0, 1e12, CLOSED, "qzo: bound on the estimated directional derivative"),
+    ENUM(qzo, schedule, TZ_QZO_CONSTANT, qzo_schedules, "qzo: learning-rate schedule (cosine: optim.warmup, optim.min_lr_ratio)"),
     INT(zero, stage, 2, 0, 2, "ZeRO stage: 0 all-reduce, 1 + sharded optimizer, 2 + sharded gradients"),
     FLT(zero, bucket_mb, 16.0, OPEN, 0.0, 1e6, CLOSED, "gradient bucket size in MiB (communication unit)"),
     STR(run, dir, "runs/default", "output folder (logs, checkpoints, adapters)"),
@@ -122,7 +126,7 @@ static const void *cfield(const tz_config *cfg, const tz_key *k) {
 }
 
 const char *tz_mode_name(int mode) {
-    return mode >= 0 && mode <= TZ_MODE_FULL ? mode_names[mode] : "?";
+    return mode >= 0 && mode <= TZ_MODE_QZO ? mode_names[mode] : "?";
 }
 
 const char *tz_device_name(int device) {
@@ -441,7 +445,7 @@ static void load_file(tz_config *cfg, const tz_config_names *nm, const char *fil
         int known = 0, line = config_setting_source_line(sec);
         for (int j = 0; section_names[j]; j++) known |= !strcmp(section_names[j], name);
         if (!known) {
-            char hint[96] = "the sections are model, data, train, optim, lora, quant, run", near[64];
+            char hint[96] = "the sections are model, data, train, optim, lora, quant, qzo, zero, run", near[64];
             if (nearest(NULL, name, near, sizeof near))
                 snprintf(hint, sizeof hint, "did you mean %s?", near);
             TZ_FATAL_HINT(hint, "%s:%d: %s: unknown section", sfile, line, name);

@@ -8,7 +8,9 @@
 
 #define TZ_PATH_MAX 512
 
-enum tz_mode { TZ_MODE_LORA = 0, TZ_MODE_FULL = 1 };
+enum tz_mode { TZ_MODE_LORA = 0, TZ_MODE_FULL = 1, TZ_MODE_QZO = 2 };
+/* qzo.schedule */
+enum tz_qzo_schedule { TZ_QZO_CONSTANT = 0, TZ_QZO_COSINE = 1 };
 /* quant.method; the values are quant/turboquant.h's enum tz_tq_method. */
 enum tz_quant_method { TZ_QUANT_TURBOQUANT = 0, TZ_QUANT_ABSMAX = 1 };
 
@@ -37,7 +39,7 @@ typedef struct tz_config {
         int64_t seq_len;
     } data;
     struct {
-        int mode;                     /* enum tz_mode: "lora" | "full" */
+        int mode;                     /* enum tz_mode: "lora" | "full" | "qzo" */
         int64_t steps;
         int64_t micro_batch;
         int64_t grad_accum;
@@ -64,6 +66,11 @@ typedef struct tz_config {
         char targets[TZ_PATH_MAX];    /* "all", or names of tz_config_names.targets joined
                                        * by ',' in that order, each once: "q,v" */
     } lora;
+    struct {
+        double eps;                   /* perturbation size of the scales */
+        double clip;                  /* |directional derivative| bound C */
+        int schedule;                 /* enum tz_qzo_schedule: "constant" | "cosine" */
+    } qzo;
     struct {
         int64_t stage;                /* 0: DDP all-reduce; 1: + sharded optimizer; 2: + sharded gradients */
         double bucket_mb;             /* gradient bucket size */

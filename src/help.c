@@ -15,7 +15,7 @@ typedef struct tz_help_page {
                  "                           inputs/reference.cfg for every key\n"
 
 static const tz_help_page pages[] = {
-    {"train", "train as configured (Llama or DiT; LoRA or full), writes run.dir",
+    {"train", "train as configured (Llama or DiT; LoRA, full or qzo), writes run.dir",
      "turbozero train CONFIG [--resume [PATH]] [--set section.key=value ...]",
      SET_FLAG
      "  --resume [PATH]          continue from the newest complete checkpoint in\n"

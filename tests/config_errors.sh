@@ -197,7 +197,7 @@ cfg bad_enum <<'EOF'
 model = { path = "m"; };
 train = { mode = "qlora"; };
 EOF
-fails bad_enum "$F:2: train.mode: expected one of \"lora\", \"full\" (got \"qlora\")" "" "$F"
+fails bad_enum "$F:2: train.mode: expected one of \"lora\", \"full\", \"qzo\" (got \"qlora\")" "" "$F"
 
 cfg bad_target <<'EOF'
 model = { path = "m"; };

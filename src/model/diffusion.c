@@ -93,6 +93,17 @@ double tz_diffusion_train_batch(tz_dit *m, const tz_diffusion *d, const float *x
     return sse;
 }
 
+double tz_diffusion_train_loss(tz_dit *m, const tz_diffusion *d, const float *x0,
+                               const int32_t *y, uint64_t seed, uint64_t step, uint64_t index0) {
+    const int64_t n = m->n, numel = tz_dit_image_numel(&m->d);
+    int32_t *yl;
+    float *buf = make_batch(m, d, x0, y, seed, step, index0, 1, &yl);
+    double sse = tz_dit_forward_loss(m, buf, buf + 3 * n * numel, yl, buf + n * numel);
+    free(buf);
+    free(yl);
+    return sse;
+}
+
 double tz_diffusion_eval_batch(tz_dit *m, const tz_diffusion *d, const float *x0,
                                const int32_t *y, uint64_t seed, uint64_t index0) {
     const int64_t n = m->n, numel = tz_dit_image_numel(&m->d);

@@ -47,6 +47,9 @@ int32_t tz_diffusion_drop_label(int32_t y, int32_t null_class, double p, uint64_
 double tz_diffusion_train_batch(tz_dit *m, const tz_diffusion *d, const float *x0,
                                 const int32_t *y, uint64_t seed, uint64_t step, uint64_t index0,
                                 float dloss);
+/* The loss of tz_diffusion_train_batch (the same draws and label dropout), forward only. */
+double tz_diffusion_train_loss(tz_dit *m, const tz_diffusion *d, const float *x0,
+                               const int32_t *y, uint64_t seed, uint64_t step, uint64_t index0);
 /* The same forward without dropout or backward, drawn at step TZ_DIFF_EVAL_STEP: a held-out
  * image always meets the same timestep and noise, so losses compare across runs. SSE. */
 double tz_diffusion_eval_batch(tz_dit *m, const tz_diffusion *d, const float *x0,

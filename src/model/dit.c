@@ -238,7 +238,7 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     TAKE(m->temb, B * Hd, "t embedding"); TAKE(m->c, B * Hd, "conditioning");
     TAKE(m->sc, B * Hd, "silu(c)"); TAKE(m->labels, B, "labels");
     int n_sets = tz_layer_stack_walk(&m->stack, a, &total, d->depth, m->o.checkpointing,
-                                     sizeof(tz_dit_acts), BT * Hd);
+                                     m->o.forward_only, sizeof(tz_dit_acts), BT * Hd);
     for (int i = 0; i < n_sets; i++) {
         tz_dit_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
 #define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
@@ -257,13 +257,15 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     TAKE(m->fh, BT * Hd, "final modulated"); TAKE(m->fo, BT * p2 * Cout, "final linear");
     if (m->o.lora.targets & (1 << TZ_DIT_ADALN)) TAKE(m->f_lh, B * r, "final adaLN lora");
     TAKE(m->out_img, B * Cout * HW, "prediction"); TAKE(m->sse, B, "squared errors");
-    TAKE(m->dres, BT * Hd, "dres"); TAKE(m->da, BT * Hd, "da"); TAKE(m->db, BT * Hd, "db");
-    TAKE(m->dq, BT * Hd, "dq"); TAKE(m->dk, BT * Hd, "dk"); TAKE(m->dv, BT * Hd, "dv");
-    TAKE(m->dqkv, BT * 3 * Hd, "dqkv"); TAKE(m->df, BT * F, "df"); TAKE(m->dg, BT * F, "dg");
-    TAKE(m->dmod, B * 6 * Hd, "dmod"); TAKE(m->dsc, B * Hd, "dsilu(c)");
-    TAKE(m->dc, B * Hd, "dc"); TAKE(m->dt, B * Hd, "dt"); TAKE(m->dfo, BT * p2 * Cout, "dfo");
-    TAKE(m->dimg, B * Cout * HW, "dprediction");
-    TAKE(m->dlora, BT * (r > 0 ? r : 1), "dlora");
+    if (!m->o.forward_only) { /* backward buffers */
+        TAKE(m->dres, BT * Hd, "dres"); TAKE(m->da, BT * Hd, "da"); TAKE(m->db, BT * Hd, "db");
+        TAKE(m->dq, BT * Hd, "dq"); TAKE(m->dk, BT * Hd, "dk"); TAKE(m->dv, BT * Hd, "dv");
+        TAKE(m->dqkv, BT * 3 * Hd, "dqkv"); TAKE(m->df, BT * F, "df"); TAKE(m->dg, BT * F, "dg");
+        TAKE(m->dmod, B * 6 * Hd, "dmod"); TAKE(m->dsc, B * Hd, "dsilu(c)");
+        TAKE(m->dc, B * Hd, "dc"); TAKE(m->dt, B * Hd, "dt"); TAKE(m->dfo, BT * p2 * Cout, "dfo");
+        TAKE(m->dimg, B * Cout * HW, "dprediction");
+        TAKE(m->dlora, BT * (r > 0 ? r : 1), "dlora");
+    }
     /* quantized weights: one decode tile for all of them, one rotation buffer */
     total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT);
 #undef TAKE

@@ -181,6 +181,7 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     const int64_t n = m->n, T = tz_dit_tokens(d), BT = n * T, Hd = d->hidden;
     const int64_t S = d->input_size, p = d->patch_size, Cout = tz_dit_out_channels(d);
     const int64_t ld = Cout * S * S, L = d->depth;
+    if (m->o.forward_only) TZ_FATAL("dit: built for forward passes only (no backward buffers)");
     tz_dit_forward(m, x_t, t, y);
     double loss = loss_of(m, target);
     /* loss -> prediction -> final linear (token layout) */

@@ -169,7 +169,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     size_t total = 0;
 #define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
     int n_sets = tz_layer_stack_walk(&m->stack, a, &total, d->n_layers, m->o.checkpointing,
-                                     sizeof(tz_llama_acts), BT * C);
+                                     m->o.forward_only, sizeof(tz_llama_acts), BT * C);
     for (int i = 0; i < n_sets; i++) {
         tz_llama_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
 #define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
@@ -183,11 +183,13 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     TAKE(m->hf, BT * C, "final norm"); TAKE(m->rstdf, BT, "final rstd");
     TAKE(m->logits, BT * d->vocab, "logits"); TAKE(m->losses, BT, "losses");
     TAKE(m->tok, BT, "tokens"); TAKE(m->tgt, BT, "targets");
-    TAKE(m->dres, BT * C, "dres"); TAKE(m->dh, BT * C, "dh");
-    TAKE(m->dq, BT * qd, "dq"); TAKE(m->dk, BT * kvd, "dk"); TAKE(m->dv, BT * kvd, "dv");
-    TAKE(m->datt, BT * qd, "datt");
-    TAKE(m->dg, BT * F, "dg"); TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
-    TAKE(m->dlora, BT * (m->o.lora.rank > 0 ? m->o.lora.rank : 1), "dlora");
+    if (!m->o.forward_only) { /* backward buffers */
+        TAKE(m->dres, BT * C, "dres"); TAKE(m->dh, BT * C, "dh");
+        TAKE(m->dq, BT * qd, "dq"); TAKE(m->dk, BT * kvd, "dk"); TAKE(m->dv, BT * kvd, "dv");
+        TAKE(m->datt, BT * qd, "datt");
+        TAKE(m->dg, BT * F, "dg"); TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
+        TAKE(m->dlora, BT * (m->o.lora.rank > 0 ? m->o.lora.rank : 1), "dlora");
+    }
     /* quantized weights: one decode tile for all of them, one rotation buffer */
     total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT);
 #undef TAKE
@@ -326,6 +328,7 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
     const int64_t BT = m->B * m->T, C = d->dim, V = d->vocab;
+    if (m->o.forward_only) TZ_FATAL("llama: built for forward passes only (no backward buffers)");
     double loss = tz_llama_forward(m, inputs, targets);
     /* head: dlogits in place, then dhf = dlogits W_head, dW_head += dlogits^T hf */
     be->xent_bwd(be, m->logits, m->logits, m->tgt, dloss, BT, V);

@@ -11,8 +11,9 @@
 #include "quant/turboquant.h"
 
 int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n_layers,
-                        int checkpointing, size_t set_bytes, int64_t stream_floats) {
-    const int n_sets = checkpointing ? 1 : (int)n_layers;
+                        int checkpointing, int forward_only, size_t set_bytes,
+                        int64_t stream_floats) {
+    const int n_sets = checkpointing || forward_only ? 1 : (int)n_layers;
     if (a) {
         tz_layer_stack_free(s);
         s->n_layers = n_layers;
@@ -20,6 +21,12 @@ int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n
         s->set_bytes = set_bytes;
         s->xin = tz_xcalloc((size_t)n_layers + 1, sizeof *s->xin);
         s->sets = tz_xcalloc((size_t)n_sets, set_bytes);
+    }
+    if (forward_only) { /* two streams, used in turn */
+        for (int64_t i = 0; i < 2; i++)
+            TZ_ARENA_TAKE(a, total, s->xin[i], stream_floats, "residual stream");
+        for (int64_t i = 2; a && i <= n_layers; i++) s->xin[i] = s->xin[i & 1];
+        return n_sets;
     }
     for (int64_t i = 0; i <= n_layers; i++)
         TZ_ARENA_TAKE(a, total, s->xin[i], stream_floats, "residual stream");

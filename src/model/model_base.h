@@ -35,6 +35,8 @@ typedef struct tz_model_opts {
     int full;          /* 1: every weight trainable; 0: frozen base (adapters only) */
     tz_lora_spec lora;
     int checkpointing; /* keep only layer inputs, recompute each layer in backward */
+    int forward_only;  /* forward passes only (eval, qzo): the arena holds one layer's
+                        * activations and two residual streams, no backward buffers */
     tz_quant_opts quant;
 } tz_model_opts;
 
@@ -52,9 +54,12 @@ typedef struct tz_layer_stack {
 
 /* The stack's step of a model's arena walk (core/arena.h): takes the n_layers + 1 residual
  * streams of stream_floats each; when allocating (a != NULL) first (re)allocates s's host
- * arrays, the family then takes each set's fields. Returns the number of sets. */
+ * arrays, the family then takes each set's fields. Returns the number of sets.
+ * forward_only: one set and two streams, xin[i] alternating between them (a forward pass
+ * reads layer i's input and writes its output, nothing older). */
 int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n_layers,
-                        int checkpointing, size_t set_bytes, int64_t stream_floats);
+                        int checkpointing, int forward_only, size_t set_bytes,
+                        int64_t stream_floats);
 void tz_layer_stack_free(tz_layer_stack *s);
 /* The activation set of a layer, and whether backward must recompute the layer first. */
 static inline void *tz_layer_stack_set(const tz_layer_stack *s, int64_t layer) {

@@ -12,12 +12,15 @@
 #include "io/peft.h"
 #include "io/run_dir.h"
 #include "model/adapter_io.h"
+#include "train/qzo.h"
 
 tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int training) {
     tz_model_opts o;
     memset(&o, 0, sizeof o);
     o.full = training && cfg->train.mode == TZ_MODE_FULL;
     o.checkpointing = cfg->train.checkpointing;
+    /* evaluation and qzo (two forward passes a step) keep nothing for a backward pass */
+    o.forward_only = !training || cfg->train.mode == TZ_MODE_QZO;
     o.quant.method = cfg->quant.method;
     o.quant.bits = (int)cfg->quant.bits;
     o.quant.group = (int)cfg->quant.group;
@@ -32,6 +35,10 @@ tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int t
     if (o.full && o.lora.targets)
         TZ_FATAL_HINT("unset model.adapter, or train with train.mode = \"lora\"",
                       "%s: train.mode = \"full\" with an adapter (model.adapter = %s)",
+                      cfg->source, cfg->model.adapter);
+    if (training && cfg->train.mode == TZ_MODE_QZO && o.lora.targets)
+        TZ_FATAL_HINT("unset model.adapter (qzo trains the base's quantization scales)",
+                      "%s: train.mode = \"qzo\" with an adapter (model.adapter = %s)",
                       cfg->source, cfg->model.adapter);
     return o;
 }
@@ -74,7 +81,7 @@ void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_para
 
 void tz_task_save(tz_task *t, const char *dir, char *out, size_t outlen) {
     const tz_config *cfg = t->cfg;
-    const int full = cfg->train.mode == TZ_MODE_FULL;
+    const int full = cfg->train.mode == TZ_MODE_FULL || cfg->train.mode == TZ_MODE_QZO;
     char tmp[1200], err[2400];
     tz_path_join(out, outlen, dir, full ? "model" : "adapter");
     /* the folder is written under a temporary name and renamed whole: its files always
@@ -104,11 +111,14 @@ tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training) {
     t->B = cfg->train.micro_batch;
     ops->open(t);
     size_t used = strlen(t->describe);
+    const int qzo = training && cfg->train.mode == TZ_MODE_QZO; /* the scales train */
     snprintf(t->describe + used, sizeof t->describe - used,
              " | %lld params, %lld trainable (%s)", (long long)t->params->n_total,
-             (long long)t->params->n_trainable, training ? tz_mode_name(cfg->train.mode) : "eval");
+             (long long)(qzo ? tz_qzo_count_scales(t->params) : t->params->n_trainable),
+             training ? tz_mode_name(cfg->train.mode) : "eval");
     t->train_rows = ops->train_rows;
     t->eval_rows = ops->eval_rows;
+    t->train_loss = ops->train_loss;
     return t;
 }
 

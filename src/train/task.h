@@ -40,6 +40,9 @@ struct tz_task {
      * validation rows (val = 1). The same on every rank: the loop divides by it. NULL:
      * n * row_elems. */
     int64_t (*terms)(tz_task *t, int val, int64_t first, int64_t n);
+    /* Training rows first .. first+B-1 as train_rows takes them (the same data and draws),
+     * forward only (qzo); the sum of the loss terms. */
+    double (*train_loss)(tz_task *t, int64_t first);
 };
 
 /* What a family's task does itself (train/task_<name>.c); the rest is task.c's. */
@@ -56,13 +59,14 @@ typedef struct tz_task_ops {
     void (*save_model)(tz_task *t, const char *dir, int bf16);
     /* Releases what load and open made (not t itself). */
     void (*close)(tz_task *t);
+    double (*train_loss)(tz_task *t, int64_t first);
 } tz_task_ops;
 
 /* The task of cfg's model.arch: options, the model, its adapters (model.adapter, or a fresh
  * LoRA init), the family's data. training = 0: evaluation only. */
 tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training);
 void tz_task_free(tz_task *t);
-/* Rank 0 after training: the model (full) or the adapter (LoRA, PEFT layout) into
+/* Rank 0 after training: the model (full, qzo) or the adapter (LoRA, PEFT layout) into
  * dir/model or dir/adapter, committed as one folder (fatal on failure); out gets its path. */
 void tz_task_save(tz_task *t, const char *dir, char *out, size_t outlen);
 

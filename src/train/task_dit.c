@@ -164,6 +164,14 @@ static double train_rows(tz_task *t, int64_t first, float dloss) {
                                     (uint64_t)first, dloss);
 }
 
+static double train_loss(tz_task *t, int64_t first) {
+    dit_task *k = (dit_task *)t;
+    gather(k, &k->train, &k->order, first, t->B);
+    tz_dit_set_batch(k->m, t->B);
+    return tz_diffusion_train_loss(k->m, &k->diff, k->x0, k->y, (uint64_t)t->cfg->run.seed, 0,
+                                   (uint64_t)first);
+}
+
 static double eval_rows(tz_task *t, int64_t first, int64_t n) {
     dit_task *k = (dit_task *)t;
     gather(k, &k->val, NULL, first, n);
@@ -249,7 +257,7 @@ static int64_t init_model(const tz_init_args *a, char *about, size_t n) {
 }
 
 static const tz_task_ops ops = {sizeof(dit_task), load, open_task, train_rows, eval_rows,
-                                save_model, close_task};
+                                save_model, close_task, train_loss};
 /* The registry entry (train/family.h): name, LoRA targets, PEFT modules, task, init-model,
  * sampler. */
 const tz_family tz_family_dit = {"dit", targets, tz_dit_lin_names, &ops, init_flags, init_model,

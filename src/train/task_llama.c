@@ -90,6 +90,12 @@ static double train_rows(tz_task *t, int64_t first, float dloss) {
     return tz_llama_forward_backward(k->m, k->in, k->tg, dloss);
 }
 
+static double train_loss(tz_task *t, int64_t first) {
+    llama_task *k = (llama_task *)t;
+    tz_data_batch(&k->data, first, t->B, k->in, k->tg);
+    return tz_llama_forward(k->m, k->in, k->tg);
+}
+
 static double eval_rows(tz_task *t, int64_t first, int64_t n) {
     llama_task *k = (llama_task *)t;
     const int64_t T = t->cfg->data.seq_len;
@@ -282,7 +288,7 @@ static int generate(const tz_config *cfg, const tz_generate_args *a) {
 }
 
 static const tz_task_ops ops = {sizeof(llama_task), load, open_task, train_rows, eval_rows,
-                                save_model, close_task};
+                                save_model, close_task, train_loss};
 /* The registry entry (train/family.h): name, LoRA targets, PEFT modules, task, init-model;
  * no image sampler; the text generator. */
 const tz_family tz_family_llama = {"llama",    targets,    tz_llama_lin_names, &ops,

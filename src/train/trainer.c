@@ -21,6 +21,7 @@
 #include "train/checkpoint.h"
 #include "mpi/watchdog.h"
 #include "train/optim.h"
+#include "train/qzo.h"
 #include "train/run_record.h"
 #include "train/task.h"
 #include "train/zero.h"
@@ -47,6 +48,7 @@ typedef struct run {
     tz_backend *be;
     tz_task *task;
     tz_zero z;
+    tz_qzo *qzo;      /* train.mode = "qzo": the scales' trainer, in place of ZeRO */
     int training;
     int64_t B, accum, N;
 } run;
@@ -74,7 +76,9 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     r->B = r->task->B;
     r->accum = cfg->train.grad_accum;
     r->N = comm->size;
-    if (training) {
+    if (training && cfg->train.mode == TZ_MODE_QZO) {
+        r->qzo = tz_qzo_create(cfg, r->task, comm);
+    } else if (training) {
         tz_zero_init(&r->z, (int)cfg->zero.stage, cfg->zero.bucket_mb, tz_optim_find("adamw"),
                      r->task->params, r->be, comm, w);
         tz_params_set_grad_hook(r->task->params, tz_zero_grads_ready, &r->z);
@@ -84,7 +88,8 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
 }
 
 static void run_close(run *r) {
-    if (r->training) tz_zero_free(&r->z);
+    if (r->qzo) tz_qzo_destroy(r->qzo);
+    else if (r->training) tz_zero_free(&r->z);
     tz_task_free(r->task);
     tz_backend_destroy(r->be);
 }
@@ -146,6 +151,11 @@ static step_result train_step(run *r, int64_t step) {
         total = (double)r->task->terms(r->task, 0, step * A * N * B, A * N * B);
         if (total < 1.0) total = 1.0; /* no trained token in the step: loss and gradient 0 */
     }
+    if (r->qzo) { /* grad_norm: |d|, the directional derivative estimated (before clipping) */
+        tz_qzo_stats q = tz_qzo_train_step(r->qzo, step, total);
+        step_result s = {q.loss, fabs(q.d), q.lr};
+        return s;
+    }
     tz_zero_begin_step(&r->z);
     double lsum = 0.0;
     for (int64_t k = 0; k < A; k++) {
@@ -184,6 +194,10 @@ static void print_start(const run *r) {
             (long long)(r->N * r->B * r->accum), (long long)(r->N * r->B * r->accum * t->row_count),
             t->unit);
     tz_world_print(r->w);
+    if (r->qzo) {
+        tz_qzo_print(r->qzo);
+        return;
+    }
     tz_zero_plan_print(&r->z.plan);
     tz_zero_print(&r->z);
     tz_zero_print_memory(&r->z, t->arena_bytes);
@@ -264,10 +278,14 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
     eval_result ev0 = {0, 0}, ev = {0, 0}, best = {0, 0};
     int64_t best_step = 0;
     tz_ckpt_state ck = {.global_batch = r.N * r.B * r.accum};
+    if (r.qzo && (resume || cfg->train.checkpoint_every > 0)) /* no optimizer shard to save */
+        TZ_FATAL_HINT("set train.checkpoint_every = 0 and start qzo runs without --resume",
+                      "%s: train.mode = \"qzo\" writes no checkpoints yet (%s)", cfg->source,
+                      resume ? "--resume" : "train.checkpoint_every > 0");
     const int resumed = resume && tz_ckpt_resume(cfg, &r.z, resume, ck.global_batch, &ck);
     if (root && resume) /* the lines of the run resumed, up to its checkpoint's step */
         tz_run_out_resume_log(&out_dir, metrics, resumed ? ck.step : -1);
-    tz_ckpt_signals_install();
+    if (!r.qzo) tz_ckpt_signals_install(); /* qzo: a signal stops the run as by default */
     if (resumed && ck.have_eval) {
         ev0 = (eval_result){ck.eval0, ck.eval0_count};
         best = (eval_result){ck.best, ck.best_count};
@@ -399,7 +417,7 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     const int64_t warm = steps > 3 ? 2 : 0;
     double *dt = tz_xmalloc((size_t)steps * sizeof *dt);
     for (int64_t step = 0; step < steps; step++) {
-        if (step == warm) tz_zero_clock_reset(&r.z); /* host-step phases after the warm-up */
+        if (step == warm && !r.qzo) tz_zero_clock_reset(&r.z); /* host-step phases after the warm-up */
         double t0 = now_s();
         step_result s = train_step(&r, step);
         dt[step] = now_s() - t0;
@@ -415,9 +433,10 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
             "MiB/rank | activations %.1f MiB/rank | peak RSS %.1f MiB (largest rank)",
             (long long)r.N, w->threads, (long long)cfg->zero.stage, tz_mode_name(cfg->train.mode),
             (long long)units, r.task->unit, med, (long long)n, (long long)warm,
-            (double)units / med, r.task->unit, (double)r.z.sh.bytes / 1048576.0,
+            (double)units / med, r.task->unit,
+            (double)(r.qzo ? r.qzo->host_bytes : r.z.sh.bytes) / 1048576.0,
             (double)r.task->arena_bytes / 1048576.0, rss_mib);
-    tz_zero_clock_print(&r.z);
+    if (!r.qzo) tz_zero_clock_print(&r.z);
     free(dt);
     run_close(&r);
     return 0;
