@@ -129,7 +129,13 @@ void *tz_cuda_scratch(tz_backend *be, size_t bytes) {
 
 /* ---- the table ---- */
 
-int tz_cuda_device_count(void) {
+/* The module's two entry points, found by name (dlsym) by core/backend.c, which loads this
+ * library (libtzcuda.so) only when a run may use a GPU: the program itself never links the
+ * CUDA runtime or cuBLAS. */
+extern "C" int tz_cuda_module_device_count(void);
+extern "C" tz_backend *tz_cuda_module_create(int device);
+
+int tz_cuda_module_device_count(void) {
     int n = 0;
     cudaError_t rc = cudaGetDeviceCount(&n);
     if (rc != cudaSuccess) {
@@ -156,8 +162,8 @@ static void cuda_destroy(tz_backend *be) {
     free(be);
 }
 
-tz_backend *tz_cuda_backend_create(int device) {
-    int n = tz_cuda_device_count();
+tz_backend *tz_cuda_module_create(int device) {
+    int n = tz_cuda_module_device_count();
     if (n <= 0)
         TZ_FATAL_HINT("set run.device = \"cpu\" (or \"auto\"), or run where a GPU is visible "
                       "(check nvidia-smi and CUDA_VISIBLE_DEVICES)",

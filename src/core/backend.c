@@ -22,15 +22,100 @@ void tz_backend_check(const tz_backend *be) {
 #undef TZ_CHECK_OP
 }
 
-/* TZ_HAVE_CUDA_BACKEND is defined for this file by cuda/cuda.cmake when cuda/ is built. */
+/* TZ_HAVE_CUDA_BACKEND is defined for this file by cuda/cuda.cmake when cuda/ is built: the
+ * backend is then the loadable module libtzcuda.so, opened on first need. */
 #ifdef TZ_HAVE_CUDA_BACKEND
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "quant/fwht.h"
+
 const char *tz_backend_names(void) { return "cpu, cuda"; }
+
+/* What the module calls back in the program (besides the error path and allocators every
+ * program has): named here so that every program linking core has them to export. */
+void *tz_cuda_module_needs[] = {(void *)tz_tq_signs_row, (void *)tz_tq_check_shape,
+                                (void *)tz_info_all, (void *)tz_xcalloc};
+
+static struct {
+    int tried;
+    void *handle;
+    int (*count)(void);
+    tz_backend *(*create)(int);
+    char why[1536];
+} g_mod;
+
+/* Opens the module once: $TZ_CUDA_MODULE, else libtzcuda.so beside the program, else where
+ * this build made it. 1 when loaded, else 0 with the reason in g_mod.why. */
+static int module_load(void) {
+    if (g_mod.tried) return g_mod.handle != NULL;
+    g_mod.tried = 1;
+    char cand[3][PATH_MAX + 32];
+    int n = 0;
+    const char *env = getenv("TZ_CUDA_MODULE");
+    if (env && *env) snprintf(cand[n++], sizeof cand[0], "%s", env);
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0, snprintf(cand[n++], sizeof cand[0], "%s/libtzcuda.so", exe);
+    }
+    snprintf(cand[n++], sizeof cand[0], "%s", TZ_CUDA_MODULE_BUILT);
+    size_t w = 0;
+    for (int i = 0; i < n && !g_mod.handle; i++) {
+        if (access(cand[i], F_OK) != 0 && i + 1 < n) continue;
+        g_mod.handle = dlopen(cand[i], RTLD_NOW | RTLD_LOCAL);
+        if (!g_mod.handle && w < sizeof g_mod.why) {
+            const char *e = dlerror();
+            w += (size_t)snprintf(g_mod.why + w, sizeof g_mod.why - w, "%s%s", w ? "; " : "",
+                                  e ? e : cand[i]);
+        }
+    }
+    if (!g_mod.handle) return 0;
+    g_mod.count = (int (*)(void))dlsym(g_mod.handle, "tz_cuda_module_device_count");
+    g_mod.create = (tz_backend * (*)(int)) dlsym(g_mod.handle, "tz_cuda_module_create");
+    if (!g_mod.count || !g_mod.create) {
+        snprintf(g_mod.why, sizeof g_mod.why, "the CUDA module lacks its entry points (%s)",
+                 dlerror());
+        dlclose(g_mod.handle);
+        g_mod.handle = NULL;
+        return 0;
+    }
+    return 1;
+}
+
+const char *tz_cuda_module_error(void) { return module_load() ? NULL : g_mod.why; }
+
+/* An NVIDIA device node: without one no GPU is usable, and nothing is loaded to find out. */
+static int nvidia_present(void) {
+    return access("/dev/nvidiactl", F_OK) == 0 || access("/dev/nvidia0", F_OK) == 0;
+}
+
+int tz_cuda_device_count(void) {
+    if (!nvidia_present() || !module_load()) return 0;
+    return g_mod.count();
+}
+
+tz_backend *tz_cuda_backend_create(int device) {
+    if (!module_load())
+        TZ_FATAL_HINT("set run.device = \"cpu\" (or \"auto\"), or install the CUDA runtime "
+                      "and cuBLAS this build was made with",
+                      "run.device = \"cuda\": the CUDA backend cannot be loaded: %s", g_mod.why);
+    return g_mod.create(device);
+}
 #else
 const char *tz_backend_names(void) { return "cpu"; }
 
 int tz_cuda_device_count(void) { return -1; }
 
+const char *tz_cuda_module_error(void) { return "this build has no CUDA backend"; }
+
 tz_backend *tz_cuda_backend_create(int device) {
+    (void)device;
     TZ_FATAL_HINT("set run.device = \"cpu\" (or \"auto\"), or build with cmake -DTZ_CUDA=ON",
                   "run.device = \"cuda\": this build has no CUDA backend");
 }

@@ -245,11 +245,16 @@ void tz_backend_check(const tz_backend *be);
 tz_backend *tz_cpu_backend_create(int threads);
 void tz_cpu_backend_destroy(tz_backend *be);
 
-/* The CUDA backend (cuda/; present in builds configured with it, see
- * tz_cuda_device_count). Creating it without a GPU is fatal. */
+/* The CUDA backend (cuda/, built as the module libtzcuda.so and loaded on first need; present
+ * in builds configured with it, see tz_cuda_device_count). Creating it without a GPU, or
+ * where the module cannot be loaded, is fatal. */
 tz_backend *tz_cuda_backend_create(int device);
-/* Visible CUDA devices; 0 when none (or no driver); -1 in a build without CUDA. */
+/* Visible CUDA devices; 0 when none (no NVIDIA device node, no driver, or the module cannot
+ * be loaded); -1 in a build without CUDA. */
 int tz_cuda_device_count(void);
+/* NULL when the CUDA module loads (opening it if not yet open), else why not (a build
+ * without CUDA, a missing library, an unresolved symbol). */
+const char *tz_cuda_module_error(void);
 
 /* The CPU kernel, i.e. the instruction set the CPU ops were compiled for, that a backend
  * created now uses: "avx512", "avx2" or "portable" ("native" alone in a TZ_NATIVE build), the

@@ -21,9 +21,9 @@ case "${1:-}" in
 pack)
   set -e
   cmake -S . -B "$build" -DTZ_CUDA=ON -DTZ_NATIVE=OFF >/dev/null
-  targets=(turbozero "${tests[@]}")
+  targets=(turbozero tzcuda "${tests[@]}")
   cmake --build "$build" -j"${TZ_JOBS:-2}" --target "${targets[@]}"
-  files=("$build/turbozero")
+  files=("$build/turbozero" "$build/libtzcuda.so") # the CUDA backend is a loaded module
   for t in "${tests[@]}"; do files+=("$build/tests/$t"); done
   kit=${TZ_DEVICE_KIT:-$root/../shared/device}
   mkdir -p .device/debs
@@ -41,6 +41,7 @@ run)
   [ -e .device/env.sh ] || { echo "no .device/env.sh: run 'tests/gpu/device.sh pack' first" >&2; exit 2; }
   # shellcheck disable=SC1091
   source .device/env.sh
+  export TZ_CUDA_MODULE=$PWD/.device/$build/libtzcuda.so # beside turbozero; the tests' is here
   nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not available"
   status=0 skipped=0
   for t in "${tests[@]}"; do

@@ -66,6 +66,12 @@ int main(void) {
     check(!strcmp(tz_backend_names(), gpus < 0 ? "cpu" : "cpu, cuda"), "backends built in: %s",
           tz_backend_names());
 
+    /* a CUDA build: its module (libtzcuda.so) loads into this program, every symbol it
+     * calls back resolved, whether or not a GPU is there */
+    const char *why_not = tz_cuda_module_error();
+    if (gpus >= 0) check(why_not == NULL, "the CUDA module loads (%s)", why_not ? why_not : "ok");
+    else check(why_not && strstr(why_not, "no CUDA backend"), "no CUDA module in this build");
+
     char err[1024];
     int rc = in_child(check_without_matmul, NULL, err, sizeof err);
     check(rc != 0 && strstr(err, "op matmul is missing"), "a NULL op is fatal, naming it (exit %d)",
