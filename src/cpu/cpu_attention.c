@@ -42,78 +42,35 @@ static int team(tz_backend *be, const att_shape *s) {
     return work < 65536.0 ? 1 : tz_cpu_threads(be);
 }
 
-/* Work item (b, h, query block): S = scale Q K^T, P = softmax(S) row by row (masked entries
- * 0), out = P V. Every output row and lse entry has one writer. */
-static void cpu_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
-                              const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
-                              int64_t Hkv, int64_t D, int causal) {
+/* Queries at positions pos0 .. pos0+T-1 against S key/value rows per sequence (S = T, pos0 = 0
+ * for training; a cache otherwise). Work item (b, h, query block): P = scale Q K^T over the
+ * keys the block can see, softmax row by row (masked entries 0), out = P V. lse (NULL: not
+ * kept) gets each row's log-sum-exp. Every output row and lse entry has one writer. */
+static void attend(tz_backend *be, float *out, float *lse, const float *q, const float *k,
+                   const float *v, int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq,
+                   int64_t Hkv, int64_t D, int causal) {
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
     if (B <= 0 || T <= 0 || D <= 0) return;
+    const int64_t keys = pos0 + T; /* keys any query may see */
     int64_t nqb = (T + BQ - 1) / BQ, items = B * Hq * nqb;
-    int nt = team(be, &sh);
-    tz_cpu_ws_reserve(be, nt);
-#pragma omp parallel num_threads(nt)
-    {
-        float *ws = tz_cpu_ws_get(be, omp_get_thread_num(), TZ_CPU_K(tz_cpu_gemm_ws_floats)());
-        float *S = tz_cpu_aligned_alloc((size_t)(BQ * T) * sizeof(float));
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; it++) {
-            int64_t b = it / (Hq * nqb), h = (it / nqb) % Hq, t0 = (it % nqb) * BQ;
-            int64_t nq = T - t0 < BQ ? T - t0 : BQ, nk = causal ? t0 + nq : T;
-            const float *kg = k + (b * T * Hkv + h / sh.rep) * D;
-            const float *vg = v + (b * T * Hkv + h / sh.rep) * D;
-            int64_t row0 = (b * T + t0) * Hq + h; /* first query row of the block */
-            gemm(S, nk, q + row0 * D, sh.ldq, kg, sh.ldk, 1, nq, nk, D, sh.scale, 0.0f, ws);
-            for (int64_t i = 0; i < nq; i++) {
-                float *sr = S + i * nk;
-                int64_t n = causal ? t0 + i + 1 : T;
-                float m = tz_cpu_maxf(sr, n), sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-                for (int64_t s = 0; s < n; s++) {
-                    sr[s] = tz_cpu_expf(sr[s] - m);
-                    sum += sr[s];
-                }
-                float inv = 1.0f / sum;
-#pragma omp simd
-                for (int64_t s = 0; s < n; s++) sr[s] *= inv;
-                for (int64_t s = n; s < nk; s++) sr[s] = 0.0f;
-                lse[(b * Hq + h) * T + t0 + i] = m + logf(sum);
-            }
-            gemm(out + row0 * D, sh.ldq, S, nk, vg, sh.ldk, 0, nq, D, nk, 1.0f, 0.0f, ws);
-        }
-        free(S);
-    }
-}
-
-/* Queries at positions pos0.. against a cache of S rows per sequence: work item (b, h, query
- * block) as in the forward above, over the pos0 + t0 + nq keys the block can see. */
-static void cpu_attention_cache_fwd(tz_backend *be, float *out, const float *q, const float *kc,
-                                    const float *vc, int64_t B, int64_t T, int64_t S,
-                                    int64_t pos0, int64_t Hq, int64_t Hkv, int64_t D) {
-    att_shape sh = make_shape(B, T, Hq, Hkv, D, 1);
-    if (B <= 0 || T <= 0 || D <= 0) return;
-    if (pos0 < 0 || pos0 + T > S)
-        TZ_FATAL("attention_cache: positions %lld..%lld do not fit a cache of %lld",
-                 (long long)pos0, (long long)(pos0 + T - 1), (long long)S);
-    int64_t nqb = (T + BQ - 1) / BQ, items = B * Hq * nqb;
-    double work = (double)B * (double)Hq * (double)T * (double)(pos0 + T) * (double)D;
+    double work = (double)B * (double)Hq * (double)T * (double)keys * (double)D;
     int nt = work < 65536.0 ? 1 : tz_cpu_threads(be);
     tz_cpu_ws_reserve(be, nt);
 #pragma omp parallel num_threads(nt)
     {
         float *ws = tz_cpu_ws_get(be, omp_get_thread_num(), TZ_CPU_K(tz_cpu_gemm_ws_floats)());
-        float *P = tz_cpu_aligned_alloc((size_t)(BQ * (pos0 + T)) * sizeof(float));
+        float *P = tz_cpu_aligned_alloc((size_t)(BQ * keys) * sizeof(float));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             int64_t b = it / (Hq * nqb), h = (it / nqb) % Hq, t0 = (it % nqb) * BQ;
-            int64_t nq = T - t0 < BQ ? T - t0 : BQ, nk = pos0 + t0 + nq;
-            const float *kg = kc + (b * S * Hkv + h / sh.rep) * D;
-            const float *vg = vc + (b * S * Hkv + h / sh.rep) * D;
-            int64_t row0 = (b * T + t0) * Hq + h;
+            int64_t nq = T - t0 < BQ ? T - t0 : BQ, nk = causal ? pos0 + t0 + nq : keys;
+            const float *kg = k + (b * S * Hkv + h / sh.rep) * D;
+            const float *vg = v + (b * S * Hkv + h / sh.rep) * D;
+            int64_t row0 = (b * T + t0) * Hq + h; /* first query row of the block */
             gemm(P, nk, q + row0 * D, sh.ldq, kg, sh.ldk, 1, nq, nk, D, sh.scale, 0.0f, ws);
             for (int64_t i = 0; i < nq; i++) {
                 float *sr = P + i * nk;
-                int64_t n = pos0 + t0 + i + 1;
+                int64_t n = causal ? pos0 + t0 + i + 1 : keys;
                 float m = tz_cpu_maxf(sr, n), sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
                 for (int64_t s = 0; s < n; s++) {
@@ -124,11 +81,27 @@ static void cpu_attention_cache_fwd(tz_backend *be, float *out, const float *q, 
 #pragma omp simd
                 for (int64_t s = 0; s < n; s++) sr[s] *= inv;
                 for (int64_t s = n; s < nk; s++) sr[s] = 0.0f;
+                if (lse) lse[(b * Hq + h) * T + t0 + i] = m + logf(sum);
             }
             gemm(out + row0 * D, sh.ldq, P, nk, vg, sh.ldk, 0, nq, D, nk, 1.0f, 0.0f, ws);
         }
         free(P);
     }
+}
+
+static void cpu_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
+                              const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
+                              int64_t Hkv, int64_t D, int causal) {
+    attend(be, out, lse, q, k, v, B, T, T, 0, Hq, Hkv, D, causal);
+}
+
+static void cpu_attention_cache_fwd(tz_backend *be, float *out, const float *q, const float *kc,
+                                    const float *vc, int64_t B, int64_t T, int64_t S,
+                                    int64_t pos0, int64_t Hq, int64_t Hkv, int64_t D) {
+    if (B > 0 && T > 0 && D > 0 && (pos0 < 0 || pos0 + T > S))
+        TZ_FATAL("attention_cache: positions %lld..%lld do not fit a cache of %lld",
+                 (long long)pos0, (long long)(pos0 + T - 1), (long long)S);
+    attend(be, out, NULL, q, kc, vc, B, T, S, pos0, Hq, Hkv, D, 1);
 }
 
 /* With P = exp(S - lse), dP = dO V^T, delta_t = dO_t . O_t (= sum_s P_ts dP_ts) and
