@@ -9,29 +9,11 @@
 
 #include "io/atomic_file.h"
 #include "tz_check.h"
+#include "tz_files.h"
 
 static char g_dir[256];
 
-static const char *tmp(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", g_dir, name);
-    return buf[k];
-}
-
-static void put(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    if (f) fputs(text, f), fclose(f);
-}
-
-static int holds(const char *path, const char *text) {
-    char b[64] = "";
-    FILE *f = fopen(path, "rb");
-    size_t n = f ? fread(b, 1, sizeof b - 1, f) : 0;
-    if (f) fclose(f);
-    return n == strlen(text) && !memcmp(b, text, n);
-}
+static const char *tmp(const char *name) { return tz_tpath(g_dir, name); }
 
 /* Entries of g_dir whose name starts with prefix. */
 static int count(const char *prefix) {
@@ -46,7 +28,7 @@ int main(void) {
     snprintf(g_dir, sizeof g_dir, "%s/tz_atomic_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(g_dir)) return 1;
     char err[1024] = "";
-    put(tmp("victim"), "keep");
+    tz_put(tmp("victim"), "keep");
     check(symlink(tmp("victim"), tmp("out.txt.tmp")) == 0, "plant out.txt.tmp -> victim");
     tz_atomic_file f;
     int rc = tz_atomic_file_open(&f, tmp("out.txt"), err, sizeof err);
@@ -55,8 +37,8 @@ int main(void) {
           "temporary named out.txt.tmp.<12 random characters> %s", rc ? err : f.tmp_path);
     if (!rc) rc = tz_atomic_file_write(&f, "new", 3, err, sizeof err) ||
                   tz_atomic_file_commit(&f, err, sizeof err);
-    check(rc == 0 && holds(tmp("out.txt"), "new"), "write, fsync, rename: out.txt holds the data %s", err);
-    check(holds(tmp("victim"), "keep"), "the target of the planted link is left alone");
+    check(rc == 0 && tz_holds(tmp("out.txt"), "new"), "write, fsync, rename: out.txt holds the data %s", err);
+    check(tz_holds(tmp("victim"), "keep"), "the target of the planted link is left alone");
     struct stat st;
     check(lstat(tmp("out.txt.tmp"), &st) == 0 && S_ISLNK(st.st_mode), "the planted link itself is untouched");
     check(count("out.txt.tmp.") == 0, "no temporary left after commit");

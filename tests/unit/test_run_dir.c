@@ -12,29 +12,11 @@
 
 #include "io/run_dir.h"
 #include "tz_check.h"
+#include "tz_files.h"
 
 static char g_dir[256];
 
-static const char *at(const char *name) {
-    static char buf[8][600];
-    static int k;
-    k = (k + 1) % 8;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", g_dir, name);
-    return buf[k];
-}
-
-static void put(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    if (f) fputs(text, f), fclose(f);
-}
-
-static int holds(const char *path, const char *text) {
-    char b[256] = "";
-    FILE *f = fopen(path, "rb");
-    size_t n = f ? fread(b, 1, sizeof b - 1, f) : 0;
-    if (f) fclose(f);
-    return f && n == strlen(text) && !memcmp(b, text, n);
-}
+static const char *at(const char *name) { return tz_tpath(g_dir, name); }
 
 static int exists(const char *path) {
     struct stat st;
@@ -62,7 +44,7 @@ static void test_lock(void) {
     char text[600];
     snprintf(text, sizeof text, "host=%s pid=%ld since=2026-01-01T00:00:00Z state=running\n",
              host, (long)child);
-    put(at("run/.lock"), text);
+    tz_put(at("run/.lock"), text);
     snprintf(want, sizeof want, "pid %ld on host %s", (long)child, host);
     check(tz_run_lock_take(&a, at("run"), note, sizeof note, err, sizeof err) == 0 &&
               strstr(note, want) && strstr(note, "process is gone"),
@@ -73,16 +55,16 @@ static void test_lock(void) {
 static void test_dir_commit(void) {
     char err[2400], tmp[700];
     mkdir(at("ad"), 0755);
-    put(at("ad/w"), "old w"), put(at("ad/c"), "old c");
+    tz_put(at("ad/w"), "old w"), tz_put(at("ad/c"), "old c");
     for (int fault = 1; fault >= 0; fault--) {
         tz_write_fault_arm(fault);
         int rc = tz_dir_make_temp(at("ad"), tmp, sizeof tmp, err, sizeof err);
         char p[800];
-        snprintf(p, sizeof p, "%s/w", tmp), put(p, "new w");
-        snprintf(p, sizeof p, "%s/c", tmp), put(p, "new c");
+        snprintf(p, sizeof p, "%s/w", tmp), tz_put(p, "new w");
+        snprintf(p, sizeof p, "%s/c", tmp), tz_put(p, "new c");
         rc = rc || tz_dir_commit(tmp, at("ad"), err, sizeof err);
         const char *w = fault ? "old w" : "new w", *c = fault ? "old c" : "new c";
-        check((rc != 0) == (fault != 0) && holds(at("ad/w"), w) && holds(at("ad/c"), c) &&
+        check((rc != 0) == (fault != 0) && tz_holds(at("ad/w"), w) && tz_holds(at("ad/c"), c) &&
                   !exists(tmp),
               "folder commit%s: both files %s, no temporary left", fault ? " failing" : "",
               fault ? "old" : "new");
@@ -101,7 +83,7 @@ static void test_log(void) {
     check(tz_line_log_flush(&l, err, sizeof err) != 0 && strstr(err, "Input/output error"),
           "log: a failed write is reported with its reason (%s)", err);
     tz_write_fault_arm(0);
-    check(holds(at("log"), "{\"step\": 1}\n") && l.f == NULL,
+    check(tz_holds(at("log"), "{\"step\": 1}\n") && l.f == NULL,
           "log: cut back to its complete lines, closed");
 }
 
@@ -110,32 +92,32 @@ static void test_log(void) {
 static void old_and_new(void) {
     char err[2400], stage[700], note[2400];
     mkdir(at("r"), 0755);
-    put(at("r/metrics.jsonl"), "old");
-    put(at("r/loss.png"), "old png");
+    tz_put(at("r/metrics.jsonl"), "old");
+    tz_put(at("r/loss.png"), "old png");
     mkdir(at("r/model"), 0755);
-    put(at("r/model/m"), "old m");
+    tz_put(at("r/model/m"), "old m");
     mkdir(at("r/adapter"), 0755);
-    put(at("r/adapter/w"), "old w");
+    tz_put(at("r/adapter/w"), "old w");
     mkdir(at("r/checkpoints"), 0755);
     mkdir(at("r/checkpoints/step-1"), 0755);
-    put(at("r/checkpoints/step-1/s"), "ckpt");
+    tz_put(at("r/checkpoints/step-1/s"), "ckpt");
     if (tz_run_stage_open(at("r"), stage, sizeof stage, note, sizeof note, err, sizeof err))
         printf("stage_open: %s\n", err);
-    put(at("r/staging/metrics.jsonl"), "new");
-    put(at("r/staging/config.used.cfg"), "new cfg");
+    tz_put(at("r/staging/metrics.jsonl"), "new");
+    tz_put(at("r/staging/config.used.cfg"), "new cfg");
     mkdir(at("r/staging/adapter"), 0755);
-    put(at("r/staging/adapter/w"), "new w");
+    tz_put(at("r/staging/adapter/w"), "new w");
 }
 
 static int is_old(void) {
-    return holds(at("r/metrics.jsonl"), "old") && holds(at("r/model/m"), "old m") &&
-           holds(at("r/loss.png"), "old png") && holds(at("r/adapter/w"), "old w") &&
+    return tz_holds(at("r/metrics.jsonl"), "old") && tz_holds(at("r/model/m"), "old m") &&
+           tz_holds(at("r/loss.png"), "old png") && tz_holds(at("r/adapter/w"), "old w") &&
            !exists(at("r/config.used.cfg"));
 }
 
 static int is_new(void) {
-    return holds(at("r/metrics.jsonl"), "new") && holds(at("r/adapter/w"), "new w") &&
-           holds(at("r/config.used.cfg"), "new cfg") && !exists(at("r/model")) &&
+    return tz_holds(at("r/metrics.jsonl"), "new") && tz_holds(at("r/adapter/w"), "new w") &&
+           tz_holds(at("r/config.used.cfg"), "new cfg") && !exists(at("r/model")) &&
            !exists(at("r/loss.png"));
 }
 
@@ -155,7 +137,7 @@ static void test_stage(void) {
         tz_write_fault_arm(0);
         if (rc == 0) {
             check(is_new() && !exists(at("r/staging")) &&
-                      holds(at("r/checkpoints/step-1/s"), "ckpt"),
+                      tz_holds(at("r/checkpoints/step-1/s"), "ckpt"),
                   "stage commit: the new outputs replace the old ones together, the old model/ "
                   "is gone, checkpoints/ untouched, no staging left");
             tz_run_lock_release(&l);
@@ -168,7 +150,7 @@ static void test_stage(void) {
         if (was_old && is_old()) kept++;
         else if (is_new() && strstr(note, "completed the commit")) completed++;
         else mixed++, printf("write %d: mixed outputs (note: %s)\n", k, note);
-        if (!holds(at("r/checkpoints/step-1/s"), "ckpt")) mixed++;
+        if (!tz_holds(at("r/checkpoints/step-1/s"), "ckpt")) mixed++;
         rmdir(stage);
         tz_run_lock_release(&l);
         /* back to the old run for the next fault */
