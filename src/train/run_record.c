@@ -173,6 +173,16 @@ void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume)
     if (resume && tz_path_exists(a) && !tz_path_exists(b) && !tz_path_exists(c) &&
         rename(a, b) != 0)
         TZ_FATAL("run.dir: cannot move %s to %s: %s", a, b, strerror(errno));
+    /* a run stopped with checkpoints keeps its staged outputs for --resume: a new run that
+     * will be refused must not clear them first */
+    const int ckpts = has_checkpoints(dir);
+    if (!resume && !overwrite && ckpts) {
+        tz_run_lock_release(&o->lock); /* refused: this process never ran here */
+        TZ_FATAL_HINT("continue it with --resume, choose another run.dir, or --set "
+                      "run.overwrite=true to replace it",
+                      "run.dir %s already holds a run (%s/checkpoints); not overwriting it", dir,
+                      dir);
+    }
     if (tz_run_stage_open(dir, o->stage, sizeof o->stage, note, sizeof note, err, sizeof err))
         TZ_FATAL_HINT("fix the cause; or delete run.dir/staging by hand to discard what a "
                       "previous run left there", "run.dir: %s", err);
@@ -182,16 +192,14 @@ void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume)
                 "moved into run.dir when it ends", dir, o->stage, o->stage);
         return;
     }
-    int held = tz_run_dir_holds_run(dir, what, sizeof what);
-    if (!held && has_checkpoints(dir)) held = 1, snprintf(what, sizeof what, "%s/checkpoints", dir);
-    if (!overwrite && held) {
+    if (!overwrite && tz_run_dir_holds_run(dir, what, sizeof what)) {
         (void)rmdir(o->stage);
         tz_run_lock_release(&o->lock); /* refused: this process never ran here */
         TZ_FATAL_HINT("continue it with --resume, choose another run.dir, or --set "
                       "run.overwrite=true to replace it",
                       "run.dir %s already holds a run (%s); not overwriting it", dir, what);
     }
-    if (has_checkpoints(dir)) { /* overwrite: the earlier run's checkpoints go at the commit */
+    if (ckpts) { /* overwrite: the earlier run's checkpoints go at the commit */
         tz_path_join(a, sizeof a, dir, "checkpoints");
         tz_path_join(b, sizeof b, dir, TZ_CKPT_ASIDE);
         if (tz_rm_rf(b, err, sizeof err)) TZ_FATAL("run.dir: %s", err);

@@ -154,6 +154,14 @@ if [ $rc -eq 75 ] && grep -q "SIGUSR1 received" "$k.log" && intact 2 4 && [ -f "
 else
   bad "SIGUSR1: exit $rc"; tail -5 "$k.log"
 fi
+# a stopped run (its checkpoints and staged log) is neither replaced nor mixed by a new run
+# that forgets --resume
+if ! train 2 "$k" --set train.mode=lora && grep -q "already holds a run (.*checkpoints)" "$k.log" &&
+   [ -f "$k/checkpoints/step-5/COMPLETE" ] && [ -f "$k/staging/metrics.jsonl" ]; then
+  ok "a new run without --resume on the stopped run's folder: refused, its checkpoints and log kept"
+else
+  bad "a new run without --resume on a stopped run's folder"; tail -3 "$k.log"
+fi
 if train 2 "$k" --set train.mode=lora --resume && grep -q "resumed from .*step-5" "$k.log" &&
    same_run "$ref" "$k" adapter/adapter_model.safetensors; then
   ok "after four kills and a SIGUSR1 the run equals the uninterrupted one bit for bit (metrics.jsonl and adapter)"
