@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "core/error.h"
+#include "io/fsutil.h"
 #include "quant/turboquant.h"
 
 _Static_assert((int)TZ_QUANT_TURBOQUANT == (int)TZ_TQ_TURBOQUANT &&
@@ -331,20 +332,6 @@ static void store_targets(tz_config *cfg, const tz_key *k, uint64_t bits) {
 
 /* ---- the file ---------------------------------------------------------------------- */
 
-static char *read_text(const char *file) {
-    FILE *f = fopen(file, "rb");
-    if (!f) TZ_FATAL_HINT("check the config path", "%s: cannot open: %s", file, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *text = tz_xmalloc(cap);
-    for (size_t got; (got = fread(text + n, 1, cap - n - 1, f)) > 0;) {
-        n += got;
-        if (cap - n - 1 == 0) text = tz_xrealloc(text, cap *= 2);
-    }
-    fclose(f);
-    text[n] = 0;
-    return text;
-}
-
 /* libconfig 1.5 wraps an integer literal beyond 32 bits without an L suffix (5000000000 ->
  * 705032704). Find the literal after "key =" from the key's line in the text and compare;
  * returns 1 (with the literal in LIT) when the stored value is not what was written. */
@@ -431,7 +418,9 @@ static void apply_setting(tz_config *cfg, const tz_key *k, const config_setting_
 
 static void load_file(tz_config *cfg, const tz_config_names *nm, const char *file,
                       unsigned char *seen) {
-    char *text = read_text(file);
+    char rerr[1200];
+    char *text = tz_read_file(file, NULL, rerr, sizeof rerr);
+    if (!text) TZ_FATAL_HINT("check the config path", "%s", rerr);
     config_t lc;
     config_init(&lc);
     if (!config_read_file(&lc, file))

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -42,4 +43,26 @@ int tz_path_exists(const char *path) {
 void tz_path_join(char *out, size_t outlen, const char *a, const char *b) {
     if ((size_t)snprintf(out, outlen, "%s/%s", a, b) >= outlen)
         TZ_FATAL("path too long: %s/%s", a, b);
+}
+
+char *tz_read_file(const char *path, size_t *len, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        tz_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *text = tz_xmalloc(cap);
+    for (size_t got; (got = fread(text + n, 1, cap - n - 1, f)) > 0;)
+        if ((n += got) + 1 >= cap) text = tz_xrealloc(text, cap *= 2);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        tz_errf(err, errlen, "%s: read error", path);
+        free(text);
+        return NULL;
+    }
+    text[n] = 0;
+    if (len) *len = n;
+    return text;
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "io/fsutil.h"
 #include "io/tokenizer.h"
 #include "io/tokens.h"
 
@@ -44,29 +45,6 @@ static int tb_text(tokbuf *b, const tz_tokenizer *t, const char *s, size_t len, 
     }
     for (int64_t i = 0; i < need; i++) tb_push(b, (uint32_t)b->scratch[i], trained);
     return 0;
-}
-
-static char *read_all(const char *path, size_t *n, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 20, k;
-    char *text = tz_xmalloc(cap);
-    *n = 0;
-    while ((k = fread(text + *n, 1, cap - *n, f)) > 0) {
-        *n += k;
-        if (*n == cap) text = tz_xrealloc(text, cap *= 2);
-    }
-    int rerr = ferror(f);
-    fclose(f);
-    if (rerr || *n == 0) {
-        snprintf(err, errlen, "%s: %s", path, rerr ? "read error" : "empty file");
-        free(text);
-        return NULL;
-    }
-    return text;
 }
 
 static tz_tokenizer *open_tokenizer(const char *path, char *err, size_t errlen) {
@@ -107,7 +85,11 @@ int tz_prep_text(const char *tokenizer, const char *in_path, const char *out_pat
     tz_tokenizer *t = open_tokenizer(tokenizer, err, errlen);
     if (!t) return 1;
     size_t n;
-    char *text = read_all(in_path, &n, err, errlen);
+    char *text = tz_read_file(in_path, &n, err, errlen);
+    if (text && n == 0) {
+        snprintf(err, errlen, "%s: empty file", in_path);
+        free(text), text = NULL;
+    }
     tokbuf b = {0};
     int rc = !text;
     if (!rc) {

@@ -191,21 +191,6 @@ static void remove_folder(const char *path) {
     rmdir(path);
 }
 
-char *tz_ckpt_read_text(const char *path, char *err, size_t n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        tz_errf(err, n, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, len = 0, k;
-    char *s = tz_xmalloc(cap);
-    while ((k = fread(s + len, 1, cap - len - 1, f)) > 0)
-        if ((len += k) + 1 >= cap) s = tz_xrealloc(s, cap *= 2);
-    fclose(f);
-    s[len] = 0;
-    return s;
-}
-
 /* "step-<digits>" -> the number, else -1. */
 int64_t tz_ckpt_step_of_name(const char *name) {
     if (strncmp(name, "step-", 5) || !name[5]) return -1;

@@ -353,7 +353,7 @@ int tz_ckpt_resume(const tz_config *cfg, tz_zero *z, const char *path, int64_t g
                 tz_errf(err, sizeof err, "%s: no COMPLETE marker (its write did not finish)", cur);
             } else {
                 tz_ckpt_pathf(p, sizeof p, "%s/checkpoint.json", cur);
-                text = tz_ckpt_read_text(p, err, sizeof err);
+                text = tz_read_file(p, NULL, err, sizeof err);
                 if (text) len = (int64_t)strlen(text);
             }
         }

@@ -50,7 +50,7 @@ char *tz_ckpt_config_text(const tz_config *cfg);
 /* A path from a format; fatal when it does not fit. */
 void tz_ckpt_pathf(char *out, size_t n, const char *fmt, ...) TZ_PRINTF(3, 4);
 /* A whole text file (free it), or NULL with a message. */
-char *tz_ckpt_read_text(const char *path, char *err, size_t n);
+
 /* "step-<digits>" -> the number, else -1. */
 int64_t tz_ckpt_step_of_name(const char *name);
 /* The steps of the step-<N> folders in dir, newest first (complete or not); NULL and 0
