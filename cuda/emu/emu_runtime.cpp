@@ -344,6 +344,9 @@ struct Launch {
     size_t smem_bytes, smem_cap;
     Thread *th;
     unsigned th_cap;
+    int waiting[32];       /* per warp: lanes waiting at a collective */
+    unsigned exited[32];   /* per warp: lanes that returned */
+    int fiber;             /* the fiber running now, -1 the scheduler */
     volatile sig_atomic_t in_kernel;
 } L;
 pthread_mutex_t g_launch_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -361,18 +364,33 @@ ucontext_t g_sched_uc;
 
 void set_coords(int i) {
     unsigned u = (unsigned)i;
+    if (blockDim.y == 1 && blockDim.z == 1) { /* the usual case, without divisions */
+        threadIdx.x = u;
+        return;
+    }
     threadIdx.x = u % blockDim.x;
     threadIdx.y = (u / blockDim.x) % blockDim.y;
     threadIdx.z = u / (blockDim.x * blockDim.y);
 }
 
-/* From a thread back to the scheduler. */
-void yield(void) {
-    Fiber *f = &g_fib[L.th[L.cur].fiber];
+/* Saves the running context (a fiber or the scheduler) and resumes fiber f. */
+void switch_to_fiber(int f) {
+    int from = L.fiber;
+    L.fiber = f;
 #if defined(__x86_64__)
-    tz_emu_switch(&f->sp, g_sched_sp);
+    tz_emu_switch(from < 0 ? &g_sched_sp : &g_fib[from].sp, g_fib[f].sp);
 #else
-    swapcontext(&f->uc, &g_sched_uc);
+    swapcontext(from < 0 ? &g_sched_uc : &g_fib[from].uc, &g_fib[f].uc);
+#endif
+}
+/* From a fiber back to the scheduler (nothing else can run). */
+void switch_to_scheduler(void) {
+    int from = L.fiber;
+    L.fiber = -1;
+#if defined(__x86_64__)
+    tz_emu_switch(&g_fib[from].sp, g_sched_sp);
+#else
+    swapcontext(&g_fib[from].uc, &g_sched_uc);
 #endif
 }
 
@@ -428,8 +446,21 @@ int new_fiber(void) {
     return g_nfib++;
 }
 
-/* Runs (starts or resumes) thread i until it waits or returns. */
-void run(int i) {
+/* The next thread that can run after thread `from` (-1: from the start), in the block's
+ * order, cyclically; -1 when none can. */
+int next_runnable(int from) {
+    int n = (int)L.n;
+    for (int k = 1; k <= n; k++) {
+        int i = from < 0 ? (L.reverse ? n - k : k - 1)
+                         : (L.reverse ? ((from - k) % n + n) % n : (from + k) % n);
+        int s = L.th[i].state;
+        if (s == T_NEW || s == T_READY) return i;
+    }
+    return -1;
+}
+
+/* Makes thread i the running one and switches to its fiber (a new thread gets a fiber). */
+void resume(int i) {
     Thread *t = &L.th[i];
     if (t->state == T_NEW) {
         t->fiber = g_nfree ? g_free[--g_nfree] : new_fiber();
@@ -437,12 +468,15 @@ void run(int i) {
     }
     L.cur = i;
     set_coords(i);
-    Fiber *f = &g_fib[t->fiber];
-#if defined(__x86_64__)
-    tz_emu_switch(&g_sched_sp, f->sp);
-#else
-    swapcontext(&g_sched_uc, &f->uc);
-#endif
+    switch_to_fiber(t->fiber);
+}
+
+/* The running thread waits: another thread runs, or the scheduler when none can. Returns
+ * when this thread is resumed. */
+void yield(void) {
+    int j = next_runnable(L.cur);
+    if (j < 0) switch_to_scheduler();
+    else resume(j);
 }
 
 /* "0-31, 64" style list of the threads in state st (-1: all not returned), into buf. */
@@ -540,42 +574,48 @@ void release_sync(void) {
     L.nsync = 0;
 }
 
-/* Thread L.cur returned from the kernel. */
+/* Thread L.cur returned from the kernel. On return, L.cur is the thread this fiber runs next
+ * (fiber_main calls the kernel again). */
 void thread_exit(void) {
     int i = L.cur;
     Thread *t = &L.th[i];
     t->state = T_DONE;
     L.live--;
+    unsigned w = (unsigned)i >> 5, lane = (unsigned)i & 31u, w0 = w * 32;
+    L.exited[w] |= 1u << lane;
     /* a lane of the warp waiting at a collective that names this lane can never finish */
-    unsigned w0 = (unsigned)i & ~31u, lane = (unsigned)i & 31u;
-    for (unsigned j = w0; j < w0 + 32 && j < L.n; j++)
-        if (L.th[j].state == T_WARP && (L.th[j].mask >> lane & 1u))
-            kernel_error("thread %d returned while thread %u waits for it at %s (mask %#x)", i,
-                         j, coll_name(L.th[j].kind), L.th[j].mask);
+    if (L.waiting[w])
+        for (unsigned j = w0; j < w0 + 32 && j < L.n; j++)
+            if (L.th[j].state == T_WARP && (L.th[j].mask >> lane & 1u))
+                kernel_error("thread %d returned while thread %u waits for it at %s (mask %#x)",
+                             i, j, coll_name(L.th[j].kind), L.th[j].mask);
     if (L.live > 0 && L.nsync == L.live) release_sync();
-    g_free[g_nfree++] = t->fiber;
-    yield(); /* never resumed for this thread: the fiber comes back for another */
+    int f = t->fiber, j = next_runnable(i);
+    if (j >= 0 && L.th[j].state == T_NEW) { /* this fiber runs it: no switch */
+        L.th[j].fiber = f;
+        L.th[j].state = T_READY;
+        L.cur = j;
+        set_coords(j);
+        return;
+    }
+    g_free[g_nfree++] = f;
+    /* resumed later only for a new thread, L.cur set by whoever resumes it */
+    if (j < 0) switch_to_scheduler();
+    else resume(j);
 }
 
 void run_block(void) {
     unsigned n = L.n;
     for (unsigned i = 0; i < n; i++) L.th[i].state = T_NEW;
+    memset(L.waiting, 0, sizeof L.waiting);
+    memset(L.exited, 0, sizeof L.exited);
     L.live = (int)n;
     L.nsync = 0;
+    L.fiber = -1;
     if (L.smem_bytes) memset(L.smem, 0xff, L.smem_bytes);
-    for (;;) {
-        int ran = 0;
-        for (unsigned k = 0; k < n; k++) {
-            unsigned i = L.reverse ? n - 1 - k : k;
-            int s = L.th[i].state;
-            if (s == T_NEW || s == T_READY) {
-                run((int)i);
-                ran = 1;
-            }
-        }
-        if (!L.live) return;
-        if (!ran) deadlock();
-    }
+    /* the threads switch among themselves; back here when none can run */
+    resume(next_runnable(-1));
+    if (L.live) deadlock();
 }
 
 /* ---- faults inside kernels: say where, then let the fault take its usual course ---- */
@@ -673,6 +713,13 @@ __attribute__((noinline)) uint64_t tz_emu_warp(int kind, unsigned mask, uint64_t
     if (width < 1 || width > 32 || (width & (width - 1)))
         kernel_error("thread %d calls %s with width %d (a power of 2 up to 32)", i,
                      coll_name(kind), width);
+    unsigned w = w0 / 32, have = L.n - w0 >= 32 ? ~0u : (1u << (L.n - w0)) - 1u;
+    if (mask & ~have)
+        kernel_error("thread %d calls %s with mask %#x naming lanes this block (%u threads) "
+                     "does not have", i, coll_name(kind), mask, L.n);
+    if (mask & L.exited[w])
+        kernel_error("thread %d calls %s with mask %#x naming lane %d, which has returned", i,
+                     coll_name(kind), mask, __builtin_ctz(mask & L.exited[w]));
     t->kind = kind;
     t->mask = mask;
     t->val = bits;
@@ -681,21 +728,17 @@ __attribute__((noinline)) uint64_t tz_emu_warp(int kind, unsigned mask, uint64_t
     t->site = __builtin_return_address(0);
     t->state = T_WARP;
     /* complete when every lane of the mask waits here */
-    for (unsigned l = 0; l < 32; l++) {
-        if (!(mask >> l & 1u)) continue;
-        unsigned j = w0 + l;
-        if (j >= L.n)
-            kernel_error("thread %d calls %s with mask %#x naming lane %u, which this block "
-                         "(%u threads) does not have", i, coll_name(kind), mask, l, L.n);
-        int s = L.th[j].state;
-        if (s == T_DONE)
-            kernel_error("thread %d calls %s with mask %#x naming lane %u, which has returned",
-                         i, coll_name(kind), mask, l);
-        if (s != T_WARP) {
+    int need = mask == ~0u ? 32 : __builtin_popcount(mask);
+    if (++L.waiting[w] < need) {
+        yield();
+        return t->res;
+    }
+    for (unsigned l = 0; l < 32; l++)
+        if ((mask >> l & 1u) && L.th[w0 + l].state != T_WARP) {
             yield();
             return t->res;
         }
-    }
+    L.waiting[w] -= need;
     /* all here: the same operation and mask everywhere, then each lane's result */
     unsigned ballot = 0;
     for (unsigned l = 0; l < 32; l++) {
@@ -794,6 +837,7 @@ cudaError_t tz_emu_launch_impl(const char *name, dim3 grid, dim3 block, size_t s
     gridDim = grid;
     blockDim = block;
     install_fault_handler();
+    threadIdx.x = threadIdx.y = threadIdx.z = 0; /* y, z stay 0 in 1-D blocks */
     L.in_kernel = 1;
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
