@@ -6,3 +6,17 @@ add_test(NAME offload_gpu
           ${CMAKE_SOURCE_DIR} ${MPIEXEC_EXECUTABLE})
 set_tests_properties(offload_gpu PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77
   ENVIRONMENT "${TZ_TEST_ENV}" LABELS "gpu;mpi")
+
+# The same against the CPU emulation of the CUDA backend (cuda/emu), where it is built: the
+# offload's copies, events and staging run here, without a GPU (label emu). comm nccl is not
+# emulated (the script says so and goes on).
+if(TARGET tzcuda_emu)
+  add_test(NAME offload_emu
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/offload/offload_test.sh $<TARGET_FILE:turbozero>
+            ${CMAKE_SOURCE_DIR} ${MPIEXEC_EXECUTABLE} emu)
+  set_tests_properties(offload_emu PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77
+    ENVIRONMENT "${TZ_TEST_ENV};TZ_CUDA_MODULE=$<TARGET_FILE:tzcuda_emu>" LABELS "emu;mpi")
+  add_test(NAME test_offload_ops_emu COMMAND test_offload_ops)
+  set_tests_properties(test_offload_ops_emu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+    ENVIRONMENT "${TZ_TEST_ENV};TZ_CUDA_MODULE=$<TARGET_FILE:tzcuda_emu>" LABELS "emu;unit")
+endif()
