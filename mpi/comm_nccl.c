@@ -192,7 +192,8 @@ tz_comm *tz_comm_select(int want, tz_backend *be, tz_comm *host) {
     gpu_rec *all = tz_xcalloc((size_t)host->size, sizeof *all);
     tz_comm_all_gather(host, &me, all, (int64_t)sizeof me, TZ_DT_U8);
     char why[1200] = "";
-    int own = 1;
+    int own = 1, any_device = 0;
+    for (int r = 0; r < host->size; r++) any_device |= all[r].device;
     for (int r = 0; r < host->size && own; r++) {
         if (!all[r].device) {
             own = 0;
@@ -219,7 +220,7 @@ tz_comm *tz_comm_select(int want, tz_backend *be, tz_comm *host) {
                       "comm.backend = \"nccl\": %s", why);
     if (want == 2 && !all_ok) TZ_FATAL("comm.backend = \"nccl\": NCCL cannot be loaded on every rank");
     if (!all_ok) {
-        if (host->rank == 0)
+        if (host->rank == 0 && any_device) /* CPU runs: MPI goes without saying */
             tz_info("comm: mpi (comm.backend = \"%s\": %s)", wname,
                     !own ? why : ok ? "NCCL cannot be loaded on every rank" : why);
         return NULL;

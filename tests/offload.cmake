@@ -20,3 +20,14 @@ if(TARGET tzcuda_emu)
   set_tests_properties(test_offload_ops_emu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
     ENVIRONMENT "${TZ_TEST_ENV};TZ_CUDA_MODULE=$<TARGET_FILE:tzcuda_emu>" LABELS "emu;unit")
 endif()
+
+# The NCCL comm's dlopen of libnccl.so.2 and its symbols, without a GPU (test_nccl_load):
+# against the toolkit's NCCL where it has one (else skipped), and against an absent file.
+if(TARGET tzcuda)
+  set_tests_properties(test_nccl_load PROPERTIES ENVIRONMENT
+    "${TZ_TEST_ENV};TZ_TEST_CUDA_MODULE=$<TARGET_FILE:tzcuda>;TZ_NCCL_LIBRARY=${CUDAToolkit_LIBRARY_DIR}/libnccl.so.2;TZ_TEST_NCCL_EXPECT=ok")
+  add_test(NAME test_nccl_load_absent COMMAND test_nccl_load)
+  set_tests_properties(test_nccl_load_absent PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60
+    ENVIRONMENT "${TZ_TEST_ENV};TZ_TEST_CUDA_MODULE=$<TARGET_FILE:tzcuda>;TZ_NCCL_LIBRARY=/nonexistent/libnccl.so.2;TZ_TEST_NCCL_EXPECT=fail"
+    LABELS "quick;unit")
+endif()
