@@ -79,6 +79,13 @@ compare() {
   fi
 }
 
+# NCCL where a Python environment has it (the nvidia-nccl wheel), unless the loader finds one
+if [ -z "${TZ_NCCL_LIBRARY:-}" ] && [ $emu = 0 ]; then
+  lib=$($py -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+  [ -n "$lib" ] && [ -e "$lib" ] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2 &&
+    export TZ_NCCL_LIBRARY=$lib
+fi
+
 # the probe: the first GPU run, skipped when the CUDA backend cannot be created here
 if ! run lora-cuda-mpi-1 1 train.mode=lora run.device=cuda comm.backend=mpi; then
   if grep -qE 'run.device = "cuda": (the CUDA backend cannot be loaded|no CUDA device|this build has no CUDA)' \
