@@ -81,7 +81,9 @@ compare() {
 
 # NCCL where a Python environment has it (the nvidia-nccl wheel), unless the loader finds one
 if [ -z "${TZ_NCCL_LIBRARY:-}" ] && [ $emu = 0 ]; then
-  lib=$($py -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+  for p in python3 "$py"; do
+    lib=$($p -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null) && break
+  done
   [ -n "$lib" ] && [ -e "$lib" ] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2 &&
     export TZ_NCCL_LIBRARY=$lib
 fi
