@@ -447,9 +447,20 @@ int new_fiber(void) {
 }
 
 /* The next thread that can run after thread `from` (-1: from the start), in the block's
- * order, cyclically; -1 when none can. */
+ * order (ascending, or descending with TZ_CUDA_EMU_ORDER=reverse); -1 when none can. The
+ * lanes of from's warp come first: a warp runs ahead as far as it can (to a __syncthreads
+ * or its end) before another starts, the schedule that most often exposes a missing
+ * barrier between warps (one warp overwriting shared memory that others have yet to read). */
 int next_runnable(int from) {
     int n = (int)L.n;
+    if (from >= 0) {
+        int w0 = from & ~31, m = n - w0 < 32 ? n - w0 : 32, lane = from - w0;
+        for (int k = 1; k < m; k++) {
+            int i = w0 + (L.reverse ? ((lane - k) % m + m) % m : (lane + k) % m);
+            int s = L.th[i].state;
+            if (s == T_NEW || s == T_READY) return i;
+        }
+    }
     for (int k = 1; k <= n; k++) {
         int i = from < 0 ? (L.reverse ? n - k : k - 1)
                          : (L.reverse ? ((from - k) % n + n) % n : (from + k) % n);
