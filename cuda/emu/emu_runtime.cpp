@@ -57,6 +57,24 @@ void die(const char *fmt, ...) {
     abort();
 }
 
+/* Memory whose end touches an inaccessible page: `bytes` (rounded up to `align`) end where
+ * the guard page begins, so a kernel running past the end of a device allocation or of its
+ * shared memory faults at once (and the fault handler names the kernel) instead of reading
+ * a neighbour. *map, *maplen: the mapping, for guarded_free. */
+char *guarded_alloc(size_t bytes, size_t align, char **map, size_t *maplen) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t body = (bytes + page - 1) / page * page, len = body + page;
+    char *m = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    if (mprotect(m + body, page, PROT_NONE) != 0) {
+        munmap(m, len);
+        return NULL;
+    }
+    *map = m;
+    *maplen = len;
+    return m + body - (bytes + align - 1) / align * align;
+}
+
 /* ---- the emulated devices ---- */
 
 int device_count(void) {
@@ -89,6 +107,8 @@ struct Alloc {
     char *base;
     size_t size;
     int kind;
+    char *map; /* device memory: its guarded mapping */
+    size_t maplen;
 };
 pthread_mutex_t g_mem_mu = PTHREAD_MUTEX_INITIALIZER;
 Alloc *g_alloc;
@@ -111,7 +131,7 @@ Alloc *holding(const void *p) {
     Alloc *a = &g_alloc[i - 1];
     return (const char *)p < a->base + (a->size ? a->size : 1) ? a : NULL;
 }
-void add_alloc(char *base, size_t size, int kind) {
+void add_alloc(char *base, size_t size, int kind, char *map = NULL, size_t maplen = 0) {
     if (g_nalloc == g_calloc) {
         g_calloc = g_calloc ? 2 * g_calloc : 256;
         g_alloc = (Alloc *)realloc(g_alloc, g_calloc * sizeof *g_alloc);
@@ -119,7 +139,7 @@ void add_alloc(char *base, size_t size, int kind) {
     }
     size_t i = upper(base);
     memmove(&g_alloc[i + 1], &g_alloc[i], (g_nalloc - i) * sizeof *g_alloc);
-    g_alloc[i] = Alloc{base, size, kind};
+    g_alloc[i] = Alloc{base, size, kind, map, maplen};
     g_nalloc++;
 }
 void remove_alloc(Alloc *a) {
@@ -341,7 +361,7 @@ struct Launch {
     int cur;     /* the running thread */
     int reverse; /* run threads in descending order (TZ_CUDA_EMU_ORDER=reverse) */
     char *smem;
-    size_t smem_bytes, smem_cap;
+    size_t smem_bytes;
     Thread *th;
     unsigned th_cap;
     int waiting[32];       /* per warp: lanes waiting at a collective */
@@ -447,9 +467,20 @@ int new_fiber(void) {
 }
 
 /* The next thread that can run after thread `from` (-1: from the start), in the block's
- * order, cyclically; -1 when none can. */
+ * order (ascending, or descending with TZ_CUDA_EMU_ORDER=reverse); -1 when none can. The
+ * lanes of from's warp come first: a warp runs ahead as far as it can (to a __syncthreads
+ * or its end) before another starts, the schedule that most often exposes a missing
+ * barrier between warps (one warp overwriting shared memory that others have yet to read). */
 int next_runnable(int from) {
     int n = (int)L.n;
+    if (from >= 0) {
+        int w0 = from & ~31, m = n - w0 < 32 ? n - w0 : 32, lane = from - w0;
+        for (int k = 1; k < m; k++) {
+            int i = w0 + (L.reverse ? ((lane - k) % m + m) % m : (lane + k) % m);
+            int s = L.th[i].state;
+            if (s == T_NEW || s == T_READY) return i;
+        }
+    }
     for (int k = 1; k <= n; k++) {
         int i = from < 0 ? (L.reverse ? n - k : k - 1)
                          : (L.reverse ? ((from - k) % n + n) % n : (from + k) % n);
@@ -631,7 +662,7 @@ void on_fault(int sig, siginfo_t *si, void *uc) {
     if (L.in_kernel) {
         char msg[512];
         int len = snprintf(msg, sizeof msg,
-                           "CUDA emulation: kernel %s faulted (%s at address %p) in block "
+                           "\nCUDA emulation: kernel %s faulted (%s at address %p) in block "
                            "(%u,%u,%u), thread (%u,%u,%u): an out-of-bounds or host pointer "
                            "access on a GPU\n",
                            L.name, sig == SIGSEGV ? "SIGSEGV" : "SIGBUS", si->si_addr,
@@ -827,11 +858,12 @@ cudaError_t tz_emu_launch_impl(const char *name, dim3 grid, dim3 block, size_t s
         if (!L.th) die("out of host memory");
         L.th_cap = 1024;
     }
-    if (L.smem_cap < smem) {
-        free(L.smem);
-        L.smem = (char *)aligned_alloc(256, (smem + 255) / 256 * 256);
+    if (smem && L.smem_bytes != smem) { /* its end against a guard page */
+        static char *map = NULL;
+        static size_t maplen = 0;
+        if (map) munmap(map, maplen);
+        L.smem = guarded_alloc(smem, 16, &map, &maplen);
         if (!L.smem) die("out of host memory for %zu bytes of shared memory", smem);
-        L.smem_cap = (smem + 255) / 256 * 256;
     }
     L.smem_bytes = smem;
     gridDim = grid;
@@ -986,13 +1018,15 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
         pthread_mutex_unlock(&g_mem_mu);
         return fail(cudaErrorMemoryAllocation);
     }
-    char *m = (char *)aligned_alloc(256, (bytes + 255) / 256 * 256);
+    char *map = NULL;
+    size_t maplen = 0;
+    char *m = guarded_alloc(bytes, 256, &map, &maplen);
     if (!m) {
         pthread_mutex_unlock(&g_mem_mu);
         return fail(cudaErrorMemoryAllocation);
     }
     memset(m, 0xff, bytes); /* NaN bytes: uninitialised reads show */
-    add_alloc(m, bytes, MEM_DEVICE);
+    add_alloc(m, bytes, MEM_DEVICE, map, maplen);
     g_used += bytes;
     pthread_mutex_unlock(&g_mem_mu);
     *p = m;
@@ -1012,11 +1046,12 @@ cudaError_t cudaFree(void *p) {
         tz_emu_note("cudaFree(%p): not the start of a live device allocation", p);
         return fail(cudaErrorInvalidValue);
     }
-    memset(a->base, 0xff, a->size); /* a kernel reading it after the free sees NaN */
     g_used -= a->size;
+    char *map = a->map;
+    size_t maplen = a->maplen;
     remove_alloc(a);
     pthread_mutex_unlock(&g_mem_mu);
-    free(p);
+    munmap(map, maplen); /* a kernel using it after the free faults */
     return cudaSuccess;
 }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
