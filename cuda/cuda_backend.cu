@@ -113,6 +113,100 @@ static void cuda_copy(tz_backend *be, void *dst, const void *src, size_t bytes) 
 
 static void cuda_sync(tz_backend *be) { CUDA_CHECK(cudaStreamSynchronize(tz_cuda_stream(be))); }
 
+/* ---- the offload: pinned host memory, the copy stream, events ---- */
+
+static void *cuda_host_alloc(tz_backend *be, size_t bytes) {
+    void *p = NULL;
+    cudaError_t rc = cudaMallocHost(&p, bytes ? bytes : 1); /* page-aligned */
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        TZ_FATAL_HINT("lower zero.bucket_mb, or raise the locked-memory limit (ulimit -l)",
+                      "cannot allocate %zu bytes of pinned host memory (%s)", bytes,
+                      cudaGetErrorString(rc));
+    }
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cuda_host_free(tz_backend *be, void *p) {
+    if (p) CUDA_CHECK(cudaFreeHost(p));
+}
+
+static void cuda_host_register(tz_backend *be, void *p, size_t bytes) {
+    if (!p || !bytes) return;
+    cudaError_t rc = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        TZ_FATAL_HINT("raise the locked-memory limit (ulimit -l unlimited; in Slurm, "
+                      "PropagateResourceLimits or --propagate=MEMLOCK)",
+                      "cannot pin %zu bytes of host memory for %s (cudaHostRegister: %s)", bytes,
+                      tz_cuda_ctx_of(be)->name, cudaGetErrorString(rc));
+    }
+}
+
+static void cuda_host_unregister(tz_backend *be, void *p) {
+    if (p) CUDA_CHECK(cudaHostUnregister(p));
+}
+
+static void cuda_download_async(tz_backend *be, void *host_dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost,
+                               tz_cuda_ctx_of(be)->copy_stream));
+}
+
+static void cuda_upload_async(tz_backend *be, void *dst, const void *host_src, size_t bytes) {
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice,
+                               tz_cuda_ctx_of(be)->copy_stream));
+}
+
+static cudaStream_t queue_stream(tz_backend *be, int queue) {
+    tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+    if (queue == TZ_QUEUE_COMPUTE) return c->stream;
+    if (queue == TZ_QUEUE_COPY) return c->copy_stream;
+    TZ_FATAL("cuda: queue %d is not TZ_QUEUE_COMPUTE or TZ_QUEUE_COPY", queue);
+}
+
+static void *cuda_event_mark(tz_backend *be, int queue) {
+    cudaEvent_t ev;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(ev, queue_stream(be, queue)));
+    return (void *)ev;
+}
+
+static void cuda_event_wait(tz_backend *be, void *ev, int queue) {
+    if (queue == TZ_QUEUE_HOST) CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev));
+    else CUDA_CHECK(cudaStreamWaitEvent(queue_stream(be, queue), (cudaEvent_t)ev, 0));
+}
+
+static int cuda_event_done(tz_backend *be, void *ev) {
+    cudaError_t rc = cudaEventQuery((cudaEvent_t)ev);
+    if (rc == cudaErrorNotReady) return 0;
+    CUDA_CHECK(rc);
+    return 1;
+}
+
+static void cuda_event_free(tz_backend *be, void *ev) {
+    if (ev) CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev));
+}
+
+static void cuda_device_info(tz_backend *be, tz_device_info *out) {
+    tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+    memset(out, 0, sizeof *out);
+    out->ordinal = c->device;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, c->device));
+    snprintf(out->name, sizeof out->name, "%s", prop.name);
+    if (cudaDeviceGetPCIBusId(out->bus_id, (int)sizeof out->bus_id, c->device) != cudaSuccess) {
+        cudaGetLastError();
+        out->bus_id[0] = 0;
+    }
+    if (cudaMemGetInfo(&out->free_bytes, &out->total_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        out->free_bytes = out->total_bytes = 0;
+    }
+}
+
 void *tz_cuda_scratch(tz_backend *be, size_t bytes) {
     tz_cuda_ctx *c = tz_cuda_ctx_of(be);
     if (bytes <= c->scratch_cap) return c->scratch;
@@ -149,6 +243,7 @@ static void cuda_destroy(tz_backend *be) {
     if (!be) return;
     tz_cuda_ctx *c = tz_cuda_ctx_of(be);
     cudaStreamSynchronize(c->stream);
+    cudaStreamSynchronize(c->copy_stream);
     cudaFree(c->scratch);
     cudaFree(c->rope.cs);
     cudaFree(c->rope.sn);
@@ -156,6 +251,7 @@ static void cuda_destroy(tz_backend *be) {
     cudaFreeHost(c->host_d);
     cublasDestroy(c->cublas);
     cudaStreamDestroy(c->stream);
+    cudaStreamDestroy(c->copy_stream);
     free(c->sizes.key);
     free(c->sizes.bytes);
     free(c);
@@ -176,6 +272,7 @@ tz_backend *tz_cuda_module_create(int device) {
     snprintf(c->name, sizeof c->name, "GPU %d (%s, sm_%d%d)", c->device, prop.name, prop.major,
              prop.minor);
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->cublas));
     CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
     /* fp32 products in fp32 (no TF32), so the ops compare with the CPU's; cuBLAS results
@@ -194,6 +291,17 @@ tz_backend *tz_cuda_module_create(int device) {
     be->download = cuda_download;
     be->copy = cuda_copy;
     be->sync = cuda_sync;
+    be->host_alloc = cuda_host_alloc;
+    be->host_free = cuda_host_free;
+    be->host_register = cuda_host_register;
+    be->host_unregister = cuda_host_unregister;
+    be->download_async = cuda_download_async;
+    be->upload_async = cuda_upload_async;
+    be->event_mark = cuda_event_mark;
+    be->event_wait = cuda_event_wait;
+    be->event_done = cuda_event_done;
+    be->event_free = cuda_event_free;
+    be->device_info = cuda_device_info;
 #define TZ_CUDA_CALL_INSTALL(family) tz_cuda_install_##family(be);
     TZ_CUDA_FAMILIES(TZ_CUDA_CALL_INSTALL)
 #undef TZ_CUDA_CALL_INSTALL

@@ -35,6 +35,18 @@ extern "C" {
             TZ_FATAL("%s failed: %s (%s)", #call, cublasGetStatusString(tz_cb_rc_),           \
                      cublasGetStatusName(tz_cb_rc_));                                         \
     } while (0)
+/* NCCL_CHECK(call): a failing NCCL call (cuda/cuda_comm_nccl.cu, which loads the library
+ * with dlopen and declares the few types it uses) into the same fatal path, with NCCL's own
+ * text for the result; `tz_nccl_error_string` is that file's pointer to ncclGetErrorString. */
+typedef int tz_nccl_result; /* ncclResult_t: 0 is ncclSuccess */
+const char *tz_nccl_error_string(tz_nccl_result rc);
+#define NCCL_CHECK(call)                                                                      \
+    do {                                                                                      \
+        int tz_nc_rc_ = (int)(call);                                                          \
+        if (tz_nc_rc_ != 0)                                                                   \
+            TZ_FATAL("%s failed: %s (ncclResult_t %d)", #call,                                \
+                     tz_nccl_error_string((tz_nccl_result)tz_nc_rc_), tz_nc_rc_);             \
+    } while (0)
 /* After a kernel launch: launch errors (bad configuration) at once. Faults inside kernels
  * surface at the next synchronising call (download, sync, sumsq). */
 #define CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
@@ -65,7 +77,8 @@ typedef struct tz_cuda_sign_cache {
 
 typedef struct tz_cuda_ctx {
     int device;
-    cudaStream_t stream;
+    cudaStream_t stream;      /* TZ_QUEUE_COMPUTE: every op */
+    cudaStream_t copy_stream; /* TZ_QUEUE_COPY: the async copies, and the NCCL comm's ops */
     cublasHandle_t cublas;
     void *scratch;       /* ops' device scratch (not in live_bytes), grown on demand */
     size_t scratch_cap;

@@ -45,8 +45,9 @@ static const char *const qzo_schedules[] = {"constant", "cosine", NULL};
 static const char *const dtype_names[] = {"f32", "bf16", NULL};
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const quant_methods[] = {"turboquant", "absmax", NULL};
+static const char *const comm_names[] = {"auto", "mpi", "nccl", NULL};
 static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "quant",
-                                            "qzo", "zero", "run", NULL};
+                                            "qzo", "zero", "run", "comm", NULL};
 
 #define ROW(s, k) .section = #s, .key = #k, .off = offsetof(tz_config, s.k), \
                   .size = sizeof(((tz_config *)0)->s.k)
@@ -111,6 +112,7 @@ static const tz_key schema[] = {
     ENUM(run, save_dtype, 0, dtype_names, "dtype of the model written by full-mode training"),
     ENUM(run, device, 0, device_names, "compute backend: auto (cuda when built in and a GPU is visible, else cpu), cpu or cuda"),
     FLT(run, collective_timeout, 1800.0, CLOSED, 0.0, 1e7, CLOSED, "seconds a collective may wait before every rank is stopped (0 = never)"),
+    ENUM(comm, backend, TZ_COMM_AUTO, comm_names, "collectives of the gradients: auto (nccl when every rank has its own GPU and NCCL loads, else mpi), mpi (through pinned host buffers on a GPU) or nccl (GPU memory; run.device cuda)"),
 };
 #define NKEYS ((int)(sizeof schema / sizeof schema[0]))
 
@@ -132,6 +134,10 @@ const char *tz_mode_name(int mode) {
 
 const char *tz_device_name(int device) {
     return device >= 0 && device <= 2 ? device_names[device] : "auto";
+}
+
+const char *tz_comm_backend_name(int backend) {
+    return backend >= 0 && backend <= TZ_COMM_NCCL ? comm_names[backend] : "auto";
 }
 
 /* The row with its names filled in: the caller's for the families' keys. */
@@ -574,6 +580,11 @@ void tz_config_load(tz_config *cfg, const tz_config_names *names, const char *fi
         load_file(cfg, names, file, seen);
     }
     for (int i = 0; i < nset; i++) apply_set(cfg, names, sets[i], seen);
+    if (cfg->comm.backend == TZ_COMM_NCCL && cfg->run.device == 1 /* cpu */)
+        TZ_FATAL_HINT("set run.device = \"cuda\" (or \"auto\" where GPUs are visible), or "
+                      "comm.backend = \"mpi\" (or \"auto\")",
+                      "%s: comm.backend = \"nccl\" needs GPU memory, but run.device = \"cpu\"",
+                      file ? file : "(no config file)");
     for (int i = 0; i < NKEYS; i++)
         if (schema[i].required && !seen[i]) {
             char hint[160];

@@ -89,6 +89,9 @@ typedef struct tz_config {
         int device;                   /* compute backend: "auto" (0) | "cpu" (1) | "cuda" (2) */
         double collective_timeout;    /* seconds a collective may wait; 0 = no watchdog */
     } run;
+    struct {
+        int backend;                  /* enum tz_comm_backend: "auto" | "mpi" | "nccl" */
+    } comm;
 } tz_config;
 
 /* Parse FILE, apply overrides ("section.key=value", nset of them), check everything, the
@@ -104,5 +107,8 @@ void tz_config_write(const tz_config *cfg, const tz_config_names *names, FILE *f
 const char *tz_mode_name(int mode);
 /* run.device as a backend name for tz_backend_create: "auto", "cpu" or "cuda". */
 const char *tz_device_name(int device);
+/* comm.backend: which comm moves the gradients and weights of ZeRO (train/trainer.c). */
+enum tz_comm_backend { TZ_COMM_AUTO = 0, TZ_COMM_MPI = 1, TZ_COMM_NCCL = 2 };
+const char *tz_comm_backend_name(int backend);
 
 #endif

@@ -446,6 +446,8 @@ tz_comm *tz_comm_mpi_create_limited(MPI_Comm comm, int64_t max_call_count) {
     tz_comm *c = tz_xcalloc(1, sizeof *c);
     c->name = "mpi";
     c->ctx = x;
+    c->device = 0;
+    c->queue = TZ_QUEUE_HOST;
     MPI_CHECK(MPI_Comm_rank(x->comm, &c->rank));
     MPI_CHECK(MPI_Comm_size(x->comm, &c->size));
     c->reduce_scatter = mpi_reduce_scatter;

@@ -1,10 +1,11 @@
-/* Collectives as a table of function pointers (MPI here; NCCL later plugs into the same table):
- * sums, gathers, broadcasts, non-blocking reduce-scatter. Knows nothing of parameters or plans. */
+/* Collectives as a table of function pointers (MPI here, NCCL in mpi/comm_nccl.h): sums,
+ * gathers, broadcasts, non-blocking reduce-scatter. Knows nothing of parameters or plans. */
 #ifndef TZ_COMM_H
 #define TZ_COMM_H
 #include <mpi.h>
 #include <stdint.h>
 
+#include "core/backend.h"
 #include "core/dtype.h"
 #include "mpi/fwd.h"
 
@@ -32,6 +33,17 @@ struct tz_comm {
     const char *name; /* "mpi", "nccl" */
     int rank, size;
     void *ctx;        /* implementation state */
+    /* Where the buffers of every call live, and where the calls are ordered:
+     *   device 0, queue TZ_QUEUE_HOST (MPI): host memory; a call is done when it returns
+     *     (blocking) or at wait (non-blocking). Device memory must be staged through host
+     *     buffers by the caller (train/zero.c does: pinned, on the backend's copy queue).
+     *   device 1, queue TZ_QUEUE_COPY (NCCL): device memory of the backend the comm was made
+     *     with; each call is queued on that backend's copy queue after the work queued so far
+     *     on its compute queue, so later copies on the copy queue see its result without
+     *     waiting; test polls and wait blocks the host until it has run. The blocking forms
+     *     return once the result is in recv. */
+    int device;
+    int queue;          /* TZ_QUEUE_HOST or TZ_QUEUE_COPY (core/backend.h) */
 
     /* send: size * recv_count elements, rank-major blocks; recv: recv_count elements, the sum
      * over ranks of block `rank` (MPI_Reduce_scatter_block). */

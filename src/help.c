@@ -26,7 +26,10 @@ static const tz_help_page pages[] = {
      "rank per GPU). run.dir is locked while a run uses it; the outputs are written to\n"
      "run.dir/staging (live log: run.dir/staging/metrics.jsonl) and moved into run.dir\n"
      "together at the end. SIGUSR1, SIGTERM or SIGINT: finish the step, write a checkpoint\n"
-     "and exit with status 75 (a second SIGINT stops at once).\n",
+     "and exit with status 75 (a second SIGINT stops at once).\n"
+     "On GPUs (run.device = \"cuda\"): rank r uses GPU (local rank % GPUs) and keeps its\n"
+     "optimizer shard in pinned host memory on that GPU's NUMA node; comm.backend = auto,\n"
+     "mpi or nccl moves the gradients (docs/guide.md, \"Training on GPUs\").\n",
      "mpirun -n 2 turbozero train inputs/llama/finetune.cfg --set run.dir=runs/a"},
     {"eval", "mean validation loss and perplexity of model.path (+ model.adapter)",
      "turbozero eval CONFIG [--set section.key=value ...]",

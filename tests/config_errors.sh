@@ -282,6 +282,9 @@ fails set_float_range "--set optim.beta2=1: expected a number in [0, 1) (got 1)"
 fails set_long_string "--set run.dir=" "(got a string of 600 bytes)" "$GOOD" "run.dir=$LONG"
 fails set_empty_required "--set model.path=: expected a string" "(got an empty string)" "$GOOD" model.path=
 fails set_bad_device "--set run.device=gpu: expected one of \"auto\", \"cpu\", \"cuda\" (got \"gpu\")" "" "$GOOD" run.device=gpu
+fails set_bad_comm "--set comm.backend=gloo: expected one of \"auto\", \"mpi\", \"nccl\" (got \"gloo\")" "" "$GOOD" comm.backend=gloo
+fails nccl_on_cpu "comm.backend = \"nccl\" needs GPU memory, but run.device = \"cpu\"" "set run.device = \"cuda\"" "$GOOD" comm.backend=nccl run.device=cpu
+works nccl_on_auto "$GOOD" comm.backend=nccl run.device=auto
 # the file's own errors come before any --set
 fails file_before_set "$TMP/unknown_key.cfg:3: train.micro_bach: unknown key" "" "$TMP/unknown_key.cfg" train.steps=5
 

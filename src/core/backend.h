@@ -19,6 +19,17 @@
 
 typedef struct tz_backend tz_backend;
 
+/* The queues of a backend (see "the offload" in struct tz_backend). */
+enum { TZ_QUEUE_HOST = -1, TZ_QUEUE_COMPUTE = 0, TZ_QUEUE_COPY = 1 };
+
+/* What device_info reports. */
+typedef struct tz_device_info {
+    int ordinal;       /* -1: the host (CPU backend) */
+    char name[256];
+    char bus_id[32];   /* PCI bus id, "" when none */
+    size_t free_bytes, total_bytes;
+} tz_device_info;
+
 struct tz_backend {
     const char *name;
     int device;        /* 1: memory is not host-addressable (copy with upload/download) */
@@ -211,6 +222,43 @@ struct tz_backend {
                           int64_t cols, int group, uint64_t seed);
     void (*tq_dequant)(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
                        const float *levels, int64_t rows, int64_t cols, int bits, int group);
+
+    /* ---- the offload: pinned host memory, asynchronous copies, events (train/zero.c) ----
+     * A backend has two queues: TZ_QUEUE_COMPUTE, where every op above runs, and
+     * TZ_QUEUE_COPY, where the async copies run (a device backend's second stream, so copies
+     * overlap the ops). Work on one queue runs in order; the queues are ordered against each
+     * other (and the host) only by events: event_mark records the point a queue has reached,
+     * event_wait makes a queue (or the host: TZ_QUEUE_HOST) wait until the work before that
+     * point is done. E.g. a gradient bucket to the host while backward goes on:
+     *   ev = mark(COMPUTE); wait(ev, COPY); download_async(...); done = mark(COPY);
+     *   ... later: wait(done, HOST) (or event_done(done) to poll), then read the host buffer.
+     * The CPU backend does everything at once: plain memory, memcpy, events always done. */
+
+    /* Pinned (page-locked) host memory, zeroed, 64-byte aligned (the CPU backend: plain
+     * memory). Not counted in live_bytes. Fatal on failure. */
+    void *(*host_alloc)(tz_backend *be, size_t bytes);
+    void (*host_free)(tz_backend *be, void *p);
+    /* Pins an existing host buffer (e.g. the NUMA-local optimizer shard) so the async copies
+     * to and from it run at full speed; unregister before freeing it. CPU: nothing. */
+    void (*host_register)(tz_backend *be, void *p, size_t bytes);
+    void (*host_unregister)(tz_backend *be, void *p);
+    /* Copies on TZ_QUEUE_COPY, returning at once (the host buffer must stay untouched until
+     * an event marked after it is done; from pinned memory for full speed). */
+    void (*download_async)(tz_backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*upload_async)(tz_backend *be, void *dst, const void *host_src, size_t bytes);
+    /* An event at the current end of `queue` (TZ_QUEUE_COMPUTE or TZ_QUEUE_COPY); free it
+     * with event_free once no wait needs it. */
+    void *(*event_mark)(tz_backend *be, int queue);
+    /* `queue` (TZ_QUEUE_COMPUTE, TZ_QUEUE_COPY, or TZ_QUEUE_HOST: the caller blocks) runs
+     * nothing more until the work before the event is done. */
+    void (*event_wait)(tz_backend *be, void *ev, int queue);
+    /* 1 when the work before the event is done (does not block). */
+    int (*event_done)(tz_backend *be, void *ev);
+    void (*event_free)(tz_backend *be, void *ev);
+    /* The device this backend drives, for start-up lines and GPU binding: ordinal (-1: the
+     * host), name, PCI bus id ("0000:3b:00.0" as the driver spells it; "" for the host),
+     * free and total bytes of its memory now (0 when unknown). */
+    void (*device_info)(tz_backend *be, tz_device_info *out);
 };
 
 /* Every function pointer of the table, in the order of the struct (the memory ops first).
@@ -226,7 +274,9 @@ struct tz_backend {
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \
     X(gelu_tanh_bwd) X(silu_fwd) X(silu_bwd) X(bias_add_fwd) X(bias_bwd) X(mse_fwd)         \
     X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate_bwd)            \
-    X(tq_dequant)
+    X(tq_dequant) X(host_alloc) X(host_free) X(host_register) X(host_unregister)             \
+    X(download_async) X(upload_async) X(event_mark) X(event_wait) X(event_done)              \
+    X(event_free) X(device_info)
 
 /* A backend by name: "cpu", "cuda", or "auto" (cuda when this build has the CUDA backend and
  * a GPU is visible, else cpu); the run.device key. device: the GPU ordinal hint (taken

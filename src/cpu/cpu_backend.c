@@ -74,7 +74,47 @@ static void cpu_memcpy(tz_backend *be, void *dst, const void *src, size_t bytes)
 
 static void cpu_sync(tz_backend *be) {}
 
+/* ---- the offload's memory, copies and events: host memory, done at once ---- */
+
+static void *cpu_host_alloc(tz_backend *be, size_t bytes) {
+    void *p = tz_cpu_aligned_alloc(bytes);
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cpu_host_free(tz_backend *be, void *p) { free(p); }
+
+static void cpu_host_register(tz_backend *be, void *p, size_t bytes) {}
+
+static void cpu_host_unregister(tz_backend *be, void *p) {}
+
+/* every queue is the caller: an event is done when marked (a non-NULL token) */
+static void *cpu_event_mark(tz_backend *be, int queue) { return be; }
+
+static void cpu_event_wait(tz_backend *be, void *ev, int queue) {}
+
+static int cpu_event_done(tz_backend *be, void *ev) { return 1; }
+
+static void cpu_event_free(tz_backend *be, void *ev) {}
+
+static void cpu_device_info(tz_backend *be, tz_device_info *out) {
+    memset(out, 0, sizeof *out);
+    out->ordinal = -1;
+    snprintf(out->name, sizeof out->name, "host CPU (%s kernel)", tz_cpu_kernel_name());
+}
+
 static void install_memory(tz_backend *be) {
+    be->host_alloc = cpu_host_alloc;
+    be->host_free = cpu_host_free;
+    be->host_register = cpu_host_register;
+    be->host_unregister = cpu_host_unregister;
+    be->download_async = cpu_memcpy;
+    be->upload_async = cpu_memcpy;
+    be->event_mark = cpu_event_mark;
+    be->event_wait = cpu_event_wait;
+    be->event_done = cpu_event_done;
+    be->event_free = cpu_event_free;
+    be->device_info = cpu_device_info;
     be->alloc = cpu_alloc;
     be->release = cpu_release;
     be->upload = cpu_memcpy;

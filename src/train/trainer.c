@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "mpi/comm.h"
+#include "mpi/comm_nccl.h"
 #include "mpi/world.h"
 #include "io/fsutil.h"
 #include "io/run_dir.h"
@@ -45,6 +46,7 @@ typedef struct run {
     const tz_config *cfg;
     tz_world *w;
     tz_comm *comm;
+    tz_comm *gcomm;   /* the gradients' comm when it is not comm (comm.backend: NCCL) */
     tz_backend *be;
     tz_task *task;
     tz_zero z;
@@ -52,6 +54,27 @@ typedef struct run {
     int training;
     int64_t B, accum, N;
 } run;
+
+/* A GPU backend: the rank's GPU (local rank modulo the visible GPUs, chosen at creation), its
+ * NUMA node from the PCI bus id (sysfs), the rank re-bound there so that the host shard is
+ * allocated on it; one start-up line per rank. */
+static void bind_gpu(tz_backend *be, tz_world *w) {
+    tz_device_info d;
+    be->device_info(be, &d);
+    char bus[sizeof d.bus_id];
+    for (size_t i = 0; i < sizeof bus; i++)
+        bus[i] = (char)(d.bus_id[i] >= 'A' && d.bus_id[i] <= 'Z' ? d.bus_id[i] + 32 : d.bus_id[i]);
+    const int node = tz_numa_node_of_pci(bus);
+    w->device = d.ordinal;
+    if (node >= 0) tz_world_bind_numa(w, node); /* else the CPU choice of tz_world_init stays */
+    char where[96];
+    if (node >= 0) snprintf(where, sizeof where, "NUMA node %d%s", node, w->numa_bound ? " (bound)" : "");
+    else snprintf(where, sizeof where, "NUMA node of the GPU unknown (host shard on node %d)",
+                  w->numa_node);
+    tz_info_all("rank %d: GPU %d (%s) | bus id %s | %s | %.1f of %.1f GiB free", w->rank,
+                d.ordinal, d.name, bus[0] ? bus : "?", where, (double)d.free_bytes / 1073741824.0,
+                (double)d.total_bytes / 1073741824.0);
+}
 
 static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, int training) {
     memset(r, 0, sizeof *r);
@@ -64,6 +87,7 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
                               (int)cfg->train.threads);
     if (!strcmp(r->be->name, "cpu")) tz_info("cpu kernel: %s", tz_cpu_kernel_name());
     else tz_info("backend: %s", r->be->name);
+    if (r->be->device) bind_gpu(r->be, w);
     w->threads = omp_get_max_threads();
     cpu_set_t cpus;
     if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < w->threads)
@@ -79,8 +103,10 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     if (training && cfg->train.mode == TZ_MODE_QZO) {
         r->qzo = tz_qzo_create(cfg, r->task, comm);
     } else if (training) {
-        tz_zero_init(&r->z, (int)cfg->zero.stage, cfg->zero.bucket_mb, tz_optim_find("adamw"),
-                     r->task->params, r->be, comm, w);
+        r->gcomm = tz_comm_select(cfg->comm.backend, r->be, comm);
+        tz_zero_init_comms(&r->z, (int)cfg->zero.stage, cfg->zero.bucket_mb,
+                           tz_optim_find("adamw"), r->task->params, r->be, comm,
+                           r->gcomm ? r->gcomm : comm, w);
         tz_params_set_grad_hook(r->task->params, tz_zero_grads_ready, &r->z);
     } else if (r->task->n_val == 0) {
         TZ_FATAL_HINT("set data.val", "%s: data.val is not set", cfg->source);
@@ -90,6 +116,7 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
 static void run_close(run *r) {
     if (r->qzo) tz_qzo_destroy(r->qzo);
     else if (r->training) tz_zero_free(&r->z);
+    tz_comm_destroy(r->gcomm);
     tz_task_free(r->task);
     tz_backend_destroy(r->be);
 }

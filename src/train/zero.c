@@ -19,14 +19,39 @@ static int64_t slice_base(const tz_zero_bucket *b, int r) { return b->start + (i
 
 void tz_zero_init(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt, tz_params *ps,
                   tz_backend *be, tz_comm *comm, const tz_world *world) {
+    tz_zero_init_comms(z, stage, bucket_mb, opt, ps, be, comm, comm, world);
+}
+
+/* Host buffers the device copies read or write: pinned on a device backend. */
+static void *host_buf(tz_zero *z, size_t bytes) {
+    return z->be->device ? z->be->host_alloc(z->be, bytes) : tz_xmalloc(bytes);
+}
+
+static void host_buf_free(tz_zero *z, void *p) {
+    if (z->be->device) z->be->host_free(z->be, p);
+    else free(p);
+}
+
+void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt,
+                        tz_params *ps, tz_backend *be, tz_comm *comm, tz_comm *dcomm,
+                        const tz_world *world) {
     memset(z, 0, sizeof *z);
     z->stage = stage;
     z->be = be;
     z->comm = comm;
+    z->dcomm = dcomm ? dcomm : comm;
     z->world = world;
     z->ps = ps;
-    /* one rank's reduce-scatter is the identity: stage 2 then reads the gradients in place */
-    z->pipelined = stage == 2 && comm->size > 1;
+    if (comm->device) TZ_FATAL("zero: the comm for host memory is %s, a device comm", comm->name);
+    if (z->dcomm->device && !be->device)
+        TZ_FATAL("zero: comm %s moves device memory, but the backend is %s", z->dcomm->name,
+                 be->name);
+    if (z->dcomm->size != comm->size || z->dcomm->rank != comm->rank)
+        TZ_FATAL("zero: comms %s and %s have different ranks", comm->name, z->dcomm->name);
+    /* one rank's reduce-scatter is the identity: stage 2 on the host then reads the
+     * gradients in place; a device backend always goes through the pipeline, whose copies
+     * to the host run beside backward */
+    z->pipelined = stage == 2 && (comm->size > 1 || be->device);
     const int64_t F = ps->flat_numel;
     z->grad = be->alloc(be, (size_t)F * sizeof(float));
     tz_params_bind_grads(ps, z->grad);
@@ -46,8 +71,14 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt, 
     free(off);
     free(num);
 
-    /* the host shard, on this rank's NUMA node */
+    /* the host shard, on this rank's NUMA node (the GPU's, where the trainer bound it);
+     * pinned where the device copies into and out of it */
     tz_shard_init(&z->sh, opt, z->plan.shard_numel, world);
+    if (be->device) {
+        be->host_register(be, z->sh.master, (size_t)z->sh.n * sizeof(float));
+        be->host_register(be, z->sh.acc, (size_t)z->sh.n * sizeof(float));
+        z->pinned = 1;
+    }
 
     /* master <- this rank's slice of the weights (a quantized weight's dense source, or its
      * decoded value: train/zero_weights); decay flags per element */
@@ -74,26 +105,34 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt, 
     tz_params_drop_init(ps); /* the dense sources of quantized weights are in the master now */
 
     const int64_t B = z->plan.bucket_elems;
-    z->host_tmp = tz_xmalloc((size_t)B * sizeof(float));
+    z->host_tmp = host_buf(z, (size_t)B * sizeof(float));
     z->wsend = tz_xmalloc((size_t)z->zw.max_chunk + 8);
-    z->wrecv = tz_xmalloc((size_t)z->zw.max_bucket + 8);
+    z->wrecv = host_buf(z, (size_t)z->zw.max_bucket + 8); /* uploaded from */
     if (z->pipelined)
         for (int s = 0; s < TZ_ZERO_SLOTS; s++) {
-            z->stage_buf[s] = be->alloc(be, (size_t)B * sizeof(float));
-            z->recv[s] = tz_xmalloc((size_t)(B / comm->size + 1) * sizeof(float));
+            if (!be->device || z->dcomm->device) /* the bucket, padded, on the backend */
+                z->stage_buf[s] = be->alloc(be, (size_t)B * sizeof(float));
+            else /* the bucket, padded, in pinned host memory for MPI */
+                z->hstage[s] = be->host_alloc(be, (size_t)B * sizeof(float));
+            z->recv[s] = host_buf(z, (size_t)(B / comm->size + 1) * sizeof(float));
             z->slot_bucket[s] = -1;
         }
 }
 
 void tz_zero_free(tz_zero *z) {
+    if (z->pinned) {
+        z->be->host_unregister(z->be, z->sh.master);
+        z->be->host_unregister(z->be, z->sh.acc);
+    }
     tz_shard_free(&z->sh);
     for (int s = 0; s < TZ_ZERO_SLOTS; s++) {
         if (z->stage_buf[s]) z->be->release(z->be, z->stage_buf[s]);
-        free(z->recv[s]);
+        if (z->hstage[s]) z->be->host_free(z->be, z->hstage[s]);
+        if (z->recv[s]) host_buf_free(z, z->recv[s]);
     }
-    free(z->host_tmp);
+    host_buf_free(z, z->host_tmp);
     free(z->wsend);
-    free(z->wrecv);
+    host_buf_free(z, z->wrecv);
     tz_zero_weights_free(&z->zw);
     z->be->release(z->be, z->grad);
     tz_zero_plan_free(&z->plan);
@@ -141,13 +180,71 @@ static void take_grads(tz_zero *z, float *dst, const float *src, int64_t n) {
     clock_add(z, TZ_ZERO_GRADS, t0, (double)n * (z->fresh ? 8.0 : 12.0));
 }
 
+/* Device backend, MPI: the slots whose bucket is on the host start their reduce-scatter, in
+ * bucket order (every rank starts its collectives in the same order). Slots up to and
+ * including `through` (the oldest first) are waited for; later ones only if their copy is
+ * done already. through < 0: none waited for. */
+static void start_copied(tz_zero *z, int through) {
+    tz_backend *be = z->be;
+    int blocking = through >= 0;
+    for (int k = 0; k < TZ_ZERO_SLOTS; k++) {
+        const int s = (z->next_slot + k) % TZ_ZERO_SLOTS;
+        if (z->slot_state[s] != TZ_ZERO_COPYING) continue;
+        if (blocking) be->event_wait(be, z->ev[s], TZ_QUEUE_HOST);
+        else if (!be->event_done(be, z->ev[s])) return;
+        be->event_free(be, z->ev[s]);
+        z->ev[s] = NULL;
+        z->req[s] = tz_comm_ireduce_scatter(z->comm, z->hstage[s], z->slot_recv[s],
+                                            z->plan.b[z->slot_bucket[s]].slice, TZ_DT_F32);
+        z->slot_state[s] = TZ_ZERO_COMM;
+        if (s == through) blocking = 0;
+    }
+}
+
 static void finish_slot(tz_zero *z, int s) {
-    if (!z->req[s]) return;
+    if (z->slot_state[s] == TZ_ZERO_IDLE) return;
+    if (z->slot_state[s] == TZ_ZERO_COPYING) start_copied(z, s);
     tz_comm_wait(z->req[s]);
     z->req[s] = NULL;
+    if (z->ev[s]) { /* NCCL: the slice's copy to the host, queued after the reduce-scatter */
+        z->be->event_wait(z->be, z->ev[s], TZ_QUEUE_HOST);
+        z->be->event_free(z->be, z->ev[s]);
+        z->ev[s] = NULL;
+    }
+    z->slot_state[s] = TZ_ZERO_IDLE;
     const tz_zero_bucket *bk = &z->plan.b[z->slot_bucket[s]];
     /* a fresh step's slice was reduce-scattered straight into the accumulator */
     if (!z->fresh) take_grads(z, z->sh.acc + bk->shard_off, z->recv[s], bk->slice);
+}
+
+/* Stage 2 on a device backend: bucket b of the gradients leaves the device without the host
+ * waiting for it (the compute queue goes on with backward). */
+static void launch_device(tz_zero *z, int b, int s, float *recv) {
+    const tz_zero_bucket *bk = &z->plan.b[b];
+    tz_backend *be = z->be;
+    if (!z->dcomm->device) {
+        /* MPI: the copy queue waits for the gradients computed so far, downloads the bucket
+         * into pinned host memory; its MPI reduce-scatter starts once the copy is done
+         * (start_copied, polled from the gradient hook) */
+        void *after = be->event_mark(be, TZ_QUEUE_COMPUTE);
+        be->event_wait(be, after, TZ_QUEUE_COPY);
+        be->event_free(be, after);
+        be->download_async(be, z->hstage[s], z->grad + bk->start, (size_t)bk->len * sizeof(float));
+        if (bk->padded > bk->len)
+            memset(z->hstage[s] + bk->len, 0, (size_t)(bk->padded - bk->len) * sizeof(float));
+        z->ev[s] = be->event_mark(be, TZ_QUEUE_COPY);
+        z->slot_state[s] = TZ_ZERO_COPYING;
+        return;
+    }
+    /* NCCL: the padded bucket on the device, reduce-scattered in place on the copy queue
+     * (after the compute queue's work), the owned slice then copied to the host there too */
+    be->copy(be, z->stage_buf[s], z->grad + bk->start, (size_t)bk->len * sizeof(float));
+    if (bk->padded > bk->len) be->fill(be, z->stage_buf[s] + bk->len, 0.0f, bk->padded - bk->len);
+    float *own = z->stage_buf[s] + (int64_t)z->dcomm->rank * bk->slice;
+    z->req[s] = tz_comm_ireduce_scatter(z->dcomm, z->stage_buf[s], own, bk->slice, TZ_DT_F32);
+    be->download_async(be, recv, own, (size_t)bk->slice * sizeof(float));
+    z->ev[s] = be->event_mark(be, TZ_QUEUE_COPY);
+    z->slot_state[s] = TZ_ZERO_COMM;
 }
 
 static void launch(tz_zero *z, int b) {
@@ -156,27 +253,42 @@ static void launch(tz_zero *z, int b) {
     if (z->pipelined) {
         int s = z->next_slot;
         finish_slot(z, s);
-        const double t0 = omp_get_wtime();
-        if (be->device) be->copy(be, z->stage_buf[s], z->grad + bk->start, (size_t)bk->len * sizeof(float));
-        else host_copy(z->stage_buf[s], z->grad + bk->start, bk->len);
-        if (bk->padded > bk->len) be->fill(be, z->stage_buf[s] + bk->len, 0.0f, bk->padded - bk->len);
-        if (!be->device) clock_add(z, TZ_ZERO_GRADS, t0, (double)bk->len * 8.0);
         float *recv = z->fresh ? z->sh.acc + bk->shard_off : z->recv[s];
-        z->req[s] = tz_comm_ireduce_scatter(z->comm, z->stage_buf[s], recv, bk->slice, TZ_DT_F32);
         z->slot_bucket[s] = b;
+        z->slot_recv[s] = recv;
+        if (be->device) {
+            launch_device(z, b, s, recv);
+            z->next_slot = (s + 1) % TZ_ZERO_SLOTS;
+            return;
+        }
+        const double t0 = omp_get_wtime();
+        host_copy(z->stage_buf[s], z->grad + bk->start, bk->len);
+        if (bk->padded > bk->len) be->fill(be, z->stage_buf[s] + bk->len, 0.0f, bk->padded - bk->len);
+        clock_add(z, TZ_ZERO_GRADS, t0, (double)bk->len * 8.0);
+        z->req[s] = tz_comm_ireduce_scatter(z->comm, z->stage_buf[s], recv, bk->slice, TZ_DT_F32);
+        z->slot_state[s] = TZ_ZERO_COMM;
         z->next_slot = (s + 1) % TZ_ZERO_SLOTS;
         return;
     }
-    /* stages 0/1 (and stage 2 on one rank): sum the bucket in place, keep the owned slice */
-    if (z->comm->size > 1)
-        tz_comm_all_reduce(z->comm, z->grad + bk->start, z->grad + bk->start, bk->len, TZ_DT_F32);
+    /* stages 0/1 (and stage 2 on one rank of a host backend): sum the bucket, keep the owned
+     * slice. On a device backend with MPI the bucket is summed on the host (a blocking copy:
+     * stages 0/1 communicate once per step, after the last micro-batch) */
     int r = own_rank(z);
     int64_t begin, end;
     tz_zero_plan_slice(&z->plan, b, r, &begin, &end);
+    const int host_sum = be->device && !z->dcomm->device && z->comm->size > 1;
+    if (host_sum) {
+        be->download(be, z->host_tmp, z->grad + bk->start, (size_t)bk->len * sizeof(float));
+        tz_comm_all_reduce(z->comm, z->host_tmp, z->host_tmp, bk->len, TZ_DT_F32);
+    } else if (z->comm->size > 1) {
+        tz_comm_all_reduce(z->dcomm, z->grad + bk->start, z->grad + bk->start, bk->len, TZ_DT_F32);
+    }
     if (end <= begin) return;
     float *dst = z->sh.acc + bk->shard_off + (begin - slice_base(bk, r));
     const size_t bytes = (size_t)(end - begin) * sizeof(float);
-    if (!be->device) { /* host-addressable: straight from the gradient buffer */
+    if (host_sum) {
+        take_grads(z, dst, z->host_tmp + (begin - bk->start), end - begin);
+    } else if (!be->device) { /* host-addressable: straight from the gradient buffer */
         take_grads(z, dst, z->grad + begin, end - begin);
     } else if (z->fresh) {
         be->download(be, dst, z->grad + begin, bytes);
@@ -189,6 +301,7 @@ static void launch(tz_zero *z, int b) {
 void tz_zero_grads_ready(void *ctx, int64_t ready_flat) {
     tz_zero *z = ctx;
     if (!z->communicate) return;
+    if (z->be->device && !z->dcomm->device) start_copied(z, -1); /* buckets now on the host */
     for (int s = 0; s < TZ_ZERO_SLOTS; s++) /* MPI progresses inside MPI calls only */
         if (z->req[s]) tz_comm_test(z->req[s]);
     while (z->next_bucket < z->plan.n_buckets &&
@@ -286,7 +399,7 @@ void tz_zero_print_memory(const tz_zero *z, size_t activations) {
     for (int i = 0; i < ps->n; i++)
         if (ps->p[i]->q) quant += ps->p[i]->bytes;
     const size_t grads = (size_t)ps->flat_numel * sizeof(float);
-    const size_t staging = z->pipelined ? TZ_ZERO_SLOTS * (size_t)z->plan.bucket_elems * sizeof(float) : 0;
+    const size_t staging = z->stage_buf[0] ? TZ_ZERO_SLOTS * (size_t)z->plan.bucket_elems * sizeof(float) : 0;
     const size_t sum = weights + grads + staging + activations, live = z->be->live_bytes;
     const double M = 1048576.0;
     char other[64] = "";

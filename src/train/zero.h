@@ -31,19 +31,29 @@ typedef struct tz_zero {
     int stage;             /* 0: all-reduce, replicated optimizer; 1: all-reduce, sharded
                             * optimizer; 2: reduce-scatter, sharded optimizer */
     tz_backend *be;
-    tz_comm *comm;
+    tz_comm *comm;         /* host memory (MPI): the norm, the weights' all-gather */
+    tz_comm *dcomm;        /* the gradients' comm: comm, or one on device memory (NCCL) */
     const tz_world *world;
     tz_params *ps;
     tz_zero_plan plan;     /* ownership: world = N (stages 1, 2) or 1 (stage 0) */
     float *grad;           /* backend: the flat gradient buffer the model writes */
     tz_shard sh;           /* host shard (NUMA-local): master, accumulator, decay, states */
     int64_t owned_params;  /* trainable parameters in this rank's slices (no gaps, no padding) */
-    /* stage-2 pipeline: staging buffers (backend) and receive slices (host) per slot */
-    float *stage_buf[TZ_ZERO_SLOTS], *recv[TZ_ZERO_SLOTS];
+    /* Stage-2 pipeline, per slot (buckets use the slots in turn). Where each buffer lives:
+     *   host backend:           stage_buf (host) -> comm -> recv or the accumulator (host)
+     *   device backend, MPI:    gradients (device) -> copy queue -> hstage (pinned host) ->
+     *                           MPI -> recv or the accumulator (pinned host shard)
+     *   device backend, NCCL:   stage_buf (device) -> NCCL on the copy queue, in place ->
+     *                           copy queue -> recv or the accumulator (pinned host shard) */
+    float *stage_buf[TZ_ZERO_SLOTS], *recv[TZ_ZERO_SLOTS], *hstage[TZ_ZERO_SLOTS];
     tz_comm_req *req[TZ_ZERO_SLOTS];
+    void *ev[TZ_ZERO_SLOTS];        /* the slot's copy on the copy queue (device backends) */
+    float *slot_recv[TZ_ZERO_SLOTS]; /* where the slot's slice lands */
+    int slot_state[TZ_ZERO_SLOTS];  /* TZ_ZERO_IDLE, _COPYING (to hstage), _COMM */
     int slot_bucket[TZ_ZERO_SLOTS];
-    int next_slot;
-    float *host_tmp;       /* one padded bucket on the host (device downloads) */
+    int next_slot;         /* the slot the next bucket takes: the oldest one in flight */
+    float *host_tmp;       /* one padded bucket on the host (device downloads; pinned) */
+    int pinned;            /* the shard's master and accumulator are registered (device) */
     tz_zero_weights zw;    /* the weights' way back: pieces of every slice, packed */
     uint8_t *wsend, *wrecv; /* one packed slice; a bucket's packed slices (the all-gather) */
     int next_bucket;       /* first bucket not yet communicated in this micro-batch */
@@ -54,11 +64,20 @@ typedef struct tz_zero {
     int64_t steps;
 } tz_zero;
 
+enum { TZ_ZERO_IDLE, TZ_ZERO_COPYING, TZ_ZERO_COMM };
+
 /* Plans, allocates the shard with opt's states and copies this rank's slice of the current
  * weights into the master (a quantized weight's from its dense source, or decoded), and
- * binds the gradients. Collective. */
+ * binds the gradients. comm is a host-memory comm (MPI); the gradients go through it too.
+ * Collective. */
 void tz_zero_init(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt, tz_params *ps,
                   tz_backend *be, tz_comm *comm, const tz_world *world);
+/* The same with the gradients' comm given: dcomm == comm, or a comm on be's device memory
+ * (dcomm->device, NCCL) of the same ranks. On a device backend the shard's master and
+ * accumulator are pinned (host_register) and the staging buffers are pinned host memory. */
+void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt,
+                        tz_params *ps, tz_backend *be, tz_comm *comm, tz_comm *dcomm,
+                        const tz_world *world);
 void tz_zero_free(tz_zero *z);
 
 /* Before each optimizer step: zero the gradient buffer; the step's first gradients will

@@ -1,0 +1,232 @@
+/* The NCCL comm's MPI side: finds the CUDA module's NCCL entry points (dlsym on the module
+ * that holds the backend's table), broadcasts rank 0's ncclUniqueId with MPI, and wraps the
+ * module's operations into the comm table (buffers: device memory; stream: the backend's
+ * copy queue). NCCL headers stay in cuda/. */
+#define _GNU_SOURCE /* dladdr */
+#include "mpi/comm_nccl.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "mpi/comm.h"
+
+typedef struct nccl_fns {
+    tz_nccl_load_fn load;
+    tz_nccl_unique_id_fn unique_id;
+    tz_nccl_init_fn init;
+    tz_nccl_start_fn start;
+    tz_nccl_test_fn test;
+    tz_nccl_wait_fn wait;
+    tz_nccl_destroy_fn destroy;
+} nccl_fns;
+
+/* The entry points of the module that made `be` (found from its table's destroy function):
+ * 0, or 1 with why. */
+static int find_fns(tz_backend *be, nccl_fns *f, char *why, size_t n) {
+    memset(f, 0, sizeof *f);
+    if (!be || !be->device || strcmp(be->name, "cuda") != 0) {
+        snprintf(why, n, "the NCCL comm needs the CUDA backend (run.device = \"cuda\"), not %s",
+                 be ? be->name : "none");
+        return 1;
+    }
+    Dl_info info;
+    void *h = NULL;
+    if (dladdr(*(void **)&be->destroy, &info) && info.dli_fname)
+        h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) {
+        snprintf(why, n, "cannot find the CUDA module that holds the backend");
+        return 1;
+    }
+    const char *missing = NULL;
+#define TZ_FN(field, sym)                                                                      \
+    if (!missing && !(*(void **)&f->field = dlsym(h, sym))) missing = sym;
+    TZ_FN(load, "tz_cuda_module_nccl_load")
+    TZ_FN(unique_id, "tz_cuda_module_nccl_unique_id")
+    TZ_FN(init, "tz_cuda_module_nccl_init")
+    TZ_FN(start, "tz_cuda_module_nccl_start")
+    TZ_FN(test, "tz_cuda_module_nccl_test")
+    TZ_FN(wait, "tz_cuda_module_nccl_wait")
+    TZ_FN(destroy, "tz_cuda_module_nccl_destroy")
+#undef TZ_FN
+    dlclose(h); /* drops the reference dlopen took; the backend's own keeps it loaded */
+    if (missing) {
+        snprintf(why, n, "the CUDA module %s has no NCCL support (no %s)", info.dli_fname,
+                 missing);
+        return 1;
+    }
+    return 0;
+}
+
+int tz_comm_nccl_available(tz_backend *be, char *why, size_t n) {
+    nccl_fns f;
+    if (find_fns(be, &f, why, n)) return 0;
+    return f.load(why, n) == 0;
+}
+
+typedef struct nccl_ctx {
+    nccl_fns f;
+    void *h;
+} nccl_ctx;
+
+static nccl_ctx *nx(tz_comm *c) { return c->ctx; }
+
+static void *start(tz_comm *c, int op, const void *send, void *recv, int64_t count,
+                   const int64_t *counts, enum tz_dtype dt, int root) {
+    return nx(c)->f.start(nx(c)->h, op, send, recv, count, counts, (int)dt, root);
+}
+
+/* Blocking forms: queued, then waited for (stronger than "ordered on the stream"). */
+static void finish(tz_comm *c, void *ev) { nx(c)->f.wait(nx(c)->h, ev); }
+
+static void n_reduce_scatter(tz_comm *c, const void *send, void *recv, int64_t n, enum tz_dtype dt) {
+    finish(c, start(c, TZ_NCCL_REDUCE_SCATTER, send, recv, n, NULL, dt, 0));
+}
+
+static void n_all_gather(tz_comm *c, const void *send, void *recv, int64_t n, enum tz_dtype dt) {
+    finish(c, start(c, TZ_NCCL_ALL_GATHER, send, recv, n, NULL, dt, 0));
+}
+
+static void n_all_gatherv(tz_comm *c, const void *send, void *recv, const int64_t *counts,
+                          enum tz_dtype dt) {
+    finish(c, start(c, TZ_NCCL_ALL_GATHERV, send, recv, 0, counts, dt, 0));
+}
+
+static void n_all_reduce(tz_comm *c, const void *send, void *recv, int64_t n, enum tz_dtype dt) {
+    finish(c, start(c, TZ_NCCL_ALL_REDUCE, send, recv, n, NULL, dt, 0));
+}
+
+static void n_bcast(tz_comm *c, void *buf, int64_t n, enum tz_dtype dt, int root) {
+    finish(c, start(c, TZ_NCCL_BCAST, buf, buf, n, NULL, dt, root));
+}
+
+static void n_barrier(tz_comm *c) { finish(c, start(c, -1, NULL, NULL, 1, NULL, TZ_DT_I32, 0)); }
+
+static void *n_ireduce_scatter(tz_comm *c, const void *send, void *recv, int64_t n,
+                               enum tz_dtype dt) {
+    return start(c, TZ_NCCL_REDUCE_SCATTER, send, recv, n, NULL, dt, 0);
+}
+
+static void *n_iall_gather(tz_comm *c, const void *send, void *recv, int64_t n, enum tz_dtype dt) {
+    return start(c, TZ_NCCL_ALL_GATHER, send, recv, n, NULL, dt, 0);
+}
+
+static int n_test(tz_comm *c, void *ev) { return nx(c)->f.test(nx(c)->h, ev); }
+
+static void n_wait(tz_comm *c, void *ev) { nx(c)->f.wait(nx(c)->h, ev); }
+
+static void n_destroy(tz_comm *c) {
+    nx(c)->f.destroy(nx(c)->h);
+    free(c->ctx);
+    free(c);
+}
+
+tz_comm *tz_comm_nccl_create(tz_backend *be) {
+    char why[1200];
+    nccl_ctx *x = tz_xcalloc(1, sizeof *x);
+    int rank, size, ok;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+    ok = !find_fns(be, &x->f, why, sizeof why) && x->f.load(why, sizeof why) == 0;
+    int all = ok;
+    MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (!ok)
+        TZ_FATAL_HINT("set comm.backend = \"mpi\" (or \"auto\", which falls back to it)",
+                      "comm.backend = \"nccl\": %s", why);
+    if (!all) TZ_FATAL("comm.backend = \"nccl\": NCCL cannot be loaded on another rank");
+    unsigned char id[TZ_NCCL_ID_BYTES] = {0};
+    ok = rank != 0 || x->f.unique_id(id, why, sizeof why) == 0;
+    if (!ok) TZ_FATAL("comm.backend = \"nccl\": %s", why);
+    MPI_CHECK(MPI_Bcast(id, TZ_NCCL_ID_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD));
+    x->h = x->f.init(be, id, rank, size);
+
+    tz_comm *c = tz_xcalloc(1, sizeof *c);
+    c->name = "nccl";
+    c->rank = rank;
+    c->size = size;
+    c->ctx = x;
+    c->device = 1;
+    c->queue = TZ_QUEUE_COPY;
+    c->reduce_scatter = n_reduce_scatter;
+    c->all_gather = n_all_gather;
+    c->all_gatherv = n_all_gatherv;
+    c->all_reduce = n_all_reduce;
+    c->bcast = n_bcast;
+    c->barrier = n_barrier;
+    c->ireduce_scatter = n_ireduce_scatter;
+    c->iall_gather = n_iall_gather;
+    c->test = n_test;
+    c->wait = n_wait;
+    c->destroy = n_destroy;
+    return c;
+}
+
+/* ---- comm.backend: the choice ---- */
+
+typedef struct gpu_rec {
+    char host[128];
+    char bus[32];
+    int device; /* the rank's backend drives a GPU */
+} gpu_rec;
+
+tz_comm *tz_comm_select(int want, tz_backend *be, tz_comm *host) {
+    static const char *const names[] = {"auto", "mpi", "nccl"};
+    const char *wname = want >= 0 && want <= 2 ? names[want] : "?";
+    if (want == 1) {
+        if (host->rank == 0) tz_info("comm: mpi (comm.backend = \"mpi\")");
+        return NULL;
+    }
+    /* every rank's GPU: NCCL needs one per rank */
+    gpu_rec me;
+    memset(&me, 0, sizeof me);
+    gethostname(me.host, sizeof me.host - 1);
+    me.device = be->device;
+    if (be->device) {
+        tz_device_info di;
+        be->device_info(be, &di);
+        snprintf(me.bus, sizeof me.bus, "%s", di.bus_id);
+    }
+    gpu_rec *all = tz_xcalloc((size_t)host->size, sizeof *all);
+    tz_comm_all_gather(host, &me, all, (int64_t)sizeof me, TZ_DT_U8);
+    char why[1200] = "";
+    int own = 1, any_device = 0;
+    for (int r = 0; r < host->size; r++) any_device |= all[r].device;
+    for (int r = 0; r < host->size && own; r++) {
+        if (!all[r].device) {
+            own = 0;
+            snprintf(why, sizeof why, "rank %d computes on the CPU (run.device)", r);
+        }
+        for (int q = 0; q < r && own; q++)
+            if (!strcmp(all[q].host, all[r].host) && !strcmp(all[q].bus, all[r].bus)) {
+                own = 0;
+                snprintf(why, sizeof why, "ranks %d and %d share the GPU at bus id %s on host %s "
+                         "(NCCL refuses two ranks on one GPU)", q, r, all[r].bus, all[r].host);
+            }
+    }
+    free(all);
+    if (want == 2 && !own)
+        TZ_FATAL_HINT("run one rank per GPU (mpirun -np <GPUs per node x nodes>; srun "
+                      "--gpus-per-task=1), or set comm.backend = \"mpi\" (or \"auto\")",
+                      "comm.backend = \"nccl\": %s", why);
+    int ok = own, all_ok = 0;
+    if (own && !tz_comm_nccl_available(be, why, sizeof why)) ok = 0;
+    tz_comm_all_reduce(host, &ok, &all_ok, 1, TZ_DT_I32);
+    all_ok = all_ok == host->size;
+    if (want == 2 && !ok)
+        TZ_FATAL_HINT("set comm.backend = \"mpi\" (or \"auto\", which falls back to it)",
+                      "comm.backend = \"nccl\": %s", why);
+    if (want == 2 && !all_ok) TZ_FATAL("comm.backend = \"nccl\": NCCL cannot be loaded on every rank");
+    if (!all_ok) {
+        if (host->rank == 0 && any_device) /* CPU runs: MPI goes without saying */
+            tz_info("comm: mpi (comm.backend = \"%s\": %s)", wname,
+                    !own ? why : ok ? "NCCL cannot be loaded on every rank" : why);
+        return NULL;
+    }
+    tz_comm *c = tz_comm_nccl_create(be);
+    if (host->rank == 0)
+        tz_info("comm: nccl for the gradients (comm.backend = \"%s\"), mpi for the rest", wname);
+    return c;
+}

@@ -1,0 +1,22 @@
+# The CUDA backend's own code run on the CPU (cuda/emu/: libtzcuda_emu.so, built with the CUDA
+# backend): every CUDA op against the CPU op (test_cuda_ops, loading the emulated module), in
+# the two thread orders of the emulation (ascending and descending: a missing barrier shows in
+# one or the other), and short trainings on the emulated device against the CPU's
+# (tests/cuda_emu/train_emu.sh). Not a GPU result: see docs/gpu.md for what this proves.
+if(TARGET tzcuda_emu)
+  foreach(order forward reverse)
+    set(name cuda_ops_emu)
+    if(order STREQUAL "reverse")
+      set(name cuda_ops_emu_reverse)
+    endif()
+    # no SKIP_RETURN_CODE: test_cuda_ops skipping (77) here means the module did not load
+    add_test(NAME ${name} COMMAND test_cuda_ops WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+    set_tests_properties(${name} PROPERTIES TIMEOUT 300 LABELS "emu;unit" ENVIRONMENT
+      "${TZ_TEST_ENV};TZ_CUDA_MODULE=$<TARGET_FILE:tzcuda_emu>;TZ_CUDA_EMU_ORDER=${order}")
+  endforeach()
+  add_test(NAME train_cuda_emu
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu/train_emu.sh $<TARGET_FILE:turbozero>
+            ${CMAKE_SOURCE_DIR} $<TARGET_FILE:tzcuda_emu>)
+  set_tests_properties(train_cuda_emu PROPERTIES TIMEOUT 600 LABELS "emu;unit"
+    ENVIRONMENT "${TZ_TEST_ENV}")
+endif()

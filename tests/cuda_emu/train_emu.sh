@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Training on the emulated CUDA device (cuda/emu/, libtzcuda_emu.so) against the CPU: the same
+# short runs with run.device = "cuda" (the CUDA backend's own host code and kernels, run on
+# the CPU) and run.device = "cpu", which must agree:
+#  1. a Llama LoRA run on a 4-bit TurboQuant base (tests/zero/make_model.py: vocab 97, MLP 171,
+#     so q/k/v/o/gate/up are quantized and down stays dense): every op of the Llama path,
+#     the rotation and decoding of quantized weights, the optimizer over device gradients;
+#  2. a DiT pre-training run (init-model --preset tiny on Fashion-MNIST images, skipped when the
+#     dataset is not installed): patchify, adaLN modulate/gate, LayerNorm, GELU, MSE.
+# Tolerance, for each step's loss (relative) and for each trained tensor (||a - b|| / ||a||,
+# tests/zero/compare.py): 1e-5. Both sides are fp32 and differ only in rounding: the order of
+# the GEMM sums (cuBLAS emulated by plain loops against the CPU's blocked kernels), expf and
+# the attention's online softmax against the CPU's two-pass one, each within the tolerances of
+# test_cuda_ops (at most 3e-5 per op, typically 1e-7). Measured (2026-11-23; the CPU's
+# portable, AVX2 and AVX-512 kernels alike): losses within 2e-8, tensors within 7e-7 (the
+# LoRA adapter) and 3e-7 (the DiT), so 1e-5 leaves a margin of 14x over rounding while a
+# wrong op moves these figures by 1e-3 or more. The emulated run must name its device a CPU
+# emulation.
+# usage: train_emu.sh TURBOZERO SOURCE_DIR LIBTZCUDA_EMU
+set -u
+tz=$1 src=$2 emu=$3
+py=/usr/bin/python3
+TOL=1e-5
+work=$(mktemp -d "${TMPDIR:-/tmp}/tzemu.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/../lib.sh"
+export TZ_CUDA_MODULE=$emu
+
+losses() { grep -o '"loss": [0-9.e+-]*' "$1/metrics.jsonl" | awk '{print $2}'; }
+# compare NAME DIR_CPU DIR_CUDA FILE STEPS
+compare() {
+  local name=$1 a=$2 b=$3 file=$4 steps=$5 worst
+  grep -q "CPU emulation of CUDA" "$b.log" && ok "$name: the device names itself a CPU emulation" ||
+    bad "$name: the emulated run does not name its device a CPU emulation"
+  worst=$(paste <(losses "$a") <(losses "$b") | awk -v n=$steps '
+    { d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > w) w = r; k++ }
+    END { if (k != n) print "steps:" k; else printf "%.3e", w }')
+  if [[ "$worst" =~ ^[0-9.e+-]+$ ]] && awk -v w="$worst" -v t=$TOL 'BEGIN {exit !(w <= t)}'; then
+    ok "$name: the $steps losses agree with the CPU's (worst relative $worst, tol $TOL)"
+  else
+    bad "$name: losses cuda vs cpu: $worst (tol $TOL)"; paste <(losses "$a") <(losses "$b")
+  fi
+  if err=$($py "$src/tests/zero/compare.py" "$a/$file" "$b/$file" $TOL 2>&1); then
+    ok "$name: trained tensors agree with the CPU's ($err)"
+  else
+    bad "$name: trained tensors cuda vs cpu: $err"
+  fi
+}
+# run NAME DEVICE ARGS...: one training, its log in NAME.log
+run() {
+  local name=$1 dev=$2
+  shift 2
+  timeout 300 "$tz" train "$@" --set run.device=$dev --set run.dir="$work/$name" > "$work/$name.log" 2>&1 ||
+    { bad "$name ($dev) failed"; tail -5 "$work/$name.log"; }
+}
+
+# 1. Llama: LoRA on a 4-bit base
+$py "$src/tests/zero/make_model.py" "$work/model" || exit 1
+$py - "$src/inputs/data/jargon.tok" "$work/t97.tok" <<'PY'
+import sys, struct
+d = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", d[24:32])[0]
+toks = bytes(b % 97 for b in d[64:64 + min(n, 200000)])
+h = b"TZTOKENS" + struct.pack("<IIII", 1, 1, 97, 0) + struct.pack("<Q", len(toks)) + bytes(32)
+open(sys.argv[2], "wb").write(h + toks)
+PY
+cat > "$work/llama.cfg" <<CFG
+model = { path = "$work/model"; };
+data = { train = "$work/t97.tok"; seq_len = 32; };
+train = { steps = 5; micro_batch = 4; threads = 1; log_every = 1; };
+optim = { lr = 3e-3; warmup = 2; weight_decay = 0.1; };
+lora = { rank = 3; alpha = 6.0; targets = ["q", "v", "down"]; };
+quant = { bits = 4; group = 64; };
+CFG
+for dev in cpu cuda; do run llama-$dev $dev "$work/llama.cfg"; done
+compare "Llama LoRA on a 4-bit base" "$work/llama-cpu" "$work/llama-cuda" \
+  adapter/adapter_model.safetensors 5
+
+# 2. DiT
+fm=/usr/share/datasets/fashion-mnist
+if [ -f $fm/train-images-idx3-ubyte.gz ]; then
+  "$tz" init-model --arch dit --preset tiny --seed 3 --out "$work/dit" > /dev/null || bad "init-model --arch dit"
+  for dev in cpu cuda; do
+    run dit-$dev $dev "$src/inputs/dit/pretrain.cfg" --set model.path="$work/dit" \
+      --set data.train=$fm/train-images-idx3-ubyte.gz --set data.train_labels=$fm/train-labels-idx1-ubyte.gz \
+      --set data.val=$fm/t10k-images-idx3-ubyte.gz --set data.val_labels=$fm/t10k-labels-idx1-ubyte.gz \
+      --set data.classes=0-4 --set train.steps=3 --set train.micro_batch=4 --set train.eval_every=0 \
+      --set train.eval_windows=4 --set optim.warmup=1 --set train.threads=1 --set train.log_every=1
+  done
+  compare "DiT pre-training" "$work/dit-cpu" "$work/dit-cuda" model/model.safetensors 3
+else
+  echo "skip DiT: dataset-fashion-mnist is not installed"
+fi
+finish train_emu
