@@ -113,6 +113,13 @@ static void cuda_copy(tz_backend *be, void *dst, const void *src, size_t bytes) 
 
 static void cuda_sync(tz_backend *be) { CUDA_CHECK(cudaStreamSynchronize(tz_cuda_stream(be))); }
 
+/* The whole GPU's free and total memory (the context, cuBLAS and other processes included). */
+static void cuda_mem_info(tz_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    *free_bytes = *total_bytes = 0;
+    if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) cudaGetLastError();
+}
+
 void *tz_cuda_scratch(tz_backend *be, size_t bytes) {
     tz_cuda_ctx *c = tz_cuda_ctx_of(be);
     if (bytes <= c->scratch_cap) return c->scratch;
@@ -194,6 +201,7 @@ tz_backend *tz_cuda_module_create(int device) {
     be->download = cuda_download;
     be->copy = cuda_copy;
     be->sync = cuda_sync;
+    be->mem_info = cuda_mem_info;
 #define TZ_CUDA_CALL_INSTALL(family) tz_cuda_install_##family(be);
     TZ_CUDA_FAMILIES(TZ_CUDA_CALL_INSTALL)
 #undef TZ_CUDA_CALL_INSTALL

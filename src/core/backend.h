@@ -211,6 +211,14 @@ struct tz_backend {
                           int64_t cols, int group, uint64_t seed);
     void (*tq_dequant)(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
                        const float *levels, int64_t rows, int64_t cols, int bits, int group);
+
+    /* ---- memory of the whole device (reports, not accounting) ----
+     * The memory the backend computes in, as the system sees it, everyone's use included:
+     * cuda: cudaMemGetInfo of its GPU (the CUDA context, cuBLAS and other processes count);
+     * cpu: the host's free and total RAM (sysconf _SC_AVPHYS_PAGES and _SC_PHYS_PAGES, so
+     * free excludes the page cache). 0 and 0 when unknown. live_bytes / peak_bytes are the
+     * program's own count. */
+    void (*mem_info)(tz_backend *be, size_t *free_bytes, size_t *total_bytes);
 };
 
 /* Every function pointer of the table, in the order of the struct (the memory ops first).
@@ -226,7 +234,7 @@ struct tz_backend {
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \
     X(gelu_tanh_bwd) X(silu_fwd) X(silu_bwd) X(bias_add_fwd) X(bias_bwd) X(mse_fwd)         \
     X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate_bwd)            \
-    X(tq_dequant)
+    X(tq_dequant) X(mem_info)
 
 /* A backend by name: "cpu", "cuda", or "auto" (cuda when this build has the CUDA backend and
  * a GPU is visible, else cpu); the run.device key. device: the GPU ordinal hint (taken

@@ -1,9 +1,11 @@
 /* The CPU backend: the choice of kernel from the CPU's features, the table (each op family file
  * installs its ops), host memory, threads, GEMM workspaces. The ops live in the family files. */
+#define _GNU_SOURCE /* sysconf's _SC_AVPHYS_PAGES */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -74,6 +76,14 @@ static void cpu_memcpy(tz_backend *be, void *dst, const void *src, size_t bytes)
 
 static void cpu_sync(tz_backend *be) {}
 
+/* The host's RAM: free pages (not counting the page cache) and all pages. */
+static void cpu_mem_info(tz_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    long page = sysconf(_SC_PAGESIZE), av = sysconf(_SC_AVPHYS_PAGES), all = sysconf(_SC_PHYS_PAGES);
+    *free_bytes = page > 0 && av > 0 ? (size_t)av * (size_t)page : 0;
+    *total_bytes = page > 0 && all > 0 ? (size_t)all * (size_t)page : 0;
+}
+
 static void install_memory(tz_backend *be) {
     be->alloc = cpu_alloc;
     be->release = cpu_release;
@@ -81,6 +91,7 @@ static void install_memory(tz_backend *be) {
     be->download = cpu_memcpy;
     be->copy = cpu_memcpy;
     be->sync = cpu_sync;
+    be->mem_info = cpu_mem_info;
 }
 
 /* ---- kernels: which build of the family files this CPU runs ---- */
