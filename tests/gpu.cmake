@@ -1,3 +1,9 @@
 # Tests that need a GPU (they skip, 77, without one or in a build without CUDA): label gpu,
 # so `ctest -L gpu` on a GPU machine runs them (docs/gpu.md), and not quick.
 set_tests_properties(test_cuda_ops test_gpu_model PROPERTIES LABELS "gpu;unit")
+# The bundled LoRA job, 100 steps on the GPU against the same on the CPU (tests/gpu/lora_gpu.sh).
+add_test(NAME gpu_lora_bundled
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpu/lora_gpu.sh $<TARGET_FILE:turbozero>
+          ${CMAKE_CURRENT_BINARY_DIR}/gpu_lora_bundled)
+set_tests_properties(gpu_lora_bundled PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900
+  ENVIRONMENT "${TZ_TEST_ENV}" LABELS "gpu;e2e")
