@@ -38,6 +38,20 @@ static const tz_bench_preset presets[] = {
      0, {256, 128, 352, 2, 4, 2, 0, 2048},
      {LORA_7B, "quant.bits=4", "quant.group=64", "data.seq_len=128", "train.micro_batch=4",
       "train.checkpointing=true", "train.steps=4", "optim.warmup=0", NULL}},
+    {"dit-xl-2", "dit",
+     "DiT-XL/2 shape (4x32x32 latents, patch 2, hidden 1152, depth 28, 16 heads, 1000 "
+     "classes, learned sigma): full fine-tuning, batch 32",
+     1, {32, 2, 4, 1152, 28, 16, 1000, 0},
+     {"train.mode=full", "quant.bits=0", "train.micro_batch=32", "train.checkpointing=false",
+      "train.steps=8", "optim.warmup=0", "lora.rank=16", "lora.alpha=32", "lora.targets=all",
+      NULL}},
+    {"dit-tiny", "dit",
+     "the same recipe on a tiny DiT (4x8x8 latents, patch 2, hidden 64, depth 2, 4 heads, 10 "
+     "classes), batch 8: the CPU-sized stand-in",
+     0, {8, 2, 4, 64, 2, 4, 10, 0},
+     {"train.mode=full", "quant.bits=0", "train.micro_batch=8", "train.checkpointing=false",
+      "train.steps=4", "optim.warmup=0", "lora.rank=16", "lora.alpha=32", "lora.targets=all",
+      NULL}},
 };
 #define NPRESETS ((int)(sizeof presets / sizeof presets[0]))
 
@@ -230,7 +244,8 @@ static double gib(double b) { return b / 1073741824.0; }
 
 int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     (void)w;
-    if (!tz_bench_preset_of(cfg))
+    const tz_bench_preset *bp = tz_bench_preset_of(cfg);
+    if (!bp)
         TZ_FATAL_HINT("give --preset NAME (bench --help lists them)",
                       "bench --dry-run plans a preset only (%s is a model folder)", cfg->model.path);
     if (comm->rank != 0) return 0;
@@ -254,7 +269,9 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     const tz_optim *opt = tz_optim_find("adamw");
     const double per = 4.0 + 4.0 + 1.0 + 4.0 * opt->n_states; /* master, acc, decay, states */
     const int64_t shard = cfg->zero.stage == 0 ? ps->n_trainable : (ps->n_trainable + N - 1) / N;
-    const int64_t tokens = t->B * cfg->train.grad_accum * t->row_count;
+    const int64_t units = t->B * cfg->train.grad_accum * t->row_count;
+    /* positions the weights see: tokens, or an image's patches */
+    const int64_t tokens = strcmp(bp->arch, "dit") ? units : units * (bp->v[0] / bp->v[1]) * (bp->v[0] / bp->v[1]);
     /* matrix products of a step: 2 flops per weight and unit forward (every weight counted,
      * the embedding lookup too: an estimate); backward 2 more for the activations'
      * gradients, 2 for the trainable weights' own; with checkpointing one forward again */
@@ -275,8 +292,8 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
             "each: fp32 master, accumulator, %s states, decay flag; %lld ranks, zero stage %lld)",
             gib(per * (double)shard), (long long)ps->n_trainable, (long long)ps->n_total, per,
             opt->name, (long long)N, (long long)cfg->zero.stage);
-    tz_info("step: %lld %s per rank, about %.1f TFLOP of matrix products (without attention)",
-            (long long)tokens, t->unit, 1e-12 * flops);
+    tz_info("step: %lld %s per rank (%lld positions), about %.2f TFLOP of matrix products "
+            "(attention's not counted)", (long long)units, t->unit, (long long)tokens, 1e-12 * flops);
     tz_task_free(t);
     tz_backend_destroy(be);
     return 0;
