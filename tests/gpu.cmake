@@ -7,3 +7,10 @@ add_test(NAME gpu_lora_bundled
           ${CMAKE_CURRENT_BINARY_DIR}/gpu_lora_bundled)
 set_tests_properties(gpu_lora_bundled PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900
   ENVIRONMENT "${TZ_TEST_ENV}" LABELS "gpu;e2e")
+# bench --preset on the CPU: the 7B and XL/2 shapes planned (--dry-run) and refused, the
+# CPU-sized presets run with the allocator's peak as planned (tests/gpu/bench_preset_test.sh).
+add_test(NAME bench_preset
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bench_preset_test.sh $<TARGET_FILE:turbozero>
+          ${CMAKE_CURRENT_BINARY_DIR}/bench_preset)
+set_tests_properties(bench_preset PROPERTIES TIMEOUT 300 PROCESSORS 2
+  ENVIRONMENT "${TZ_TEST_ENV}" LABELS "e2e;mpi")
