@@ -14,3 +14,16 @@ add_test(NAME bench_preset
           ${CMAKE_CURRENT_BINARY_DIR}/bench_preset)
 set_tests_properties(bench_preset PROPERTIES TIMEOUT 300 PROCESSORS 2
   ENVIRONMENT "${TZ_TEST_ENV}" LABELS "e2e;mpi")
+# The same checks against the CPU emulation of the CUDA backend (cuda/emu/, label emu), where
+# it is built: the whole models, and the device path of bench (extra synchronised steps for
+# the split, cudaMemGetInfo) on the tiny preset.
+if(TARGET tzcuda_emu)
+  add_test(NAME test_gpu_model_emu COMMAND test_gpu_model WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+  add_test(NAME bench_preset_emu
+    COMMAND $<TARGET_FILE:turbozero> bench --preset llama-tiny --set run.device=cuda
+            --set data.seq_len=32 --set train.micro_batch=2 --set train.steps=1)
+  set_tests_properties(test_gpu_model_emu bench_preset_emu PROPERTIES TIMEOUT 300
+    ENVIRONMENT "${TZ_TEST_ENV};TZ_CUDA_MODULE=$<TARGET_FILE:tzcuda_emu>" LABELS "emu")
+  set_tests_properties(bench_preset_emu PROPERTIES PASS_REGULAR_EXPRESSION
+    "GPU [0-9.]+ of [0-9.]+ GiB in use.*step split, mean of 2 extra steps: forward [0-9.]+ s")
+endif()

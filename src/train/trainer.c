@@ -475,8 +475,12 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         r.be->mem_info(r.be, &fr, &tot);
         if (tot >= fr && tot - fr > used_max) used_max = tot - fr;
         mem_total = tot;
-        tz_info("bench step %lld/%lld | loss %.4f | %.3f s%s", (long long)step + 1,
-                (long long)steps, s.loss, t, step >= steps ? " (phase split, synchronised)" : "");
+        if (step < steps)
+            tz_info("bench step %lld/%lld | loss %.4f | %.3f s", (long long)step + 1,
+                    (long long)steps, s.loss, t);
+        else
+            tz_info("bench extra step %lld/%lld | loss %.4f | %.3f s (phase split, synchronised)",
+                    (long long)(step - steps + 1), (long long)extra, s.loss, t);
     }
     const int64_t n = steps - warm;
     double med = 0.0;
