@@ -77,6 +77,9 @@ ours() {
   local f=$1 r p u
   r=$(grep -o 'bench: .*' "$f" 2>/dev/null | grep -oE '[0-9.]+ (tokens|images)/s \|' | awk '{print $1}')
   p=$(grep -m1 -o 'allocator peak [0-9.]* GiB' "$f" 2>/dev/null | awk '{print $3}')
+  # a run stopped before its summary: the last step's time, the memory after set-up
+  [ -z "$r" ] && r=$(grep -oE 'bench step [0-9]+/[0-9]+ .* [0-9.]+ s$' "$f" 2>/dev/null | tail -1 | awk '{print "step:" $(NF-1) "s"}')
+  [ -z "$p" ] && p=$(grep -m1 -oE 'memory per rank: device [0-9.]+ MiB' "$f" 2>/dev/null | awk '{printf "%.3f(setup)", $5 / 1024}')
   u=$(grep -m1 -oE 'GPU [0-9.]+ of' "$f" 2>/dev/null | awk '{print $2}')
   echo "${r:--} ${p:--} ${u:--}"
 }
@@ -93,6 +96,9 @@ PY
 
 run_bench() {
   local dit_repo=.device/dit
+  "$tz" --version > "$out/version.txt" 2>&1
+  "$tz" bench --preset llama2-7b --dry-run > "$out/plan-llama2-7b.log" 2>&1
+  grep -m1 'planned backend memory' "$out/plan-llama2-7b.log" | sed 's/^/   /'
   echo "== turbozero bench --preset llama2-7b (LoRA r16 on a 4-bit TurboQuant base, seq 2048)"
   timeout "$(cap 170)" "$tz" bench --preset llama2-7b --set train.steps=6 > "$out/bench-llama2-7b.log" 2>&1 ||
     echo "   (exit $?: see bench-llama2-7b.log)"
