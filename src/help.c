@@ -38,10 +38,27 @@ static const tz_help_page pages[] = {
      "(DiT). train.eval_windows limits the windows (Llama) or images (DiT), 0 = all.\n",
      "turbozero eval inputs/llama/finetune.cfg --set model.adapter=runs/a/adapter"},
     {"bench", "time train.steps training steps; no evaluation, no output files",
-     "turbozero bench CONFIG [--set section.key=value ...]",
+     "turbozero bench CONFIG [--set section.key=value ...]\n"
+     "turbozero bench --preset NAME [--dry-run] [--set section.key=value ...]",
      SET_FLAG
-     "Prints step time, tokens/s (images/s for DiT), host shard and activation memory, peak RSS.\n",
-     "turbozero bench inputs/llama/finetune.cfg --set train.steps=5"},
+     "  --preset NAME            a model shape built in memory with random weights and\n"
+     "                           random data (no files read), with its recipe; --set\n"
+     "                           changes it (quant.bits, lora.rank, data.seq_len, ...):\n"
+     "     llama2-7b   Llama-2-7B (dim 4096, MLP 11008, 32 layers, 32 heads, vocab 32000):\n"
+     "                 LoRA r16 on all 7 projections of a 4-bit TurboQuant base, seq 2048,\n"
+     "                 micro-batch 1, checkpointing (a GPU's: refused on a CPU backend)\n"
+     "     dit-xl-2    DiT-XL/2 (4x32x32 latents, patch 2, hidden 1152, depth 28): full\n"
+     "                 fine-tuning, batch 32 (a GPU's: refused on a CPU backend)\n"
+     "     llama-tiny, dit-tiny   the same recipes at CPU size\n"
+     "  --dry-run                with --preset: build the model on a planning backend that\n"
+     "                           allocates nothing; print parameters, the backend memory a\n"
+     "                           rank would allocate, the host shard and a step's arithmetic\n"
+     "Prints step time (median after 2 warm-up steps), tokens/s (images/s for DiT), host\n"
+     "shard and activation memory, peak RSS; the allocator's peak and the device's memory in\n"
+     "use (cudaMemGetInfo; the host's RAM on the CPU backend); the step split into forward,\n"
+     "backward, communication, copies and optimizer (on a GPU measured on 2 extra steps that\n"
+     "synchronise at every phase boundary).\n",
+     "turbozero bench --preset llama2-7b --set train.steps=6"},
     {"sample", "a PNG grid of images of one class from a DiT (+ model.adapter)",
      "turbozero sample CONFIG --out grid.png [--class C] [--n N] [--steps S] [--guidance W]\n"
      "                 [--seed S] [--scale K] [--set section.key=value ...]",

@@ -17,6 +17,7 @@
 #include "mpi/comm.h"
 #include "mpi/watchdog.h"
 #include "mpi/world.h"
+#include "train/bench.h"
 #include "train/commands.h"
 #include "train/family.h"
 #include "train/inputs_check.h"
@@ -181,18 +182,22 @@ static int cmd_plot(int argc, char **argv) {
 
 /* CONFIG [--set k=v ...], parsed on rank 0 (an error there stops every rank) and
  * broadcast, so every rank runs the same configuration. */
+static const char *g_bench_preset; /* bench --preset NAME: the configuration is the preset's */
+
 static void load_config_file(tz_config *cfg, int argc, char **argv) {
-    if (argc < 3) TZ_FATAL("%s: expected a config file (see inputs/reference.cfg)", argv[1]);
+    if (argc < 3 && !g_bench_preset)
+        TZ_FATAL("%s: expected a config file (see inputs/reference.cfg)", argv[1]);
     const char **sets = tz_xcalloc((size_t)argc, sizeof *sets);
     int nset = 0;
-    for (int i = 3; i < argc; i++) {
+    for (int i = g_bench_preset ? 2 : 3; i < argc; i++) {
         if (!strcmp(argv[i], "--set") && i + 1 < argc) sets[nset++] = argv[++i];
         else if (!strncmp(argv[i], "--set=", 6)) sets[nset++] = argv[i] + 6;
         else TZ_FATAL("%s: unknown argument '%s' (expected --set section.key=value)", argv[1], argv[i]);
     }
     tz_config_names names;
     tz_family_names(&names);
-    tz_config_load(cfg, &names, argv[2], sets, nset);
+    if (g_bench_preset) tz_bench_preset_config(cfg, &names, g_bench_preset, sets, nset);
+    else tz_config_load(cfg, &names, argv[2], sets, nset);
     free(sets);
 }
 
@@ -312,6 +317,25 @@ static int cmd_collective(int argc, char **argv, int (*fn)(const tz_config *, tz
     return rc;
 }
 
+/* bench CONFIG | bench --preset NAME, then [--dry-run] [--set k=v ...] */
+static int cmd_bench(int argc, char **argv) {
+    int dry = 0, n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (i >= 2 && !strcmp(argv[i], "--dry-run")) {
+            dry = 1;
+            continue;
+        }
+        if (i >= 2 && !strcmp(argv[i], "--preset")) {
+            if (i + 1 >= argc) TZ_FATAL("bench: --preset needs a NAME (bench --help lists them)");
+            g_bench_preset = argv[++i];
+            continue;
+        }
+        argv[n++] = argv[i];
+    }
+    if (dry && !g_bench_preset) TZ_FATAL("bench: --dry-run plans a --preset (bench --help)");
+    return cmd_collective(n, argv, dry ? tz_bench_dry_run : tz_bench_run);
+}
+
 static const char *g_resume; /* train's --resume: NULL, "" (newest checkpoint) or a path */
 static int train_resuming(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     return tz_train_run_from(cfg, w, comm, g_resume);
@@ -396,7 +420,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[1], "eval")) {
         rc = cmd_collective(argc, argv, tz_eval_run);
     } else if (!strcmp(argv[1], "bench")) {
-        rc = cmd_collective(argc, argv, tz_bench_run);
+        rc = cmd_bench(argc, argv);
     } else if (!strcmp(argv[1], "plot")) {
         rc = cmd_plot(argc, argv);
     } else if (!strcmp(argv[1], "sample")) {

@@ -1,9 +1,11 @@
 /* The CPU backend: the choice of kernel from the CPU's features, the table (each op family file
  * installs its ops), host memory, threads, GEMM workspaces. The ops live in the family files. */
+#define _GNU_SOURCE /* sysconf's _SC_AVPHYS_PAGES */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -101,6 +103,10 @@ static void cpu_device_info(tz_backend *be, tz_device_info *out) {
     memset(out, 0, sizeof *out);
     out->ordinal = -1;
     snprintf(out->name, sizeof out->name, "host CPU (%s kernel)", tz_cpu_kernel_name());
+    /* the host's RAM: free pages (not counting the page cache) and all pages */
+    long page = sysconf(_SC_PAGESIZE), av = sysconf(_SC_AVPHYS_PAGES), all = sysconf(_SC_PHYS_PAGES);
+    out->free_bytes = page > 0 && av > 0 ? (size_t)av * (size_t)page : 0;
+    out->total_bytes = page > 0 && all > 0 ? (size_t)all * (size_t)page : 0;
 }
 
 static void install_memory(tz_backend *be) {

@@ -184,6 +184,7 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     if (m->o.forward_only) TZ_FATAL("dit: built for forward passes only (no backward buffers)");
     tz_dit_forward(m, x_t, t, y);
     double loss = loss_of(m, target);
+    tz_params_backward_begins(&m->params);
     /* loss -> prediction -> final linear (token layout) */
     be->fill(be, m->dimg, 0.0f, n * ld);
     be->mse_bwd(be, m->dimg, m->out_img, ld, m->target, dloss, n, tz_dit_image_numel(d));

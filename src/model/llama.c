@@ -330,6 +330,7 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     const int64_t BT = m->B * m->T, C = d->dim, V = d->vocab;
     if (m->o.forward_only) TZ_FATAL("llama: built for forward passes only (no backward buffers)");
     double loss = tz_llama_forward(m, inputs, targets);
+    tz_params_backward_begins(&m->params);
     /* head: dlogits in place, then dhf = dlogits W_head, dW_head += dlogits^T hf */
     be->xent_bwd(be, m->logits, m->logits, m->tgt, dloss, BT, V);
     be->matmul(be, m->dh, m->logits, m->lm_head->w, BT, C, V, 0, 0, 1.0f, 0.0f);

@@ -57,6 +57,10 @@ typedef struct tz_params {
     int n_stages;        /* 1 + the largest stage */
     void (*grad_hook)(void *ctx, int64_t ready_flat); /* called by tz_params_stage_done */
     void *grad_hook_ctx;
+    /* Called when a forward pass with its loss is done and its backward begins (a
+     * benchmark's phase clock; NULL: none). */
+    void (*backward_hook)(void *ctx);
+    void *backward_hook_ctx;
 } tz_params;
 
 void tz_params_init(tz_params *ps);
@@ -96,6 +100,10 @@ void tz_params_bind_grads(tz_params *ps, float *grad);
 void tz_params_set_grad_hook(tz_params *ps, void (*fn)(void *ctx, int64_t ready_flat), void *ctx);
 static inline void tz_params_stage_done(const tz_params *ps, int s) {
     if (ps->grad_hook) ps->grad_hook(ps->grad_hook_ctx, ps->ready[s]);
+}
+/* A model calls it between the forward pass (loss included) and the backward pass. */
+static inline void tz_params_backward_begins(const tz_params *ps) {
+    if (ps->backward_hook) ps->backward_hook(ps->backward_hook_ctx);
 }
 
 #endif

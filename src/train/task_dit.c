@@ -12,6 +12,7 @@
 #include "io/png.h"
 #include "model/diffusion.h"
 #include "model/dit_io.h"
+#include "train/bench.h"
 #include "train/data.h"
 #include "train/task.h"
 
@@ -37,11 +38,45 @@ typedef struct dit_task {
     int32_t *y;
 } dit_task;
 
+/* A bench preset's model (train/bench.h): its shape, random weights made in memory. */
+static tz_dit *preset_model(tz_task *t, const tz_bench_preset *bp) {
+    tz_dit_dims d;
+    char err[128];
+    if (tz_dit_preset("tiny", &d, err, sizeof err)) TZ_FATAL("%s", err); /* the defaults */
+    d.input_size = bp->v[0], d.patch_size = bp->v[1], d.in_channels = bp->v[2];
+    d.hidden = bp->v[3], d.depth = bp->v[4], d.num_heads = bp->v[5], d.num_classes = bp->v[6];
+    d.learn_sigma = 1; /* DiT's own models predict the variance too */
+    tz_dit *m = tz_dit_create(t->be, &d, &t->opts);
+    tz_bench_fill_params(&m->params, t->be, m->levels, (uint64_t)t->cfg->run.seed);
+    return m;
+}
+
 /* The model, built with the options task.c derived from the config. */
 static tz_params *load(tz_task *t) {
     dit_task *k = (dit_task *)t;
-    k->m = tz_dit_load(t->be, t->cfg->model.path, &t->opts);
+    const tz_bench_preset *bp = tz_bench_preset_of(t->cfg);
+    k->m = bp ? preset_model(t, bp) : tz_dit_load(t->be, t->cfg->model.path, &t->opts);
     return &k->m->params;
+}
+
+/* A bench preset's training data: 64 images of normal noise with random labels. */
+static void random_images(images *im, const tz_dit_dims *d, uint64_t seed) {
+    memset(im, 0, sizeof *im);
+    im->s.n = im->n = 64, im->s.C = d->in_channels, im->s.H = im->s.W = d->input_size;
+    im->s.num_classes = d->num_classes;
+    const int64_t numel = tz_image_set_numel(&im->s);
+    im->s.x = tz_xmalloc((size_t)(im->n * numel) * sizeof *im->s.x);
+    im->s.y = tz_xmalloc((size_t)im->n * sizeof *im->s.y);
+    im->idx = tz_xmalloc((size_t)im->n * sizeof *im->idx);
+    uint32_t *u = tz_xmalloc((size_t)(im->n * numel + im->n) * sizeof *u);
+    tz_bench_random_tokens(u, im->n * numel + im->n, 1 << 24, seed);
+    for (int64_t i = 0; i < im->n * numel; i++) /* uniform with unit variance */
+        im->s.x[i] = ((float)u[i] / 16777216.0f - 0.5f) * 3.4641016f;
+    for (int64_t i = 0; i < im->n; i++) {
+        im->s.y[i] = (int32_t)(u[im->n * numel + i] % (uint32_t)d->num_classes);
+        im->idx[i] = i;
+    }
+    free(u);
 }
 
 /* "0-4,7" -> keep[c] = 1; "" keeps every class. Fatal naming the key on a bad list. */
@@ -139,7 +174,8 @@ static void open_task(tz_task *t) {
              (long long)m->d.depth, (long long)m->d.num_heads, (long long)m->d.num_classes,
              m->d.diffusion == TZ_DIFF_FLOW ? "rectified flow" : "DDPM");
     if (t->training) {
-        load_images(&k->train, cfg, &m->d, cfg->data.train, cfg->data.train_labels, "data.train");
+        if (tz_bench_preset_of(cfg)) random_images(&k->train, &m->d, (uint64_t)cfg->run.seed);
+        else load_images(&k->train, cfg, &m->d, cfg->data.train, cfg->data.train_labels, "data.train");
         tz_order_init(&k->order, k->train.n, (uint64_t)cfg->run.seed);
         t->n_train = k->train.n;
         snprintf(t->data_line, sizeof t->data_line, "%s: %lld images%s%s%s", cfg->data.train,

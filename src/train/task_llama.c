@@ -11,6 +11,7 @@
 #include "io/tokenizer.h"
 #include "io/tokens.h"
 #include "model/llama_io.h"
+#include "train/bench.h"
 #include "train/commands.h"
 #include "train/data.h"
 #include "train/task.h"
@@ -26,13 +27,39 @@ typedef struct llama_task {
     tz_tokens train_tok, val_tok;
     tz_data data, val;
     int32_t *in, *tg;
+    uint32_t *random_tok; /* a bench preset's random tokens (tz_tokens over host memory) */
 } llama_task;
+
+/* A bench preset's model (train/bench.h): its shape, random weights made in memory. */
+static tz_llama *preset_model(tz_task *t, const tz_bench_preset *bp) {
+    tz_llama_dims d;
+    memset(&d, 0, sizeof d);
+    d.vocab = bp->v[0], d.dim = bp->v[1], d.hidden = bp->v[2], d.n_layers = bp->v[3];
+    d.n_heads = bp->v[4], d.n_kv_heads = bp->v[5], d.tied = (int)bp->v[6], d.max_pos = bp->v[7];
+    d.head_dim = d.dim / d.n_heads, d.eps = 1e-5, d.theta = 10000.0;
+    tz_llama *m = tz_llama_create(t->be, &d, &t->opts);
+    tz_bench_fill_params(&m->params, t->be, m->levels, (uint64_t)t->cfg->run.seed);
+    return m;
+}
 
 /* The model, built with the options task.c derived from the config. */
 static tz_params *load(tz_task *t) {
     llama_task *k = (llama_task *)t;
-    k->m = tz_llama_load(t->be, t->cfg->model.path, &t->opts);
+    const tz_bench_preset *bp = tz_bench_preset_of(t->cfg);
+    k->m = bp ? preset_model(t, bp) : tz_llama_load(t->be, t->cfg->model.path, &t->opts);
     return &k->m->params;
+}
+
+/* A bench preset's training data: 64 windows of random tokens in memory. */
+static void random_tokens(llama_task *k, int64_t T, int64_t vocab, uint64_t seed) {
+    const int64_t n = 64 * T + 1;
+    k->random_tok = tz_xmalloc((size_t)n * sizeof *k->random_tok);
+    tz_bench_random_tokens(k->random_tok, n, vocab, seed);
+    tz_tokens *tk = &k->train_tok;
+    memset(tk, 0, sizeof *tk);
+    snprintf(tk->path, sizeof tk->path, "(random tokens)");
+    tk->vocab = (uint32_t)vocab, tk->width = 4, tk->count = n, tk->version = 1;
+    tk->tokens = (const uint8_t *)k->random_tok;
 }
 
 static void open_tokens(tz_tokens *t, const char *path, const char *key, int64_t vocab) {
@@ -66,7 +93,8 @@ static void open_task(tz_task *t) {
              (long long)m->d.n_layers, (long long)m->d.dim, (long long)m->d.n_heads,
              (long long)m->d.n_kv_heads, (long long)m->d.vocab);
     if (t->training) {
-        open_tokens(&k->train_tok, cfg->data.train, "data.train", m->d.vocab);
+        if (tz_bench_preset_of(cfg)) random_tokens(k, T, m->d.vocab, (uint64_t)cfg->run.seed);
+        else open_tokens(&k->train_tok, cfg->data.train, "data.train", m->d.vocab);
         tz_data_init(&k->data, &k->train_tok, T, (uint64_t)cfg->run.seed);
         t->n_train = k->data.nwin;
         snprintf(t->data_line, sizeof t->data_line, "%s: %lld tokens, %lld windows of %lld%s",
@@ -124,7 +152,8 @@ static void close_task(tz_task *t) {
     }
     if (t->training) {
         tz_data_free(&k->data);
-        tz_tokens_close(&k->train_tok);
+        if (k->random_tok) free(k->random_tok);
+        else tz_tokens_close(&k->train_tok);
     }
     tz_llama_free(k->m);
 }

@@ -21,6 +21,7 @@
 #include "io/loss_plot.h"
 #include "train/checkpoint.h"
 #include "mpi/watchdog.h"
+#include "train/bench.h"
 #include "train/optim.h"
 #include "train/qzo.h"
 #include "train/run_record.h"
@@ -165,6 +166,8 @@ typedef struct step_result {
     double loss, gnorm, lr;
 } step_result;
 
+static tz_bench_clock *g_clock; /* bench's phase clock (train_step's marks; NULL elsewhere) */
+
 /* One optimizer step over the global batch: rank r's rows of micro-batch k of step s are
  * samples ((s * accum + k) * N + r) * B ... + B - 1 of the shared order. */
 static step_result train_step(run *r, int64_t step) {
@@ -187,16 +190,21 @@ static step_result train_step(run *r, int64_t step) {
     double lsum = 0.0;
     for (int64_t k = 0; k < A; k++) {
         tz_zero_begin_micro(&r->z, k == A - 1);
+        tz_bench_phase(g_clock, TZ_PH_FORWARD); /* the model's hook starts backward */
         lsum += r->task->train_rows(r->task, ((step * A + k) * N + rank) * B, (float)(1.0 / total));
+        tz_bench_phase(g_clock, TZ_PH_COPY);
         tz_zero_end_micro(&r->z);
     }
+    tz_bench_phase(g_clock, TZ_PH_OTHER);
     if (N > 1) tz_comm_all_reduce(r->comm, &lsum, &lsum, 1, TZ_DT_F64);
     step_result s;
     s.loss = lsum / total;
     s.lr = tz_lr_at(step, cfg->train.steps, cfg->optim.warmup, cfg->optim.lr, cfg->optim.min_lr_ratio);
     tz_optim_hparams hp = {s.lr, cfg->optim.beta1, cfg->optim.beta2, cfg->optim.eps,
                            cfg->optim.weight_decay};
+    tz_bench_phase(g_clock, TZ_PH_OPTIM);
     s.gnorm = tz_zero_step(&r->z, &hp, step + 1, cfg->optim.grad_clip);
+    tz_bench_phase(g_clock, TZ_PH_OTHER);
     if (!isfinite(s.loss) || !isfinite(s.gnorm))
         TZ_FATAL_HINT("lower optim.lr or check the data",
                       "step %lld: loss %g, gradient norm %g are not finite", (long long)step + 1,
@@ -436,35 +444,115 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The gradient hook under bench: ZeRO's, inside a copies phase (its host copies; its
+ * collectives and transfers nest their own phases). */
+static void bench_grads_ready(void *z, int64_t ready_flat) {
+    tz_bench_push(g_clock, TZ_PH_COPY);
+    tz_zero_grads_ready(z, ready_flat);
+    tz_bench_pop(g_clock);
+}
+
+/* Whether run.device will give a GPU backend. */
+static int bench_on_gpu(const tz_config *cfg) {
+    const char *d = tz_device_name(cfg->run.device);
+    return !strcmp(d, "cuda") || (!strcmp(d, "auto") && tz_cuda_device_count() > 0);
+}
+
 int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
+    const tz_bench_preset *bp = tz_bench_preset_of(cfg);
+    if (bp && bp->gpu_only && !bench_on_gpu(cfg))
+        TZ_FATAL_HINT("run it where a GPU is visible (run.device = \"auto\" or \"cuda\"); on "
+                      "this machine plan it with --dry-run, or time --preset llama-tiny",
+                      "bench --preset %s needs a GPU: a step is about 100 TFLOP, hours on a "
+                      "CPU (run.device = \"%s\"%s)", bp->name, tz_device_name(cfg->run.device),
+                      tz_cuda_device_count() > 0 ? "" : ", no GPU visible");
+    static tz_bench_clock clk;
+    memset(&clk, 0, sizeof clk);
+    tz_comm *tc = tz_bench_comm_wrap(comm, &clk);
     run r;
-    run_open(&r, cfg, w, comm, 1);
+    run_open(&r, cfg, w, tc, 1);
+    clk.be = r.be;
+    tz_bench_backend_wrap(r.be, &clk);
+    if (!r.qzo) {
+        r.task->params->backward_hook = tz_bench_backward_begins;
+        r.task->params->backward_hook_ctx = &clk;
+        tz_params_set_grad_hook(r.task->params, bench_grads_ready, &r.z);
+    }
+    g_clock = &clk;
     print_start(&r);
     const int64_t steps = cfg->train.steps, units = r.N * r.B * r.accum * r.task->row_count;
     const int64_t warm = steps > 3 ? 2 : 0;
-    double *dt = tz_xmalloc((size_t)steps * sizeof *dt);
-    for (int64_t step = 0; step < steps; step++) {
+    /* the phase split: on the host, of the timed steps themselves (the clock costs nothing
+     * there); on a device, of extra steps after them, since it synchronises at every phase
+     * boundary and would slow the timed ones */
+    const int64_t extra = r.be->device && !r.qzo && steps > 0 ? 2 : 0;
+    double *dt = tz_xmalloc((size_t)(steps > 0 ? steps : 1) * sizeof *dt);
+    size_t used_max = 0, mem_total = 0;
+    for (int64_t step = 0; step < steps + extra; step++) {
         if (step == warm && !r.qzo) tz_zero_clock_reset(&r.z); /* host-step phases after the warm-up */
+        clk.on = !r.qzo && (extra ? step >= steps : step >= warm);
+        tz_bench_step_begin(&clk);
         double t0 = now_s();
         step_result s = train_step(&r, step);
-        dt[step] = now_s() - t0;
-        tz_info("bench step %lld/%lld | loss %.4f | %.3f s", (long long)step + 1, (long long)steps,
-                s.loss, dt[step]);
+        r.be->sync(r.be);
+        double t = now_s() - t0;
+        tz_bench_step_end(&clk);
+        if (step < steps) dt[step] = t;
+        tz_device_info di;
+        r.be->device_info(r.be, &di);
+        const size_t fr = di.free_bytes, tot = di.total_bytes;
+        if (tot >= fr && tot - fr > used_max) used_max = tot - fr;
+        mem_total = tot;
+        if (step < steps)
+            tz_info("bench step %lld/%lld | loss %.4f | %.3f s", (long long)step + 1,
+                    (long long)steps, s.loss, t);
+        else
+            tz_info("bench extra step %lld/%lld | loss %.4f | %.3f s (phase split, synchronised)",
+                    (long long)(step - steps + 1), (long long)extra, s.loss, t);
     }
     const int64_t n = steps - warm;
-    qsort(dt + warm, (size_t)n, sizeof *dt, cmp_double);
-    double med = dt[warm + n / 2];
-    const double rss_mib = tz_record_peak_rss_mib(comm);
+    double med = 0.0;
+    if (n > 0) {
+        qsort(dt + warm, (size_t)n, sizeof *dt, cmp_double);
+        med = dt[warm + n / 2];
+    }
+    const double rss_mib = tz_record_peak_rss_mib(tc);
     tz_info("bench: %lld ranks x %d threads, zero stage %lld, %s | %lld %s/step | step time "
             "median %.4f s (%lld steps after %lld warm-up) | %.0f %s/s | host shard %.2f "
             "MiB/rank | activations %.1f MiB/rank | peak RSS %.1f MiB (largest rank)",
             (long long)r.N, w->threads, (long long)cfg->zero.stage, tz_mode_name(cfg->train.mode),
             (long long)units, r.task->unit, med, (long long)n, (long long)warm,
-            (double)units / med, r.task->unit,
+            med > 0 ? (double)units / med : 0.0, r.task->unit,
             (double)(r.qzo ? r.qzo->host_bytes : r.z.sh.bytes) / 1048576.0,
             (double)r.task->arena_bytes / 1048576.0, rss_mib);
+    const double G = 1073741824.0;
+    const int gpu = !strcmp(r.be->name, "cuda");
+    tz_info_all("bench memory: allocator peak %.3f GiB (%zu bytes, the program's own count of "
+                "%s memory) | %s %.3f of %.3f GiB in use after a step, at most (%s)",
+                (double)r.be->peak_bytes / G, r.be->peak_bytes, r.be->device ? "device" : "backend",
+                gpu ? "GPU" : "host RAM", (double)used_max / G, (double)mem_total / G,
+                gpu ? "cudaMemGetInfo: the whole GPU, the CUDA context, cuBLAS, op scratch and "
+                      "other processes included"
+                    : "the whole machine, from sysconf");
+    if (clk.steps > 0) {
+        char line[512];
+        size_t at = 0;
+        double sum = 0.0;
+        for (int p = 0; p < TZ_PH_N; p++) sum += clk.sec[p];
+        for (int p = 0; p < TZ_PH_N && at < sizeof line; p++) {
+            int k = snprintf(line + at, sizeof line - at, "%s%s %.4f s (%.0f%%)", p ? " | " : "",
+                             tz_bench_phase_names[p], clk.sec[p] / (double)clk.steps,
+                             sum > 0 ? 100.0 * clk.sec[p] / sum : 0.0);
+            if (k > 0) at += (size_t)k;
+        }
+        tz_info_all("step split, mean of %lld %s: %s | sum %.4f s%s", (long long)clk.steps,
+                    extra ? "extra steps" : "timed steps", line, sum / (double)clk.steps,
+                    extra ? " (every phase boundary synchronised the device: bench only)" : "");
+    }
     if (!r.qzo) tz_zero_clock_print(&r.z);
     free(dt);
+    g_clock = NULL;
     run_close(&r);
+    tz_bench_comm_unwrap(tc);
     return 0;
 }

@@ -1,21 +1,157 @@
 #!/bin/bash
-# Build the CUDA backend here and test it on a GPU machine that lacks the MPI/HDF5 stack
-# (docs/gpu.md). Two steps, from the project root:
+# Build the CUDA backend here and test and benchmark it on a GPU machine that lacks the
+# MPI/HDF5 stack (docs/gpu.md). From the project root:
 #
 #   tests/gpu/device.sh pack    on the development machine: configures and builds build-cuda
 #                               (-DTZ_CUDA=ON: fails when CUDA cannot be built), then fills
-#                               .device/ (ignored by git) with the runtime packages, env.sh and
-#                               the GPU test executables (the steps of the shared pack.sh,
-#                               which also works in a git worktree here; TZ_DEVICE_KIT=folder
-#                               of runtime-packages.txt and env.sh, default ../shared/device).
-#   tests/gpu/device.sh run     on the GPU machine, with .device/ carried beside the tree:
-#                               sources .device/env.sh, shows the GPU, runs every GPU test.
-#                               Exit status: 0 all passed, 1 a failure, 77 no GPU visible.
+#                               .device/ (ignored by git) with the runtime packages, env.sh, the
+#                               program, the CUDA module, the GPU test executables and the
+#                               PyTorch anchors (TZ_DEVICE_KIT=folder of runtime-packages.txt,
+#                               env.sh, anchor_peft.py, dit_anchor.py; default ../shared/device;
+#                               TZ_DIT_REPO=a facebookresearch/DiT checkout: its models.py is
+#                               carried for dit_anchor.py, which is skipped without it).
+#   tests/gpu/device.sh run     on the GPU machine: every GPU test. Exit status: 0 all passed,
+#                               1 a failure, 77 no GPU visible.
+#   tests/gpu/device.sh bench   on the GPU machine: the Llama-2-7B LoRA-on-4-bit bench beside
+#                               anchor_peft.py lora and full, then DiT-XL/2 beside dit_anchor.py
+#                               when time allows; a table of both last.
+#   tests/gpu/device.sh all     run, then bench, in one call of at most 10 minutes (each part
+#                               under a time limit, the table always printed).
+# Logs go to $OUT (the device machine's returned folder) or ./device-out.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 build=${TZ_BUILD:-build-cuda}
-tests=(test_cuda_ops) # the tests labelled gpu (tests/gpu.cmake)
+tests=(test_cuda_ops test_gpu_model) # the test executables labelled gpu (tests/gpu.cmake)
+out=${OUT:-$root/device-out}
+budget=${TZ_DEVICE_BUDGET:-570} # seconds for `all`: under the device machine's 10 minutes
+start=$SECONDS
+
+# Seconds left of the budget, less a reserve for what comes after.
+left() { echo $((budget - (SECONDS - start) - ${1:-0})); }
+# cap SECONDS: the smaller of SECONDS and what is left (less 20 s for the table), at least 1
+cap() { local l; l=$(left 20); [ "$l" -lt "$1" ] && echo $((l > 1 ? l : 1)) || echo "$1"; }
+
+setup() {
+  [ -e .device/env.sh ] || { echo "no .device/env.sh: run 'tests/gpu/device.sh pack' first" >&2; exit 2; }
+  # shellcheck disable=SC1091
+  source .device/env.sh
+  export TZ_CUDA_MODULE=${TZ_CUDA_MODULE:-$PWD/.device/$build/libtzcuda.so}
+  tz=$PWD/.device/$build/turbozero
+  mkdir -p "$out"
+  nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not available"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null > "$out/gpu.txt"
+}
+
+# GPU tests: each result also goes to $out/tests.txt for the table.
+run_tests() {
+  local status=0 skipped=0 rc t
+  : > "$out/tests.txt"
+  for t in "${tests[@]}"; do
+    echo "== $t"
+    timeout "$(cap 150)" ".device/$build/tests/$t" > "$out/$t.log" 2>&1
+    rc=$?
+    tail -15 "$out/$t.log"
+    record "$t" $rc "$out/$t.log"
+  done
+  echo "== gpu_lora_bundled (tests/gpu/lora_gpu.sh)"
+  timeout "$(cap 240)" bash tests/gpu/lora_gpu.sh "$tz" "$out/lora_gpu" > "$out/lora_gpu.log" 2>&1
+  rc=$?
+  cat "$out/lora_gpu.log"
+  record gpu_lora_bundled $rc "$out/lora_gpu.log"
+  grep -q FAILED "$out/tests.txt" && status=1
+  grep -q skipped "$out/tests.txt" && skipped=1
+  [ $status -eq 0 ] && [ $skipped -eq 1 ] && return 77
+  return $status
+}
+record() {
+  local what
+  case $2 in 0) what=passed ;; 77) what="skipped ($(grep -m1 -o 'skip: .*' "$3" 2>/dev/null))" ;;
+    124) what="FAILED (out of time)" ;; *) what="FAILED (exit $2)" ;; esac
+  echo "== $1: $what"
+  echo "$1: $what" >> "$out/tests.txt"
+}
+
+# ours: "<units>/s peak_GiB used_GiB" from a bench log, or "-" fields
+ours() {
+  local f=$1 r p u
+  r=$(grep -o 'bench: .*' "$f" 2>/dev/null | grep -oE '[0-9.]+ (tokens|images)/s \|' | awk '{print $1}')
+  p=$(grep -m1 -o 'allocator peak [0-9.]* GiB' "$f" 2>/dev/null | awk '{print $3}')
+  # a run stopped before its summary: the last step's time, the memory after set-up
+  [ -z "$r" ] && r=$(grep -oE 'bench step [0-9]+/[0-9]+ .* [0-9.]+ s$' "$f" 2>/dev/null | tail -1 | awk '{print "step:" $(NF-1) "s"}')
+  [ -z "$p" ] && p=$(grep -m1 -oE 'memory per rank: device [0-9.]+ MiB' "$f" 2>/dev/null | awk '{printf "%.3f(setup)", $5 / 1024}')
+  u=$(grep -m1 -oE 'GPU [0-9.]+ of' "$f" 2>/dev/null | awk '{print $2}')
+  echo "${r:--} ${p:--} ${u:--}"
+}
+# the anchor's JSON line: "<units>/s peak_alloc_GiB peak_reserved_GiB"
+anchor() {
+  python3 - "$1" <<'PY' 2>/dev/null || echo "- - -"
+import json, sys
+line = [l for l in open(sys.argv[1]) if l.startswith("{")][-1]
+d = json.loads(line)
+r = d.get("tokens_per_s", d.get("images_per_s", "-"))
+print(r, d.get("peak_alloc_GiB", "-"), d.get("peak_reserved_GiB", "-"))
+PY
+}
+
+run_bench() {
+  local dit_repo=.device/dit
+  "$tz" --version > "$out/version.txt" 2>&1
+  "$tz" bench --preset llama2-7b --dry-run > "$out/plan-llama2-7b.log" 2>&1
+  grep -m1 'planned backend memory' "$out/plan-llama2-7b.log" | sed 's/^/   /'
+  echo "== turbozero bench --preset llama2-7b (LoRA r16 on a 4-bit TurboQuant base, seq 2048)"
+  timeout "$(cap 170)" "$tz" bench --preset llama2-7b --set train.steps=6 > "$out/bench-llama2-7b.log" 2>&1 ||
+    echo "   (exit $?: see bench-llama2-7b.log)"
+  grep -E 'bench:|bench memory|step split|host step|memory per rank' "$out/bench-llama2-7b.log" | sed 's/^/   /'
+  for mode in lora full; do
+    echo "== anchor_peft.py $mode"
+    timeout "$(cap 100)" python3 .device/anchor/anchor_peft.py $mode > "$out/anchor-$mode.log" 2>&1 ||
+      echo "   (exit $?: see anchor-$mode.log)"
+    grep '^{' "$out/anchor-$mode.log" | sed 's/^/   /'
+  done
+  if [ "$(left 20)" -gt 140 ]; then
+    echo "== turbozero bench --preset dit-xl-2 (full fine-tuning, batch 32)"
+    timeout "$(cap 90)" "$tz" bench --preset dit-xl-2 --set train.steps=6 > "$out/bench-dit-xl-2.log" 2>&1 ||
+      echo "   (exit $?: see bench-dit-xl-2.log)"
+    grep -E 'bench:|bench memory|step split' "$out/bench-dit-xl-2.log" | sed 's/^/   /'
+    if [ -e $dit_repo/models.py ] && [ "$(left 20)" -gt 45 ]; then
+      echo "== dit_anchor.py full"
+      timeout "$(cap 80)" python3 .device/anchor/dit_anchor.py $dit_repo full > "$out/anchor-dit-full.log" 2>&1 ||
+        echo "   (exit $?: see anchor-dit-full.log)"
+      grep '^{' "$out/anchor-dit-full.log" | sed 's/^/   /'
+    else
+      echo "== dit_anchor.py: not run ($([ -e $dit_repo/models.py ] && echo "out of time" || echo "no DiT models.py carried: pack with TZ_DIT_REPO"))"
+    fi
+  else
+    echo "== DiT-XL/2: not run (out of time)"
+  fi
+}
+
+table() {
+  local a b c d e
+  {
+    echo
+    echo "GPU: $(cat "$out/gpu.txt" 2>/dev/null)   (elapsed $((SECONDS - start)) s)"
+    [ -s "$out/tests.txt" ] && sed 's/^/test /' "$out/tests.txt"
+    printf '%-44s %12s %14s %14s\n' "run" "units/s" "peak GiB" "device GiB"
+    read -r a b c <<< "$(ours "$out/bench-llama2-7b.log")"
+    printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b LoRA r16, 4-bit, fp32" "$a tok" "$b alloc" "$c used"
+    read -r a b c <<< "$(anchor "$out/anchor-lora.log")"
+    printf '%-44s %12s %14s %14s\n' "anchor peft LoRA r16, bf16" "$a tok" "$b alloc" "$c reserved"
+    read -r a b c <<< "$(anchor "$out/anchor-full.log")"
+    printf '%-44s %12s %14s %14s\n' "anchor full fwd+bwd, bf16" "$a tok" "$b alloc" "$c reserved"
+    if [ -e "$out/bench-dit-xl-2.log" ]; then
+      read -r a b c <<< "$(ours "$out/bench-dit-xl-2.log")"
+      printf '%-44s %12s %14s %14s\n' "turbozero dit-xl-2 full, batch 32, fp32" "$a img" "$b alloc" "$c used"
+    fi
+    if [ -e "$out/anchor-dit-full.log" ]; then
+      read -r a b c <<< "$(anchor "$out/anchor-dit-full.log")"
+      printf '%-44s %12s %14s %14s\n' "anchor DiT-XL/2 full, batch 32, bf16 autocast" "$a img" "$b alloc" "-"
+    fi
+    echo "(turbozero: allocator peak = its own count; used = cudaMemGetInfo, whole GPU. anchor:"
+    echo " torch max_memory_allocated / max_memory_reserved. Logs: $out)"
+  } | tee "$out/table.txt"
+}
 
 case "${1:-}" in
 pack)
@@ -26,38 +162,39 @@ pack)
   files=("$build/turbozero" "$build/libtzcuda.so") # the CUDA backend is a loaded module
   for t in "${tests[@]}"; do files+=("$build/tests/$t"); done
   kit=${TZ_DEVICE_KIT:-$root/../shared/device}
-  mkdir -p .device/debs
+  mkdir -p .device/debs .device/anchor
   if [ -z "$(ls .device/debs/*.deb 2>/dev/null)" ]; then
     # shellcheck disable=SC2046
     (cd .device/debs && apt-get download $(cat "$kit/runtime-packages.txt") >/dev/null 2>&1) ||
       { apt-get update -qq && (cd .device/debs && apt-get download $(cat "$kit/runtime-packages.txt")); }
   fi
   cp "$kit/env.sh" .device/env.sh
+  cp "$kit/anchor_peft.py" "$kit/dit_anchor.py" .device/anchor/
+  if [ -n "${TZ_DIT_REPO:-}" ]; then mkdir -p .device/dit && cp "$TZ_DIT_REPO/models.py" .device/dit/; fi
   for f in "${files[@]}"; do mkdir -p ".device/$(dirname "$f")"; cp -a "$f" ".device/$f"; done
-  du -sh .device | awk '{print ".device: " $1}'
-  echo "now carry .device/ to the GPU machine and run: tests/gpu/device.sh run"
+  du -sh .device | awk '{print ".device: " $1 " (with the working tree, under 64 MiB)"}'
+  echo "now carry .device/ to the GPU machine and run: tests/gpu/device.sh all"
   ;;
 run)
-  [ -e .device/env.sh ] || { echo "no .device/env.sh: run 'tests/gpu/device.sh pack' first" >&2; exit 2; }
-  # shellcheck disable=SC1091
-  source .device/env.sh
-  export TZ_CUDA_MODULE=$PWD/.device/$build/libtzcuda.so # beside turbozero; the tests' is here
-  nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not available"
-  status=0 skipped=0
-  for t in "${tests[@]}"; do
-    exe=".device/$build/tests/$t"
-    echo "== $t"
-    "$exe"
-    rc=$?
-    if [ $rc -eq 77 ]; then skipped=1; echo "== $t: skipped (no GPU or no CUDA backend)"
-    elif [ $rc -ne 0 ]; then status=1; echo "== $t: FAILED (exit $rc)"
-    else echo "== $t: passed"; fi
-  done
-  [ $status -eq 0 ] && [ $skipped -eq 1 ] && exit 77
-  exit $status
+  setup
+  run_tests
+  exit $?
+  ;;
+bench)
+  setup
+  run_bench
+  table
+  ;;
+all)
+  setup
+  run_tests
+  rc=$?
+  run_bench
+  table
+  exit $rc
   ;;
 *)
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
   ;;
 esac

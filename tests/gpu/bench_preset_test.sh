@@ -1,0 +1,66 @@
+#!/bin/bash
+# bench --preset on the CPU (the GPU figures come from tests/gpu/device.sh): the Llama-2-7B and
+# DiT-XL/2 shapes planned by --dry-run (parameter counts, planned memory), the full-size
+# presets refused on a CPU backend, and the CPU-sized presets run: the allocator's peak equals
+# the dry run's plan, and the step split is printed. Usage: bench_preset_test.sh TURBOZERO [WORK]
+set -uo pipefail
+tz=${1:?usage: bench_preset_test.sh TURBOZERO [WORKDIR]}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=${2:-$(mktemp -d)}
+cd "$root"
+source tests/lib.sh
+mkdir -p "$work"
+export OMP_WAIT_POLICY=PASSIVE
+
+# 1. Llama-2-7B: 6,738,415,616 base parameters (the published count) + LoRA r16 on all 7
+#    projections of 32 layers = 32 * 16 * (4 * 2 * 4096 + 2 * (4096 + 11008) + 11008 + 4096)
+"$tz" bench --preset llama2-7b --dry-run --set run.device=cpu > "$work/7b.log" 2>&1 ||
+  { bad "dry run llama2-7b failed"; tail -3 "$work/7b.log"; }
+lora=$((32 * 16 * (4 * 2 * 4096 + 3 * (4096 + 11008))))
+grep -q "$((6738415616 + lora)) params, $lora trainable (lora)" "$work/7b.log" &&
+  ok "llama2-7b: 6738415616 base parameters + $lora LoRA parameters" ||
+  bad "llama2-7b parameter count: $(grep -o '[0-9]* params, [0-9]* trainable' "$work/7b.log")"
+# codes + scales of the 224 projections: 4 bits + a bf16 scale per 128 weights (+ 16 levels each)
+proj=$((32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)))
+want=$(awk -v p=$proj 'BEGIN {printf "%.3f", (p * (0.5 + 2 / 128) + 224 * 64) / 2^30}')
+got=$(grep -o 'codes + scales [0-9.]*' "$work/7b.log" | awk '{print $4}')
+[ "$got" = "$want" ] && ok "llama2-7b: planned codes + scales $got GiB" ||
+  bad "llama2-7b: planned codes + scales ${got:-?} GiB, expected $want"
+grep -q "planned backend memory per rank: [0-9.]* GiB" "$work/7b.log" &&
+  ok "llama2-7b: $(grep -o 'planned backend memory per rank: [0-9.]* GiB' "$work/7b.log")" ||
+  bad "no planned memory line"
+# DiT-XL/2: 675,129,632 parameters in DiT's own count, of which the fixed 256 x 1152
+# position table is a buffer here
+"$tz" bench --preset dit-xl-2 --dry-run --set run.device=cpu > "$work/xl.log" 2>&1 ||
+  { bad "dry run dit-xl-2 failed"; tail -3 "$work/xl.log"; }
+grep -q "$((675129632 - 256 * 1152)) params" "$work/xl.log" &&
+  ok "dit-xl-2: $((675129632 - 256 * 1152)) parameters (DiT-XL/2 without its position table)" ||
+  bad "dit-xl-2 parameter count: $(grep -o '[0-9]* params' "$work/xl.log")"
+
+# 2. refused on a CPU backend, at once and with the way out
+for p in llama2-7b dit-xl-2; do
+  timeout 60 "$tz" bench --preset $p --set run.device=cpu > "$work/no-$p.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "needs a GPU" "$work/no-$p.log" && grep -q "HINT:.*--dry-run" "$work/no-$p.log" &&
+    ok "$p on the CPU: refused (exit $rc) with a hint" || bad "$p on the CPU: exit $rc, $(tail -1 "$work/no-$p.log")"
+done
+
+# 3. the CPU-sized presets run; the allocator's peak is the dry run's plan
+plan() { grep -o 'planned backend memory per rank: [0-9.]* GiB ([0-9]* bytes)' "$1" | grep -o '([0-9]*' | tr -d '('; }
+peak() { grep -m1 -o 'allocator peak [0-9.]* GiB ([0-9]* bytes' "$1" | awk '{print $5}' | tr -d '('; }
+for p in llama-tiny dit-tiny; do
+  "$tz" bench --preset $p --dry-run > "$work/$p-plan.log" 2>&1
+  "$tz" bench --preset $p --set train.threads=2 > "$work/$p.log" 2>&1 || { bad "bench $p failed"; tail -3 "$work/$p.log"; continue; }
+  a=$(plan "$work/$p-plan.log") b=$(peak "$work/$p.log")
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok "$p: allocator peak $b bytes, as planned" || bad "$p: planned ${a:-?} bytes, allocator peak ${b:-?}"
+  split=$(grep -o 'step split, .*' "$work/$p.log")
+  echo "$split" | grep -qE 'forward [0-9.]+ s.*backward [0-9.]+ s.*communication.*copies.*optimizer.*other.*sum' &&
+    ok "$p: $(grep -o 'bench: .*' "$work/$p.log" | grep -oE '[0-9]+ (tokens|images)/s \|' | tr -d ' |'), ${split%%|*}" ||
+    bad "$p: no step split line"
+done
+OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 2 "$tz" bench --preset llama-tiny --set train.threads=1 > "$work/np2.log" 2>&1
+OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 2 "$tz" bench --preset llama-tiny --dry-run > "$work/np2-plan.log" 2>&1
+a=$(plan "$work/np2-plan.log") b=$(peak "$work/np2.log")
+[ -n "$a" ] && [ "$a" = "$b" ] && ok "llama-tiny, 2 ranks: allocator peak $b bytes (with the stage-2 staging), as planned" ||
+  bad "llama-tiny, 2 ranks: planned ${a:-?} bytes, allocator peak ${b:-?}"
+finish bench_preset

@@ -1,0 +1,185 @@
+/* Whole models on the CUDA backend against the CPU backend (the specification): the same
+ * small random Llama or DiT built on both, one forward + backward on the same batch, then the
+ * loss and every trainable gradient compared. Llama: tied embeddings with grouped-query
+ * heads, untied with as many kv heads as heads (and activation checkpointing), and LoRA on a
+ * 4-bit TurboQuant base (untied, GQA, checkpointing: the rotation and decode path); DiT:
+ * full training with learned sigma (the XL/2 layout at a small size). Exits 77 (skip) in a
+ * build without the CUDA backend or where no GPU is visible. TZ_CUDA_MODULE picks the module
+ * (the CPU emulation of the CUDA backend runs the same checks).
+ *
+ * Every op of the table is checked alone by test_cuda_ops, at relative errors up to 3e-5
+ * (attention) and mostly 1e-6..1e-5. A whole model chains about 25 ops per layer forward and
+ * as many backward, and the errors add rather than multiply (each op's error is relative to
+ * its own output's scale): 2 layers give a few times 1e-5 at worst. Stated tolerances, max
+ * |gpu - cpu| / max |cpu| over a tensor:
+ *   loss       2e-5 relative (a sum over every token of fp32 log-sum-exps, one reduction
+ *              order against another, on top of the forward's own error);
+ *   gradients  2e-4 relative per tensor (the backward's errors on top of the forward's,
+ *              through the same chain twice with checkpointing; a tensor whose gradient is
+ *              a long sum over B*T rows, such as a norm weight, collects the most).
+ * A failure names the model, the tensor and the error found. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/rng.h"
+#include "model/dit.h"
+#include "model/llama.h"
+#include "tz_check.h"
+
+#define TOL_LOSS 2e-5
+#define TOL_GRAD 2e-4
+
+static tz_backend *g_cpu, *g_gpu;
+
+/* Random values for every parameter (quantized ones keep their codes), the same on both
+ * backends: each tensor's draws come from its own stream. */
+static void fill_random(tz_params *ps, tz_backend *be, uint64_t seed) {
+    for (int i = 0; i < ps->n; i++) {
+        tz_param *p = ps->p[i];
+        if (p->q) continue;
+        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_TEST, 0);
+        float *h = malloc((size_t)p->numel * sizeof *h);
+        for (int64_t k = 0; k < p->numel; k++)
+            h[k] = p->ndim == 1 ? 1.0f + 0.2f * (2.0f * tz_rng_uniform(&r) - 1.0f)
+                                : 0.08f * (2.0f * tz_rng_uniform(&r) - 1.0f);
+        be->upload(be, p->w, h, (size_t)p->numel * sizeof *h);
+        free(h);
+    }
+}
+
+/* The gradient buffer of ps on be (zeroed by alloc). */
+static float *bind(tz_params *ps, tz_backend *be) {
+    float *g = be->alloc(be, (size_t)ps->flat_numel * sizeof(float));
+    tz_params_bind_grads(ps, g);
+    return g;
+}
+
+/* Loss and every trainable gradient of a (CPU) against b (GPU). */
+static void compare(const char *what, double la, double lb, tz_params *a, tz_params *b) {
+    double le = fabs(la - lb) / (fabs(la) > 0 ? fabs(la) : 1.0);
+    check(le <= TOL_LOSS && isfinite(lb), "%s: loss cpu %.9g gpu %.9g (relative %.2e, tolerance %.0e)",
+          what, la, lb, le, TOL_LOSS);
+    double worst = 0.0;
+    const char *wname = "-";
+    int bad = 0, n = 0, zero = 0; /* zero: gradients that are 0 on the CPU (nothing compared) */
+    for (int i = 0; i < a->n; i++) {
+        tz_param *p = a->p[i], *q = b->p[i];
+        if (!p->g) continue;
+        n++;
+        float *h = malloc((size_t)q->numel * sizeof *h);
+        g_gpu->download(g_gpu, h, q->g, (size_t)q->numel * sizeof *h);
+        double e = 0.0, s = 0.0;
+        for (int64_t k = 0; k < p->numel; k++) {
+            double d = fabs((double)h[k] - (double)p->g[k]);
+            if (!(d <= e)) e = d; /* NaN: +inf below */
+            if (fabs((double)p->g[k]) > s) s = fabs((double)p->g[k]);
+        }
+        free(h);
+        zero += s == 0;
+        double rel = e != e ? INFINITY : s > 0 ? e / s : e;
+        if (!(rel <= TOL_GRAD)) {
+            bad++;
+            printf("     %s: %s: gradient error %.3e (max |cpu| %.3e)\n", what, p->name, rel, s);
+        }
+        if (!(rel <= worst)) worst = rel, wname = p->name;
+    }
+    check(bad == 0 && n > 0 && zero == 0,
+          "%s: %d gradients (%d all zero), worst relative error %.2e (%s), tolerance %.0e", what,
+          n, zero, worst, wname, TOL_GRAD);
+}
+
+static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lora_bits) {
+    tz_llama_dims d;
+    memset(&d, 0, sizeof d);
+    d.vocab = 97, d.dim = 64, d.hidden = 192, d.n_layers = 2, d.n_heads = 4, d.n_kv_heads = kv;
+    d.head_dim = 16, d.max_pos = 128, d.eps = 1e-5, d.theta = 10000.0, d.tied = tied;
+    tz_model_opts o;
+    memset(&o, 0, sizeof o);
+    o.checkpointing = ckpt;
+    if (lora_bits) {
+        o.quant.bits = lora_bits, o.quant.group = 64, o.quant.seed = 5;
+        o.lora.targets = (1 << TZ_LIN_N) - 1, o.lora.rank = 4, o.lora.alpha = 8;
+    } else {
+        o.full = 1;
+    }
+    const int64_t B = 2, T = 37;
+    int32_t *in = malloc((size_t)(B * T) * sizeof *in), *tg = malloc((size_t)(B * T) * sizeof *tg);
+    tz_rng r = tz_rng_make(11, 0, TZ_RNG_TEST, 1);
+    for (int64_t i = 0; i < B * T; i++) {
+        in[i] = (int32_t)tz_rng_below(&r, (uint64_t)d.vocab);
+        tg[i] = i % 11 == 3 ? -1 : (int32_t)tz_rng_below(&r, (uint64_t)d.vocab); /* some ignored */
+    }
+    tz_llama *m[2];
+    float *g[2];
+    double loss[2];
+    tz_backend *be[2] = {g_cpu, g_gpu};
+    for (int k = 0; k < 2; k++) {
+        m[k] = tz_llama_create(be[k], &d, &o);
+        tz_llama_init_random(m[k], 3); /* the quantized base: the same codes on both */
+        fill_random(&m[k]->params, be[k], 7);
+        g[k] = bind(&m[k]->params, be[k]);
+        tz_llama_setup(m[k], B, T);
+        loss[k] = tz_llama_forward_backward(m[k], in, tg, 1.0f / (float)(B * T));
+    }
+    compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
+    for (int k = 0; k < 2; k++) {
+        be[k]->release(be[k], g[k]);
+        tz_llama_free(m[k]);
+    }
+    free(in), free(tg);
+}
+
+static void dit_case(const char *what) {
+    tz_dit_dims d;
+    char err[128];
+    if (tz_dit_preset("tiny", &d, err, sizeof err)) check(0, "%s", err);
+    d.input_size = 8, d.in_channels = 4, d.patch_size = 2, d.hidden = 64, d.depth = 2;
+    d.num_heads = 4, d.num_classes = 10, d.learn_sigma = 1; /* DiT-XL/2's layout, small */
+    tz_model_opts o;
+    memset(&o, 0, sizeof o);
+    o.full = 1;
+    const int64_t n = 3, numel = tz_dit_image_numel(&d);
+    float *x = malloc((size_t)(n * numel) * sizeof *x), *tgt = malloc((size_t)(n * numel) * sizeof *tgt);
+    float t[3] = {17.0f, 500.0f, 999.0f};
+    int32_t y[3] = {1, 7, tz_dit_null_class(&d)};
+    tz_rng r = tz_rng_make(13, 0, TZ_RNG_TEST, 2);
+    for (int64_t i = 0; i < n * numel; i++) x[i] = (float)tz_rng_normal(&r), tgt[i] = (float)tz_rng_normal(&r);
+    tz_dit *m[2];
+    float *g[2];
+    double loss[2];
+    tz_backend *be[2] = {g_cpu, g_gpu};
+    for (int k = 0; k < 2; k++) {
+        m[k] = tz_dit_create(be[k], &d, &o);
+        fill_random(&m[k]->params, be[k], 9); /* adaLN-Zero would zero most gradients */
+        g[k] = bind(&m[k]->params, be[k]);
+        tz_dit_setup(m[k], n);
+        loss[k] = tz_dit_forward_backward(m[k], x, t, y, tgt, 1.0f / (float)(n * numel));
+    }
+    compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
+    for (int k = 0; k < 2; k++) {
+        be[k]->release(be[k], g[k]);
+        tz_dit_free(m[k]);
+    }
+    free(x), free(tgt);
+}
+
+int main(void) {
+    int n = tz_cuda_device_count();
+    if (n <= 0) {
+        printf("skip: %s\n", n < 0 ? "this build has no CUDA backend" : "no CUDA device");
+        return 77;
+    }
+    g_cpu = tz_backend_create("cpu", 0, 2);
+    g_gpu = tz_backend_create("cuda", 0, 0);
+    llama_case("llama tied, GQA 4/2, full", 1, 2, 0, 0);
+    llama_case("llama untied, 4/4 heads, full, checkpointing", 0, 4, 1, 0);
+    llama_case("llama untied, GQA 4/2, LoRA on 4-bit TurboQuant, checkpointing", 0, 2, 1, 4);
+    dit_case("dit 8x8x4, patch 2, learned sigma, full");
+    tz_backend_destroy(g_gpu);
+    tz_backend_destroy(g_cpu);
+    return tz_check_done("test_gpu_model");
+}
