@@ -1,12 +1,24 @@
-/* CUDA matmul C = alpha*op(A)*op(B) + beta*C through cuBLAS SGEMM (fp32 in, fp32 out, no TF32:
- * the handle's math mode is set at creation), row-major operands mapped onto the column-major
- * library. */
+/* CUDA matmul C = alpha*op(A)*op(B) + beta*C, row-major operands mapped onto the column-major
+ * cuBLAS. be->matmul_dtype chooses the operands' type:
+ *   TZ_DT_F32:  SGEMM, fp32 products without TF32 (the handle's pedantic math mode), the
+ *               CPU's arithmetic up to the order of the sums;
+ *   TZ_DT_BF16: A and B rounded to bf16 (to nearest even) into the ops' scratch, then
+ *               cublasGemmEx with bf16 inputs, fp32 accumulation (CUBLAS_COMPUTE_32F) and an
+ *               fp32 C: the tensor-core GEMM. Every product of two bf16 values is exact in
+ *               fp32, so the error against fp32 operands is the two roundings (relative
+ *               2^-8 each) plus the fp32 sums. */
+#include <cuda_bf16.h>
 #include <limits.h>
 
 #include "cuda/cuda_internal.cuh"
 
 static __global__ void k_scale_only(float *C, float beta, int64_t n) {
     TZ_CUDA_FOR(i, n) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+}
+
+/* dst[i] = bf16(src[i]), round to nearest even (NaN stays NaN). */
+static __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
+    TZ_CUDA_FOR(i, n) dst[i] = __float2bfloat16_rn(src[i]);
 }
 
 /* Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T, and a row-major
@@ -31,9 +43,31 @@ static void cuda_matmul(tz_backend *be, float *C, const float *A, const float *B
     cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
     int lda = (int)(transA ? M : K), ldb = (int)(transB ? K : N);
+    cublasHandle_t h = tz_cuda_ctx_of(be)->cublas;
+    if (be->matmul_dtype == TZ_DT_BF16) {
+        /* both operands converted into one scratch block (A's part rounded up to 128
+         * elements, so B's starts 256-byte aligned like the block) */
+        const int64_t na = M * K, nb = K * N, na_pad = (na + 127) / 128 * 128;
+        __nv_bfloat16 *a16 = (__nv_bfloat16 *)tz_cuda_scratch(
+            be, (size_t)(na_pad + nb) * sizeof(__nv_bfloat16));
+        __nv_bfloat16 *b16 = a16 + na_pad;
+        cudaStream_t st = tz_cuda_stream(be);
+        k_to_bf16<<<tz_cuda_blocks(na, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(a16, A, na);
+        CUDA_LAUNCHED();
+        k_to_bf16<<<tz_cuda_blocks(nb, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(b16, B, nb);
+        CUDA_LAUNCHED();
+        /* the default math mode lets cuBLAS use tensor cores for bf16 inputs (fp32
+         * accumulation either way); pedantic mode is restored for the fp32 GEMMs */
+        CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+        CUBLAS_CHECK(cublasGemmEx(h, opB, opA, (int)N, (int)M, (int)K, &alpha, b16, CUDA_R_16BF,
+                                  ldb, a16, CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, (int)N,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
+        return;
+    }
     /* beta == 0: cuBLAS does not read C (NaN there does not propagate) */
-    CUBLAS_CHECK(cublasSgemm(tz_cuda_ctx_of(be)->cublas, opB, opA, (int)N, (int)M, (int)K, &alpha,
-                             B, ldb, A, lda, &beta, C, (int)N));
+    CUBLAS_CHECK(cublasSgemm(h, opB, opA, (int)N, (int)M, (int)K, &alpha, B, ldb, A, lda, &beta,
+                             C, (int)N));
 }
 
 void tz_cuda_install_matmul(tz_backend *be) { be->matmul = cuda_matmul; }

@@ -87,6 +87,7 @@ typedef struct tz_config {
         int overwrite;                /* replace an existing run in run.dir */
         int save_dtype;               /* full-mode model output: "f32" (0) | "bf16" (1) */
         int device;                   /* compute backend: "auto" (0) | "cpu" (1) | "cuda" (2) */
+        int precision;                /* GEMM operands: "auto" (0) | "fp32" (1) | "bf16" (2) */
         double collective_timeout;    /* seconds a collective may wait; 0 = no watchdog */
     } run;
 } tz_config;
@@ -104,5 +105,7 @@ void tz_config_write(const tz_config *cfg, const tz_config_names *names, FILE *f
 const char *tz_mode_name(int mode);
 /* run.device as a backend name for tz_backend_create: "auto", "cpu" or "cuda". */
 const char *tz_device_name(int device);
+/* run.precision by name for tz_backend_set_precision: "auto", "fp32" or "bf16". */
+const char *tz_precision_name(int precision);
 
 #endif

@@ -282,6 +282,7 @@ fails set_float_range "--set optim.beta2=1: expected a number in [0, 1) (got 1)"
 fails set_long_string "--set run.dir=" "(got a string of 600 bytes)" "$GOOD" "run.dir=$LONG"
 fails set_empty_required "--set model.path=: expected a string" "(got an empty string)" "$GOOD" model.path=
 fails set_bad_device "--set run.device=gpu: expected one of \"auto\", \"cpu\", \"cuda\" (got \"gpu\")" "" "$GOOD" run.device=gpu
+fails set_bad_precision "--set run.precision=fp16: expected one of \"auto\", \"fp32\", \"bf16\" (got \"fp16\")" "" "$GOOD" run.precision=fp16
 # the file's own errors come before any --set
 fails file_before_set "$TMP/unknown_key.cfg:3: train.micro_bach: unknown key" "" "$TMP/unknown_key.cfg" train.steps=5
 

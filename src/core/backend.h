@@ -17,12 +17,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/dtype.h"
+
 typedef struct tz_backend tz_backend;
 
 struct tz_backend {
     const char *name;
     int device;        /* 1: memory is not host-addressable (copy with upload/download) */
     void *ctx;         /* implementation state */
+    /* The operand type of matmul: TZ_DT_F32 (fp32 products, the CPU's and every backend's
+     * default) or TZ_DT_BF16 (A and B rounded to bf16 to nearest even, products summed in
+     * fp32, C fp32: tensor-core GEMMs). Set with tz_backend_set_precision; a backend lists
+     * the types it supports as bits (1u << type) of matmul_dtypes. Every other op and all
+     * storage stay fp32. */
+    enum tz_dtype matmul_dtype;
+    unsigned matmul_dtypes;
     /* frees the implementation state and the table itself (tz_backend_destroy calls it) */
     void (*destroy)(tz_backend *be);
 
@@ -234,6 +243,10 @@ struct tz_backend {
  * default), used by cpu. Fatal, with a hint, when the backend named cannot be created
  * (a build without CUDA, no GPU), or when the table it fills has a NULL op. */
 tz_backend *tz_backend_create(const char *name, int device, int threads);
+/* run.precision: "fp32", "bf16", or "auto" (bf16 on a device backend that supports it, else
+ * fp32): sets be->matmul_dtype. Fatal, with a hint, when the backend lacks the type asked
+ * for (the CPU computes in fp32 only). Returns the type chosen. */
+enum tz_dtype tz_backend_set_precision(tz_backend *be, const char *precision);
 /* Frees a backend made by any create function (NULL: nothing). */
 void tz_backend_destroy(tz_backend *be);
 /* Names of the backends built in, e.g. "cpu, cuda" (a static string). */
