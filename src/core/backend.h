@@ -220,6 +220,19 @@ struct tz_backend {
                           int64_t cols, int group, uint64_t seed);
     void (*tq_dequant)(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
                        const float *levels, int64_t rows, int64_t cols, int bits, int group);
+    /* A GEMM with a quantized weight W [rows, cols] (tq_dequant's w from codes, scales,
+     * levels) as the second operand, decoded on the way into `tile` (rows * cols elements
+     * of the GEMM operand type, tz_dtype_size(matmul_dtype) bytes each, of backend memory:
+     * the caller's scratch, its contents afterwards unspecified):
+     *   transW = 1: C[M, rows] = alpha * A[M, cols] W^T + beta * C  (a layer's forward)
+     *   transW = 0: C[M, cols] = alpha * A[M, rows] W   + beta * C  (its input gradient)
+     * With fp32 GEMMs it is tq_dequant into tile then matmul(C, A, tile, ..., transA = 0,
+     * transB = transW), which is what the CPU does; with bf16 GEMMs the weight is decoded
+     * straight into bf16, so that no fp32 copy of it is made. */
+    void (*tq_matmul)(tz_backend *be, float *C, const float *A, float *tile,
+                      const uint8_t *codes, const uint16_t *scales, const float *levels,
+                      int64_t rows, int64_t cols, int bits, int group, int64_t M, int transW,
+                      float alpha, float beta);
 };
 
 /* Every function pointer of the table, in the order of the struct (the memory ops first).
@@ -235,7 +248,7 @@ struct tz_backend {
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \
     X(gelu_tanh_bwd) X(silu_fwd) X(silu_bwd) X(bias_add_fwd) X(bias_bwd) X(mse_fwd)         \
     X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate_bwd)            \
-    X(tq_dequant)
+    X(tq_dequant) X(tq_matmul)
 
 /* A backend by name: "cpu", "cuda", or "auto" (cuda when this build has the CUDA backend and
  * a GPU is visible, else cpu); the run.device key. device: the GPU ordinal hint (taken

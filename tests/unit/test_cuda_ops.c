@@ -464,6 +464,55 @@ static void test_attention_cache(int64_t B, int64_t T, int64_t S, int64_t pos0, 
 
 /* ---- quantized weights ---- */
 
+/* tq_matmul, both ways round: fp32 GEMMs against the CPU's (tq_dequant + matmul) at the GEMM
+ * tolerance; bf16 GEMMs, where the weight is decoded straight into bf16, bit for bit against
+ * the GPU's own tq_dequant into fp32 followed by a bf16 matmul (the same rounding of the same
+ * decoded values, then the same GEMM). */
+static void test_tq_matmul(void) {
+    const int bits = 3, g = 64;
+    const int64_t rows = 40, cols = 2 * g, M = 29, ng = rows * cols / g;
+    size_t cb = (size_t)tz_tq_codes_bytes(rows, cols, bits);
+    uint8_t *codes = malloc(cb);
+    uint16_t *scales = malloc((size_t)ng * 2);
+    for (size_t i = 0; i < cb; i++) codes[i] = (uint8_t)tz_rng_below(&g_rng, 256);
+    for (int64_t i = 0; i < ng; i++) scales[i] = tz_f32_to_bf16(urand(0.1f));
+    uint8_t *dcodes = g_gpu->alloc(g_gpu, cb);
+    uint16_t *dscales = g_gpu->alloc(g_gpu, (size_t)ng * 2);
+    g_gpu->upload(g_gpu, dcodes, codes, cb);
+    g_gpu->upload(g_gpu, dscales, scales, (size_t)ng * 2);
+    pair lv = mk(1 << bits, 2.0f), tile = mkz(rows * cols);
+    for (int tw = 0; tw < 2; tw++) {
+        const int64_t K = tw ? cols : rows, N = tw ? rows : cols;
+        pair A = mk(M * K, 1.0f), C = mk(M * N, 1.0f), C2 = mkz(M * N);
+        g_gpu->copy(g_gpu, C2.d, C.d, (size_t)(M * N) * 4);
+        g_cpu->tq_matmul(g_cpu, C.h, A.h, tile.h, codes, scales, lv.h, rows, cols, bits, g, M,
+                         tw, 0.9f, 0.4f);
+        g_gpu->tq_matmul(g_gpu, C.d, A.d, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g,
+                         M, tw, 0.9f, 0.4f);
+        char what[64];
+        snprintf(what, sizeof what, "tq_matmul transW=%d (fp32)", tw);
+        expect(what, &C, 1e-5);
+        g_gpu->matmul_dtype = TZ_DT_BF16; /* C2 still holds C's first values */
+        g_gpu->copy(g_gpu, C.d, C2.d, (size_t)(M * N) * 4);
+        g_gpu->tq_matmul(g_gpu, C.d, A.d, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g,
+                         M, tw, 0.9f, 0.4f);
+        g_gpu->tq_dequant(g_gpu, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g);
+        g_gpu->matmul(g_gpu, C2.d, A.d, tile.d, M, N, K, 0, tw, 0.9f, 0.4f);
+        g_gpu->matmul_dtype = TZ_DT_F32;
+        float *a = malloc((size_t)(M * N) * 4), *b = malloc((size_t)(M * N) * 4);
+        g_gpu->download(g_gpu, a, C.d, (size_t)(M * N) * 4);
+        g_gpu->download(g_gpu, b, C2.d, (size_t)(M * N) * 4);
+        check(!memcmp(a, b, (size_t)(M * N) * 4),
+              "tq_matmul transW=%d (bf16): decoded straight to bf16 = fp32 tile then bf16 "
+              "matmul, bit for bit", tw);
+        free(a), free(b);
+        drop(&A), drop(&C), drop(&C2);
+    }
+    g_gpu->release(g_gpu, dcodes), g_gpu->release(g_gpu, dscales);
+    free(codes), free(scales);
+    drop(&lv), drop(&tile);
+}
+
 static void test_quant(void) {
     const int64_t rows = 5;
     const int64_t shapes[][2] = {{64, 192}, {128, 384}, {256, 512}, {128, 1152}};
@@ -508,6 +557,7 @@ static void test_quant(void) {
             free(codes), free(scales);
             drop(&lv), drop(&w);
         }
+    test_tq_matmul();
 }
 
 int main(void) {
