@@ -1,0 +1,1240 @@
+/* The CUDA runtime of the CPU emulation (cuda/emu/): device memory, streams, events, the
+ * device's description, and kernel execution with cooperative fibers.
+ *
+ * Kernels: the blocks of a launch run one after another on the calling thread. A block's
+ * threads are fibers (their own stacks, 256 KiB each, reused from launch to launch) switched
+ * by one scheduler: a thread runs until it waits at __syncthreads or at a warp collective, or
+ * returns; the last thread to reach a barrier releases the others. Threads that returned no
+ * longer count toward __syncthreads. Misuses that the hardware would turn into a hang or an
+ * undefined result are errors naming the kernel, its block and the threads involved:
+ *   - a deadlock (no thread can run, the block not done: some wait at a barrier others
+ *     never reach, or at different __syncthreads);
+ *   - a warp collective whose mask leaves out the calling lane, names a lane that returned
+ *     or that the block does not have, or whose lanes disagree on the operation or the mask;
+ *   - a shuffle reading a lane outside the mask.
+ * Device memory comes from the host heap, 256-byte aligned, filled with 0xff bytes (a NaN in
+ * every float and double) so that reading what was never written shows; copies and sets are
+ * checked against the allocations (a device operand must lie inside one). Every stream
+ * operation runs at once: streams and events only keep their API contracts. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "emu_internal.h"
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+uint3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+
+namespace {
+
+/* ---- errors ---- */
+
+cudaError_t g_last = cudaSuccess;
+cudaError_t fail(cudaError_t e) {
+    g_last = e;
+    return e;
+}
+
+[[noreturn]] void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("CUDA emulation: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    fflush(stderr);
+    abort();
+}
+
+/* ---- the emulated devices ---- */
+
+int device_count(void) {
+    static int n = 0;
+    if (!n) {
+        const char *e = getenv("TZ_CUDA_EMU_DEVICES");
+        n = e && *e ? atoi(e) : 1;
+        if (n < 1) n = 1;
+        if (n > 16) n = 16;
+    }
+    return n;
+}
+thread_local int g_device = 0;
+
+size_t mem_total(void) {
+    static size_t total = 0;
+    if (!total) {
+        const char *e = getenv("TZ_CUDA_EMU_MEM_MB");
+        long long mb = e && *e ? atoll(e) : 4096;
+        if (mb < 1) mb = 1;
+        total = (size_t)mb << 20;
+    }
+    return total;
+}
+
+/* ---- allocations: device, pinned host (cudaMallocHost), registered host ---- */
+
+enum { MEM_DEVICE, MEM_PINNED, MEM_REGISTERED };
+struct Alloc {
+    char *base;
+    size_t size;
+    int kind;
+};
+pthread_mutex_t g_mem_mu = PTHREAD_MUTEX_INITIALIZER;
+Alloc *g_alloc;
+size_t g_nalloc, g_calloc, g_used;
+
+/* Index of the first allocation whose base is > p (sorted by base). */
+size_t upper(const void *p) {
+    size_t lo = 0, hi = g_nalloc;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (g_alloc[mid].base <= (const char *)p) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+/* The allocation holding p, or NULL. */
+Alloc *holding(const void *p) {
+    size_t i = upper(p);
+    if (!i) return NULL;
+    Alloc *a = &g_alloc[i - 1];
+    return (const char *)p < a->base + (a->size ? a->size : 1) ? a : NULL;
+}
+void add_alloc(char *base, size_t size, int kind) {
+    if (g_nalloc == g_calloc) {
+        g_calloc = g_calloc ? 2 * g_calloc : 256;
+        g_alloc = (Alloc *)realloc(g_alloc, g_calloc * sizeof *g_alloc);
+        if (!g_alloc) die("out of host memory for the allocation table");
+    }
+    size_t i = upper(base);
+    memmove(&g_alloc[i + 1], &g_alloc[i], (g_nalloc - i) * sizeof *g_alloc);
+    g_alloc[i] = Alloc{base, size, kind};
+    g_nalloc++;
+}
+void remove_alloc(Alloc *a) {
+    size_t i = (size_t)(a - g_alloc);
+    memmove(&g_alloc[i], &g_alloc[i + 1], (g_nalloc - i - 1) * sizeof *g_alloc);
+    g_nalloc--;
+}
+
+/* Device allocation containing p: 1 when [p, p + bytes) fits in it, 0 when p is not device
+ * memory, -1 when p is device memory but the range runs past its allocation. */
+int dev_state(const void *p, size_t bytes) {
+    Alloc *a = holding(p);
+    if (!a || a->kind != MEM_DEVICE) return 0;
+    return (size_t)((const char *)p - a->base) + bytes <= a->size ? 1 : -1;
+}
+
+const char *kind_name(cudaMemcpyKind k) {
+    switch (k) {
+    case cudaMemcpyHostToHost: return "HostToHost";
+    case cudaMemcpyHostToDevice: return "HostToDevice";
+    case cudaMemcpyDeviceToHost: return "DeviceToHost";
+    case cudaMemcpyDeviceToDevice: return "DeviceToDevice";
+    case cudaMemcpyDefault: return "Default";
+    }
+    return "?";
+}
+
+/* Checks one side of a copy: `want` 1 device, 0 host, -1 either. */
+cudaError_t check_side(const char *fn, const char *side, const void *p, size_t bytes, int want,
+                       cudaMemcpyKind k) {
+    int st = dev_state(p, bytes);
+    if (st < 0) {
+        tz_emu_note("%s(%s): the %s %p + %zu bytes runs past the end of its device allocation",
+                    fn, kind_name(k), side, p, bytes);
+        return cudaErrorInvalidValue;
+    }
+    if (want == 1 && st != 1) {
+        tz_emu_note("%s(%s): the %s %p is not device memory", fn, kind_name(k), side, p);
+        return cudaErrorInvalidValue;
+    }
+    if (want == 0 && st == 1) {
+        tz_emu_note("%s(%s): the %s %p is device memory", fn, kind_name(k), side, p);
+        return cudaErrorInvalidValue;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t do_copy(const char *fn, void *dst, size_t dpitch, const void *src, size_t spitch,
+                    size_t width, size_t height, cudaMemcpyKind k, cudaStream_t s) {
+    if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    if (!width || !height) return cudaSuccess;
+    if (width > dpitch || width > spitch) return fail(cudaErrorInvalidPitchValue);
+    if ((unsigned)k > (unsigned)cudaMemcpyDefault) return fail(cudaErrorInvalidMemcpyDirection);
+    if (!dst || !src) {
+        tz_emu_note("%s(%s): a NULL %s", fn, kind_name(k), dst ? "source" : "destination");
+        return fail(cudaErrorInvalidValue);
+    }
+    size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
+    int wd = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice ? 1
+             : k == cudaMemcpyDefault                                    ? -1
+                                                                         : 0;
+    int ws = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice ? 1
+             : k == cudaMemcpyDefault                                    ? -1
+                                                                         : 0;
+    pthread_mutex_lock(&g_mem_mu);
+    cudaError_t e = check_side(fn, "destination", dst, dspan, wd, k);
+    if (e == cudaSuccess) e = check_side(fn, "source", src, sspan, ws, k);
+    pthread_mutex_unlock(&g_mem_mu);
+    if (e != cudaSuccess) return fail(e);
+    const char *d0 = (const char *)dst, *s0 = (const char *)src;
+    if (d0 < s0 + sspan && s0 < d0 + dspan && dst != src) {
+        tz_emu_note("%s(%s): the destination %p + %zu and the source %p + %zu overlap", fn,
+                    kind_name(k), dst, dspan, src, sspan);
+        return fail(cudaErrorInvalidValue);
+    }
+    for (size_t r = 0; r < height; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return cudaSuccess;
+}
+
+/* ---- streams and events: live handles in small tables ---- */
+
+struct Handles {
+    void **p;
+    size_t n, cap;
+    int has(const void *h) const {
+        for (size_t i = 0; i < n; i++)
+            if (p[i] == h) return 1;
+        return 0;
+    }
+    void add(void *h) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            p = (void **)realloc(p, cap * sizeof *p);
+            if (!p) die("out of host memory for handles");
+        }
+        p[n++] = h;
+    }
+    int drop(const void *h) {
+        for (size_t i = 0; i < n; i++)
+            if (p[i] == h) {
+                p[i] = p[--n];
+                return 1;
+            }
+        return 0;
+    }
+};
+Handles g_streams, g_events;
+pthread_mutex_t g_handle_mu = PTHREAD_MUTEX_INITIALIZER;
+
+double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+} // namespace
+
+struct tz_emu_stream {
+    unsigned flags;
+};
+struct tz_emu_event {
+    unsigned flags;
+    int recorded;
+    double t_ms;
+};
+
+void tz_emu_note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("CUDA emulation: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+int tz_emu_dev_range(const void *p, size_t bytes) {
+    pthread_mutex_lock(&g_mem_mu);
+    int st = dev_state(p, bytes);
+    pthread_mutex_unlock(&g_mem_mu);
+    return st == 1;
+}
+
+int tz_emu_stream_ok(cudaStream_t s) {
+    if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread) return 1;
+    pthread_mutex_lock(&g_handle_mu);
+    int ok = g_streams.has(s);
+    pthread_mutex_unlock(&g_handle_mu);
+    return ok;
+}
+
+/* ==== kernels: fibers and the block scheduler ==== */
+
+namespace {
+
+const size_t STACK_BYTES = 256 * 1024;
+
+#if defined(__x86_64__)
+/* tz_emu_switch(save, load): saves the callee-saved registers, the SSE and x87 control words
+ * and the stack pointer in *save, and resumes the context whose stack pointer is load. */
+extern "C" void tz_emu_switch(void **save, void *load);
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".type tz_emu_switch,@function\n"
+        "tz_emu_switch:\n"
+        "  pushq %rbp\n"
+        "  pushq %rbx\n"
+        "  pushq %r12\n"
+        "  pushq %r13\n"
+        "  pushq %r14\n"
+        "  pushq %r15\n"
+        "  subq $16, %rsp\n"
+        "  stmxcsr 8(%rsp)\n"
+        "  fnstcw (%rsp)\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  ldmxcsr 8(%rsp)\n"
+        "  fldcw (%rsp)\n"
+        "  addq $16, %rsp\n"
+        "  popq %r15\n"
+        "  popq %r14\n"
+        "  popq %r13\n"
+        "  popq %r12\n"
+        "  popq %rbx\n"
+        "  popq %rbp\n"
+        "  ret\n"
+        ".size tz_emu_switch,.-tz_emu_switch\n");
+#endif
+
+struct Fiber {
+    char *mem; /* guard page, then the stack */
+#if defined(__x86_64__)
+    void *sp;
+#else
+    ucontext_t uc;
+#endif
+};
+
+enum { T_NEW, T_READY, T_SYNC, T_WARP, T_DONE };
+struct Thread {
+    int state;
+    int fiber;
+    int kind;          /* warp collective kind */
+    unsigned mask;     /* its mask */
+    int arg, width;    /* its lane argument and width */
+    int pred;          /* __syncthreads_count/and/or predicate */
+    uint64_t val, res; /* the value put in and the one taken out */
+    const void *site;  /* where it waits (a return address in the kernel) */
+};
+
+/* The launch being run (one at a time: g_launch_mu). */
+struct Launch {
+    const char *name;
+    void (*call)(const void *);
+    const void *fn;
+    unsigned n;  /* threads per block */
+    int live;    /* threads of the block that have not returned */
+    int nsync;   /* of them, waiting at __syncthreads */
+    int cur;     /* the running thread */
+    int reverse; /* run threads in descending order (TZ_CUDA_EMU_ORDER=reverse) */
+    char *smem;
+    size_t smem_bytes, smem_cap;
+    Thread *th;
+    unsigned th_cap;
+    int waiting[32];       /* per warp: lanes waiting at a collective */
+    unsigned exited[32];   /* per warp: lanes that returned */
+    int fiber;             /* the fiber running now, -1 the scheduler */
+    volatile sig_atomic_t in_kernel;
+} L;
+pthread_mutex_t g_launch_mu = PTHREAD_MUTEX_INITIALIZER;
+size_t g_smem_limit = 48 * 1024;
+
+Fiber *g_fib;
+int g_nfib, g_cfib;
+int *g_free; /* free fibers (stack) */
+int g_nfree;
+#if defined(__x86_64__)
+void *g_sched_sp;
+#else
+ucontext_t g_sched_uc;
+#endif
+
+void set_coords(int i) {
+    unsigned u = (unsigned)i;
+    if (blockDim.y == 1 && blockDim.z == 1) { /* the usual case, without divisions */
+        threadIdx.x = u;
+        return;
+    }
+    threadIdx.x = u % blockDim.x;
+    threadIdx.y = (u / blockDim.x) % blockDim.y;
+    threadIdx.z = u / (blockDim.x * blockDim.y);
+}
+
+/* Saves the running context (a fiber or the scheduler) and resumes fiber f. */
+void switch_to_fiber(int f) {
+    int from = L.fiber;
+    L.fiber = f;
+#if defined(__x86_64__)
+    tz_emu_switch(from < 0 ? &g_sched_sp : &g_fib[from].sp, g_fib[f].sp);
+#else
+    swapcontext(from < 0 ? &g_sched_uc : &g_fib[from].uc, &g_fib[f].uc);
+#endif
+}
+/* From a fiber back to the scheduler (nothing else can run). */
+void switch_to_scheduler(void) {
+    int from = L.fiber;
+    L.fiber = -1;
+#if defined(__x86_64__)
+    tz_emu_switch(&g_fib[from].sp, g_sched_sp);
+#else
+    swapcontext(&g_fib[from].uc, &g_sched_uc);
+#endif
+}
+
+void thread_exit(void);
+
+/* Every fiber runs this forever: the kernel for the thread it is given, then back. */
+[[noreturn]] void fiber_main(void) {
+    for (;;) {
+        L.call(L.fn);
+        thread_exit();
+    }
+}
+
+#if defined(__x86_64__)
+extern "C" void tz_emu_fiber_entry(void) { fiber_main(); }
+#endif
+
+int new_fiber(void) {
+    if (g_nfib == g_cfib) {
+        g_cfib = g_cfib ? 2 * g_cfib : 64;
+        g_fib = (Fiber *)realloc(g_fib, (size_t)g_cfib * sizeof *g_fib);
+        g_free = (int *)realloc(g_free, (size_t)g_cfib * sizeof *g_free);
+        if (!g_fib || !g_free) die("out of host memory for fibers");
+    }
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char *mem = (char *)mmap(NULL, STACK_BYTES + page, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) die("cannot map a %zu-byte thread stack", STACK_BYTES);
+    mprotect(mem, page, PROT_NONE); /* a stack overflow faults instead of corrupting */
+    Fiber *f = &g_fib[g_nfib];
+    f->mem = mem;
+    char *top = mem + page + STACK_BYTES;
+#if defined(__x86_64__)
+    uint64_t *sp = (uint64_t *)((uintptr_t)top & ~(uintptr_t)15);
+    *--sp = 0;                                 /* the entry's return address: none */
+    *--sp = (uint64_t)(uintptr_t)&tz_emu_fiber_entry; /* where the first switch returns */
+    for (int r = 0; r < 6; r++) *--sp = 0;     /* rbp rbx r12 r13 r14 r15 */
+    sp -= 2;
+    uint32_t mx;
+    uint16_t cw;
+    __asm__ volatile("stmxcsr %0" : "=m"(mx));
+    __asm__ volatile("fnstcw %0" : "=m"(cw));
+    memcpy((char *)sp, &cw, sizeof cw);
+    memcpy((char *)sp + 8, &mx, sizeof mx);
+    f->sp = sp;
+#else
+    getcontext(&f->uc);
+    f->uc.uc_stack.ss_sp = mem + page;
+    f->uc.uc_stack.ss_size = STACK_BYTES;
+    f->uc.uc_link = NULL;
+    makecontext(&f->uc, (void (*)(void))fiber_main, 0);
+#endif
+    return g_nfib++;
+}
+
+/* The next thread that can run after thread `from` (-1: from the start), in the block's
+ * order (ascending, or descending with TZ_CUDA_EMU_ORDER=reverse); -1 when none can. The
+ * lanes of from's warp come first: a warp runs ahead as far as it can (to a __syncthreads
+ * or its end) before another starts, the schedule that most often exposes a missing
+ * barrier between warps (one warp overwriting shared memory that others have yet to read). */
+int next_runnable(int from) {
+    int n = (int)L.n;
+    if (from >= 0) {
+        int w0 = from & ~31, m = n - w0 < 32 ? n - w0 : 32, lane = from - w0;
+        for (int k = 1; k < m; k++) {
+            int i = w0 + (L.reverse ? ((lane - k) % m + m) % m : (lane + k) % m);
+            int s = L.th[i].state;
+            if (s == T_NEW || s == T_READY) return i;
+        }
+    }
+    for (int k = 1; k <= n; k++) {
+        int i = from < 0 ? (L.reverse ? n - k : k - 1)
+                         : (L.reverse ? ((from - k) % n + n) % n : (from + k) % n);
+        int s = L.th[i].state;
+        if (s == T_NEW || s == T_READY) return i;
+    }
+    return -1;
+}
+
+/* Makes thread i the running one and switches to its fiber (a new thread gets a fiber). */
+void resume(int i) {
+    Thread *t = &L.th[i];
+    if (t->state == T_NEW) {
+        t->fiber = g_nfree ? g_free[--g_nfree] : new_fiber();
+        t->state = T_READY;
+    }
+    L.cur = i;
+    set_coords(i);
+    switch_to_fiber(t->fiber);
+}
+
+/* The running thread waits: another thread runs, or the scheduler when none can. Returns
+ * when this thread is resumed. */
+void yield(void) {
+    int j = next_runnable(L.cur);
+    if (j < 0) switch_to_scheduler();
+    else resume(j);
+}
+
+/* "0-31, 64" style list of the threads in state st (-1: all not returned), into buf. */
+void thread_list(char *buf, size_t cap, int st) {
+    size_t w = 0;
+    buf[0] = 0;
+    for (unsigned i = 0; i < L.n && w + 32 < cap;) {
+        int s = L.th[i].state;
+        if (st >= 0 ? s != st : s == T_DONE) {
+            i++;
+            continue;
+        }
+        unsigned j = i;
+        while (j + 1 < L.n && (st >= 0 ? L.th[j + 1].state == st : L.th[j + 1].state != T_DONE))
+            j++;
+        w += (size_t)snprintf(buf + w, cap - w, "%s%u", w ? ", " : "", i);
+        if (j > i) w += (size_t)snprintf(buf + w, cap - w, "-%u", j);
+        i = j + 1;
+    }
+    if (!buf[0]) snprintf(buf, cap, "none");
+}
+
+const char *site_name(const void *site, char *buf, size_t cap) {
+    Dl_info di;
+    if (site && dladdr(site, &di) && di.dli_sname)
+        snprintf(buf, cap, "%s+%#lx", di.dli_sname,
+                 (unsigned long)((const char *)site - (const char *)di.dli_saddr));
+    else snprintf(buf, cap, "%p", site);
+    return buf;
+}
+
+const char *coll_name(int kind) {
+    switch (kind) {
+    case TZ_EMU_SHFL_IDX: return "__shfl_sync";
+    case TZ_EMU_SHFL_UP: return "__shfl_up_sync";
+    case TZ_EMU_SHFL_DOWN: return "__shfl_down_sync";
+    case TZ_EMU_SHFL_XOR: return "__shfl_xor_sync";
+    case TZ_EMU_BALLOT: return "__ballot_sync/__any_sync/__all_sync";
+    case TZ_EMU_SYNCWARP: return "__syncwarp";
+    }
+    return "?";
+}
+
+[[noreturn]] void kernel_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void kernel_error(const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    die("kernel %s, block (%u,%u,%u) of grid (%u,%u,%u), block size (%u,%u,%u): %s", L.name,
+        blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, gridDim.y, gridDim.z, blockDim.x,
+        blockDim.y, blockDim.z, msg);
+}
+
+[[noreturn]] void deadlock(void) {
+    char sync[512], warp[512], done[512], site[160];
+    thread_list(sync, sizeof sync, T_SYNC);
+    thread_list(warp, sizeof warp, T_WARP);
+    thread_list(done, sizeof done, T_DONE);
+    const void *ws = NULL;
+    int wk = 0;
+    for (unsigned i = 0; i < L.n; i++)
+        if (L.th[i].state == T_WARP) {
+            ws = L.th[i].site;
+            wk = L.th[i].kind;
+            break;
+        }
+    kernel_error("deadlock: no thread can go on. Waiting at __syncthreads: %s; waiting at a "
+                 "warp collective (first: %s at %s): %s; returned: %s",
+                 sync, coll_name(wk), site_name(ws, site, sizeof site), warp, done);
+}
+
+/* Releases the threads waiting at __syncthreads (all live ones are there). */
+void release_sync(void) {
+    const void *site = NULL;
+    int count = 0, first = -1;
+    for (unsigned i = 0; i < L.n; i++)
+        if (L.th[i].state == T_SYNC) {
+            if (first < 0) site = L.th[i].site, first = (int)i;
+            else if (L.th[i].site != site) {
+                char a[160], b[160];
+                kernel_error("threads %d and %u wait at different __syncthreads (%s, %s): "
+                             "a barrier in divergent code",
+                             first, i, site_name(site, a, sizeof a),
+                             site_name(L.th[i].site, b, sizeof b));
+            }
+            count += L.th[i].pred != 0;
+        }
+    for (unsigned i = 0; i < L.n; i++)
+        if (L.th[i].state == T_SYNC) {
+            L.th[i].state = T_READY;
+            L.th[i].res = (uint64_t)count;
+        }
+    L.nsync = 0;
+}
+
+/* Thread L.cur returned from the kernel. On return, L.cur is the thread this fiber runs next
+ * (fiber_main calls the kernel again). */
+void thread_exit(void) {
+    int i = L.cur;
+    Thread *t = &L.th[i];
+    t->state = T_DONE;
+    L.live--;
+    unsigned w = (unsigned)i >> 5, lane = (unsigned)i & 31u, w0 = w * 32;
+    L.exited[w] |= 1u << lane;
+    /* a lane of the warp waiting at a collective that names this lane can never finish */
+    if (L.waiting[w])
+        for (unsigned j = w0; j < w0 + 32 && j < L.n; j++)
+            if (L.th[j].state == T_WARP && (L.th[j].mask >> lane & 1u))
+                kernel_error("thread %d returned while thread %u waits for it at %s (mask %#x)",
+                             i, j, coll_name(L.th[j].kind), L.th[j].mask);
+    if (L.live > 0 && L.nsync == L.live) release_sync();
+    int f = t->fiber, j = next_runnable(i);
+    if (j >= 0 && L.th[j].state == T_NEW) { /* this fiber runs it: no switch */
+        L.th[j].fiber = f;
+        L.th[j].state = T_READY;
+        L.cur = j;
+        set_coords(j);
+        return;
+    }
+    g_free[g_nfree++] = f;
+    /* resumed later only for a new thread, L.cur set by whoever resumes it */
+    if (j < 0) switch_to_scheduler();
+    else resume(j);
+}
+
+void run_block(void) {
+    unsigned n = L.n;
+    for (unsigned i = 0; i < n; i++) L.th[i].state = T_NEW;
+    memset(L.waiting, 0, sizeof L.waiting);
+    memset(L.exited, 0, sizeof L.exited);
+    L.live = (int)n;
+    L.nsync = 0;
+    L.fiber = -1;
+    if (L.smem_bytes) memset(L.smem, 0xff, L.smem_bytes);
+    /* the threads switch among themselves; back here when none can run */
+    resume(next_runnable(-1));
+    if (L.live) deadlock();
+}
+
+/* ---- faults inside kernels: say where, then let the fault take its usual course ---- */
+
+struct sigaction g_old_segv, g_old_bus;
+int g_handlers;
+
+void on_fault(int sig, siginfo_t *si, void *uc) {
+    (void)uc;
+    sigaction(SIGSEGV, &g_old_segv, NULL);
+    sigaction(SIGBUS, &g_old_bus, NULL);
+    g_handlers = 0;
+    if (L.in_kernel) {
+        char msg[512];
+        int len = snprintf(msg, sizeof msg,
+                           "CUDA emulation: kernel %s faulted (%s at address %p) in block "
+                           "(%u,%u,%u), thread (%u,%u,%u): an out-of-bounds or host pointer "
+                           "access on a GPU\n",
+                           L.name, sig == SIGSEGV ? "SIGSEGV" : "SIGBUS", si->si_addr,
+                           blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y,
+                           threadIdx.z);
+        if (len > 0 && write(2, msg, (size_t)len) < 0) {
+        }
+    }
+    /* returning re-runs the faulting access under the previous handler */
+}
+
+void install_fault_handler(void) {
+    if (g_handlers) return;
+    static thread_local int alt = 0;
+    if (!alt) { /* a stack of its own: a thread stack overflow must still be reported */
+        stack_t old;
+        if (sigaltstack(NULL, &old) == 0 && (old.ss_flags & SS_DISABLE)) {
+            static thread_local char *mem = NULL;
+            size_t bytes = 64 * 1024;
+            mem = (char *)malloc(bytes);
+            if (mem) {
+                stack_t st;
+                st.ss_sp = mem;
+                st.ss_size = bytes;
+                st.ss_flags = 0;
+                sigaltstack(&st, NULL);
+            }
+        }
+        alt = 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_old_segv);
+    sigaction(SIGBUS, &sa, &g_old_bus);
+    g_handlers = 1;
+}
+
+} // namespace
+
+/* ---- barriers and warp collectives (called by the kernels' threads) ---- */
+
+static int sync_impl(int pred, const void *site) {
+    Thread *t = &L.th[L.cur];
+    t->state = T_SYNC;
+    t->pred = pred;
+    t->site = site;
+    L.nsync++;
+    if (L.nsync == L.live) release_sync(); /* the last one: everyone goes on, this one first */
+    else yield();
+    return (int)t->res;
+}
+
+__attribute__((noinline)) void __syncthreads(void) {
+    if (!L.in_kernel) die("__syncthreads called outside a kernel");
+    sync_impl(0, __builtin_return_address(0));
+}
+__attribute__((noinline)) int __syncthreads_count(int pred) {
+    return sync_impl(pred, __builtin_return_address(0));
+}
+__attribute__((noinline)) int __syncthreads_and(int pred) {
+    return sync_impl(pred, __builtin_return_address(0)) == L.live;
+}
+__attribute__((noinline)) int __syncthreads_or(int pred) {
+    return sync_impl(pred, __builtin_return_address(0)) != 0;
+}
+
+__attribute__((noinline)) uint64_t tz_emu_warp(int kind, unsigned mask, uint64_t bits, int arg,
+                                               int width) {
+    if (!L.in_kernel) die("%s called outside a kernel", coll_name(kind));
+    int i = L.cur;
+    Thread *t = &L.th[i];
+    unsigned lane = (unsigned)i & 31u, w0 = (unsigned)i & ~31u;
+    if (!(mask >> lane & 1u))
+        kernel_error("thread %d calls %s with mask %#x, which leaves out its own lane %u", i,
+                     coll_name(kind), mask, lane);
+    if (width < 1 || width > 32 || (width & (width - 1)))
+        kernel_error("thread %d calls %s with width %d (a power of 2 up to 32)", i,
+                     coll_name(kind), width);
+    unsigned w = w0 / 32, have = L.n - w0 >= 32 ? ~0u : (1u << (L.n - w0)) - 1u;
+    if (mask & ~have)
+        kernel_error("thread %d calls %s with mask %#x naming lanes this block (%u threads) "
+                     "does not have", i, coll_name(kind), mask, L.n);
+    if (mask & L.exited[w])
+        kernel_error("thread %d calls %s with mask %#x naming lane %d, which has returned", i,
+                     coll_name(kind), mask, __builtin_ctz(mask & L.exited[w]));
+    t->kind = kind;
+    t->mask = mask;
+    t->val = bits;
+    t->arg = arg;
+    t->width = width;
+    t->site = __builtin_return_address(0);
+    t->state = T_WARP;
+    /* complete when every lane of the mask waits here */
+    int need = mask == ~0u ? 32 : __builtin_popcount(mask);
+    if (++L.waiting[w] < need) {
+        yield();
+        return t->res;
+    }
+    for (unsigned l = 0; l < 32; l++)
+        if ((mask >> l & 1u) && L.th[w0 + l].state != T_WARP) {
+            yield();
+            return t->res;
+        }
+    L.waiting[w] -= need;
+    /* all here: the same operation and mask everywhere, then each lane's result */
+    unsigned ballot = 0;
+    for (unsigned l = 0; l < 32; l++) {
+        if (!(mask >> l & 1u)) continue;
+        Thread *o = &L.th[w0 + l];
+        if (o->kind != kind || o->mask != mask || o->width != width) {
+            char a[160], b[160];
+            kernel_error("lanes of warp %u disagree: lane %u at %s (mask %#x, %s), lane %u at "
+                         "%s (mask %#x, %s)", w0 / 32, lane, coll_name(kind), mask,
+                         site_name(t->site, a, sizeof a), l, coll_name(o->kind), o->mask,
+                         site_name(o->site, b, sizeof b));
+        }
+        if (o->val) ballot |= 1u << l;
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        if (!(mask >> l & 1u)) continue;
+        Thread *o = &L.th[w0 + l];
+        unsigned base = l & ~(unsigned)(width - 1), src = l;
+        switch (kind) {
+        case TZ_EMU_SHFL_IDX: src = base + ((unsigned)o->arg & (unsigned)(width - 1)); break;
+        case TZ_EMU_SHFL_UP:
+            src = l - (unsigned)o->arg;
+            if (o->arg < 0 || (int)l - o->arg < (int)base) src = l;
+            break;
+        case TZ_EMU_SHFL_DOWN:
+            src = l + (unsigned)o->arg;
+            if (o->arg < 0 || src >= base + (unsigned)width) src = l;
+            break;
+        case TZ_EMU_SHFL_XOR:
+            src = l ^ ((unsigned)o->arg & 31u);
+            if (src >= base + (unsigned)width) src = l;
+            break;
+        default: break;
+        }
+        if (kind == TZ_EMU_BALLOT) o->res = ballot;
+        else if (kind == TZ_EMU_SYNCWARP) o->res = 0;
+        else {
+            if (!(mask >> src & 1u))
+                kernel_error("lane %u of warp %u reads lane %u at %s, outside the mask %#x", l,
+                             w0 / 32, src, coll_name(kind), mask);
+            o->res = L.th[w0 + src].val;
+        }
+        o->state = T_READY;
+    }
+    return t->res; /* the last lane goes on at once */
+}
+
+void *tz_emu_dyn_smem(void) { return L.smem_bytes ? L.smem : NULL; }
+
+cudaError_t tz_emu_launch_impl(const char *name, dim3 grid, dim3 block, size_t smem,
+                               cudaStream_t s, void (*call)(const void *), const void *fn) {
+    if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
+    if (!block.x || !block.y || !block.z || block.x > 1024 || block.y > 1024 || block.z > 64 ||
+        nt > 1024) {
+        tz_emu_note("kernel %s: block (%u,%u,%u) is not a valid block (at most 1024 threads; "
+                    "x, y <= 1024, z <= 64)", name, block.x, block.y, block.z);
+        return fail(cudaErrorInvalidConfiguration);
+    }
+    if (!grid.x || !grid.y || !grid.z || grid.x > 2147483647u || grid.y > 65535 ||
+        grid.z > 65535) {
+        tz_emu_note("kernel %s: grid (%u,%u,%u) is not a valid grid (x < 2^31, y, z <= 65535)",
+                    name, grid.x, grid.y, grid.z);
+        return fail(cudaErrorInvalidConfiguration);
+    }
+    if (smem > g_smem_limit) {
+        tz_emu_note("kernel %s: %zu bytes of dynamic shared memory exceed the %zu a launch gets "
+                    "without cudaFuncSetAttribute", name, smem, g_smem_limit);
+        return fail(cudaErrorInvalidValue);
+    }
+    pthread_mutex_lock(&g_launch_mu);
+    if (L.in_kernel) die("kernel %s launched from inside kernel %s", name, L.name);
+    static int order = -1;
+    if (order < 0) {
+        const char *e = getenv("TZ_CUDA_EMU_ORDER");
+        order = e && !strcmp(e, "reverse");
+    }
+    L.reverse = order;
+    L.name = name;
+    L.call = call;
+    L.fn = fn;
+    L.n = (unsigned)nt;
+    if (L.th_cap < L.n) {
+        free(L.th);
+        L.th = (Thread *)calloc(1024, sizeof *L.th);
+        if (!L.th) die("out of host memory");
+        L.th_cap = 1024;
+    }
+    if (L.smem_cap < smem) {
+        free(L.smem);
+        L.smem = (char *)aligned_alloc(256, (smem + 255) / 256 * 256);
+        if (!L.smem) die("out of host memory for %zu bytes of shared memory", smem);
+        L.smem_cap = (smem + 255) / 256 * 256;
+    }
+    L.smem_bytes = smem;
+    gridDim = grid;
+    blockDim = block;
+    install_fault_handler();
+    threadIdx.x = threadIdx.y = threadIdx.z = 0; /* y, z stay 0 in 1-D blocks */
+    L.in_kernel = 1;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                blockIdx.x = x, blockIdx.y = y, blockIdx.z = z;
+                run_block();
+            }
+    L.in_kernel = 0;
+    pthread_mutex_unlock(&g_launch_mu);
+    return cudaSuccess;
+}
+
+/* ==== the runtime API ==== */
+
+extern "C" {
+
+const char *cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+#define TZ_EMU_ERR(x)                                                                         \
+    case x: return #x;
+        TZ_EMU_ERR(cudaSuccess)
+        TZ_EMU_ERR(cudaErrorInvalidValue)
+        TZ_EMU_ERR(cudaErrorMemoryAllocation)
+        TZ_EMU_ERR(cudaErrorInitializationError)
+        TZ_EMU_ERR(cudaErrorInvalidConfiguration)
+        TZ_EMU_ERR(cudaErrorInvalidPitchValue)
+        TZ_EMU_ERR(cudaErrorInvalidSymbol)
+        TZ_EMU_ERR(cudaErrorInvalidDevicePointer)
+        TZ_EMU_ERR(cudaErrorInvalidMemcpyDirection)
+        TZ_EMU_ERR(cudaErrorNoDevice)
+        TZ_EMU_ERR(cudaErrorInvalidDevice)
+        TZ_EMU_ERR(cudaErrorInvalidResourceHandle)
+        TZ_EMU_ERR(cudaErrorNotReady)
+        TZ_EMU_ERR(cudaErrorIllegalAddress)
+        TZ_EMU_ERR(cudaErrorHostMemoryAlreadyRegistered)
+        TZ_EMU_ERR(cudaErrorHostMemoryNotRegistered)
+        TZ_EMU_ERR(cudaErrorLaunchFailure)
+        TZ_EMU_ERR(cudaErrorNotSupported)
+        TZ_EMU_ERR(cudaErrorUnknown)
+#undef TZ_EMU_ERR
+    }
+    return "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInitializationError: return "initialization error";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidPitchValue: return "invalid pitch argument";
+    case cudaErrorInvalidSymbol: return "invalid device symbol";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorHostMemoryAlreadyRegistered:
+        return "part or all of the requested memory range is already mapped";
+    case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered "
+                                                  "memory region";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorNotSupported: return "operation not supported";
+    case cudaErrorUnknown: return "unknown error";
+    }
+    return "unknown error";
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = g_last;
+    g_last = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return g_last; }
+
+cudaError_t cudaGetDeviceCount(int *n) {
+    if (!n) return fail(cudaErrorInvalidValue);
+    *n = device_count();
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice);
+    g_device = d;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *d) {
+    if (!d) return fail(cudaErrorInvalidValue);
+    *d = g_device;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
+    if (!p) return fail(cudaErrorInvalidValue);
+    if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice);
+    memset(p, 0, sizeof *p);
+    /* the name says what it is wherever the backend prints its device */
+    snprintf(p->name, sizeof p->name, "CPU emulation of CUDA, not a GPU");
+    p->totalGlobalMem = mem_total();
+    p->sharedMemPerBlock = 48 * 1024;
+    p->sharedMemPerBlockOptin = 227 * 1024;
+    p->totalConstMem = 64 * 1024;
+    p->regsPerBlock = 65536;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
+    p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 2147483647;
+    p->maxGridSize[1] = p->maxGridSize[2] = 65535;
+    p->major = 9; /* the architecture the backend is built for (sm_90) */
+    p->minor = 0;
+    p->multiProcessorCount = 1;
+    p->maxThreadsPerMultiProcessor = 2048;
+    p->pciBusID = d + 1;
+    p->canMapHostMemory = 1;
+    p->unifiedAddressing = 1;
+    p->asyncEngineCount = 1;
+    p->uuid[0] = (char)d;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int d) {
+    if (!id || len <= 0) return fail(cudaErrorInvalidValue);
+    if (d < 0 || d >= device_count()) return fail(cudaErrorInvalidDevice);
+    snprintf(id, (size_t)len, "0000:%02x:00.0", d + 1); /* made up, one per emulated device */
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    pthread_mutex_lock(&g_mem_mu);
+    size_t used = g_used;
+    pthread_mutex_unlock(&g_mem_mu);
+    if (free_bytes) *free_bytes = mem_total() - used;
+    if (total_bytes) *total_bytes = mem_total();
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+    if (!p) return fail(cudaErrorInvalidValue);
+    *p = NULL;
+    if (!bytes) return cudaSuccess;
+    pthread_mutex_lock(&g_mem_mu);
+    if (bytes > mem_total() - g_used) {
+        pthread_mutex_unlock(&g_mem_mu);
+        return fail(cudaErrorMemoryAllocation);
+    }
+    char *m = (char *)aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (!m) {
+        pthread_mutex_unlock(&g_mem_mu);
+        return fail(cudaErrorMemoryAllocation);
+    }
+    memset(m, 0xff, bytes); /* NaN bytes: uninitialised reads show */
+    add_alloc(m, bytes, MEM_DEVICE);
+    g_used += bytes;
+    pthread_mutex_unlock(&g_mem_mu);
+    *p = m;
+    return cudaSuccess;
+}
+cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
+    if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    return cudaMalloc(p, bytes);
+}
+
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    pthread_mutex_lock(&g_mem_mu);
+    Alloc *a = holding(p);
+    if (!a || a->kind != MEM_DEVICE || a->base != (char *)p) {
+        pthread_mutex_unlock(&g_mem_mu);
+        tz_emu_note("cudaFree(%p): not the start of a live device allocation", p);
+        return fail(cudaErrorInvalidValue);
+    }
+    memset(a->base, 0xff, a->size); /* a kernel reading it after the free sees NaN */
+    g_used -= a->size;
+    remove_alloc(a);
+    pthread_mutex_unlock(&g_mem_mu);
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+    if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    return cudaFree(p);
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
+    if (!p) return fail(cudaErrorInvalidValue);
+    (void)flags;
+    *p = NULL;
+    if (!bytes) return cudaSuccess;
+    char *m = (char *)aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    if (!m) return fail(cudaErrorMemoryAllocation);
+    memset(m, 0xff, bytes);
+    pthread_mutex_lock(&g_mem_mu);
+    add_alloc(m, bytes, MEM_PINNED);
+    pthread_mutex_unlock(&g_mem_mu);
+    *p = m;
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
+cudaError_t cudaFreeHost(void *p) {
+    if (!p) return cudaSuccess;
+    pthread_mutex_lock(&g_mem_mu);
+    Alloc *a = holding(p);
+    if (!a || a->kind != MEM_PINNED || a->base != (char *)p) {
+        pthread_mutex_unlock(&g_mem_mu);
+        tz_emu_note("cudaFreeHost(%p): not the start of a cudaMallocHost/cudaHostAlloc block",
+                    p);
+        return fail(cudaErrorInvalidValue);
+    }
+    remove_alloc(a);
+    pthread_mutex_unlock(&g_mem_mu);
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned flags) {
+    (void)flags;
+    if (!p || !bytes) return fail(cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_mem_mu);
+    size_t i = upper((char *)p + bytes - 1); /* any allocation starting before the end */
+    cudaError_t e = cudaSuccess;
+    if (i) {
+        Alloc *a = &g_alloc[i - 1];
+        if (a->base + a->size > (char *)p)
+            e = a->kind == MEM_DEVICE ? cudaErrorInvalidValue
+                                      : cudaErrorHostMemoryAlreadyRegistered;
+    }
+    if (e == cudaSuccess) add_alloc((char *)p, bytes, MEM_REGISTERED);
+    pthread_mutex_unlock(&g_mem_mu);
+    if (e != cudaSuccess) {
+        tz_emu_note("cudaHostRegister(%p, %zu): overlaps %s", p, bytes,
+                    e == cudaErrorInvalidValue ? "device memory" : "pinned or registered memory");
+        return fail(e);
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void *p) {
+    pthread_mutex_lock(&g_mem_mu);
+    Alloc *a = p ? holding(p) : NULL;
+    cudaError_t e = cudaSuccess;
+    if (!a || a->kind != MEM_REGISTERED || a->base != (char *)p)
+        e = cudaErrorHostMemoryNotRegistered;
+    else remove_alloc(a);
+    pthread_mutex_unlock(&g_mem_mu);
+    return e == cudaSuccess ? e : fail(e);
+}
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at, const void *p) {
+    if (!at) return fail(cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_mem_mu);
+    Alloc *a = p ? holding(p) : NULL;
+    int kind = a ? a->kind : -1;
+    pthread_mutex_unlock(&g_mem_mu);
+    memset(at, 0, sizeof *at);
+    at->device = kind == MEM_DEVICE ? g_device : -1;
+    at->type = kind == MEM_DEVICE ? cudaMemoryTypeDevice
+               : kind >= 0        ? cudaMemoryTypeHost
+                                  : cudaMemoryTypeUnregistered;
+    if (kind == MEM_DEVICE) at->devicePointer = (void *)p;
+    else if (kind >= 0) at->hostPointer = at->devicePointer = (void *)p;
+    else at->hostPointer = (void *)p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind k) {
+    return do_copy("cudaMemcpy", dst, bytes, src, bytes, bytes, 1, k, 0);
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind k,
+                            cudaStream_t s) {
+    return do_copy("cudaMemcpyAsync", dst, bytes, src, bytes, bytes, 1, k, s);
+}
+cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                         size_t height, enum cudaMemcpyKind k) {
+    return do_copy("cudaMemcpy2D", dst, dpitch, src, spitch, width, height, k, 0);
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, enum cudaMemcpyKind k,
+                              cudaStream_t s) {
+    return do_copy("cudaMemcpy2DAsync", dst, dpitch, src, spitch, width, height, k, s);
+}
+
+cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
+    if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    if (!bytes) return cudaSuccess;
+    pthread_mutex_lock(&g_mem_mu);
+    int st = dev_state(p, bytes);
+    pthread_mutex_unlock(&g_mem_mu);
+    if (st != 1) {
+        tz_emu_note("cudaMemset(%p, %zu bytes): %s", p, bytes,
+                    st ? "runs past the end of its device allocation" : "not device memory");
+        return fail(cudaErrorInvalidValue);
+    }
+    memset(p, v, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *p, int v, size_t bytes) { return cudaMemsetAsync(p, v, bytes, 0); }
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int priority) {
+    (void)priority;
+    if (!s) return fail(cudaErrorInvalidValue);
+    tz_emu_stream *st = (tz_emu_stream *)calloc(1, sizeof *st);
+    if (!st) return fail(cudaErrorMemoryAllocation);
+    st->flags = flags;
+    pthread_mutex_lock(&g_handle_mu);
+    g_streams.add(st);
+    pthread_mutex_unlock(&g_handle_mu);
+    *s = st;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+    return cudaStreamCreateWithPriority(s, flags, 0);
+}
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithPriority(s, 0, 0); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    pthread_mutex_lock(&g_handle_mu);
+    int ok = s && g_streams.drop(s);
+    pthread_mutex_unlock(&g_handle_mu);
+    if (!ok) return fail(cudaErrorInvalidResourceHandle);
+    free(s);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    return tz_emu_stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
+
+static int event_ok(cudaEvent_t e) {
+    pthread_mutex_lock(&g_handle_mu);
+    int ok = e && g_events.has(e);
+    pthread_mutex_unlock(&g_handle_mu);
+    return ok;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    (void)flags;
+    if (!tz_emu_stream_ok(s) || !event_ok(e)) return fail(cudaErrorInvalidResourceHandle);
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    if (!e) return fail(cudaErrorInvalidValue);
+    tz_emu_event *ev = (tz_emu_event *)calloc(1, sizeof *ev);
+    if (!ev) return fail(cudaErrorMemoryAllocation);
+    ev->flags = flags;
+    pthread_mutex_lock(&g_handle_mu);
+    g_events.add(ev);
+    pthread_mutex_unlock(&g_handle_mu);
+    *e = ev;
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!event_ok(e) || !tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    e->recorded = 1;
+    e->t_ms = now_ms();
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    return event_ok(e) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    pthread_mutex_lock(&g_handle_mu);
+    int ok = e && g_events.drop(e);
+    pthread_mutex_unlock(&g_handle_mu);
+    if (!ok) return fail(cudaErrorInvalidResourceHandle);
+    free(e);
+    return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    if (!ms) return fail(cudaErrorInvalidValue);
+    if (!event_ok(a) || !event_ok(b)) return fail(cudaErrorInvalidResourceHandle);
+    if ((a->flags | b->flags) & cudaEventDisableTiming) return fail(cudaErrorInvalidResourceHandle);
+    if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle);
+    *ms = (float)(b->t_ms - a->t_ms);
+    return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v) {
+    if (!f) return fail(cudaErrorInvalidValue);
+    if (a == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (v < 0 || v > 227 * 1024) return fail(cudaErrorInvalidValue);
+        /* one limit for all kernels here (launches do not say which function they run) */
+        if ((size_t)v > g_smem_limit) g_smem_limit = (size_t)v;
+    }
+    return cudaSuccess;
+}
+
+} // extern "C"
