@@ -283,6 +283,7 @@ tz_backend *tz_cuda_module_create(int device) {
     tz_backend *be = (tz_backend *)tz_xcalloc(1, sizeof *be);
     be->name = "cuda";
     be->device = 1;
+    be->matmul_dtypes = (1u << TZ_DT_F32) | (1u << TZ_DT_BF16); /* fp32 until set */
     be->ctx = c;
     be->destroy = cuda_destroy;
     be->alloc = cuda_alloc;

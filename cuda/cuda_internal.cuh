@@ -187,6 +187,14 @@ static void tz_cuda_colsum(tz_backend *be, float *dst, int64_t ld, F f, int64_t 
     CUDA_LAUNCHED();
 }
 
+/* The GEMM behind matmul (cuda_matmul.cu), C[M,N] = alpha op(A) op(B) + beta C with matmul's
+ * conventions, where either operand may already be bf16 (a_bf16 / b_bf16: the pointer holds
+ * bf16 elements, as a decoded quantized tile does); fp32 operands are rounded to bf16 first
+ * when be->matmul_dtype is TZ_DT_BF16. A bf16 operand with fp32 GEMMs is fatal. */
+void tz_cuda_gemm(tz_backend *be, float *C, const void *A, int a_bf16, const void *B, int b_bf16,
+                  int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
+                  float beta);
+
 /* Each family file sets its entries of the table (cuda_backend.c calls them all). */
 #define TZ_CUDA_FAMILIES(X)                                                                   \
     X(elementwise) X(norm) X(activation) X(attention) X(matmul) X(loss) X(layout) X(quant)

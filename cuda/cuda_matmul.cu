@@ -1,6 +1,13 @@
-/* CUDA matmul C = alpha*op(A)*op(B) + beta*C through cuBLAS SGEMM (fp32 in, fp32 out, no TF32:
- * the handle's math mode is set at creation), row-major operands mapped onto the column-major
- * library. */
+/* CUDA matmul C = alpha*op(A)*op(B) + beta*C, row-major operands mapped onto the column-major
+ * cuBLAS. be->matmul_dtype chooses the operands' type:
+ *   TZ_DT_F32:  SGEMM, fp32 products without TF32 (the handle's pedantic math mode), the
+ *               CPU's arithmetic up to the order of the sums;
+ *   TZ_DT_BF16: A and B rounded to bf16 (to nearest even) into the ops' scratch, then
+ *               cublasGemmEx with bf16 inputs, fp32 accumulation (CUBLAS_COMPUTE_32F) and an
+ *               fp32 C: the tensor-core GEMM. Every product of two bf16 values is exact in
+ *               fp32, so the error against fp32 operands is the two roundings (relative
+ *               2^-8 each) plus the fp32 sums. */
+#include <cuda_bf16.h>
 #include <limits.h>
 
 #include "cuda/cuda_internal.cuh"
@@ -9,13 +16,19 @@ static __global__ void k_scale_only(float *C, float beta, int64_t n) {
     TZ_CUDA_FOR(i, n) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
 }
 
+/* dst[i] = bf16(src[i]), round to nearest even (NaN stays NaN). */
+static __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
+    TZ_CUDA_FOR(i, n) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
 /* Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T, and a row-major
  * [r, c] array is the column-major [c, r] array with leading dimension c. So cuBLAS computes
  * with m = N, n = M, first operand B (stored [K,N] -> N x K col-major, ld N, no transpose;
  * stored [N,K] -> K x N col-major, ld K, transposed) and second operand A (stored [M,K] -> ld
  * K, no transpose; stored [K,M] -> ld M, transposed); ldc = N. */
-static void cuda_matmul(tz_backend *be, float *C, const float *A, const float *B, int64_t M,
-                        int64_t N, int64_t K, int transA, int transB, float alpha, float beta) {
+void tz_cuda_gemm(tz_backend *be, float *C, const void *A, int a_bf16, const void *B, int b_bf16,
+                  int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
+                  float beta) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0 || alpha == 0.0f) { /* C = beta*C; beta == 0 writes zeros (C may be garbage) */
         if (beta != 1.0f) {
@@ -28,12 +41,53 @@ static void cuda_matmul(tz_backend *be, float *C, const float *A, const float *B
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
         TZ_FATAL("matmul: %lld x %lld x %lld exceeds cuBLAS's int dimensions", (long long)M,
                  (long long)N, (long long)K);
+    const int bf16 = be->matmul_dtype == TZ_DT_BF16;
+    if (!bf16 && (a_bf16 || b_bf16))
+        TZ_FATAL("matmul: a bf16 operand with fp32 GEMMs (run.precision = \"fp32\")");
     cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
     int lda = (int)(transA ? M : K), ldb = (int)(transB ? K : N);
+    cublasHandle_t h = tz_cuda_ctx_of(be)->cublas;
+    if (bf16) {
+        /* the fp32 operands converted into one scratch block (A's part rounded up to 128
+         * elements, so B's starts 256-byte aligned like the block) */
+        const int64_t na = a_bf16 ? 0 : M * K, nb = b_bf16 ? 0 : K * N;
+        const int64_t na_pad = (na + 127) / 128 * 128;
+        const void *a16 = A, *b16 = B;
+        if (na + nb > 0) {
+            __nv_bfloat16 *s = (__nv_bfloat16 *)tz_cuda_scratch(
+                be, (size_t)(na_pad + nb) * sizeof(__nv_bfloat16));
+            cudaStream_t st = tz_cuda_stream(be);
+            if (na) {
+                k_to_bf16<<<tz_cuda_blocks(na, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
+                    s, (const float *)A, na);
+                CUDA_LAUNCHED();
+                a16 = s;
+            }
+            if (nb) {
+                k_to_bf16<<<tz_cuda_blocks(nb, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
+                    s + na_pad, (const float *)B, nb);
+                CUDA_LAUNCHED();
+                b16 = s + na_pad;
+            }
+        }
+        /* the default math mode lets cuBLAS use tensor cores for bf16 inputs (fp32
+         * accumulation either way); pedantic mode is restored for the fp32 GEMMs */
+        CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+        CUBLAS_CHECK(cublasGemmEx(h, opB, opA, (int)N, (int)M, (int)K, &alpha, b16, CUDA_R_16BF,
+                                  ldb, a16, CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, (int)N,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
+        return;
+    }
     /* beta == 0: cuBLAS does not read C (NaN there does not propagate) */
-    CUBLAS_CHECK(cublasSgemm(tz_cuda_ctx_of(be)->cublas, opB, opA, (int)N, (int)M, (int)K, &alpha,
-                             B, ldb, A, lda, &beta, C, (int)N));
+    CUBLAS_CHECK(cublasSgemm(h, opB, opA, (int)N, (int)M, (int)K, &alpha, (const float *)B, ldb,
+                             (const float *)A, lda, &beta, C, (int)N));
+}
+
+static void cuda_matmul(tz_backend *be, float *C, const float *A, const float *B, int64_t M,
+                        int64_t N, int64_t K, int transA, int transB, float alpha, float beta) {
+    tz_cuda_gemm(be, C, A, 0, B, 0, M, N, K, transA, transB, alpha, beta);
 }
 
 void tz_cuda_install_matmul(tz_backend *be) { be->matmul = cuda_matmul; }

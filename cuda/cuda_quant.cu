@@ -1,6 +1,7 @@
 /* CUDA ops of quantized weights: per-group rotation of activation rows (forward and inverse,
  * accumulating) and decoding packed codes into a dense tile (cpu/cpu_quant.c's twins; the
  * layout is quant/tq_layout.h's, shared with the host). */
+#include <cuda_bf16.h>
 #include <math.h>
 
 #include "cuda/cuda_internal.cuh"
@@ -113,7 +114,14 @@ static void cuda_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64
 }
 
 /* One thread per weight: group k = e / g, element i = e % g. */
-static __global__ void k_dequant(float *w, const uint8_t *codes, const uint16_t *scales,
+/* One decoded element: fp32, or rounded to bf16 (nearest even) for a bf16 GEMM operand. */
+static __device__ __forceinline__ void store_w(float *w, int64_t e, float v) { w[e] = v; }
+static __device__ __forceinline__ void store_w(__nv_bfloat16 *w, int64_t e, float v) {
+    w[e] = __float2bfloat16_rn(v);
+}
+
+template <class T>
+static __global__ void k_dequant(T *w, const uint8_t *codes, const uint16_t *scales,
                                  const float *levels, int g, int bits, int64_t gbytes,
                                  int64_t total) {
     TZ_CUDA_FOR(e, total) {
@@ -121,25 +129,51 @@ static __global__ void k_dequant(float *w, const uint8_t *codes, const uint16_t 
         int i = (int)(e % g);
         unsigned code = tz_tq_code_at(codes + k * gbytes, i, bits);
         float sc = __uint_as_float((unsigned)scales[k] << 16); /* bf16 bits -> fp32 */
-        w[e] = sc * levels[code];
+        store_w(w, e, sc * levels[code]);
     }
+}
+
+template <class T>
+static void dequant(tz_backend *be, T *w, const uint8_t *codes, const uint16_t *scales,
+                    const float *levels, int64_t rows, int64_t cols, int bits, int group,
+                    const char *op) {
+    check_rows(rows, cols, group, op);
+    if (bits < 1 || bits > TZ_TQ_MAX_BITS) TZ_FATAL("%s: bits %d out of range", op, bits);
+    int64_t total = rows * cols;
+    if (total <= 0) return;
+    k_dequant<T><<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
+                   tz_cuda_stream(be)>>>(w, codes, scales, levels, group, bits,
+                                         TZ_TQ_GROUP_BYTES(group, bits), total);
+    CUDA_LAUNCHED();
 }
 
 static void cuda_tq_dequant(tz_backend *be, float *w, const uint8_t *codes,
                             const uint16_t *scales, const float *levels, int64_t rows,
                             int64_t cols, int bits, int group) {
-    check_rows(rows, cols, group, "tq_dequant");
-    if (bits < 1 || bits > TZ_TQ_MAX_BITS) TZ_FATAL("tq_dequant: bits %d out of range", bits);
-    int64_t total = rows * cols;
-    if (total <= 0) return;
-    k_dequant<<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
-                tz_cuda_stream(be)>>>(w, codes, scales, levels, group, bits,
-                                      TZ_TQ_GROUP_BYTES(group, bits), total);
-    CUDA_LAUNCHED();
+    dequant(be, w, codes, scales, levels, rows, cols, bits, group, "tq_dequant");
+}
+
+/* With bf16 GEMMs the weight is decoded straight into bf16 (the tile holds bf16 elements):
+ * the same bits matmul would make by rounding the fp32 tile, one pass fewer and no fp32
+ * copy. */
+static void cuda_tq_matmul(tz_backend *be, float *C, const float *A, float *tile,
+                           const uint8_t *codes, const uint16_t *scales, const float *levels,
+                           int64_t rows, int64_t cols, int bits, int group, int64_t M,
+                           int transW, float alpha, float beta) {
+    const int64_t N = transW ? rows : cols, K = transW ? cols : rows;
+    if (be->matmul_dtype == TZ_DT_BF16) {
+        __nv_bfloat16 *w16 = (__nv_bfloat16 *)tile;
+        dequant(be, w16, codes, scales, levels, rows, cols, bits, group, "tq_matmul");
+        tz_cuda_gemm(be, C, A, 0, w16, 1, M, N, K, 0, transW, alpha, beta);
+    } else {
+        dequant(be, tile, codes, scales, levels, rows, cols, bits, group, "tq_matmul");
+        tz_cuda_gemm(be, C, A, 0, tile, 0, M, N, K, 0, transW, alpha, beta);
+    }
 }
 
 void tz_cuda_install_quant(tz_backend *be) {
     be->tq_rotate = cuda_tq_rotate;
     be->tq_rotate_bwd = cuda_tq_rotate_bwd;
     be->tq_dequant = cuda_tq_dequant;
+    be->tq_matmul = cuda_tq_matmul;
 }

@@ -44,6 +44,7 @@ static const char *const mode_names[] = {"lora", "full", "qzo", NULL};
 static const char *const qzo_schedules[] = {"constant", "cosine", NULL};
 static const char *const dtype_names[] = {"f32", "bf16", NULL};
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
+static const char *const precision_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const quant_methods[] = {"turboquant", "absmax", NULL};
 static const char *const comm_names[] = {"auto", "mpi", "nccl", NULL};
 static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "quant",
@@ -111,6 +112,7 @@ static const tz_key schema[] = {
     BOOL(run, overwrite, 0, "replace a finished run already in run.dir (else stop, keeping it)"),
     ENUM(run, save_dtype, 0, dtype_names, "dtype of the model written by full-mode training"),
     ENUM(run, device, 0, device_names, "compute backend: auto (cuda when built in and a GPU is visible, else cpu), cpu or cuda"),
+    ENUM(run, precision, 0, precision_names, "GEMM operands: auto (bf16 on a GPU, fp32 on the CPU), fp32, or bf16 (fp32 accumulation; GPU only)"),
     FLT(run, collective_timeout, 1800.0, CLOSED, 0.0, 1e7, CLOSED, "seconds a collective may wait before every rank is stopped (0 = never)"),
     ENUM(comm, backend, TZ_COMM_AUTO, comm_names, "collectives of the gradients: auto (nccl when every rank has its own GPU and NCCL loads, else mpi), mpi (through pinned host buffers on a GPU) or nccl (GPU memory; run.device cuda)"),
 };
@@ -130,6 +132,10 @@ static const void *cfield(const tz_config *cfg, const tz_key *k) {
 
 const char *tz_mode_name(int mode) {
     return mode >= 0 && mode <= TZ_MODE_QZO ? mode_names[mode] : "?";
+}
+
+const char *tz_precision_name(int precision) {
+    return precision >= 0 && precision <= 2 ? precision_names[precision] : "auto";
 }
 
 const char *tz_device_name(int device) {

@@ -87,6 +87,7 @@ typedef struct tz_config {
         int overwrite;                /* replace an existing run in run.dir */
         int save_dtype;               /* full-mode model output: "f32" (0) | "bf16" (1) */
         int device;                   /* compute backend: "auto" (0) | "cpu" (1) | "cuda" (2) */
+        int precision;                /* GEMM operands: "auto" (0) | "fp32" (1) | "bf16" (2) */
         double collective_timeout;    /* seconds a collective may wait; 0 = no watchdog */
     } run;
     struct {
@@ -110,5 +111,7 @@ const char *tz_device_name(int device);
 /* comm.backend: which comm moves the gradients and weights of ZeRO (train/trainer.c). */
 enum tz_comm_backend { TZ_COMM_AUTO = 0, TZ_COMM_MPI = 1, TZ_COMM_NCCL = 2 };
 const char *tz_comm_backend_name(int backend);
+/* run.precision by name for tz_backend_set_precision: "auto", "fp32" or "bf16". */
+const char *tz_precision_name(int precision);
 
 #endif

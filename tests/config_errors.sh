@@ -285,6 +285,7 @@ fails set_bad_device "--set run.device=gpu: expected one of \"auto\", \"cpu\", \
 fails set_bad_comm "--set comm.backend=gloo: expected one of \"auto\", \"mpi\", \"nccl\" (got \"gloo\")" "" "$GOOD" comm.backend=gloo
 fails nccl_on_cpu "comm.backend = \"nccl\" needs GPU memory, but run.device = \"cpu\"" "set run.device = \"cuda\"" "$GOOD" comm.backend=nccl run.device=cpu
 works nccl_on_auto "$GOOD" comm.backend=nccl run.device=auto
+fails set_bad_precision "--set run.precision=fp16: expected one of \"auto\", \"fp32\", \"bf16\" (got \"fp16\")" "" "$GOOD" run.precision=fp16
 # the file's own errors come before any --set
 fails file_before_set "$TMP/unknown_key.cfg:3: train.micro_bach: unknown key" "" "$TMP/unknown_key.cfg" train.steps=5
 

@@ -6,7 +6,7 @@
 #include "core/error.h"
 
 /* TZ_BACKEND_OPS must name every function pointer of struct tz_backend: the struct is those
- * pointers, the three fields before `destroy` and the two byte counters. */
+ * pointers, the fields before `destroy` and the two byte counters. */
 #define TZ_COUNT_OP(op) +1
 _Static_assert(sizeof(tz_backend) == offsetof(tz_backend, destroy) +
                                          (0 TZ_BACKEND_OPS(TZ_COUNT_OP)) * sizeof(void (*)(void)) +
@@ -20,6 +20,9 @@ void tz_backend_check(const tz_backend *be) {
                  "must be set)", be->name ? be->name : "?", #op);
     TZ_BACKEND_OPS(TZ_CHECK_OP)
 #undef TZ_CHECK_OP
+    if (!(be->matmul_dtypes & (1u << TZ_DT_F32)))
+        TZ_FATAL("backend %s: matmul must support fp32 operands (matmul_dtypes)",
+                 be->name ? be->name : "?");
 }
 
 /* TZ_HAVE_CUDA_BACKEND is defined for this file by cuda/cuda.cmake when cuda/ is built: the
@@ -136,6 +139,24 @@ tz_backend *tz_backend_create(const char *name, int device, int threads) {
                  tz_backend_names());
     tz_backend_check(be);
     return be;
+}
+
+enum tz_dtype tz_backend_set_precision(tz_backend *be, const char *precision) {
+    const int bf16 = (be->matmul_dtypes & (1u << TZ_DT_BF16)) != 0;
+    if (!precision || !*precision || !strcmp(precision, "auto"))
+        be->matmul_dtype = be->device && bf16 ? TZ_DT_BF16 : TZ_DT_F32;
+    else if (!strcmp(precision, "fp32"))
+        be->matmul_dtype = TZ_DT_F32;
+    else if (!strcmp(precision, "bf16")) {
+        if (!bf16)
+            TZ_FATAL_HINT("set run.precision = \"auto\" or \"fp32\", or run.device = \"cuda\"",
+                          "run.precision = \"bf16\": the %s backend computes in fp32 only",
+                          be->name);
+        be->matmul_dtype = TZ_DT_BF16;
+    } else
+        TZ_FATAL("run.precision: no precision named \"%s\" (expected auto, fp32 or bf16)",
+                 precision);
+    return be->matmul_dtype;
 }
 
 void tz_backend_destroy(tz_backend *be) {

@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/dtype.h"
+
 typedef struct tz_backend tz_backend;
 
 /* The queues of a backend (see "the offload" in struct tz_backend). */
@@ -34,6 +36,13 @@ struct tz_backend {
     const char *name;
     int device;        /* 1: memory is not host-addressable (copy with upload/download) */
     void *ctx;         /* implementation state */
+    /* The operand type of matmul: TZ_DT_F32 (fp32 products, the CPU's and every backend's
+     * default) or TZ_DT_BF16 (A and B rounded to bf16 to nearest even, products summed in
+     * fp32, C fp32: tensor-core GEMMs). Set with tz_backend_set_precision; a backend lists
+     * the types it supports as bits (1u << type) of matmul_dtypes. Every other op and all
+     * storage stay fp32. */
+    enum tz_dtype matmul_dtype;
+    unsigned matmul_dtypes;
     /* frees the implementation state and the table itself (tz_backend_destroy calls it) */
     void (*destroy)(tz_backend *be);
 
@@ -222,6 +231,19 @@ struct tz_backend {
                           int64_t cols, int group, uint64_t seed);
     void (*tq_dequant)(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
                        const float *levels, int64_t rows, int64_t cols, int bits, int group);
+    /* A GEMM with a quantized weight W [rows, cols] (tq_dequant's w from codes, scales,
+     * levels) as the second operand, decoded on the way into `tile` (rows * cols elements
+     * of the GEMM operand type, tz_dtype_size(matmul_dtype) bytes each, of backend memory:
+     * the caller's scratch, its contents afterwards unspecified):
+     *   transW = 1: C[M, rows] = alpha * A[M, cols] W^T + beta * C  (a layer's forward)
+     *   transW = 0: C[M, cols] = alpha * A[M, rows] W   + beta * C  (its input gradient)
+     * With fp32 GEMMs it is tq_dequant into tile then matmul(C, A, tile, ..., transA = 0,
+     * transB = transW), which is what the CPU does; with bf16 GEMMs the weight is decoded
+     * straight into bf16, so that no fp32 copy of it is made. */
+    void (*tq_matmul)(tz_backend *be, float *C, const float *A, float *tile,
+                      const uint8_t *codes, const uint16_t *scales, const float *levels,
+                      int64_t rows, int64_t cols, int bits, int group, int64_t M, int transW,
+                      float alpha, float beta);
 
     /* ---- the offload: pinned host memory, asynchronous copies, events (train/zero.c) ----
      * A backend has two queues: TZ_QUEUE_COMPUTE, where every op above runs, and
@@ -274,9 +296,9 @@ struct tz_backend {
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \
     X(gelu_tanh_bwd) X(silu_fwd) X(silu_bwd) X(bias_add_fwd) X(bias_bwd) X(mse_fwd)         \
     X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate_bwd)            \
-    X(tq_dequant) X(host_alloc) X(host_free) X(host_register) X(host_unregister)             \
-    X(download_async) X(upload_async) X(event_mark) X(event_wait) X(event_done)              \
-    X(event_free) X(device_info)
+    X(tq_dequant) X(tq_matmul) X(host_alloc) X(host_free) X(host_register)                   \
+    X(host_unregister) X(download_async) X(upload_async) X(event_mark) X(event_wait)          \
+    X(event_done) X(event_free) X(device_info)
 
 /* A backend by name: "cpu", "cuda", or "auto" (cuda when this build has the CUDA backend and
  * a GPU is visible, else cpu); the run.device key. device: the GPU ordinal hint (taken
@@ -284,6 +306,10 @@ struct tz_backend {
  * default), used by cpu. Fatal, with a hint, when the backend named cannot be created
  * (a build without CUDA, no GPU), or when the table it fills has a NULL op. */
 tz_backend *tz_backend_create(const char *name, int device, int threads);
+/* run.precision: "fp32", "bf16", or "auto" (bf16 on a device backend that supports it, else
+ * fp32): sets be->matmul_dtype. Fatal, with a hint, when the backend lacks the type asked
+ * for (the CPU computes in fp32 only). Returns the type chosen. */
+enum tz_dtype tz_backend_set_precision(tz_backend *be, const char *precision);
 /* Frees a backend made by any create function (NULL: nothing). */
 void tz_backend_destroy(tz_backend *be);
 /* Names of the backends built in, e.g. "cpu, cuda" (a static string). */

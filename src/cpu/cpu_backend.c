@@ -257,6 +257,7 @@ tz_backend *tz_cpu_backend_create(int threads) {
     c->threads = threads > 0 ? threads : 0;
     be->name = "cpu";
     be->device = 0;
+    be->matmul_dtypes = 1u << TZ_DT_F32; /* matmul_dtype stays TZ_DT_F32 */
     be->ctx = c;
     tz_cpu_ws_reserve(be, tz_cpu_threads(be));
     be->destroy = tz_cpu_backend_destroy;

@@ -85,8 +85,18 @@ static void cpu_tq_dequant(tz_backend *be, float *w, const uint8_t *codes, const
     }
 }
 
+static void cpu_tq_matmul(tz_backend *be, float *C, const float *A, float *tile,
+                          const uint8_t *codes, const uint16_t *scales, const float *levels,
+                          int64_t rows, int64_t cols, int bits, int group, int64_t M, int transW,
+                          float alpha, float beta) {
+    be->tq_dequant(be, tile, codes, scales, levels, rows, cols, bits, group);
+    if (transW) be->matmul(be, C, A, tile, M, rows, cols, 0, 1, alpha, beta);
+    else be->matmul(be, C, A, tile, M, cols, rows, 0, 0, alpha, beta);
+}
+
 void TZ_CPU_K(tz_cpu_install_quant)(tz_backend *be) {
     be->tq_rotate = cpu_tq_rotate;
     be->tq_rotate_bwd = cpu_tq_rotate_bwd;
     be->tq_dequant = cpu_tq_dequant;
+    be->tq_matmul = cpu_tq_matmul;
 }

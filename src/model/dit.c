@@ -267,7 +267,8 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
         TAKE(m->dlora, BT * (r > 0 ? r : 1), "dlora");
     }
     /* quantized weights: one decode tile for all of them, one rotation buffer */
-    total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT);
+    total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT,
+                                   tz_dtype_size(m->be->matmul_dtype));
 #undef TAKE
     return total;
 }

@@ -1,19 +1,22 @@
 /* Linear layer with optional LoRA as matmuls on the backend; a quantized weight is decoded
- * into the model's one scratch tile right before each GEMM that needs it, never kept. */
+ * into the model's one scratch tile right before each GEMM that needs it (the backend's
+ * tq_matmul), never kept. */
 #include "model/linear.h"
 
 #include "core/error.h"
 #include "quant/turboquant.h"
 
-/* Decodes l's quantized weight into the shared tile (W_rot for TurboQuant, W_hat for absmax). */
-static const float *decode(tz_backend *be, const tz_linear *l) {
+/* y = alpha * x op(W) + beta * y with l's quantized weight decoded into the shared tile on
+ * the way (W_rot for TurboQuant, W_hat for absmax): transW 1, y[n, out] = x[n, in] W^T;
+ * transW 0, y[n, in] = x[n, out] W. */
+static void qmatmul(tz_backend *be, const tz_linear *l, float *y, const float *x, int64_t n,
+                    int transW, float beta) {
     const tz_qweight *q = l->w->q;
-    if (!l->tq || !l->tq->tile || l->out * l->in > l->tq->tile_floats)
-        TZ_FATAL("%s: no scratch tile of %lld floats for the quantized weight", l->w->name,
+    if (!l->tq || !l->tq->tile || l->out * l->in > l->tq->tile_elems)
+        TZ_FATAL("%s: no scratch tile of %lld elements for the quantized weight", l->w->name,
                  (long long)(l->out * l->in));
-    be->tq_dequant(be, l->tq->tile, q->codes, q->scales, q->levels, l->out, l->in, q->bits,
-                   q->group);
-    return l->tq->tile;
+    be->tq_matmul(be, y, x, l->tq->tile, q->codes, q->scales, q->levels, l->out, l->in, q->bits,
+                  q->group, n, transW, 1.0f, beta);
 }
 
 /* The activation scratch for n rows of `in` (TurboQuant layers only). */
@@ -38,9 +41,9 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
     } else if (q->method == TZ_TQ_TURBOQUANT) { /* y = x_rot . W_rot^T */
         float *xr = act_buffer(l, n);
         be->tq_rotate(be, xr, x, n, l->in, q->group, q->seed);
-        be->matmul(be, y, xr, decode(be, l), n, l->out, l->in, 0, 1, 1.0f, 0.0f);
+        qmatmul(be, l, y, xr, n, 1, 0.0f);
     } else { /* absmax baseline: plain basis */
-        be->matmul(be, y, x, decode(be, l), n, l->out, l->in, 0, 1, 1.0f, 0.0f);
+        qmatmul(be, l, y, x, n, 1, 0.0f);
     }
     if (l->a) lora_fwd(be, l, y, h, x, n);
 }
@@ -56,10 +59,10 @@ void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *d
         if (l->w->g) be->matmul(be, l->w->g, dy, x, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
         if (dx && q->method == TZ_TQ_TURBOQUANT) { /* dx += R^T (dy W_rot) */
             float *t = act_buffer(l, n);
-            be->matmul(be, t, dy, decode(be, l), n, l->in, l->out, 0, 0, 1.0f, 0.0f);
+            qmatmul(be, l, t, dy, n, 0, 0.0f);
             be->tq_rotate_bwd(be, dx, t, n, l->in, q->group, q->seed);
         } else if (dx) { /* dx += dy W_hat */
-            be->matmul(be, dx, dy, decode(be, l), n, l->in, l->out, 0, 0, 1.0f, 1.0f);
+            qmatmul(be, l, dx, dy, n, 0, 1.0f);
         }
     } else {
         if (l->w->g) /* dW[out,in] += dy^T x */

@@ -11,11 +11,12 @@
 
 /* Scratch shared by every quantized layer of a model (the model owns it, in its arena):
  * ONE tile that holds the decoded weight of the layer in use (sized for the largest
- * quantized weight) and one activation buffer of rows x (largest `in` of a TurboQuant
+ * quantized weight, in elements of the backend's GEMM operand type: fp32, or bf16 where
+ * tq_matmul decodes straight into bf16) and one activation buffer of rows x (largest `in` of a TurboQuant
  * layer): the rotated input in forward, dy W_rot in backward. */
 typedef struct tz_tq_scratch {
-    float *tile;
-    int64_t tile_floats;
+    float *tile;        /* tile_elems elements of the GEMM operand type */
+    int64_t tile_elems;
     float *act;
     int64_t act_floats;
 } tz_tq_scratch;

@@ -181,7 +181,9 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
 #undef ACT
     }
     TAKE(m->hf, BT * C, "final norm"); TAKE(m->rstdf, BT, "final rstd");
-    TAKE(m->logits, BT * d->vocab, "logits"); TAKE(m->losses, BT, "losses");
+    int64_t rows = m->head_rows_max > 0 ? m->head_rows_max : TZ_LLAMA_HEAD_FLOATS / d->vocab;
+    m->head_rows = rows < 1 ? 1 : rows < BT ? rows : BT;
+    TAKE(m->logits, m->head_rows * d->vocab, "logits"); TAKE(m->losses, BT, "losses");
     TAKE(m->tok, BT, "tokens"); TAKE(m->tgt, BT, "targets");
     if (!m->o.forward_only) { /* backward buffers */
         TAKE(m->dres, BT * C, "dres"); TAKE(m->dh, BT * C, "dh");
@@ -191,7 +193,8 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         TAKE(m->dlora, BT * (m->o.lora.rank > 0 ? m->o.lora.rank : 1), "dlora");
     }
     /* quantized weights: one decode tile for all of them, one rotation buffer */
-    total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT);
+    total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT,
+                                   tz_dtype_size(m->be->matmul_dtype));
 #undef TAKE
     return total;
 }
@@ -268,7 +271,8 @@ static tz_llama_acts *acts_of(tz_llama *m, int64_t layer) {
     return tz_layer_stack_set(&m->stack, layer);
 }
 
-double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
+/* Embedding, layers, final norm: m->hf holds the head's input. */
+static void forward_body(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
     const int64_t BT = m->B * m->T, C = d->dim;
@@ -280,12 +284,33 @@ double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targe
         layer_fwd(m, &m->layers[l], acts_of(m, l), m->stack.xin[l], m->stack.xin[l + 1]);
     be->rmsnorm_fwd(be, m->hf, m->rstdf, m->stack.xin[d->n_layers], m->final_norm->w, BT, C,
                     (float)d->eps);
-    be->matmul(be, m->logits, m->hf, m->lm_head->w, BT, d->vocab, C, 0, 1, 1.0f, 0.0f);
-    be->xent_fwd(be, m->losses, m->logits, m->tgt, BT, d->vocab);
+}
+
+/* The head, head_rows rows at a time: logits, per-row losses, and with backward the gradients
+ * (dlogits in place, dh = dlogits W_head, dW_head += dlogits^T hf). Returns the loss sum. */
+static double head(tz_llama *m, int backward, float dloss) {
+    tz_backend *be = m->be;
+    const int64_t BT = m->B * m->T, C = m->d.dim, V = m->d.vocab;
+    for (int64_t r0 = 0; r0 < BT; r0 += m->head_rows) {
+        const int64_t n = BT - r0 < m->head_rows ? BT - r0 : m->head_rows;
+        const float *hf = m->hf + r0 * C;
+        be->matmul(be, m->logits, hf, m->lm_head->w, n, V, C, 0, 1, 1.0f, 0.0f);
+        be->xent_fwd(be, m->losses + r0, m->logits, m->tgt + r0, n, V);
+        if (!backward) continue;
+        be->xent_bwd(be, m->logits, m->logits, m->tgt + r0, dloss, n, V);
+        be->matmul(be, m->dh + r0 * C, m->logits, m->lm_head->w, n, C, V, 0, 0, 1.0f, 0.0f);
+        if (m->lm_head->g)
+            be->matmul(be, m->lm_head->g, m->logits, hf, V, C, n, 1, 0, 1.0f, 1.0f);
+    }
     be->download(be, m->loss_host, m->losses, (size_t)BT * sizeof(float));
     double sum = 0.0;
     for (int64_t i = 0; i < BT; i++) sum += m->loss_host[i];
     return sum;
+}
+
+double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
+    forward_body(m, inputs, targets);
+    return head(m, 0, 0.0f);
 }
 
 /* ---- backward ---- */
@@ -327,14 +352,11 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
                                  float dloss) {
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
-    const int64_t BT = m->B * m->T, C = d->dim, V = d->vocab;
+    const int64_t BT = m->B * m->T, C = d->dim;
     if (m->o.forward_only) TZ_FATAL("llama: built for forward passes only (no backward buffers)");
-    double loss = tz_llama_forward(m, inputs, targets);
-    tz_params_backward_begins(&m->params);
-    /* head: dlogits in place, then dhf = dlogits W_head, dW_head += dlogits^T hf */
-    be->xent_bwd(be, m->logits, m->logits, m->tgt, dloss, BT, V);
-    be->matmul(be, m->dh, m->logits, m->lm_head->w, BT, C, V, 0, 0, 1.0f, 0.0f);
-    if (m->lm_head->g) be->matmul(be, m->lm_head->g, m->logits, m->hf, V, C, BT, 1, 0, 1.0f, 1.0f);
+    forward_body(m, inputs, targets);
+    tz_params_backward_begins(&m->params); /* (the head's chunks interleave both ways) */
+    const double loss = head(m, 1, dloss); /* dh = d(loss)/d(hf) */
     be->fill(be, m->dres, 0.0f, BT * C);
     be->rmsnorm_bwd(be, m->dres, m->final_norm->g, m->dh, m->stack.xin[d->n_layers],
                     m->final_norm->w, m->rstdf, BT, C);

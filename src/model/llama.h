@@ -52,6 +52,11 @@ typedef struct tz_llama_layer {
 } tz_llama_layer;
 
 /* Saved activations of one layer for one batch ([B*T, ...] rows). */
+/* Logits are made, turned into losses and (in backward) into the head's gradients a chunk of
+ * rows at a time, so that at most this many floats of logits exist (64 MiB; at a 32000-token
+ * vocabulary 524 rows: four chunks for a 2048-token sequence instead of 250 MiB at once). */
+#define TZ_LLAMA_HEAD_FLOATS ((int64_t)1 << 24)
+
 typedef struct tz_llama_acts {
     float *h1, *rstd1, *q, *k, *v, *att, *lse, *x2, *h2, *rstd2, *g, *u, *s;
     float *lh[TZ_LIN_N]; /* LoRA hidden x A^T per projection (NULL if not adapted) */
@@ -74,6 +79,10 @@ typedef struct tz_llama {
     tz_arena arena;
     tz_layer_stack stack;     /* residual streams [BT, C] and tz_llama_acts sets */
     float *hf, *rstdf, *logits, *losses;
+    int64_t head_rows;        /* rows of logits the head computes at a time (tz_llama_setup:
+                               * all B*T when B*T*vocab <= TZ_LLAMA_HEAD_FLOATS, else as many
+                               * as fit, at least 1; head_rows_max > 0 caps it) */
+    int64_t head_rows_max;    /* 0: by TZ_LLAMA_HEAD_FLOATS alone */
     int32_t *tok, *tgt;
     float *dres, *dh, *dq, *dk, *dv, *datt, *dg, *du, *ds, *dlora;
     float *loss_host;         /* BT floats on the host */
@@ -101,7 +110,9 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
                                  float dloss);
 /* Forward only; returns the sum of the per-token losses (and counts nothing ignored). */
 double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targets);
-/* Logits of the last forward, [B*T, vocab], backend memory. */
+/* Logits of the last forward's last chunk of head_rows rows, [head_rows, vocab], backend
+ * memory: every row's when head_rows == B*T (any model whose B*T*vocab fits in
+ * TZ_LLAMA_HEAD_FLOATS). */
 static inline const float *tz_llama_logits(const tz_llama *m) { return m->logits; }
 
 /* ---- generation with a key/value cache ---- */

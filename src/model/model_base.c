@@ -120,7 +120,8 @@ void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, cons
     tz_tq_tensor_free(&t);
 }
 
-size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows) {
+size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows,
+                             size_t tile_elem) {
     int64_t tile = 0, rot_in = 0;
     for (int i = 0; i < ps->n; i++) {
         const tz_param *p = ps->p[i];
@@ -128,12 +129,12 @@ size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,
         if (p->numel > tile) tile = p->numel;
         if (p->q->method == TZ_TQ_TURBOQUANT && p->shape[1] > rot_in) rot_in = p->shape[1];
     }
-    const size_t tb = (size_t)tile * 4, rb = (size_t)(rows * rot_in) * 4;
+    const size_t tb = (size_t)tile * tile_elem, rb = (size_t)(rows * rot_in) * 4;
     if (a) {
         memset(s, 0, sizeof *s);
         if (tile) s->tile = tz_arena_alloc(a, tb, "quantized weight tile");
         if (rot_in) s->act = tz_arena_alloc(a, rb, "rotated activations");
-        s->tile_floats = tile;
+        s->tile_elems = tile;
         s->act_floats = rows * rot_in;
     }
     return (tile ? (tb + 63) & ~(size_t)63 : 0) + (rot_in ? (rb + 63) & ~(size_t)63 : 0);

@@ -94,8 +94,11 @@ const tz_tq_codebook *tz_quant_codebook(const tz_tq_codebook *cb, int method, in
 /* Quantizes the host weight w (p->numel floats) as p->q says and uploads codes and scales. */
 void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, const float *w);
 /* The scratch of a model whose quantized weights are those of ps: one tile for the largest,
- * one rotation buffer of rows x (largest `in` of a TurboQuant weight). With a NULL arena it
- * only counts bytes (64-byte rounded, as tz_arena_alloc takes them); else it allocates s. */
-size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows);
+ * of tile_elem bytes per element (the backend's GEMM operand type: 4 for fp32, 2 when the
+ * weight is decoded straight into bf16, see tq_matmul), and one rotation buffer of rows x
+ * (largest `in` of a TurboQuant weight). With a NULL arena it only counts bytes (64-byte
+ * rounded, as tz_arena_alloc takes them); else it allocates s. */
+size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows,
+                             size_t tile_elem);
 
 #endif

@@ -86,8 +86,11 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     if (cfg->train.threads > 0) omp_set_num_threads((int)cfg->train.threads); /* AdamW too */
     r->be = tz_backend_create(tz_device_name(cfg->run.device), w->local_rank,
                               (int)cfg->train.threads);
+    tz_backend_set_precision(r->be, tz_precision_name(cfg->run.precision));
     if (!strcmp(r->be->name, "cpu")) tz_info("cpu kernel: %s", tz_cpu_kernel_name());
-    else tz_info("backend: %s", r->be->name);
+    else
+        tz_info("backend: %s, GEMM operands %s (fp32 accumulation)", r->be->name,
+                r->be->matmul_dtype == TZ_DT_BF16 ? "bf16" : "fp32");
     if (r->be->device) bind_gpu(r->be, w);
     w->threads = omp_get_max_threads();
     cpu_set_t cpus;

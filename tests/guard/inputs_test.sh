@@ -86,6 +86,9 @@ mkdir -p "$work/adapter"
 echo '{"r": 5000, "lora_alpha": 16, "target_modules": ["q_proj"]}' > "$work/adapter/adapter_config.json"
 expect_error "adapter r 5000" "adapter_config.json: r: expected an integer in 1..4096" \
   "$tz" train "$work/abs.cfg" --set model.adapter="$work/adapter" --set run.dir="$work/r4"
+expect_error "run.precision bf16 on the CPU" \
+  'run.precision = "bf16": the cpu backend computes in fp32 only' \
+  "$tz" train "$work/abs.cfg" --set run.device=cpu --set run.precision=bf16 --set run.dir="$work/r4b"
 
 # 4. a token count of 2^64-1
 $py - "$work/a/t97.tok" "$work/wrap.tok" <<'PY'

@@ -19,7 +19,9 @@
  *           below; the margin covers the worst element).
  *   3e-5    attention (two chained reductions over T <= 80 and D <= 128 in different order,
  *           an online softmax against a two-pass one, exp of the difference).
- *   1e-12   sumsq (double accumulation of the same squares, relative). */
+ *   1e-12   sumsq (double accumulation of the same squares, relative).
+ * The bf16 GEMM (matmul_dtype = TZ_DT_BF16) is checked element by element against bounds
+ * rather than a relative figure, see test_matmul_bf16. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -153,6 +155,55 @@ static void test_matmul(void) {
     g_gpu->matmul(g_gpu, C.d, NULL, NULL, M, N, 0, 0, 0, 1.0f, 0.5f);
     expect("matmul K=0 (C = beta C)", &C, 0);
     drop(&C);
+}
+
+/* The bf16 GEMM: operands rounded to bf16 (nearest even), products summed in fp32. With
+ * S = alpha * sum_k |a_ik b_kj| per element:
+ *  - against the same products of the ROUNDED operands summed in double: only the fp32 sums
+ *    differ, |err| <= K 2^-24 S (the classical bound; the margin 2x covers beta C's rounding),
+ *    which shows the operands were rounded to bf16 exactly as tz_f32_to_bf16 does;
+ *  - against the fp32 operands: each rounding errs by at most 2^-8 relative, so a product by
+ *    (2^-7 + 2^-16) relative, plus the sums: |err| <= (2^-7 + 2^-16 + K 2^-23) S. That is
+ *    the precision given up for the tensor cores. */
+static void test_matmul_bf16(void) {
+    const int64_t M = 37, N = 45, K = 300;
+    g_gpu->matmul_dtype = TZ_DT_BF16;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int bi = 0; bi < 2; bi++) {
+                const float alpha = 0.7f, beta = bi ? 0.3f : 0.0f;
+                pair A = mk(M * K, 1.0f), B = mk(K * N, 1.0f), C = mk(M * N, 1.0f);
+                float *g = malloc((size_t)(M * N) * 4);
+                g_gpu->matmul(g_gpu, C.d, A.d, B.d, M, N, K, ta, tb, alpha, beta);
+                g_gpu->download(g_gpu, g, C.d, (size_t)(M * N) * 4);
+                double worst_r = 0, worst_f = 0; /* error / bound, <= 1 passes */
+                for (int64_t i = 0; i < M; i++)
+                    for (int64_t j = 0; j < N; j++) {
+                        double s = 0, r = 0, f = 0;
+                        for (int64_t k = 0; k < K; k++) {
+                            float a = A.h[ta ? k * M + i : i * K + k];
+                            float b = B.h[tb ? j * K + k : k * N + j];
+                            float a16 = tz_bf16_to_f32(tz_f32_to_bf16(a));
+                            float b16 = tz_bf16_to_f32(tz_f32_to_bf16(b));
+                            r += (double)a16 * b16, f += (double)a * b;
+                            s += fabs((double)a * b);
+                        }
+                        const double c0 = beta * (double)C.h[i * N + j];
+                        r = alpha * r + c0, f = alpha * f + c0, s = alpha * s + fabs(c0);
+                        const double gv = g[i * N + j];
+                        double er = fabs(gv - r) / (2.0 * K * 0x1p-24 * s);
+                        double ef = fabs(gv - f) / ((0x1p-7 + 0x1p-16 + K * 0x1p-23) * s);
+                        if (!(er <= worst_r)) worst_r = er;
+                        if (!(ef <= worst_f)) worst_f = ef;
+                    }
+                check(worst_r <= 1.0, "bf16 matmul transA=%d transB=%d beta=%g: vs rounded "
+                      "operands %.2f of the bound", ta, tb, (double)beta, worst_r);
+                check(worst_f <= 1.0, "bf16 matmul transA=%d transB=%d beta=%g: vs fp32 "
+                      "operands %.2f of the bound", ta, tb, (double)beta, worst_f);
+                free(g);
+                drop(&A), drop(&B), drop(&C);
+            }
+    g_gpu->matmul_dtype = TZ_DT_F32;
 }
 
 /* ---- embedding, RoPE, layouts ---- */
@@ -413,6 +464,55 @@ static void test_attention_cache(int64_t B, int64_t T, int64_t S, int64_t pos0, 
 
 /* ---- quantized weights ---- */
 
+/* tq_matmul, both ways round: fp32 GEMMs against the CPU's (tq_dequant + matmul) at the GEMM
+ * tolerance; bf16 GEMMs, where the weight is decoded straight into bf16, bit for bit against
+ * the GPU's own tq_dequant into fp32 followed by a bf16 matmul (the same rounding of the same
+ * decoded values, then the same GEMM). */
+static void test_tq_matmul(void) {
+    const int bits = 3, g = 64;
+    const int64_t rows = 40, cols = 2 * g, M = 29, ng = rows * cols / g;
+    size_t cb = (size_t)tz_tq_codes_bytes(rows, cols, bits);
+    uint8_t *codes = malloc(cb);
+    uint16_t *scales = malloc((size_t)ng * 2);
+    for (size_t i = 0; i < cb; i++) codes[i] = (uint8_t)tz_rng_below(&g_rng, 256);
+    for (int64_t i = 0; i < ng; i++) scales[i] = tz_f32_to_bf16(urand(0.1f));
+    uint8_t *dcodes = g_gpu->alloc(g_gpu, cb);
+    uint16_t *dscales = g_gpu->alloc(g_gpu, (size_t)ng * 2);
+    g_gpu->upload(g_gpu, dcodes, codes, cb);
+    g_gpu->upload(g_gpu, dscales, scales, (size_t)ng * 2);
+    pair lv = mk(1 << bits, 2.0f), tile = mkz(rows * cols);
+    for (int tw = 0; tw < 2; tw++) {
+        const int64_t K = tw ? cols : rows, N = tw ? rows : cols;
+        pair A = mk(M * K, 1.0f), C = mk(M * N, 1.0f), C2 = mkz(M * N);
+        g_gpu->copy(g_gpu, C2.d, C.d, (size_t)(M * N) * 4);
+        g_cpu->tq_matmul(g_cpu, C.h, A.h, tile.h, codes, scales, lv.h, rows, cols, bits, g, M,
+                         tw, 0.9f, 0.4f);
+        g_gpu->tq_matmul(g_gpu, C.d, A.d, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g,
+                         M, tw, 0.9f, 0.4f);
+        char what[64];
+        snprintf(what, sizeof what, "tq_matmul transW=%d (fp32)", tw);
+        expect(what, &C, 1e-5);
+        g_gpu->matmul_dtype = TZ_DT_BF16; /* C2 still holds C's first values */
+        g_gpu->copy(g_gpu, C.d, C2.d, (size_t)(M * N) * 4);
+        g_gpu->tq_matmul(g_gpu, C.d, A.d, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g,
+                         M, tw, 0.9f, 0.4f);
+        g_gpu->tq_dequant(g_gpu, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g);
+        g_gpu->matmul(g_gpu, C2.d, A.d, tile.d, M, N, K, 0, tw, 0.9f, 0.4f);
+        g_gpu->matmul_dtype = TZ_DT_F32;
+        float *a = malloc((size_t)(M * N) * 4), *b = malloc((size_t)(M * N) * 4);
+        g_gpu->download(g_gpu, a, C.d, (size_t)(M * N) * 4);
+        g_gpu->download(g_gpu, b, C2.d, (size_t)(M * N) * 4);
+        check(!memcmp(a, b, (size_t)(M * N) * 4),
+              "tq_matmul transW=%d (bf16): decoded straight to bf16 = fp32 tile then bf16 "
+              "matmul, bit for bit", tw);
+        free(a), free(b);
+        drop(&A), drop(&C), drop(&C2);
+    }
+    g_gpu->release(g_gpu, dcodes), g_gpu->release(g_gpu, dscales);
+    free(codes), free(scales);
+    drop(&lv), drop(&tile);
+}
+
 static void test_quant(void) {
     const int64_t rows = 5;
     const int64_t shapes[][2] = {{64, 192}, {128, 384}, {256, 512}, {128, 1152}};
@@ -457,6 +557,7 @@ static void test_quant(void) {
             free(codes), free(scales);
             drop(&lv), drop(&w);
         }
+    test_tq_matmul();
 }
 
 int main(void) {
@@ -471,6 +572,7 @@ int main(void) {
     test_memory();
     test_elementwise();
     test_matmul();
+    test_matmul_bf16();
     test_layout();
     test_norm();
     test_activation();

@@ -89,9 +89,9 @@ int main(void) {
 
     tz_dit_setup(d, B);
     tz_dit_setup(q, B);
-    check(q->tq.tile_floats == (int64_t)tile && q->tq.act_floats == (int64_t)(BT * rot_in),
+    check(q->tq.tile_elems == (int64_t)tile && q->tq.act_floats == (int64_t)(BT * rot_in),
           "one tile of %lld floats (largest block weight), rotation buffer %lld = BT x %zu",
-          (long long)q->tq.tile_floats, (long long)q->tq.act_floats, rot_in);
+          (long long)q->tq.tile_elems, (long long)q->tq.act_floats, rot_in);
     size_t extra = round64(tile * 4) + round64((size_t)BT * rot_in * 4);
     check(q->arena.cap == d->arena.cap + extra,
           "arena %zu bytes = dense model's %zu + tile and rotation buffer %zu", q->arena.cap,

@@ -80,9 +80,9 @@ int main(int argc, char **argv) {
     /* the arena: one tile for the largest projection and one rotation buffer, no more */
     tz_llama_setup(d, B, T);
     tz_llama_setup(q, B, T);
-    check(q->tq.tile_floats == (int64_t)tile && q->tq.act_floats == (int64_t)(BT * rot_in),
+    check(q->tq.tile_elems == (int64_t)tile && q->tq.act_floats == (int64_t)(BT * rot_in),
           "one tile of %lld floats (largest projection %zu), rotation buffer %lld = BT x %zu",
-          (long long)q->tq.tile_floats, tile, (long long)q->tq.act_floats, rot_in);
+          (long long)q->tq.tile_elems, tile, (long long)q->tq.act_floats, rot_in);
     size_t extra = round64(tile * 4) + round64((size_t)BT * rot_in * 4);
     check(q->arena.cap == d->arena.cap + extra,
           "arena %zu bytes = dense model's %zu + tile and rotation buffer %zu", q->arena.cap,
