@@ -228,6 +228,7 @@ tz_backend *tz_bench_plan_backend(void) {
     tz_backend *be = tz_xcalloc(1, sizeof *be);
     be->name = plan_name;
     be->device = 1; /* nothing it hands out may be read on the host */
+    be->matmul_dtypes = (1u << TZ_DT_F32) | (1u << TZ_DT_BF16); /* a GPU's, for run.precision */
     be->ctx = tz_xcalloc(1, sizeof(plan_ctx));
     be->destroy = plan_destroy;
     be->alloc = plan_alloc;
@@ -255,6 +256,7 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
                       "bench --dry-run plans a preset only (%s is a model folder)", cfg->model.path);
     if (comm->rank != 0) return 0;
     tz_backend *be = tz_bench_plan_backend();
+    tz_backend_set_precision(be, tz_precision_name(cfg->run.precision)); /* the decode tile */
     tz_task *t = tz_task_create(cfg, be, 1);
     const tz_params *ps = t->params;
     size_t quant = 0, weights = tz_params_bytes(ps);
@@ -284,7 +286,8 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     const double fwd = 2.0 * (double)ps->n_total * (double)tokens;
     const double flops = fwd * (cfg->train.checkpointing ? 3.0 : 2.0) +
                          (full ? fwd : 2.0 * (double)ps->n_trainable * (double)tokens);
-    tz_info("dry run (nothing allocated): %s | %s", cfg->source, t->describe);
+    tz_info("dry run (nothing allocated): %s | %s | GEMM operands %s", cfg->source, t->describe,
+            be->matmul_dtype == TZ_DT_BF16 ? "bf16" : "fp32");
     const size_t peak = be->peak_bytes, total = peak + grads + staging;
     const double other = (double)peak - (double)weights - (double)t->arena_bytes;
     tz_info("planned backend memory per rank: %.3f GiB (%zu bytes) = weights %.3f (codes + "
