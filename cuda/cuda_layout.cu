@@ -8,11 +8,18 @@
 
 /* ---- embedding ---- */
 
-static __global__ void k_embedding_fwd(float *out, const int32_t *tok, const float *table,
+/* A table element as fp32: a float, or bf16 bits (exact). */
+static __device__ __forceinline__ float table_at(const float *t, int64_t i) { return t[i]; }
+static __device__ __forceinline__ float table_at(const uint16_t *t, int64_t i) {
+    return __uint_as_float((unsigned)t[i] << 16);
+}
+
+template <class T>
+static __global__ void k_embedding_fwd(float *out, const int32_t *tok, const T *table,
                                        int64_t C, int64_t total) {
     TZ_CUDA_FOR(i, total) {
         int64_t t = i / C, c = i % C;
-        out[i] = table[(int64_t)tok[t] * C + c];
+        out[i] = table_at(table, (int64_t)tok[t] * C + c);
     }
 }
 
@@ -25,13 +32,24 @@ static __global__ void k_embedding_bwd(float *dtable, const int32_t *tok, const 
     for (int64_t t = 0; t < n; t++) dtable[(int64_t)tok[t] * C + c] += dout[t * C + c];
 }
 
-static void cuda_embedding_fwd(tz_backend *be, float *out, const int32_t *tok,
-                               const float *table, int64_t n, int64_t C) {
+template <class T>
+static void embedding_fwd(tz_backend *be, float *out, const int32_t *tok, const T *table,
+                          int64_t n, int64_t C) {
     int64_t total = n * C;
     if (total <= 0) return;
-    k_embedding_fwd<<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
-                      tz_cuda_stream(be)>>>(out, tok, table, C, total);
+    k_embedding_fwd<T><<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
+                         tz_cuda_stream(be)>>>(out, tok, table, C, total);
     CUDA_LAUNCHED();
+}
+
+static void cuda_embedding_fwd(tz_backend *be, float *out, const int32_t *tok,
+                               const float *table, int64_t n, int64_t C) {
+    embedding_fwd(be, out, tok, table, n, C);
+}
+
+static void cuda_embedding_fwd_w16(tz_backend *be, float *out, const int32_t *tok,
+                                   const uint16_t *table, int64_t n, int64_t C) {
+    embedding_fwd(be, out, tok, table, n, C);
 }
 
 static void cuda_embedding_bwd(tz_backend *be, float *dtable, const int32_t *tok,
@@ -211,6 +229,7 @@ static void cuda_copy2d(tz_backend *be, float *dst, int64_t ldd, const float *sr
 
 void tz_cuda_install_layout(tz_backend *be) {
     be->embedding_fwd = cuda_embedding_fwd;
+    be->embedding_fwd_w16 = cuda_embedding_fwd_w16;
     be->embedding_bwd = cuda_embedding_bwd;
     be->rope_fwd = cuda_rope_fwd;
     be->rope_bwd = cuda_rope_bwd;

@@ -90,4 +90,29 @@ static void cuda_matmul(tz_backend *be, float *C, const float *A, const float *B
     tz_cuda_gemm(be, C, A, 0, B, 0, M, N, K, transA, transB, alpha, beta);
 }
 
-void tz_cuda_install_matmul(tz_backend *be) { be->matmul = cuda_matmul; }
+static __global__ void k_from_bf16(float *dst, const uint16_t *src, int64_t n) {
+    TZ_CUDA_FOR(i, n) dst[i] = __uint_as_float((unsigned)src[i] << 16);
+}
+
+/* B stored in bf16: read by the bf16 GEMM as it is; with fp32 GEMMs widened first (exact). */
+static void cuda_matmul_bw16(tz_backend *be, float *C, const float *A, const uint16_t *B,
+                             int64_t M, int64_t N, int64_t K, int transA, int transB,
+                             float alpha, float beta) {
+    if (be->matmul_dtype == TZ_DT_BF16) {
+        tz_cuda_gemm(be, C, A, 0, B, 1, M, N, K, transA, transB, alpha, beta);
+        return;
+    }
+    const int64_t nb = K * N;
+    float *b = (float *)tz_cuda_scratch(be, (size_t)(nb > 0 ? nb : 1) * sizeof(float));
+    if (nb > 0) {
+        k_from_bf16<<<tz_cuda_blocks(nb, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
+                      tz_cuda_stream(be)>>>(b, B, nb);
+        CUDA_LAUNCHED();
+    }
+    tz_cuda_gemm(be, C, A, 0, b, 0, M, N, K, transA, transB, alpha, beta);
+}
+
+void tz_cuda_install_matmul(tz_backend *be) {
+    be->matmul = cuda_matmul;
+    be->matmul_bw16 = cuda_matmul_bw16;
+}

@@ -70,6 +70,11 @@ struct tz_backend {
      * 1: B stored [N,K]. beta = 0 overwrites C (C may hold garbage, even NaN). */
     void (*matmul)(tz_backend *be, float *C, const float *A, const float *B, int64_t M,
                    int64_t N, int64_t K, int transA, int transB, float alpha, float beta);
+    /* The same with B stored in bf16 (bit patterns: a weight kept in bf16, tz_param.w16):
+     * C = alpha * op(A) * op(B) + beta * C with B's values exactly as stored; A is taken as
+     * matmul takes it (rounded to bf16 with bf16 GEMM operands, else fp32). */
+    void (*matmul_bw16)(tz_backend *be, float *C, const float *A, const uint16_t *B, int64_t M,
+                        int64_t N, int64_t K, int transA, int transB, float alpha, float beta);
 
     /* ---- embedding ----
      * out[t, :] = table[tok[t], :], t < n, table [V, C]. Token ids were validated by the
@@ -78,6 +83,9 @@ struct tz_backend {
                           int64_t n, int64_t C);
     void (*embedding_bwd)(tz_backend *be, float *dtable, const int32_t *tok, const float *dout,
                           int64_t n, int64_t C);
+    /* embedding_fwd from a table stored in bf16 (bit patterns; exact in fp32). */
+    void (*embedding_fwd_w16)(tz_backend *be, float *out, const int32_t *tok,
+                              const uint16_t *table, int64_t n, int64_t C);
 
     /* ---- RMSNorm (HF LlamaRMSNorm) ----
      * rstd[r] = 1/sqrt(mean_c(x[r,c]^2) + eps); out[r,c] = x[r,c] * rstd[r] * w[c].
@@ -289,7 +297,8 @@ struct tz_backend {
  * op is added here as well. */
 #define TZ_BACKEND_OPS(X)                                                                    \
     X(destroy) X(alloc) X(release) X(upload) X(download) X(copy) X(sync) X(fill) X(scale)    \
-    X(axpy) X(sumsq) X(matmul) X(embedding_fwd) X(embedding_bwd) X(rmsnorm_fwd)             \
+    X(axpy) X(sumsq) X(matmul) X(matmul_bw16) X(embedding_fwd) X(embedding_bwd)            \
+    X(embedding_fwd_w16) X(rmsnorm_fwd)                                                       \
     X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_tab_fwd) X(rope_tab_bwd) X(attention_fwd)   \
     X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \
     X(swiglu_bwd) X(xent_fwd) X(xent_bwd) X(layernorm_fwd) X(layernorm_bwd)                 \

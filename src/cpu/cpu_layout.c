@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "cpu/cpu_internal.h"
 
@@ -17,6 +18,16 @@ static void cpu_embedding_fwd(tz_backend *be, float *out, const int32_t *tok, co
 #pragma omp parallel for schedule(static) num_threads(nt) if (n * C >= TZ_CPU_PAR_MIN)
     for (int64_t t = 0; t < n; t++)
         memcpy(out + t * C, table + (int64_t)tok[t] * C, (size_t)C * sizeof(float));
+}
+
+static void cpu_embedding_fwd_w16(tz_backend *be, float *out, const int32_t *tok,
+                                  const uint16_t *table, int64_t n, int64_t C) {
+    int nt = tz_cpu_threads(be);
+#pragma omp parallel for schedule(static) num_threads(nt) if (n * C >= TZ_CPU_PAR_MIN)
+    for (int64_t t = 0; t < n; t++) {
+        const uint16_t *row = table + (int64_t)tok[t] * C;
+        for (int64_t c = 0; c < C; c++) out[t * C + c] = tz_bf16_to_f32(row[c]);
+    }
 }
 
 /* Threads own column blocks and walk the tokens in order, so repeated token ids add up in
@@ -165,6 +176,7 @@ static void cpu_copy2d(tz_backend *be, float *dst, int64_t ldd, const float *src
 
 void TZ_CPU_K(tz_cpu_install_layout)(tz_backend *be) {
     be->embedding_fwd = cpu_embedding_fwd;
+    be->embedding_fwd_w16 = cpu_embedding_fwd_w16;
     be->embedding_bwd = cpu_embedding_bwd;
     be->rope_fwd = cpu_rope_fwd;
     be->rope_bwd = cpu_rope_bwd;

@@ -2,9 +2,12 @@
  * FMA micro-kernel, OpenMP over output tiles; a strided one-thread form for attention. */
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/dtype.h"
+#include "core/error.h"
 #include "cpu/cpu_internal.h"
 
 /* The micro-kernel computes an MR x NR block of C from a packed MR-row sliver of op(A) and a
@@ -244,4 +247,20 @@ static void cpu_matmul(tz_backend *be, float *C, const float *A, const float *B,
     }
 }
 
-void TZ_CPU_K(tz_cpu_install_matmul)(tz_backend *be) { be->matmul = cpu_matmul; }
+/* B in bf16: widened to fp32 (exact) into a temporary, then the fp32 GEMM. */
+static void cpu_matmul_bw16(tz_backend *be, float *C, const float *A, const uint16_t *B,
+                            int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
+                            float beta) {
+    const int64_t nb = K * N;
+    float *b = tz_xmalloc((size_t)(nb > 0 ? nb : 1) * sizeof *b);
+    int nt = tz_cpu_threads(be);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nb >= TZ_CPU_PAR_MIN)
+    for (int64_t i = 0; i < nb; i++) b[i] = tz_bf16_to_f32(B[i]);
+    cpu_matmul(be, C, A, b, M, N, K, transA, transB, alpha, beta);
+    free(b);
+}
+
+void TZ_CPU_K(tz_cpu_install_matmul)(tz_backend *be) {
+    be->matmul = cpu_matmul;
+    be->matmul_bw16 = cpu_matmul_bw16;
+}

@@ -114,6 +114,12 @@ int tz_params_save(tz_params *ps, tz_backend *be, const char *path, int adapters
         int viewed = 0;
         for (int v = 0; v < n_views; v++) viewed |= !strcmp(views[v].name, p->name);
         if (p->adapter != adapters || viewed) continue;
+        if (!p->q && p->w16) { /* stored in bf16: widened on the host */
+            float *f = tz_xmalloc((size_t)p->numel * sizeof *f);
+            tz_param_download(be, p, f);
+            add_host(&w, path, p->name, p->ndim, p->shape, f, p->numel, bf16, bufs, &n);
+            continue;
+        }
         if (!p->q) {
             add_dense(&w, be, path, p->name, p->ndim, p->shape, p->w, p->numel, bf16, bufs, &n);
             continue;
@@ -232,6 +238,9 @@ int tz_params_merge_lora(tz_params *ps, tz_backend *be, const tz_lora_spec *s) {
             a->shape[1] != w->shape[1])
             TZ_FATAL("merge: adapter %s has no matching %s and %s [%lld, %lld]", a->name, bname,
                      wname, (long long)(w ? w->shape[0] : 0), (long long)a->shape[0]);
+        if (w->w16)
+            TZ_FATAL("merge: %s is stored in bf16 on this backend (run.precision); merge on a "
+                     "backend with fp32 weights", w->name);
         /* W[out, in] += scale * B[out, r] A[r, in] */
         be->matmul(be, w->w, b->w, a->w, w->shape[0], w->shape[1], a->shape[0], 0, 0, scale,
                    1.0f);

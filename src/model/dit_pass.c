@@ -95,7 +95,7 @@ void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *
     lin_fwd(be, &m->t_fc1, m->t_h, NULL, m->tfreq, n);
     be->silu_fwd(be, m->t_s, m->t_h, n * Hd);
     lin_fwd(be, &m->t_fc2, m->temb, NULL, m->t_s, n);
-    be->embedding_fwd(be, m->c, m->labels, m->y_table->w, n, Hd);
+    tz_embedding_w(be, m->c, m->labels, m->y_table, n, Hd);
     be->axpy(be, m->c, 1.0f, m->temb, n * Hd);
     be->silu_fwd(be, m->sc, m->c, n * Hd);
     for (int64_t i = 0; i < d->depth; i++)

@@ -6,6 +6,20 @@
 #include "core/error.h"
 #include "quant/turboquant.h"
 
+void tz_matmul_w(tz_backend *be, float *C, const float *A, const tz_param *W, int64_t M,
+                 int64_t N, int64_t K, int transW, float alpha, float beta) {
+    if (W->w16)
+        be->matmul_bw16(be, C, A, (const uint16_t *)(const void *)W->w, M, N, K, 0, transW,
+                        alpha, beta);
+    else be->matmul(be, C, A, W->w, M, N, K, 0, transW, alpha, beta);
+}
+
+void tz_embedding_w(tz_backend *be, float *out, const int32_t *tok, const tz_param *W,
+                    int64_t n, int64_t C) {
+    if (W->w16) be->embedding_fwd_w16(be, out, tok, (const uint16_t *)(const void *)W->w, n, C);
+    else be->embedding_fwd(be, out, tok, W->w, n, C);
+}
+
 /* y = alpha * x op(W) + beta * y with l's quantized weight decoded into the shared tile on
  * the way (W_rot for TurboQuant, W_hat for absmax): transW 1, y[n, out] = x[n, in] W^T;
  * transW 0, y[n, in] = x[n, out] W. */
@@ -37,7 +51,7 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
                    int64_t n) {
     const tz_qweight *q = l->w->q;
     if (!q) { /* y[n,out] = x[n,in] . W[out,in]^T */
-        be->matmul(be, y, x, l->w->w, n, l->out, l->in, 0, 1, 1.0f, 0.0f);
+        tz_matmul_w(be, y, x, l->w, n, l->out, l->in, 1, 1.0f, 0.0f);
     } else if (q->method == TZ_TQ_TURBOQUANT) { /* y = x_rot . W_rot^T */
         float *xr = act_buffer(l, n);
         be->tq_rotate(be, xr, x, n, l->in, q->group, q->seed);
@@ -68,7 +82,7 @@ void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *d
         if (l->w->g) /* dW[out,in] += dy^T x */
             be->matmul(be, l->w->g, dy, x, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
         if (dx) /* dx[n,in] += dy[n,out] W[out,in] */
-            be->matmul(be, dx, dy, l->w->w, n, l->in, l->out, 0, 0, 1.0f, 1.0f);
+            tz_matmul_w(be, dx, dy, l->w, n, l->in, l->out, 0, 1.0f, 1.0f);
     }
     if (!l->a) return;
     if (l->b->g) /* dB[out,r] += s dy^T h */

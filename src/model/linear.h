@@ -31,6 +31,14 @@ typedef struct tz_linear {
     const tz_tq_scratch *tq; /* the model's scratch; used when w is quantized */
 } tz_linear;
 
+/* C = alpha * A op(W) + beta * C for a dense weight W as the second operand (matmul with
+ * transA = 0, B = W), whether W holds fp32 or bf16 (w16); and the embedding lookup from a
+ * table W likewise. Every op that reads a dense weight goes through these two. */
+void tz_matmul_w(tz_backend *be, float *C, const float *A, const tz_param *W, int64_t M,
+                 int64_t N, int64_t K, int transW, float alpha, float beta);
+void tz_embedding_w(tz_backend *be, float *out, const int32_t *tok, const tz_param *W,
+                    int64_t n, int64_t C);
+
 /* y[n, out] = x[n, in] W^T (+ LoRA). h[n, r] receives x A^T when adapted (saved for
  * backward); h may be NULL without adapter.
  * Quantized W, TurboQuant: x_rot = tq_rotate(x) into tq->act, W_rot decoded into tq->tile,

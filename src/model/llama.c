@@ -279,7 +279,7 @@ static void forward_body(tz_llama *m, const int32_t *inputs, const int32_t *targ
     if (!m->arena.base) TZ_FATAL("llama: tz_llama_setup was not called");
     be->upload(be, m->tok, inputs, (size_t)BT * sizeof *inputs);
     be->upload(be, m->tgt, targets, (size_t)BT * sizeof *targets);
-    be->embedding_fwd(be, m->stack.xin[0], m->tok, m->embed->w, BT, C);
+    tz_embedding_w(be, m->stack.xin[0], m->tok, m->embed, BT, C);
     for (int64_t l = 0; l < d->n_layers; l++)
         layer_fwd(m, &m->layers[l], acts_of(m, l), m->stack.xin[l], m->stack.xin[l + 1]);
     be->rmsnorm_fwd(be, m->hf, m->rstdf, m->stack.xin[d->n_layers], m->final_norm->w, BT, C,
@@ -294,11 +294,11 @@ static double head(tz_llama *m, int backward, float dloss) {
     for (int64_t r0 = 0; r0 < BT; r0 += m->head_rows) {
         const int64_t n = BT - r0 < m->head_rows ? BT - r0 : m->head_rows;
         const float *hf = m->hf + r0 * C;
-        be->matmul(be, m->logits, hf, m->lm_head->w, n, V, C, 0, 1, 1.0f, 0.0f);
+        tz_matmul_w(be, m->logits, hf, m->lm_head, n, V, C, 1, 1.0f, 0.0f);
         be->xent_fwd(be, m->losses + r0, m->logits, m->tgt + r0, n, V);
         if (!backward) continue;
         be->xent_bwd(be, m->logits, m->logits, m->tgt + r0, dloss, n, V);
-        be->matmul(be, m->dh + r0 * C, m->logits, m->lm_head->w, n, C, V, 0, 0, 1.0f, 0.0f);
+        tz_matmul_w(be, m->dh + r0 * C, m->logits, m->lm_head, n, C, V, 0, 1.0f, 0.0f);
         if (m->lm_head->g)
             be->matmul(be, m->lm_head->g, m->logits, hf, V, C, n, 1, 0, 1.0f, 1.0f);
     }
@@ -440,13 +440,13 @@ const float *tz_llama_decode(tz_llama *m, tz_llama_cache *c, const int32_t *tok,
         TZ_FATAL("llama: the key/value cache holds %lld positions; %lld more do not fit",
                  (long long)c->cap, (long long)(c->len + n - c->cap));
     be->upload(be, m->tok, tok, (size_t)n * sizeof *tok);
-    be->embedding_fwd(be, m->stack.xin[0], m->tok, m->embed->w, n, C);
+    tz_embedding_w(be, m->stack.xin[0], m->tok, m->embed, n, C);
     for (int64_t l = 0; l < d->n_layers; l++)
         layer_decode(m, &m->layers[l], acts_of(m, 0), c->k[l], c->v[l], c->cap, c->len,
                      m->stack.xin[l], m->stack.xin[l + 1], n);
     c->len += n;
     const float *last = m->stack.xin[d->n_layers] + (n - 1) * C;
     be->rmsnorm_fwd(be, m->hf, m->rstdf, last, m->final_norm->w, 1, C, (float)d->eps);
-    be->matmul(be, m->logits, m->hf, m->lm_head->w, 1, d->vocab, C, 0, 1, 1.0f, 0.0f);
+    tz_matmul_w(be, m->logits, m->hf, m->lm_head, 1, d->vocab, C, 1, 1.0f, 0.0f);
     return m->logits;
 }

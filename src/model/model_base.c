@@ -72,7 +72,7 @@ void tz_model_init_lora(tz_params *ps, tz_backend *be, uint64_t seed) {
 void tz_model_upload_param(tz_backend *be, const tz_tq_codebook *cb, tz_param *p,
                            const float *w) {
     if (!p->q) {
-        be->upload(be, p->w, w, (size_t)p->numel * sizeof *w);
+        tz_param_upload(be, p, w, 0, p->numel);
         return;
     }
     tz_quant_upload(be, cb, p, w);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "quant/tq_layout.h"
 
@@ -61,7 +62,8 @@ static tz_param *add_entry(tz_params *ps, const char *name, int ndim, int64_t d0
 tz_param *tz_params_add(tz_params *ps, tz_backend *be, const char *name, int ndim, int64_t d0,
                         int64_t d1, int trainable, int decay, int adapter) {
     tz_param *p = add_entry(ps, name, ndim, d0, d1, trainable, decay, adapter);
-    p->bytes = (size_t)p->numel * sizeof(float);
+    p->w16 = !trainable && !adapter && ndim == 2 && be->matmul_dtype == TZ_DT_BF16;
+    p->bytes = (size_t)p->numel * (p->w16 ? sizeof(uint16_t) : sizeof(float));
     p->w = be->alloc(be, p->bytes);
     return p;
 }
@@ -168,4 +170,29 @@ void tz_params_drop_init(tz_params *ps) {
         free(ps->p[i]->init);
         ps->p[i]->init = NULL;
     }
+}
+
+void tz_param_upload(tz_backend *be, tz_param *p, const float *host, int64_t off, int64_t n) {
+    if (off < 0 || n < 0 || off + n > p->numel)
+        TZ_FATAL("%s: upload of elements %lld..%lld of %lld", p->name, (long long)off,
+                 (long long)(off + n), (long long)p->numel);
+    if (!p->w16) {
+        be->upload(be, p->w + off, host, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = tz_xmalloc((size_t)(n ? n : 1) * sizeof *h);
+    for (int64_t i = 0; i < n; i++) h[i] = tz_f32_to_bf16(host[i]);
+    be->upload(be, (uint16_t *)(void *)p->w + off, h, (size_t)n * sizeof *h);
+    free(h);
+}
+
+void tz_param_download(tz_backend *be, const tz_param *p, float *host) {
+    if (!p->w16) {
+        be->download(be, host, p->w, (size_t)p->numel * sizeof(float));
+        return;
+    }
+    uint16_t *h = tz_xmalloc((size_t)(p->numel ? p->numel : 1) * sizeof *h);
+    be->download(be, h, p->w, (size_t)p->numel * sizeof *h);
+    for (int64_t i = 0; i < p->numel; i++) host[i] = tz_bf16_to_f32(h[i]);
+    free(h);
 }

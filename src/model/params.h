@@ -29,7 +29,12 @@ typedef struct tz_param {
     int ndim;
     int64_t shape[2];
     int64_t numel;
-    float *w;          /* backend memory, numel floats; NULL when quantized */
+    float *w;          /* backend memory, numel floats; NULL when quantized. With w16 set it
+                        * holds numel bf16 bit patterns instead (read it only through
+                        * tz_matmul_w / tz_embedding_w / tz_param_upload / tz_param_download) */
+    int w16;           /* a frozen dense matrix stored in bf16: set by tz_params_add on a
+                        * backend whose matmul takes bf16 operands (matmul_dtype), where the
+                        * GEMM would round it to bf16 anyway; half the memory, no conversion */
     tz_qweight *q;     /* quantized storage (frozen); NULL when dense */
     size_t bytes;      /* backend bytes the weight holds (w, or codes + scales + levels) */
     float *g;          /* gradient in the flat gradient buffer; NULL when frozen */
@@ -64,8 +69,14 @@ typedef struct tz_params {
 } tz_params;
 
 void tz_params_init(tz_params *ps);
+/* Host fp32 values into elements off .. off+n-1 of p's weight (rounded to bf16, nearest
+ * even, when p->w16), and p's whole weight back to the host as fp32. */
+void tz_param_upload(tz_backend *be, tz_param *p, const float *host, int64_t off, int64_t n);
+void tz_param_download(tz_backend *be, const tz_param *p, float *host);
 void tz_params_free(tz_params *ps, tz_backend *be);
-/* Register a tensor, allocate it in backend memory (zeroed); returns its weight pointer. */
+/* Register a tensor, allocate it in backend memory (zeroed); returns its weight pointer. A
+ * frozen base matrix (ndim 2, neither trainable nor an adapter) on a backend with bf16
+ * GEMM operands is stored in bf16 (w16). */
 tz_param *tz_params_add(tz_params *ps, tz_backend *be, const char *name, int ndim, int64_t d0,
                         int64_t d1, int trainable, int decay, int adapter);
 tz_param *tz_params_find(tz_params *ps, const char *name);

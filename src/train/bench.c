@@ -123,7 +123,7 @@ void tz_bench_fill_params(tz_params *ps, tz_backend *be, const float *levels, ui
                 int64_t n = p->numel - at < FILL_CHUNK ? p->numel - at : FILL_CHUNK;
                 for (int64_t k = 0; k < n; k++)
                     buf[k] = p->ndim == 1 ? 1.0f : a * (2.0f * tz_rng_uniform(&r) - 1.0f);
-                be->upload(be, p->w + at, buf, (size_t)n * sizeof(float));
+                tz_param_upload(be, p, buf, at, n);
             }
             continue;
         }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/backend.h"
+#include "core/dtype.h"
 #include "tz_check.h"
 
 /* Runs fn(arg) in a child with stderr captured; returns the child's exit status (-1 if it did
@@ -55,6 +56,34 @@ int main(void) {
     be->fill(be, x, 2.0f, 10);
     check(be->sumsq(be, x, 10) == 40.0, "its ops work (fill, sumsq)");
     be->release(be, x);
+
+    /* weights stored in bf16: the ops read them as the same values widened to fp32 */
+    {
+        enum { M = 5, N = 7, K = 9, V = 6 };
+        float a[M * K], bw[K * N], c1[M * N], c2[M * N], e1[4 * N], e2[4 * N];
+        uint16_t b16[K * N];
+        for (int i = 0; i < M * K; i++) a[i] = 0.37f * (float)((i * 7) % 11) - 1.3f;
+        for (int i = 0; i < K * N; i++) {
+            b16[i] = tz_f32_to_bf16(0.113f * (float)((i * 5) % 13) - 0.71f);
+            bw[i] = tz_bf16_to_f32(b16[i]);
+        }
+        for (int tb = 0; tb < 2; tb++) {
+            for (int i = 0; i < M * N; i++) c1[i] = c2[i] = 0.5f * (float)i;
+            be->matmul(be, c1, a, bw, M, N, K, 0, tb, 0.8f, 0.25f);
+            be->matmul_bw16(be, c2, a, b16, M, N, K, 0, tb, 0.8f, 0.25f);
+            check(!memcmp(c1, c2, sizeof c1), "matmul_bw16 (transB %d) = matmul of the widened B",
+                  tb);
+        }
+        const int32_t tok[4] = {3, 0, 5, 3};
+        uint16_t t16[V * N];
+        float tw[V * N];
+        for (int i = 0; i < V * N; i++) t16[i] = (uint16_t)(0x3f00u + (unsigned)i * 37u), tw[i] = tz_bf16_to_f32(t16[i]);
+        be->embedding_fwd(be, e1, tok, tw, 4, N);
+        be->embedding_fwd_w16(be, e2, tok, t16, 4, N);
+        check(!memcmp(e1, e2, sizeof e1), "embedding_fwd_w16 = embedding_fwd of the widened table");
+        check(be->matmul_dtypes == 1u << TZ_DT_F32 && be->matmul_dtype == TZ_DT_F32,
+              "the CPU's GEMM operands: fp32 only");
+    }
     tz_backend_destroy(be);
     tz_backend_destroy(NULL);
 

@@ -206,6 +206,55 @@ static void test_matmul_bf16(void) {
     g_gpu->matmul_dtype = TZ_DT_F32;
 }
 
+/* Weights stored in bf16 (tz_param.w16): matmul_bw16 and embedding_fwd_w16 against the CPU's
+ * (fp32 GEMMs: the GEMM tolerance; the lookup: exact), and with bf16 GEMMs bit for bit
+ * against matmul of the widened weight (rounding a bf16 value to bf16 changes nothing, so the
+ * GEMM sees the same operands). */
+static void test_w16(void) {
+    const int64_t M = 23, N = 41, K = 67, V = 50, n = 37;
+    uint16_t *b16 = malloc((size_t)(K * N) * 2), *t16 = malloc((size_t)(V * N) * 2);
+    pair A = mk(M * K, 1.0f), Bw = mk(K * N, 1.0f), C = mk(M * N, 1.0f), C2 = mkz(M * N);
+    for (int64_t i = 0; i < K * N; i++)
+        b16[i] = tz_f32_to_bf16(Bw.h[i]), Bw.h[i] = tz_bf16_to_f32(b16[i]);
+    g_gpu->upload(g_gpu, Bw.d, Bw.h, (size_t)(K * N) * 4);
+    uint16_t *db16 = g_gpu->alloc(g_gpu, (size_t)(K * N) * 2);
+    g_gpu->upload(g_gpu, db16, b16, (size_t)(K * N) * 2);
+    for (int tb = 0; tb < 2; tb++) {
+        g_gpu->copy(g_gpu, C2.d, C.d, (size_t)(M * N) * 4); /* C's first values, kept */
+        g_cpu->matmul_bw16(g_cpu, C.h, A.h, b16, M, N, K, 0, tb, 0.6f, 0.2f);
+        g_gpu->matmul_bw16(g_gpu, C.d, A.d, db16, M, N, K, 0, tb, 0.6f, 0.2f);
+        char what[64];
+        snprintf(what, sizeof what, "matmul_bw16 transB=%d (fp32)", tb);
+        expect(what, &C, 1e-5);
+        g_gpu->matmul_dtype = TZ_DT_BF16;
+        g_gpu->copy(g_gpu, C.d, C2.d, (size_t)(M * N) * 4);
+        g_gpu->matmul_bw16(g_gpu, C.d, A.d, db16, M, N, K, 0, tb, 0.6f, 0.2f);
+        g_gpu->matmul(g_gpu, C2.d, A.d, Bw.d, M, N, K, 0, tb, 0.6f, 0.2f);
+        g_gpu->matmul_dtype = TZ_DT_F32;
+        float *x = malloc((size_t)(M * N) * 4), *y = malloc((size_t)(M * N) * 4);
+        g_gpu->download(g_gpu, x, C.d, (size_t)(M * N) * 4);
+        g_gpu->download(g_gpu, y, C2.d, (size_t)(M * N) * 4);
+        check(!memcmp(x, y, (size_t)(M * N) * 4),
+              "matmul_bw16 transB=%d (bf16) = bf16 matmul of the widened weight, bit for bit", tb);
+        memcpy(C.h, x, (size_t)(M * N) * 4); /* the host copy follows the device again */
+        g_gpu->upload(g_gpu, C.d, C.h, (size_t)(M * N) * 4);
+        free(x), free(y);
+    }
+    for (int64_t i = 0; i < V * N; i++) t16[i] = tz_f32_to_bf16(urand(2.0f));
+    int32_t tok[37];
+    for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)tz_rng_below(&g_rng, (uint64_t)V);
+    int32_t *dtok = up_i32(tok, n);
+    uint16_t *dt16 = g_gpu->alloc(g_gpu, (size_t)(V * N) * 2);
+    g_gpu->upload(g_gpu, dt16, t16, (size_t)(V * N) * 2);
+    pair E = mkz(n * N);
+    g_cpu->embedding_fwd_w16(g_cpu, E.h, tok, t16, n, N);
+    g_gpu->embedding_fwd_w16(g_gpu, E.d, dtok, dt16, n, N);
+    expect("embedding_fwd_w16", &E, 0);
+    g_gpu->release(g_gpu, db16), g_gpu->release(g_gpu, dt16), g_gpu->release(g_gpu, dtok);
+    free(b16), free(t16);
+    drop(&A), drop(&Bw), drop(&C), drop(&C2), drop(&E);
+}
+
 /* ---- embedding, RoPE, layouts ---- */
 
 static void test_layout(void) {
@@ -573,6 +622,7 @@ int main(void) {
     test_elementwise();
     test_matmul();
     test_matmul_bf16();
+    test_w16();
     test_layout();
     test_norm();
     test_activation();
