@@ -155,10 +155,33 @@ static void cuda_bias_bwd(tz_backend *be, float *dbias, const float *dy, int64_t
     tz_cuda_colsum(be, dbias, 0, colsum_a{dy, rows, C}, 1, rows, C);
 }
 
+static __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
+    TZ_CUDA_FOR(i, n) dst[i] = __float2bfloat16_rn(src[i]);
+}
+static __global__ void k_from_bf16(float *dst, const uint16_t *src, int64_t n) {
+    TZ_CUDA_FOR(i, n) dst[i] = __uint_as_float((unsigned)src[i] << 16);
+}
+
+void tz_cuda_to_bf16(tz_backend *be, uint16_t *dst, const float *src, int64_t n) {
+    if (n <= 0) return;
+    k_to_bf16<<<tz_cuda_blocks(n, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
+        (__nv_bfloat16 *)dst, src, n);
+    CUDA_LAUNCHED();
+}
+
+void tz_cuda_from_bf16(tz_backend *be, float *dst, const uint16_t *src, int64_t n) {
+    if (n <= 0) return;
+    k_from_bf16<<<tz_cuda_blocks(n, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
+        dst, src, n);
+    CUDA_LAUNCHED();
+}
+
 void tz_cuda_install_elementwise(tz_backend *be) {
     be->fill = cuda_fill;
     be->scale = cuda_scale;
     be->axpy = cuda_axpy;
+    be->to_bf16 = tz_cuda_to_bf16;
+    be->from_bf16 = tz_cuda_from_bf16;
     be->sumsq = cuda_sumsq;
     be->modulate_fwd = cuda_modulate_fwd;
     be->modulate_bwd = cuda_modulate_bwd;

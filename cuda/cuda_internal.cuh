@@ -10,6 +10,7 @@
 #ifndef TZ_CUDA_INTERNAL_CUH
 #define TZ_CUDA_INTERNAL_CUH
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -186,6 +187,11 @@ static void tz_cuda_colsum(tz_backend *be, float *dst, int64_t ld, F f, int64_t 
                                                                                  B, C, nch);
     CUDA_LAUNCHED();
 }
+
+/* dst[i] = bf16(src[i]) (bit patterns; round to nearest even, NaN stays NaN) and back (exact),
+ * n elements on the backend's stream: the to_bf16 / from_bf16 ops (cuda_elementwise.cu). */
+void tz_cuda_to_bf16(tz_backend *be, uint16_t *dst, const float *src, int64_t n);
+void tz_cuda_from_bf16(tz_backend *be, float *dst, const uint16_t *src, int64_t n);
 
 /* The GEMM behind matmul (cuda_matmul.cu), C[M,N] = alpha op(A) op(B) + beta C with matmul's
  * conventions, where either operand may already be bf16 (a_bf16 / b_bf16: the pointer holds

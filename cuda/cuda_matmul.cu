@@ -16,10 +16,6 @@ static __global__ void k_scale_only(float *C, float beta, int64_t n) {
     TZ_CUDA_FOR(i, n) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
 }
 
-/* dst[i] = bf16(src[i]), round to nearest even (NaN stays NaN). */
-static __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
-    TZ_CUDA_FOR(i, n) dst[i] = __float2bfloat16_rn(src[i]);
-}
 
 /* Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T, and a row-major
  * [r, c] array is the column-major [c, r] array with leading dimension c. So cuBLAS computes
@@ -57,19 +53,10 @@ void tz_cuda_gemm(tz_backend *be, float *C, const void *A, int a_bf16, const voi
         if (na + nb > 0) {
             __nv_bfloat16 *s = (__nv_bfloat16 *)tz_cuda_scratch(
                 be, (size_t)(na_pad + nb) * sizeof(__nv_bfloat16));
-            cudaStream_t st = tz_cuda_stream(be);
-            if (na) {
-                k_to_bf16<<<tz_cuda_blocks(na, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
-                    s, (const float *)A, na);
-                CUDA_LAUNCHED();
-                a16 = s;
-            }
-            if (nb) {
-                k_to_bf16<<<tz_cuda_blocks(nb, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
-                    s + na_pad, (const float *)B, nb);
-                CUDA_LAUNCHED();
-                b16 = s + na_pad;
-            }
+            if (na) tz_cuda_to_bf16(be, (uint16_t *)s, (const float *)A, na), a16 = s;
+            if (nb)
+                tz_cuda_to_bf16(be, (uint16_t *)(s + na_pad), (const float *)B, nb),
+                    b16 = s + na_pad;
         }
         /* the default math mode lets cuBLAS use tensor cores for bf16 inputs (fp32
          * accumulation either way); pedantic mode is restored for the fp32 GEMMs */
@@ -90,10 +77,6 @@ static void cuda_matmul(tz_backend *be, float *C, const float *A, const float *B
     tz_cuda_gemm(be, C, A, 0, B, 0, M, N, K, transA, transB, alpha, beta);
 }
 
-static __global__ void k_from_bf16(float *dst, const uint16_t *src, int64_t n) {
-    TZ_CUDA_FOR(i, n) dst[i] = __uint_as_float((unsigned)src[i] << 16);
-}
-
 /* B stored in bf16: read by the bf16 GEMM as it is; with fp32 GEMMs widened first (exact). */
 static void cuda_matmul_bw16(tz_backend *be, float *C, const float *A, const uint16_t *B,
                              int64_t M, int64_t N, int64_t K, int transA, int transB,
@@ -104,11 +87,7 @@ static void cuda_matmul_bw16(tz_backend *be, float *C, const float *A, const uin
     }
     const int64_t nb = K * N;
     float *b = (float *)tz_cuda_scratch(be, (size_t)(nb > 0 ? nb : 1) * sizeof(float));
-    if (nb > 0) {
-        k_from_bf16<<<tz_cuda_blocks(nb, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
-                      tz_cuda_stream(be)>>>(b, B, nb);
-        CUDA_LAUNCHED();
-    }
+    tz_cuda_from_bf16(be, b, B, nb);
     tz_cuda_gemm(be, C, A, 0, b, 0, M, N, K, transA, transB, alpha, beta);
 }
 

@@ -61,6 +61,9 @@ struct tz_backend {
     void (*fill)(tz_backend *be, float *x, float v, int64_t n);
     void (*scale)(tz_backend *be, float *x, float a, int64_t n);            /* x *= a */
     void (*axpy)(tz_backend *be, float *y, float a, const float *x, int64_t n); /* y += a*x */
+    /* dst[i] = bf16(src[i]) (round to nearest even; bit patterns), and back (exact) */
+    void (*to_bf16)(tz_backend *be, uint16_t *dst, const float *src, int64_t n);
+    void (*from_bf16)(tz_backend *be, float *dst, const uint16_t *src, int64_t n);
     /* sum of squares, accumulated in double, returned to the host */
     double (*sumsq)(tz_backend *be, const float *x, int64_t n);
 
@@ -297,8 +300,8 @@ struct tz_backend {
  * op is added here as well. */
 #define TZ_BACKEND_OPS(X)                                                                    \
     X(destroy) X(alloc) X(release) X(upload) X(download) X(copy) X(sync) X(fill) X(scale)    \
-    X(axpy) X(sumsq) X(matmul) X(matmul_bw16) X(embedding_fwd) X(embedding_bwd)            \
-    X(embedding_fwd_w16) X(rmsnorm_fwd)                                                       \
+    X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(matmul) X(matmul_bw16) X(embedding_fwd)        \
+    X(embedding_bwd) X(embedding_fwd_w16) X(rmsnorm_fwd)                                      \
     X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_tab_fwd) X(rope_tab_bwd) X(attention_fwd)   \
     X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \
     X(swiglu_bwd) X(xent_fwd) X(xent_bwd) X(layernorm_fwd) X(layernorm_bwd)                 \

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "cpu/cpu_internal.h"
 
@@ -30,6 +31,18 @@ static void cpu_axpy(tz_backend *be, float *y, float a, const float *x, int64_t 
     int nt = tz_cpu_threads(be);
 #pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void cpu_to_bf16(tz_backend *be, uint16_t *dst, const float *src, int64_t n) {
+    int nt = tz_cpu_threads(be);
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dst[i] = tz_f32_to_bf16(src[i]);
+}
+
+static void cpu_from_bf16(tz_backend *be, float *dst, const uint16_t *src, int64_t n) {
+    int nt = tz_cpu_threads(be);
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dst[i] = tz_bf16_to_f32(src[i]);
 }
 
 static double sumsq_chunk(const float *x, int64_t n) {
@@ -167,6 +180,8 @@ void TZ_CPU_K(tz_cpu_install_elementwise)(tz_backend *be) {
     be->fill = cpu_fill;
     be->scale = cpu_scale;
     be->axpy = cpu_axpy;
+    be->to_bf16 = cpu_to_bf16;
+    be->from_bf16 = cpu_from_bf16;
     be->sumsq = cpu_sumsq;
     be->modulate_fwd = cpu_modulate_fwd;
     be->modulate_bwd = cpu_modulate_bwd;

@@ -238,7 +238,8 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     TAKE(m->temb, B * Hd, "t embedding"); TAKE(m->c, B * Hd, "conditioning");
     TAKE(m->sc, B * Hd, "silu(c)"); TAKE(m->labels, B, "labels");
     int n_sets = tz_layer_stack_walk(&m->stack, a, &total, d->depth, m->o.checkpointing,
-                                     m->o.forward_only, sizeof(tz_dit_acts), BT * Hd);
+                                     m->o.forward_only, sizeof(tz_dit_acts), BT * Hd,
+                                     m->be->matmul_dtype == TZ_DT_BF16);
     for (int i = 0; i < n_sets; i++) {
         tz_dit_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
 #define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */

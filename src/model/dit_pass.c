@@ -88,9 +88,11 @@ void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *
     be->upload(be, m->tfreq, m->tfreq_host, (size_t)(n * d->freq_dim) * sizeof(float));
     /* patch embedding + positions */
     be->patchify(be, m->patches, m->img, n, d->in_channels, S, S, p, 0);
-    lin_fwd(be, &m->x_emb, m->stack.xin[0], NULL, m->patches, BT);
-    for (int64_t b = 0; b < n; b++)
-        be->axpy(be, m->stack.xin[0] + b * T * Hd, 1.0f, m->pos_embed, T * Hd);
+    tz_layer_stack *st = &m->stack;
+    float *x0 = tz_layer_stack_out(st, 0);
+    lin_fwd(be, &m->x_emb, x0, NULL, m->patches, BT);
+    for (int64_t b = 0; b < n; b++) be->axpy(be, x0 + b * T * Hd, 1.0f, m->pos_embed, T * Hd);
+    tz_layer_stack_put(st, be, 0);
     /* conditioning c = t_embedder(t) + y_embedder(y); every adaLN reads silu(c) */
     lin_fwd(be, &m->t_fc1, m->t_h, NULL, m->tfreq, n);
     be->silu_fwd(be, m->t_s, m->t_h, n * Hd);
@@ -98,11 +100,15 @@ void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *
     tz_embedding_w(be, m->c, m->labels, m->y_table, n, Hd);
     be->axpy(be, m->c, 1.0f, m->temb, n * Hd);
     be->silu_fwd(be, m->sc, m->c, n * Hd);
-    for (int64_t i = 0; i < d->depth; i++)
-        block_fwd(m, &m->blocks[i], acts_of(m, i), m->stack.xin[i], m->stack.xin[i + 1]);
+    for (int64_t i = 0; i < d->depth; i++) {
+        block_fwd(m, &m->blocks[i], acts_of(m, i), tz_layer_stack_in(st, be, i),
+                  tz_layer_stack_out(st, i + 1));
+        tz_layer_stack_put(st, be, i + 1);
+    }
     /* final layer: shift, scale = chunk(2); LN, modulate, linear, unpatchify */
     lin_fwd(be, &m->f_ada, m->fmod, m->f_lh, m->sc, n);
-    be->layernorm_fwd(be, m->fln, m->fmean, m->frstd, m->stack.xin[d->depth], BT, Hd, 1e-6f);
+    be->layernorm_fwd(be, m->fln, m->fmean, m->frstd, tz_layer_stack_in(st, be, d->depth), BT,
+                      Hd, 1e-6f);
     be->modulate_fwd(be, m->fh, m->fln, m->fmod, m->fmod + Hd, 2 * Hd, n, T, Hd);
     lin_fwd(be, &m->f_lin, m->fo, NULL, m->fh, BT);
     be->unpatchify(be, m->out_img, m->fo, n, tz_dit_out_channels(d), S, S, p, 1);
@@ -196,7 +202,8 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, m->fln, m->fmod + Hd, 2 * Hd, n,
                      T, Hd);
     be->fill(be, m->dres, 0.0f, BT * Hd);
-    be->layernorm_bwd(be, m->dres, m->db, m->stack.xin[L], m->fmean, m->frstd, BT, Hd);
+    be->layernorm_bwd(be, m->dres, m->db, tz_layer_stack_in(&m->stack, be, L), m->fmean,
+                      m->frstd, BT, Hd);
     be->fill(be, m->dsc, 0.0f, n * Hd);
     lin_bwd(m, &m->f_ada, m->cond_trainable ? m->dsc : NULL, m->dmod, m->sc, m->f_lh, n);
     tz_params_stage_done(&m->params, 0);
@@ -204,9 +211,9 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
         tz_dit_acts *a = acts_of(m, i);
         /* checkpointing: recompute the block (the last one's activations are still there);
          * its output goes to da, free until block_bwd fills it */
-        if (tz_layer_stack_recompute(&m->stack, i))
-            block_fwd(m, &m->blocks[i], a, m->stack.xin[i], m->da);
-        block_bwd(m, &m->blocks[i], a, m->stack.xin[i]);
+        const float *x = tz_layer_stack_in(&m->stack, be, i);
+        if (tz_layer_stack_recompute(&m->stack, i)) block_fwd(m, &m->blocks[i], a, x, m->da);
+        block_bwd(m, &m->blocks[i], a, x);
         tz_params_stage_done(&m->params, (int)(L - i));
     }
     /* embedders: c = t_fc2(silu(t_fc1(features(t)))) + table[y]; x0 = x_emb(patches) + pos */

@@ -169,7 +169,8 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     size_t total = 0;
 #define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
     int n_sets = tz_layer_stack_walk(&m->stack, a, &total, d->n_layers, m->o.checkpointing,
-                                     m->o.forward_only, sizeof(tz_llama_acts), BT * C);
+                                     m->o.forward_only, sizeof(tz_llama_acts), BT * C,
+                                     m->be->matmul_dtype == TZ_DT_BF16);
     for (int i = 0; i < n_sets; i++) {
         tz_llama_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
 #define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
@@ -279,11 +280,16 @@ static void forward_body(tz_llama *m, const int32_t *inputs, const int32_t *targ
     if (!m->arena.base) TZ_FATAL("llama: tz_llama_setup was not called");
     be->upload(be, m->tok, inputs, (size_t)BT * sizeof *inputs);
     be->upload(be, m->tgt, targets, (size_t)BT * sizeof *targets);
-    tz_embedding_w(be, m->stack.xin[0], m->tok, m->embed, BT, C);
-    for (int64_t l = 0; l < d->n_layers; l++)
-        layer_fwd(m, &m->layers[l], acts_of(m, l), m->stack.xin[l], m->stack.xin[l + 1]);
-    be->rmsnorm_fwd(be, m->hf, m->rstdf, m->stack.xin[d->n_layers], m->final_norm->w, BT, C,
-                    (float)d->eps);
+    tz_layer_stack *st = &m->stack;
+    tz_embedding_w(be, tz_layer_stack_out(st, 0), m->tok, m->embed, BT, C);
+    tz_layer_stack_put(st, be, 0);
+    for (int64_t l = 0; l < d->n_layers; l++) {
+        layer_fwd(m, &m->layers[l], acts_of(m, l), tz_layer_stack_in(st, be, l),
+                  tz_layer_stack_out(st, l + 1));
+        tz_layer_stack_put(st, be, l + 1);
+    }
+    be->rmsnorm_fwd(be, m->hf, m->rstdf, tz_layer_stack_in(st, be, d->n_layers),
+                    m->final_norm->w, BT, C, (float)d->eps);
 }
 
 /* The head, head_rows rows at a time: logits, per-row losses, and with backward the gradients
@@ -358,16 +364,16 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     tz_params_backward_begins(&m->params); /* (the head's chunks interleave both ways) */
     const double loss = head(m, 1, dloss); /* dh = d(loss)/d(hf) */
     be->fill(be, m->dres, 0.0f, BT * C);
-    be->rmsnorm_bwd(be, m->dres, m->final_norm->g, m->dh, m->stack.xin[d->n_layers],
+    be->rmsnorm_bwd(be, m->dres, m->final_norm->g, m->dh, tz_layer_stack_in(&m->stack, be, d->n_layers),
                     m->final_norm->w, m->rstdf, BT, C);
     tz_params_stage_done(&m->params, 0);
     for (int64_t l = d->n_layers - 1; l >= 0; l--) {
         tz_llama_acts *a = acts_of(m, l);
         /* checkpointing: recompute the layer (the last one's activations are still there);
          * its output goes to dh, free until layer_bwd fills it */
-        if (tz_layer_stack_recompute(&m->stack, l))
-            layer_fwd(m, &m->layers[l], a, m->stack.xin[l], m->dh);
-        layer_bwd(m, &m->layers[l], a, m->stack.xin[l]);
+        const float *x = tz_layer_stack_in(&m->stack, be, l);
+        if (tz_layer_stack_recompute(&m->stack, l)) layer_fwd(m, &m->layers[l], a, x, m->dh);
+        layer_bwd(m, &m->layers[l], a, x);
         tz_params_stage_done(&m->params, (int)(d->n_layers - l));
     }
     if (m->embed->g) be->embedding_bwd(be, m->embed->g, m->tok, m->dres, BT, C);
@@ -440,12 +446,16 @@ const float *tz_llama_decode(tz_llama *m, tz_llama_cache *c, const int32_t *tok,
         TZ_FATAL("llama: the key/value cache holds %lld positions; %lld more do not fit",
                  (long long)c->cap, (long long)(c->len + n - c->cap));
     be->upload(be, m->tok, tok, (size_t)n * sizeof *tok);
-    tz_embedding_w(be, m->stack.xin[0], m->tok, m->embed, n, C);
-    for (int64_t l = 0; l < d->n_layers; l++)
+    tz_layer_stack *st = &m->stack;
+    tz_embedding_w(be, tz_layer_stack_out(st, 0), m->tok, m->embed, n, C);
+    tz_layer_stack_put(st, be, 0);
+    for (int64_t l = 0; l < d->n_layers; l++) {
         layer_decode(m, &m->layers[l], acts_of(m, 0), c->k[l], c->v[l], c->cap, c->len,
-                     m->stack.xin[l], m->stack.xin[l + 1], n);
+                     tz_layer_stack_in(st, be, l), tz_layer_stack_out(st, l + 1), n);
+        tz_layer_stack_put(st, be, l + 1);
+    }
     c->len += n;
-    const float *last = m->stack.xin[d->n_layers] + (n - 1) * C;
+    const float *last = tz_layer_stack_in(st, be, d->n_layers) + (n - 1) * C;
     be->rmsnorm_fwd(be, m->hf, m->rstdf, last, m->final_norm->w, 1, C, (float)d->eps);
     tz_matmul_w(be, m->logits, m->hf, m->lm_head, 1, d->vocab, C, 1, 1.0f, 0.0f);
     return m->logits;

@@ -12,8 +12,9 @@
 
 int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n_layers,
                         int checkpointing, int forward_only, size_t set_bytes,
-                        int64_t stream_floats) {
+                        int64_t stream_floats, int x16) {
     const int n_sets = checkpointing || forward_only ? 1 : (int)n_layers;
+    x16 = x16 && checkpointing && !forward_only;
     if (a) {
         tz_layer_stack_free(s);
         s->n_layers = n_layers;
@@ -21,6 +22,8 @@ int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n
         s->set_bytes = set_bytes;
         s->xin = tz_xcalloc((size_t)n_layers + 1, sizeof *s->xin);
         s->sets = tz_xcalloc((size_t)n_sets, set_bytes);
+        s->x16 = x16;
+        s->stream_floats = stream_floats;
     }
     if (forward_only) { /* two streams, used in turn */
         for (int64_t i = 0; i < 2; i++)
@@ -28,9 +31,27 @@ int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n
         for (int64_t i = 2; a && i <= n_layers; i++) s->xin[i] = s->xin[i & 1];
         return n_sets;
     }
+    /* bf16 streams take half the floats (the arena counts in floats) */
+    const int64_t saved = x16 ? (stream_floats + 1) / 2 : stream_floats;
     for (int64_t i = 0; i <= n_layers; i++)
-        TZ_ARENA_TAKE(a, total, s->xin[i], stream_floats, "residual stream");
+        TZ_ARENA_TAKE(a, total, s->xin[i], saved, x16 ? "residual stream (bf16)" : "residual stream");
+    if (x16) {
+        TZ_ARENA_TAKE(a, total, s->xa, stream_floats, "residual stream read");
+        TZ_ARENA_TAKE(a, total, s->xb, stream_floats, "residual stream written");
+    }
     return n_sets;
+}
+
+const float *tz_layer_stack_in(tz_layer_stack *s, tz_backend *be, int64_t i) {
+    if (!s->x16) return s->xin[i];
+    be->from_bf16(be, s->xa, (const uint16_t *)(const void *)s->xin[i], s->stream_floats);
+    return s->xa;
+}
+
+float *tz_layer_stack_out(tz_layer_stack *s, int64_t i) { return s->x16 ? s->xb : s->xin[i]; }
+
+void tz_layer_stack_put(tz_layer_stack *s, tz_backend *be, int64_t i) {
+    if (s->x16) be->to_bf16(be, (uint16_t *)(void *)s->xin[i], s->xb, s->stream_floats);
 }
 
 void tz_layer_stack_free(tz_layer_stack *s) {

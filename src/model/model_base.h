@@ -46,10 +46,17 @@ typedef struct tz_model_opts {
  * in backward (the last layer's is still in place). */
 typedef struct tz_layer_stack {
     int64_t n_layers;
-    float **xin;      /* n_layers + 1 residual streams, in the model's arena */
+    float **xin;      /* n_layers + 1 residual streams, in the model's arena (x16: each holds
+                       * stream_floats bf16 values; read and write them through
+                       * tz_layer_stack_in / _out / _put, never directly) */
     void *sets;       /* n_sets activation sets */
     size_t set_bytes;
     int n_sets;       /* n_layers, or 1 with checkpointing */
+    int x16;          /* the saved streams are kept in bf16 (checkpointing on a backend with
+                       * bf16 GEMM operands): a layer reads its input widened into xa and
+                       * writes its output into xb, which is rounded into the next stream */
+    float *xa, *xb;   /* x16: the fp32 work streams */
+    int64_t stream_floats;
 } tz_layer_stack;
 
 /* The stack's step of a model's arena walk (core/arena.h): takes the n_layers + 1 residual
@@ -59,7 +66,15 @@ typedef struct tz_layer_stack {
  * reads layer i's input and writes its output, nothing older). */
 int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n_layers,
                         int checkpointing, int forward_only, size_t set_bytes,
-                        int64_t stream_floats);
+                        int64_t stream_floats, int x16);
+/* Stream i (0: the input of layer 0; n_layers: the output of the last) as fp32 to read: the
+ * stream itself, or with x16 its bf16 values widened into xa (valid until the next call). */
+const float *tz_layer_stack_in(tz_layer_stack *s, tz_backend *be, int64_t i);
+/* Where stream i is written: the stream itself, or with x16 xb, which tz_layer_stack_put(i)
+ * then rounds into the stream (to nearest even). So the next layer, and its recomputation in
+ * backward, read the rounded values: forward and backward see the same function. */
+float *tz_layer_stack_out(tz_layer_stack *s, int64_t i);
+void tz_layer_stack_put(tz_layer_stack *s, tz_backend *be, int64_t i);
 void tz_layer_stack_free(tz_layer_stack *s);
 /* The activation set of a layer, and whether backward must recompute the layer first. */
 static inline void *tz_layer_stack_set(const tz_layer_stack *s, int64_t layer) {

@@ -240,6 +240,27 @@ static void test_w16(void) {
         g_gpu->upload(g_gpu, C.d, C.h, (size_t)(M * N) * 4);
         free(x), free(y);
     }
+    { /* the casts: rounding to nearest even and widening, exactly the CPU's */
+        const int64_t nc = 10007;
+        pair x = mk(nc, 3.0f), y = mkz(nc);
+        x.h[0] = NAN, x.h[1] = 1.00390625f /* a tie: 1 + 2^-8 rounds to 1 */, x.h[2] = -0.0f;
+        g_gpu->upload(g_gpu, x.d, x.h, 3 * sizeof(float));
+        uint16_t *h16 = malloc((size_t)nc * 2), *d16 = g_gpu->alloc(g_gpu, (size_t)nc * 2);
+        g_cpu->to_bf16(g_cpu, h16, x.h, nc);
+        g_gpu->to_bf16(g_gpu, d16, x.d, nc);
+        uint16_t *back = malloc((size_t)nc * 2);
+        g_gpu->download(g_gpu, back, d16, (size_t)nc * 2);
+        int same = 1;
+        for (int64_t i = 1; i < nc; i++) same &= back[i] == h16[i];
+        check(same && (back[0] & 0x7f80) == 0x7f80 && (back[0] & 0x7f), "to_bf16: the CPU's bits "
+              "(NaN stays NaN)");
+        g_cpu->from_bf16(g_cpu, y.h, h16, nc);
+        g_gpu->from_bf16(g_gpu, y.d, d16, nc);
+        y.h[0] = 0, g_gpu->upload(g_gpu, y.d, y.h, sizeof(float)); /* NaN compared above */
+        expect("from_bf16", &y, 0);
+        free(h16), free(back), g_gpu->release(g_gpu, d16);
+        drop(&x), drop(&y);
+    }
     for (int64_t i = 0; i < V * N; i++) t16[i] = tz_f32_to_bf16(urand(2.0f));
     int32_t tok[37];
     for (int64_t i = 0; i < n; i++) tok[i] = (int32_t)tz_rng_below(&g_rng, (uint64_t)V);
