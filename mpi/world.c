@@ -97,6 +97,11 @@ int tz_numa_node_of_pci(const char *bus_id) {
         sizeof path)
         return -1;
     FILE *f = fopen(path, "r");
+    /* sysfs names the domain with 4 hex digits; some drivers print 8 ("00000000:3b:00.0") */
+    if (!f && strlen(bus_id) > 9 && bus_id[8] == ':' && !strncmp(bus_id, "0000", 4)) {
+        snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/numa_node", bus_id + 4);
+        f = fopen(path, "r");
+    }
     if (!f) return -1;
     int node = -1;
     if (fscanf(f, "%d", &node) != 1) node = -1;

@@ -256,7 +256,10 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
                       "bench --dry-run plans a preset only (%s is a model folder)", cfg->model.path);
     if (comm->rank != 0) return 0;
     tz_backend *be = tz_bench_plan_backend();
-    tz_backend_set_precision(be, tz_precision_name(cfg->run.precision)); /* the decode tile */
+    /* GEMM operands (and with them the bf16 storage) as the run would have them: a GPU's,
+     * unless run.device says cpu */
+    if (cfg->run.device == 1) be->matmul_dtypes = 1u << TZ_DT_F32;
+    tz_backend_set_precision(be, tz_precision_name(cfg->run.precision));
     tz_task *t = tz_task_create(cfg, be, 1);
     const tz_params *ps = t->params;
     size_t quant = 0, weights = tz_params_bytes(ps);

@@ -8,7 +8,8 @@
 #  2. a DiT pre-training run (init-model --preset tiny on Fashion-MNIST images, skipped when the
 #     dataset is not installed): patchify, adaLN modulate/gate, LayerNorm, GELU, MSE.
 # Tolerance, for each step's loss (relative) and for each trained tensor (||a - b|| / ||a||,
-# tests/zero/compare.py): 1e-5. Both sides are fp32 and differ only in rounding: the order of
+# tests/zero/compare.py): 1e-5. Both sides are fp32 (run.precision = "fp32" on the device)
+# and differ only in rounding: the order of
 # the GEMM sums (cuBLAS emulated by plain loops against the CPU's blocked kernels), expf and
 # the attention's online softmax against the CPU's two-pass one, each within the tolerances of
 # test_cuda_ops (at most 3e-5 per op, typically 1e-7). Measured (2026-11-23; the CPU's
@@ -50,7 +51,7 @@ compare() {
 run() {
   local name=$1 dev=$2
   shift 2
-  timeout 300 "$tz" train "$@" --set run.device=$dev --set run.dir="$work/$name" > "$work/$name.log" 2>&1 ||
+  timeout 300 "$tz" train "$@" --set run.device=$dev --set run.precision=fp32 --set run.dir="$work/$name" > "$work/$name.log" 2>&1 ||
     { bad "$name ($dev) failed"; tail -5 "$work/$name.log"; }
 }
 

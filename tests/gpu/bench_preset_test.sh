@@ -49,7 +49,7 @@ done
 plan() { grep -o 'planned backend memory per rank: [0-9.]* GiB ([0-9]* bytes)' "$1" | grep -o '([0-9]*' | tr -d '('; }
 peak() { grep -m1 -o 'allocator peak [0-9.]* GiB ([0-9]* bytes' "$1" | awk '{print $5}' | tr -d '('; }
 for p in llama-tiny dit-tiny; do
-  "$tz" bench --preset $p --dry-run > "$work/$p-plan.log" 2>&1
+  "$tz" bench --preset $p --dry-run --set run.device=cpu > "$work/$p-plan.log" 2>&1
   "$tz" bench --preset $p --set train.threads=2 > "$work/$p.log" 2>&1 || { bad "bench $p failed"; tail -3 "$work/$p.log"; continue; }
   a=$(plan "$work/$p-plan.log") b=$(peak "$work/$p.log")
   [ -n "$a" ] && [ "$a" = "$b" ] && ok "$p: allocator peak $b bytes, as planned" || bad "$p: planned ${a:-?} bytes, allocator peak ${b:-?}"
@@ -59,7 +59,7 @@ for p in llama-tiny dit-tiny; do
     bad "$p: no step split line"
 done
 OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 2 "$tz" bench --preset llama-tiny --set train.threads=1 > "$work/np2.log" 2>&1
-OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 2 "$tz" bench --preset llama-tiny --dry-run > "$work/np2-plan.log" 2>&1
+OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 2 "$tz" bench --preset llama-tiny --dry-run --set run.device=cpu > "$work/np2-plan.log" 2>&1
 a=$(plan "$work/np2-plan.log") b=$(peak "$work/np2.log")
 [ -n "$a" ] && [ "$a" = "$b" ] && ok "llama-tiny, 2 ranks: allocator peak $b bytes (with the stage-2 staging), as planned" ||
   bad "llama-tiny, 2 ranks: planned ${a:-?} bytes, allocator peak ${b:-?}"

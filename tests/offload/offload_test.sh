@@ -12,11 +12,12 @@
 #     same tolerance. With one GPU shared by two ranks, "nccl" is refused with the message
 #     and "auto" falls back to mpi, saying why.
 #  3. the start-up lines name each rank's GPU, bus id, NUMA node and free memory.
-# TOL = 1e-4: the CUDA ops are fp32 (cuBLAS in pedantic fp32, no TF32), so the two backends
+# TOL = 1e-4: the GPU runs take run.precision = "fp32" (the default on a GPU is bf16 GEMM
+# operands, test_cuda_ops and test_bf16_storage check those): the CUDA ops are then fp32
+# (cuBLAS in pedantic fp32, no TF32), so the two backends
 # differ by summation order only (~1e-7 relative per op). Measured (2026-11-23) with the CPU
 # emulation of the CUDA kernels: at most 1.2e-8 over these runs; not yet measured on a GPU,
-# where cuBLAS sums in another order (expected within 1e-5). bf16 GEMMs, when they come,
-# need their own stated tolerance.
+# where cuBLAS sums in another order (expected within 1e-5).
 # Exit 77 (skipped) when run.device = "cuda" cannot be created here (no CUDA backend in the
 # build, no GPU visible, or TZ_CUDA_MODULE naming a module that does not load).
 # With a 4th argument "emu" (ctest offload_emu: TZ_CUDA_MODULE names the CPU emulation of
@@ -62,7 +63,7 @@ run() {
   local sets=()
   for s in "$@"; do sets+=(--set "$s"); done
   timeout 300 "$mpiexec" -np "$n" "$tz" train "$work/run.cfg" --set train.micro_batch=$((8 / n)) \
-    --set run.dir="$work/$name" "${sets[@]}" > "$work/$name.log" 2>&1
+    --set run.dir="$work/$name" --set run.precision=fp32 "${sets[@]}" > "$work/$name.log" 2>&1
 }
 losses() { grep -o '"loss": [0-9.e+-]*' "$1/metrics.jsonl" | awk '{print $2}'; }
 # compare NAME REF: every step's loss within TOL (relative)
