@@ -531,11 +531,13 @@ void thread_list(char *buf, size_t cap, int st) {
 }
 
 const char *site_name(const void *site, char *buf, size_t cap) {
+    /* file+offset, for addr2line -e FILE OFFSET (kernels are static: no symbol names) */
     Dl_info di;
-    if (site && dladdr(site, &di) && di.dli_sname)
-        snprintf(buf, cap, "%s+%#lx", di.dli_sname,
-                 (unsigned long)((const char *)site - (const char *)di.dli_saddr));
-    else snprintf(buf, cap, "%p", site);
+    if (site && dladdr(site, &di) && di.dli_fname) {
+        const char *base = strrchr(di.dli_fname, '/');
+        snprintf(buf, cap, "%s+%#lx", base ? base + 1 : di.dli_fname,
+                 (unsigned long)((const char *)site - (const char *)di.dli_fbase));
+    } else snprintf(buf, cap, "%p", site);
     return buf;
 }
 
