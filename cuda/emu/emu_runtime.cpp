@@ -28,7 +28,11 @@
 
 #include "emu_internal.h"
 
-#if !defined(__x86_64__)
+/* The context switch: hand-written on x86-64 (a few registers, no system call), ucontext
+ * elsewhere or with -DTZ_EMU_UCONTEXT (which also tests that path on x86-64). */
+#if defined(__x86_64__) && !defined(TZ_EMU_UCONTEXT)
+#define TZ_EMU_ASM_SWITCH 1
+#else
 #include <ucontext.h>
 #endif
 
@@ -39,7 +43,7 @@ namespace {
 
 /* ---- errors ---- */
 
-cudaError_t g_last = cudaSuccess;
+thread_local cudaError_t g_last = cudaSuccess; /* per host thread, as in CUDA */
 cudaError_t fail(cudaError_t e) {
     g_last = e;
     return e;
@@ -297,7 +301,7 @@ namespace {
 
 const size_t STACK_BYTES = 256 * 1024;
 
-#if defined(__x86_64__)
+#if TZ_EMU_ASM_SWITCH
 /* tz_emu_switch(save, load): saves the callee-saved registers, the SSE and x87 control words
  * and the stack pointer in *save, and resumes the context whose stack pointer is load. */
 extern "C" void tz_emu_switch(void **save, void *load);
@@ -331,7 +335,7 @@ __asm__(".text\n"
 
 struct Fiber {
     char *mem; /* guard page, then the stack */
-#if defined(__x86_64__)
+#if TZ_EMU_ASM_SWITCH
     void *sp;
 #else
     ucontext_t uc;
@@ -376,7 +380,7 @@ Fiber *g_fib;
 int g_nfib, g_cfib;
 int *g_free; /* free fibers (stack) */
 int g_nfree;
-#if defined(__x86_64__)
+#if TZ_EMU_ASM_SWITCH
 void *g_sched_sp;
 #else
 ucontext_t g_sched_uc;
@@ -397,7 +401,7 @@ void set_coords(int i) {
 void switch_to_fiber(int f) {
     int from = L.fiber;
     L.fiber = f;
-#if defined(__x86_64__)
+#if TZ_EMU_ASM_SWITCH
     tz_emu_switch(from < 0 ? &g_sched_sp : &g_fib[from].sp, g_fib[f].sp);
 #else
     swapcontext(from < 0 ? &g_sched_uc : &g_fib[from].uc, &g_fib[f].uc);
@@ -407,7 +411,7 @@ void switch_to_fiber(int f) {
 void switch_to_scheduler(void) {
     int from = L.fiber;
     L.fiber = -1;
-#if defined(__x86_64__)
+#if TZ_EMU_ASM_SWITCH
     tz_emu_switch(&g_fib[from].sp, g_sched_sp);
 #else
     swapcontext(&g_fib[from].uc, &g_sched_uc);
@@ -424,7 +428,7 @@ void thread_exit(void);
     }
 }
 
-#if defined(__x86_64__)
+#if TZ_EMU_ASM_SWITCH
 extern "C" void tz_emu_fiber_entry(void) { fiber_main(); }
 #endif
 
@@ -442,8 +446,8 @@ int new_fiber(void) {
     mprotect(mem, page, PROT_NONE); /* a stack overflow faults instead of corrupting */
     Fiber *f = &g_fib[g_nfib];
     f->mem = mem;
+#if TZ_EMU_ASM_SWITCH
     char *top = mem + page + STACK_BYTES;
-#if defined(__x86_64__)
     uint64_t *sp = (uint64_t *)((uintptr_t)top & ~(uintptr_t)15);
     *--sp = 0;                                 /* the entry's return address: none */
     *--sp = (uint64_t)(uintptr_t)&tz_emu_fiber_entry; /* where the first switch returns */
