@@ -371,6 +371,7 @@ struct Launch {
     int waiting[32];       /* per warp: lanes waiting at a collective */
     unsigned exited[32];   /* per warp: lanes that returned */
     int fiber;             /* the fiber running now, -1 the scheduler */
+    uint64_t block_seq;    /* blocks run so far, for tz_emu_shared_fresh */
     volatile sig_atomic_t in_kernel;
 } L;
 pthread_mutex_t g_launch_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -649,6 +650,7 @@ void run_block(void) {
     L.live = (int)n;
     L.nsync = 0;
     L.fiber = -1;
+    L.block_seq++;
     if (L.smem_bytes) memset(L.smem, 0xff, L.smem_bytes);
     /* the threads switch among themselves; back here when none can run */
     resume(next_runnable(-1));
@@ -824,6 +826,24 @@ __attribute__((noinline)) uint64_t tz_emu_warp(int kind, unsigned mask, uint64_t
 }
 
 void *tz_emu_dyn_smem(void) { return L.smem_bytes ? L.smem : NULL; }
+
+void tz_emu_shared_fresh(void *p, size_t bytes) {
+    /* the static shared variables seen so far and the block that last filled each */
+    static struct {
+        void *p;
+        uint64_t seq;
+    } seen[64];
+    static int nseen = 0;
+    if (!L.in_kernel) return;
+    int i = 0;
+    while (i < nseen && seen[i].p != p) i++;
+    if (i == nseen) {
+        if (nseen == 64) return; /* more than any kernel here declares: left as they are */
+        seen[nseen++].p = p;
+    } else if (seen[i].seq == L.block_seq) return;
+    seen[i].seq = L.block_seq;
+    memset(p, 0xff, bytes);
+}
 
 cudaError_t tz_emu_launch_impl(const char *name, dim3 grid, dim3 block, size_t smem,
                                cudaStream_t s, void (*call)(const void *), const void *fn) {

@@ -4,7 +4,8 @@
  *   - thread and block coordinates of 3-D launches; __syncthreads with static shared memory;
  *     __syncthreads_count; the shuffles (idx, up, down, xor, with widths 32 and 8),
  *     __ballot_sync, __any_sync, __all_sync;
- *   - dynamic shared memory and cudaMalloc'd memory read before any write are NaN bytes;
+ *   - shared memory (dynamic, and static from one block to the next) and cudaMalloc'd
+ *     memory read before any write are NaN bytes;
  *   - launch configuration errors, copies in the wrong direction or past an allocation;
  *   - cuBLAS: SGEMM in all four transposes with padded leading dimensions against a plain
  *     loop, beta = 0 not reading C (NaN there), alpha = 0 not reading A and B, an invalid
@@ -77,6 +78,13 @@ static __global__ void k_shuffles(int *out) {
 static __global__ void k_read_dyn(float *out) {
     extern __shared__ float dyn[];
     out[threadIdx.x] = dyn[threadIdx.x];
+}
+
+static __global__ void k_stale_shared(float *out) {
+    __shared__ float s[32];
+    if (blockIdx.x == 0) s[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[blockIdx.x * 32 + threadIdx.x] = s[threadIdx.x];
 }
 
 static __global__ void k_nothing(void) {}
@@ -180,6 +188,10 @@ static void test_memory(void) {
     k_read_dyn<<<1, 64, 64 * sizeof(float)>>>(d);
     cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
     check(isnan(h[0]) && isnan(h[63]), "dynamic shared memory reads as NaN before any write");
+    k_stale_shared<<<2, 32>>>(d);
+    cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+    check(h[0] == 1.0f && isnan(h[32]),
+          "static shared memory: a block does not see the previous block's values (NaN)");
     check(cudaGetLastError() == cudaSuccess, "no error so far");
     k_nothing<<<1, 1025>>>();
     check(cudaGetLastError() == cudaErrorInvalidConfiguration, "1025 threads: invalid configuration");

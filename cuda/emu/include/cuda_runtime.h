@@ -242,6 +242,10 @@ static inline void tz_emu_launch(const char *name, dim3 grid, dim3 block, const 
 #define TZ_EMU_STR(...) #__VA_ARGS__
 /* The launch's dynamic shared memory (filled with NaN bytes at each block). */
 void *tz_emu_dyn_smem(void);
+/* Called where a static __shared__ variable is declared (cuda/emu/rewrite.py): the first
+ * thread of a block to pass there fills it with NaN bytes, so a block reads only what it
+ * wrote, never what the previous block left. */
+void tz_emu_shared_fresh(void *p, size_t bytes);
 
 /* ---- barriers and warp collectives ---- */
 void __syncthreads(void);
