@@ -2,20 +2,26 @@
  * device's description, and kernel execution with cooperative fibers.
  *
  * Kernels: the blocks of a launch run one after another on the calling thread. A block's
- * threads are fibers (their own stacks, 256 KiB each, reused from launch to launch) switched
- * by one scheduler: a thread runs until it waits at __syncthreads or at a warp collective, or
- * returns; the last thread to reach a barrier releases the others. Threads that returned no
- * longer count toward __syncthreads. Misuses that the hardware would turn into a hang or an
- * undefined result are errors naming the kernel, its block and the threads involved:
+ * threads are fibers (their own stacks, 256 KiB each with a guard page, reused from launch
+ * to launch): a thread runs until it waits at __syncthreads or at a warp collective, or
+ * returns, then switches to the next thread that can run, the lanes of its own warp first
+ * (a warp runs ahead of the others); the last thread to reach a barrier releases the
+ * others and goes on. A block whose threads never wait runs on one fiber, thread after
+ * thread, without a switch. Threads that returned no longer count toward __syncthreads.
+ * Misuses that the hardware would turn into a hang or an undefined result are errors naming
+ * the kernel, its block and the threads involved:
  *   - a deadlock (no thread can run, the block not done: some wait at a barrier others
- *     never reach, or at different __syncthreads);
+ *     never reach);
+ *   - threads released from one __syncthreads reached at different places (divergent code);
  *   - a warp collective whose mask leaves out the calling lane, names a lane that returned
  *     or that the block does not have, or whose lanes disagree on the operation or the mask;
- *   - a shuffle reading a lane outside the mask.
- * Device memory comes from the host heap, 256-byte aligned, filled with 0xff bytes (a NaN in
- * every float and double) so that reading what was never written shows; copies and sets are
- * checked against the allocations (a device operand must lie inside one). Every stream
- * operation runs at once: streams and events only keep their API contracts. */
+ *   - a shuffle reading a lane outside the mask;
+ *   - a fault (SIGSEGV, SIGBUS) inside a kernel.
+ * Device memory is mapped memory, 256-byte aligned, filled with 0xff bytes (a NaN in every
+ * float and double) so that reading what was never written shows, and ending at a guard page
+ * (so does the dynamic shared memory); copies and sets are checked against the allocations
+ * (a device operand must lie inside one) and the copy's direction. Every stream operation
+ * runs at once: streams and events only keep their API contracts. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
