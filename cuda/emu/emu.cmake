@@ -5,7 +5,8 @@
 # TZ_CUDA_MODULE=<build>/libtzcuda_emu.so, it runs the backend's own host code and kernels on
 # the CPU, so the tests exercise them where there is no GPU (tests/cuda_emu.cmake). A
 # correctness tool: its device calls itself a CPU emulation, never a GPU.
-# NCCL (cuda/*nccl*.cu) is left out: the emulation has no NCCL.
+# NCCL (cuda/*nccl*.cu) is left out: the emulation has no NCCL (cuda/emu/include/nccl.h, a
+# stub whose every call reports it unavailable, lets other sources include <nccl.h>).
 option(TZ_CUDA_EMU "build libtzcuda_emu.so, the CUDA backend emulated on the CPU, for tests" ON)
 if(TZ_CUDA_EMU AND TZ_SANITIZE)
   # its threads switch stacks, which AddressSanitizer cannot follow without annotations
