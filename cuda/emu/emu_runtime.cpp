@@ -1293,4 +1293,35 @@ cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v)
     return cudaSuccess;
 }
 
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *user) {
+    if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    if (!fn) return fail(cudaErrorInvalidValue);
+    fn(user); /* the stream's earlier work is done: everything runs at once */
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned flags) {
+    (void)flags;
+    if (!dev) return fail(cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_mem_mu);
+    Alloc *a = host ? holding(host) : NULL;
+    int ok = a && a->kind != MEM_DEVICE;
+    pthread_mutex_unlock(&g_mem_mu);
+    if (!ok) return fail(cudaErrorInvalidValue); /* only pinned or registered memory maps */
+    *dev = host;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDeviceFlags(unsigned flags) {
+    (void)flags;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned *flags) {
+    if (!flags) return fail(cudaErrorInvalidValue);
+    if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    *flags = s && s != cudaStreamLegacy && s != cudaStreamPerThread ? s->flags : 0;
+    return cudaSuccess;
+}
+
 } // extern "C"

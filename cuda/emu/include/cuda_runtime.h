@@ -187,6 +187,11 @@ cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v);
+typedef void (*cudaHostFn_t)(void *user);
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *user);
+cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned flags);
+cudaError_t cudaSetDeviceFlags(unsigned flags);
+cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned *flags);
 }
 
 /* The C++ conveniences of the real header. */
