@@ -7,6 +7,7 @@
  *   - shared memory (dynamic, and static from one block to the next) and cudaMalloc'd
  *     memory read before any write are NaN bytes;
  *   - launch configuration errors, copies in the wrong direction or past an allocation;
+ *   - streams, events, pinned and registered host memory keep their API contracts;
  *   - cuBLAS: SGEMM in all four transposes with padded leading dimensions against a plain
  *     loop, beta = 0 not reading C (NaN there), alpha = 0 not reading A and B, an invalid
  *     ld rejected, GemmEx with bf16 operands, the bf16 conversions (ties to even, NaN);
@@ -216,6 +217,63 @@ static void test_memory(void) {
     check(strstr(p.name, "CPU emulation") != NULL, "the device's name: \"%s\"", p.name);
 }
 
+static int g_host_fn_ran;
+static void host_fn(void *p) { *(int *)p = 1; }
+
+static void test_streams(void) {
+    cudaStream_t s;
+    cudaEvent_t a, b, nt;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess &&
+              cudaEventCreate(&a) == cudaSuccess && cudaEventCreate(&b) == cudaSuccess &&
+              cudaEventCreateWithFlags(&nt, cudaEventDisableTiming) == cudaSuccess,
+          "streams and events created");
+    float ms = -1.0f;
+    cudaEventRecord(a, s);
+    k_nothing<<<1, 32, 0, s>>>();
+    cudaEventRecord(b, s);
+    bool ev = cudaStreamWaitEvent(0, b, 0) == cudaSuccess &&
+              cudaEventSynchronize(b) == cudaSuccess && cudaEventQuery(b) == cudaSuccess &&
+              cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms >= 0.0f;
+    check(ev, "event record, wait, query, elapsed time (%.3f ms)", (double)ms);
+    cudaEventRecord(nt, s);
+    check(cudaEventElapsedTime(&ms, a, nt) == cudaErrorInvalidResourceHandle,
+          "no elapsed time from an event made with cudaEventDisableTiming");
+    check(cudaLaunchHostFunc(s, host_fn, &g_host_fn_ran) == cudaSuccess && g_host_fn_ran,
+          "cudaLaunchHostFunc runs the function");
+    cudaEventDestroy(a), cudaEventDestroy(b), cudaEventDestroy(nt);
+    cudaStreamDestroy(s);
+    check(cudaStreamSynchronize(s) == cudaErrorInvalidResourceHandle &&
+              cudaEventQuery(a) == cudaErrorInvalidResourceHandle,
+          "a destroyed stream or event is an invalid handle");
+    cudaGetLastError();
+
+    static float host[4096];
+    float *pinned, *dev;
+    cudaPointerAttributes at;
+    check(cudaHostRegister(host, sizeof host, cudaHostRegisterDefault) == cudaSuccess &&
+              cudaHostRegister(host + 16, 64, cudaHostRegisterDefault) ==
+                  cudaErrorHostMemoryAlreadyRegistered,
+          "cudaHostRegister; twice over the same memory refused");
+    cudaPointerGetAttributes(&at, host + 5);
+    check(at.type == cudaMemoryTypeHost, "a registered pointer is host memory");
+    check(cudaHostUnregister(host) == cudaSuccess &&
+              cudaHostUnregister(host) == cudaErrorHostMemoryNotRegistered,
+          "cudaHostUnregister; twice refused");
+    cudaGetLastError();
+    cudaMallocHost(&pinned, 256);
+    cudaMalloc(&dev, 256);
+    cudaPointerGetAttributes(&at, dev + 3);
+    check(at.type == cudaMemoryTypeDevice, "a device pointer is device memory");
+    check(cudaMemcpyAsync(dev, pinned, 256, cudaMemcpyHostToDevice, 0) == cudaSuccess &&
+              cudaFree(pinned) == cudaErrorInvalidValue && cudaFreeHost(pinned) == cudaSuccess,
+          "pinned memory: copied from, freed by cudaFreeHost only");
+    char bus[32];
+    cudaDeviceGetPCIBusId(bus, sizeof bus, 0);
+    check(strlen(bus) > 0, "cudaDeviceGetPCIBusId: %s (made up)", bus);
+    cudaFree(dev);
+    cudaGetLastError();
+}
+
 static void test_cublas(void) {
     cublasHandle_t h;
     cublasCreate(&h);
@@ -339,6 +397,7 @@ static void run_overrun(void) { k_overrun<<<1, 32>>>(g_out, 1000); }
 int main(void) {
     test_threads();
     test_memory();
+    test_streams();
     test_cublas();
     cudaMalloc(&g_out, 1000 * sizeof(float));
     expect_death("a barrier and a shuffle waiting for each other", run_deadlock,
