@@ -5,10 +5,10 @@
 
 Four textual changes, each keeping the line count (so #line points errors at IN):
   kernel<<<grid, block[, smem[, stream]]>>>(args)
-      -> tz_emu_launch(TZ_EMU_STR(kernel), grid, block[, smem[, stream]],
-                       [&] { kernel(args); })
-     (template kernels `k<4><<<...>>>` and launches inside macros included; the arguments are
-     evaluated when the block's threads call the kernel, which the emulation does at once);
+      -> tz_emu_launch(TZ_EMU_STR(kernel), tz_emu_config(grid, block[, smem[, stream]]),
+                       [](auto... tz_a) { kernel(tz_a...); }, args)
+     (template kernels `k<4><<<...>>>` and launches inside macros included); the arguments
+     are evaluated once, at the launch, and every thread gets its own copy, as in CUDA;
   extern __shared__ T name[];  ->  T *name = (T *)tz_emu_dyn_smem();
   __shared__ T name[N];        ->  the same, then tz_emu_shared_fresh(&name, sizeof name);
   #pragma unroll [n]           ->  an empty line (GCC has its own unroll pragma).
@@ -134,7 +134,9 @@ def rewrite_launches(text, path):
             fail(path, text, j, "unbalanced argument list")
         args = text[p + 1:q]
         out.append(text[last:s])
-        out.append(f"tz_emu_launch(TZ_EMU_STR({name}), {cfg}, [&] {{ {name}({args}); }})")
+        sep = ", " if args.strip() else ""
+        out.append(f"tz_emu_launch(TZ_EMU_STR({name}), tz_emu_config({cfg}), "
+                   f"[](auto... tz_a) {{ {name}(tz_a...); }}{sep}{args})")
         last = pos = q + 1
     out.append(text[last:])
     return "".join(out)

@@ -88,6 +88,11 @@ static __global__ void k_stale_shared(float *out) {
     out[blockIdx.x * 32 + threadIdx.x] = s[threadIdx.x];
 }
 
+static __global__ void k_arg(int *out, int v) {
+    v += threadIdx.x; /* each thread's own copy of the parameter */
+    out[blockIdx.x * blockDim.x + threadIdx.x] = v;
+}
+
 static __global__ void k_nothing(void) {}
 
 static __global__ void k_deadlock(float *out) {
@@ -153,6 +158,15 @@ static void test_threads(void) {
     check(hc[0] == 86 && hc[2] == 86, "__syncthreads_count (%d, want 86)", hc[0]);
     cudaFree(o);
     cudaFree(c);
+
+    int *a, ha[128], calls = 0;
+    cudaMalloc(&a, sizeof ha);
+    k_arg<<<2, 64>>>(a, 100 * ++calls);
+    cudaMemcpy(ha, a, sizeof ha, cudaMemcpyDeviceToHost);
+    bad = calls != 1;
+    for (int i = 0; i < 128; i++) bad += ha[i] != 100 + i % 64;
+    check(bad == 0, "kernel arguments: evaluated once at the launch, a copy per thread");
+    cudaFree(a);
 
     int *s, hs[64 * 9];
     cudaMalloc(&s, sizeof hs);
