@@ -2,20 +2,26 @@
  * device's description, and kernel execution with cooperative fibers.
  *
  * Kernels: the blocks of a launch run one after another on the calling thread. A block's
- * threads are fibers (their own stacks, 256 KiB each, reused from launch to launch) switched
- * by one scheduler: a thread runs until it waits at __syncthreads or at a warp collective, or
- * returns; the last thread to reach a barrier releases the others. Threads that returned no
- * longer count toward __syncthreads. Misuses that the hardware would turn into a hang or an
- * undefined result are errors naming the kernel, its block and the threads involved:
+ * threads are fibers (their own stacks, 256 KiB each with a guard page, reused from launch
+ * to launch): a thread runs until it waits at __syncthreads or at a warp collective, or
+ * returns, then switches to the next thread that can run, the lanes of its own warp first
+ * (a warp runs ahead of the others); the last thread to reach a barrier releases the
+ * others and goes on. A block whose threads never wait runs on one fiber, thread after
+ * thread, without a switch. Threads that returned no longer count toward __syncthreads.
+ * Misuses that the hardware would turn into a hang or an undefined result are errors naming
+ * the kernel, its block and the threads involved:
  *   - a deadlock (no thread can run, the block not done: some wait at a barrier others
- *     never reach, or at different __syncthreads);
+ *     never reach);
+ *   - threads released from one __syncthreads reached at different places (divergent code);
  *   - a warp collective whose mask leaves out the calling lane, names a lane that returned
  *     or that the block does not have, or whose lanes disagree on the operation or the mask;
- *   - a shuffle reading a lane outside the mask.
- * Device memory comes from the host heap, 256-byte aligned, filled with 0xff bytes (a NaN in
- * every float and double) so that reading what was never written shows; copies and sets are
- * checked against the allocations (a device operand must lie inside one). Every stream
- * operation runs at once: streams and events only keep their API contracts. */
+ *   - a shuffle reading a lane outside the mask;
+ *   - a fault (SIGSEGV, SIGBUS) inside a kernel.
+ * Device memory is mapped memory, 256-byte aligned, filled with 0xff bytes (a NaN in every
+ * float and double) so that reading what was never written shows, and ending at a guard page
+ * (so does the dynamic shared memory); copies and sets are checked against the allocations
+ * (a device operand must lie inside one) and the copy's direction. Every stream operation
+ * runs at once: streams and events only keep their API contracts. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
@@ -28,7 +34,11 @@
 
 #include "emu_internal.h"
 
-#if !defined(__x86_64__)
+/* The context switch: hand-written on x86-64 (a few registers, no system call), ucontext
+ * elsewhere or with -DTZ_EMU_UCONTEXT (which also tests that path on x86-64). */
+#if defined(__x86_64__) && !defined(TZ_EMU_UCONTEXT)
+#define TZ_EMU_ASM_SWITCH 1
+#else
 #include <ucontext.h>
 #endif
 
@@ -39,7 +49,7 @@ namespace {
 
 /* ---- errors ---- */
 
-cudaError_t g_last = cudaSuccess;
+thread_local cudaError_t g_last = cudaSuccess; /* per host thread, as in CUDA */
 cudaError_t fail(cudaError_t e) {
     g_last = e;
     return e;
@@ -297,7 +307,7 @@ namespace {
 
 const size_t STACK_BYTES = 256 * 1024;
 
-#if defined(__x86_64__)
+#if TZ_EMU_ASM_SWITCH
 /* tz_emu_switch(save, load): saves the callee-saved registers, the SSE and x87 control words
  * and the stack pointer in *save, and resumes the context whose stack pointer is load. */
 extern "C" void tz_emu_switch(void **save, void *load);
@@ -331,7 +341,7 @@ __asm__(".text\n"
 
 struct Fiber {
     char *mem; /* guard page, then the stack */
-#if defined(__x86_64__)
+#if TZ_EMU_ASM_SWITCH
     void *sp;
 #else
     ucontext_t uc;
@@ -367,6 +377,7 @@ struct Launch {
     int waiting[32];       /* per warp: lanes waiting at a collective */
     unsigned exited[32];   /* per warp: lanes that returned */
     int fiber;             /* the fiber running now, -1 the scheduler */
+    uint64_t block_seq;    /* blocks run so far, for tz_emu_shared_fresh */
     volatile sig_atomic_t in_kernel;
 } L;
 pthread_mutex_t g_launch_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -376,7 +387,7 @@ Fiber *g_fib;
 int g_nfib, g_cfib;
 int *g_free; /* free fibers (stack) */
 int g_nfree;
-#if defined(__x86_64__)
+#if TZ_EMU_ASM_SWITCH
 void *g_sched_sp;
 #else
 ucontext_t g_sched_uc;
@@ -397,7 +408,7 @@ void set_coords(int i) {
 void switch_to_fiber(int f) {
     int from = L.fiber;
     L.fiber = f;
-#if defined(__x86_64__)
+#if TZ_EMU_ASM_SWITCH
     tz_emu_switch(from < 0 ? &g_sched_sp : &g_fib[from].sp, g_fib[f].sp);
 #else
     swapcontext(from < 0 ? &g_sched_uc : &g_fib[from].uc, &g_fib[f].uc);
@@ -407,7 +418,7 @@ void switch_to_fiber(int f) {
 void switch_to_scheduler(void) {
     int from = L.fiber;
     L.fiber = -1;
-#if defined(__x86_64__)
+#if TZ_EMU_ASM_SWITCH
     tz_emu_switch(&g_fib[from].sp, g_sched_sp);
 #else
     swapcontext(&g_fib[from].uc, &g_sched_uc);
@@ -424,7 +435,7 @@ void thread_exit(void);
     }
 }
 
-#if defined(__x86_64__)
+#if TZ_EMU_ASM_SWITCH
 extern "C" void tz_emu_fiber_entry(void) { fiber_main(); }
 #endif
 
@@ -442,8 +453,8 @@ int new_fiber(void) {
     mprotect(mem, page, PROT_NONE); /* a stack overflow faults instead of corrupting */
     Fiber *f = &g_fib[g_nfib];
     f->mem = mem;
+#if TZ_EMU_ASM_SWITCH
     char *top = mem + page + STACK_BYTES;
-#if defined(__x86_64__)
     uint64_t *sp = (uint64_t *)((uintptr_t)top & ~(uintptr_t)15);
     *--sp = 0;                                 /* the entry's return address: none */
     *--sp = (uint64_t)(uintptr_t)&tz_emu_fiber_entry; /* where the first switch returns */
@@ -531,11 +542,13 @@ void thread_list(char *buf, size_t cap, int st) {
 }
 
 const char *site_name(const void *site, char *buf, size_t cap) {
+    /* file+offset, for addr2line -e FILE OFFSET (kernels are static: no symbol names) */
     Dl_info di;
-    if (site && dladdr(site, &di) && di.dli_sname)
-        snprintf(buf, cap, "%s+%#lx", di.dli_sname,
-                 (unsigned long)((const char *)site - (const char *)di.dli_saddr));
-    else snprintf(buf, cap, "%p", site);
+    if (site && dladdr(site, &di) && di.dli_fname) {
+        const char *base = strrchr(di.dli_fname, '/');
+        snprintf(buf, cap, "%s+%#lx", base ? base + 1 : di.dli_fname,
+                 (unsigned long)((const char *)site - (const char *)di.dli_fbase));
+    } else snprintf(buf, cap, "%p", site);
     return buf;
 }
 
@@ -643,6 +656,7 @@ void run_block(void) {
     L.live = (int)n;
     L.nsync = 0;
     L.fiber = -1;
+    L.block_seq++;
     if (L.smem_bytes) memset(L.smem, 0xff, L.smem_bytes);
     /* the threads switch among themselves; back here when none can run */
     resume(next_runnable(-1));
@@ -818,6 +832,24 @@ __attribute__((noinline)) uint64_t tz_emu_warp(int kind, unsigned mask, uint64_t
 }
 
 void *tz_emu_dyn_smem(void) { return L.smem_bytes ? L.smem : NULL; }
+
+void tz_emu_shared_fresh(void *p, size_t bytes) {
+    /* the static shared variables seen so far and the block that last filled each */
+    static struct {
+        void *p;
+        uint64_t seq;
+    } seen[64];
+    static int nseen = 0;
+    if (!L.in_kernel) return;
+    int i = 0;
+    while (i < nseen && seen[i].p != p) i++;
+    if (i == nseen) {
+        if (nseen == 64) return; /* more than any kernel here declares: left as they are */
+        seen[nseen++].p = p;
+    } else if (seen[i].seq == L.block_seq) return;
+    seen[i].seq = L.block_seq;
+    memset(p, 0xff, bytes);
+}
 
 cudaError_t tz_emu_launch_impl(const char *name, dim3 grid, dim3 block, size_t smem,
                                cudaStream_t s, void (*call)(const void *), const void *fn) {
@@ -1258,6 +1290,37 @@ cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v)
         /* one limit for all kernels here (launches do not say which function they run) */
         if ((size_t)v > g_smem_limit) g_smem_limit = (size_t)v;
     }
+    return cudaSuccess;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *user) {
+    if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    if (!fn) return fail(cudaErrorInvalidValue);
+    fn(user); /* the stream's earlier work is done: everything runs at once */
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned flags) {
+    (void)flags;
+    if (!dev) return fail(cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_mem_mu);
+    Alloc *a = host ? holding(host) : NULL;
+    int ok = a && a->kind != MEM_DEVICE;
+    pthread_mutex_unlock(&g_mem_mu);
+    if (!ok) return fail(cudaErrorInvalidValue); /* only pinned or registered memory maps */
+    *dev = host;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDeviceFlags(unsigned flags) {
+    (void)flags;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned *flags) {
+    if (!flags) return fail(cudaErrorInvalidValue);
+    if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    *flags = s && s != cudaStreamLegacy && s != cudaStreamPerThread ? s->flags : 0;
     return cudaSuccess;
 }
 

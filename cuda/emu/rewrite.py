@@ -3,13 +3,14 @@
 
     rewrite.py IN OUT
 
-Three textual changes, each keeping the line count (so #line points errors at IN):
+Four textual changes, each keeping the line count (so #line points errors at IN):
   kernel<<<grid, block[, smem[, stream]]>>>(args)
-      -> tz_emu_launch(TZ_EMU_STR(kernel), grid, block[, smem[, stream]],
-                       [&] { kernel(args); })
-     (template kernels `k<4><<<...>>>` and launches inside macros included; the arguments are
-     evaluated when the block's threads call the kernel, which the emulation does at once);
+      -> tz_emu_launch(TZ_EMU_STR(kernel), tz_emu_config(grid, block[, smem[, stream]]),
+                       [](auto... tz_a) { kernel(tz_a...); }, args)
+     (template kernels `k<4><<<...>>>` and launches inside macros included); the arguments
+     are evaluated once, at the launch, and every thread gets its own copy, as in CUDA;
   extern __shared__ T name[];  ->  T *name = (T *)tz_emu_dyn_smem();
+  __shared__ T name[N];        ->  the same, then tz_emu_shared_fresh(&name, sizeof name);
   #pragma unroll [n]           ->  an empty line (GCC has its own unroll pragma).
 Comments and string literals are left alone. Fails (exit 1, naming IN:line) on a launch it
 cannot parse, rather than writing something wrong."""
@@ -133,7 +134,9 @@ def rewrite_launches(text, path):
             fail(path, text, j, "unbalanced argument list")
         args = text[p + 1:q]
         out.append(text[last:s])
-        out.append(f"tz_emu_launch(TZ_EMU_STR({name}), {cfg}, [&] {{ {name}({args}); }})")
+        sep = ", " if args.strip() else ""
+        out.append(f"tz_emu_launch(TZ_EMU_STR({name}), tz_emu_config({cfg}), "
+                   f"[](auto... tz_a) {{ {name}(tz_a...); }}{sep}{args})")
         last = pos = q + 1
     out.append(text[last:])
     return "".join(out)
@@ -142,6 +145,7 @@ def rewrite_launches(text, path):
 SMEM = re.compile(r"extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s+)?"
                   r"([A-Za-z_][\w ]*?)\s+(?:__align__\s*\(\s*\d+\s*\)\s+)?"
                   r"([A-Za-z_]\w*)\s*\[\s*\]\s*;")
+SHARED = re.compile(r"(?<![\w])__shared__\s+(?!extern)[A-Za-z_][\w \t]*?\s(\w+)\s*((?:\[[^\];]*\]\s*)*);")
 UNROLL = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+unroll\b[^\n]*$", re.M)
 
 
@@ -154,6 +158,10 @@ def main():
     text = rewrite_launches(text, src)
     text = SMEM.sub(lambda m: f"{m.group(1)} *{m.group(2)} = ({m.group(1)} *)tz_emu_dyn_smem();",
                     text)
+    # a block's static shared variables read as NaN bytes until the block writes them
+    # (not the previous block's values): the call after the declaration, on its line
+    text = SHARED.sub(lambda m: f"{m.group(0)} tz_emu_shared_fresh(&{m.group(1)}, sizeof {m.group(1)});",
+                      text)
     text = UNROLL.sub("", text)
     with open(dst, "w", encoding="utf-8") as f:
         f.write(f'#line 1 "{src}"\n{text}')

@@ -19,7 +19,10 @@
 #define CUDART_VERSION 12000
 
 /* ---- qualifiers ---- */
-#define __global__
+/* A launch calls its kernel from a generic lambda, which is no use of the kernel where the
+ * launch sits in a template never instantiated (a header's kernel in a file that does not
+ * launch it): nvcc's build, which compiles the same kernels, keeps -Wunused-function. */
+#define __global__ __attribute__((unused))
 #define __device__
 #define __host__
 #define __forceinline__ inline
@@ -187,6 +190,11 @@ cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v);
+typedef void (*cudaHostFn_t)(void *user);
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *user);
+cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned flags);
+cudaError_t cudaSetDeviceFlags(unsigned flags);
+cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned *flags);
 }
 
 /* The C++ conveniences of the real header. */
@@ -224,24 +232,30 @@ static inline cudaError_t cudaFuncSetAttribute(F *f, enum cudaFuncAttribute a, i
 /* ---- kernel launch (the rewrite of <<< >>>) ---- */
 cudaError_t tz_emu_launch_impl(const char *name, dim3 grid, dim3 block, size_t smem,
                                cudaStream_t s, void (*call)(const void *), const void *fn);
-template <class F>
-static inline void tz_emu_launch(const char *name, dim3 grid, dim3 block, size_t smem,
-                                 cudaStream_t s, const F &f) {
-    tz_emu_launch_impl(name, grid, block, smem, s,
-                       [](const void *p) { (*(const F *)p)(); }, &f);
+struct tz_emu_cfg {
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+};
+static inline tz_emu_cfg tz_emu_config(dim3 grid, dim3 block, size_t smem = 0,
+                                       cudaStream_t s = 0) {
+    return tz_emu_cfg{grid, block, smem, s};
 }
-template <class F>
-static inline void tz_emu_launch(const char *name, dim3 grid, dim3 block, size_t smem,
-                                 const F &f) {
-    tz_emu_launch(name, grid, block, smem, (cudaStream_t)0, f);
-}
-template <class F>
-static inline void tz_emu_launch(const char *name, dim3 grid, dim3 block, const F &f) {
-    tz_emu_launch(name, grid, block, 0, (cudaStream_t)0, f);
+/* k is the kernel as a callable; the arguments arrive here evaluated once, by value, and
+ * each thread calls the kernel with its own copy of them. */
+template <class K, class... A>
+static inline void tz_emu_launch(const char *name, tz_emu_cfg c, const K &k, A... a) {
+    auto call = [&] { k(a...); };
+    tz_emu_launch_impl(name, c.grid, c.block, c.smem, c.stream,
+                       [](const void *p) { (*(const decltype(call) *)p)(); }, &call);
 }
 #define TZ_EMU_STR(...) #__VA_ARGS__
 /* The launch's dynamic shared memory (filled with NaN bytes at each block). */
 void *tz_emu_dyn_smem(void);
+/* Called where a static __shared__ variable is declared (cuda/emu/rewrite.py): the first
+ * thread of a block to pass there fills it with NaN bytes, so a block reads only what it
+ * wrote, never what the previous block left. */
+void tz_emu_shared_fresh(void *p, size_t bytes);
 
 /* ---- barriers and warp collectives ---- */
 void __syncthreads(void);

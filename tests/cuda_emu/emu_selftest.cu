@@ -1,0 +1,428 @@
+/* The CUDA emulation itself (cuda/emu/), against what CUDA specifies: written as CUDA and
+ * built like the backend (cuda/emu/rewrite.py, then the host C++ compiler against the
+ * emulated runtime), so the same source would run under nvcc. Checks:
+ *   - thread and block coordinates of 3-D launches; __syncthreads with static shared memory;
+ *     __syncthreads_count; the shuffles (idx, up, down, xor, with widths 32 and 8),
+ *     __ballot_sync, __any_sync, __all_sync;
+ *   - shared memory (dynamic, and static from one block to the next) and cudaMalloc'd
+ *     memory read before any write are NaN bytes;
+ *   - launch configuration errors, copies in the wrong direction or past an allocation;
+ *   - streams, events, pinned and registered host memory keep their API contracts;
+ *   - cuBLAS: SGEMM in all four transposes with padded leading dimensions against a plain
+ *     loop, beta = 0 not reading C (NaN there), alpha = 0 not reading A and B, an invalid
+ *     ld rejected, GemmEx with bf16 operands, the bf16 conversions (ties to even, NaN);
+ *   - misuses reported by name instead of a hang or a silent result (each in a child
+ *     process, which must die with the message): a deadlock between a barrier and a shuffle,
+ *     __syncthreads in divergent code, a shuffle naming a lane that returned, an access past
+ *     the end of an allocation. */
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+static int g_pass, g_fail;
+static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(bool ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "ok  " : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    (ok ? g_pass : g_fail)++;
+}
+
+/* ---- kernels ---- */
+
+static __global__ void k_coords(int *out) {
+    int t = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+    int b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    int nt = blockDim.x * blockDim.y * blockDim.z;
+    out[b * nt + t] = ((((int)blockIdx.z * 4 + blockIdx.y) * 4 + blockIdx.x) * 64 +
+                       threadIdx.z) * 4096 + threadIdx.y * 64 + threadIdx.x;
+}
+
+static __global__ void k_reverse(int *out, int *count) {
+    __shared__ int s[256];
+    int t = threadIdx.x, n = blockDim.x;
+    s[t] = t + 1000 * blockIdx.x;
+    int c = __syncthreads_count(t % 3 == 0);
+    out[blockIdx.x * n + t] = s[n - 1 - t];
+    if (t == 0) count[blockIdx.x] = c;
+}
+
+static __global__ void k_shuffles(int *out) {
+    int lane = threadIdx.x & 31, v = threadIdx.x * 10;
+    int *o = out + threadIdx.x * 9;
+    o[0] = __shfl_sync(0xffffffffu, v, (lane * 7) % 32);
+    o[1] = __shfl_up_sync(0xffffffffu, v, 3);
+    o[2] = __shfl_down_sync(0xffffffffu, v, 5);
+    o[3] = __shfl_xor_sync(0xffffffffu, v, 6);
+    o[4] = __shfl_sync(0xffffffffu, v, 3, 8);
+    o[5] = __shfl_down_sync(0xffffffffu, v, 2, 8);
+    o[6] = (int)__ballot_sync(0xffffffffu, lane % 5 == 0);
+    o[7] = __any_sync(0xffffffffu, lane == 31);
+    o[8] = __all_sync(0xffffffffu, lane < 31);
+    double d = __shfl_xor_sync(0xffffffffu, (double)v + 0.5, 1);
+    if (d != (double)((lane ^ 1) + (threadIdx.x & ~31)) * 10 + 0.5) o[0] = -1;
+}
+
+static __global__ void k_read_dyn(float *out) {
+    extern __shared__ float dyn[];
+    out[threadIdx.x] = dyn[threadIdx.x];
+}
+
+static __global__ void k_stale_shared(float *out) {
+    __shared__ float s[32];
+    if (blockIdx.x == 0) s[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[blockIdx.x * 32 + threadIdx.x] = s[threadIdx.x];
+}
+
+static __global__ void k_arg(int *out, int v) {
+    v += threadIdx.x; /* each thread's own copy of the parameter */
+    out[blockIdx.x * blockDim.x + threadIdx.x] = v;
+}
+
+static __global__ void k_nothing(void) {}
+
+static __global__ void k_deadlock(float *out) {
+    float v = (float)threadIdx.x;
+    if (threadIdx.x < 16) __syncthreads();
+    else v = __shfl_xor_sync(0xffffffffu, v, 1);
+    out[threadIdx.x] = v;
+}
+
+static __global__ void k_divergent(float *out) {
+    if (threadIdx.x < 32) {
+        out[threadIdx.x] = 1.0f;
+        __syncthreads();
+        out[threadIdx.x + 64] = 3.0f;
+    } else {
+        out[threadIdx.x] = 2.0f;
+        __syncthreads();
+        out[threadIdx.x + 128] = 4.0f;
+    }
+}
+
+static __global__ void k_shfl_returned(float *out) {
+    if (threadIdx.x == 5) return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (float)threadIdx.x, 1);
+}
+
+static __global__ void k_overrun(float *out, int n) {
+    for (int i = threadIdx.x; i < n + 4096; i += blockDim.x) out[i] = 1.0f;
+}
+
+/* ---- host checks ---- */
+
+static void test_threads(void) {
+    dim3 grid(2, 3, 2), block(5, 4, 3);
+    int nt = 60, nb = 12, *d, h[720];
+    cudaMalloc(&d, sizeof h);
+    k_coords<<<grid, block>>>(d);
+    cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+    int bad = 0;
+    for (int bz = 0; bz < 2; bz++)
+        for (int by = 0; by < 3; by++)
+            for (int bx = 0; bx < 2; bx++)
+                for (int tz = 0; tz < 3; tz++)
+                    for (int ty = 0; ty < 4; ty++)
+                        for (int tx = 0; tx < 5; tx++) {
+                            int b = (bz * 3 + by) * 2 + bx, t = (tz * 4 + ty) * 5 + tx;
+                            int want = (((bz * 4 + by) * 4 + bx) * 64 + tz) * 4096 + ty * 64 + tx;
+                            bad += h[b * nt + t] != want;
+                        }
+    check(bad == 0 && nb * nt == 720, "3-D grid and block coordinates (%d wrong)", bad);
+    cudaFree(d);
+
+    int *o, *c, ho[3 * 256], hc[3];
+    cudaMalloc(&o, sizeof ho);
+    cudaMalloc(&c, sizeof hc);
+    k_reverse<<<3, 256>>>(o, c);
+    cudaMemcpy(ho, o, sizeof ho, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hc, c, sizeof hc, cudaMemcpyDeviceToHost);
+    bad = 0;
+    for (int b = 0; b < 3; b++)
+        for (int t = 0; t < 256; t++) bad += ho[b * 256 + t] != 255 - t + 1000 * b;
+    check(bad == 0, "__syncthreads orders static shared memory (%d wrong)", bad);
+    check(hc[0] == 86 && hc[2] == 86, "__syncthreads_count (%d, want 86)", hc[0]);
+    cudaFree(o);
+    cudaFree(c);
+
+    int *a, ha[128], calls = 0;
+    cudaMalloc(&a, sizeof ha);
+    k_arg<<<2, 64>>>(a, 100 * ++calls);
+    cudaMemcpy(ha, a, sizeof ha, cudaMemcpyDeviceToHost);
+    bad = calls != 1;
+    for (int i = 0; i < 128; i++) bad += ha[i] != 100 + i % 64;
+    check(bad == 0, "kernel arguments: evaluated once at the launch, a copy per thread");
+    cudaFree(a);
+
+    int *s, hs[64 * 9];
+    cudaMalloc(&s, sizeof hs);
+    k_shuffles<<<1, 64>>>(s);
+    cudaMemcpy(hs, s, sizeof hs, cudaMemcpyDeviceToHost);
+    bad = 0;
+    for (int t = 0; t < 64; t++) {
+        int l = t & 31, w = t & ~31, *r = hs + t * 9, seg = l & ~7;
+        int want[9] = {(w + (l * 7) % 32) * 10,
+                       (l >= 3 ? t - 3 : t) * 10,
+                       (l + 5 < 32 ? t + 5 : t) * 10,
+                       (w + (l ^ 6)) * 10,
+                       (w + seg + 3) * 10,
+                       (l + 2 < seg + 8 ? t + 2 : t) * 10,
+                       (int)0x42108421u,
+                       1,
+                       0};
+        for (int k = 0; k < 9; k++)
+            if (r[k] != want[k]) {
+                if (bad < 3) printf("     thread %d result %d: %d, want %d\n", t, k, r[k], want[k]);
+                bad++;
+            }
+    }
+    check(bad == 0, "shuffles (idx, up, down, xor, width 8, double), ballot, any, all (%d wrong)",
+          bad);
+    cudaFree(s);
+}
+
+static void test_memory(void) {
+    float *d, h[64];
+    cudaMalloc(&d, sizeof h);
+    cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+    check(isnan(h[0]) && isnan(h[63]), "cudaMalloc'd memory reads as NaN before any write");
+    k_read_dyn<<<1, 64, 64 * sizeof(float)>>>(d);
+    cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+    check(isnan(h[0]) && isnan(h[63]), "dynamic shared memory reads as NaN before any write");
+    k_stale_shared<<<2, 32>>>(d);
+    cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+    check(h[0] == 1.0f && isnan(h[32]),
+          "static shared memory: a block does not see the previous block's values (NaN)");
+    check(cudaGetLastError() == cudaSuccess, "no error so far");
+    k_nothing<<<1, 1025>>>();
+    check(cudaGetLastError() == cudaErrorInvalidConfiguration, "1025 threads: invalid configuration");
+    k_nothing<<<dim3(1, 65536), 32>>>();
+    check(cudaGetLastError() == cudaErrorInvalidConfiguration, "grid.y 65536: invalid configuration");
+    k_read_dyn<<<1, 32, 49 * 1024>>>(d);
+    check(cudaGetLastError() == cudaErrorInvalidValue, "49 KiB of dynamic shared memory refused");
+    float host[64];
+    check(cudaMemcpy(host, h, sizeof h, cudaMemcpyHostToDevice) == cudaErrorInvalidValue,
+          "HostToDevice into host memory refused");
+    check(cudaMemcpy(d + 1, h, sizeof h, cudaMemcpyHostToDevice) == cudaErrorInvalidValue,
+          "a copy running past the allocation refused");
+    check(cudaMemcpy(d, h, sizeof h, cudaMemcpyDefault) == cudaSuccess, "cudaMemcpyDefault");
+    check(cudaFree(d + 1) == cudaErrorInvalidValue, "cudaFree of an inner pointer refused");
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    check(tot - fr == sizeof h, "cudaMemGetInfo: %zu bytes used", tot - fr);
+    cudaFree(d);
+    cudaGetLastError();
+    cudaDeviceProp p;
+    cudaGetDeviceProperties(&p, 0);
+    check(strstr(p.name, "CPU emulation") != NULL, "the device's name: \"%s\"", p.name);
+}
+
+static int g_host_fn_ran;
+static void host_fn(void *p) { *(int *)p = 1; }
+
+static void test_streams(void) {
+    cudaStream_t s;
+    cudaEvent_t a, b, nt;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess &&
+              cudaEventCreate(&a) == cudaSuccess && cudaEventCreate(&b) == cudaSuccess &&
+              cudaEventCreateWithFlags(&nt, cudaEventDisableTiming) == cudaSuccess,
+          "streams and events created");
+    float ms = -1.0f;
+    cudaEventRecord(a, s);
+    k_nothing<<<1, 32, 0, s>>>();
+    cudaEventRecord(b, s);
+    bool ev = cudaStreamWaitEvent(0, b, 0) == cudaSuccess &&
+              cudaEventSynchronize(b) == cudaSuccess && cudaEventQuery(b) == cudaSuccess &&
+              cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms >= 0.0f;
+    check(ev, "event record, wait, query, elapsed time (%.3f ms)", (double)ms);
+    cudaEventRecord(nt, s);
+    check(cudaEventElapsedTime(&ms, a, nt) == cudaErrorInvalidResourceHandle,
+          "no elapsed time from an event made with cudaEventDisableTiming");
+    check(cudaLaunchHostFunc(s, host_fn, &g_host_fn_ran) == cudaSuccess && g_host_fn_ran,
+          "cudaLaunchHostFunc runs the function");
+    cudaEventDestroy(a), cudaEventDestroy(b), cudaEventDestroy(nt);
+    cudaStreamDestroy(s);
+    check(cudaStreamSynchronize(s) == cudaErrorInvalidResourceHandle &&
+              cudaEventQuery(a) == cudaErrorInvalidResourceHandle,
+          "a destroyed stream or event is an invalid handle");
+    cudaGetLastError();
+
+    static float host[4096];
+    float *pinned, *dev;
+    cudaPointerAttributes at;
+    check(cudaHostRegister(host, sizeof host, cudaHostRegisterDefault) == cudaSuccess &&
+              cudaHostRegister(host + 16, 64, cudaHostRegisterDefault) ==
+                  cudaErrorHostMemoryAlreadyRegistered,
+          "cudaHostRegister; twice over the same memory refused");
+    cudaPointerGetAttributes(&at, host + 5);
+    check(at.type == cudaMemoryTypeHost, "a registered pointer is host memory");
+    check(cudaHostUnregister(host) == cudaSuccess &&
+              cudaHostUnregister(host) == cudaErrorHostMemoryNotRegistered,
+          "cudaHostUnregister; twice refused");
+    cudaGetLastError();
+    cudaMallocHost(&pinned, 256);
+    cudaMalloc(&dev, 256);
+    cudaPointerGetAttributes(&at, dev + 3);
+    check(at.type == cudaMemoryTypeDevice, "a device pointer is device memory");
+    check(cudaMemcpyAsync(dev, pinned, 256, cudaMemcpyHostToDevice, 0) == cudaSuccess &&
+              cudaFree(pinned) == cudaErrorInvalidValue && cudaFreeHost(pinned) == cudaSuccess,
+          "pinned memory: copied from, freed by cudaFreeHost only");
+    char bus[32];
+    cudaDeviceGetPCIBusId(bus, sizeof bus, 0);
+    check(strlen(bus) > 0, "cudaDeviceGetPCIBusId: %s (made up)", bus);
+    cudaFree(dev);
+    cudaGetLastError();
+}
+
+static void test_cublas(void) {
+    cublasHandle_t h;
+    cublasCreate(&h);
+    cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
+    const int m = 7, n = 5, k = 9, pad = 3;
+    srand(7);
+    float A[(k + pad) * (k + pad)], B[(k + pad) * (k + pad)], C[(m + pad) * n], R[(m + pad) * n];
+    for (int i = 0; i < (k + pad) * (k + pad); i++) {
+        A[i] = (float)(rand() % 17 - 8) / 4.0f;
+        B[i] = (float)(rand() % 13 - 6) / 2.0f;
+    }
+    float *dA, *dB, *dC;
+    cudaMalloc(&dA, sizeof A);
+    cudaMalloc(&dB, sizeof B);
+    cudaMalloc(&dC, sizeof C);
+    cudaMemcpy(dA, A, sizeof A, cudaMemcpyHostToDevice);
+    cudaMemcpy(dB, B, sizeof B, cudaMemcpyHostToDevice);
+    int bad = 0;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            int lda = (ta ? k : m) + pad, ldb = (tb ? n : k) + pad, ldc = m + pad;
+            float alpha = 1.5f, beta = ta ? 0.0f : 0.5f;
+            for (int i = 0; i < ldc * n; i++) C[i] = beta == 0.0f ? NAN : (float)(i % 5);
+            cudaMemcpy(dC, C, sizeof C, cudaMemcpyHostToDevice);
+            cublasSgemm(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n,
+                        k, &alpha, dA, lda, dB, ldb, &beta, dC, ldc);
+            cudaMemcpy(R, dC, sizeof R, cudaMemcpyDeviceToHost);
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < m; i++) {
+                    double s = 0; /* small integers and halves: exact in any order */
+                    for (int l = 0; l < k; l++)
+                        s += (double)(ta ? A[l + i * lda] : A[i + l * lda]) *
+                             (double)(tb ? B[j + l * ldb] : B[l + j * ldb]);
+                    double want = alpha * s + (beta == 0.0f ? 0.0 : beta * C[i + j * ldc]);
+                    bad += R[i + j * ldc] != (float)want;
+                }
+            for (int j = 0; j < n; j++) /* padding rows untouched */
+                for (int i = m; i < ldc; i++)
+                    bad += !(isnan(C[i + j * ldc]) ? isnan(R[i + j * ldc])
+                                                   : R[i + j * ldc] == C[i + j * ldc]);
+        }
+    check(bad == 0, "cublasSgemm: four transposes, padded ld, beta = 0 ignores NaN C (%d wrong)", bad);
+    float zero = 0.0f, two = 2.0f;
+    cublasStatus_t st = cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &zero, NULL, m, NULL, k,
+                                    &two, dC, m);
+    check(st == CUBLAS_STATUS_SUCCESS, "alpha = 0 reads neither A nor B (NULL accepted)");
+    st = cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &two, dA, m - 1, dB, k, &two, dC, m);
+    check(st == CUBLAS_STATUS_INVALID_VALUE, "lda < m: CUBLAS_STATUS_INVALID_VALUE");
+    st = cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 64, 64, 64, &two, dA, 64, dB, 64, &two, dC, 64);
+    check(st == CUBLAS_STATUS_EXECUTION_FAILED, "operands past their allocations refused");
+
+    /* bf16: conversions, then a GemmEx on bf16 operands */
+    check(__bfloat16_as_ushort(__float2bfloat16(1.00390625f)) == 0x3f80 &&
+              __bfloat16_as_ushort(__float2bfloat16(1.01171875f)) == 0x3f82 &&
+              __bfloat16_as_ushort(__float2bfloat16_rn(-2.0f)) == 0xc000 &&
+              isnan(__bfloat162float(__float2bfloat16(NAN))) &&
+              __bfloat162float(__float2bfloat16(3.4e38f)) == INFINITY,
+          "bf16 rounding: ties to even, NaN stays NaN, overflow to inf");
+    __nv_bfloat16 a16[k * m], b16[k * n];
+    for (int i = 0; i < k * m; i++) a16[i] = __float2bfloat16(A[i] * 1.01f);
+    for (int i = 0; i < k * n; i++) b16[i] = __float2bfloat16(B[i] * 0.99f);
+    __nv_bfloat16 *dA16, *dB16;
+    cudaMalloc(&dA16, sizeof a16);
+    cudaMalloc(&dB16, sizeof b16);
+    cudaMemcpy(dA16, a16, sizeof a16, cudaMemcpyHostToDevice);
+    cudaMemcpy(dB16, b16, sizeof b16, cudaMemcpyHostToDevice);
+    float one = 1.0f, z = 0.0f;
+    st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA16, CUDA_R_16BF, m, dB16,
+                      CUDA_R_16BF, k, &z, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
+    cudaMemcpy(R, dC, sizeof(float) * m * n, cudaMemcpyDeviceToHost);
+    double worst = 0;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double s = 0;
+            for (int l = 0; l < k; l++)
+                s += (double)__bfloat162float(a16[i + l * m]) * __bfloat162float(b16[l + j * k]);
+            worst = fmax(worst, fabs(R[i + j * m] - s) / (fabs(s) + 1));
+        }
+    check(st == CUBLAS_STATUS_SUCCESS && worst < 1e-6,
+          "cublasGemmEx bf16 x bf16 -> fp32, fp32 sums (rel err %.1e)", worst);
+    cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dA16), cudaFree(dB16);
+    cublasDestroy(h);
+}
+
+/* Runs fn in a child process, which must die with every one of the phrases on stderr. */
+static void expect_death(const char *what, void (*fn)(void), const char *p1, const char *p2) {
+    int fd[2];
+    if (pipe(fd) != 0) return;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd[1], 2);
+        close(fd[0]);
+        alarm(20); /* a hang is a failure too */
+        fn();
+        _exit(0);
+    }
+    close(fd[1]);
+    char buf[4096];
+    size_t len = 0;
+    ssize_t r;
+    while (len + 1 < sizeof buf && (r = read(fd[0], buf + len, sizeof buf - 1 - len)) > 0)
+        len += (size_t)r;
+    buf[len] = 0;
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    bool died = WIFSIGNALED(status) && WTERMSIG(status) != SIGALRM;
+    bool said = strstr(buf, p1) && strstr(buf, p2);
+    check(died && said, "%s: reported", what);
+    printf("     status %#x, stderr: %s", status, buf);
+}
+
+static float *g_out;
+static void run_deadlock(void) { k_deadlock<<<1, 32>>>(g_out); }
+static void run_divergent(void) { k_divergent<<<1, 64>>>(g_out); }
+static void run_shfl_returned(void) { k_shfl_returned<<<1, 32>>>(g_out); }
+static void run_overrun(void) { k_overrun<<<1, 32>>>(g_out, 1000); }
+
+int main(void) {
+    test_threads();
+    test_memory();
+    test_streams();
+    test_cublas();
+    cudaMalloc(&g_out, 1000 * sizeof(float));
+    expect_death("a barrier and a shuffle waiting for each other", run_deadlock,
+                 "kernel k_deadlock", "deadlock");
+    expect_death("__syncthreads in divergent code", run_divergent, "kernel k_divergent",
+                 "different __syncthreads");
+    expect_death("a shuffle naming a lane that returned", run_shfl_returned,
+                 "kernel k_shfl_returned", "returned");
+    expect_death("a write past the end of an allocation", run_overrun, "kernel k_overrun",
+                 "faulted");
+    cudaFree(g_out);
+    printf("test_cuda_emu: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail != 0;
+}
