@@ -22,7 +22,9 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 build=${TZ_BUILD:-build-cuda}
-tests=(test_cuda_ops test_gpu_model) # the test executables labelled gpu (tests/gpu.cmake)
+# the test executables that need a GPU (label gpu, tests/gpu.cmake; test_offload_ops checks
+# the offload's table entries on the CPU and, with a GPU, on the CUDA backend)
+tests=(test_cuda_ops test_gpu_model test_offload_ops)
 out=${OUT:-$root/device-out}
 budget=${TZ_DEVICE_BUDGET:-570} # seconds for `all`: under the device machine's 10 minutes
 start=$SECONDS
@@ -59,6 +61,12 @@ run_tests() {
   rc=$?
   cat "$out/lora_gpu.log"
   record gpu_lora_bundled $rc "$out/lora_gpu.log"
+  echo "== offload_gpu (tests/offload/offload_test.sh)"
+  timeout "$(cap 200)" bash tests/offload/offload_test.sh "$tz" "$root" "$(command -v mpirun)" \
+    > "$out/offload_gpu.log" 2>&1
+  rc=$?
+  tail -25 "$out/offload_gpu.log"
+  record offload_gpu $rc "$out/offload_gpu.log"
   grep -q FAILED "$out/tests.txt" && status=1
   grep -q skipped "$out/tests.txt" && skipped=1
   [ $status -eq 0 ] && [ $skipped -eq 1 ] && return 77
@@ -135,14 +143,14 @@ table() {
     [ -s "$out/tests.txt" ] && sed 's/^/test /' "$out/tests.txt"
     printf '%-44s %12s %14s %14s\n' "run" "units/s" "peak GiB" "device GiB"
     read -r a b c <<< "$(ours "$out/bench-llama2-7b.log")"
-    printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b LoRA r16, 4-bit, fp32" "$a tok" "$b alloc" "$c used"
+    printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b LoRA r16, 4-bit, bf16" "$a tok" "$b alloc" "$c used"
     read -r a b c <<< "$(anchor "$out/anchor-lora.log")"
     printf '%-44s %12s %14s %14s\n' "anchor peft LoRA r16, bf16" "$a tok" "$b alloc" "$c reserved"
     read -r a b c <<< "$(anchor "$out/anchor-full.log")"
     printf '%-44s %12s %14s %14s\n' "anchor full fwd+bwd, bf16" "$a tok" "$b alloc" "$c reserved"
     if [ -e "$out/bench-dit-xl-2.log" ]; then
       read -r a b c <<< "$(ours "$out/bench-dit-xl-2.log")"
-      printf '%-44s %12s %14s %14s\n' "turbozero dit-xl-2 full, batch 32, fp32" "$a img" "$b alloc" "$c used"
+      printf '%-44s %12s %14s %14s\n' "turbozero dit-xl-2 full, batch 32, bf16" "$a img" "$b alloc" "$c used"
     fi
     if [ -e "$out/anchor-dit-full.log" ]; then
       read -r a b c <<< "$(anchor "$out/anchor-dit-full.log")"
