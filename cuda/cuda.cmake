@@ -1,6 +1,6 @@
 # The CUDA backend (cuda/*.cu), included by the top-level CMakeLists.txt once the CUDA language
 # is enabled: a loadable module, libtzcuda.so beside the turbozero binary, compiled by nvcc for
-# CMAKE_CUDA_ARCHITECTURES (default 90: H100/H200). core/backend.c loads it (dlopen) only when
+# CMAKE_CUDA_ARCHITECTURES (default 80;90: A100, H100/H200). core/backend.c loads it (dlopen) only when
 # a run may use a GPU, so the programs never link the CUDA runtime or cuBLAS: they start as
 # fast as a CPU build (cuBLAS alone is half a gigabyte of libraries) and run on machines that
 # have no CUDA libraries at all. The module calls back into the program (TZ_FATAL, the
