@@ -74,7 +74,7 @@ run_tests() {
 }
 record() {
   local what
-  case $2 in 0) what=passed ;; 77) what="skipped ($(grep -m1 -o 'skip: .*' "$3" 2>/dev/null))" ;;
+  case $2 in 0) what=passed ;; 77) what="skipped ($(grep -m1 -io 'skip: .*' "$3" 2>/dev/null))" ;;
     124) what="FAILED (out of time)" ;; *) what="FAILED (exit $2)" ;; esac
   echo "== $1: $what"
   echo "$1: $what" >> "$out/tests.txt"
