@@ -188,9 +188,16 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     TAKE(m->tok, BT, "tokens"); TAKE(m->tgt, BT, "targets");
     if (!m->o.forward_only) { /* backward buffers */
         TAKE(m->dres, BT * C, "dres"); TAKE(m->dh, BT * C, "dh");
-        TAKE(m->dq, BT * qd, "dq"); TAKE(m->dk, BT * kvd, "dk"); TAKE(m->dv, BT * kvd, "dv");
-        TAKE(m->datt, BT * qd, "datt");
-        TAKE(m->dg, BT * F, "dg"); TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
+        /* layer_bwd puts dg, datt and dq in the layer's s, g and u once it has read them, and
+         * dk, dv in ds once read, where they fit (F at least qd and 2 kvd: every Llama) */
+        m->bwd_in_set = qd <= F && 2 * kvd <= F;
+        if (a && m->bwd_in_set) m->dq = m->dk = m->dv = m->datt = m->dg = NULL;
+        if (!m->bwd_in_set) {
+            TAKE(m->dq, BT * qd, "dq"); TAKE(m->dk, BT * kvd, "dk"); TAKE(m->dv, BT * kvd, "dv");
+            TAKE(m->datt, BT * qd, "datt");
+            TAKE(m->dg, BT * F, "dg");
+        }
+        TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
         TAKE(m->dlora, BT * (m->o.lora.rank > 0 ? m->o.lora.rank : 1), "dlora");
     }
     /* quantized weights: one decode tile for all of them, one rotation buffer */
@@ -326,30 +333,37 @@ static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     const tz_llama_dims *d = &m->d;
     const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim, F = d->hidden;
     const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
-    /* m->dres holds dL/d(layer output) */
+    /* m->dres holds dL/d(layer output). Where the sizes allow (tz_llama.bwd_in_set), the
+     * gradients below take the memory of activations already read for the last time:
+     * dg that of s (read by the down projection's backward), datt and dq those of g and u
+     * (read by swiglu_bwd), dk and dv that of ds (likewise). */
+    const int in_set = m->bwd_in_set;
+    float *dg = in_set ? a->s : m->dg, *datt = in_set ? a->g : m->datt;
+    float *dq = in_set ? a->u : m->dq, *dk = in_set ? m->ds : m->dk;
+    float *dv = in_set ? m->ds + BT * kvd : m->dv;
     be->fill(be, m->ds, 0.0f, BT * F);
     tz_linear_bwd(be, &L->lin[TZ_LIN_DOWN], m->ds, m->dres, a->s, a->lh[TZ_LIN_DOWN], m->dlora, BT);
-    be->fill(be, m->dg, 0.0f, BT * F);
+    be->fill(be, dg, 0.0f, BT * F);
     be->fill(be, m->du, 0.0f, BT * F);
-    be->swiglu_bwd(be, m->dg, m->du, m->ds, a->g, a->u, BT * F);
+    be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, BT * F);
     be->fill(be, m->dh, 0.0f, BT * C);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_GATE], m->dh, m->dg, a->h2, a->lh[TZ_LIN_GATE], m->dlora, BT);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_GATE], m->dh, dg, a->h2, a->lh[TZ_LIN_GATE], m->dlora, BT);
     tz_linear_bwd(be, &L->lin[TZ_LIN_UP], m->dh, m->du, a->h2, a->lh[TZ_LIN_UP], m->dlora, BT);
     /* dres += norm path: now dL/dx2 */
     be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C);
-    be->fill(be, m->datt, 0.0f, BT * qd);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_O], m->datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
-    be->fill(be, m->dq, 0.0f, BT * qd);
-    be->fill(be, m->dk, 0.0f, BT * kvd);
-    be->fill(be, m->dv, 0.0f, BT * kvd);
-    be->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T,
+    be->fill(be, datt, 0.0f, BT * qd);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_O], datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
+    be->fill(be, dq, 0.0f, BT * qd);
+    be->fill(be, dk, 0.0f, BT * kvd);
+    be->fill(be, dv, 0.0f, BT * kvd);
+    be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
                       d->n_heads, d->n_kv_heads, d->head_dim, 1);
-    rope(m, m->dq, B, T, d->n_heads, 0, 1);
-    rope(m, m->dk, B, T, d->n_kv_heads, 0, 1);
+    rope(m, dq, B, T, d->n_heads, 0, 1);
+    rope(m, dk, B, T, d->n_kv_heads, 0, 1);
     be->fill(be, m->dh, 0.0f, BT * C);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_Q], m->dh, m->dq, a->h1, a->lh[TZ_LIN_Q], m->dlora, BT);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_K], m->dh, m->dk, a->h1, a->lh[TZ_LIN_K], m->dlora, BT);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_V], m->dh, m->dv, a->h1, a->lh[TZ_LIN_V], m->dlora, BT);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_Q], m->dh, dq, a->h1, a->lh[TZ_LIN_Q], m->dlora, BT);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_K], m->dh, dk, a->h1, a->lh[TZ_LIN_K], m->dlora, BT);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_V], m->dh, dv, a->h1, a->lh[TZ_LIN_V], m->dlora, BT);
     /* dres += norm path: now dL/dx */
     be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C);
 }

@@ -85,6 +85,8 @@ typedef struct tz_llama {
     int64_t head_rows_max;    /* 0: by TZ_LLAMA_HEAD_FLOATS alone */
     int32_t *tok, *tgt;
     float *dres, *dh, *dq, *dk, *dv, *datt, *dg, *du, *ds, *dlora;
+    int bwd_in_set;           /* dq, dk, dv, datt, dg live in activations already read (then
+                               * those five pointers are NULL: llama.c's layer_bwd) */
     float *loss_host;         /* BT floats on the host */
 } tz_llama;
 
