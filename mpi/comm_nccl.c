@@ -1,11 +1,9 @@
-/* The NCCL comm's MPI side: finds the CUDA module's NCCL entry points (dlsym on the module
- * that holds the backend's table), broadcasts rank 0's ncclUniqueId with MPI, and wraps the
- * module's operations into the comm table (buffers: device memory; stream: the backend's
+/* The NCCL comm's MPI side: finds the CUDA module's NCCL entry points (tz_cuda_module_symbol,
+ * in the module core/backend.c loaded), broadcasts rank 0's ncclUniqueId with MPI, and wraps
+ * the module's operations into the comm table (buffers: device memory; stream: the backend's
  * copy queue). NCCL headers stay in cuda/. */
-#define _GNU_SOURCE /* dladdr */
 #include "mpi/comm_nccl.h"
 
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,8 +22,8 @@ typedef struct nccl_fns {
     tz_nccl_destroy_fn destroy;
 } nccl_fns;
 
-/* The entry points of the module that made `be` (found from its table's destroy function):
- * 0, or 1 with why. */
+/* The NCCL entry points of the CUDA module that made `be` (core/backend.c loaded it): 0, or
+ * 1 with why. */
 static int find_fns(tz_backend *be, nccl_fns *f, char *why, size_t n) {
     memset(f, 0, sizeof *f);
     if (!be || !be->device || strcmp(be->name, "cuda") != 0) {
@@ -33,17 +31,9 @@ static int find_fns(tz_backend *be, nccl_fns *f, char *why, size_t n) {
                  be ? be->name : "none");
         return 1;
     }
-    Dl_info info;
-    void *h = NULL;
-    if (dladdr(*(void **)&be->destroy, &info) && info.dli_fname)
-        h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
-    if (!h) {
-        snprintf(why, n, "cannot find the CUDA module that holds the backend");
-        return 1;
-    }
     const char *missing = NULL;
 #define TZ_FN(field, sym)                                                                      \
-    if (!missing && !(*(void **)&f->field = dlsym(h, sym))) missing = sym;
+    if (!missing && !(*(void **)&f->field = tz_cuda_module_symbol(sym))) missing = sym;
     TZ_FN(load, "tz_cuda_module_nccl_load")
     TZ_FN(unique_id, "tz_cuda_module_nccl_unique_id")
     TZ_FN(init, "tz_cuda_module_nccl_init")
@@ -52,10 +42,8 @@ static int find_fns(tz_backend *be, nccl_fns *f, char *why, size_t n) {
     TZ_FN(wait, "tz_cuda_module_nccl_wait")
     TZ_FN(destroy, "tz_cuda_module_nccl_destroy")
 #undef TZ_FN
-    dlclose(h); /* drops the reference dlopen took; the backend's own keeps it loaded */
     if (missing) {
-        snprintf(why, n, "the CUDA module %s has no NCCL support (no %s)", info.dli_fname,
-                 missing);
+        snprintf(why, n, "the CUDA module has no NCCL support (no %s)", missing);
         return 1;
     }
     return 0;

@@ -93,6 +93,10 @@ static int module_load(void) {
 
 const char *tz_cuda_module_error(void) { return module_load() ? NULL : g_mod.why; }
 
+void *tz_cuda_module_symbol(const char *name) {
+    return g_mod.handle ? dlsym(g_mod.handle, name) : NULL;
+}
+
 /* An NVIDIA device node: without one no GPU is usable, and nothing is loaded to find out. */
 static int nvidia_present(void) {
     return access("/dev/nvidiactl", F_OK) == 0 || access("/dev/nvidia0", F_OK) == 0;
@@ -120,6 +124,11 @@ const char *tz_backend_names(void) { return "cpu"; }
 int tz_cuda_device_count(void) { return -1; }
 
 const char *tz_cuda_module_error(void) { return "this build has no CUDA backend"; }
+
+void *tz_cuda_module_symbol(const char *name) {
+    (void)name;
+    return NULL;
+}
 
 tz_backend *tz_cuda_backend_create(int device) {
     (void)device;

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "core/backend.h"
-#include "core/dtype.h"
 #include "core/error.h"
 #include "cpu/cpu_internal.h"
 
@@ -253,9 +252,7 @@ static void cpu_matmul_bw16(tz_backend *be, float *C, const float *A, const uint
                             float beta) {
     const int64_t nb = K * N;
     float *b = tz_xmalloc((size_t)(nb > 0 ? nb : 1) * sizeof *b);
-    int nt = tz_cpu_threads(be);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nb >= TZ_CPU_PAR_MIN)
-    for (int64_t i = 0; i < nb; i++) b[i] = tz_bf16_to_f32(B[i]);
+    be->from_bf16(be, b, B, nb);
     cpu_matmul(be, C, A, b, M, N, K, transA, transB, alpha, beta);
     free(b);
 }

@@ -181,7 +181,7 @@ void tz_param_upload(tz_backend *be, tz_param *p, const float *host, int64_t off
         return;
     }
     uint16_t *h = tz_xmalloc((size_t)(n ? n : 1) * sizeof *h);
-    for (int64_t i = 0; i < n; i++) h[i] = tz_f32_to_bf16(host[i]);
+    tz_dtype_from_f32(TZ_DT_BF16, host, h, n);
     be->upload(be, (uint16_t *)(void *)p->w + off, h, (size_t)n * sizeof *h);
     free(h);
 }
@@ -193,6 +193,6 @@ void tz_param_download(tz_backend *be, const tz_param *p, float *host) {
     }
     uint16_t *h = tz_xmalloc((size_t)(p->numel ? p->numel : 1) * sizeof *h);
     be->download(be, h, p->w, (size_t)p->numel * sizeof *h);
-    for (int64_t i = 0; i < p->numel; i++) host[i] = tz_bf16_to_f32(h[i]);
+    tz_dtype_to_f32(TZ_DT_BF16, h, host, p->numel);
     free(h);
 }
