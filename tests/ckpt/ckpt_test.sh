@@ -30,14 +30,7 @@ source "$(dirname "$0")/../lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 unset TZ_CKPT_FAULT
 $py "$src/tests/zero/make_model.py" "$work/model" || exit 1
-$py - "$src/inputs/data/jargon.tok" "$work/t97.tok" <<'PY'
-import sys, struct
-d = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", d[24:32])[0]
-toks = bytes(b % 97 for b in d[64:64 + min(n, 200000)])
-h = b"TZTOKENS" + struct.pack("<IIII", 1, 1, 97, 0) + struct.pack("<Q", len(toks)) + bytes(32)
-open(sys.argv[2], "wb").write(h + toks)
-PY
+$py "$src/tests/guard/tokens97.py" "$src/inputs/data/jargon.tok" "$work/t97.tok" || exit 1
 # 6 steps, a checkpoint every 2 (steps 2 and 4), all kept; buckets of 0.004 MiB, so the
 # plans of different N cut the tensors at different places
 cat > "$work/run.cfg" <<CFG

@@ -57,14 +57,7 @@ run() {
 
 # 1. Llama: LoRA on a 4-bit base
 $py "$src/tests/zero/make_model.py" "$work/model" || exit 1
-$py - "$src/inputs/data/jargon.tok" "$work/t97.tok" <<'PY'
-import sys, struct
-d = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", d[24:32])[0]
-toks = bytes(b % 97 for b in d[64:64 + min(n, 200000)])
-h = b"TZTOKENS" + struct.pack("<IIII", 1, 1, 97, 0) + struct.pack("<Q", len(toks)) + bytes(32)
-open(sys.argv[2], "wb").write(h + toks)
-PY
+$py "$src/tests/guard/tokens97.py" "$src/inputs/data/jargon.tok" "$work/t97.tok" || exit 1
 cat > "$work/llama.cfg" <<CFG
 model = { path = "$work/model"; };
 data = { train = "$work/t97.tok"; seq_len = 32; };

@@ -39,14 +39,7 @@ source "$src/tests/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 $py "$src/tests/zero/make_model.py" "$work/model" >/dev/null || exit 1
 # the bundled text mod 97 (the model's vocab)
-$py - "$src/inputs/data/jargon.tok" "$work/t97.tok" <<'PY'
-import sys, struct
-d = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", d[24:32])[0]
-toks = bytes(b % 97 for b in d[64:64 + min(n, 50000)])
-h = b"TZTOKENS" + struct.pack("<IIII", 1, 1, 97, 0) + struct.pack("<Q", len(toks)) + bytes(32)
-open(sys.argv[2], "wb").write(h + toks)
-PY
+$py "$src/tests/guard/tokens97.py" "$src/inputs/data/jargon.tok" "$work/t97.tok" 50000 || exit 1
 cat > "$work/run.cfg" <<CFG
 model = { path = "$work/model"; };
 data = { train = "$work/t97.tok"; seq_len = $seq; };
