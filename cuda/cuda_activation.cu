@@ -2,15 +2,6 @@
  * tanh approximation, SiLU (cpu/cpu_activation.c's twins, with the device's expf). */
 #include "cuda/cuda_internal.cuh"
 
-#define LAUNCH(kernel, n, ...)                                                                \
-    do {                                                                                      \
-        if ((n) > 0) {                                                                        \
-            kernel<<<tz_cuda_blocks((n), TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,                \
-                     tz_cuda_stream(be)>>>(__VA_ARGS__);                                      \
-            CUDA_LAUNCHED();                                                                  \
-        }                                                                                     \
-    } while (0)
-
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 static __global__ void k_swiglu_fwd(float *out, const float *g, const float *u, int64_t n) {
@@ -62,25 +53,25 @@ static __global__ void k_silu_bwd(float *dx, const float *dout, const float *x, 
 
 static void cuda_swiglu_fwd(tz_backend *be, float *out, const float *g, const float *u,
                             int64_t n) {
-    LAUNCH(k_swiglu_fwd, n, out, g, u, n);
+    TZ_CUDA_LAUNCH(k_swiglu_fwd, n, out, g, u, n);
 }
 static void cuda_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *dout,
                             const float *g, const float *u, int64_t n) {
-    LAUNCH(k_swiglu_bwd, n, dg, du, dout, g, u, n);
+    TZ_CUDA_LAUNCH(k_swiglu_bwd, n, dg, du, dout, g, u, n);
 }
 static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n) {
-    LAUNCH(k_gelu_fwd, n, out, x, n);
+    TZ_CUDA_LAUNCH(k_gelu_fwd, n, out, x, n);
 }
 static void cuda_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
                                int64_t n) {
-    LAUNCH(k_gelu_bwd, n, dx, dout, x, n);
+    TZ_CUDA_LAUNCH(k_gelu_bwd, n, dx, dout, x, n);
 }
 static void cuda_silu_fwd(tz_backend *be, float *out, const float *x, int64_t n) {
-    LAUNCH(k_silu_fwd, n, out, x, n);
+    TZ_CUDA_LAUNCH(k_silu_fwd, n, out, x, n);
 }
 static void cuda_silu_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
                           int64_t n) {
-    LAUNCH(k_silu_bwd, n, dx, dout, x, n);
+    TZ_CUDA_LAUNCH(k_silu_bwd, n, dx, dout, x, n);
 }
 
 void tz_cuda_install_activation(tz_backend *be) {

@@ -2,15 +2,6 @@
  * and the gated residual, with their column-sum backwards (cpu/cpu_elementwise.c's twins). */
 #include "cuda/cuda_internal.cuh"
 
-#define LAUNCH(kernel, n, ...)                                                                \
-    do {                                                                                      \
-        if ((n) > 0) {                                                                        \
-            kernel<<<tz_cuda_blocks((n), TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,                \
-                     tz_cuda_stream(be)>>>(__VA_ARGS__);                                      \
-            CUDA_LAUNCHED();                                                                  \
-        }                                                                                     \
-    } while (0)
-
 /* ---- elementwise and reductions ---- */
 
 static __global__ void k_fill(float *x, float v, int64_t n) {
@@ -23,12 +14,12 @@ static __global__ void k_axpy(float *y, float a, const float *x, int64_t n) {
     TZ_CUDA_FOR(i, n) y[i] += a * x[i];
 }
 
-static void cuda_fill(tz_backend *be, float *x, float v, int64_t n) { LAUNCH(k_fill, n, x, v, n); }
+static void cuda_fill(tz_backend *be, float *x, float v, int64_t n) { TZ_CUDA_LAUNCH(k_fill, n, x, v, n); }
 static void cuda_scale(tz_backend *be, float *x, float a, int64_t n) {
-    LAUNCH(k_scale, n, x, a, n);
+    TZ_CUDA_LAUNCH(k_scale, n, x, a, n);
 }
 static void cuda_axpy(tz_backend *be, float *y, float a, const float *x, int64_t n) {
-    LAUNCH(k_axpy, n, y, a, x, n);
+    TZ_CUDA_LAUNCH(k_axpy, n, y, a, x, n);
 }
 
 /* sumsq: SUMSQ_BLOCKS partial sums (block b takes elements b, b + stride, ... in a fixed
@@ -105,14 +96,14 @@ static __global__ void k_scaled_add(float *dx, const float *dout, const float *s
 static void cuda_modulate_fwd(tz_backend *be, float *out, const float *x, const float *shift,
                               const float *scale, int64_t ld, int64_t B, int64_t T, int64_t C) {
     int64_t n = B * T * C;
-    LAUNCH(k_modulate_fwd, n, out, x, shift, scale, ld, T, C, n);
+    TZ_CUDA_LAUNCH(k_modulate_fwd, n, out, x, shift, scale, ld, T, C, n);
 }
 
 static void cuda_modulate_bwd(tz_backend *be, float *dx, float *dshift, float *dscale,
                               const float *dout, const float *x, const float *scale, int64_t ld,
                               int64_t B, int64_t T, int64_t C) {
     int64_t n = B * T * C;
-    if (dx) LAUNCH(k_scaled_add, n, dx, dout, scale, 1.0f, ld, T, C, n);
+    if (dx) TZ_CUDA_LAUNCH(k_scaled_add, n, dx, dout, scale, 1.0f, ld, T, C, n);
     if (dshift) tz_cuda_colsum(be, dshift, ld, colsum_a{dout, T, C}, B, T, C);
     if (dscale) tz_cuda_colsum(be, dscale, ld, colsum_aw{dout, x, T, C}, B, T, C);
 }
@@ -128,14 +119,14 @@ static __global__ void k_gate_fwd(float *out, const float *x, const float *y, co
 static void cuda_gate_fwd(tz_backend *be, float *out, const float *x, const float *y,
                           const float *gate, int64_t ld, int64_t B, int64_t T, int64_t C) {
     int64_t n = B * T * C;
-    LAUNCH(k_gate_fwd, n, out, x, y, gate, ld, T, C, n);
+    TZ_CUDA_LAUNCH(k_gate_fwd, n, out, x, y, gate, ld, T, C, n);
 }
 
 static void cuda_gate_bwd(tz_backend *be, float *dy, float *dgate, const float *dout,
                           const float *y, const float *gate, int64_t ld, int64_t B, int64_t T,
                           int64_t C) {
     int64_t n = B * T * C;
-    if (dy) LAUNCH(k_scaled_add, n, dy, dout, gate, 0.0f, ld, T, C, n);
+    if (dy) TZ_CUDA_LAUNCH(k_scaled_add, n, dy, dout, gate, 0.0f, ld, T, C, n);
     if (dgate) tz_cuda_colsum(be, dgate, ld, colsum_aw{dout, y, T, C}, B, T, C);
 }
 
@@ -148,7 +139,7 @@ static __global__ void k_bias_add(float *y, const float *bias, int64_t C, int64_
 static void cuda_bias_add_fwd(tz_backend *be, float *y, const float *bias, int64_t rows,
                               int64_t C) {
     int64_t n = rows * C;
-    LAUNCH(k_bias_add, n, y, bias, C, n);
+    TZ_CUDA_LAUNCH(k_bias_add, n, y, bias, C, n);
 }
 
 static void cuda_bias_bwd(tz_backend *be, float *dbias, const float *dy, int64_t rows, int64_t C) {
@@ -163,17 +154,11 @@ static __global__ void k_from_bf16(float *dst, const uint16_t *src, int64_t n) {
 }
 
 void tz_cuda_to_bf16(tz_backend *be, uint16_t *dst, const float *src, int64_t n) {
-    if (n <= 0) return;
-    k_to_bf16<<<tz_cuda_blocks(n, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
-        (__nv_bfloat16 *)dst, src, n);
-    CUDA_LAUNCHED();
+    TZ_CUDA_LAUNCH(k_to_bf16, n, (__nv_bfloat16 *)dst, src, n);
 }
 
 void tz_cuda_from_bf16(tz_backend *be, float *dst, const uint16_t *src, int64_t n) {
-    if (n <= 0) return;
-    k_from_bf16<<<tz_cuda_blocks(n, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
-        dst, src, n);
-    CUDA_LAUNCHED();
+    TZ_CUDA_LAUNCH(k_from_bf16, n, dst, src, n);
 }
 
 void tz_cuda_install_elementwise(tz_backend *be) {

@@ -106,6 +106,16 @@ static inline unsigned tz_cuda_blocks(int64_t n, int threads) {
     if (b < 1) b = 1;
     return (unsigned)(b < TZ_CUDA_MAX_BLOCKS ? b : TZ_CUDA_MAX_BLOCKS);
 }
+/* An elementwise kernel over n elements on be's stream (nothing when n <= 0), in the geometry
+ * above; `be` must be in scope. */
+#define TZ_CUDA_LAUNCH(kernel, n, ...)                                                        \
+    do {                                                                                      \
+        if ((n) > 0) {                                                                        \
+            kernel<<<tz_cuda_blocks((n), TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,                \
+                     tz_cuda_stream(be)>>>(__VA_ARGS__);                                      \
+            CUDA_LAUNCHED();                                                                  \
+        }                                                                                     \
+    } while (0)
 #define TZ_CUDA_FOR(i, n)                                                                     \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
          i += (int64_t)gridDim.x * blockDim.x)
