@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "core/error.h"
 #include "io/ckpt_h5.h"
@@ -199,6 +200,13 @@ int64_t tz_ckpt_step_of_name(const char *name) {
     return *end || v < 0 ? -1 : v;
 }
 
+/* The COMPLETE marker: the step, then checkpoint.json's size and CRC-32, so that a
+ * checkpoint.json edited or damaged after the write is refused. */
+void tz_ckpt_marker_text(char *out, size_t n, int64_t step, const char *json, size_t len) {
+    const uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), (const Bytef *)json, (uInt)len);
+    snprintf(out, n, "step %lld\ncheckpoint.json %zu %08x\n", (long long)step, len, crc);
+}
+
 static int cmp_desc(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x < y) - (x > y);
@@ -317,6 +325,7 @@ static char *meta_text(const tz_config *cfg, const tz_zero *z, const tz_ckpt_sta
     json_object_set_new(m, "version", json_integer(TZ_CKPT_VERSION));
     json_object_set_new(m, "step", json_integer(st->step));
     json_object_set_new(m, "steps", json_integer(cfg->train.steps));
+    if (st->run_id[0]) json_object_set_new(m, "run_id", json_string(st->run_id));
     json_t *d = json_object();
     json_object_set_new(d, "global_batch", json_integer(st->global_batch));
     json_object_set_new(d, "next_row", json_integer(st->step * st->global_batch));
@@ -481,9 +490,9 @@ void tz_ckpt_write(const tz_config *cfg, tz_zero *z, const tz_ckpt_state *st, in
     free(msgs);
 
     if (root) { /* the shared file, the marker last, then the rename */
-        char *meta = meta_text(cfg, z, st, t, nt, all), mark[64];
+        char *meta = meta_text(cfg, z, st, t, nt, all), mark[160];
         tz_ckpt_pathf(file, sizeof file, "%s/checkpoint.json", tmp);
-        snprintf(mark, sizeof mark, "step %lld\n", (long long)step);
+        tz_ckpt_marker_text(mark, sizeof mark, step, meta, strlen(meta));
         int rc = write_synced(file, meta, err, sizeof err);
         if (!rc && tz_ckpt_fault("meta", step, rank))
             rc = tz_errf(err, sizeof err, "%s: No space left on device (TZ_CKPT_FAULT)", file);

@@ -11,6 +11,7 @@
 
 #include "io/config.h"
 #include "mpi/comm.h"
+#include "train/run_record.h"
 #include "train/zero.h"
 
 /* Exit status of a run stopped by SIGUSR1, SIGTERM or SIGINT after writing a checkpoint:
@@ -24,6 +25,8 @@ typedef struct tz_ckpt_state {
     int have_eval;       /* the evaluation figures below are set */
     double eval0, best;  /* eval loss before training; best so far */
     int64_t eval0_count, best_count, best_step;
+    char run_id[TZ_RUN_ID_MAX]; /* the run the checkpoint belongs to ("" in older ones) */
+    char folder[1200];          /* resume: the checkpoint folder read */
 } tz_ckpt_state;
 
 /* SIGUSR1, SIGTERM, SIGINT: ask the loop to stop at the end of the step (a second SIGINT
@@ -38,13 +41,19 @@ int tz_ckpt_stop_agreed(tz_comm *comm);
  * checkpoints are never touched but by the pruning after success. Collective. */
 void tz_ckpt_write(const tz_config *cfg, tz_zero *z, const tz_ckpt_state *st, int64_t keep);
 
-/* Loads the newest complete, undamaged checkpoint: path "" searches run.dir/checkpoints
- * (falling back past damaged or incomplete ones, saying so), else path is one checkpoint
- * folder (refused when damaged) or a folder of them. Reads every rank's owned slices
- * through the saved plan, then pushes the masters into the model. Returns 1 with *st set,
- * or 0 when the search finds no checkpoint at all. Collective. */
-int tz_ckpt_resume(const tz_config *cfg, tz_zero *z, const char *path, int64_t global_batch,
-                   tz_ckpt_state *st);
+/* Loads the newest complete, valid and undamaged checkpoint: path "" searches
+ * run.dir/checkpoints (falling back past refused ones, saying so, and passing over those of
+ * another run than run_id, when run_id is not ""), else path is one checkpoint folder
+ * (refused when damaged) or a folder of them. A checkpoint is accepted when its COMPLETE
+ * marker holds checkpoint.json's size and CRC-32, checkpoint.json is consistent in itself
+ * (step, data position, ZeRO plan re-derived, tensor table, shards), and every shard has
+ * its recorded size and CRC-32; the checkpoint is then checked against this run (tensors,
+ * optimizer, global batch, train.steps: fatal, the same for every checkpoint of the run),
+ * and every rank's owned slices are read through the saved plan (a failed read falls back
+ * too). Then pushes the masters into the model. Returns 1 with *st set (st->folder the
+ * checkpoint read), or 0 when no checkpoint of this run exists. run_id: rank 0's. Collective. */
+int tz_ckpt_resume(const tz_config *cfg, tz_zero *z, const char *path, const char *run_id,
+                   int64_t global_batch, tz_ckpt_state *st);
 
 /* Test hook: TZ_CKPT_FAULT="rank=R,at=POINT,step=S,do=ACTION" makes rank R, at POINT of
  * the checkpoint of step S (0: any), either die (kill: SIGKILL), pause (pause: sleep up to

@@ -51,6 +51,14 @@ char *tz_ckpt_config_text(const tz_config *cfg);
 void tz_ckpt_pathf(char *out, size_t n, const char *fmt, ...) TZ_PRINTF(3, 4);
 /* A whole text file (free it), or NULL with a message. */
 
+/* The COMPLETE marker's text for checkpoint.json (len bytes) of step: "step N\n" and
+ * "checkpoint.json BYTES CRC32\n". */
+void tz_ckpt_marker_text(char *out, size_t n, int64_t step, const char *json, size_t len);
+/* Checks checkpoint.json's text in itself (the fields, their ranges, the ZeRO plan
+ * re-derived from its inputs, the tensor table, the shards); folder_step >= 0: its step is
+ * the folder's. 0, or non-zero with a message. No file is read. */
+int tz_ckpt_meta_check(const char *text, int64_t folder_step, char *err, size_t n);
+
 /* "step-<digits>" -> the number, else -1. */
 int64_t tz_ckpt_step_of_name(const char *name);
 /* The steps of the step-<N> folders in dir, newest first (complete or not); NULL and 0

@@ -4,6 +4,8 @@
 #include "train/run_record.h"
 
 #include <dirent.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -21,6 +23,8 @@
 #include "io/fsutil.h"
 #include "mpi/comm.h"
 #include "mpi/world.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_util.h"
 
 static double mono_s(void) {
     struct timespec ts;
@@ -89,6 +93,7 @@ static void write_run_json(const tz_run_record *rec, const char *dir, const char
                           (json_int_t)rec->ranks, "hosts", hosts, "start", rec->start, "status",
                           end ? "finished" : "running");
     TZ_CHECK(o, "run.json: cannot build the record");
+    if (rec->run_id[0]) json_object_set_new(o, "run_id", json_string(rec->run_id));
     json_object_set_new(o, "end", end ? json_string(end) : json_null());
     json_object_set_new(o, "wall_s", end ? json_real(wall_s) : json_null());
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
@@ -106,8 +111,10 @@ static void write_run_json(const tz_run_record *rec, const char *dir, const char
     free(text);
 }
 
-void tz_record_begin(tz_run_record *rec, const char *dir, const tz_world *w, tz_comm *comm) {
+void tz_record_begin(tz_run_record *rec, const char *dir, const char *run_id, const tz_world *w,
+                     tz_comm *comm) {
     memset(rec, 0, sizeof *rec);
+    snprintf(rec->run_id, sizeof rec->run_id, "%s", run_id ? run_id : "");
     tz_record_time_now(rec->start, sizeof rec->start);
     rec->t0 = mono_s();
     rec->ranks = comm->size;
@@ -159,12 +166,135 @@ static int has_checkpoints(const char *dir) {
     return any;
 }
 
+/* ---- run identity: run.dir/.run ---------------------------------------------------------- */
+
+static int is_run_id(const char *s) {
+    size_t n = strlen(s);
+    if (n < 8 || n >= TZ_RUN_ID_MAX) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+    return 1;
+}
+
+/* The "run_id" string of a JSON file into id ("" when the file, the key or a valid id is
+ * missing). */
+static void json_run_id(const char *path, char *id) {
+    id[0] = 0;
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) return;
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    const char *s = json_string_value(json_object_get(j, "run_id"));
+    if (s && is_run_id(s)) snprintf(id, TZ_RUN_ID_MAX, "%s", s);
+    json_decref(j);
+}
+
+static void new_run_id(char *id) {
+    unsigned char b[16];
+    FILE *f = fopen("/dev/urandom", "rb");
+    size_t got = f ? fread(b, 1, sizeof b, f) : 0;
+    if (f) fclose(f);
+    if (got != sizeof b) { /* no /dev/urandom: the time and the process */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t x = (uint64_t)ts.tv_sec * 1000000007u ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40);
+        for (int i = 0; i < 16; i++, x = x * 6364136223846793005u + 1442695040888963407u)
+            b[i] = (unsigned char)(x >> 56);
+    }
+    for (int i = 0; i < 16; i++) snprintf(id + 2 * i, 3, "%02x", b[i]);
+}
+
+static void write_run_id(const char *dir, const char *id) {
+    char path[1200], text[96], err[1200];
+    tz_path_join(path, sizeof path, dir, ".run");
+    int len = snprintf(text, sizeof text, "{\"run_id\": \"%s\"}\n", id);
+    tz_atomic_file f;
+    if (tz_atomic_file_open(&f, path, err, sizeof err) ||
+        tz_atomic_file_write(&f, text, (size_t)len, err, sizeof err) ||
+        tz_atomic_file_commit(&f, err, sizeof err))
+        TZ_FATAL("run.dir: cannot write %s: %s", path, err);
+}
+
+/* ---- what run.dir holds -------------------------------------------------------------------- */
+
+/* Names a run puts in run.dir (besides outputs' temporaries, "*.tmp.*"). */
+static int ours(const char *name) {
+    static const char *const names[] = {".lock", ".run", TZ_STAGE_NAME, "checkpoints",
+                                        TZ_CKPT_ASIDE, TZ_RESUME_LOG, "adapter", "model",
+                                        "loss.png", "config.used.cfg", "run.json", "metrics.jsonl"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(name, names[i])) return 1;
+    return strstr(name, ".tmp.") != NULL;
+}
+
+/* Refuses (fatal, before anything is written) a dir that exists and is not a run folder:
+ * it holds a folder, a link or a special file of its own, or more than a few files (a
+ * note, a config or a job log beside the outputs are fine). */
+static void refuse_foreign(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return;
+        struct stat st;
+        if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+            TZ_FATAL_HINT("choose a folder for run.dir", "run.dir %s is not a folder", dir);
+        return; /* the lock reports what is wrong */
+    }
+    char shown[400] = "", p[1200];
+    int files = 0, others = 0;
+    size_t at = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || ours(e->d_name)) continue;
+        struct stat st;
+        tz_path_join(p, sizeof p, dir, e->d_name);
+        int file = lstat(p, &st) == 0 && S_ISREG(st.st_mode);
+        files += file, others += !file;
+        if (at < sizeof shown - 64) {
+            int k = snprintf(shown + at, sizeof shown - at, "%s%s%s", at ? ", " : "", e->d_name,
+                             file ? "" : "/");
+            if (k > 0) at += (size_t)k;
+        }
+    }
+    closedir(d);
+    if (others || files > 8)
+        TZ_FATAL_HINT("choose a new or empty folder for run.dir (e.g. runs/NAME); a run folder "
+                      "holds only turbozero's outputs and at most a few files of yours",
+                      "run.dir %s is not a run folder: it holds %d folder%s or other entr%s and "
+                      "%d file%s of its own (%s%s); not writing into it", dir, others,
+                      others == 1 ? "" : "s", others == 1 ? "y" : "ies", files,
+                      files == 1 ? "" : "s", shown, at >= sizeof shown - 64 ? ", ..." : "");
+}
+
+/* Whether dir holds a finished run: its outputs are committed (or their commit is pending)
+ * and no run of dir's current id stopped before its end. */
+static int run_finished(const char *dir, const char *run_id) {
+    char p[1200], id[TZ_RUN_ID_MAX];
+    tz_path_join(p, sizeof p, dir, TZ_STAGE_NAME "/.commit");
+    if (tz_path_exists(p)) return 1; /* the next lock completes the commit */
+    tz_path_join(p, sizeof p, dir, TZ_STAGE_NAME "/metrics.jsonl");
+    if (tz_path_exists(p)) return 0; /* a run stopped or was killed */
+    tz_path_join(p, sizeof p, dir, "run.json");
+    if (!tz_path_exists(p)) return 0;
+    json_run_id(p, id);
+    return !run_id[0] || !strcmp(id, run_id); /* another id: a new run stopped early */
+}
+
 void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume) {
     char err[2400], note[2400], what[1100], a[1200], b[1200], c[1200];
     snprintf(o->dir, sizeof o->dir, "%s", dir);
+    refuse_foreign(dir);
     if (tz_run_lock_take(&o->lock, dir, note, sizeof note, err, sizeof err))
         TZ_FATAL_HINT("wait for that run to end, or choose another run.dir", "run.dir: %s", err);
     if (note[0]) tz_warn("%s", note);
+    tz_path_join(a, sizeof a, dir, ".run");
+    json_run_id(a, o->run_id);
+    if (resume && !overwrite && run_finished(dir, o->run_id)) {
+        tz_run_lock_release(&o->lock); /* refused: this process never ran here */
+        TZ_FATAL_HINT("the run is complete: choose another run.dir for a new run, or --set "
+                      "run.overwrite=true to train it again from its newest checkpoint, "
+                      "replacing its outputs",
+                      "--resume: run.dir %s holds a finished run (run.json, adapter or model): "
+                      "there is nothing to resume", dir);
+    }
     tz_path_join(a, sizeof a, dir, TZ_STAGE_NAME "/metrics.jsonl");
     tz_path_join(b, sizeof b, dir, TZ_RESUME_LOG);
     tz_path_join(c, sizeof c, dir, TZ_STAGE_NAME "/.commit");
@@ -199,7 +329,12 @@ void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume)
                       "run.overwrite=true to replace it",
                       "run.dir %s already holds a run (%s); not overwriting it", dir, what);
     }
+    /* a new run: its id first, so that from here on nothing of the earlier run is resumable */
+    new_run_id(o->run_id);
+    write_run_id(dir, o->run_id);
+    if (tz_path_exists(b) && tz_rm_rf(b, err, sizeof err)) TZ_FATAL("run.dir: %s", err);
     if (ckpts) { /* overwrite: the earlier run's checkpoints go at the commit */
+        tz_ckpt_fault("aside", 0, 0);
         tz_path_join(a, sizeof a, dir, "checkpoints");
         tz_path_join(b, sizeof b, dir, TZ_CKPT_ASIDE);
         if (tz_rm_rf(b, err, sizeof err)) TZ_FATAL("run.dir: %s", err);
@@ -212,7 +347,53 @@ void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume)
             "run.dir when it ends", dir, o->stage, o->stage);
 }
 
-void tz_run_out_resume_log(tz_run_out *o, FILE *f, int64_t step) {
+/* Moves dir/checkpoints/NAME into dir/checkpoints.replaced/NAME (replacing one there). */
+static void set_aside(const char *dir, const char *name, const char *why) {
+    char aside[1200], from[1400], to[1400], err[2400];
+    tz_path_join(aside, sizeof aside, dir, TZ_CKPT_ASIDE);
+    if (tz_mkdir_p(aside, err, sizeof err)) TZ_FATAL("run.dir: %s", err);
+    tz_ckpt_pathf(from, sizeof from, "%s/checkpoints/%s", dir, name);
+    tz_ckpt_pathf(to, sizeof to, "%s/%s", aside, name);
+    if (tz_rm_rf(to, err, sizeof err)) TZ_FATAL("run.dir: %s", err);
+    if (rename(from, to) != 0) TZ_FATAL("run.dir: cannot move %s to %s: %s", from, to, strerror(errno));
+    tz_warn("%s (%s): set aside in %s, removed when this run's outputs are committed", from,
+            why, aside);
+}
+
+void tz_run_out_resumed(tz_run_out *o, const char *folder, int64_t step, const char *ckpt_id) {
+    char dir[1200], p[1400], id[TZ_RUN_ID_MAX], keep[PATH_MAX] = "", real[PATH_MAX];
+    const char *timeline = ckpt_id && ckpt_id[0] ? ckpt_id : o->run_id;
+    if (folder && !realpath(folder, keep)) keep[0] = 0;
+    tz_path_join(dir, sizeof dir, o->dir, "checkpoints");
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const int64_t s = tz_ckpt_step_of_name(e->d_name);
+        if (s < 0) continue;
+        tz_ckpt_pathf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (keep[0] && realpath(p, real) && !strcmp(real, keep)) continue;
+        tz_ckpt_pathf(p, sizeof p, "%s/%s/checkpoint.json", dir, e->d_name);
+        json_run_id(p, id);
+        char why[160];
+        if (s > step)
+            snprintf(why, sizeof why, "step %lld, after the step %lld this run continues from",
+                     (long long)s, (long long)step);
+        else if (timeline[0] && id[0] && strcmp(id, timeline))
+            snprintf(why, sizeof why, "written by another run, %s", id);
+        else if (!folder)
+            snprintf(why, sizeof why, "not a checkpoint this run resumes");
+        else
+            continue;
+        set_aside(o->dir, e->d_name, why);
+    }
+    if (d) closedir(d);
+    if (!timeline[0]) new_run_id(id), timeline = id;
+    if (strcmp(timeline, o->run_id)) {
+        snprintf(o->run_id, sizeof o->run_id, "%s", timeline);
+        write_run_id(o->dir, o->run_id);
+    }
+}
+
+void tz_run_out_resume_log(tz_run_out *o, tz_line_log *l, int64_t step) {
     char aside[1200], path[1200], err[2400];
     tz_path_join(aside, sizeof aside, o->dir, TZ_RESUME_LOG);
     tz_path_join(path, sizeof path, o->dir, "metrics.jsonl");
@@ -227,11 +408,14 @@ void tz_run_out_resume_log(tz_run_out *o, FILE *f, int64_t step) {
             if (!strncmp(line, "{\"summary\"", 10) || !s || strtoll(s + 8, NULL, 10) > step ||
                 !strchr(line, '\n'))
                 continue; /* a summary, a later step, or a line cut short */
-            fputs(line, f);
+            fputs(line, l->f);
             kept++;
         }
         free(line);
         fclose(in);
+        if (tz_line_log_flush(l, err, sizeof err) || fsync(fileno(l->f)) != 0)
+            TZ_FATAL("cannot keep the stopped run's records (%s kept): %s", src,
+                     err[0] ? err : strerror(errno));
         tz_info("metrics.jsonl: %lld records of the stopped run kept (steps up to %lld)",
                 (long long)kept, (long long)step);
     } else if (step >= 0 && errno != ENOENT) {

@@ -20,16 +20,23 @@ void tz_record_json_number(char *buf, size_t n, const char *key, const char *fmt
 double tz_record_peak_rss_mib(tz_comm *comm);
 
 /* One run's identity, gathered once (collective: every rank's host name) at the start. */
+/* A run's identity: 32 hex digits, drawn when a new run starts in a run.dir and kept by its
+ * resumes; recorded in run.dir/.run, in run.json and in every checkpoint it writes. */
+#define TZ_RUN_ID_MAX 33
+
 typedef struct tz_run_record {
     char start[40];
+    char run_id[TZ_RUN_ID_MAX]; /* rank 0: written into run.json ("" leaves it out) */
     double t0;          /* monotonic seconds at start */
     int64_t ranks;
     char *hosts;        /* rank 0: the distinct host names in rank order, "\0"-separated */
     int64_t n_hosts;
 } tz_run_record;
 
-/* Starts the record (collective) and, on rank 0, writes dir/run.json with status "running". */
-void tz_record_begin(tz_run_record *rec, const char *dir, const tz_world *w, tz_comm *comm);
+/* Starts the record (collective) and, on rank 0, writes dir/run.json with status "running"
+ * (and run_id, rank 0's, unless ""). */
+void tz_record_begin(tz_run_record *rec, const char *dir, const char *run_id, const tz_world *w,
+                     tz_comm *comm);
 /* Rank 0: rewrites dir/run.json with the end time, the wall time and status "finished".
  * Frees the record on every rank. */
 void tz_record_end(tz_run_record *rec, const char *dir, tz_comm *comm);
@@ -40,19 +47,33 @@ typedef struct tz_run_out {
     tz_run_lock lock;
     char dir[1100];   /* run.dir */
     char stage[1100]; /* run.dir/staging: where this run writes */
+    char run_id[TZ_RUN_ID_MAX]; /* this run's identity (run.dir/.run); "" when a resume
+                                 * finds a run.dir of an earlier version without one */
 } tz_run_out;
 
 /* Locks dir (fatal, naming the holder, when another run has it), finishes or clears what a
- * previous run left in dir/staging, and opens an empty staging folder. A new run (resume 0)
- * is refused (fatal) when dir holds a finished run or checkpoints, unless overwrite; with
- * overwrite, earlier checkpoints are set aside in dir/checkpoints.replaced until the commit
- * (a failed run leaves them there). resume 1: neither is refused, and the metrics.jsonl of
- * the run that stopped is set aside for tz_run_out_resume_log. */
+ * previous run left in dir/staging, and opens an empty staging folder. A dir that exists and
+ * is not a run folder (it holds folders or many files of its own) is refused before
+ * anything is written into it. A new run (resume 0) is refused (fatal) when dir holds a
+ * finished run or checkpoints, unless overwrite; it draws a new run id (run.dir/.run, written
+ * first, so that a requeued --resume of a run stopped at any later moment never continues
+ * the run it replaces) and, with overwrite, sets the earlier checkpoints aside in
+ * dir/checkpoints.replaced until the commit (a failed run leaves them there). resume 1: a
+ * dir holding a finished run is refused unless overwrite (there is nothing to resume);
+ * otherwise the run keeps its id and the metrics.jsonl of the run that stopped is set aside
+ * for tz_run_out_resume_log. */
 void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume);
-/* Resuming: copies into f the records of the stopped run's metrics.jsonl (its staging copy,
- * else run.dir/metrics.jsonl) up to and including `step` (summaries left out); step < 0:
- * none (the run starts over). The set-aside copy is removed once copied. */
-void tz_run_out_resume_log(tz_run_out *o, FILE *f, int64_t step);
+/* After a resume (rank 0): the timeline continues from checkpoint `folder` (its step, its
+ * run id ckpt_id, "" when it has none), or from step 0 when folder is NULL. Every checkpoint
+ * in dir/checkpoints that is not part of that timeline (a newer step, another run's id) is
+ * set aside in dir/checkpoints.replaced, removed at the commit, so that a later plain
+ * --resume cannot take it; the run's id becomes the checkpoint's and is recorded. */
+void tz_run_out_resumed(tz_run_out *o, const char *folder, int64_t step, const char *ckpt_id);
+/* Resuming: copies into l the records of the stopped run's metrics.jsonl (its set-aside
+ * copy, else run.dir/metrics.jsonl) up to and including `step` (summaries left out); step < 0:
+ * none (the run starts over). The copy is made durable (flushed, fsynced) before the
+ * set-aside file is removed, so a run that fails right after loses no record. */
+void tz_run_out_resume_log(tz_run_out *o, tz_line_log *l, int64_t step);
 void tz_run_out_commit(tz_run_out *o);
 
 #endif

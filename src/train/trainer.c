@@ -307,7 +307,7 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
     }
     FILE *metrics = mlog.f;
     tz_run_record rec;
-    tz_record_begin(&rec, out_dir.stage, w, comm);
+    tz_record_begin(&rec, out_dir.stage, out_dir.run_id, w, comm);
     run r;
     run_open(&r, cfg, w, comm, 1);
     print_start(&r);
@@ -320,9 +320,15 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         TZ_FATAL_HINT("set train.checkpoint_every = 0 and start qzo runs without --resume",
                       "%s: train.mode = \"qzo\" writes no checkpoints yet (%s)", cfg->source,
                       resume ? "--resume" : "train.checkpoint_every > 0");
-    const int resumed = resume && tz_ckpt_resume(cfg, &r.z, resume, ck.global_batch, &ck);
-    if (root && resume) /* the lines of the run resumed, up to its checkpoint's step */
-        tz_run_out_resume_log(&out_dir, metrics, resumed ? ck.step : -1);
+    const int resumed = resume && tz_ckpt_resume(cfg, &r.z, resume, out_dir.run_id,
+                                                 ck.global_batch, &ck);
+    if (root && resume) { /* the timeline resumed: its checkpoints, its log up to its step */
+        tz_run_out_resumed(&out_dir, resumed ? ck.folder : NULL, resumed ? ck.step : 0,
+                           resumed ? ck.run_id : "");
+        tz_run_out_resume_log(&out_dir, &mlog, resumed ? ck.step : -1);
+    }
+    snprintf(ck.run_id, sizeof ck.run_id, "%s", out_dir.run_id); /* rank 0 writes it */
+    snprintf(rec.run_id, sizeof rec.run_id, "%s", out_dir.run_id);
     if (!r.qzo) tz_ckpt_signals_install(); /* qzo: a signal stops the run as by default */
     if (resumed && ck.have_eval) {
         ev0 = (eval_result){ck.eval0, ck.eval0_count};

@@ -166,7 +166,19 @@ fi
 d="$work/damaged" c="$work/damaged/checkpoints"
 cp -r "$ref" "$d"
 rm -rf "$d/adapter"
-for s in 5 6 7 8; do cp -r "$c/step-4" "$c/step-$s"; done   # newer copies of step 4, each damaged
+mkdir "$d/staging" && mv "$d/metrics.jsonl" "$d/staging/"   # as a run stopped would leave it
+for s in 5 6 7 8; do   # newer copies of step 4, stamped as steps 5-8 (marker too), each damaged
+  cp -r "$c/step-4" "$c/step-$s"
+  $py - "$c/step-$s" $s <<'PY'
+import json, sys, zlib
+d, s = sys.argv[1], int(sys.argv[2])
+m = json.load(open(d + "/checkpoint.json"))
+m["step"], m["steps"], m["data"]["next_row"] = s, max(m["steps"], s + 1), s * m["data"]["global_batch"]
+t = json.dumps(m, indent=1).encode()
+open(d + "/checkpoint.json", "wb").write(t)
+open(d + "/COMPLETE", "w").write("step %d\ncheckpoint.json %d %08x\n" % (s, len(t), zlib.crc32(t)))
+PY
+done
 truncate -s 20000 "$c/step-8/rank-00001.h5"
 $py - "$c/step-7/rank-00000.h5" <<'PY'
 import sys
@@ -174,6 +186,7 @@ p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 0x10; op
 PY
 rm "$c/step-6/rank-00001.h5"
 rm "$c/step-5/COMPLETE"
+mkdir "$work/kept" && cp -r "$c/step-7" "$work/kept/"   # the resume below retires step-5..8
 if train 2 "$d" --set train.mode=lora --resume; then
   for pat in "step-8/rank-00001.h5: 20000 bytes, expected" "step-7/rank-00000.h5: CRC-32 .* (damaged)" \
              "step-6/rank-00001.h5: missing shard" "step-5: no COMPLETE marker" \
@@ -182,11 +195,14 @@ if train 2 "$d" --set train.mode=lora --resume; then
   done
   same_run "$ref" "$d" adapter/adapter_model.safetensors && ok "the fallback resume ends bit for bit as the uninterrupted run" ||
     bad "the fallback resume differs"
+  [ "$(ls "$c")" = "$(printf 'step-2\nstep-4')" ] && [ ! -e "$d/checkpoints.replaced" ] &&
+    ok "the refused newer checkpoints were set aside and went with the commit: $(ls "$c" | tr '\n' ' ')" ||
+    bad "after the fallback run.dir/checkpoints holds: $(ls "$c" | tr '\n' ' ')"
 else
   bad "resume past damaged checkpoints failed"; tail -5 "$d.log"
 fi
-if ! train 2 "$work/named" --set train.mode=lora --resume "$c/step-7" && grep -q "step-7/rank-00000.h5: CRC-32" "$work/named.log" &&
-   grep -q "the checkpoint is incomplete or damaged" "$work/named.log"; then
+if ! train 2 "$work/named" --set train.mode=lora --resume "$work/kept/step-7" && grep -q "step-7/rank-00000.h5: CRC-32" "$work/named.log" &&
+   grep -q "the checkpoint is incomplete, damaged or inconsistent" "$work/named.log"; then
   ok "a named damaged checkpoint is refused outright, with the file named"
 else
   bad "--resume of a damaged named checkpoint"; tail -3 "$work/named.log"
