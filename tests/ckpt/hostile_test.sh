@@ -96,6 +96,11 @@ d="$work/c3d"; stopped "$d"; edit "$d" 4 'm["step"] = 10**15'
 run "$d" --resume && fell_back "$d" "step" && ok "3: \"step\": 10^15: refused, nothing committed as finished, same end" ||
   { bad "3: step 10^15"; tail -4 "$d.log"; }
 
+d="$work/c3e"; stopped "$d"; printf 'step 4\n' > "$d/checkpoints/step-4/COMPLETE"   # as earlier versions wrote it
+run "$d" --resume && grep -q "resumed from .*step-4: step 4" "$d.log" && same_run "$work/ref" "$d" $ad &&
+  ok "3: a checkpoint of an earlier version (a marker without the CRC line) is still resumed, checked in itself" ||
+  { bad "3: a marker of an earlier version"; tail -3 "$d.log"; }
+
 # ---- 4. damaged but parseable: fall back past it; a named one is refused plainly
 d="$work/c4"; stopped "$d"
 $py - "$d/checkpoints/step-4" <<'PY'
