@@ -2,6 +2,7 @@
  * data), the planning backend and the dry run, and the phase clock of a step. */
 #define _GNU_SOURCE /* MAP_NORESERVE */
 #include "train/bench.h"
+#include "train/step_model.h"
 
 #include <math.h>
 #include <omp.h>
@@ -168,6 +169,7 @@ typedef struct plan_block {
     size_t bytes;
 } plan_block;
 typedef struct plan_ctx {
+    tz_step_model model; /* first: the step model's counters (train/step_model.h) */
     plan_block *b;
     int n, cap;
 } plan_ctx;
@@ -305,6 +307,16 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
             opt->name, (long long)N, (long long)cfg->zero.stage);
     tz_info("step: %lld %s per rank (%lld positions), about %.2f TFLOP of matrix products "
             "(attention's not counted)", (long long)units, t->unit, (long long)tokens, 1e-12 * flops);
+    /* the step model: one micro-batch's forward and backward with every op counted (the
+     * gradients bound now, after the plan, so that every weight gradient is counted too),
+     * times the micro-batches of a step */
+    tz_step_model_install(be);
+    tz_params_bind_grads(t->params, be->alloc(be, grads));
+    t->train_rows(t, 0, 1.0f);
+    tz_step_model *sm = tz_step_model_of(be);
+    tz_step_model_scale(sm, (double)cfg->train.grad_accum);
+    const tz_step_rates rates = tz_step_rates_h100(be->matmul_dtype == TZ_DT_BF16);
+    tz_step_model_print(sm, &rates);
     tz_task_free(t);
     tz_backend_destroy(be);
     return 0;

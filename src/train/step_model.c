@@ -1,0 +1,206 @@
+/* The step model: counting stubs for every compute op of the backend table (floating-point
+ * operations and bytes of the operands as stored, 4 per fp32 element), and the estimate of a
+ * step's time from peak rates. The formulas count what an op must read and write once; what
+ * an implementation adds (casts to bf16, re-reads) is not in them. */
+#include "train/step_model.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/error.h"
+
+const char *const tz_step_model_names[TZ_SM_N] = {
+    "GEMM", "attention", "quant (rotate, decode)", "norms", "elementwise", "loss",
+    "device copies", "host <-> device"};
+
+tz_step_model *tz_step_model_of(tz_backend *be) { return (tz_step_model *)be->ctx; }
+
+static void add(tz_backend *be, int c, double flops, double bytes) {
+    tz_step_model *m = tz_step_model_of(be);
+    m->flops[c] += flops;
+    m->bytes[c] += bytes;
+    m->calls[c]++;
+}
+
+#define F 4.0 /* bytes of an fp32 element */
+typedef const float cf;
+
+/* ---- elementwise, casts, reductions ---- */
+static void s_fill(tz_backend *be, float *x, float v, int64_t n) { (void)x, (void)v; add(be, TZ_SM_ELEMENT, 0, F * n); }
+static void s_scale(tz_backend *be, float *x, float a, int64_t n) { (void)x, (void)a; add(be, TZ_SM_ELEMENT, n, 2 * F * n); }
+static void s_axpy(tz_backend *be, float *y, float a, cf *x, int64_t n) { (void)y, (void)a, (void)x; add(be, TZ_SM_ELEMENT, 2.0 * n, 3 * F * n); }
+static void s_to_bf16(tz_backend *be, uint16_t *d, cf *s, int64_t n) { (void)d, (void)s; add(be, TZ_SM_ELEMENT, 0, 6.0 * n); }
+static void s_from_bf16(tz_backend *be, float *d, const uint16_t *s, int64_t n) { (void)d, (void)s; add(be, TZ_SM_ELEMENT, 0, 6.0 * n); }
+static double s_sumsq(tz_backend *be, cf *x, int64_t n) { (void)x; add(be, TZ_SM_ELEMENT, 2.0 * n, F * n); return 0.0; }
+
+/* ---- matmul ---- */
+static double gemm_bytes(int64_t M, int64_t N, int64_t K, double bb, float beta) {
+    return F * (double)M * K + bb * (double)K * N + F * (double)M * N * (beta != 0.0f ? 2 : 1);
+}
+static void s_matmul(tz_backend *be, float *C, cf *A, cf *B, int64_t M, int64_t N, int64_t K,
+                     int ta, int tb, float alpha, float beta) {
+    (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
+    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, F, beta));
+}
+static void s_matmul_bw16(tz_backend *be, float *C, cf *A, const uint16_t *B, int64_t M, int64_t N,
+                          int64_t K, int ta, int tb, float alpha, float beta) {
+    (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
+    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, 2.0, beta));
+}
+
+/* ---- embedding, norms, rope ---- */
+static void s_emb_fwd(tz_backend *be, float *o, const int32_t *t, cf *w, int64_t n, int64_t C) { (void)o, (void)t, (void)w; add(be, TZ_SM_ELEMENT, 0, 2 * F * n * C); }
+static void s_emb_bwd(tz_backend *be, float *dw, const int32_t *t, cf *d, int64_t n, int64_t C) { (void)dw, (void)t, (void)d; add(be, TZ_SM_ELEMENT, (double)n * C, 3 * F * n * C); }
+static void s_emb_w16(tz_backend *be, float *o, const int32_t *t, const uint16_t *w, int64_t n, int64_t C) { (void)o, (void)t, (void)w; add(be, TZ_SM_ELEMENT, 0, 6.0 * n * C); }
+static void s_rms_fwd(tz_backend *be, float *o, float *r, cf *x, cf *w, int64_t rows, int64_t C, float eps) {
+    (void)o, (void)r, (void)x, (void)w, (void)eps;
+    add(be, TZ_SM_NORM, 4.0 * rows * C, 2 * F * rows * C + F * C);
+}
+static void s_rms_bwd(tz_backend *be, float *dx, float *dw, cf *d, cf *x, cf *w, cf *r, int64_t rows, int64_t C) {
+    (void)dx, (void)dw, (void)d, (void)x, (void)w, (void)r;
+    add(be, TZ_SM_NORM, 8.0 * rows * C, 4 * F * rows * C);
+}
+static void s_rope(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D, float th) {
+    (void)x, (void)th;
+    add(be, TZ_SM_ELEMENT, 3.0 * B * T * H * D, 2 * F * B * T * H * D);
+}
+static void s_rope_tab(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D, cf *f, int64_t p) {
+    (void)x, (void)f, (void)p;
+    add(be, TZ_SM_ELEMENT, 3.0 * B * T * H * D, 2 * F * B * T * H * D);
+}
+
+/* ---- attention: query-key pairs visible (causal: the lower triangle) ---- */
+static double pairs(int64_t T, int64_t S, int causal) { return causal ? (double)T * (T + 1) / 2 : (double)T * S; }
+static void s_att_fwd(tz_backend *be, float *o, float *lse, cf *q, cf *k, cf *v, int64_t B, int64_t T,
+                      int64_t Hq, int64_t Hkv, int64_t D, int causal) {
+    (void)o, (void)lse, (void)q, (void)k, (void)v;
+    /* S = QK^T and O = PV: 2 flops each per pair and head dimension */
+    add(be, TZ_SM_ATTENTION, 4.0 * B * Hq * D * pairs(T, T, causal),
+        F * B * T * (2.0 * Hq * D + 2.0 * Hkv * D + Hq));
+}
+static void s_att_bwd(tz_backend *be, float *dq, float *dk, float *dv, cf *d, cf *o, cf *lse, cf *q,
+                      cf *k, cf *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int causal) {
+    (void)dq, (void)dk, (void)dv, (void)d, (void)o, (void)lse, (void)q, (void)k, (void)v;
+    /* S again, dP = dO V^T, dV += P^T dO, dQ += dS K, dK += dS^T Q */
+    add(be, TZ_SM_ATTENTION, 10.0 * B * Hq * D * pairs(T, T, causal),
+        F * B * T * (5.0 * Hq * D + 4.0 * Hkv * D + Hq));
+}
+static void s_att_cache(tz_backend *be, float *o, cf *q, cf *kc, cf *vc, int64_t B, int64_t T, int64_t S,
+                        int64_t p, int64_t Hq, int64_t Hkv, int64_t D) {
+    (void)o, (void)q, (void)kc, (void)vc;
+    add(be, TZ_SM_ATTENTION, 4.0 * B * Hq * D * T * (double)(p + T),
+        F * B * (2.0 * T * Hq * D + 2.0 * S * Hkv * D));
+}
+
+/* ---- activations, losses, DiT's ops, layout ---- */
+static void s_swiglu_fwd(tz_backend *be, float *o, cf *g, cf *u, int64_t n) { (void)o, (void)g, (void)u; add(be, TZ_SM_ELEMENT, 6.0 * n, 3 * F * n); }
+static void s_swiglu_bwd(tz_backend *be, float *dg, float *du, cf *d, cf *g, cf *u, int64_t n) { (void)dg, (void)du, (void)d, (void)g, (void)u; add(be, TZ_SM_ELEMENT, 10.0 * n, 7 * F * n); }
+static void s_xent_fwd(tz_backend *be, float *l, cf *x, const int32_t *t, int64_t n, int64_t V) { (void)l, (void)x, (void)t; add(be, TZ_SM_LOSS, 4.0 * n * V, F * n * V); }
+static void s_xent_bwd(tz_backend *be, float *d, cf *x, const int32_t *t, float dl, int64_t n, int64_t V) { (void)d, (void)x, (void)t, (void)dl; add(be, TZ_SM_LOSS, 4.0 * n * V, 2 * F * n * V); }
+static void s_ln_fwd(tz_backend *be, float *o, float *mu, float *r, cf *x, int64_t rows, int64_t C, float eps) { (void)o, (void)mu, (void)r, (void)x, (void)eps; add(be, TZ_SM_NORM, 5.0 * rows * C, 2 * F * rows * C); }
+static void s_ln_bwd(tz_backend *be, float *dx, cf *d, cf *x, cf *mu, cf *r, int64_t rows, int64_t C) { (void)dx, (void)d, (void)x, (void)mu, (void)r; add(be, TZ_SM_NORM, 8.0 * rows * C, 4 * F * rows * C); }
+static void s_mod_fwd(tz_backend *be, float *o, cf *x, cf *sh, cf *sc, int64_t ld, int64_t B, int64_t T, int64_t C) { (void)o, (void)x, (void)sh, (void)sc, (void)ld; add(be, TZ_SM_ELEMENT, 2.0 * B * T * C, 2 * F * B * T * C); }
+static void s_mod_bwd(tz_backend *be, float *dx, float *dsh, float *dsc, cf *d, cf *x, cf *sc, int64_t ld, int64_t B, int64_t T, int64_t C) { (void)dx, (void)dsh, (void)dsc, (void)d, (void)x, (void)sc, (void)ld; add(be, TZ_SM_ELEMENT, 4.0 * B * T * C, 4 * F * B * T * C); }
+static void s_gate_fwd(tz_backend *be, float *o, cf *x, cf *y, cf *g, int64_t ld, int64_t B, int64_t T, int64_t C) { (void)o, (void)x, (void)y, (void)g, (void)ld; add(be, TZ_SM_ELEMENT, 2.0 * B * T * C, 3 * F * B * T * C); }
+static void s_gate_bwd(tz_backend *be, float *dy, float *dg, cf *d, cf *y, cf *g, int64_t ld, int64_t B, int64_t T, int64_t C) { (void)dy, (void)dg, (void)d, (void)y, (void)g, (void)ld; add(be, TZ_SM_ELEMENT, 4.0 * B * T * C, 4 * F * B * T * C); }
+static void s_act_fwd(tz_backend *be, float *o, cf *x, int64_t n) { (void)o, (void)x; add(be, TZ_SM_ELEMENT, 8.0 * n, 2 * F * n); }
+static void s_act_bwd(tz_backend *be, float *dx, cf *d, cf *x, int64_t n) { (void)dx, (void)d, (void)x; add(be, TZ_SM_ELEMENT, 12.0 * n, 4 * F * n); }
+static void s_bias_add(tz_backend *be, float *y, cf *b, int64_t rows, int64_t C) { (void)y, (void)b; add(be, TZ_SM_ELEMENT, (double)rows * C, 2 * F * rows * C); }
+static void s_bias_bwd(tz_backend *be, float *db, cf *dy, int64_t rows, int64_t C) { (void)db, (void)dy; add(be, TZ_SM_ELEMENT, (double)rows * C, F * rows * C); }
+static void s_mse_fwd(tz_backend *be, float *s, cf *p, int64_t ld, cf *t, int64_t rows, int64_t n) { (void)s, (void)p, (void)ld, (void)t; add(be, TZ_SM_LOSS, 3.0 * rows * n, 2 * F * rows * n); }
+static void s_mse_bwd(tz_backend *be, float *d, cf *p, int64_t ld, cf *t, float dl, int64_t rows, int64_t n) { (void)d, (void)p, (void)ld, (void)t, (void)dl; add(be, TZ_SM_LOSS, 3.0 * rows * n, 3 * F * rows * n); }
+static void s_patch(tz_backend *be, float *a, cf *b, int64_t B, int64_t C, int64_t H, int64_t W, int64_t p, int cl) { (void)a, (void)b, (void)p, (void)cl; add(be, TZ_SM_ELEMENT, 0, 2 * F * B * C * H * W); }
+static void s_copy2d(tz_backend *be, float *d, int64_t ldd, cf *s, int64_t lds, int64_t rows, int64_t cols) { (void)d, (void)ldd, (void)s, (void)lds; add(be, TZ_SM_ELEMENT, 0, 2 * F * rows * cols); }
+
+/* ---- TurboQuant: codes of `bits`, one bf16 scale per group ---- */
+static double decode_bytes(int64_t rows, int64_t cols, int bits, int group, double out) {
+    const double n = (double)rows * cols;
+    return n * bits / 8.0 + 2.0 * n / group + out * n;
+}
+static void s_rot(tz_backend *be, float *y, cf *x, int64_t rows, int64_t cols, int group, uint64_t seed) {
+    (void)y, (void)x, (void)seed;
+    add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 1), 2 * F * rows * cols);
+}
+static void s_rot_bwd(tz_backend *be, float *dx, cf *dy, int64_t rows, int64_t cols, int group, uint64_t seed) {
+    (void)dx, (void)dy, (void)seed;
+    add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 2), 3 * F * rows * cols);
+}
+static void s_dequant(tz_backend *be, float *w, const uint8_t *c, const uint16_t *s, cf *l, int64_t rows,
+                      int64_t cols, int bits, int group) {
+    (void)w, (void)c, (void)s, (void)l;
+    add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, F));
+}
+static void s_tq_matmul(tz_backend *be, float *C, cf *A, float *tile, const uint8_t *c, const uint16_t *s,
+                        cf *l, int64_t rows, int64_t cols, int bits, int group, int64_t M, int transW,
+                        float alpha, float beta) {
+    (void)C, (void)A, (void)tile, (void)c, (void)s, (void)l, (void)alpha;
+    /* the weight decoded into a tile of the GEMM operand type, then the product */
+    const double ob = be->matmul_dtype == TZ_DT_BF16 ? 2.0 : F;
+    add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, ob));
+    const int64_t K = transW ? cols : rows, N = transW ? rows : cols;
+    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, ob, beta));
+}
+
+/* ---- copies and events ---- */
+static void s_copy(tz_backend *be, void *d, const void *s, size_t n) { (void)d, (void)s; add(be, TZ_SM_COPY, 0, 2.0 * n); }
+static void s_xfer(tz_backend *be, void *d, const void *s, size_t n) { (void)d, (void)s; add(be, TZ_SM_TRANSFER, 0, (double)n); }
+static void *s_event_mark(tz_backend *be, int q) { (void)q; return be; }
+static void s_event_wait(tz_backend *be, void *ev, int q) { (void)be, (void)ev, (void)q; }
+static int s_event_done(tz_backend *be, void *ev) { (void)be, (void)ev; return 1; }
+static void s_event_free(tz_backend *be, void *ev) { (void)be, (void)ev; }
+
+void tz_step_model_install(tz_backend *be) {
+    be->upload = s_xfer, be->download = s_xfer, be->copy = s_copy;
+    be->download_async = s_xfer, be->upload_async = s_xfer;
+    be->event_mark = s_event_mark, be->event_wait = s_event_wait;
+    be->event_done = s_event_done, be->event_free = s_event_free;
+    be->fill = s_fill, be->scale = s_scale, be->axpy = s_axpy, be->to_bf16 = s_to_bf16;
+    be->from_bf16 = s_from_bf16, be->sumsq = s_sumsq, be->matmul = s_matmul;
+    be->matmul_bw16 = s_matmul_bw16, be->embedding_fwd = s_emb_fwd, be->embedding_bwd = s_emb_bwd;
+    be->embedding_fwd_w16 = s_emb_w16, be->rmsnorm_fwd = s_rms_fwd, be->rmsnorm_bwd = s_rms_bwd;
+    be->rope_fwd = s_rope, be->rope_bwd = s_rope, be->rope_tab_fwd = s_rope_tab;
+    be->rope_tab_bwd = s_rope_tab, be->attention_fwd = s_att_fwd, be->attention_bwd = s_att_bwd;
+    be->attention_cache_fwd = s_att_cache, be->swiglu_fwd = s_swiglu_fwd;
+    be->swiglu_bwd = s_swiglu_bwd, be->xent_fwd = s_xent_fwd, be->xent_bwd = s_xent_bwd;
+    be->layernorm_fwd = s_ln_fwd, be->layernorm_bwd = s_ln_bwd, be->modulate_fwd = s_mod_fwd;
+    be->modulate_bwd = s_mod_bwd, be->gate_fwd = s_gate_fwd, be->gate_bwd = s_gate_bwd;
+    be->gelu_tanh_fwd = s_act_fwd, be->gelu_tanh_bwd = s_act_bwd, be->silu_fwd = s_act_fwd;
+    be->silu_bwd = s_act_bwd, be->bias_add_fwd = s_bias_add, be->bias_bwd = s_bias_bwd;
+    be->mse_fwd = s_mse_fwd, be->mse_bwd = s_mse_bwd, be->patchify = s_patch;
+    be->unpatchify = s_patch, be->copy2d = s_copy2d, be->tq_rotate = s_rot;
+    be->tq_rotate_bwd = s_rot_bwd, be->tq_dequant = s_dequant, be->tq_matmul = s_tq_matmul;
+}
+
+void tz_step_model_scale(tz_step_model *m, double scale) {
+    for (int c = 0; c < TZ_SM_N; c++) {
+        m->flops[c] *= scale;
+        m->bytes[c] *= scale;
+        m->calls[c] = (int64_t)llround((double)m->calls[c] * scale);
+    }
+}
+
+tz_step_rates tz_step_rates_h100(int bf16) {
+    /* NVIDIA H100 SXM5 datasheet: dense bf16 989 TFLOP/s, TF32 495, fp32 67; HBM3 3.35 TB/s;
+     * PCIe gen 5 x16 64 GB/s each way (about 50 in practice). Attention on tensor cores at
+     * TF32 (fp32 activations). */
+    return (tz_step_rates){bf16 ? "H100 SXM (bf16 GEMMs)" : "H100 SXM (TF32 GEMMs)",
+                           bf16 ? 989e12 : 495e12, 495e12, 67e12, 3.35e12, 50e9};
+}
+
+void tz_step_model_print(const tz_step_model *m, const tz_step_rates *r) {
+    double tf = 0, tb = 0, tt = 0;
+    tz_info("step model (op by op as the code calls them; bytes of the operands as stored; time "
+            "at the %s's peak rates, a lower bound):", r->name);
+    tz_info("  %-24s %8s %12s %12s %10s", "class", "calls", "GFLOP", "GB", "est. ms");
+    for (int c = 0; c < TZ_SM_N; c++) {
+        if (!m->calls[c]) continue;
+        const double rate = c == TZ_SM_GEMM ? r->gemm_flops : c == TZ_SM_ATTENTION ? r->attention_flops
+                                                                                   : r->other_flops;
+        const double bw = c == TZ_SM_TRANSFER ? r->link_bytes : r->mem_bytes;
+        const double t = fmax(m->flops[c] / rate, m->bytes[c] / bw);
+        tf += m->flops[c], tb += m->bytes[c], tt += t;
+        tz_info("  %-24s %8lld %12.6g %12.6g %10.4g", tz_step_model_names[c], (long long)m->calls[c],
+                1e-9 * m->flops[c], 1e-9 * m->bytes[c], 1e3 * t);
+    }
+    tz_info("  %-24s %8s %12.6g %12.6g %10.4g", "total", "", 1e-9 * tf, 1e-9 * tb, 1e3 * tt);
+}

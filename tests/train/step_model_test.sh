@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The step model of `bench --dry-run` (train/step_model.c) against the arithmetic of the
+# llama-tiny recipe written out here from its shape (dim 128, MLP 352, 2 layers, 4/2 heads of
+# 32, vocab 256; LoRA r16 on all seven projections of a 4-bit base; checkpointing):
+#  - GEMM: the base projections forward, again when backward recomputes a layer (every layer
+#    but the last, whose forward activations are still there), and for the input gradient;
+#    the head forward and its input gradient (frozen: no weight gradient); each adapter's two
+#    products forward (and recomputed) and four backward;
+#  - attention: per layer call 4*B*Hq*D*T(T+1)/2 forward (causal), 10*... backward;
+# at seq_len 128 and 64 and micro-batch 4 and 2, to 1e-5 (the table's six digits). A DiT
+# preset prints its table too.
+# usage: step_model_test.sh TURBOZERO
+set -u
+tz=$1
+source "$(dirname "$0")/../lib.sh"
+for args in "" "--set data.seq_len=64" "--set train.micro_batch=2" "--set train.grad_accum=3"; do
+  out=$("$tz" bench --preset llama-tiny --dry-run $args 2>&1)
+  T=128 B=4 A=1
+  [[ "$args" == *seq_len=64* ]] && T=64
+  [[ "$args" == *micro_batch=2* ]] && B=2
+  [[ "$args" == *grad_accum=3* ]] && A=3
+  got_gemm=$(awk '$1 == "GEMM" {print $3}' <<< "$out")
+  got_att=$(awk '$1 == "attention" {print $3}' <<< "$out")
+  read -r want_gemm want_att < <(/usr/bin/python3 - $T $B $A <<'PY'
+import sys
+T, B, A = map(int, sys.argv[1:])
+C, F, L, Hq, Hkv, D, V, r = 128, 352, 2, 4, 2, 32, 256, 16
+n, qd, kvd = B * T, Hq * D, Hkv * D
+layer = 2 * n * (C * qd + 2 * C * kvd + qd * C + 3 * C * F)             # q, k, v, o, gate, up, down
+head = 2 * n * C * V
+lora = 2 * n * r * ((C + qd) + 2 * (C + kvd) + (qd + C) + 2 * (C + F) + (F + C))
+gemm = layer * (3 * L - 1) + 2 * head + lora * (4 * L - 1)
+att_f = 4 * B * Hq * D * T * (T + 1) / 2
+att = att_f * (2 * L - 1) + 2.5 * att_f * L
+print("%.6g %.6g" % (A * gemm / 1e9, A * att / 1e9))
+PY
+)
+  if [ -n "$got_gemm" ] && awk -v a="$got_gemm" -v b="$want_gemm" -v c="$got_att" -v d="$want_att" \
+       'BEGIN { e1 = (a - b) / b; e2 = (c - d) / d; exit !(e1 < 1e-5 && e1 > -1e-5 && e2 < 1e-5 && e2 > -1e-5) }'; then
+    ok "llama-tiny ${args:-(the recipe)}: GEMM $got_gemm GFLOP, attention $got_att GFLOP, as the arithmetic of the shape"
+  else
+    bad "llama-tiny ${args:-(the recipe)}: GEMM $got_gemm (want $want_gemm), attention $got_att (want $want_att)"
+    grep -A10 "step model" <<< "$out"
+  fi
+done
+out=$("$tz" bench --preset dit-tiny --dry-run 2>&1)
+grep -q "^ *GEMM  *[0-9]" <<< "$out" && grep -q "^ *total " <<< "$out" && ok "dit-tiny: a step model table" ||
+  { bad "dit-tiny: no step model table"; tail -5 <<< "$out"; }
+finish step_model
