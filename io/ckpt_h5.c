@@ -1,13 +1,18 @@
 /* Checkpoint shard files through the HDF5 C API (HDF5's own error printing silenced, each
  * failure turned into one message naming the file and object), and the file CRC-32. */
+#define _GNU_SOURCE /* pread, pwrite */
 #include "io/ckpt_h5.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#if H5_VERSION_GE(1, 13, 0)
+#include <H5FDdevelop.h> /* H5FD_class_t, H5FD_t: a header of their own from 1.13 */
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -15,8 +20,176 @@
 
 struct tz_h5_shard {
     hid_t f;
+    int io_errno;      /* written shards: the first failed write or truncate (0: none) */
+    char io_what[16];  /* which of them */
     char path[1024];
 };
+
+/* ---- the written shards' file driver
+ *
+ * HDF5 (1.10.8, and later versions by their source) frees a file's state when its last
+ * close fails to write it out (a full disk, a file size limit) but keeps its ID, and at the
+ * end (MPI_Finalize, exit) closes that ID again: a segfault after the right message. The chunks and metadata it caches are
+ * written at H5Dclose and H5Fclose, so a failing write cannot be kept out of the closes.
+ * Shards are therefore written through this driver: plain POSIX I/O, as HDF5's sec2 driver
+ * does (the same features, so the same bytes on disk), except that a failed write or
+ * truncate is recorded in the shard (its errno, the first one) and reported as done. Every
+ * HDF5 call then completes and every close frees what it holds; the writer reports the
+ * recorded error, naming the file. Reading uses HDF5's own driver. */
+
+typedef struct latch_fapl {
+    tz_h5_shard *shard; /* where a failure is recorded */
+} latch_fapl;
+
+typedef struct latch_file {
+    H5FD_t pub; /* HDF5's part, first */
+    int fd;
+    haddr_t eoa, eof;
+    tz_h5_shard *shard;
+} latch_file;
+
+static void latch_fail(latch_file *f, const char *what, int e) {
+    if (f->shard && !f->shard->io_errno) {
+        f->shard->io_errno = e ? e : EIO;
+        snprintf(f->shard->io_what, sizeof f->shard->io_what, "%s", what);
+    }
+}
+
+static int latch_failed(const latch_file *f) { return f->shard && f->shard->io_errno; }
+
+static H5FD_t *latch_open(const char *name, unsigned flags, hid_t fapl, haddr_t maxaddr) {
+    (void)maxaddr;
+    int o = (flags & H5F_ACC_RDWR) ? O_RDWR : O_RDONLY;
+    if (flags & H5F_ACC_TRUNC) o |= O_TRUNC;
+    if (flags & H5F_ACC_CREAT) o |= O_CREAT;
+    if (flags & H5F_ACC_EXCL) o |= O_EXCL;
+    const latch_fapl *fa = H5Pget_driver_info(fapl);
+    int fd = open(name, o | O_CLOEXEC, 0666);
+    struct stat st;
+    if (fd < 0) return NULL;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return NULL;
+    }
+    latch_file *f = calloc(1, sizeof *f);
+    if (!f) {
+        close(fd);
+        return NULL;
+    }
+    f->fd = fd;
+    f->eof = (haddr_t)st.st_size;
+    f->shard = fa ? fa->shard : NULL;
+    return &f->pub;
+}
+
+static herr_t latch_close(H5FD_t *file) {
+    latch_file *f = (latch_file *)file;
+    if (close(f->fd) != 0) latch_fail(f, "close", errno); /* NFS may report a full disk here */
+    free(f);
+    return 0;
+}
+
+static herr_t latch_query(const H5FD_t *file, unsigned long *flags) {
+    (void)file; /* sec2's allocation features: the same file layout */
+    *flags = H5FD_FEAT_AGGREGATE_METADATA | H5FD_FEAT_ACCUMULATE_METADATA | H5FD_FEAT_DATA_SIEVE |
+             H5FD_FEAT_AGGREGATE_SMALLDATA;
+    return 0;
+}
+
+static haddr_t latch_get_eoa(const H5FD_t *file, H5FD_mem_t type) {
+    (void)type;
+    return ((const latch_file *)file)->eoa;
+}
+
+static herr_t latch_set_eoa(H5FD_t *file, H5FD_mem_t type, haddr_t addr) {
+    (void)type;
+    ((latch_file *)file)->eoa = addr;
+    return 0;
+}
+
+static haddr_t latch_get_eof(const H5FD_t *file, H5FD_mem_t type) {
+    (void)type;
+    return ((const latch_file *)file)->eof;
+}
+
+static herr_t latch_read(H5FD_t *file, H5FD_mem_t type, hid_t dxpl, haddr_t addr, size_t size,
+                         void *buf) {
+    (void)type, (void)dxpl;
+    latch_file *f = (latch_file *)file;
+    unsigned char *p = buf;
+    while (size > 0) { /* past the end of the file: zeros, as sec2 gives */
+        ssize_t k = pread(f->fd, p, size, (off_t)addr);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) {
+            memset(p, 0, size);
+            break;
+        }
+        p += k, addr += (haddr_t)k, size -= (size_t)k;
+    }
+    return 0;
+}
+
+static herr_t latch_write(H5FD_t *file, H5FD_mem_t type, hid_t dxpl, haddr_t addr, size_t size,
+                          const void *buf) {
+    (void)type, (void)dxpl;
+    latch_file *f = (latch_file *)file;
+    const unsigned char *p = buf;
+    while (size > 0 && !latch_failed(f)) { /* after a failure the file is not kept: no writes */
+        ssize_t k = pwrite(f->fd, p, size, (off_t)addr);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            latch_fail(f, "write", k < 0 ? errno : ENOSPC);
+            break;
+        }
+        p += k, addr += (haddr_t)k, size -= (size_t)k;
+        if (addr > f->eof) f->eof = addr;
+    }
+    return 0;
+}
+
+static herr_t latch_truncate(H5FD_t *file, hid_t dxpl, hbool_t closing) {
+    (void)dxpl, (void)closing;
+    latch_file *f = (latch_file *)file;
+    if (f->eoa == f->eof) return 0;
+    if (!latch_failed(f) && ftruncate(f->fd, (off_t)f->eoa) != 0) latch_fail(f, "truncate", errno);
+    f->eof = f->eoa;
+    return 0;
+}
+
+static const H5FD_class_t latch_class = {
+#if H5_VERSION_GE(1, 13, 2)
+    .version = H5FD_CLASS_VERSION,
+    .value = (H5FD_class_value_t)511, /* in the range HDF5 leaves to unregistered drivers */
+#endif
+    .name = "tz_shard",
+    .maxaddr = (haddr_t)INT64_MAX, /* the largest off_t, as sec2 */
+    .fc_degree = H5F_CLOSE_WEAK,
+    .fapl_size = sizeof(latch_fapl),
+    .open = latch_open,
+    .close = latch_close,
+    .query = latch_query,
+    .get_eoa = latch_get_eoa,
+    .set_eoa = latch_set_eoa,
+    .get_eof = latch_get_eof,
+    .read = latch_read,
+    .write = latch_write,
+    .truncate = latch_truncate,
+    .fl_map = H5FD_FLMAP_DICHOTOMY,
+};
+
+/* A file access property list with the driver, failures recorded in s; < 0 on failure. */
+static hid_t latch_fapl_for(tz_h5_shard *s) {
+    static hid_t id = -1;
+    if (id < 0 || H5Iis_valid(id) <= 0) id = H5FDregister(&latch_class);
+    hid_t fa = id >= 0 ? H5Pcreate(H5P_FILE_ACCESS) : -1;
+    latch_fapl info = {s};
+    if (fa >= 0 && H5Pset_driver(fa, id, &info) < 0) {
+        H5Pclose(fa);
+        fa = -1;
+    }
+    return fa;
+}
 
 #define CHUNK_ELEMS ((hsize_t)1 << 20)  /* 4 MiB chunks, each with its Fletcher32 checksum */
 #define BLOCK_ELEMS ((hsize_t)1 << 26)  /* one write or read call moves at most 256 MiB */
@@ -34,21 +207,37 @@ static quiet quiet_on(void) {
 }
 static void quiet_off(quiet q) { H5Eset_auto2(H5E_DEFAULT, q.fn, q.data); }
 
+/* The write failure recorded in s, as a message in err and -1; 0 (err untouched) when none. */
+static int io_error(const tz_h5_shard *s, char *err, size_t errlen) {
+    if (!s->io_errno) return 0;
+    const int w = !strcmp(s->io_what, "write"); /* "file: No space left on device" */
+    return tz_errf(err, errlen, "%s: %s%s%s", s->path, w ? "" : s->io_what, w ? "" : ": ",
+                   strerror(s->io_errno));
+}
+
 tz_h5_shard *tz_h5_shard_create(const char *path, char *err, size_t errlen) {
+    tz_h5_shard *s = tz_xcalloc(1, sizeof *s);
+    snprintf(s->path, sizeof s->path, "%s", path);
     quiet q = quiet_on();
     hid_t fc = H5Pcreate(H5P_FILE_CREATE); /* no object times: equal states, equal bytes */
     if (fc >= 0) H5Pset_obj_track_times(fc, 0);
-    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fc >= 0 ? fc : H5P_DEFAULT, H5P_DEFAULT);
+    hid_t fa = latch_fapl_for(s);
+    errno = 0;
+    s->f = fa >= 0 ? H5Fcreate(path, H5F_ACC_TRUNC, fc >= 0 ? fc : H5P_DEFAULT, fa) : -1;
+    const int e = errno;
     if (fc >= 0) H5Pclose(fc);
+    if (fa >= 0) H5Pclose(fa);
     quiet_off(q);
-    if (f < 0) {
+    if (s->f < 0) {
         tz_errf(err, errlen, "%s: cannot create the HDF5 file: %s", path,
-                errno ? strerror(errno) : "HDF5 error");
+                e ? strerror(e) : "HDF5 error");
+        free(s);
         return NULL;
     }
-    tz_h5_shard *s = tz_xcalloc(1, sizeof *s);
-    s->f = f;
-    snprintf(s->path, sizeof s->path, "%s", path);
+    if (io_error(s, err, errlen)) { /* the superblock is written at once */
+        tz_h5_shard_close(s, NULL, 0);
+        return NULL;
+    }
     return s;
 }
 
@@ -71,7 +260,8 @@ int tz_h5_shard_close(tz_h5_shard *s, char *err, size_t errlen) {
     quiet q = quiet_on();
     int ok = H5Fclose(s->f) >= 0;
     quiet_off(q);
-    int rc = ok ? 0 : tz_errf(err, errlen, "%s: closing the HDF5 file failed (disk full?)", s->path);
+    int rc = io_error(s, err, errlen); /* written files: the failure behind any other */
+    if (!rc && !ok) rc = tz_errf(err, errlen, "%s: closing the HDF5 file failed", s->path);
     free(s);
     return rc;
 }
@@ -94,6 +284,7 @@ int tz_h5_shard_attr(tz_h5_shard *s, const char *obj, const char *name, const in
     int ok = o >= 0 && put_attr(o, name, v, (hsize_t)n);
     if (obj && *obj && o >= 0) H5Oclose(o);
     quiet_off(q);
+    if (io_error(s, err, errlen)) return -1;
     return ok ? 0 : tz_errf(err, errlen, "%s: cannot write attribute %s", s->path, name);
 }
 
@@ -131,13 +322,14 @@ int tz_h5_shard_write(tz_h5_shard *s, const char *gname, const char *name, const
     }
     ok = ok && put_attr(d, "shape", shape, (hsize_t)ndim) && put_attr(d, "flat_offset", &flat_offset, 1) &&
          put_attr(d, "pieces", pieces, (hsize_t)(2 * npieces));
-    if (d >= 0) H5Dclose(d);
+    if (d >= 0 && H5Dclose(d) < 0) ok = 0; /* its cached chunks are written here */
     if (pl >= 0) H5Pclose(pl);
     if (sp >= 0) H5Sclose(sp);
     if (g >= 0) H5Gclose(g);
     quiet_off(q);
-    return ok ? 0 : tz_errf(err, errlen, "%s: cannot write dataset %s/%s (%lld floats): disk full or "
-                            "not writable?", s->path, gname, name, (long long)n);
+    if (io_error(s, err, errlen)) return -1;
+    return ok ? 0 : tz_errf(err, errlen, "%s: cannot write dataset %s/%s (%lld floats)", s->path,
+                            gname, name, (long long)n);
 }
 
 int tz_h5_shard_read(tz_h5_shard *s, const char *gname, const char *name, int64_t total, int64_t at,

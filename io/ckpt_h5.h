@@ -8,7 +8,9 @@
 
 typedef struct tz_h5_shard tz_h5_shard; /* an open shard file */
 
-/* Creates path (truncating) for writing; NULL with a message in err. */
+/* Creates path (truncating) for writing; NULL with a message in err. A write that fails (a
+ * full disk) is reported with its errno and the file by the call it happened in, or by the
+ * close; the file is closed safely after it all the same. */
 tz_h5_shard *tz_h5_shard_create(const char *path, char *err, size_t errlen);
 /* Opens path read-only; NULL with a message in err. */
 tz_h5_shard *tz_h5_shard_open(const char *path, char *err, size_t errlen);

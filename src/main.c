@@ -18,6 +18,7 @@
 #include "mpi/watchdog.h"
 #include "mpi/world.h"
 #include "train/bench.h"
+#include "train/checkpoint.h"
 #include "train/commands.h"
 #include "train/family.h"
 #include "train/inputs_check.h"
@@ -400,6 +401,9 @@ int main(int argc, char **argv) {
     int hrc = answer_help(argc, argv);
     if (hrc >= 0) return hrc;
     default_wait_policy(argv);
+    /* train: SIGUSR1, SIGTERM and SIGINT stop it with status 75 from here on, also during
+     * start-up (loading, resuming), so that a job stopped early is requeued */
+    if (!strcmp(argv[1], "train")) tz_ckpt_signals_install();
     int thread_level = MPI_THREAD_SINGLE; /* the watchdog thread asks other ranks (watchdog.h) */
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &thread_level);
     int rank = 0, world = 1;

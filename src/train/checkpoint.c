@@ -49,12 +49,37 @@ void tz_ckpt_signals_install(void) {
     sigaction(SIGINT, &sa, NULL);
 }
 
+void tz_ckpt_signals_default(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    if (stop_signal) raise(stop_signal); /* one that came after the last look */
+}
+
+static const char *signal_name(void) {
+    return stop_signal == SIGUSR1 ? "SIGUSR1" : stop_signal == SIGTERM ? "SIGTERM" : "SIGINT";
+}
+
 int tz_ckpt_stop_agreed(tz_comm *comm) {
     int64_t s = stop_signal != 0;
     if (comm->size > 1) tz_comm_all_reduce(comm, &s, &s, 1, TZ_DT_I64);
     if (s && stop_signal)
         tz_info("%s received: finishing this step, writing a checkpoint, then stopping",
-                stop_signal == SIGUSR1 ? "SIGUSR1" : stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
+                signal_name());
+    return s > 0;
+}
+
+int tz_ckpt_stop_at_start(tz_comm *comm, const char *stage, int64_t step) {
+    tz_ckpt_fault(stage, step, comm->rank);
+    int64_t s = stop_signal != 0;
+    if (comm->size > 1) tz_comm_all_reduce(comm, &s, &s, 1, TZ_DT_I64);
+    if (s && stop_signal)
+        tz_info_all("%s received during start-up (at %s): stopping before the first step, "
+                    "writing nothing", signal_name(), stage);
     return s > 0;
 }
 
@@ -73,8 +98,8 @@ int tz_ckpt_fault(const char *point, int64_t step, int rank) {
             continue;
     }
     if (r != rank || strcmp(at, point) || (s && s != step)) return 0;
-    fprintf(stderr, "[rank %d] TZ_CKPT_FAULT: %s at %s of step %lld\n", rank, act, point,
-            (long long)step);
+    fprintf(stderr, "[rank %d] TZ_CKPT_FAULT: %s at %s of step %lld (pid %ld)\n", rank, act,
+            point, (long long)step, (long)getpid());
     fflush(stderr);
     if (!strcmp(act, "kill")) raise(SIGKILL);
     if (!strcmp(act, "pause")) sleep(3600); /* a signal ends it */

@@ -29,12 +29,20 @@ typedef struct tz_ckpt_state {
     char folder[1200];          /* resume: the checkpoint folder read */
 } tz_ckpt_state;
 
-/* SIGUSR1, SIGTERM, SIGINT: ask the loop to stop at the end of the step (a second SIGINT
- * stops at once). */
+/* SIGUSR1, SIGTERM, SIGINT: ask the run to stop at the end of the step, or before the first
+ * one when they come during start-up (a second SIGINT stops at once). Installed by `train`
+ * before anything slow. */
 void tz_ckpt_signals_install(void);
+/* The default actions back (a run that saves nothing: qzo); a signal that came since the
+ * last tz_ckpt_stop_* takes its default action now. */
+void tz_ckpt_signals_default(void);
 /* Whether any rank was asked to stop (an all-reduce: every rank gets the same answer).
  * Collective. */
 int tz_ckpt_stop_agreed(tz_comm *comm);
+/* The same at the end of start-up stage `stage` ("load", "resume", "start": before the first
+ * step), after the test hook's point of that name (step: the step the run starts from):
+ * the run then stops having written nothing new. Collective. */
+int tz_ckpt_stop_at_start(tz_comm *comm, const char *stage, int64_t step);
 
 /* Writes checkpoint step-<st->step> of z's shards; keeps the newest `keep` complete
  * checkpoints (0: all). Any rank's failure is fatal on every rank with its message; earlier
@@ -60,7 +68,11 @@ int tz_ckpt_resume(const tz_config *cfg, tz_zero *z, const char *path, const cha
  * 1 h, ended by a signal; hold: 1 h whatever comes) or fail as a full disk would (fail:
  * "shard" and "meta"). POINT: "step" (after the
  * step, before any checkpoint), "begin", "shard" (shard written), "meta" (rank 0, before
- * the marker), "rename" (rank 0, before the rename). Returns 1 for a simulated failure. */
+ * the marker), "rename" (rank 0, before the rename); or a start-up stage, its step the one
+ * the run starts from: "load" (the model loaded), "resume" (the checkpoint read, or none
+ * found), "start" (before the first step); "aside" (rank 0, step 0: a new run with
+ * run.overwrite about to set the earlier run's checkpoints aside). Returns 1 for a simulated
+ * failure. */
 int tz_ckpt_fault(const char *point, int64_t step, int rank);
 
 #endif

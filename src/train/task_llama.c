@@ -293,14 +293,16 @@ static int generate(const tz_config *cfg, const tz_generate_args *a) {
         ids[n++] = next;
         if (step + 1 < a->max_new) lg = tz_llama_decode(m, &cache, &ids[n - 1], 1);
     }
+    /* decode writes at most tcap - 1 bytes and returns how many it wrote, not how many the
+     * text needs (a token may be hundreds of bytes): a text that comes within 2 bytes of
+     * the end (one more for a leading space it strips) may have been cut, so it is decoded
+     * again into twice the room */
     size_t tcap = 256 + 32 * (size_t)(n - np);
     char *text = tz_xmalloc(tcap);
-    int64_t len = tz_tokenizer_decode(tk, ids + np, n - np, 1, text, tcap);
-    if (len >= (int64_t)tcap) { /* snprintf's answer: the length the whole text needs */
-        tcap = (size_t)len + 1;
-        text = tz_xrealloc(text, tcap);
-        len = tz_tokenizer_decode(tk, ids + np, n - np, 1, text, tcap);
-    }
+    int64_t len;
+    while ((len = tz_tokenizer_decode(tk, ids + np, n - np, 1, text, tcap)) >= 0 &&
+           (size_t)len + 2 >= tcap)
+        text = tz_xrealloc(text, tcap *= 2);
     if (len < 0) TZ_FATAL("generate: a generated id has no text in the tokenizer");
     fwrite(text, 1, (size_t)len, stdout);
     fputc('\n', stdout);

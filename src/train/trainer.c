@@ -311,30 +311,33 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
     run r;
     run_open(&r, cfg, w, comm, 1);
     print_start(&r);
+    int stopped = tz_ckpt_stop_at_start(comm, "load", 0); /* a signal now: 75, nothing new */
     const int64_t steps = cfg->train.steps, units = r.N * r.B * r.accum * r.task->row_count;
     const int have_val = r.task->n_val > 0;
     eval_result ev0 = {0, 0}, ev = {0, 0}, best = {0, 0};
     int64_t best_step = 0;
     tz_ckpt_state ck = {.global_batch = r.N * r.B * r.accum};
-    if (r.qzo && (resume || cfg->train.checkpoint_every > 0)) /* no optimizer shard to save */
-        TZ_FATAL_HINT("set train.checkpoint_every = 0 and start qzo runs without --resume",
+    if (r.qzo && ((resume && *resume) || cfg->train.checkpoint_every > 0)) /* no shard to save */
+        TZ_FATAL_HINT("set train.checkpoint_every = 0 and start qzo runs without --resume PATH",
                       "%s: train.mode = \"qzo\" writes no checkpoints yet (%s)", cfg->source,
-                      resume ? "--resume" : "train.checkpoint_every > 0");
-    const int resumed = resume && tz_ckpt_resume(cfg, &r.z, resume, out_dir.run_id,
-                                                 ck.global_batch, &ck);
-    if (root && resume) { /* the timeline resumed: its checkpoints, its log up to its step */
+                      resume ? "--resume PATH" : "train.checkpoint_every > 0");
+    if (r.qzo && resume && root) /* a requeued job: it starts over */
+        tz_warn("--resume: train.mode = \"qzo\" writes no checkpoints: starting from step 0");
+    const int resumed = !stopped && resume && !r.qzo &&
+                        tz_ckpt_resume(cfg, &r.z, resume, out_dir.run_id, ck.global_batch, &ck);
+    if (root && resume && !stopped) { /* the timeline resumed: its checkpoints, its log to its step */
         tz_run_out_resumed(&out_dir, resumed ? ck.folder : NULL, resumed ? ck.step : 0,
                            resumed ? ck.run_id : "");
         tz_run_out_resume_log(&out_dir, &mlog, resumed ? ck.step : -1);
     }
     snprintf(ck.run_id, sizeof ck.run_id, "%s", out_dir.run_id); /* rank 0 writes it */
     snprintf(rec.run_id, sizeof rec.run_id, "%s", out_dir.run_id);
-    if (!r.qzo) tz_ckpt_signals_install(); /* qzo: a signal stops the run as by default */
+    stopped = stopped || (resume && tz_ckpt_stop_at_start(comm, "resume", ck.step));
     if (resumed && ck.have_eval) {
         ev0 = (eval_result){ck.eval0, ck.eval0_count};
         best = (eval_result){ck.best, ck.best_count};
         best_step = ck.best_step;
-    } else if (have_val) {
+    } else if (have_val && !stopped) {
         ev0 = evaluate(&r, cfg->train.eval_windows, 0);
         tz_info("eval before training: val_loss %.4f (%lld %s)", ev0.loss, (long long)ev0.count,
                 r.task->unit);
@@ -344,7 +347,9 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
     const double t_loop = now_s();
     step_result s = {0, 0, 0};
     const int64_t first = resumed ? ck.step : 0;
-    int stopped = 0;
+    stopped = stopped || tz_ckpt_stop_at_start(comm, "start", first);
+    if (r.qzo && !stopped) tz_ckpt_signals_default(); /* qzo saves nothing: default action */
+    const int early = stopped;
     for (int64_t step = first; step < steps && !stopped; step++) {
         double t0 = now_s();
         s = train_step(&r, step);
@@ -389,8 +394,12 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         if (root && tz_line_log_close(&mlog, err, sizeof err))
             TZ_FATAL("cannot write %s", err);
         if (root) tz_run_lock_release(&out_dir.lock);
-        tz_info("stopped after step %lld of %lld; continue with `turbozero train ... --resume` "
-                "(exit status %d)", (long long)ck.step, (long long)steps, TZ_EXIT_REQUEUE);
+        if (early)
+            tz_info("stopped during start-up, having written nothing; continue with `turbozero "
+                    "train ... --resume` (exit status %d)", TZ_EXIT_REQUEUE);
+        else
+            tz_info("stopped after step %lld of %lld; continue with `turbozero train ... --resume` "
+                    "(exit status %d)", (long long)ck.step, (long long)steps, TZ_EXIT_REQUEUE);
         tz_comm_barrier(comm);
         free(rec.hosts);
         run_close(&r);

@@ -4,17 +4,24 @@
  * and the llama3 RoPE, with LoRA adapters, prefill in one piece or in chunks. The ops under it:
  * rope_tab_fwd with the theta table at offset 0 is rope_fwd bit for bit, and at an offset it
  * is the same rows of a longer sequence; attention_cache_fwd over a cache of exactly the
- * sequence is attention_fwd bit for bit. */
+ * sequence is attention_fwd bit for bit. And `generate` prints every byte of its text when
+ * tokens are long (30 tokens of 100 bytes each: the text once stopped at 1,215 bytes). */
+#include <fcntl.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/llama.h"
+#include "model/llama_io.h"
+#include "train/family.h"
 #include "tz_check.h"
+#include "tz_files.h"
 
 static void fill(float *x, int64_t n, uint64_t seed) {
     tz_rng r = tz_rng_make(seed, 0, TZ_RNG_TEST, 0);
@@ -129,6 +136,80 @@ static void check_model(tz_backend *be, const tz_llama_dims *d, const tz_model_o
     tz_llama_free(m);
 }
 
+/* GPT-2's byte-to-unicode map (printable bytes stand for themselves, the rest 256 + k). */
+static unsigned bmap(int b) {
+    int k = 0;
+    for (int c = 0; c < 256; c++) {
+        int keep = (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255);
+        if (c == b) return keep ? (unsigned)c : 256u + (unsigned)k;
+        if (!keep) k++;
+    }
+    return 0;
+}
+
+/* generate with a model folder whose tokenizer's id 0 is a piece of 100 bytes and whose
+ * final norm is zero, so every logit is 0 and greedy decoding picks id 0 each time: the
+ * output must be 30 copies of the piece and a newline, byte for byte. */
+static void check_long_tokens(tz_backend *be) {
+    enum { PIECE = 100, NEW = 30 };
+    char dir[64], piece[PIECE + 1];
+    snprintf(dir, sizeof dir, "gen_long_%d", (int)getpid());
+    mkdir(dir, 0755);
+    for (int i = 0; i < PIECE; i++) piece[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[i % 36];
+    piece[PIECE] = 0;
+    tz_llama_dims d = {.vocab = 257, .dim = 32, .hidden = 48, .n_layers = 1, .n_heads = 2,
+                       .n_kv_heads = 1, .head_dim = 16, .max_pos = 64, .eps = 1e-5,
+                       .theta = 10000.0, .tied = 0};
+    tz_model_opts o = {0};
+    tz_llama *m = tz_llama_create(be, &d, &o);
+    tz_llama_init_random(m, 5);
+    float zero[32] = {0};
+    tz_param_upload(be, m->final_norm, zero, 0, d.dim);
+    tz_llama_save(m, dir, 0);
+    tz_llama_free(m);
+    /* byte-level BPE: id 0 the long piece, ids 1..256 the bytes, no merges */
+    char *j = malloc(1 << 14);
+    int n = sprintf(j, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"%s\": 0", piece);
+    for (int b = 0; b < 256; b++) {
+        unsigned c = bmap(b);
+        if (c == '"' || c == '\\') n += sprintf(j + n, ", \"\\%c\": %d", (char)c, b + 1);
+        else n += sprintf(j + n, ", \"\\u%04x\": %d", c, b + 1);
+    }
+    sprintf(j + n, "}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\", "
+                   "\"add_prefix_space\": false, \"use_regex\": true}, \"decoder\": "
+                   "{\"type\": \"ByteLevel\"}}");
+    tz_put(tz_tpath(dir, "tokenizer.json"), j);
+    free(j);
+    static tz_config cfg;
+    tz_config_defaults(&cfg);
+    snprintf(cfg.model.path, sizeof cfg.model.path, "%s", dir);
+    tz_generate_args a = {.prompt = "hi", .max_new = NEW, .temperature = 0.0, .top_p = 1.0};
+    /* its stdout into a file */
+    const char *outp = tz_tpath(dir, "out.txt");
+    fflush(stdout);
+    int keep = dup(1), fd = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    close(fd);
+    int rc = tz_family_llama.generate(&cfg, &a);
+    fflush(stdout);
+    dup2(keep, 1);
+    close(keep);
+    static char got[2 * NEW * PIECE], want[NEW * PIECE + 2];
+    FILE *f = fopen(outp, "rb");
+    size_t len = f ? fread(got, 1, sizeof got, f) : 0;
+    if (f) fclose(f);
+    for (int i = 0; i < NEW; i++) memcpy(want + i * PIECE, piece, PIECE);
+    want[NEW * PIECE] = '\n';
+    check(rc == 0 && len == NEW * PIECE + 1 && !memcmp(got, want, len),
+          "generate: %d tokens of %d bytes give all %d bytes (got %zu)", NEW, PIECE,
+          NEW * PIECE + 1, len);
+    remove(outp);
+    remove(tz_tpath(dir, "tokenizer.json"));
+    remove(tz_tpath(dir, "config.json"));
+    remove(tz_tpath(dir, "model.safetensors"));
+    rmdir(dir);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     tz_backend *be = tz_cpu_backend_create(0);
@@ -147,6 +228,7 @@ int main(int argc, char **argv) {
     d.rope_factor = 8, d.rope_low_freq = 1, d.rope_high_freq = 4, d.rope_orig_max = 16;
     check_model(be, &d, &o, 7, "llama3 rope, tied, LoRA");
     check_model(be, &d, &o, 2, "llama3 rope, tied, LoRA, prefill in chunks of 2");
+    check_long_tokens(be);
     tz_cpu_backend_destroy(be);
     MPI_Finalize();
     return tz_check_done("test_llama_generate");
