@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <libconfig.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,7 @@ static const char *const dtype_names[] = {"f32", "bf16", NULL};
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const precision_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const quant_methods[] = {"turboquant", "absmax", NULL};
+static const char *const lora_inits[] = {"default", "loftq", NULL};
 static const char *const comm_names[] = {"auto", "mpi", "nccl", NULL};
 static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "quant",
                                             "qzo", "zero", "run", "comm", NULL};
@@ -98,6 +100,7 @@ static const tz_key schema[] = {
     INT(lora, rank, 8, 1, 4096, "LoRA rank r"),
     FLT(lora, alpha, 16.0, OPEN, 0.0, 1e6, CLOSED, "LoRA scale: the update is alpha/rank * B A"),
     TARGETS(lora, targets, "all", "projections that get adapters"),
+    ENUM(lora, init, TZ_LORA_INIT_DEFAULT, lora_inits, "adapter init: default (B = 0), or loftq (Q + s B A fitted to the dense weight of a quantized base)"),
     INT(quant, bits, 0, 0, 4, "bits per weight of the quantized base projections (0 = dense)"),
     POW2(quant, group, 128, 64, 256, "weights per quantization group (one bf16 scale each)"),
     ENUM(quant, method, TZ_QUANT_TURBOQUANT, quant_methods, "quantizer (absmax: the baseline)"),
@@ -118,12 +121,31 @@ static const tz_key schema[] = {
 };
 #define NKEYS ((int)(sizeof schema / sizeof schema[0]))
 
-/* Where a value came from: a file line, or one --set argument. */
+/* The first error of a load: the message and its HINT ("" when none). Loading stops at it,
+ * frees what it holds, and tz_config_load makes it fatal. */
+typedef struct {
+    char msg[2048];
+    char hint[512];
+} tz_cfg_err;
+
+/* Where a value came from: a file line, or one --set argument; where its error goes. */
 typedef struct {
     const char *file;
     int line;
     const char *set; /* the whole "section.key=value" when from --set */
+    tz_cfg_err *e;
 } tz_origin;
+
+/* Records an error (with a hint, or NULL) and returns -1, so `return cfg_fail(...)` both
+ * explains and fails. */
+TZ_PRINTF(3, 4) static int cfg_fail(tz_cfg_err *e, const char *hint, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    snprintf(e->hint, sizeof e->hint, "%s", hint ? hint : "");
+    return -1;
+}
 
 static void *field(tz_config *cfg, const tz_key *k) { return (char *)cfg + k->off; }
 static const void *cfield(const tz_config *cfg, const tz_key *k) {
@@ -208,20 +230,15 @@ static void describe_setting(const config_setting_t *s, char *buf, size_t n) {
     }
 }
 
-TZ_NORETURN static void fail(const tz_origin *o, const tz_key *k, const char *got) {
+static int fail(const tz_origin *o, const tz_key *k, const char *got) {
     char want[400];
     describe_expected(k, want, sizeof want);
     /* One rule for booleans in the file and in --set: true or false, as libconfig spells them
      * (any case); 1 and 0 are integers in the file, so they are refused in --set too. */
     const char *hint = k->type == T_BOOL ? "write true or false (1 and 0 are integers)" : NULL;
-    if (o->set) {
-        if (hint) TZ_FATAL_HINT(hint, "--set %s: expected %s (got %s)", o->set, want, got);
-        TZ_FATAL("--set %s: expected %s (got %s)", o->set, want, got);
-    }
-    if (hint)
-        TZ_FATAL_HINT(hint, "%s:%d: %s.%s: expected %s (got %s)", o->file, o->line, k->section,
-                      k->key, want, got);
-    TZ_FATAL("%s:%d: %s.%s: expected %s (got %s)", o->file, o->line, k->section, k->key, want, got);
+    if (o->set) return cfg_fail(o->e, hint, "--set %s: expected %s (got %s)", o->set, want, got);
+    return cfg_fail(o->e, hint, "%s:%d: %s.%s: expected %s (got %s)", o->file, o->line, k->section,
+                    k->key, want, got);
 }
 
 /* Edit distance, for "did you mean" hints (names longer than 47 bytes get no hint). */
@@ -269,8 +286,8 @@ static const tz_key *find_key(const char *section, const char *key) {
     return NULL;
 }
 
-/* Fatal for an unknown key; PREFIX is "FILE:LINE: " or "--set ". */
-TZ_NORETURN static void fail_unknown_key(const char *prefix, const char *section, const char *key) {
+/* The error of an unknown key; PREFIX is "FILE:LINE: " or "--set ". */
+static int fail_unknown_key(tz_cfg_err *e, const char *prefix, const char *section, const char *key) {
     char hint[256], near[160];
     if (nearest(section, key, near, sizeof near)) {
         snprintf(hint, sizeof hint, "did you mean %s?", near);
@@ -280,50 +297,67 @@ TZ_NORETURN static void fail_unknown_key(const char *prefix, const char *section
             if (!strcmp(schema[i].section, section))
                 used += (size_t)snprintf(hint + used, sizeof hint - used, " %s", schema[i].key);
     }
-    TZ_FATAL_HINT(hint, "%s%s.%s: unknown key", prefix, section, key);
+    return cfg_fail(e, hint, "%s%s.%s: unknown key", prefix, section, key);
 }
 
-/* ---- storing values (shared by the file and --set) --------------------------------- */
+/* ---- storing values (shared by the file and --set); 0, or -1 with the error in o->e ---- */
 
-static void store_int(tz_config *cfg, const tz_key *k, const tz_origin *o, int64_t v) {
+static int store_int(tz_config *cfg, const tz_key *k, const tz_origin *o, int64_t v) {
     char got[64];
     snprintf(got, sizeof got, "%lld", (long long)v);
-    if (v < k->imin || v > k->imax || (k->pow2 && (v & (v - 1)))) fail(o, k, got);
+    if (v < k->imin || v > k->imax || (k->pow2 && (v & (v - 1)))) return fail(o, k, got);
     *(int64_t *)field(cfg, k) = v;
+    return 0;
 }
 
-static void store_float(tz_config *cfg, const tz_key *k, const tz_origin *o, double v) {
+static int store_float(tz_config *cfg, const tz_key *k, const tz_origin *o, double v) {
     char got[64];
     snprintf(got, sizeof got, "%g", v);
     int ok = isfinite(v) && (k->fmin_open ? v > k->fmin : v >= k->fmin) &&
              (k->fmax_open ? v < k->fmax : v <= k->fmax);
-    if (!ok) fail(o, k, got);
+    if (!ok) return fail(o, k, got);
     *(double *)field(cfg, k) = v;
+    return 0;
 }
 
-static void store_string(tz_config *cfg, const tz_key *k, const tz_origin *o, const char *s) {
+static int store_string(tz_config *cfg, const tz_key *k, const tz_origin *o, const char *s) {
     char got[64];
     size_t len = strlen(s);
     if (len >= k->size) {
         snprintf(got, sizeof got, "a string of %zu bytes", len);
-        fail(o, k, got);
+        return fail(o, k, got);
     }
-    if (k->required && len == 0) fail(o, k, "an empty string");
+    if (k->required && len == 0) return fail(o, k, "an empty string");
     memcpy(field(cfg, k), s, len + 1);
+    return 0;
 }
 
-/* Index of S in the key's names (fatal when absent). */
-static int name_index(const tz_key *k, const tz_origin *o, const char *s) {
+/* Stores the index of S in the key's names as the enum's value. */
+static int store_enum(tz_config *cfg, const tz_key *k, const tz_origin *o, const char *s) {
     char got[96];
     for (int i = 0; k->names[i]; i++)
-        if (!strcmp(k->names[i], s)) return i;
+        if (!strcmp(k->names[i], s)) {
+            *(int *)field(cfg, k) = i;
+            return 0;
+        }
     snprintf(got, sizeof got, "\"%.64s\"", s);
-    fail(o, k, got);
+    return fail(o, k, got);
 }
 
-/* Bit of one target name in the key's names (all ones for "all"); fatal when unknown. */
-static uint64_t target_bits(const tz_key *k, const tz_origin *o, const char *s) {
-    return !strcmp(s, "all") ? ~(uint64_t)0 : (uint64_t)1 << name_index(k, o, s);
+/* Adds the bit of one target name in the key's names (all ones for "all") to *bits. */
+static int target_bits(const tz_key *k, const tz_origin *o, const char *s, uint64_t *bits) {
+    if (!strcmp(s, "all")) {
+        *bits = ~(uint64_t)0;
+        return 0;
+    }
+    for (int i = 0; k->names[i]; i++)
+        if (!strcmp(k->names[i], s)) {
+            *bits |= (uint64_t)1 << i;
+            return 0;
+        }
+    char got[96];
+    snprintf(got, sizeof got, "\"%.64s\"", s);
+    return fail(o, k, got);
 }
 
 /* Stores the names of the bits, in the order of the key's names, or "all". */
@@ -372,9 +406,9 @@ static int literal_wrapped(const char *text, int line, const char *key, long lon
     return 0;
 }
 
-static void apply_setting(tz_config *cfg, const tz_key *k, const config_setting_t *s,
-                          const char *file, const char *text) {
-    tz_origin o = {file, config_setting_source_line(s), NULL};
+static int apply_setting(tz_config *cfg, const tz_key *k, const config_setting_t *s,
+                         const char *file, const char *text, tz_cfg_err *e) {
+    tz_origin o = {file, config_setting_source_line(s), NULL, e};
     int type = config_setting_type(s);
     char got[128], lit[64];
     describe_setting(s, got, sizeof got);
@@ -383,62 +417,52 @@ static void apply_setting(tz_config *cfg, const tz_key *k, const config_setting_
         char hint[160];
         snprintf(hint, sizeof hint, "libconfig reads integers beyond 32 bits only with an L suffix: "
                  "write %sL", lit);
-        TZ_FATAL_HINT(hint, "%s:%d: %s.%s: expected an integer that fits 32 bits or ends in L "
-                      "(got %s)", file, o.line, k->section, k->key, lit);
+        return cfg_fail(e, hint, "%s:%d: %s.%s: expected an integer that fits 32 bits or ends in L "
+                        "(got %s)", file, o.line, k->section, k->key, lit);
     }
     switch (k->type) {
     case T_INT:
-        if (type != CONFIG_TYPE_INT && type != CONFIG_TYPE_INT64) fail(&o, k, got);
-        store_int(cfg, k, &o, config_setting_get_int64(s));
-        break;
+        if (type != CONFIG_TYPE_INT && type != CONFIG_TYPE_INT64) return fail(&o, k, got);
+        return store_int(cfg, k, &o, config_setting_get_int64(s));
     case T_FLOAT:
-        if (type == CONFIG_TYPE_FLOAT) store_float(cfg, k, &o, config_setting_get_float(s));
-        else if (type == CONFIG_TYPE_INT || type == CONFIG_TYPE_INT64)
-            store_float(cfg, k, &o, (double)config_setting_get_int64(s));
-        else fail(&o, k, got);
-        break;
+        if (type == CONFIG_TYPE_FLOAT) return store_float(cfg, k, &o, config_setting_get_float(s));
+        if (type == CONFIG_TYPE_INT || type == CONFIG_TYPE_INT64)
+            return store_float(cfg, k, &o, (double)config_setting_get_int64(s));
+        return fail(&o, k, got);
     case T_BOOL:
-        if (type != CONFIG_TYPE_BOOL) fail(&o, k, got);
+        if (type != CONFIG_TYPE_BOOL) return fail(&o, k, got);
         *(int *)field(cfg, k) = config_setting_get_bool(s) ? 1 : 0;
-        break;
+        return 0;
     case T_STRING:
-        if (type != CONFIG_TYPE_STRING) fail(&o, k, got);
-        store_string(cfg, k, &o, config_setting_get_string(s));
-        break;
+        if (type != CONFIG_TYPE_STRING) return fail(&o, k, got);
+        return store_string(cfg, k, &o, config_setting_get_string(s));
     case T_ENUM:
-        if (type != CONFIG_TYPE_STRING) fail(&o, k, got);
-        *(int *)field(cfg, k) = name_index(k, &o, config_setting_get_string(s));
-        break;
+        if (type != CONFIG_TYPE_STRING) return fail(&o, k, got);
+        return store_enum(cfg, k, &o, config_setting_get_string(s));
     case T_TARGETS: {
-        if (type != CONFIG_TYPE_ARRAY && type != CONFIG_TYPE_LIST) fail(&o, k, got);
+        if (type != CONFIG_TYPE_ARRAY && type != CONFIG_TYPE_LIST) return fail(&o, k, got);
         int n = config_setting_length(s);
         uint64_t bits = 0;
-        if (n == 0) fail(&o, k, "an empty list");
+        if (n == 0) return fail(&o, k, "an empty list");
         for (int i = 0; i < n; i++) {
-            const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
-            int eline = (int)config_setting_source_line(e);
-            tz_origin eo = {file, eline ? eline : o.line, NULL};
-            describe_setting(e, got, sizeof got);
-            if (config_setting_type(e) != CONFIG_TYPE_STRING) fail(&eo, k, got);
-            bits |= target_bits(k, &eo, config_setting_get_string(e));
+            const config_setting_t *el = config_setting_get_elem(s, (unsigned)i);
+            int eline = (int)config_setting_source_line(el);
+            tz_origin eo = {file, eline ? eline : o.line, NULL, e};
+            describe_setting(el, got, sizeof got);
+            if (config_setting_type(el) != CONFIG_TYPE_STRING) return fail(&eo, k, got);
+            if (target_bits(k, &eo, config_setting_get_string(el), &bits)) return -1;
         }
         store_targets(cfg, k, bits);
-        break;
+        return 0;
     }
     }
+    return 0;
 }
 
-static void load_file(tz_config *cfg, const tz_config_names *nm, const char *file,
-                      unsigned char *seen) {
-    char rerr[1200];
-    char *text = tz_read_file(file, NULL, rerr, sizeof rerr);
-    if (!text) TZ_FATAL_HINT("check the config path", "%s", rerr);
-    config_t lc;
-    config_init(&lc);
-    if (!config_read_file(&lc, file))
-        TZ_FATAL("%s:%d: %s", config_error_file(&lc) ? config_error_file(&lc) : file,
-                 config_error_line(&lc), config_error_text(&lc));
-    const config_setting_t *root = config_root_setting(&lc);
+/* The sections and keys of a parsed file; 0 or -1 with the error in e. */
+static int apply_file(tz_config *cfg, const tz_config_names *nm, const char *file,
+                      const config_t *lc, const char *text, unsigned char *seen, tz_cfg_err *e) {
+    const config_setting_t *root = config_root_setting(lc);
     for (int i = 0; i < config_setting_length(root); i++) {
         const config_setting_t *sec = config_setting_get_elem(root, (unsigned)i);
         const char *name = config_setting_name(sec);
@@ -449,13 +473,13 @@ static void load_file(tz_config *cfg, const tz_config_names *nm, const char *fil
             char hint[96] = "the sections are model, data, train, optim, lora, quant, qzo, zero, run", near[64];
             if (nearest(NULL, name, near, sizeof near))
                 snprintf(hint, sizeof hint, "did you mean %s?", near);
-            TZ_FATAL_HINT(hint, "%s:%d: %s: unknown section", sfile, line, name);
+            return cfg_fail(e, hint, "%s:%d: %s: unknown section", sfile, line, name);
         }
         if (!config_setting_is_group(sec)) {
             char got[128];
             describe_setting(sec, got, sizeof got);
-            TZ_FATAL("%s:%d: %s: expected a section (%s = { ... };) (got %s)", sfile, line, name,
-                     name, got);
+            return cfg_fail(e, NULL, "%s:%d: %s: expected a section (%s = { ... };) (got %s)", sfile,
+                            line, name, name, got);
         }
         for (int j = 0; j < config_setting_length(sec); j++) {
             const config_setting_t *s = config_setting_get_elem(sec, (unsigned)j);
@@ -464,16 +488,33 @@ static void load_file(tz_config *cfg, const tz_config_names *nm, const char *fil
             if (!k) {
                 char prefix[TZ_PATH_MAX + 32];
                 snprintf(prefix, sizeof prefix, "%s:%d: ", kfile, config_setting_source_line(s));
-                fail_unknown_key(prefix, name, config_setting_name(s));
+                return fail_unknown_key(e, prefix, name, config_setting_name(s));
             }
             /* an @include'd file is not the text we hold: skip the wrap check there */
             const tz_key kn = with_names(k, nm);
-            apply_setting(cfg, &kn, s, kfile, strcmp(kfile, file) ? "" : text);
+            if (apply_setting(cfg, &kn, s, kfile, strcmp(kfile, file) ? "" : text, e)) return -1;
             seen[k - schema] = 1;
         }
     }
+    return 0;
+}
+
+static int load_file(tz_config *cfg, const tz_config_names *nm, const char *file,
+                     unsigned char *seen, tz_cfg_err *e) {
+    char rerr[1200];
+    char *text = tz_read_file(file, NULL, rerr, sizeof rerr); /* a FIFO is refused here */
+    if (!text) return cfg_fail(e, "check the config path", "%s", rerr);
+    config_t lc;
+    config_init(&lc);
+    int rc;
+    if (!config_read_file(&lc, file))
+        rc = cfg_fail(e, NULL, "%s:%d: %s", config_error_file(&lc) ? config_error_file(&lc) : file,
+                      config_error_line(&lc), config_error_text(&lc));
+    else
+        rc = apply_file(cfg, nm, file, &lc, text, seen, e);
     config_destroy(&lc);
     free(text);
+    return rc;
 }
 
 /* ---- --set ------------------------------------------------------------------------- */
@@ -493,43 +534,30 @@ static char *unquote(char *s) {
     return s + 1;
 }
 
-static void apply_set(tz_config *cfg, const tz_config_names *nm, const char *arg,
-                      unsigned char *seen) {
-    const char *eq = strchr(arg, '='), *dot = strchr(arg, '.');
-    if (!eq || !dot || dot > eq)
-        TZ_FATAL_HINT("write --set section.key=value, e.g. --set train.steps=200",
-                      "--set %s: expected section.key=value", arg);
-    char section[64], key[64], got[96];
-    snprintf(section, sizeof section, "%.*s", (int)(dot - arg), arg);
-    snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
-    const tz_key *kr = find_key(section, key);
-    if (!kr) fail_unknown_key("--set ", section, key);
-    const tz_key kn = with_names(kr, nm), *k = &kn;
-    tz_origin o = {NULL, 0, arg};
-    char *copy = tz_xstrdup(eq + 1), *v = k->type == T_STRING ? copy : trim(copy), *stop;
+/* One --set value in v (a copy: trimmed and cut in place). */
+static int set_value(tz_config *cfg, const tz_key *k, const tz_origin *o, char *v) {
+    char got[96], *stop;
     snprintf(got, sizeof got, "\"%.64s\"", v);
     switch (k->type) {
     case T_INT: {
         errno = 0;
         long long x = strtoll(v, &stop, 10);
         if (stop != v && stop[0] == 'L') stop += stop[1] == 'L' ? 2 : 1;
-        if (stop == v || *stop || errno == ERANGE) fail(&o, k, got);
-        store_int(cfg, k, &o, x);
-        break;
+        if (stop == v || *stop || errno == ERANGE) return fail(o, k, got);
+        return store_int(cfg, k, o, x);
     }
     case T_FLOAT: {
         double x = strtod(v, &stop);
-        if (!*v || *stop) fail(&o, k, got);
-        store_float(cfg, k, &o, x);
-        break;
+        if (!*v || *stop) return fail(o, k, got);
+        return store_float(cfg, k, o, x);
     }
     case T_BOOL:
         if (!strcasecmp(v, "true")) *(int *)field(cfg, k) = 1;
         else if (!strcasecmp(v, "false")) *(int *)field(cfg, k) = 0;
-        else fail(&o, k, got);
-        break;
-    case T_STRING: store_string(cfg, k, &o, unquote(v)); break;
-    case T_ENUM: *(int *)field(cfg, k) = name_index(k, &o, unquote(v)); break;
+        else return fail(o, k, got);
+        return 0;
+    case T_STRING: return store_string(cfg, k, o, unquote(v));
+    case T_ENUM: return store_enum(cfg, k, o, unquote(v));
     case T_TARGETS: {
         size_t n = strlen(v);
         if (n >= 2 && ((v[0] == '[' && v[n - 1] == ']') || (v[0] == '(' && v[n - 1] == ')'))) {
@@ -537,20 +565,39 @@ static void apply_set(tz_config *cfg, const tz_config_names *nm, const char *arg
             v++;
         }
         uint64_t bits = 0;
-        if (!*trim(v)) fail(&o, k, "an empty list");
+        if (!*trim(v)) return fail(o, k, "an empty list");
         for (char *item = v, *next; item; item = next) {
             next = strchr(item, ',');
             if (next) *next++ = 0;
             char *name = unquote(trim(item));
-            if (!*name) fail(&o, k, "an empty name");
-            bits |= target_bits(k, &o, name);
+            if (!*name) return fail(o, k, "an empty name");
+            if (target_bits(k, o, name, &bits)) return -1;
         }
         store_targets(cfg, k, bits);
-        break;
+        return 0;
     }
     }
+    return 0;
+}
+
+static int apply_set(tz_config *cfg, const tz_config_names *nm, const char *arg,
+                     unsigned char *seen, tz_cfg_err *e) {
+    const char *eq = strchr(arg, '='), *dot = strchr(arg, '.');
+    if (!eq || !dot || dot > eq)
+        return cfg_fail(e, "write --set section.key=value, e.g. --set train.steps=200",
+                        "--set %s: expected section.key=value", arg);
+    char section[64], key[64];
+    snprintf(section, sizeof section, "%.*s", (int)(dot - arg), arg);
+    snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
+    const tz_key *kr = find_key(section, key);
+    if (!kr) return fail_unknown_key(e, "--set ", section, key);
+    const tz_key kn = with_names(kr, nm), *k = &kn;
+    tz_origin o = {NULL, 0, arg, e};
+    char *copy = tz_xstrdup(eq + 1);
+    int rc = set_value(cfg, k, &o, k->type == T_STRING ? copy : trim(copy));
     free(copy);
-    seen[kr - schema] = 1;
+    if (!rc) seen[kr - schema] = 1;
+    return rc;
 }
 
 /* ---- public ------------------------------------------------------------------------ */
@@ -583,9 +630,12 @@ void tz_config_load(tz_config *cfg, const tz_config_names *names, const char *fi
         if (strlen(file) >= sizeof cfg->source)
             TZ_FATAL("config path too long (%zu bytes, at most %d)", strlen(file), TZ_PATH_MAX - 1);
         snprintf(cfg->source, sizeof cfg->source, "%s", file);
-        load_file(cfg, names, file, seen);
     }
-    for (int i = 0; i < nset; i++) apply_set(cfg, names, sets[i], seen);
+    /* the first error stops the load; everything it held is freed before the fatal error */
+    tz_cfg_err e = {{0}, {0}};
+    int rc = file ? load_file(cfg, names, file, seen, &e) : 0;
+    for (int i = 0; i < nset && !rc; i++) rc = apply_set(cfg, names, sets[i], seen, &e);
+    if (rc) TZ_FATAL_HINT(e.hint[0] ? e.hint : NULL, "%s", e.msg);
     if (cfg->comm.backend == TZ_COMM_NCCL && cfg->run.device == 1 /* cpu */)
         TZ_FATAL_HINT("set run.device = \"cuda\" (or \"auto\" where GPUs are visible), or "
                       "comm.backend = \"mpi\" (or \"auto\")",

@@ -2,10 +2,12 @@
 #include "io/fsutil.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -45,10 +47,50 @@ void tz_path_join(char *out, size_t outlen, const char *a, const char *b) {
         TZ_FATAL("path too long: %s/%s", a, b);
 }
 
+const char *tz_file_kind(unsigned mode) {
+    return S_ISREG(mode)    ? "a regular file"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISDIR(mode)  ? "a directory"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+           : S_ISSOCK(mode) ? "a socket"
+                            : "not a regular file";
+}
+
+int tz_open_regular(const char *path, const char **kind) {
+    *kind = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        *kind = tz_file_kind((unsigned)st.st_mode);
+        close(fd);
+        errno = 0;
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}
+
 char *tz_read_file(const char *path, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
+    const char *kind;
+    int fd = tz_open_regular(path, &kind);
+    if (fd < 0) {
+        if (kind) tz_errf(err, errlen, "%s: not a regular file (%s)", path, kind);
+        else tz_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
         tz_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
         return NULL;
     }
     size_t cap = 4096, n = 0;

@@ -9,8 +9,18 @@ int tz_mkdir_p(const char *path, char *err, size_t errlen);
 int tz_path_exists(const char *path);
 /* out = a "/" b; fatal if it does not fit. */
 void tz_path_join(char *out, size_t outlen, const char *a, const char *b);
+/* Opens path read-only when it is a regular file, without blocking on a FIFO or a device
+ * (opened O_NONBLOCK, checked with fstat before anything is read, then set back to blocking).
+ * The descriptor (close-on-exec), or -1: with *kind NULL and errno set when it cannot be
+ * opened, with *kind naming what it is instead ("a FIFO", "a directory", ...) when it is not a
+ * regular file. */
+int tz_open_regular(const char *path, const char **kind);
+/* What a file of stat mode `mode` is, for messages: "a regular file", "a FIFO", "a directory",
+ * "a character device", "a block device", "a socket", or "not a regular file". */
+const char *tz_file_kind(unsigned mode);
 /* The whole file, NUL-terminated (malloc'd; *len, when len is given, its size without the
- * NUL); NULL with "PATH: REASON" in err when it cannot be opened or read. */
+ * NUL); NULL with "PATH: REASON" in err when it cannot be opened or read, or is not a regular
+ * file ("PATH: not a regular file (a FIFO)"). */
 char *tz_read_file(const char *path, size_t *len, char *err, size_t errlen);
 
 #endif

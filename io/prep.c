@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "io/fsutil.h"
@@ -262,11 +263,13 @@ static int record(jctx *c, tokbuf *b, const char *line) {
             JFAIL(c, "has both \"messages\" and \"prompt\"/\"response\": expected one of them");
         }
         if (!json_is_array(msgs) || json_array_size(msgs) == 0 || json_array_size(msgs) > 256) {
-            const char *ty = jtype(msgs);
-            size_t n = json_array_size(msgs);
+            /* described before the record is freed: msgs is part of it */
+            char got[64];
+            if (!json_is_array(msgs)) snprintf(got, sizeof got, "%s", jtype(msgs));
+            else if (json_array_size(msgs) == 0) snprintf(got, sizeof got, "an empty list");
+            else snprintf(got, sizeof got, "a list of %zu", json_array_size(msgs));
             json_decref(o);
-            JFAIL(c, "\"messages\" must be a list of 1 to 256 messages, got %s%s", ty,
-                  json_is_array(msgs) && n == 0 ? " that is empty" : "");
+            JFAIL(c, "\"messages\" must be a list of 1 to 256 messages, got %s", got);
         }
         size_t i;
         json_t *e;
@@ -358,10 +361,14 @@ int tz_prep_jsonl(const char *tokenizer, const char *in_path, const char *out_pa
                  "none (tokenizer_config.json or config.json beside it)", tokenizer);
         rc = 1;
     }
-    FILE *f = rc ? NULL : fopen(in_path, "rb");
-    if (!rc && !f) {
-        snprintf(err, errlen, "%s: cannot open: %s", in_path, strerror(errno));
-        rc = 1;
+    FILE *f = NULL;
+    if (!rc) { /* a FIFO is refused, not waited on */
+        const char *kind;
+        int fd = tz_open_regular(in_path, &kind);
+        if (fd >= 0 && !(f = fdopen(fd, "rb"))) close(fd);
+        if (!f && kind) snprintf(err, errlen, "%s: not a regular file (%s), expected JSONL records", in_path, kind);
+        else if (!f) snprintf(err, errlen, "%s: cannot open: %s", in_path, strerror(errno));
+        rc = !f;
     }
     tokbuf b = {0};
     int64_t *starts = NULL, nrec = 0, rcap = 0;

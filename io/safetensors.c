@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/fsutil.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian; this reader assumes a little-endian host"
@@ -59,12 +60,16 @@ char *tz_st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
 /* Maps path and checks the 8-byte header length against the file and the 100 MB limit. */
 static int st_map_file(st_load *L, tz_st_file *f, const char *path) {
     f->path = tz_xstrdup(path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const char *kind;
+    int fd = tz_open_regular(path, &kind); /* a FIFO is refused, not waited on */
+    if (fd < 0 && kind)
+        return LERR(L, "%s: not a regular file (%s), expected a safetensors file", path, kind);
     if (fd < 0) return LERR(L, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
         close(fd);
-        return LERR(L, "%s: not a regular file", path);
+        return LERR(L, "%s: cannot stat: %s", path, strerror(e));
     }
     if (sb.st_size < 8) {
         close(fd);
@@ -390,8 +395,12 @@ static int st_open_index_json(st_load *L, const char *ipath, json_t *root) {
 
 static int st_open_index(st_load *L, const char *ipath) {
     json_error_t je;
-    json_t *root = json_load_file(ipath, JSON_REJECT_DUPLICATES, &je);
-    if (!root && je.line < 0) return LERR(L, "%s: cannot read the index: %s", ipath, je.text);
+    char rerr[600];
+    size_t n;
+    char *text = tz_read_file(ipath, &n, rerr, sizeof rerr);
+    if (!text) return LERR(L, "%s (the safetensors index)", rerr);
+    json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &je);
+    free(text);
     if (!root)
         return LERR(L, "%s: index is not valid JSON: %s (line %d, column %d)", ipath, je.text,
                     je.line, je.column);

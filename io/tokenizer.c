@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "core/error.h"
+#include "io/fsutil.h"
 #include "io/unicode_classes.h"
 
 enum { KIND_BYTES, KIND_BYTELEVEL, KIND_SPM };
@@ -277,10 +278,10 @@ static void byte_map(uint32_t fwd[256]) {
     }
 }
 
-/* A vocabulary string to the bytes BPE works on: byte-level strings through the inverse
- * byte map (-1 when a character is not in it), SentencePiece strings as they are. */
-static long piece_bytes(const tz_tokenizer *t, const char *s, char *out) {
-    size_t n = strlen(s);
+/* A vocabulary string s[0..n) to the bytes BPE works on: byte-level strings through the
+ * inverse byte map (-1 when a character is not in it), SentencePiece strings as they are.
+ * Writes at most n bytes to out. */
+static long piece_bytes(const tz_tokenizer *t, const char *s, size_t n, char *out) {
     if (t->kind != KIND_BYTELEVEL) {
         memcpy(out, s, n);
         return (long)n;
@@ -314,6 +315,26 @@ static const char *jstr(json_t *o, const char *key) {
 static int jtrue(json_t *o, const char *key) { return json_is_true(json_object_get(o, key)); }
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return 1; } while (0)
+
+/* The JSON in path, read whole first (a FIFO or a device is refused, not waited on); NULL
+ * with "path: why" in err (when err is not NULL). */
+static json_t *json_file(const char *path, size_t flags, char *err, size_t errlen) {
+    char rerr[600];
+    size_t n;
+    char *text = tz_read_file(path, &n, rerr, sizeof rerr);
+    if (!text) {
+        tz_errf(err, errlen, "%s", rerr);
+        return NULL;
+    }
+    json_error_t je;
+    json_t *root = json_loadb(text, n, flags, &je);
+    free(text);
+    if (!root) tz_errf(err, errlen, "%s:%d: not valid JSON: %s", path, je.line, je.text);
+    return root;
+}
+
+/* Ids are below this: the id space is allocated whole (a hole costs a slot). */
+#define MAX_ID (1 << 24)
 
 static const char *const LLAMA3_RE =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
@@ -441,23 +462,38 @@ static int32_t special_id(const tz_tokenizer *t, json_t *v) {
     double id = json_number_value(v);
     return id >= 0 && id < t->vocab ? (int32_t)id : -1;
 }
-static void load_bos_eos(tz_tokenizer *t, const char *dir) {
+/* The JSON of an optional file beside the tokenizer: NULL when it is absent or not valid
+ * JSON (no BOS/EOS from it), NULL with *bad set and err when it is not a regular file. */
+static json_t *json_beside(const char *path, int *bad, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) != 0) return NULL;
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s: not a regular file (%s), expected the JSON file beside the "
+                 "tokenizer", path, tz_file_kind((unsigned)st.st_mode));
+        *bad = 1;
+        return NULL;
+    }
+    return json_file(path, JSON_DECODE_INT_AS_REAL, NULL, 0);
+}
+static int load_bos_eos(tz_tokenizer *t, const char *dir, char *err, size_t errlen) {
     char path[4200];
-    json_error_t je;
+    int bad = 0;
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    json_t *c = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
+    json_t *c = json_beside(path, &bad, err, errlen);
     if (c) {
         t->bos = special_named(t, json_object_get(c, "bos_token"));
         t->eos = special_named(t, json_object_get(c, "eos_token"));
         json_decref(c);
     }
+    if (bad) return 1;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    c = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
+    c = json_beside(path, &bad, err, errlen);
     if (c) {
         if (t->bos < 0) t->bos = special_id(t, json_object_get(c, "bos_token_id"));
         if (t->eos < 0) t->eos = special_id(t, json_object_get(c, "eos_token_id"));
         json_decref(c);
     }
+    return bad;
 }
 
 static const char *sort_pool;
@@ -470,9 +506,8 @@ static int cmp_added_pool(const void *a, const void *b) {
 }
 
 static int load_json(tz_tokenizer *t, const char *file, char *err, size_t errlen) {
-    json_error_t je;
-    json_t *root = json_load_file(file, 0, &je);
-    if (!root) FAIL("%s:%d: not valid JSON: %s", file, je.line, je.text);
+    json_t *root = json_file(file, 0, err, errlen);
+    if (!root) return 1;
     int rc = 1;
     json_t *model = json_object_get(root, "model");
     json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
@@ -526,8 +561,9 @@ static int load_json(tz_tokenizer *t, const char *file, char *err, size_t errlen
     const char *key;
     json_t *val;
     json_object_foreach(vocab, key, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= (1 << 30)) {
-            snprintf(err, errlen, "%s: model.vocab[\"%.100s\"]: expected an id (integer 0 .. 2^30)", file, key);
+        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= MAX_ID) {
+            snprintf(err, errlen, "%s: model.vocab[\"%.100s\"]: expected an id (an integer 0 .. 2^24 - 1)",
+                     file, key);
             goto out;
         }
         if (json_integer_value(val) > maxid) maxid = json_integer_value(val);
@@ -536,10 +572,10 @@ static int load_json(tz_tokenizer *t, const char *file, char *err, size_t errlen
     json_array_foreach(added, i, val) {
         json_t *id = json_object_get(val, "id");
         const char *content = jstr(val, "content");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 30) ||
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MAX_ID ||
             !content || !content[0]) {
-            snprintf(err, errlen, "%s: added_tokens[%zu]: expected an \"id\" (integer) and a \"content\" "
-                     "(non-empty string)", file, i);
+            snprintf(err, errlen, "%s: added_tokens[%zu]: expected an \"id\" (an integer 0 .. 2^24 - 1) and "
+                     "a \"content\" (non-empty string)", file, i);
             goto out;
         }
         if (jtrue(val, "lstrip") || jtrue(val, "rstrip") || jtrue(val, "single_word")) {
@@ -556,18 +592,20 @@ static int load_json(tz_tokenizer *t, const char *file, char *err, size_t errlen
     t->vocab = maxid + 1;
     t->pieces = tz_xcalloc((size_t)t->vocab, sizeof *t->pieces);
     uint64_t vcap = 1;
-    while (vcap < 2 * (uint64_t)t->vocab) vcap <<= 1;
+    while (vcap < 2 * (uint64_t)json_object_size(vocab) + 2) vcap <<= 1;
     t->vmask = vcap - 1;
     t->vslot = tz_xmalloc(vcap * sizeof *t->vslot);
     memset(t->vslot, 0xFF, vcap * sizeof *t->vslot);
-    buf = tz_xmalloc(1 << 16);
+    buf = tz_xmalloc(1 << 14);
     json_object_foreach(vocab, key, val) {
         int32_t id = (int32_t)json_integer_value(val);
-        if (strlen(key) >= (1 << 14)) {
-            snprintf(err, errlen, "%s: model.vocab entry %d is too long", file, id);
+        size_t klen = strlen(key);
+        if (klen >= (1 << 14)) {
+            snprintf(err, errlen, "%s: model.vocab entry %d is %zu bytes long, expected less than "
+                     "16 KiB", file, id, klen);
             goto out;
         }
-        long n = piece_bytes(t, key, buf);
+        long n = piece_bytes(t, key, klen, buf);
         if (n <= 0) {
             snprintf(err, errlen, "%s: model.vocab[\"%.100s\"]: %s", file, key,
                      n == 0 ? "an empty token" : "a character outside the byte-level alphabet");
@@ -616,23 +654,24 @@ static int load_json(tz_tokenizer *t, const char *file, char *err, size_t errlen
     t->mmask = mcap - 1;
     t->mslot = tz_xmalloc(mcap * sizeof *t->mslot);
     for (uint64_t k = 0; k < mcap; k++) t->mslot[k].key = UINT64_MAX;
-    char *lb = tz_xmalloc(1 << 15);
+    /* lb: the two pieces' bytes, sized from their lengths (a piece's bytes are no more than
+     * its characters) */
+    size_t lbcap = 1 << 12;
+    char *lb = tz_xmalloc(lbcap);
     json_array_foreach(merges, i, val) {
         const char *l = NULL, *r = NULL;
-        char tmp[1 << 14];
+        size_t ll = 0, rl = 0;
         if (json_is_string(val)) {
             const char *s = json_string_value(val), *sp = strchr(s, ' ');
-            if (sp && (size_t)(sp - s) < sizeof tmp) {
-                memcpy(tmp, s, (size_t)(sp - s));
-                tmp[sp - s] = 0;
-                l = tmp, r = sp + 1;
-            }
+            if (sp) l = s, ll = (size_t)(sp - s), r = sp + 1, rl = strlen(r);
         } else if (json_is_array(val) && json_array_size(val) == 2) {
             l = json_string_value(json_array_get(val, 0));
             r = json_string_value(json_array_get(val, 1));
+            ll = l ? strlen(l) : 0, rl = r ? strlen(r) : 0;
         }
-        long nl = l ? piece_bytes(t, l, lb) : -1;
-        long nr = r && nl > 0 ? piece_bytes(t, r, lb + nl) : -1;
+        if (ll + rl > lbcap) lb = tz_xrealloc(lb, lbcap = ll + rl);
+        long nl = l ? piece_bytes(t, l, ll, lb) : -1;
+        long nr = r && nl > 0 ? piece_bytes(t, r, rl, lb + nl) : -1;
         int32_t a = nl > 0 ? vocab_get(t, lb, (size_t)nl) : -1;
         int32_t b = nr > 0 ? vocab_get(t, lb + nl, (size_t)nr) : -1;
         int32_t c = a >= 0 && b >= 0 ? vocab_get(t, lb, (size_t)(nl + nr)) : -1;
@@ -727,11 +766,10 @@ tz_tokenizer *tz_tokenizer_load(const char *path, char *err, size_t errlen) {
         if (slash) *slash = 0;
         else snprintf(dir, sizeof dir, ".");
     }
-    if (load_json(t, file, err, errlen)) {
+    if (load_json(t, file, err, errlen) || load_bos_eos(t, dir, err, errlen)) {
         tz_tokenizer_free(t);
         return NULL;
     }
-    load_bos_eos(t, dir);
     return t;
 }
 
@@ -758,8 +796,8 @@ int32_t tz_tokenizer_find(const tz_tokenizer *t, const char *s) {
     for (int i = 0; i < t->nadded; i++)
         if (t->added[i].len == n && !memcmp(t->pool + t->added[i].off, s, n)) return t->added[i].id;
     char buf[1 << 12];
-    if (n >= sizeof buf / 2) return -1;
-    long m = piece_bytes(t, s, buf);
+    if (n >= sizeof buf) return -1;
+    long m = piece_bytes(t, s, n, buf);
     return m > 0 ? vocab_get(t, buf, (size_t)m) : -1;
 }
 

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/fsutil.h"
 
 static uint32_t rd32(const uint8_t *p) {
     return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -29,18 +30,17 @@ static void wr64(uint8_t *p, uint64_t v) {
 int tz_tokens_open(tz_tokens *t, const char *path, char *err, size_t errlen) {
     memset(t, 0, sizeof *t);
     snprintf(t->path, sizeof t->path, "%s", path);
-    int fd = open(path, O_RDONLY);
+    const char *kind;
+    int fd = tz_open_regular(path, &kind); /* a FIFO is refused, not waited on */
+    if (fd < 0 && kind) {
+        snprintf(err, errlen, "%s: not a token file: it is %s, expected a regular file", path, kind);
+        return 1;
+    }
     if (fd < 0) {
         snprintf(err, errlen, "%s: cannot open token file: %s", path, strerror(errno));
         return 1;
     }
     struct stat st;
-    if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a token file: it is %s, expected a file", path,
-                 S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
-        close(fd);
-        return 1;
-    }
     if (fstat(fd, &st) != 0 || st.st_size < TZ_TOKENS_HEADER) {
         snprintf(err, errlen, "%s: not a token file: %lld bytes, the header alone is %d", path,
                  (long long)st.st_size, TZ_TOKENS_HEADER);
@@ -78,6 +78,8 @@ int tz_tokens_open(tz_tokens *t, const char *path, char *err, size_t errlen) {
     else if (t->vocab == 0 || (t->width < 4 && t->vocab > (1u << (8 * t->width))))
         snprintf(buf, sizeof buf, "vocab %u does not fit %u-byte tokens", t->vocab, t->width),
             why = buf;
+    else if (t->vocab > (uint32_t)INT32_MAX) /* tokens are read as int32_t */
+        snprintf(buf, sizeof buf, "vocab %u, expected at most 2^31 - 1", t->vocab), why = buf;
     else if (count > (UINT64_MAX - TZ_TOKENS_HEADER) / t->width) /* the size would wrap */
         snprintf(buf, sizeof buf, "header says %llu tokens (more than 2^64 bytes) but the file "
                  "has %zu bytes", (unsigned long long)count, t->map_bytes), why = buf;
@@ -97,15 +99,13 @@ int tz_tokens_open(tz_tokens *t, const char *path, char *err, size_t errlen) {
     t->count = (int64_t)count;
     t->tokens = t->data + TZ_TOKENS_HEADER;
     t->mask = has_mask ? t->tokens + count * t->width : NULL;
-    if (t->width < 4 || t->vocab < UINT32_MAX) {
-        for (int64_t i = 0; i < t->count; i++) {
-            uint32_t v = (uint32_t)tz_tokens_at(t, i);
-            if (v >= t->vocab) {
-                snprintf(err, errlen, "%s: token %lld is %u, not below the vocab size %u", path,
-                         (long long)i, v, t->vocab);
-                tz_tokens_close(t);
-                return 1;
-            }
+    for (int64_t i = 0; i < t->count; i++) {
+        uint32_t v = (uint32_t)tz_tokens_at(t, i);
+        if (v >= t->vocab) {
+            snprintf(err, errlen, "%s: token %lld is %u, not below the vocab size %u", path,
+                     (long long)i, v, t->vocab);
+            tz_tokens_close(t);
+            return 1;
         }
     }
     return 0;
@@ -174,9 +174,13 @@ int tz_tokens_prep_bytes(const char *in_path, const char *out_path, const char *
         snprintf(err, errlen, "--val-fraction %g: expected a number in [0, 1)", val_fraction);
         return 1;
     }
-    FILE *f = fopen(in_path, "rb");
+    const char *kind;
+    int fd = tz_open_regular(in_path, &kind);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
     if (!f) {
-        snprintf(err, errlen, "%s: cannot open text: %s", in_path, strerror(errno));
+        if (kind) snprintf(err, errlen, "%s: not a text file: it is %s, expected a regular file", in_path, kind);
+        else snprintf(err, errlen, "%s: cannot open text: %s", in_path, strerror(errno));
+        if (fd >= 0) close(fd);
         return 1;
     }
     size_t cap = 1 << 20, n = 0, k;

@@ -8,6 +8,9 @@
 
 static int g_rank = 0; /* written once at start-up by tz_log_set_rank; read-only after */
 static int g_world = 1;
+static tz_fatal_hook_fn g_fatal_hook; /* set only by fuzz harnesses */
+
+void tz_fatal_set_hook(tz_fatal_hook_fn hook) { g_fatal_hook = hook; }
 
 void tz_log_set_rank(int rank, int world) {
     g_rank = rank;
@@ -27,42 +30,49 @@ TZ_NORETURN static void tz_abort(void) {
     exit(1);
 }
 
-/* The whole message is formatted first and written with one call, so lines from other
- * ranks (forwarded by mpirun or srun) cannot land in the middle of it. */
-static void tz_vfatal(const char *file, int line, const char *func, const char *hint,
+/* The whole message is formatted first (into buf, 4096 bytes) and written with one call, so
+ * lines from other ranks (forwarded by mpirun or srun) cannot land in the middle of it. */
+static void tz_vfatal(char *buf, const char *file, int line, const char *func, const char *hint,
                       const char *fmt, va_list ap) {
-    char buf[4096];
+    const size_t cap = 4096;
     const char *dbg = getenv("TZ_DEBUG"); /* the source location, for developers */
     int n = dbg && *dbg && strcmp(dbg, "0")
-                ? snprintf(buf, sizeof buf, "[rank %d] %s:%d %s: ", g_rank, file, line, func)
-                : snprintf(buf, sizeof buf, "[rank %d] ", g_rank);
-    if (n < 0 || n >= (int)sizeof buf) n = 0;
-    int m = vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
-    n = m < 0 ? n : n + m < (int)sizeof buf ? n + m : (int)sizeof buf - 1;
+                ? snprintf(buf, cap, "[rank %d] %s:%d %s: ", g_rank, file, line, func)
+                : snprintf(buf, cap, "[rank %d] ", g_rank);
+    if (n < 0 || n >= (int)cap) n = 0;
+    int m = vsnprintf(buf + n, cap - (size_t)n, fmt, ap);
+    n = m < 0 ? n : n + m < (int)cap ? n + m : (int)cap - 1;
     if (hint) {
-        m = snprintf(buf + n, sizeof buf - (size_t)n, "\n[rank %d] HINT: %s", g_rank, hint);
-        n = m < 0 ? n : n + m < (int)sizeof buf ? n + m : (int)sizeof buf - 1;
+        m = snprintf(buf + n, cap - (size_t)n, "\n[rank %d] HINT: %s", g_rank, hint);
+        n = m < 0 ? n : n + m < (int)cap ? n + m : (int)cap - 1;
     }
+}
+
+TZ_NORETURN static void tz_die(const char *buf) {
+    if (g_fatal_hook) g_fatal_hook(buf);
     fflush(stdout);
     fprintf(stderr, "%s\n", buf);
     fflush(stderr);
+    tz_abort();
 }
 
 void tz_fatal_at(const char *file, int line, const char *func, const char *fmt, ...) {
+    char buf[4096];
     va_list ap;
     va_start(ap, fmt);
-    tz_vfatal(file, line, func, NULL, fmt, ap);
+    tz_vfatal(buf, file, line, func, NULL, fmt, ap);
     va_end(ap);
-    tz_abort();
+    tz_die(buf);
 }
 
 void tz_fatal_hint_at(const char *file, int line, const char *func, const char *hint,
                       const char *fmt, ...) {
+    char buf[4096];
     va_list ap;
     va_start(ap, fmt);
-    tz_vfatal(file, line, func, hint, fmt, ap);
+    tz_vfatal(buf, file, line, func, hint, fmt, ap);
     va_end(ap);
-    tz_abort();
+    tz_die(buf);
 }
 
 void tz_fatal_mpi_at(const char *file, int line, const char *func, const char *call, int rc) {

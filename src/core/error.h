@@ -29,6 +29,13 @@ TZ_NORETURN void tz_fatal_hint_at(const char *file, int line, const char *func, 
         if (!(cond)) TZ_FATAL(__VA_ARGS__);   \
     } while (0)
 
+/* For fuzz harnesses, so that an input a parser rejects through TZ_FATAL is not a crash: while
+ * a hook is set, a fatal error formats its message and calls hook(message) instead of printing
+ * it and stopping the process. The hook must not return (it longjmps back into the harness);
+ * if it does, the process stops as usual. NULL removes it. */
+typedef void (*tz_fatal_hook_fn)(const char *message);
+void tz_fatal_set_hook(tz_fatal_hook_fn hook);
+
 /* MPI_CHECK(call): an MPI error code into TZ_FATAL with MPI's own message, "call failed:
  * message (MPI error rc)". Only meaningful on a communicator whose error handler returns (the
  * default, MPI_ERRORS_ARE_FATAL, never returns): tz_world_init and tz_comm_mpi_create set

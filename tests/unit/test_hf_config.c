@@ -1,10 +1,12 @@
 /* HF Llama config.json: defaults, a full file, write -> read round trip, and one rejected
  * file per rule, each message checked for the file and the key. */
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "io/hf_config.h"
 #include "tz_check.h"
@@ -12,6 +14,14 @@
 
 
 #define TMP "hf_tmp"
+
+/* A reader that waits on a FIFO instead of refusing it fails the test (no hang). */
+static void on_alarm(int sig) {
+    static const char m[] = "FAIL a FIFO was waited on: no error within 20 s\n";
+    (void)sig;
+    if (write(1, m, sizeof m - 1) < 0) _exit(2);
+    _exit(1);
+}
 
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
@@ -246,6 +256,28 @@ static void test_bad(void) {
     write_text(TMP "/dupkey.json", "{\"vocab_size\": 1, \"vocab_size\": 2}");
     expect_reject("a key given twice", TMP "/dupkey.json", "dupkey.json", "duplicate");
     expect_reject("missing file", TMP "/absent.json", "absent.json", NULL);
+
+    /* a FIFO is refused, naming it, not waited on: as the file, as config.json in a folder,
+     * and by the other readers of config.json */
+    signal(SIGALRM, on_alarm);
+    alarm(20);
+    mkfifo(TMP "/fifo.json", 0600);
+    expect_reject("a FIFO", TMP "/fifo.json", "fifo.json", "not a regular file (a FIFO)");
+    unlink(TMP "/fifo.json");
+    mkdir(TMP "/fifo_dir", 0755);
+    mkfifo(TMP "/fifo_dir/config.json", 0600);
+    expect_reject("a FIFO as config.json", TMP "/fifo_dir", "fifo_dir/config.json",
+                  "not a regular file (a FIFO)");
+    char err[512] = "", type[32];
+    check(tz_hf_model_type(TMP "/fifo_dir", type, sizeof type, err, sizeof err) != 0 &&
+              strstr(err, "not a regular file (a FIFO)"), "model_type of a FIFO: %s", err);
+    err[0] = 0;
+    check(tz_hf_config_rewrite(TMP "/fifo_dir/config.json", TMP "/never.json", NULL, NULL, err,
+                               sizeof err) != 0 && strstr(err, "not a regular file (a FIFO)"),
+          "rewrite of a FIFO: %s", err);
+    unlink(TMP "/fifo_dir/config.json");
+    rmdir(TMP "/fifo_dir");
+    alarm(0);
 }
 
 int main(void) {

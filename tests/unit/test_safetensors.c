@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,11 +15,20 @@
 #include "core/dtype.h"
 #include "io/safetensors.h"
 #include "tz_check.h"
+#include "tz_files.h"
 
 static volatile unsigned g_sink; /* keeps the mutation test's reads */
 
 
 #define TMP "st_tmp"
+
+/* A reader that waits on a FIFO instead of refusing it fails the test (no hang). */
+static void on_alarm(int sig) {
+    static const char m[] = "FAIL a FIFO was waited on: no error within 20 s\n";
+    (void)sig;
+    if (write(1, m, sizeof m - 1) < 0) _exit(2);
+    _exit(1);
+}
 
 static void write_bytes(const char *path, const void *buf, size_t n) {
     FILE *f = fopen(path, "wb");
@@ -487,6 +497,26 @@ static void test_malformed(void) {
           "unpadded header and an odd-offset BF16 tensor are read correctly%s%s",
           rc ? ": " : "", rc ? err : "");
     if (rc == 0) tz_st_close(&st);
+
+    /* FIFOs are refused, naming them, not waited on: as the file, as the index, as a shard */
+    signal(SIGALRM, on_alarm);
+    alarm(20);
+    mkfifo(BAD("fifo.safetensors"), 0600);
+    expect_reject("a FIFO as the file", p, "fifo.safetensors", "not a regular file (a FIFO)", NULL);
+    unlink(p);
+    mkfifo(BAD("fifo.index.json"), 0600);
+    expect_reject("a FIFO as the index", p, "fifo.index.json", "not a regular file (a FIFO)", NULL);
+    unlink(p);
+    mkdir(BAD("fifo_shard"), 0755);
+    tz_put(BAD("fifo_shard/model.safetensors.index.json"),
+           "{\"weight_map\": {\"w\": \"model-00001-of-00001.safetensors\"}}");
+    mkfifo(BAD("fifo_shard/model-00001-of-00001.safetensors"), 0600);
+    expect_reject("a FIFO as a shard", BAD("fifo_shard"), "model-00001-of-00001.safetensors",
+                  "not a regular file (a FIFO)", NULL);
+    unlink(BAD("fifo_shard/model-00001-of-00001.safetensors"));
+    unlink(BAD("fifo_shard/model.safetensors.index.json"));
+    rmdir(BAD("fifo_shard"));
+    alarm(0);
 #undef BAD
 }
 

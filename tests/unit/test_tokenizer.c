@@ -3,12 +3,14 @@
  * token, BOS/EOS from tokenizer_config.json) and SentencePiece-style BPE ("▁", byte fallback);
  * decode, round trips, the "bytes" tokenizer, and refusals. The real Llama tokenizers are
  * tested in tests/tokenizer/. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/prep.h"
 #include "io/tokenizer.h"
 #include "tz_check.h"
 
@@ -46,6 +48,27 @@ static int enc(tz_tokenizer *t, const char *s, int specials, const int32_t *want
         printf(" (expected %d ids)\n", n);
     }
     return ok;
+}
+
+/* A reader that waits on a FIFO instead of refusing it fails the test (no hang). */
+static void on_alarm(int sig) {
+    static const char m[] = "FAIL a FIFO was waited on: no error within 20 s\n";
+    (void)sig;
+    if (write(1, m, sizeof m - 1) < 0) _exit(2);
+    _exit(1);
+}
+
+/* Loads dir/name (written from text when text is not NULL): refused, the message holding want. */
+static int refused(const char *name, const char *text, const char *want) {
+    char p[128], err[512] = "";
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    if (text) put(name, text);
+    tz_tokenizer *t = tz_tokenizer_load(p, err, sizeof err);
+    tz_tokenizer_free(t);
+    if (text) unlink(p);
+    if (!t && strstr(err, want)) return 1;
+    printf("  %s: %s (expected a refusal with \"%s\")\n", name, t ? "loaded" : err, want);
+    return 0;
 }
 
 static int round_trip(tz_tokenizer *t, const char *s) {
@@ -147,6 +170,114 @@ int main(void) {
     snprintf(p, sizeof p, "%s/bad.json", dir);
     check(!tz_tokenizer_load(p, err, sizeof err) && strstr(err, "model type WordPiece"), "WordPiece: %s", err);
     check(!tz_tokenizer_load("no/such/dir", err, sizeof err) && strstr(err, "no/such/dir"), "missing: %s", err);
+
+    /* every length from the file is bounded or sizes its buffer: a merge whose two pieces
+     * total more than 32 KiB (once a heap overflow of a fixed buffer), as "left right" and as
+     * a pair; a vocabulary entry of 16 KiB; ids beyond 2^24 (the id space is allocated whole) */
+    {
+        size_t big = 3 * 16384 + 100;
+        char *m = malloc(2 * big + 4096);
+        const char *spm = "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"a\", \"vocab\": "
+                          "{\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\", ";
+        for (int form = 0; form < 2; form++) {
+            int k = sprintf(m, "%s%s", spm, form ? "[\"" : "\"");
+            memset(m + k, 'a', 15000), k += 15000;
+            k += sprintf(m + k, "%s", form ? "\", \"" : " ");
+            memset(m + k, 'b', big), k += (int)big;
+            sprintf(m + k, "%s]}}", form ? "\"]" : "\"");
+            check(refused("longmerge.json", m, "model.merges[1]"), "a merge of %zu bytes (%s) is refused",
+                  15000 + big, form ? "a pair" : "\"left right\"");
+        }
+        int k = sprintf(m, "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"a\", \"vocab\": {\"a\": 0, \"");
+        memset(m + k, 'c', 16384), k += 16384;
+        sprintf(m + k, "\": 1}, \"merges\": []}}");
+        check(refused("longpiece.json", m, "expected less than 16 KiB"), "a 16 KiB vocabulary entry is refused");
+        free(m);
+        check(refused("bigid.json", "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"a\", \"vocab\": "
+                      "{\"a\": 16777216}, \"merges\": []}}", "2^24"), "an id of 2^24 is refused");
+        check(refused("bigadded.json", "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"a\", \"vocab\": "
+                      "{\"a\": 0}, \"merges\": []}, \"added_tokens\": [{\"id\": 1073741823, "
+                      "\"content\": \"x\"}]}", "added_tokens[0]"), "an added id of 2^30 - 1 is refused");
+        put("sparse.json", "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"a\", \"vocab\": "
+                           "{\"a\": 0, \"b\": 16777215}, \"merges\": []}}");
+        snprintf(p, sizeof p, "%s/sparse.json", dir);
+        t = tz_tokenizer_load(p, err, sizeof err);
+        check(t && tz_tokenizer_vocab(t) == 16777216 && enc(t, "ab", 0, (int32_t[]){0, 16777215}, 2),
+              "ids up to 2^24 - 1 are read: %s", t ? "" : err);
+        tz_tokenizer_free(t);
+        unlink(p);
+    }
+
+    /* FIFOs are refused, naming the path, not waited on: as the tokenizer.json, and as the
+     * tokenizer_config.json beside it */
+    signal(SIGALRM, on_alarm);
+    alarm(20);
+    snprintf(p, sizeof p, "%s/fifo.json", dir);
+    check(mkfifo(p, 0600) == 0 && refused("fifo.json", NULL, "fifo.json: not a regular file (a FIFO)"),
+          "a FIFO as tokenizer.json is refused");
+    unlink(p);
+    {
+        char sub[128], q[160];
+        snprintf(sub, sizeof sub, "%s/fifodir", dir);
+        mkdir(sub, 0755);
+        snprintf(q, sizeof q, "%s/tokenizer.json", sub);
+        FILE *f = fopen(q, "w");
+        if (f) fputs("{\"model\": {\"type\": \"BPE\", \"unk_token\": \"a\", \"vocab\": {\"a\": 0}, "
+                     "\"merges\": []}}", f), fclose(f);
+        snprintf(q, sizeof q, "%s/tokenizer_config.json", sub);
+        mkfifo(q, 0600);
+        tz_tokenizer *ft = tz_tokenizer_load(sub, err, sizeof err);
+        check(!ft && strstr(err, "tokenizer_config.json: not a regular file (a FIFO)"),
+              "a FIFO as tokenizer_config.json is refused: %s", ft ? "loaded" : err);
+        tz_tokenizer_free(ft);
+        unlink(q);
+        snprintf(q, sizeof q, "%s/tokenizer.json", sub);
+        unlink(q);
+        rmdir(sub);
+    }
+
+    /* prep jsonl: "messages" that is not a list of 1 to 256 objects is refused by what it is
+     * (once a use after free: the message read the freed record), and a FIFO as data */
+    {
+        const char *bad[][2] = {
+            {"{\"messages\": 5}", "got a number"},
+            {"{\"messages\": 2.5}", "got a number"},
+            {"{\"messages\": {\"role\": \"user\"}}", "got an object"},
+            {"{\"messages\": \"hi\"}", "got a string"},
+            {"{\"messages\": []}", "got an empty list"},
+            {"{\"messages\": [5]}", "messages[0] is not an object"},
+            {NULL, "got a list of 257"},
+        };
+        char in[128], out[128], val[128];
+        snprintf(in, sizeof in, "%s/data.jsonl", dir);
+        snprintf(out, sizeof out, "%s/data.tok", dir);
+        snprintf(val, sizeof val, "%s/data.val.tok", dir);
+        char *many = malloc(64 * 300);
+        int k = sprintf(many, "{\"messages\": [");
+        for (int i = 0; i < 257; i++)
+            k += sprintf(many + k, "%s{\"role\": \"assistant\", \"content\": \"x\"}", i ? ", " : "");
+        sprintf(many + k, "]}");
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            char line[64 * 300 + 64];
+            snprintf(line, sizeof line, "{\"text\": \"ok\"}\n%s\n", bad[i][0] ? bad[i][0] : many);
+            put("data.jsonl", line);
+            int rc = tz_prep_jsonl("bytes", in, out, val, 0.0, "plain", err, sizeof err);
+            check(rc != 0 && strstr(err, "data.jsonl:2: ") && strstr(err, bad[i][1]),
+                  "prep jsonl %.40s: %s", bad[i][0] ? bad[i][0] : "257 messages", rc ? err : "accepted");
+        }
+        free(many);
+        unlink(in);
+        check(mkfifo(in, 0600) == 0 && tz_prep_jsonl("bytes", in, out, val, 0.0, "plain", err, sizeof err) != 0 &&
+                  strstr(err, "data.jsonl: not a regular file (a FIFO)"),
+              "prep jsonl of a FIFO is refused: %s", err);
+        check(tz_prep_text("bytes", in, out, val, 0.0, err, sizeof err) != 0 &&
+                  strstr(err, "data.jsonl: not a regular file (a FIFO)"),
+              "prep text of a FIFO is refused: %s", err);
+        unlink(in);
+        unlink(out);
+        unlink(val);
+    }
+    alarm(0);
 
     /* bytes */
     t = tz_tokenizer_load("bytes", err, sizeof err);

@@ -2,15 +2,24 @@
  * validation split, and each malformed file rejected with a message naming it. Also the
  * data windows: the permutation covers every window once per epoch and is seeded. */
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "io/tokens.h"
 #include "train/data.h"
 #include "tz_check.h"
 
+/* A reader that waits on a FIFO instead of refusing it fails the test (no hang). */
+static void on_alarm(int sig) {
+    static const char m[] = "FAIL a FIFO was waited on: no error within 20 s\n";
+    (void)sig;
+    if (write(1, m, sizeof m - 1) < 0) _exit(2);
+    _exit(1);
+}
 
 static void write_bytes(const char *path, const void *p, size_t n) {
     FILE *f = fopen(path, "wb");
@@ -68,6 +77,39 @@ int main(int argc, char **argv) {
     check(try_bad(path, 0, NULL, 0, 70, "header says"), "truncated tokens");
     check(try_bad(path, 0, NULL, 0, 30, "not a token file"), "truncated header");
     check(try_bad(path, 16, small_vocab, 4, 0, "not below the vocab size 5"), "token >= vocab");
+    /* 4-byte tokens are read as int32_t: a vocab above 2^31 - 1 (once unchecked, so a token of
+     * 2^31 or more came out negative) */
+    {
+        uint32_t one[1] = {7};
+        uint8_t huge[4] = {0xff, 0xff, 0xff, 0xff}, top[4] = {0x00, 0x00, 0x00, 0x80};
+        tz_tokens_write(path, one, 1, 100000, err, sizeof err); /* 4 bytes a token */
+        FILE *hf = fopen(path, "r+b");
+        fseek(hf, 16, SEEK_SET), fwrite(huge, 1, 4, hf); /* vocab 2^32 - 1 */
+        fseek(hf, 64, SEEK_SET), fwrite(top, 1, 4, hf);  /* token 2^31 */
+        fclose(hf);
+        tz_tokens ht;
+        int rc = tz_tokens_open(&ht, path, err, sizeof err);
+        check(rc != 0 && strstr(err, "vocab 4294967295, expected at most 2^31 - 1"),
+              "a vocab of 2^32 - 1 is refused: %s", rc ? err : "opened");
+        if (!rc) tz_tokens_close(&ht);
+    }
+
+    /* a FIFO (data.train, data.val) is refused, naming it, not waited on; so is one as the
+     * text of prep */
+    {
+        char fifo[64];
+        snprintf(fifo, sizeof fifo, "fifo_%d.tok", (int)getpid());
+        signal(SIGALRM, on_alarm);
+        alarm(20);
+        tz_tokens ft;
+        int rc = mkfifo(fifo, 0600) == 0 ? tz_tokens_open(&ft, fifo, err, sizeof err) : 0;
+        check(rc != 0 && strstr(err, fifo) && strstr(err, "it is a FIFO, expected a regular file"),
+              "a FIFO as token file: %s", rc ? err : "opened");
+        rc = tz_tokens_prep_bytes(fifo, "never.tok", "never.val.tok", 0.0, err, sizeof err);
+        check(rc != 0 && strstr(err, fifo) && strstr(err, "it is a FIFO"), "a FIFO as text: %s", err);
+        alarm(0);
+        unlink(fifo);
+    }
 
     /* prep: 1000 bytes of text, 10% validation */
     char txt[64], tr[64], va[64];
