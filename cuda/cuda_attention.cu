@@ -1,19 +1,28 @@
-/* CUDA scaled dot-product attention with grouped-query heads (causal or not), flash style:
- * the forward streams keys through shared memory with an online softmax and saves the
- * log-sum-exp; the backward recomputes the probabilities from q, k and lse. Memory is O(T)
- * (lse and the backward's delta = rowsum(dO * O)), never B*H*T*T. fp32 throughout, head
- * dimension D <= 128 (four values per lane).
- *
+/* CUDA scaled dot-product attention with grouped-query heads (causal or not): the forward
+ * saves the log-sum-exp, the backward recomputes the probabilities from q, k and lse, so memory
+ * is never B*H*T*T; and attention against a key/value cache (generation). Two ways to the same
+ * results, chosen by the GEMM operand type (be->matmul_dtype, run.precision):
+ *   bf16 (a GPU's default): chunks of query rows through cuBLAS strided-batched GEMMs on the
+ *     tensor cores (TF32 products of the fp32 activations, fp32 sums), the chunk's scores in
+ *     the workspace the caller lends (be->att_ws, core/backend.h), an fp32 softmax kernel
+ *     between the GEMMs. Memory O(chunk * T) for the scores, O(B H T) for lse and delta.
+ *   fp32: flash style on CUDA cores with the CPU's arithmetic (fp32 products): keys streamed
+ *     through shared memory with an online softmax, no workspace; head dimension <= 128.
+ * Why both, the chunk size and the GQA batching: docs/architecture.md ("Attention on tensor
+ * cores", under "The CUDA backend"). */
+#include <limits.h>
+#include <math.h>
+
+#include "cuda/cuda_internal.cuh"
+
+/* ================= fp32: flash style on CUDA cores =================
  * Work split (no atomics; every output row has one writer):
  *   forward and dq: a block of ROWS warps, one query row each, of one (b, query head);
  *   dk, dv:         a block of ROWS warps, one key row each, of one (b, kv head), adding the
  *                   group's query heads in order.
  * Within a warp, lane j takes key (or query) j of the TILE-long tile in shared memory for the
- * scores, and lane l owns head dimensions l, l + 32, ... of the accumulators. */
-#include <math.h>
-
-#include "cuda/cuda_internal.cuh"
-
+ * scores, and lane l owns head dimensions l, l + 32, ... of the accumulators (D <= 128: four
+ * values per lane). */
 #define ROWS 8  /* warps per block */
 #define TILE 32 /* keys (queries) per shared-memory tile: one per lane */
 #define MAXD 128
@@ -23,6 +32,7 @@ typedef struct {
     int causal;
     float scale;
 } att_shape;
+
 
 /* Row (b, t, head) of a [B, T, H, D] tensor. */
 __device__ __forceinline__ int64_t row_of(int64_t b, int64_t t, int64_t h, int64_t T,
@@ -256,21 +266,24 @@ __global__ void k_att_dkv(float *dk, float *dv, const float *dout, const float *
     }
 }
 
-/* ---- launches ---- */
-
 static att_shape make_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
                             int causal) {
     if (Hkv <= 0 || Hq % Hkv != 0)
         TZ_FATAL("attention: Hq=%lld is not a multiple of Hkv=%lld", (long long)Hq,
                  (long long)Hkv);
-    if (D > MAXD)
-        TZ_FATAL("attention: head dimension %lld is above the CUDA kernel's %d", (long long)D,
-                 MAXD);
-    if (Hq > 65535 || B > 65535 || (T + ROWS - 1) / ROWS > 2147483647LL)
-        TZ_FATAL("attention: B=%lld, T=%lld, Hq=%lld exceed the kernel's grid", (long long)B,
-                 (long long)T, (long long)Hq);
     att_shape s = {B, T, Hq, Hkv, D, Hq / Hkv, causal, 1.0f / sqrtf((float)D)};
     return s;
+}
+
+/* The limits of the flash kernels: D <= MAXD, the grid's y and z, the query blocks. */
+static void flash_check(const att_shape *sh) {
+    if (sh->D > MAXD)
+        TZ_FATAL_HINT("run.precision = \"bf16\" (attention on tensor cores takes any head "
+                      "dimension)", "attention: head dimension %lld is above the fp32 CUDA "
+                      "kernel's %d", (long long)sh->D, MAXD);
+    if (sh->Hq > 65535 || sh->B > 65535 || (sh->T + ROWS - 1) / ROWS > 2147483647LL)
+        TZ_FATAL("attention: B=%lld, T=%lld, Hq=%lld exceed the kernel's grid", (long long)sh->B,
+                 (long long)sh->T, (long long)sh->Hq);
 }
 
 /* Shared bytes: two padded tiles, two sets of ROWS rows, two TILE vectors (the largest of the
@@ -279,15 +292,14 @@ static size_t smem_bytes(int64_t D) {
     return (size_t)(2 * TILE * (D + 1) + 2 * ROWS * D + 2 * TILE) * sizeof(float);
 }
 
-static void cuda_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
-                               const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
-                               int64_t Hkv, int64_t D, int causal) {
-    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
-    if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
-    dim3 grid((unsigned)((T + ROWS - 1) / ROWS), (unsigned)Hq, (unsigned)B);
-    size_t sm = smem_bytes(D);
+static void flash_fwd(tz_backend *be, float *out, float *lse, const float *q, const float *k,
+                      const float *v, const att_shape *shp) {
+    const att_shape sh = *shp;
+    flash_check(&sh);
+    dim3 grid((unsigned)((sh.T + ROWS - 1) / ROWS), (unsigned)sh.Hq, (unsigned)sh.B);
+    size_t sm = smem_bytes(sh.D);
     cudaStream_t st = tz_cuda_stream(be);
-    int dpl = (int)((D + 31) / 32);
+    int dpl = (int)((sh.D + 31) / 32);
     if (dpl == 1) k_att_fwd<1><<<grid, ROWS * 32, sm, st>>>(out, lse, q, k, v, sh);
     else if (dpl == 2) k_att_fwd<2><<<grid, ROWS * 32, sm, st>>>(out, lse, q, k, v, sh);
     else if (dpl == 3) k_att_fwd<3><<<grid, ROWS * 32, sm, st>>>(out, lse, q, k, v, sh);
@@ -295,26 +307,25 @@ static void cuda_attention_fwd(tz_backend *be, float *out, float *lse, const flo
     CUDA_LAUNCHED();
 }
 
-static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
-                               const float *dout, const float *out, const float *lse,
-                               const float *q, const float *k, const float *v, int64_t B,
-                               int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int causal) {
-    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
-    if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
+static void flash_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                      const float *out, const float *lse, const float *q, const float *k,
+                      const float *v, const att_shape *shp) {
+    const att_shape sh = *shp;
+    flash_check(&sh);
     cudaStream_t st = tz_cuda_stream(be);
-    int64_t rows = B * Hq * T;
+    int64_t rows = sh.B * sh.Hq * sh.T;
     float *delta = (float *)tz_cuda_scratch(be, (size_t)rows * sizeof(float));
     k_att_delta<<<tz_cuda_blocks(rows * 32, 256), 256, 0, st>>>(delta, dout, out, sh);
     CUDA_LAUNCHED();
-    size_t sm = smem_bytes(D);
-    int dpl = (int)((D + 31) / 32);
-    dim3 gq((unsigned)((T + ROWS - 1) / ROWS), (unsigned)Hq, (unsigned)B);
+    size_t sm = smem_bytes(sh.D);
+    int dpl = (int)((sh.D + 31) / 32);
+    dim3 gq((unsigned)((sh.T + ROWS - 1) / ROWS), (unsigned)sh.Hq, (unsigned)sh.B);
     if (dpl == 1) k_att_dq<1><<<gq, ROWS * 32, sm, st>>>(dq, dout, lse, delta, q, k, v, sh);
     else if (dpl == 2) k_att_dq<2><<<gq, ROWS * 32, sm, st>>>(dq, dout, lse, delta, q, k, v, sh);
     else if (dpl == 3) k_att_dq<3><<<gq, ROWS * 32, sm, st>>>(dq, dout, lse, delta, q, k, v, sh);
     else k_att_dq<4><<<gq, ROWS * 32, sm, st>>>(dq, dout, lse, delta, q, k, v, sh);
     CUDA_LAUNCHED();
-    dim3 gk((unsigned)((T + ROWS - 1) / ROWS), (unsigned)Hkv, (unsigned)B);
+    dim3 gk((unsigned)((sh.T + ROWS - 1) / ROWS), (unsigned)sh.Hkv, (unsigned)sh.B);
     if (dpl == 1)
         k_att_dkv<1><<<gk, ROWS * 32, sm, st>>>(dk, dv, dout, lse, delta, q, k, v, sh);
     else if (dpl == 2)
@@ -323,6 +334,258 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
         k_att_dkv<3><<<gk, ROWS * 32, sm, st>>>(dk, dv, dout, lse, delta, q, k, v, sh);
     else k_att_dkv<4><<<gk, ROWS * 32, sm, st>>>(dk, dv, dout, lse, delta, q, k, v, sh);
     CUDA_LAUNCHED();
+}
+
+/* ================= bf16: chunks of query rows on the tensor cores =================
+ * For the chunk of query rows [t0, t0 + nq), nq <= c, which sees the keys [0, nk) (nk = t0 + nq
+ * when causal, else T), every (sequence b, query head h) pair at once:
+ *   forward:  S = scale Q_c K^T (GEMM) -> P = softmax(S) in place, lse (kernel) -> O_c = P V;
+ *   backward: S = scale Q_c K^T, dP = dO_c V^T (GEMMs) -> P = exp(S - lse) in place of S and
+ *             dS = P * (dP - delta) in place of dP (kernel) -> dQ_c += scale dS K,
+ *             dK += scale dS^T Q_c, dV += P^T dO_c (GEMMs, accumulating in fp32).
+ * Only the causal triangle inside the chunk's last nq keys is computed and then masked.
+ * The chunk's scores are [B*Hq][nq][ldS] floats of the workspace, ldS = nk rounded up to 4
+ * (16-byte rows). Row-major matrices are handed to the column-major cuBLAS as their
+ * transposes, as in cuda_matmul.cu. */
+
+/* The GEMMs' operand and compute types. fp32 activations: fp32 operands, TF32 tensor-core
+ * products, fp32 sums and results. bf16 activations will make the operands CUDA_R_16BF with
+ * CUBLAS_COMPUTE_32F, and the two kernels below then store P and dS as bf16 (beside the fp32
+ * scores, which the softmax keeps reading in fp32) for the GEMMs that read them; lse, delta and
+ * every result stay fp32. */
+#define ATT_OPERAND CUDA_R_32F
+#define ATT_COMPUTE CUBLAS_COMPUTE_32F_FAST_TF32
+
+/* Forward softmax of the chunk, in place: row r = (b*Hq + h)*nq + i of S (query t = t0 + i,
+ * which sees keys s < n: n = t + 1 when causal, else nk) becomes its probabilities, 0 for the
+ * keys it cannot see up to nk; lse[b, h, t] = max + log(sum). A warp per row: one pass for the
+ * maximum and the sum (rescaled when the maximum grows), one to write; the lanes' partial sums
+ * are combined in a fixed tree. */
+static __global__ void k_att_softmax(float *S, float *lse, int64_t rows, int64_t nq,
+                                     int64_t ldS, int64_t nk, int64_t t0, int64_t T,
+                                     int causal) {
+    const int lane = threadIdx.x & 31;
+    const int64_t step = ((int64_t)gridDim.x * blockDim.x) / 32;
+    for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows;
+         r += step) {
+        const int64_t i = r % nq, n = causal ? t0 + i + 1 : nk;
+        float *sr = S + r * ldS;
+        float m = -INFINITY, l = 0.0f;
+        for (int64_t s = lane; s < n; s += 32) {
+            const float x = sr[s];
+            if (x > m) {
+                l = l * expf(m - x) + 1.0f; /* m = -inf: 0 * 0 + 1 */
+                m = x;
+            } else
+                l += expf(x - m);
+        }
+        const float mx = tz_warp_max_f(m);
+        const float sum = tz_warp_sum_f(m == -INFINITY ? 0.0f : l * expf(m - mx));
+        const float inv = 1.0f / sum;
+        for (int64_t s = lane; s < nk; s += 32) sr[s] = s < n ? expf(sr[s] - mx) * inv : 0.0f;
+        if (lane == 0) lse[(r / nq) * T + t0 + i] = mx + logf(sum);
+    }
+}
+
+/* Backward of the chunk, in place: P = exp(S - lse) over S and dS = P * (dP - delta) over dP,
+ * both 0 where the query cannot see the key. A warp per row, as k_att_softmax. */
+static __global__ void k_att_dscores(float *S, float *dP, const float *lse, const float *delta,
+                                     int64_t rows, int64_t nq, int64_t ldS, int64_t nk,
+                                     int64_t t0, int64_t T, int causal) {
+    const int lane = threadIdx.x & 31;
+    const int64_t step = ((int64_t)gridDim.x * blockDim.x) / 32;
+    for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows;
+         r += step) {
+        const int64_t i = r % nq, n = causal ? t0 + i + 1 : nk, st = (r / nq) * T + t0 + i;
+        const float l = lse[st], dl = delta[st];
+        float *sr = S + r * ldS, *dr = dP + r * ldS;
+        for (int64_t s = lane; s < nk; s += 32) {
+            float p = 0.0f, ds = 0.0f;
+            if (s < n) {
+                p = expf(sr[s] - l);
+                ds = p * (dr[s] - dl);
+            }
+            sr[s] = p;
+            dr[s] = ds;
+        }
+    }
+}
+
+/* How the B*Hq (sequence, query head) GEMMs of one step are issued as strided batches. One
+ * strided batch steps each pointer by one stride, and query head h reads kv head h / rep, so
+ * either one launch per (b, member r of a group) batched over the Hkv groups (query head
+ * g*rep + r reads kv head g: the query pointer steps by rep heads, the kv pointer by one), or
+ * one launch per query head batched over the B sequences; whichever makes fewer launches
+ * (Llama-2-7B at micro-batch 1: one launch of 32; DiT-XL/2 at batch 32: 16 launches of 32). */
+typedef struct {
+    att_shape sh;
+    int64_t launches, batch, db, dh; /* (b, h) step between the GEMMs of a launch */
+    int64_t t0, nq, ldS;             /* the chunk */
+    cublasHandle_t hd;
+} att_tc;
+
+/* The three kinds of operand: the chunk's rows of a [B, T, Hq, D] tensor (q, dO, out, dq),
+ * all rows of a [B, T, Hkv, D] tensor (k, v, dk, dv: kv head h / rep), the chunk's scores. */
+enum { ON_Q, ON_KV, ON_S };
+typedef struct {
+    const void *p;
+    int on;
+} att_mat;
+
+static size_t esize(cudaDataType t) { return t == CUDA_R_16BF ? 2 : 4; }
+
+/* Element offset of pair (b, h) in m, its leading dimension, and the batch stride. */
+static int64_t mat_off(const att_tc *a, int on, int64_t b, int64_t h) {
+    const att_shape *s = &a->sh;
+    if (on == ON_Q) return ((b * s->T + a->t0) * s->Hq + h) * s->D;
+    if (on == ON_KV) return (b * s->T * s->Hkv + h / s->rep) * s->D;
+    return (b * s->Hq + h) * a->nq * a->ldS;
+}
+static int64_t mat_ld(const att_tc *a, int on) {
+    return on == ON_Q ? a->sh.Hq * a->sh.D : on == ON_KV ? a->sh.Hkv * a->sh.D : a->ldS;
+}
+static int64_t mat_stride(const att_tc *a, int on) {
+    return mat_off(a, on, a->db, a->dh) - mat_off(a, on, 0, 0);
+}
+
+/* C = alpha op(A) op(B) + beta C for every (b, h) of the chunk, column-major m x n x k as
+ * cuBLAS sees it; A and B of type ATT_OPERAND, C fp32. */
+static void gemm_pairs(const att_tc *a, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                       int64_t n, int64_t k, float alpha, att_mat A, att_mat B, float beta,
+                       float *C, int c_on) {
+    const cudaDataType tA = ATT_OPERAND, tB = ATT_OPERAND;
+    for (int64_t L = 0; L < a->launches; L++) {
+        const int64_t b = a->db ? 0 : L / a->sh.rep, h = a->db ? L : L % a->sh.rep;
+        const char *pa = (const char *)A.p + mat_off(a, A.on, b, h) * (int64_t)esize(tA);
+        const char *pb = (const char *)B.p + mat_off(a, B.on, b, h) * (int64_t)esize(tB);
+        CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+            a->hd, ta, tb, (int)m, (int)n, (int)k, &alpha, pa, tA, (int)mat_ld(a, A.on),
+            (long long)mat_stride(a, A.on), pb, tB, (int)mat_ld(a, B.on),
+            (long long)mat_stride(a, B.on), &beta, C + mat_off(a, c_on, b, h), CUDA_R_32F,
+            (int)mat_ld(a, c_on), (long long)mat_stride(a, c_on), (int)a->batch, ATT_COMPUTE,
+            CUBLAS_GEMM_DEFAULT));
+    }
+}
+
+static att_tc tc_begin(tz_backend *be, const att_shape *sh) {
+    if (sh->T > INT_MAX / 4 || sh->Hq * sh->D > INT_MAX || sh->B * sh->Hq > INT_MAX)
+        TZ_FATAL("attention: B=%lld, T=%lld, Hq=%lld, D=%lld exceed cuBLAS's int dimensions",
+                 (long long)sh->B, (long long)sh->T, (long long)sh->Hq, (long long)sh->D);
+    att_tc a;
+    a.sh = *sh;
+    const int by_group = sh->B * sh->rep <= sh->Hq;
+    a.launches = by_group ? sh->B * sh->rep : sh->Hq;
+    a.batch = by_group ? sh->Hkv : sh->B;
+    a.db = by_group ? 0 : 1;
+    a.dh = by_group ? sh->rep : 0;
+    a.t0 = a.nq = a.ldS = 0;
+    a.hd = tz_cuda_ctx_of(be)->cublas;
+    /* TF32 (or bf16) products on the tensor cores, asked for by the compute type; the
+     * handle's pedantic mode, kept for the fp32 GEMMs, is lifted for the op's duration */
+    CUBLAS_CHECK(cublasSetMathMode(a.hd, CUBLAS_DEFAULT_MATH));
+    return a;
+}
+static void tc_end(att_tc *a) { CUBLAS_CHECK(cublasSetMathMode(a->hd, CUBLAS_PEDANTIC_MATH)); }
+
+/* Moves a to the chunk starting at t0 of at most c rows; returns its visible keys nk. */
+static int64_t tc_chunk(att_tc *a, int64_t t0, int64_t c) {
+    a->t0 = t0;
+    a->nq = a->sh.T - t0 < c ? a->sh.T - t0 : c;
+    const int64_t nk = a->sh.causal ? t0 + a->nq : a->sh.T;
+    a->ldS = (nk + 3) / 4 * 4;
+    return nk;
+}
+
+static unsigned warp_blocks(int64_t rows) { return tz_cuda_blocks(rows * 32, 256); }
+
+static void tc_fwd(tz_backend *be, float *out, float *lse, const float *q, const float *k,
+                   const float *v, const att_shape *sh, void *ws, size_t ws_bytes) {
+    const int64_t c = tz_attention_chunk(ws_bytes, sh->B, sh->T, sh->Hq, 1);
+    if (!ws || c < 1)
+        TZ_FATAL("attention_fwd with bf16 GEMM operands: %zu bytes of workspace lent, %zu "
+                 "planned for B=%lld T=%lld Hq=%lld (be->att_ws, tz_attention_ws_bytes)",
+                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh->B, sh->T, sh->Hq, 0),
+                 (long long)sh->B, (long long)sh->T, (long long)sh->Hq);
+    float *P = (float *)ws;
+    cudaStream_t st = tz_cuda_stream(be);
+    att_tc a = tc_begin(be, sh);
+    for (int64_t t0 = 0; t0 < sh->T; t0 += c) {
+        const int64_t nk = tc_chunk(&a, t0, c), rows = sh->B * sh->Hq * a.nq;
+        gemm_pairs(&a, CUBLAS_OP_T, CUBLAS_OP_N, nk, a.nq, sh->D, sh->scale, {k, ON_KV},
+                   {q, ON_Q}, 0.0f, P, ON_S);
+        k_att_softmax<<<warp_blocks(rows), 256, 0, st>>>(P, lse, rows, a.nq, a.ldS, nk, t0,
+                                                         sh->T, sh->causal);
+        CUDA_LAUNCHED();
+        gemm_pairs(&a, CUBLAS_OP_N, CUBLAS_OP_N, sh->D, a.nq, nk, 1.0f, {v, ON_KV}, {P, ON_S},
+                   0.0f, out, ON_Q);
+    }
+    tc_end(&a);
+}
+
+static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                   const float *out, const float *lse, const float *q, const float *k,
+                   const float *v, const att_shape *sh, void *ws, size_t ws_bytes) {
+    const size_t db = tz_attention_delta_bytes(sh->B, sh->T, sh->Hq);
+    const int64_t c =
+        ws_bytes > db ? tz_attention_chunk(ws_bytes - db, sh->B, sh->T, sh->Hq, 2) : 0;
+    if (!ws || c < 1)
+        TZ_FATAL("attention_bwd with bf16 GEMM operands: %zu bytes of workspace lent, %zu "
+                 "planned for B=%lld T=%lld Hq=%lld (be->att_ws, tz_attention_ws_bytes)",
+                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh->B, sh->T, sh->Hq, 1),
+                 (long long)sh->B, (long long)sh->T, (long long)sh->Hq);
+    float *delta = (float *)ws;
+    float *S = (float *)((char *)ws + db);
+    float *dS = S + (size_t)(c * sh->B * sh->Hq) * (size_t)((sh->T + 3) / 4 * 4);
+    cudaStream_t st = tz_cuda_stream(be);
+    const int64_t rows_all = sh->B * sh->Hq * sh->T;
+    k_att_delta<<<warp_blocks(rows_all), 256, 0, st>>>(delta, dout, out, *sh);
+    CUDA_LAUNCHED();
+    att_tc a = tc_begin(be, sh);
+    for (int64_t t0 = 0; t0 < sh->T; t0 += c) {
+        const int64_t nk = tc_chunk(&a, t0, c), rows = sh->B * sh->Hq * a.nq, D = sh->D;
+        gemm_pairs(&a, CUBLAS_OP_T, CUBLAS_OP_N, nk, a.nq, D, sh->scale, {k, ON_KV}, {q, ON_Q},
+                   0.0f, S, ON_S);
+        gemm_pairs(&a, CUBLAS_OP_T, CUBLAS_OP_N, nk, a.nq, D, 1.0f, {v, ON_KV}, {dout, ON_Q},
+                   0.0f, dS, ON_S);
+        k_att_dscores<<<warp_blocks(rows), 256, 0, st>>>(S, dS, lse, delta, rows, a.nq, a.ldS,
+                                                         nk, t0, sh->T, sh->causal);
+        CUDA_LAUNCHED();
+        gemm_pairs(&a, CUBLAS_OP_N, CUBLAS_OP_N, D, a.nq, nk, sh->scale, {k, ON_KV}, {dS, ON_S},
+                   1.0f, dq, ON_Q);
+        gemm_pairs(&a, CUBLAS_OP_N, CUBLAS_OP_T, D, nk, a.nq, sh->scale, {q, ON_Q}, {dS, ON_S},
+                   1.0f, dk, ON_KV);
+        gemm_pairs(&a, CUBLAS_OP_N, CUBLAS_OP_T, D, nk, a.nq, 1.0f, {dout, ON_Q}, {S, ON_S},
+                   1.0f, dv, ON_KV);
+    }
+    tc_end(&a);
+}
+
+/* ================= the table's entries ================= */
+
+static void cuda_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
+                               const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
+                               int64_t Hkv, int64_t D, int causal) {
+    void *ws = be->att_ws;
+    const size_t ws_bytes = be->att_ws_bytes;
+    be->att_ws = NULL, be->att_ws_bytes = 0; /* the loan ends with the call */
+    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
+    if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
+    if (be->matmul_dtype == TZ_DT_BF16) tc_fwd(be, out, lse, q, k, v, &sh, ws, ws_bytes);
+    else flash_fwd(be, out, lse, q, k, v, &sh);
+}
+
+static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
+                               const float *dout, const float *out, const float *lse,
+                               const float *q, const float *k, const float *v, int64_t B,
+                               int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int causal) {
+    void *ws = be->att_ws;
+    const size_t ws_bytes = be->att_ws_bytes;
+    be->att_ws = NULL, be->att_ws_bytes = 0;
+    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
+    if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
+    if (be->matmul_dtype == TZ_DT_BF16)
+        tc_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh, ws, ws_bytes);
+    else flash_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh);
 }
 
 /* ---- attention against a key/value cache (generation, forward only) ----

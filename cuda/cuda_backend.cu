@@ -1,5 +1,6 @@
 /* The CUDA backend: device choice, the stream and cuBLAS handle, device memory with live and
- * peak bytes, the ops' scratch, and the table (each op family file installs its ops). */
+ * peak bytes, the ops' scratch, the table (each op family file installs its ops) and its
+ * checked mode (TZ_CUDA_SYNC_DEBUG). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,19 +45,28 @@ static void sizes_put(tz_cuda_sizes *t, void *p, size_t bytes) {
     t->bytes[i] = bytes;
 }
 
-/* Removes p and returns its size; fatal when p was not allocated here. */
-static size_t sizes_take(tz_cuda_sizes *t, void *p) {
+/* Removes p and gives its size: 1, or 0 when p is not in the table. */
+static int sizes_remove(tz_cuda_sizes *t, void *p, size_t *bytes) {
     if (t->cap) {
         int64_t i = (int64_t)(hash_ptr(p) & (uint64_t)(t->cap - 1));
         while (t->key[i]) {
             if (t->key[i] == p) {
                 t->key[i] = TZ_TOMB;
-                return t->bytes[i];
+                *bytes = t->bytes[i];
+                return 1;
             }
             i = (i + 1) & (t->cap - 1);
         }
     }
-    TZ_FATAL("cuda release: %p was not allocated by this backend", p);
+    return 0;
+}
+
+/* Removes p and returns its size; fatal when p was not allocated here. */
+static size_t sizes_take(tz_cuda_sizes *t, void *p) {
+    size_t bytes = 0;
+    if (!sizes_remove(t, p, &bytes))
+        TZ_FATAL("cuda release: %p was not allocated by this backend", p);
+    return bytes;
 }
 
 /* ---- memory ---- */
@@ -76,7 +86,11 @@ static void *cuda_alloc(tz_backend *be, size_t bytes) {
                       cudaGetErrorString(rc), (double)fr / 1073741824.0,
                       (double)tot / 1073741824.0, (double)be->live_bytes / 1073741824.0);
     }
+    /* zeroed on the compute stream; the copy stream, which may write p first (upload_async,
+     * the NCCL comm), waits for that */
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
+    CUDA_CHECK(cudaEventRecord(c->zeroed, c->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(c->copy_stream, c->zeroed, 0));
     sizes_put(&c->sizes, p, bytes);
     be->live_bytes += bytes;
     if (be->live_bytes > be->peak_bytes) be->peak_bytes = be->live_bytes;
@@ -132,20 +146,33 @@ static void cuda_host_free(tz_backend *be, void *p) {
     if (p) CUDA_CHECK(cudaFreeHost(p));
 }
 
+/* Pinning is a speed-up, not a need: where it is refused (a low locked-memory limit, a
+ * container) the buffer stays pageable, the copies to and from it still work (staged by the
+ * driver, slower and not overlapping), and the first refusal is reported. */
 static void cuda_host_register(tz_backend *be, void *p, size_t bytes) {
     if (!p || !bytes) return;
+    tz_cuda_ctx *c = tz_cuda_ctx_of(be);
     cudaError_t rc = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
-    if (rc != cudaSuccess) {
-        cudaGetLastError();
-        TZ_FATAL_HINT("raise the locked-memory limit (ulimit -l unlimited; in Slurm, "
-                      "PropagateResourceLimits or --propagate=MEMLOCK)",
-                      "cannot pin %zu bytes of host memory for %s (cudaHostRegister: %s)", bytes,
-                      tz_cuda_ctx_of(be)->name, cudaGetErrorString(rc));
+    if (rc == cudaSuccess) {
+        sizes_put(&c->pinned, p, bytes);
+        return;
+    }
+    cudaGetLastError();
+    if (!c->pin_warned) {
+        c->pin_warned = 1;
+        tz_warn("cannot pin %zu bytes (%.2f MiB) of host memory for %s (cudaHostRegister: %s: "
+                "%s): it stays pageable, and copies to and from it are slower", bytes,
+                (double)bytes / 1048576.0, c->name, cudaGetErrorName(rc),
+                cudaGetErrorString(rc));
+        tz_warn("HINT: raise the locked-memory limit (ulimit -l unlimited; in Slurm, "
+                "PropagateResourceLimits or --propagate=MEMLOCK)");
     }
 }
 
 static void cuda_host_unregister(tz_backend *be, void *p) {
-    if (p) CUDA_CHECK(cudaHostUnregister(p));
+    size_t bytes;
+    if (p && sizes_remove(&tz_cuda_ctx_of(be)->pinned, p, &bytes))
+        CUDA_CHECK(cudaHostUnregister(p));
 }
 
 static void cuda_download_async(tz_backend *be, void *host_dst, const void *src, size_t bytes) {
@@ -221,23 +248,95 @@ void *tz_cuda_scratch(tz_backend *be, size_t bytes) {
     return c->scratch;
 }
 
+/* ---- TZ_CUDA_SYNC_DEBUG: every op synchronised and checked ----
+ * For a first run on a new GPU or driver: an op's launch error or fault is otherwise reported
+ * by whichever later call synchronises, far from its cause. In this mode every entry of the
+ * table is wrapped: an error left by earlier work is reported before the op, and after it
+ * both streams are synchronised and checked, naming the op. Slow (no overlap). */
+
+void tz_cuda_sync_check(tz_backend *be, const char *op) {
+    tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+    if (!c->sync_debug) return;
+    const char *where = "its launches";
+    cudaError_t rc = cudaGetLastError();
+    if (rc == cudaSuccess) rc = cudaStreamSynchronize(c->stream), where = "the compute stream";
+    if (rc == cudaSuccess) rc = cudaStreamSynchronize(c->copy_stream), where = "the copy stream";
+    if (rc == cudaSuccess) rc = cudaGetLastError(), where = "its work";
+    if (rc != cudaSuccess)
+        TZ_FATAL_HINT("run it again with compute-sanitizer for the kernel and the address",
+                      "TZ_CUDA_SYNC_DEBUG: op %s failed on %s (%s): %s: %s", op, c->name, where,
+                      cudaGetErrorName(rc), cudaGetErrorString(rc));
+}
+
+/* Checks before (an error an earlier call left) and, when it ends, after the op. */
+struct sync_debug_scope {
+    tz_backend *be;
+    const char *op;
+    sync_debug_scope(tz_backend *b, const char *o) : be(b), op(o) {
+        cudaError_t rc = cudaGetLastError();
+        if (rc != cudaSuccess)
+            TZ_FATAL("TZ_CUDA_SYNC_DEBUG: before op %s on %s: an error left by work outside the "
+                     "op table: %s: %s", op, tz_cuda_ctx_of(be)->name, cudaGetErrorName(rc),
+                     cudaGetErrorString(rc));
+    }
+    ~sync_debug_scope() { tz_cuda_sync_check(be, op); }
+};
+
+/* For a table entry of type F: call<M, Name> is the wrapper of the entry M (a pointer to a
+ * member of tz_backend) named Name, which calls the backend's own op, kept in ctx->ops, inside
+ * a scope that checks. */
+template <class F> struct sync_debug_op;
+template <class R, class... A> struct sync_debug_op<R (*)(tz_backend *, A...)> {
+    template <R (*tz_backend::*M)(tz_backend *, A...), const char *Name>
+    static R call(tz_backend *be, A... a) {
+        sync_debug_scope scope(be, Name);
+        return (tz_cuda_ctx_of(be)->ops->*M)(be, a...);
+    }
+};
+
+#define TZ_SYNC_DEBUG_NAME(op) static constexpr char sync_debug_name_##op[] = #op;
+TZ_BACKEND_OPS(TZ_SYNC_DEBUG_NAME)
+#undef TZ_SYNC_DEBUG_NAME
+
+static void sync_debug_install(tz_backend *be) {
+    tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+    c->ops = (tz_backend *)tz_xmalloc(sizeof *be);
+    *c->ops = *be;
+#define TZ_SYNC_DEBUG_WRAP(op)                                                                \
+    be->op = sync_debug_op<decltype(tz_backend::op)>::call<&tz_backend::op,                    \
+                                                           sync_debug_name_##op>;
+    TZ_BACKEND_OPS(TZ_SYNC_DEBUG_WRAP)
+#undef TZ_SYNC_DEBUG_WRAP
+    be->destroy = c->ops->destroy; /* the table goes away with it: nothing to check after */
+    c->sync_debug = 1;
+}
+
 /* ---- the table ---- */
 
 /* The module's two entry points, found by name (dlsym) by core/backend.c, which loads this
  * library (libtzcuda.so) only when a run may use a GPU: the program itself never links the
  * CUDA runtime or cuBLAS. */
-extern "C" int tz_cuda_module_device_count(void);
+extern "C" int tz_cuda_module_device_count(char *why, size_t n);
 extern "C" tz_backend *tz_cuda_module_create(int device);
 
-int tz_cuda_module_device_count(void) {
-    int n = 0;
-    cudaError_t rc = cudaGetDeviceCount(&n);
+/* The visible devices; 0 with CUDA's error, named, in why (when not NULL) where
+ * cudaGetDeviceCount fails: no driver, an old one, no device, ... ("" when it says 0). */
+static int device_count(char *why, size_t n, cudaError_t *err) {
+    int count = 0;
+    cudaError_t rc = cudaGetDeviceCount(&count);
+    if (err) *err = rc;
+    if (why && n) why[0] = 0;
     if (rc != cudaSuccess) {
-        cudaGetLastError(); /* no driver or no device: not sticky */
+        cudaGetLastError(); /* not sticky */
+        if (why && n)
+            snprintf(why, n, "cudaGetDeviceCount: %s: %s", cudaGetErrorName(rc),
+                     cudaGetErrorString(rc));
         return 0;
     }
-    return n;
+    return count;
 }
+
+int tz_cuda_module_device_count(char *why, size_t n) { return device_count(why, n, NULL); }
 
 static void cuda_destroy(tz_backend *be) {
     if (!be) return;
@@ -245,6 +344,8 @@ static void cuda_destroy(tz_backend *be) {
     cudaStreamSynchronize(c->stream);
     cudaStreamSynchronize(c->copy_stream);
     cudaFree(c->scratch);
+    cudaFree(c->gemm16);
+    cudaEventDestroy(c->zeroed);
     cudaFree(c->rope.cs);
     cudaFree(c->rope.sn);
     for (int i = 0; i < TZ_CUDA_SIGN_SLOTS; i++) cudaFree(c->signs.s[i]);
@@ -254,16 +355,29 @@ static void cuda_destroy(tz_backend *be) {
     cudaStreamDestroy(c->copy_stream);
     free(c->sizes.key);
     free(c->sizes.bytes);
+    free(c->pinned.key); /* still pinned: their owners unregister them */
+    free(c->pinned.bytes);
+    free(c->ops);
     free(c);
     free(be);
 }
 
 tz_backend *tz_cuda_module_create(int device) {
-    int n = tz_cuda_module_device_count();
+    char why[320];
+    cudaError_t err;
+    int n = device_count(why, sizeof why, &err);
+    if (n <= 0 && err == cudaErrorInsufficientDriver)
+        TZ_FATAL_HINT("update the NVIDIA driver to one that supports this build's CUDA "
+                      "(nvidia-smi shows the CUDA version the driver supports), or set "
+                      "run.device = \"cpu\"",
+                      "run.device = \"cuda\": no CUDA device is visible to this process (%s; "
+                      "this build's CUDA runtime is %d.%d)", why, CUDART_VERSION / 1000,
+                      CUDART_VERSION % 1000 / 10);
     if (n <= 0)
         TZ_FATAL_HINT("set run.device = \"cpu\" (or \"auto\"), or run where a GPU is visible "
                       "(check nvidia-smi and CUDA_VISIBLE_DEVICES)",
-                      "run.device = \"cuda\": no CUDA device is visible to this process");
+                      "run.device = \"cuda\": no CUDA device is visible to this process (%s)",
+                      why[0] ? why : "cudaGetDeviceCount: 0 devices");
     tz_cuda_ctx *c = (tz_cuda_ctx *)tz_xcalloc(1, sizeof *c);
     c->device = (device < 0 ? 0 : device) % n;
     CUDA_CHECK(cudaSetDevice(c->device));
@@ -273,6 +387,7 @@ tz_backend *tz_cuda_module_create(int device) {
              prop.minor);
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&c->zeroed, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasCreate(&c->cublas));
     CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
     /* fp32 products in fp32 (no TF32), so the ops compare with the CPU's; cuBLAS results
@@ -307,6 +422,9 @@ tz_backend *tz_cuda_module_create(int device) {
     TZ_CUDA_FAMILIES(TZ_CUDA_CALL_INSTALL)
 #undef TZ_CUDA_CALL_INSTALL
     tz_backend_check(be);
-    tz_info_all("cuda backend on %s", c->name);
+    const char *dbg = getenv("TZ_CUDA_SYNC_DEBUG");
+    if (dbg && *dbg && strcmp(dbg, "0") != 0) sync_debug_install(be);
+    tz_info_all("cuda backend on %s%s", c->name,
+                c->sync_debug ? " (TZ_CUDA_SYNC_DEBUG: every op synchronised and checked)" : "");
     return be;
 }

@@ -3,7 +3,8 @@
  * absent), the few NCCL types declared here (their values are NCCL's ABI; checked against
  * nccl.h where the header is present), collectives queued on the backend's copy stream after
  * the compute stream's work, one event per operation (test = cudaEventQuery, wait = event
- * sync). The communicator is bootstrapped by mpi/comm_nccl.c. */
+ * sync). The communicator is bootstrapped by mpi/comm_nccl.c, on the run's MPI communicator.
+ * Under TZ_CUDA_SYNC_DEBUG each collective is synchronised and checked like an op. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,6 +214,9 @@ void *tz_cuda_module_nccl_start(void *hp, int op, const void *send, void *recv, 
     cudaEvent_t ev;
     CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(ev, s));
+    static const char *const names[] = {"nccl reduce_scatter", "nccl all_gather",
+                                        "nccl all_gatherv", "nccl all_reduce", "nccl bcast"};
+    tz_cuda_sync_check(h->be, op >= 0 && op <= TZ_NCCL_BCAST ? names[op] : "nccl barrier");
     return (void *)ev;
 }
 

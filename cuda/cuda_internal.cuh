@@ -83,8 +83,15 @@ typedef struct tz_cuda_ctx {
     cublasHandle_t cublas;
     void *scratch;       /* ops' device scratch (not in live_bytes), grown on demand */
     size_t scratch_cap;
+    void *gemm16;        /* the bf16 GEMM's rounded operands (cuda_matmul.cu), apart from */
+    size_t gemm16_cap;   /* scratch, which may hold an operand of the same GEMM */
+    cudaEvent_t zeroed;  /* alloc's zeroing on stream, which copy_stream waits for */
     double *host_d;      /* pinned host double, for sumsq's result */
     tz_cuda_sizes sizes;
+    tz_cuda_sizes pinned; /* host buffers host_register pinned -> bytes */
+    int pin_warned;       /* a refused host_register was reported */
+    int sync_debug;       /* TZ_CUDA_SYNC_DEBUG: every op synchronised and checked */
+    tz_backend *ops;      /* then: the table's own ops, which the wrappers call */
     tz_cuda_rope_cache rope;
     tz_cuda_sign_cache signs;
     char name[320];      /* the device's name, for messages */
@@ -96,6 +103,11 @@ static inline cudaStream_t tz_cuda_stream(tz_backend *be) { return tz_cuda_ctx_o
 /* Device scratch of at least `bytes` (256-aligned), valid until the next call; the previous
  * contents are lost when it grows. Ops use it between their own kernels on the stream. */
 void *tz_cuda_scratch(tz_backend *be, size_t bytes);
+
+/* TZ_CUDA_SYNC_DEBUG: after `op`, cudaGetLastError and a synchronisation of both streams;
+ * any error is fatal, naming op (cuda_backend.cu wraps every op of the table with it; the
+ * NCCL comm calls it after each collective). Nothing when the mode is off. */
+void tz_cuda_sync_check(tz_backend *be, const char *op);
 
 /* Launch geometry of elementwise kernels: 256 threads, a grid-stride loop over n, at most
  * TZ_CUDA_MAX_BLOCKS blocks (the grid changes which thread does an element, never a result). */

@@ -2,7 +2,7 @@
  * cuBLAS. be->matmul_dtype chooses the operands' type:
  *   TZ_DT_F32:  SGEMM, fp32 products without TF32 (the handle's pedantic math mode), the
  *               CPU's arithmetic up to the order of the sums;
- *   TZ_DT_BF16: A and B rounded to bf16 (to nearest even) into the ops' scratch, then
+ *   TZ_DT_BF16: A and B rounded to bf16 (to nearest even) into a buffer of their own, then
  *               cublasGemmEx with bf16 inputs, fp32 accumulation (CUBLAS_COMPUTE_32F) and an
  *               fp32 C: the tensor-core GEMM. Every product of two bf16 values is exact in
  *               fp32, so the error against fp32 operands is the two roundings (relative
@@ -14,6 +14,34 @@
 
 static __global__ void k_scale_only(float *C, float beta, int64_t n) {
     TZ_CUDA_FOR(i, n) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+}
+
+/* Where the fp32 operands of a bf16 GEMM are rounded to: a device buffer of at least `bytes`
+ * kept for this alone, not the ops' scratch (tz_cuda_scratch), which may hold an operand of
+ * the same GEMM (matmul_bw16 widens its weight there) and which growing would free under it.
+ * Grown like the scratch. */
+static void *gemm_operands(tz_backend *be, size_t bytes) {
+    tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+    if (bytes <= c->gemm16_cap) return c->gemm16;
+    size_t cap = c->gemm16_cap * 2 > bytes ? c->gemm16_cap * 2 : bytes;
+    if (c->gemm16) CUDA_CHECK(cudaFree(c->gemm16)); /* waits for GEMMs still reading it */
+    c->gemm16 = NULL;
+    c->gemm16_cap = 0;
+    cudaError_t rc = cudaMalloc(&c->gemm16, cap);
+    if (rc != cudaSuccess)
+        TZ_FATAL("out of GPU memory on %s: cannot allocate %zu bytes for a bf16 GEMM's operands "
+                 "(%s)", c->name, cap, cudaGetErrorString(rc));
+    c->gemm16_cap = cap;
+    return c->gemm16;
+}
+
+/* Fatal when the fp32 operand p (n elements) overlaps [dst, dst + bytes), where an operand is
+ * rounded to: the conversion would overwrite what it, or the other operand, still reads. */
+static void check_apart(const void *p, int64_t n, const void *dst, size_t bytes,
+                        const char *which) {
+    const char *a = (const char *)p, *d = (const char *)dst;
+    if (n > 0 && a < d + bytes && d < a + (size_t)n * sizeof(float))
+        TZ_FATAL("matmul: operand %s lies in the buffer the bf16 operands are rounded into", which);
 }
 
 
@@ -45,14 +73,16 @@ void tz_cuda_gemm(tz_backend *be, float *C, const void *A, int a_bf16, const voi
     int lda = (int)(transA ? M : K), ldb = (int)(transB ? K : N);
     cublasHandle_t h = tz_cuda_ctx_of(be)->cublas;
     if (bf16) {
-        /* the fp32 operands converted into one scratch block (A's part rounded up to 128
-         * elements, so B's starts 256-byte aligned like the block) */
+        /* the fp32 operands rounded into disjoint parts of their own buffer (A's part
+         * rounded up to 128 elements, so B's starts 256-byte aligned like the buffer) */
         const int64_t na = a_bf16 ? 0 : M * K, nb = b_bf16 ? 0 : K * N;
         const int64_t na_pad = (na + 127) / 128 * 128;
         const void *a16 = A, *b16 = B;
         if (na + nb > 0) {
-            __nv_bfloat16 *s = (__nv_bfloat16 *)tz_cuda_scratch(
-                be, (size_t)(na_pad + nb) * sizeof(__nv_bfloat16));
+            const size_t bytes = (size_t)(na_pad + nb) * sizeof(__nv_bfloat16);
+            __nv_bfloat16 *s = (__nv_bfloat16 *)gemm_operands(be, bytes);
+            check_apart(A, na, s, bytes, "A");
+            check_apart(B, nb, s, bytes, "B");
             if (na) tz_cuda_to_bf16(be, (uint16_t *)s, (const float *)A, na), a16 = s;
             if (nb)
                 tz_cuda_to_bf16(be, (uint16_t *)(s + na_pad), (const float *)B, nb),

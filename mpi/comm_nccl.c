@@ -1,7 +1,7 @@
 /* The NCCL comm's MPI side: finds the CUDA module's NCCL entry points (tz_cuda_module_symbol,
- * in the module core/backend.c loaded), broadcasts rank 0's ncclUniqueId with MPI, and wraps
- * the module's operations into the comm table (buffers: device memory; stream: the backend's
- * copy queue). NCCL headers stay in cuda/. */
+ * in the module core/backend.c loaded), broadcasts rank 0's ncclUniqueId over the run's host
+ * comm, and wraps the module's operations into the comm table (buffers: device memory;
+ * stream: the backend's copy queue). NCCL headers stay in cuda/. */
 #include "mpi/comm_nccl.h"
 
 #include <stdio.h>
@@ -112,23 +112,21 @@ static void n_destroy(tz_comm *c) {
     free(c);
 }
 
-tz_comm *tz_comm_nccl_create(tz_backend *be) {
+tz_comm *tz_comm_nccl_create(tz_backend *be, tz_comm *host) {
     char why[1200];
     nccl_ctx *x = tz_xcalloc(1, sizeof *x);
-    int rank, size, ok;
-    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
-    ok = !find_fns(be, &x->f, why, sizeof why) && x->f.load(why, sizeof why) == 0;
-    int all = ok;
-    MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    /* the ranks of the run's comm, which need not be MPI_COMM_WORLD's */
+    const int rank = host->rank, size = host->size;
+    int ok = !find_fns(be, &x->f, why, sizeof why) && x->f.load(why, sizeof why) == 0, all = 0;
+    tz_comm_all_reduce(host, &ok, &all, 1, TZ_DT_I32);
     if (!ok)
         TZ_FATAL_HINT("set comm.backend = \"mpi\" (or \"auto\", which falls back to it)",
                       "comm.backend = \"nccl\": %s", why);
-    if (!all) TZ_FATAL("comm.backend = \"nccl\": NCCL cannot be loaded on another rank");
+    if (all != size) TZ_FATAL("comm.backend = \"nccl\": NCCL cannot be loaded on another rank");
     unsigned char id[TZ_NCCL_ID_BYTES] = {0};
     ok = rank != 0 || x->f.unique_id(id, why, sizeof why) == 0;
     if (!ok) TZ_FATAL("comm.backend = \"nccl\": %s", why);
-    MPI_CHECK(MPI_Bcast(id, TZ_NCCL_ID_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD));
+    tz_comm_bcast(host, id, TZ_NCCL_ID_BYTES, TZ_DT_U8, 0);
     x->h = x->f.init(be, id, rank, size);
 
     tz_comm *c = tz_xcalloc(1, sizeof *c);
@@ -165,6 +163,12 @@ tz_comm *tz_comm_select(int want, tz_backend *be, tz_comm *host) {
     const char *wname = want >= 0 && want <= 2 ? names[want] : "?";
     if (want == 1) {
         if (host->rank == 0) tz_info("comm: mpi (comm.backend = \"mpi\")");
+        return NULL;
+    }
+    /* one rank: nothing to sum, and a reduce-scatter on the host comm is a copy; NCCL would
+     * only add its start-up and its memory (asked for by name, it is still made) */
+    if (want == 0 && host->size == 1) {
+        if (be->device) tz_info("comm: mpi (comm.backend = \"auto\": one rank)");
         return NULL;
     }
     /* every rank's GPU: NCCL needs one per rank */
@@ -213,7 +217,7 @@ tz_comm *tz_comm_select(int want, tz_backend *be, tz_comm *host) {
                     !own ? why : ok ? "NCCL cannot be loaded on every rank" : why);
         return NULL;
     }
-    tz_comm *c = tz_comm_nccl_create(be);
+    tz_comm *c = tz_comm_nccl_create(be, host);
     if (host->rank == 0)
         tz_info("comm: nccl for the gradients (comm.backend = \"%s\"), mpi for the rest", wname);
     return c;

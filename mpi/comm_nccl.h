@@ -1,10 +1,10 @@
 /* The NCCL comm (comm.backend = "nccl"): a tz_comm whose buffers are device memory of a CUDA
  * backend, its collectives ordered on that backend's copy queue (TZ_QUEUE_COPY). NCCL itself
  * lives in the CUDA module (cuda/cuda_comm_nccl.cu), which loads libnccl.so.2 with dlopen
- * when a comm is created; this side bootstraps it from MPI (rank 0's ncclUniqueId broadcast)
- * and wraps the module's entry points, found by dlsym, into the comm table. No MPI types in
- * this header: src/train may include it. The module includes it too, for the entry points'
- * names and the operation codes. */
+ * when a comm is created; this side bootstraps it over the run's host comm (rank 0's
+ * ncclUniqueId broadcast) and wraps the module's entry points, found by dlsym, into the comm
+ * table. No MPI types in this header: src/train may include it. The module includes it too,
+ * for the entry points' names and the operation codes. */
 #ifndef TZ_COMM_NCCL_H
 #define TZ_COMM_NCCL_H
 #include <stddef.h>
@@ -16,16 +16,18 @@
 /* 1 when `be` is a CUDA backend whose module has the NCCL entry points and libnccl.so.2 (or
  * $TZ_NCCL_LIBRARY) loads; else 0 with the reason in why. Not collective. */
 int tz_comm_nccl_available(tz_backend *be, char *why, size_t n);
-/* An NCCL comm over every rank of the world (MPI_COMM_WORLD), each rank on its backend's GPU
- * (two ranks on one GPU: NCCL refuses it; the caller checks first). Collective; fatal, with
- * the reason, when NCCL cannot be loaded or initialised. */
-tz_comm *tz_comm_nccl_create(tz_backend *be);
+/* An NCCL comm over the ranks of host (the run's MPI comm: its ranks and size, and the
+ * broadcast of the unique id), each rank on its backend's GPU (two ranks on one GPU: NCCL
+ * refuses it; the caller checks first). Collective over host; fatal, with the reason, when
+ * NCCL cannot be loaded or initialised. */
+tz_comm *tz_comm_nccl_create(tz_backend *be, tz_comm *host);
 
 /* comm.backend (want: 0 "auto", 1 "mpi", 2 "nccl"): NULL when the gradients go through
- * the host comm (MPI), else a new NCCL comm. auto picks nccl only when every rank's backend
- * is a GPU of its own (no two ranks of a host with the same PCI bus id) and NCCL loads on
- * every rank; "nccl" where that does not hold is fatal, saying why. Rank 0 prints the
- * choice. Collective over host (an MPI comm of every rank). */
+ * the host comm (MPI), else a new NCCL comm. auto picks nccl only on more than one rank, when
+ * every rank's backend is a GPU of its own (no two ranks of a host with the same PCI bus id)
+ * and NCCL loads on every rank; "nccl" where that does not hold is fatal, saying why (on one
+ * rank it is made as asked). Rank 0 prints the choice. Collective over host (the run's MPI
+ * comm). */
 tz_comm *tz_comm_select(int want, tz_backend *be, tz_comm *host);
 
 /* ---- the module's side (cuda/cuda_comm_nccl.cu), found by name ---- */

@@ -21,7 +21,19 @@
  * float and double) so that reading what was never written shows, and ending at a guard page
  * (so does the dynamic shared memory); copies and sets are checked against the allocations
  * (a device operand must lie inside one) and the copy's direction. Every stream operation
- * runs at once: streams and events only keep their API contracts. */
+ * runs at once: streams and events only keep their API contracts, and copies and sets are
+ * checked for the order a GPU would need between streams (see "stream order" below).
+ *
+ * Failures on demand, for the tests of the backend's error paths (read at each call, so that
+ * a test may set them in a child process):
+ *   TZ_CUDA_EMU_DRIVER=old      cudaGetDeviceCount fails with cudaErrorInsufficientDriver;
+ *   TZ_CUDA_EMU_FAULT=<kernel>  the next launch of that kernel (its name as launched, template
+ *                               arguments left out) faults as an illegal address would on a
+ *                               GPU: the launch returns, no kernel runs from then on, the next
+ *                               synchronisation fails with cudaErrorIllegalAddress, and so
+ *                               does every call after it (sticky: the context is lost);
+ *   TZ_CUDA_EMU_REGISTER_MB=<n> cudaHostRegister pins at most n MiB in all, then fails with
+ *                               cudaErrorMemoryAllocation (a low locked-memory limit). */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
@@ -53,6 +65,23 @@ thread_local cudaError_t g_last = cudaSuccess; /* per host thread, as in CUDA */
 cudaError_t fail(cudaError_t e) {
     g_last = e;
     return e;
+}
+/* A lost context (TZ_CUDA_EMU_FAULT): the fault is pending from the launch on, and, as on a
+ * GPU, found by the next synchronising call; from then on it is the error every call returns
+ * (else cudaSuccess). */
+int g_pending = cudaSuccess, g_sticky = cudaSuccess;
+cudaError_t sticky(void) { return (cudaError_t)__atomic_load_n(&g_sticky, __ATOMIC_RELAXED); }
+int pending(void) { return __atomic_load_n(&g_pending, __ATOMIC_RELAXED) != cudaSuccess; }
+/* A synchronising call: a pending fault is found. Returns the sticky error. */
+cudaError_t synced(void) {
+    int p = __atomic_load_n(&g_pending, __ATOMIC_RELAXED);
+    if (p != cudaSuccess) __atomic_store_n(&g_sticky, p, __ATOMIC_RELAXED);
+    return sticky();
+}
+/* An environment variable's value, NULL when unset or empty. */
+const char *env_of(const char *name) {
+    const char *e = getenv(name);
+    return e && *e ? e : NULL;
 }
 
 [[noreturn]] void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -119,10 +148,14 @@ struct Alloc {
     int kind;
     char *map; /* device memory: its guarded mapping */
     size_t maplen;
+    /* device memory: the last copy or set that wrote it (stream order, below) */
+    const char *w_fn;
+    int w_sid;
+    uint64_t w_t; /* 0: none since the allocation */
 };
 pthread_mutex_t g_mem_mu = PTHREAD_MUTEX_INITIALIZER;
 Alloc *g_alloc;
-size_t g_nalloc, g_calloc, g_used;
+size_t g_nalloc, g_calloc, g_used, g_registered;
 
 /* Index of the first allocation whose base is > p (sorted by base). */
 size_t upper(const void *p) {
@@ -149,7 +182,7 @@ void add_alloc(char *base, size_t size, int kind, char *map = NULL, size_t maple
     }
     size_t i = upper(base);
     memmove(&g_alloc[i + 1], &g_alloc[i], (g_nalloc - i) * sizeof *g_alloc);
-    g_alloc[i] = Alloc{base, size, kind, map, maplen};
+    g_alloc[i] = Alloc{base, size, kind, map, maplen, NULL, 0, 0};
     g_nalloc++;
 }
 void remove_alloc(Alloc *a) {
@@ -197,9 +230,12 @@ cudaError_t check_side(const char *fn, const char *side, const void *p, size_t b
     return cudaSuccess;
 }
 
+cudaError_t order_access(const char *fn, cudaStream_t s, void *dst, const void *src);
+
 cudaError_t do_copy(const char *fn, void *dst, size_t dpitch, const void *src, size_t spitch,
                     size_t width, size_t height, cudaMemcpyKind k, cudaStream_t s) {
     if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    if (sticky()) return fail(sticky());
     if (!width || !height) return cudaSuccess;
     if (width > dpitch || width > spitch) return fail(cudaErrorInvalidPitchValue);
     if ((unsigned)k > (unsigned)cudaMemcpyDefault) return fail(cudaErrorInvalidMemcpyDirection);
@@ -225,6 +261,7 @@ cudaError_t do_copy(const char *fn, void *dst, size_t dpitch, const void *src, s
                     kind_name(k), dst, dspan, src, sspan);
         return fail(cudaErrorInvalidValue);
     }
+    if ((e = order_access(fn, s, dst, src)) != cudaSuccess) return fail(e);
     for (size_t r = 0; r < height; r++)
         memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return cudaSuccess;
@@ -266,16 +303,95 @@ double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* ---- stream order ----
+ * Streams run at once here, but on a GPU work on two streams is ordered only by events
+ * (cudaEventRecord, then cudaStreamWaitEvent) or by the host waiting for one stream before it
+ * queues work on the other. Vector clocks keep that order: each stream (an index, 0 the
+ * default stream) counts its operations and knows how far every other stream had got when
+ * it was last ordered after it; the host knows what it has waited for, and work it queues
+ * comes after that. Each device allocation remembers the last copy or set that wrote it; a
+ * copy or set on another stream that reads or writes the allocation with no order after that
+ * write fails with cudaErrorInvalidValue and a note naming both (a race a GPU may or may not
+ * show). Kernels' accesses are not known here and are not checked. */
+enum { MAX_SIDS = 64 };
+struct Clock {
+    uint64_t t[MAX_SIDS];
+    void join(const Clock &o) {
+        for (int i = 0; i < MAX_SIDS; i++)
+            if (o.t[i] > t[i]) t[i] = o.t[i];
+    }
+};
+pthread_mutex_t g_order_mu = PTHREAD_MUTEX_INITIALIZER;
+Clock g_stream_clock[MAX_SIDS], g_host_clock;
+uint64_t g_sid_used = 1; /* bit i: index i taken (0: the default stream) */
+
 } // namespace
 
 struct tz_emu_stream {
     unsigned flags;
+    int sid; /* stream order: its index, 0 when all are taken (then ordered as the default) */
 };
 struct tz_emu_event {
     unsigned flags;
     int recorded;
     double t_ms;
+    Clock at; /* the recording stream's clock */
 };
+
+namespace {
+
+int sid_of(cudaStream_t s) {
+    return !s || s == cudaStreamLegacy || s == cudaStreamPerThread ? 0 : s->sid;
+}
+
+/* The host waited for what clock c says: later work it queues comes after. */
+void host_joins(const Clock &c) {
+    pthread_mutex_lock(&g_order_mu);
+    g_host_clock.join(c);
+    pthread_mutex_unlock(&g_order_mu);
+}
+void host_joins_stream(cudaStream_t s) {
+    pthread_mutex_lock(&g_order_mu);
+    g_host_clock.join(g_stream_clock[sid_of(s)]);
+    pthread_mutex_unlock(&g_order_mu);
+}
+void host_joins_all(void) {
+    pthread_mutex_lock(&g_order_mu);
+    for (int i = 0; i < MAX_SIDS; i++) g_host_clock.join(g_stream_clock[i]);
+    pthread_mutex_unlock(&g_order_mu);
+}
+
+/* One access of a copy or set on stream s (g_mem_mu held): the allocation's last write must be
+ * ordered before it; a write then becomes the last. */
+cudaError_t order_check(const char *fn, int sid, Alloc *a, const char *side, uint64_t now,
+                        int writes) {
+    if (!a || a->kind != MEM_DEVICE) return cudaSuccess;
+    if (a->w_t && a->w_sid != sid && g_stream_clock[sid].t[a->w_sid] < a->w_t) {
+        tz_emu_note("%s on stream %d: its %s %p was written by %s on stream %d, and nothing "
+                    "orders the two (an event recorded after that write and waited for by this "
+                    "stream, or the host waiting for it before queueing this)", fn, sid, side,
+                    (void *)a->base, a->w_fn, a->w_sid);
+        return cudaErrorInvalidValue;
+    }
+    if (writes) a->w_fn = fn, a->w_sid = sid, a->w_t = now;
+    return cudaSuccess;
+}
+
+cudaError_t order_access(const char *fn, cudaStream_t s, void *dst, const void *src) {
+    const int sid = sid_of(s);
+    pthread_mutex_lock(&g_mem_mu);
+    pthread_mutex_lock(&g_order_mu);
+    Clock &c = g_stream_clock[sid];
+    c.join(g_host_clock);
+    const uint64_t now = ++c.t[sid];
+    cudaError_t e = src ? order_check(fn, sid, holding(src), "source", now, 0) : cudaSuccess;
+    if (e == cudaSuccess) e = order_check(fn, sid, holding(dst), "destination", now, 1);
+    pthread_mutex_unlock(&g_order_mu);
+    pthread_mutex_unlock(&g_mem_mu);
+    return e;
+}
+
+} // namespace
 
 void tz_emu_note(const char *fmt, ...) {
     va_list ap;
@@ -851,9 +967,19 @@ void tz_emu_shared_fresh(void *p, size_t bytes) {
     memset(p, 0xff, bytes);
 }
 
+/* TZ_CUDA_EMU_FAULT names this kernel (`name` as launched: "k", "k<T>", "k<4>"). */
+static int fault_here(const char *name) {
+    const char *f = env_of("TZ_CUDA_EMU_FAULT");
+    if (!f) return 0;
+    size_t n = strcspn(name, "<");
+    while (n && name[n - 1] == ' ') n--;
+    return strlen(f) == n && !strncmp(name, f, n);
+}
+
 cudaError_t tz_emu_launch_impl(const char *name, dim3 grid, dim3 block, size_t smem,
                                cudaStream_t s, void (*call)(const void *), const void *fn) {
     if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    if (sticky()) return fail(sticky());
     unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
     if (!block.x || !block.y || !block.z || block.x > 1024 || block.y > 1024 || block.z > 64 ||
         nt > 1024) {
@@ -871,6 +997,11 @@ cudaError_t tz_emu_launch_impl(const char *name, dim3 grid, dim3 block, size_t s
         tz_emu_note("kernel %s: %zu bytes of dynamic shared memory exceed the %zu a launch gets "
                     "without cudaFuncSetAttribute", name, smem, g_smem_limit);
         return fail(cudaErrorInvalidValue);
+    }
+    if (pending()) return cudaSuccess; /* a lost context runs nothing more */
+    if (fault_here(name)) { /* found by the next synchronising call, as a GPU's fault is */
+        __atomic_store_n(&g_pending, (int)cudaErrorIllegalAddress, __ATOMIC_RELAXED);
+        return cudaSuccess;
     }
     pthread_mutex_lock(&g_launch_mu);
     if (L.in_kernel) die("kernel %s launched from inside kernel %s", name, L.name);
@@ -931,6 +1062,7 @@ const char *cudaGetErrorName(cudaError_t e) {
         TZ_EMU_ERR(cudaErrorInvalidSymbol)
         TZ_EMU_ERR(cudaErrorInvalidDevicePointer)
         TZ_EMU_ERR(cudaErrorInvalidMemcpyDirection)
+        TZ_EMU_ERR(cudaErrorInsufficientDriver)
         TZ_EMU_ERR(cudaErrorNoDevice)
         TZ_EMU_ERR(cudaErrorInvalidDevice)
         TZ_EMU_ERR(cudaErrorInvalidResourceHandle)
@@ -957,6 +1089,8 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidSymbol: return "invalid device symbol";
     case cudaErrorInvalidDevicePointer: return "invalid device pointer";
     case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorInsufficientDriver:
+        return "CUDA driver version is insufficient for CUDA runtime version";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
@@ -976,12 +1110,17 @@ const char *cudaGetErrorString(cudaError_t e) {
 cudaError_t cudaGetLastError(void) {
     cudaError_t e = g_last;
     g_last = cudaSuccess;
-    return e;
+    return e != cudaSuccess ? e : sticky();
 }
-cudaError_t cudaPeekAtLastError(void) { return g_last; }
+cudaError_t cudaPeekAtLastError(void) { return g_last != cudaSuccess ? g_last : sticky(); }
 
 cudaError_t cudaGetDeviceCount(int *n) {
     if (!n) return fail(cudaErrorInvalidValue);
+    const char *drv = env_of("TZ_CUDA_EMU_DRIVER");
+    if (drv && !strcmp(drv, "old")) {
+        *n = 0;
+        return fail(cudaErrorInsufficientDriver);
+    }
     *n = device_count();
     return cudaSuccess;
 }
@@ -1029,7 +1168,10 @@ cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int d) {
     snprintf(id, (size_t)len, "0000:%02x:00.0", d + 1); /* made up, one per emulated device */
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+    host_joins_all();
+    return synced() ? fail(sticky()) : cudaSuccess;
+}
 cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
@@ -1084,6 +1226,7 @@ cudaError_t cudaFree(void *p) {
     remove_alloc(a);
     pthread_mutex_unlock(&g_mem_mu);
     munmap(map, maplen); /* a kernel using it after the free faults */
+    host_joins_all();    /* cudaFree waits for the device */
     return cudaSuccess;
 }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
@@ -1125,7 +1268,12 @@ cudaError_t cudaFreeHost(void *p) {
 cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned flags) {
     (void)flags;
     if (!p || !bytes) return fail(cudaErrorInvalidValue);
+    const char *lim = env_of("TZ_CUDA_EMU_REGISTER_MB");
     pthread_mutex_lock(&g_mem_mu);
+    if (lim && g_registered + bytes > ((size_t)atoll(lim) << 20)) {
+        pthread_mutex_unlock(&g_mem_mu);
+        return fail(cudaErrorMemoryAllocation); /* as under a low locked-memory limit */
+    }
     size_t i = upper((char *)p + bytes - 1); /* any allocation starting before the end */
     cudaError_t e = cudaSuccess;
     if (i) {
@@ -1134,7 +1282,7 @@ cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned flags) {
             e = a->kind == MEM_DEVICE ? cudaErrorInvalidValue
                                       : cudaErrorHostMemoryAlreadyRegistered;
     }
-    if (e == cudaSuccess) add_alloc((char *)p, bytes, MEM_REGISTERED);
+    if (e == cudaSuccess) add_alloc((char *)p, bytes, MEM_REGISTERED), g_registered += bytes;
     pthread_mutex_unlock(&g_mem_mu);
     if (e != cudaSuccess) {
         tz_emu_note("cudaHostRegister(%p, %zu): overlaps %s", p, bytes,
@@ -1149,7 +1297,7 @@ cudaError_t cudaHostUnregister(void *p) {
     cudaError_t e = cudaSuccess;
     if (!a || a->kind != MEM_REGISTERED || a->base != (char *)p)
         e = cudaErrorHostMemoryNotRegistered;
-    else remove_alloc(a);
+    else g_registered -= a->size, remove_alloc(a);
     pthread_mutex_unlock(&g_mem_mu);
     return e == cudaSuccess ? e : fail(e);
 }
@@ -1172,7 +1320,9 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at, const voi
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind k) {
-    return do_copy("cudaMemcpy", dst, bytes, src, bytes, bytes, 1, k, 0);
+    cudaError_t e = do_copy("cudaMemcpy", dst, bytes, src, bytes, bytes, 1, k, 0);
+    host_joins_stream(0); /* returns once the copy is done */
+    return e == cudaSuccess && synced() ? fail(sticky()) : e;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind k,
                             cudaStream_t s) {
@@ -1180,7 +1330,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
 }
 cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                          size_t height, enum cudaMemcpyKind k) {
-    return do_copy("cudaMemcpy2D", dst, dpitch, src, spitch, width, height, k, 0);
+    cudaError_t e = do_copy("cudaMemcpy2D", dst, dpitch, src, spitch, width, height, k, 0);
+    host_joins_stream(0);
+    return e == cudaSuccess && synced() ? fail(sticky()) : e;
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
                               size_t width, size_t height, enum cudaMemcpyKind k,
@@ -1190,6 +1342,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
     if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    if (sticky()) return fail(sticky());
     if (!bytes) return cudaSuccess;
     pthread_mutex_lock(&g_mem_mu);
     int st = dev_state(p, bytes);
@@ -1199,6 +1352,8 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
                     st ? "runs past the end of its device allocation" : "not device memory");
         return fail(cudaErrorInvalidValue);
     }
+    cudaError_t e = order_access("cudaMemsetAsync", s, p, NULL);
+    if (e != cudaSuccess) return fail(e);
     memset(p, v, bytes);
     return cudaSuccess;
 }
@@ -1213,6 +1368,17 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int pr
     pthread_mutex_lock(&g_handle_mu);
     g_streams.add(st);
     pthread_mutex_unlock(&g_handle_mu);
+    pthread_mutex_lock(&g_order_mu);
+    for (int i = 1; i < MAX_SIDS && !st->sid; i++)
+        if (!(g_sid_used >> i & 1)) {
+            st->sid = i;
+            g_sid_used |= 1ull << i;
+            Clock &c = g_stream_clock[i]; /* after what the host has seen; its own count goes on */
+            const uint64_t own = c.t[i];
+            c = g_host_clock;
+            if (own > c.t[i]) c.t[i] = own;
+        }
+    pthread_mutex_unlock(&g_order_mu);
     *s = st;
     return cudaSuccess;
 }
@@ -1225,11 +1391,16 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     int ok = s && g_streams.drop(s);
     pthread_mutex_unlock(&g_handle_mu);
     if (!ok) return fail(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&g_order_mu);
+    if (s->sid) g_sid_used &= ~(1ull << s->sid);
+    pthread_mutex_unlock(&g_order_mu);
     free(s);
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    return tz_emu_stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+    if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+    host_joins_stream(s);
+    return synced() ? fail(sticky()) : cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
 
@@ -1242,6 +1413,9 @@ static int event_ok(cudaEvent_t e) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     (void)flags;
     if (!tz_emu_stream_ok(s) || !event_ok(e)) return fail(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&g_order_mu);
+    if (e->recorded) g_stream_clock[sid_of(s)].join(e->at);
+    pthread_mutex_unlock(&g_order_mu);
     return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
@@ -1260,10 +1434,17 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!event_ok(e) || !tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
     e->recorded = 1;
     e->t_ms = now_ms();
+    pthread_mutex_lock(&g_order_mu);
+    Clock &c = g_stream_clock[sid_of(s)];
+    c.join(g_host_clock);
+    e->at = c;
+    pthread_mutex_unlock(&g_order_mu);
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-    return event_ok(e) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+    if (!event_ok(e)) return fail(cudaErrorInvalidResourceHandle);
+    if (e->recorded) host_joins(e->at);
+    return synced() ? fail(sticky()) : cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {

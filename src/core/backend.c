@@ -46,9 +46,10 @@ void *tz_cuda_module_needs[] = {(void *)tz_tq_signs_row, (void *)tz_tq_check_sha
 static struct {
     int tried;
     void *handle;
-    int (*count)(void);
+    int (*count)(char *why, size_t n); /* the visible devices; 0 with CUDA's error in why */
     tz_backend *(*create)(int);
     char why[1536];
+    int count_warned; /* a failing cudaGetDeviceCount was reported */
 } g_mod;
 
 /* Opens the module once: $TZ_CUDA_MODULE, else libtzcuda.so beside the program, else where
@@ -79,7 +80,7 @@ static int module_load(void) {
         }
     }
     if (!g_mod.handle) return 0;
-    g_mod.count = (int (*)(void))dlsym(g_mod.handle, "tz_cuda_module_device_count");
+    g_mod.count = (int (*)(char *, size_t))dlsym(g_mod.handle, "tz_cuda_module_device_count");
     g_mod.create = (tz_backend * (*)(int)) dlsym(g_mod.handle, "tz_cuda_module_create");
     if (!g_mod.count || !g_mod.create) {
         snprintf(g_mod.why, sizeof g_mod.why, "the CUDA module lacks its entry points (%s)",
@@ -103,12 +104,21 @@ static int nvidia_present(void) {
 }
 
 /* Without a device node nothing is loaded, unless $TZ_CUDA_MODULE names a module: that one is
- * asked (the CPU emulation of the backend, libtzcuda_emu.so, has a device without a node). */
+ * asked (the CPU emulation of the backend, libtzcuda_emu.so, has a device without a node).
+ * Where a node is there but CUDA counts no device, CUDA's error says why (an old driver, a
+ * driver and device that disagree, ...): reported once, as a warning, since run.device =
+ * "auto" then quietly computes on the CPU. */
 int tz_cuda_device_count(void) {
     const char *env = getenv("TZ_CUDA_MODULE");
     if (!(env && *env) && !nvidia_present()) return 0;
     if (!module_load()) return 0;
-    return g_mod.count();
+    char why[320] = "";
+    int n = g_mod.count(why, sizeof why);
+    if (n <= 0 && why[0] && !g_mod.count_warned) {
+        g_mod.count_warned = 1;
+        tz_warn("no usable CUDA device (%s)", why);
+    }
+    return n;
 }
 
 tz_backend *tz_cuda_backend_create(int device) {

@@ -43,6 +43,12 @@ struct tz_backend {
      * storage stay fp32. */
     enum tz_dtype matmul_dtype;
     unsigned matmul_dtypes;
+    /* A workspace lent to the next attention_fwd or attention_bwd, which takes it back (NULL
+     * and 0 after the call): att_ws_bytes bytes of backend memory from the caller's planned
+     * memory, tz_attention_ws_bytes for the shape (below). A backend whose attention wants
+     * none (that function gives 0) ignores it. */
+    void *att_ws;
+    size_t att_ws_bytes;
     /* frees the implementation state and the table itself (tz_backend_destroy calls it) */
     void (*destroy)(tz_backend *be);
 
@@ -121,7 +127,8 @@ struct tz_backend {
      * scores = q.k / sqrt(D), causal: key s <= query t only. out [B,T,Hq,D];
      * lse [B,Hq,T] = log-sum-exp of each score row (saved for backward, which recomputes the
      * probabilities from q, k and lse rather than storing B*Hq*T*T of them).
-     * bwd: dq, dk, dv += ... */
+     * bwd: dq, dk, dv += ... Both take the workspace lent in att_ws where the backend wants
+     * one (tz_attention_ws_bytes). */
     void (*attention_fwd)(tz_backend *be, float *out, float *lse, const float *q, const float *k,
                           const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                           int64_t D, int causal);
@@ -311,6 +318,40 @@ struct tz_backend {
     X(tq_dequant) X(tq_matmul) X(host_alloc) X(host_free) X(host_register)                   \
     X(host_unregister) X(download_async) X(upload_async) X(event_mark) X(event_wait)          \
     X(event_done) X(event_free) X(device_info)
+
+/* Attention's workspace (be->att_ws). On a device backend with bf16 GEMM operands (a GPU)
+ * attention runs through tensor-core GEMMs over chunks of query rows (cuda/cuda_attention.cu,
+ * docs/architecture.md), whose scores live in the workspace: the forward holds one chunk of
+ * scores, the backward two (the probabilities and their gradients) plus delta (B*Hq*T
+ * floats). A chunk of c query rows holds c rows of ceil4(T) floats for each of the B*Hq
+ * (sequence, head) pairs. The plan gives the score buffers TZ_ATTENTION_WS_SCORES bytes in
+ * all, at least 16 rows (all T when T < 16): 128 MiB at B = 1, T = 2048, Hq = 32, where the
+ * backward's chunk is 256 rows (the forward's, one buffer in the same bytes, 512). With fp32
+ * GEMM operands, and on the host, attention wants no workspace: 0 bytes. */
+#define TZ_ATTENTION_WS_SCORES ((size_t)128 << 20)
+/* Query rows per chunk that `bytes` of score buffers hold (nbuf buffers), rounded down to a
+ * multiple of 64 (or 16) rows where that many fit, all T when they fit; 0: not one row. */
+static inline int64_t tz_attention_chunk(size_t bytes, int64_t B, int64_t T, int64_t Hq,
+                                         int nbuf) {
+    const size_t row = (size_t)nbuf * (size_t)(B * Hq) * (size_t)((T + 3) / 4 * 4) * 4;
+    const int64_t c = row ? (int64_t)(bytes / row) : 0;
+    if (c >= T) return T;
+    return c >= 64 ? c / 64 * 64 : c >= 16 ? c / 16 * 16 : c;
+}
+/* delta's part of the backward's workspace (first in it, 64-byte rounded) */
+static inline size_t tz_attention_delta_bytes(int64_t B, int64_t T, int64_t Hq) {
+    return ((size_t)(B * Hq * T) * 4 + 63) & ~(size_t)63;
+}
+static inline size_t tz_attention_ws_bytes(const tz_backend *be, int64_t B, int64_t T,
+                                           int64_t Hq, int backward) {
+    if (!be->device || be->matmul_dtype != TZ_DT_BF16 || B <= 0 || T <= 0 || Hq <= 0)
+        return 0;
+    const int nbuf = backward ? 2 : 1;
+    int64_t c = tz_attention_chunk(TZ_ATTENTION_WS_SCORES, B, T, Hq, nbuf);
+    if (c < 16) c = T < 16 ? T : 16;
+    return (size_t)nbuf * (size_t)(c * B * Hq) * (size_t)((T + 3) / 4 * 4) * 4 +
+           (backward ? tz_attention_delta_bytes(B, T, Hq) : 0);
+}
 
 /* A backend by name: "cpu", "cuda", or "auto" (cuda when this build has the CUDA backend and
  * a GPU is visible, else cpu); the run.device key. device: the GPU ordinal hint (taken

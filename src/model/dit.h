@@ -107,6 +107,8 @@ typedef struct tz_dit {
     tz_tq_codebook cb;  /* codebook of o.quant.bits (TurboQuant) */
     float levels[TZ_TQ_MAX_LEVELS]; /* the code values of o.quant (tz_tq_levels) */
     tz_tq_scratch tq;   /* the one decode tile + rotation buffer, in the arena */
+    void *att_ws;       /* attention's workspace in the arena, lent to each call */
+    size_t att_ws_bytes; /* (tz_attention_ws_bytes: 0 and NULL where none is wanted) */
     /* activations for batches of up to B images (tz_dit_setup); n is the current batch */
     int64_t B, n;
     tz_arena arena;

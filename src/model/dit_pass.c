@@ -51,6 +51,7 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->copy2d(be, a->q, Hd, m->qkv, 3 * Hd, BT, Hd);
     be->copy2d(be, a->k, Hd, m->qkv + Hd, 3 * Hd, BT, Hd);
     be->copy2d(be, a->v, Hd, m->qkv + 2 * Hd, 3 * Hd, BT, Hd);
+    be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, n, T, d->num_heads, d->num_heads,
                       Hd / d->num_heads, 0);
     lin_fwd(be, &L[TZ_DIT_PROJ], a->ao, a->lh[TZ_DIT_PROJ], a->att, BT);
@@ -165,6 +166,7 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->fill(be, m->dq, 0.0f, BT * Hd);
     be->fill(be, m->dk, 0.0f, BT * Hd);
     be->fill(be, m->dv, 0.0f, BT * Hd);
+    be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_bwd(be, m->dq, m->dk, m->dv, m->db, a->att, a->lse, a->q, a->k, a->v, n, T,
                       nh, nh, Hd / nh, 0);
     be->copy2d(be, m->dqkv, 3 * Hd, m->dq, Hd, BT, Hd);

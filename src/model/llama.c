@@ -200,6 +200,10 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
         TAKE(m->dlora, BT * (m->o.lora.rank > 0 ? m->o.lora.rank : 1), "dlora");
     }
+    /* attention's workspace, where the backend wants one (core/backend.h) */
+    const size_t att_ws = tz_attention_ws_bytes(m->be, B, T, d->n_heads, !m->o.forward_only);
+    if (a) m->att_ws = NULL, m->att_ws_bytes = att_ws;
+    if (att_ws) TAKE(m->att_ws, (int64_t)(att_ws / sizeof(float)), "attention workspace");
     /* quantized weights: one decode tile for all of them, one rotation buffer */
     total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT,
                                    tz_dtype_size(m->be->matmul_dtype));
@@ -263,6 +267,7 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     tz_linear_fwd(be, &L->lin[TZ_LIN_V], a->v, a->lh[TZ_LIN_V], a->h1, BT);
     rope(m, a->q, B, T, d->n_heads, 0, 0);
     rope(m, a->k, B, T, d->n_kv_heads, 0, 0);
+    be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, B, T, d->n_heads, d->n_kv_heads,
                       d->head_dim, 1);
     tz_linear_fwd(be, &L->lin[TZ_LIN_O], a->x2, a->lh[TZ_LIN_O], a->att, BT);
@@ -356,6 +361,7 @@ static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     be->fill(be, dq, 0.0f, BT * qd);
     be->fill(be, dk, 0.0f, BT * kvd);
     be->fill(be, dv, 0.0f, BT * kvd);
+    be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
                       d->n_heads, d->n_kv_heads, d->head_dim, 1);
     rope(m, dq, B, T, d->n_heads, 0, 1);

@@ -72,6 +72,8 @@ typedef struct tz_llama {
     tz_tq_codebook cb;        /* codebook of o.quant.bits (TurboQuant) */
     float levels[TZ_TQ_MAX_LEVELS]; /* the code values of o.quant (tz_tq_levels) */
     tz_tq_scratch tq;         /* the one decode tile + rotation buffer, in the arena */
+    void *att_ws;             /* attention's workspace in the arena, lent to each call */
+    size_t att_ws_bytes;      /* (tz_attention_ws_bytes: 0 and NULL where none is wanted) */
     float *inv_freq;          /* head_dim/2 RoPE frequencies (backend memory), made when
                                * first needed (rope_scaling, or generation) */
     /* activations for batches of B sequences of T tokens (set by tz_llama_setup) */

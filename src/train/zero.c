@@ -22,15 +22,29 @@ void tz_zero_init(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt, 
     tz_zero_init_comms(z, stage, bucket_mb, opt, ps, be, comm, comm, world);
 }
 
-/* Host buffers the device copies read or write: pinned on a device backend. */
-static void *host_buf(tz_zero *z, size_t bytes) {
-    return z->be->device ? z->be->host_alloc(z->be, bytes) : tz_xmalloc(bytes);
+/* Host buffers: pinned where a device copy reads or writes them (dma), else plain memory
+ * (MPI's buffers, the host backend's). */
+static void *host_buf(tz_zero *z, size_t bytes, int dma) {
+    return dma ? z->be->host_alloc(z->be, bytes) : tz_xmalloc(bytes);
 }
 
-static void host_buf_free(tz_zero *z, void *p) {
-    if (z->be->device) z->be->host_free(z->be, p);
+static void host_buf_free(tz_zero *z, void *p, int dma) {
+    if (dma) z->be->host_free(z->be, p);
     else free(p);
 }
+
+/* Which host buffers the device's copies use (nothing on a host backend):
+ *   the accumulator: the owned slices land there by copy with NCCL (pipelined, fresh), and
+ *     in the blocking path of one rank (stages 0/1); with MPI on several ranks they reach it
+ *     through MPI from hstage or host_tmp;
+ *   recv: the copy's target with NCCL, MPI's receive buffer otherwise;
+ *   wsend: uploaded from where the weights are not all-gathered, wrecv where they are.
+ * The master is never a copy's source or target in a step (it is packed into wsend). */
+static int acc_dma(const tz_zero *z) {
+    return z->be->device && (z->dcomm->device || (!z->pipelined && z->comm->size == 1));
+}
+static int recv_dma(const tz_zero *z) { return z->be->device && z->dcomm->device; }
+static int gathers(const tz_zero *z) { return z->stage > 0 && z->comm->size > 1; }
 
 void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt,
                         tz_params *ps, tz_backend *be, tz_comm *comm, tz_comm *dcomm,
@@ -71,11 +85,11 @@ void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim 
     free(off);
     free(num);
 
-    /* the host shard, on this rank's NUMA node (the GPU's, where the trainer bound it);
-     * pinned where the device copies into and out of it */
+    /* the host shard, on this rank's NUMA node (the GPU's, where the trainer bound it); the
+     * accumulator pinned where the device copies into it (where pinning is refused it stays
+     * pageable: slower copies, the backend warns once) */
     tz_shard_init(&z->sh, opt, z->plan.shard_numel, world);
-    if (be->device) {
-        be->host_register(be, z->sh.master, (size_t)z->sh.n * sizeof(float));
+    if (acc_dma(z)) {
         be->host_register(be, z->sh.acc, (size_t)z->sh.n * sizeof(float));
         z->pinned = 1;
     }
@@ -105,34 +119,32 @@ void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim 
     tz_params_drop_init(ps); /* the dense sources of quantized weights are in the master now */
 
     const int64_t B = z->plan.bucket_elems;
-    z->host_tmp = host_buf(z, (size_t)B * sizeof(float));
-    z->wsend = tz_xmalloc((size_t)z->zw.max_chunk + 8);
-    z->wrecv = host_buf(z, (size_t)z->zw.max_bucket + 8); /* uploaded from */
+    if (!z->pipelined) /* the blocking path's bucket: downloaded into */
+        z->host_tmp = host_buf(z, (size_t)B * sizeof(float), be->device);
+    z->wsend = host_buf(z, (size_t)z->zw.max_chunk + 8, be->device && !gathers(z));
+    if (gathers(z)) z->wrecv = host_buf(z, (size_t)z->zw.max_bucket + 8, be->device);
     if (z->pipelined)
         for (int s = 0; s < TZ_ZERO_SLOTS; s++) {
             if (!be->device || z->dcomm->device) /* the bucket, padded, on the backend */
                 z->stage_buf[s] = be->alloc(be, (size_t)B * sizeof(float));
-            else /* the bucket, padded, in pinned host memory for MPI */
+            else /* the bucket, padded, in pinned host memory: downloaded into, then MPI */
                 z->hstage[s] = be->host_alloc(be, (size_t)B * sizeof(float));
-            z->recv[s] = host_buf(z, (size_t)(B / comm->size + 1) * sizeof(float));
+            z->recv[s] = host_buf(z, (size_t)(B / comm->size + 1) * sizeof(float), recv_dma(z));
             z->slot_bucket[s] = -1;
         }
 }
 
 void tz_zero_free(tz_zero *z) {
-    if (z->pinned) {
-        z->be->host_unregister(z->be, z->sh.master);
-        z->be->host_unregister(z->be, z->sh.acc);
-    }
+    if (z->pinned) z->be->host_unregister(z->be, z->sh.acc);
     tz_shard_free(&z->sh);
     for (int s = 0; s < TZ_ZERO_SLOTS; s++) {
         if (z->stage_buf[s]) z->be->release(z->be, z->stage_buf[s]);
         if (z->hstage[s]) z->be->host_free(z->be, z->hstage[s]);
-        if (z->recv[s]) host_buf_free(z, z->recv[s]);
+        if (z->recv[s]) host_buf_free(z, z->recv[s], recv_dma(z));
     }
-    host_buf_free(z, z->host_tmp);
-    free(z->wsend);
-    host_buf_free(z, z->wrecv);
+    if (z->host_tmp) host_buf_free(z, z->host_tmp, z->be->device);
+    host_buf_free(z, z->wsend, z->be->device && !gathers(z));
+    if (z->wrecv) host_buf_free(z, z->wrecv, z->be->device);
     tz_zero_weights_free(&z->zw);
     z->be->release(z->be, z->grad);
     tz_zero_plan_free(&z->plan);

@@ -1,14 +1,17 @@
 /* Test tool under mpirun (1-4 ranks): world description and every collective against local sums
- * (odd, split, multi-million counts, in place, non-blocking); --fatal-rank R tests the abort. */
+ * (odd, split, multi-million counts, in place, non-blocking), comm.backend = auto on one rank;
+ * --fatal-rank R tests the abort. */
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/dtype.h"
 #include "mpi/comm.h"
+#include "mpi/comm_nccl.h"
 #include "mpi/world.h"
 
 static int g_rank, g_size, g_pass, g_fail;
@@ -300,6 +303,33 @@ static void check_world(const tz_world *w) {
     free(all);
 }
 
+/* comm.backend = "auto" on one rank: the host comm, decided before anything is asked of a GPU
+ * or of NCCL. The backend is a stand-in for a CUDA one (its name, the device flag, and a
+ * device_info that counts its calls); the CUDA module is loaded where this build has one, so
+ * that NCCL would be found (libnccl.so.2 of the toolkit) if the choice went on to ask. */
+static int g_info_calls;
+static void fake_device_info(tz_backend *be, tz_device_info *out) {
+    (void)be;
+    g_info_calls++;
+    memset(out, 0, sizeof *out);
+    snprintf(out->bus_id, sizeof out->bus_id, "0000:%02x:00.0", g_rank + 1);
+}
+
+static void check_select_one_rank(tz_comm *c) {
+    if (c->size != 1) return;
+    tz_backend fake;
+    memset(&fake, 0, sizeof fake);
+    fake.name = "cuda";
+    fake.device = 1;
+    fake.device_info = fake_device_info;
+    const char *why = tz_cuda_module_error();
+    tz_comm *g = tz_comm_select(0, &fake, c);
+    agree(g == NULL && g_info_calls == 0,
+          "comm.backend = auto on one rank, a GPU backend: the host comm, no GPU or NCCL asked "
+          "(CUDA module: %s)", why ? why : "loaded");
+    if (g) tz_comm_destroy(g);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int fatal_rank = -1, mpi_error_rank = -1;
@@ -334,6 +364,7 @@ int main(int argc, char **argv) {
     }
 
     check_world(&w);
+    check_select_one_rank(c);
     tz_comm *small = tz_comm_mpi_create_limited(MPI_COMM_WORLD, 1000);
     tz_comm *comms[2] = {c, small};
     const char *names[2] = {"mpi", "mpi/limit1000"};

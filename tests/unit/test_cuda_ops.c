@@ -17,8 +17,10 @@
  *   1e-5    row reductions in fp32 math around double sums (norms, cross-entropy) and the
  *           GEMM (K <= 96 products summed in another order: ~sqrt(K) * 6e-8 typical, far
  *           below; the margin covers the worst element).
- *   3e-5    attention (two chained reductions over T <= 80 and D <= 128 in different order,
- *           an online softmax against a two-pass one, exp of the difference).
+ *   3e-5    attention with fp32 GEMM operands (two chained reductions over T <= 80 and
+ *           D <= 128 in different order, an online softmax against a two-pass one, exp of
+ *           the difference); on tensor cores (bf16 GEMM operands: TF32 products) 4e-3 of
+ *           each row's norm, see test_attention_tc.
  *   1e-12   sumsq (double accumulation of the same squares, relative).
  * The bf16 GEMM (matmul_dtype = TZ_DT_BF16) is checked element by element against bounds
  * rather than a relative figure, see test_matmul_bf16. */
@@ -27,6 +29,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/backend.h"
 #include "core/dtype.h"
@@ -508,6 +512,171 @@ static void test_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_
     drop(&dq), drop(&dk), drop(&dv);
 }
 
+/* ---- attention on tensor cores (bf16 GEMM operands: chunks of query rows through cuBLAS,
+ * the scores in a workspace lent in be->att_ws) ----
+ * Against the CPU's fp32 op. The GEMMs round their fp32 operands to TF32 (10 explicit mantissa
+ * bits: a relative error of at most u = 2^-11 per operand, so 2^-10 per product) and sum in
+ * fp32. A score s = scale q.k then errs by at most 2^-10 scale sum_d |q_d k_d| (~1e-3 at these
+ * sizes), a probability by that much relative, and each output (O = P V, dQ, dK, dV, sums of
+ * such products over keys or queries) by about 2^-10 of the sum of the absolute values of its
+ * terms. Those terms have random signs and cancel, so the result's norm is smaller than that
+ * sum (by up to sqrt(T)), while the rounding errors, independent, cancel likewise. Measured as
+ * in the rest of this file but per row of D values (a row of out, dq, dk or dv): ||gpu - cpu||
+ * / ||cpu's result|| (of the increment, for the accumulated gradients; at least the mean row
+ * norm of out, or of the three gradients, see worst_rel), at most TOL_TC = 4e-3, and lse
+ * (absolute: a log-sum-exp errs by a weighted mean of its scores' errors) within TOL_TC too.
+ * Measured on the CPU emulation of the backend (its cuBLAS rounds to TF32 as the tensor cores
+ * do): rows within 1.6e-3 (dq of causal chunks of 7), mostly 3e-4..9e-4; lse within 2.3e-4.
+ * A wrong mask, chunk boundary or head mapping errs by O(1). */
+#define TOL_TC 4e-3
+
+/* Rows of `row` values of a pair whose device copy was computed from `start` (NULL: zeros):
+ * inc[r] = ||cpu - start|| (the CPU's result, or increment) and err[r] = ||gpu - cpu|| of row
+ * r; returns the mean of inc. */
+static double row_norms(const pair *p, const float *start, int64_t row, double *inc,
+                        double *err) {
+    float *g = malloc((size_t)p->n * 4);
+    g_gpu->download(g_gpu, g, p->d, (size_t)p->n * 4);
+    const int64_t nr = p->n / row;
+    double mean = 0.0;
+    for (int64_t r = 0; r < nr; r++) {
+        double e = 0.0, c = 0.0;
+        for (int64_t i = r * row; i < (r + 1) * row; i++) {
+            double d = (double)g[i] - (double)p->h[i];
+            double x = (double)p->h[i] - (start ? (double)start[i] : 0.0);
+            e += d * d, c += x * x;
+        }
+        inc[r] = sqrt(c), err[r] = e == e ? sqrt(e) : INFINITY, mean += inc[r] / (double)nr;
+    }
+    free(g);
+    return mean;
+}
+/* max over rows of err / max(inc, floor): the floor keeps a row whose exact result cancels to
+ * ~0 (dq of the first causal query; dq and dk at T = 1) from dividing by its own rounding. */
+static double worst_rel(const double *inc, const double *err, int64_t nr, double floor) {
+    double w = 0.0;
+    for (int64_t r = 0; r < nr; r++) {
+        double den = inc[r] > floor ? inc[r] : floor;
+        double rel = den > 0.0 ? err[r] / den : (err[r] > 0.0 ? INFINITY : 0.0);
+        if (!(rel <= w)) w = rel;
+    }
+    return w;
+}
+
+/* Workspace bytes for a forward (backward = 0) or backward chunk of c query rows, as
+ * tz_attention_chunk reads them. */
+static size_t ws_for_chunk(int64_t c, int64_t B, int64_t T, int64_t Hq, int backward) {
+    size_t rows = (size_t)(c * B * Hq) * (size_t)((T + 3) / 4 * 4) * 4 * (backward ? 2 : 1);
+    return rows + (backward ? tz_attention_delta_bytes(B, T, Hq) : 0);
+}
+
+/* The workspace refilled with NaN (a value read before it is written shows) and a canary of
+ * 256 bytes after the bytes lent, checked afterwards. */
+#define WS_CANARY 256
+static void ws_fill(void *ws, size_t lent) {
+    unsigned char *h = malloc(lent + WS_CANARY);
+    memset(h, 0xff, lent);
+    for (int i = 0; i < WS_CANARY; i++) h[lent + (size_t)i] = (unsigned char)(0x5a ^ i);
+    g_gpu->upload(g_gpu, ws, h, lent + WS_CANARY);
+    free(h);
+}
+static int ws_canary_ok(const void *ws, size_t lent) {
+    unsigned char c[WS_CANARY];
+    g_gpu->download(g_gpu, c, (const char *)ws + lent, WS_CANARY);
+    for (int i = 0; i < WS_CANARY; i++)
+        if (c[i] != (unsigned char)(0x5a ^ i)) return 0;
+    return 1;
+}
+
+/* chunk: query rows per chunk, forced through the bytes lent (a size tz_attention_chunk keeps:
+ * < 16, a multiple of 16 below 64, of 64, or >= T); 0: the planned workspace. */
+static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                              int causal, int64_t chunk) {
+    g_gpu->matmul_dtype = TZ_DT_BF16;
+    const size_t fb = chunk ? ws_for_chunk(chunk, B, T, Hq, 0)
+                            : tz_attention_ws_bytes(g_gpu, B, T, Hq, 0);
+    const size_t bb = chunk ? ws_for_chunk(chunk, B, T, Hq, 1)
+                            : tz_attention_ws_bytes(g_gpu, B, T, Hq, 1);
+    const int64_t cf = tz_attention_chunk(fb, B, T, Hq, 1);
+    const int64_t cb = tz_attention_chunk(bb - tz_attention_delta_bytes(B, T, Hq), B, T, Hq, 2);
+    void *ws = g_gpu->alloc(g_gpu, (fb > bb ? fb : bb) + WS_CANARY);
+    pair q = mk(B * T * Hq * D, 1.0f), k = mk(B * T * Hkv * D, 1.0f), v = mk(B * T * Hkv * D, 1.0f);
+    pair out = mkz(q.n), lse = mkz(B * Hq * T), dout = mk(q.n, 1.0f);
+    pair dq = mk(q.n, 0.1f), dk = mk(k.n, 0.1f), dv = mk(v.n, 0.1f);
+    char what[160], line[240];
+    snprintf(what, sizeof what, "B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal=%d chunk %lld/%lld",
+             (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal,
+             (long long)cf, (long long)cb);
+    g_cpu->attention_fwd(g_cpu, out.h, lse.h, q.h, k.h, v.h, B, T, Hq, Hkv, D, causal);
+    ws_fill(ws, fb);
+    g_gpu->att_ws = ws, g_gpu->att_ws_bytes = fb;
+    g_gpu->attention_fwd(g_gpu, out.d, lse.d, q.d, k.d, v.d, B, T, Hq, Hkv, D, causal);
+    check(!g_gpu->att_ws && !g_gpu->att_ws_bytes && ws_canary_ok(ws, fb),
+          "tc attention_fwd %s: the loan taken back, nothing written past it", what);
+    const int64_t nrq = B * T * Hq, nrk = B * T * Hkv;
+    double *inc = malloc((size_t)(2 * nrq + 4 * nrk) * sizeof *inc), *err = inc + nrq;
+    double mean = row_norms(&out, NULL, D, inc, err);
+    double e = worst_rel(inc, err, nrq, mean);
+    snprintf(line, sizeof line, "tc attention_fwd out %s", what);
+    check(e <= TOL_TC, "%-60s row err %.3e (tol %.0e)", line, e, TOL_TC);
+    row_norms(&lse, NULL, 1, inc, err); /* rows of one: err is the absolute error */
+    e = 0.0;
+    for (int64_t r = 0; r < nrq; r++) e = !(err[r] <= e) ? err[r] : e;
+    snprintf(line, sizeof line, "tc attention_fwd lse %s", what);
+    check(e <= TOL_TC, "%-60s abs err %.3e (tol %.0e)", line, e, TOL_TC);
+    /* the backward on the CPU's forward results for both, so only the backward is compared */
+    g_gpu->upload(g_gpu, out.d, out.h, (size_t)out.n * 4);
+    g_gpu->upload(g_gpu, lse.d, lse.h, (size_t)lse.n * 4);
+    float *s0[3];
+    pair *gr[3] = {&dq, &dk, &dv};
+    for (int i = 0; i < 3; i++) {
+        s0[i] = malloc((size_t)gr[i]->n * 4);
+        memcpy(s0[i], gr[i]->h, (size_t)gr[i]->n * 4);
+    }
+    g_cpu->attention_bwd(g_cpu, dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, B, T, Hq,
+                         Hkv, D, causal);
+    ws_fill(ws, bb);
+    g_gpu->att_ws = ws, g_gpu->att_ws_bytes = bb;
+    g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
+                         Hkv, D, causal);
+    check(!g_gpu->att_ws && !g_gpu->att_ws_bytes && ws_canary_ok(ws, bb),
+          "tc attention_bwd %s: the loan taken back, nothing written past it", what);
+    /* rows relative to themselves, at least to the mean row of the three increments */
+    const char *name[3] = {"dq", "dk", "dv"};
+    const int64_t nr[3] = {nrq, nrk, nrk};
+    double *ri[3] = {inc, inc + 2 * nrq, inc + 2 * nrq + 2 * nrk};
+    float *res[3];
+    mean = 0.0;
+    for (int i = 0; i < 3; i++)
+        mean += row_norms(gr[i], s0[i], D, ri[i], ri[i] + nr[i]) / 3.0;
+    for (int i = 0; i < 3; i++) {
+        e = worst_rel(ri[i], ri[i] + nr[i], nr[i], mean);
+        snprintf(line, sizeof line, "tc attention_bwd %s %s", name[i], what);
+        check(e <= TOL_TC, "%-60s row err %.3e (tol %.0e)", line, e, TOL_TC);
+        res[i] = malloc((size_t)gr[i]->n * 4);
+        g_gpu->download(g_gpu, res[i], gr[i]->d, (size_t)gr[i]->n * 4);
+        g_gpu->upload(g_gpu, gr[i]->d, s0[i], (size_t)gr[i]->n * 4);
+    }
+    /* run to run: the same gradients from the same starting buffers, to the bit */
+    ws_fill(ws, bb);
+    g_gpu->att_ws = ws, g_gpu->att_ws_bytes = bb;
+    g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
+                         Hkv, D, causal);
+    int same = 1;
+    for (int i = 0; i < 3; i++) {
+        float *again = malloc((size_t)gr[i]->n * 4);
+        g_gpu->download(g_gpu, again, gr[i]->d, (size_t)gr[i]->n * 4);
+        same &= !memcmp(again, res[i], (size_t)gr[i]->n * 4);
+        free(again), free(res[i]), free(s0[i]);
+    }
+    check(same, "tc attention_bwd reproducible %s", what);
+    free(inc);
+    g_gpu->release(g_gpu, ws);
+    drop(&q), drop(&k), drop(&v), drop(&out), drop(&lse), drop(&dout);
+    drop(&dq), drop(&dk), drop(&dv);
+    g_gpu->matmul_dtype = TZ_DT_F32;
+}
+
 /* Attention of T new queries at pos0 against a cache of capacity S (keys 0 .. pos0+T-1
  * filled, the rest garbage that must not be read): the same 3e-5 as attention_fwd. */
 static void test_attention_cache(int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq,
@@ -630,6 +799,134 @@ static void test_quant(void) {
     test_tq_matmul();
 }
 
+/* ---- the backend's own checks ---- */
+
+/* The bf16 GEMM rounds its fp32 operands into a buffer of its own: both operands converted in
+ * one call, one buffer serving as both (C = X X^T), and a call needing more room than any
+ * before (the buffer grows inside it); each bit for bit against the same GEMM of a separate
+ * copy (the same bf16 operands, so the same GEMM). */
+static void test_matmul_operands(void) {
+    const int64_t K = 77, sizes[2] = {29, 400};
+    g_gpu->matmul_dtype = TZ_DT_BF16;
+    pair X = mk(sizes[1] * K, 1.0f), Y = mkz(sizes[1] * K);
+    g_gpu->copy(g_gpu, Y.d, X.d, (size_t)(sizes[1] * K) * 4);
+    float *c1 = g_gpu->alloc(g_gpu, (size_t)(sizes[1] * sizes[1]) * 4);
+    float *c2 = g_gpu->alloc(g_gpu, (size_t)(sizes[1] * sizes[1]) * 4);
+    for (int i = 0; i < 2; i++) {
+        const int64_t m = sizes[i];
+        g_gpu->matmul(g_gpu, c1, X.d, X.d, m, m, K, 0, 1, 1.0f, 0.0f);
+        g_gpu->matmul(g_gpu, c2, X.d, Y.d, m, m, K, 0, 1, 1.0f, 0.0f);
+        float *a = malloc((size_t)(m * m) * 4), *b = malloc((size_t)(m * m) * 4);
+        g_gpu->download(g_gpu, a, c1, (size_t)(m * m) * 4);
+        g_gpu->download(g_gpu, b, c2, (size_t)(m * m) * 4);
+        check(!memcmp(a, b, (size_t)(m * m) * 4) && a[0] == a[0],
+              "bf16 matmul X X^T, %lld x %lld: one fp32 buffer as both operands = separate "
+              "copies, bit for bit", (long long)m, (long long)K);
+        free(a), free(b);
+    }
+    g_gpu->matmul_dtype = TZ_DT_F32;
+    g_gpu->release(g_gpu, c1), g_gpu->release(g_gpu, c2);
+    drop(&X), drop(&Y);
+}
+
+/* Runs fn in a child process with env ("NAME=value" strings, NULL ended) added; its stderr in
+ * err. Returns its exit status (-1: killed by a signal). */
+static int in_child(void (*fn)(void), const char *const *env, char *err, size_t n) {
+    int fd[2];
+    if (pipe(fd)) return -1;
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd[1], 2), close(fd[0]), close(fd[1]);
+        for (int i = 0; env[i]; i++) putenv((char *)env[i]);
+        fn();
+        exit(0);
+    }
+    close(fd[1]);
+    size_t got = 0;
+    ssize_t r;
+    while (got + 1 < n && (r = read(fd[0], err + got, n - 1 - got)) > 0) got += (size_t)r;
+    err[got] = 0;
+    char sink[256];
+    while (read(fd[0], sink, sizeof sink) > 0) {}
+    close(fd[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A rotation whose kernel faults (the emulation's TZ_CUDA_EMU_FAULT), then a sync. */
+static void child_fault(void) {
+    tz_backend *be = tz_backend_create("cuda", 0, 0);
+    float *x = be->alloc(be, 3 * 128 * 4), *y = be->alloc(be, 3 * 128 * 4);
+    be->fill(be, x, 1.0f, 3 * 128);
+    be->tq_rotate(be, y, x, 3, 128, 64, 1);
+    be->sync(be);
+    fprintf(stderr, "no failure reported\n");
+}
+
+static void child_old_driver(void) {
+    fprintf(stderr, "device count %d\n", tz_cuda_device_count());
+    tz_backend_create("cuda", 0, 0);
+}
+
+/* TZ_CUDA_SYNC_DEBUG: the same results as without it; a kernel's fault named by its op (and,
+ * without the mode, by the later call that synchronises); cudaGetDeviceCount's error named.
+ * The failures are the emulation's (a GPU cannot be made to fail on demand). */
+static void test_checked_mode(void) {
+    tz_device_info di;
+    g_gpu->device_info(g_gpu, &di);
+    if (!strstr(di.name, "CPU emulation")) {
+        printf("skip: TZ_CUDA_SYNC_DEBUG and failures on demand are tested on the emulation\n");
+        return;
+    }
+    setenv("TZ_CUDA_SYNC_DEBUG", "1", 1);
+    tz_backend *dbg = tz_backend_create("cuda", 0, 0);
+    unsetenv("TZ_CUDA_SYNC_DEBUG");
+    const int64_t M = 21, N = 33, K = 40;
+    pair A = mk(M * K, 1.0f), B = mk(K * N, 1.0f), w = mk(N, 1.0f);
+    float *out[2], *rstd[2];
+    tz_backend *bes[2] = {g_gpu, dbg};
+    for (int i = 0; i < 2; i++) {
+        bes[i]->matmul_dtype = TZ_DT_BF16;
+        out[i] = bes[i]->alloc(bes[i], (size_t)(M * N) * 4);
+        rstd[i] = bes[i]->alloc(bes[i], (size_t)M * 4);
+        bes[i]->matmul(bes[i], out[i], A.d, B.d, M, N, K, 0, 0, 0.5f, 0.0f);
+        bes[i]->rmsnorm_fwd(bes[i], out[i], rstd[i], out[i], w.d, M, N, 1e-5f);
+        bes[i]->matmul_dtype = TZ_DT_F32;
+    }
+    float *a = malloc((size_t)(M * N) * 4), *b = malloc((size_t)(M * N) * 4);
+    g_gpu->download(g_gpu, a, out[0], (size_t)(M * N) * 4);
+    dbg->download(dbg, b, out[1], (size_t)(M * N) * 4);
+    check(!memcmp(a, b, (size_t)(M * N) * 4) && dbg->sumsq(dbg, out[1], M * N) > 0,
+          "TZ_CUDA_SYNC_DEBUG=1: bf16 matmul, rmsnorm, download, sumsq as without it");
+    free(a), free(b);
+    for (int i = 0; i < 2; i++) bes[i]->release(bes[i], out[i]), bes[i]->release(bes[i], rstd[i]);
+    tz_backend_destroy(dbg);
+    drop(&A), drop(&B), drop(&w);
+
+    char err[4096];
+    const char *fault_dbg[] = {"TZ_CUDA_SYNC_DEBUG=1", "TZ_CUDA_EMU_FAULT=k_rotate", NULL};
+    int rc = in_child(child_fault, fault_dbg, err, sizeof err);
+    check(rc != 0 && strstr(err, "TZ_CUDA_SYNC_DEBUG: op tq_rotate failed") &&
+              strstr(err, "cudaErrorIllegalAddress"),
+          "TZ_CUDA_SYNC_DEBUG=1, a kernel fault: the op is named (exit %d): %.*s", rc,
+          (int)strcspn(err, "\n"), err);
+    const char *fault[] = {"TZ_CUDA_EMU_FAULT=k_rotate", NULL};
+    rc = in_child(child_fault, fault, err, sizeof err);
+    check(rc != 0 && !strstr(err, "tq_rotate") && strstr(err, "cudaStreamSynchronize") &&
+              strstr(err, "cudaErrorIllegalAddress"),
+          "without it: the fault surfaces at the next synchronising call (exit %d)", rc);
+    const char *old[] = {"TZ_CUDA_EMU_DRIVER=old", NULL};
+    rc = in_child(child_old_driver, old, err, sizeof err);
+    check(rc != 0 && strstr(err, "device count 0") &&
+              strstr(err, "no usable CUDA device (cudaGetDeviceCount: cudaErrorInsufficientDriver"
+                          ": CUDA driver version is insufficient") &&
+              strstr(err, "no CUDA device is visible") &&
+              strstr(err, "HINT: update the NVIDIA driver"),
+          "an old driver: named as such, not as \"no device\" (exit %d)", rc);
+}
+
 int main(void) {
     int n = tz_cuda_device_count();
     if (n <= 0) {
@@ -654,10 +951,23 @@ int main(void) {
     test_attention(1, 33, 2, 1, 72, 1);
     test_attention(3, 80, 2, 2, 16, 1);
     test_attention(1, 1, 1, 1, 8, 1);
+    /* tensor cores: chunks that do not divide T, T below the chunk, T = 1, odd D (40, 72),
+     * D = 128, grouped heads of 1, 2 and 4 members, causal and not, B > 1; both batchings
+     * (over kv groups where B * rep <= Hq, else over sequences) */
+    test_attention_tc(2, 45, 4, 2, 40, 1, 16);  /* chunks 16, 16, 13; rep 2, by group */
+    test_attention_tc(1, 70, 3, 3, 128, 0, 64); /* 64 + 6, not causal */
+    test_attention_tc(1, 33, 4, 1, 72, 1, 64);  /* T < chunk: one chunk of 33; rep 4 */
+    test_attention_tc(3, 80, 2, 2, 16, 1, 7);   /* chunks of 7; by sequence (B > Hq) */
+    test_attention_tc(5, 37, 4, 2, 40, 0, 16);  /* by sequence with rep 2 */
+    test_attention_tc(2, 96, 4, 2, 128, 1, 32); /* D = 128, 3 chunks of 32 */
+    test_attention_tc(1, 1, 1, 1, 8, 1, 1);     /* T = 1 */
+    test_attention_tc(2, 50, 8, 2, 72, 1, 0);   /* the planned workspace (one chunk of 50) */
     test_attention_cache(2, 1, 80, 70, 4, 2, 40);  /* one decode step, 71 keys */
     test_attention_cache(1, 13, 50, 20, 3, 1, 128); /* a prefill chunk at an offset */
     test_attention_cache(1, 33, 33, 0, 2, 2, 72);   /* pos0 0, S = T: attention_fwd's case */
     test_quant();
+    test_matmul_operands();
+    test_checked_mode();
     tz_backend_destroy(g_gpu);
     tz_backend_destroy(g_cpu);
     return tz_check_done("test_cuda_ops");

@@ -3,10 +3,14 @@
  * host, device_info. The CPU backend always (done at once); a CUDA backend when one can be
  * created (a GPU, or the CPU emulation through TZ_CUDA_MODULE): a bucket produced on the
  * compute queue, copied to the host on the copy queue after an event, read after the host
- * waited for the copy's event, back through upload_async with the compute queue waiting. */
+ * waited for the copy's event, back through upload_async with the compute queue waiting; a
+ * fresh allocation written first by the copy queue; the same under TZ_CUDA_SYNC_DEBUG; and,
+ * on the emulation, a refused host_register (a warning, the buffer stays pageable). */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/backend.h"
 #include "tz_check.h"
@@ -63,6 +67,65 @@ static void roundtrip(tz_backend *be, int64_t n) {
     be->release(be, d);
 }
 
+/* alloc zeroes on the compute queue; a buffer written first by the copy queue must not be
+ * zeroed after that write (the emulation stops a copy that no event orders after a set on
+ * another stream; on a GPU the values would show it, now and then). */
+static void fresh_alloc_copy_first(tz_backend *be, int64_t n) {
+    float *h = be->host_alloc(be, (size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) h[i] = (float)(i % 5 + 1);
+    float *d = be->alloc(be, (size_t)n * sizeof(float));
+    be->upload_async(be, d, h, (size_t)n * sizeof(float));
+    void *up = be->event_mark(be, TZ_QUEUE_COPY);
+    be->event_wait(be, up, TZ_QUEUE_COMPUTE);
+    be->event_free(be, up);
+    double ss = be->sumsq(be, d, n), want = 0.0;
+    for (int64_t i = 0; i < n; i++) want += (double)h[i] * (double)h[i];
+    check(ss == want, "%s: a fresh allocation written first on the copy queue keeps the values "
+          "(sumsq %.0f, expected %.0f)", be->name, ss, want);
+    be->release(be, d);
+    be->host_free(be, h);
+}
+
+/* stderr of fn(be) into out (n bytes). */
+static void capture_stderr(void (*fn)(tz_backend *), tz_backend *be, char *out, size_t n) {
+    fflush(stderr);
+    int saved = dup(2);
+    FILE *tmp = tmpfile();
+    dup2(fileno(tmp), 2);
+    fn(be);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    size_t got = fread(out, 1, n - 1, tmp);
+    out[got] = 0;
+    fclose(tmp);
+}
+
+/* Two buffers registered where pinning is refused, used by async copies, unregistered. */
+static void register_refused(tz_backend *be) {
+    const int64_t n = 5000;
+    float *a = calloc((size_t)n, sizeof(float)), *b = calloc((size_t)n, sizeof(float));
+    be->host_register(be, a, (size_t)n * sizeof(float));
+    be->host_register(be, b, (size_t)n * sizeof(float));
+    float *d = be->alloc(be, (size_t)n * sizeof(float));
+    be->fill(be, d, 2.5f, n);
+    void *after = be->event_mark(be, TZ_QUEUE_COMPUTE);
+    be->event_wait(be, after, TZ_QUEUE_COPY);
+    be->event_free(be, after);
+    be->download_async(be, a, d, (size_t)n * sizeof(float));
+    void *done = be->event_mark(be, TZ_QUEUE_COPY);
+    be->event_wait(be, done, TZ_QUEUE_HOST);
+    be->event_free(be, done);
+    int good = 1;
+    for (int64_t i = 0; i < n; i++) good &= a[i] == 2.5f;
+    check(good, "%s: download_async into a buffer left pageable: every value 2.5", be->name);
+    be->host_unregister(be, a);
+    be->host_unregister(be, b);
+    be->release(be, d);
+    free(a), free(b);
+}
+
 int main(void) {
     tz_backend *cpu = tz_backend_create("cpu", 0, 1);
     tz_device_info di;
@@ -82,6 +145,24 @@ int main(void) {
               (double)di.total_bytes / 1073741824.0);
         roundtrip(gpu, 1 << 20);
         roundtrip(gpu, 333);
+        fresh_alloc_copy_first(gpu, 100003);
+        if (strstr(di.name, "CPU emulation")) { /* a GPU cannot be made to refuse on demand */
+            char err[4096];
+            setenv("TZ_CUDA_EMU_REGISTER_MB", "0", 1);
+            capture_stderr(register_refused, gpu, err, sizeof err);
+            unsetenv("TZ_CUDA_EMU_REGISTER_MB");
+            const char *w = strstr(err, "cannot pin 20000 bytes");
+            check(w && strstr(err, "cudaErrorMemoryAllocation") && strstr(err, "pageable") &&
+                      !strstr(w + 1, "cannot pin"),
+                  "cuda: a refused host_register warns once, naming the size and CUDA's error: "
+                  "%.160s", err);
+        }
+        tz_backend_destroy(gpu);
+        setenv("TZ_CUDA_SYNC_DEBUG", "1", 1); /* every op synchronised and checked */
+        gpu = tz_backend_create("cuda", 0, 0);
+        unsetenv("TZ_CUDA_SYNC_DEBUG");
+        roundtrip(gpu, 333);
+        fresh_alloc_copy_first(gpu, 999);
         tz_backend_destroy(gpu);
     } else {
         printf("cuda: not tested here (%s)\n",
