@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "io/fsutil.h"
 #include <sys/stat.h>
 
 #include "core/error.h"
@@ -104,6 +106,7 @@ int tz_dit_config_read(tz_dit_config *c, const char *path, char *err, size_t err
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
         snprintf(file, sizeof file, "%s/config.json", path);
     else snprintf(file, sizeof file, "%s", path);
+    if (tz_check_regular(file, err, errlen)) return 1;
     json_error_t je;
     json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &je);
     if (!root) {

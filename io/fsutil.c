@@ -108,3 +108,10 @@ char *tz_read_file(const char *path, size_t *len, char *err, size_t errlen) {
     if (len) *len = n;
     return text;
 }
+
+int tz_check_regular(const char *path, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode)) return 0;
+    snprintf(err, errlen, "%s: not a regular file (%s)", path, tz_file_kind((unsigned)st.st_mode));
+    return 1;
+}

@@ -18,6 +18,10 @@ int tz_open_regular(const char *path, const char **kind);
 /* What a file of stat mode `mode` is, for messages: "a regular file", "a FIFO", "a directory",
  * "a character device", "a block device", "a socket", or "not a regular file". */
 const char *tz_file_kind(unsigned mode);
+/* 0 when path names a regular file (through links) or nothing at all (the caller's open
+ * then says so); non-zero with "PATH: not a regular file (a FIFO)" in err otherwise. For
+ * readers that open by name (libraries' own open calls): checked before they can block. */
+int tz_check_regular(const char *path, char *err, size_t errlen);
 /* The whole file, NUL-terminated (malloc'd; *len, when len is given, its size without the
  * NUL); NULL with "PATH: REASON" in err when it cannot be opened or read, or is not a regular
  * file ("PATH: not a regular file (a FIFO)"). */

@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include "core/error.h"
+#include "io/fsutil.h"
 
 #define IDX_MAX_BYTES ((int64_t)1 << 36) /* 64 GiB: beyond it, something is wrong */
 
@@ -20,6 +21,7 @@ static uint32_t be32(const uint8_t *p) {
 static int read_all(const char *path, uint8_t **buf, int64_t *len, char *err, size_t errlen) {
     *buf = NULL;
     *len = 0;
+    if (tz_check_regular(path, err, errlen)) return 1;
     errno = 0;
     gzFile gz = gzopen(path, "rb");
     if (!gz) {

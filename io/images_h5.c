@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/fsutil.h"
 
 typedef struct {
     const char *path;
@@ -153,8 +154,10 @@ int tz_h5_images_read(tz_image_set *s, const char *path, int64_t num_classes, ch
     H5Eget_auto2(H5E_DEFAULT, &fn, &data);
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     int rc = 1;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
+    const int odd = tz_check_regular(path, err, errlen); /* a FIFO would block the open */
+    FILE *fp = odd ? NULL : fopen(path, "rb");
+    if (odd) {
+    } else if (!fp) {
         snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     } else if (fclose(fp), H5Fis_hdf5(path) <= 0) {
         snprintf(err, errlen, "%s: not an HDF5 file", path);

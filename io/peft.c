@@ -8,9 +8,11 @@
 #include <string.h>
 
 #include "io/atomic_file.h"
+#include "io/fsutil.h"
 
 int tz_peft_read(tz_peft_config *c, const char *path, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
+    if (tz_check_regular(path, err, errlen)) return 1;
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     if (!root) {

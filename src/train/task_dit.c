@@ -15,6 +15,7 @@
 #include "train/bench.h"
 #include "train/data.h"
 #include "train/task.h"
+#include "io/fsutil.h"
 
 /* lora.targets names of the projections, in the order of TZ_DIT_* ("adaln": every block's
  * adaLN_modulation.1 and the final layer's) */
@@ -108,7 +109,8 @@ bad:
 static int is_hdf5(const char *path) {
     static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
     unsigned char buf[8];
-    FILE *f = fopen(path, "rb");
+    char err[8];
+    FILE *f = tz_check_regular(path, err, sizeof err) ? NULL : fopen(path, "rb");
     int yes = f && fread(buf, 1, 8, f) == 8 && !memcmp(buf, sig, 8);
     if (f) fclose(f);
     return yes;
