@@ -2,7 +2,8 @@
 # Checkpoints and run.dir under hostile use (docs/guide.md, "Surviving preemption"): each
 # case is a way a checkpoint.json, a resume or a run.dir was once trusted too far.
 #  3. checkpoint.json edited (its marker no longer matches), or edited with the marker made to
-#     match (its own consistency: step, data position, ZeRO plan, tensors): refused by name,
+#     match (its own consistency: step, data position, ZeRO plan, tensors), or a FIFO (10):
+#     refused by name,
 #     --resume falls back to the previous checkpoint and ends bit for bit as the
 #     uninterrupted run; "step": -1 at 2 ranks; "step": 10^15 commits nothing.
 #  4. a damaged but parseable checkpoint (a shard that passes its CRC but cannot be read):
@@ -100,6 +101,11 @@ d="$work/c3e"; stopped "$d"; printf 'step 4\n' > "$d/checkpoints/step-4/COMPLETE
 run "$d" --resume && grep -q "resumed from .*step-4: step 4" "$d.log" && same_run "$work/ref" "$d" $ad &&
   ok "3: a checkpoint of an earlier version (a marker without the CRC line) is still resumed, checked in itself" ||
   { bad "3: a marker of an earlier version"; tail -3 "$d.log"; }
+
+d="$work/c3f"; stopped "$d"; rm "$d/checkpoints/step-4/checkpoint.json"; mkfifo "$d/checkpoints/step-4/checkpoint.json"
+run "$d" --resume && fell_back "$d" "step-4/checkpoint.json: missing or not a regular file" &&
+  ok "3: a FIFO named checkpoint.json: refused without opening it, fell back, same end" ||
+  { bad "3: a FIFO as checkpoint.json"; tail -3 "$d.log"; }
 
 # ---- 4. damaged but parseable: fall back past it; a named one is refused plainly
 d="$work/c4"; stopped "$d"
