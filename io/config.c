@@ -89,7 +89,7 @@ static const tz_key schema[] = {
     INT(train, threads, 0, 0, 4096, "CPU threads per rank (0 = OpenMP default)"),
     INT(train, checkpoint_every, 0, 0, 1000000000, "steps between checkpoints in run.dir/checkpoints (0 = only on SIGUSR1/SIGTERM/SIGINT)"),
     INT(train, keep_checkpoints, 2, 0, 1000000, "newest complete checkpoints kept (0 = all)"),
-    FLT(optim, lr, 2e-4, OPEN, 0.0, 10.0, CLOSED, "peak learning rate"),
+    FLT(optim, lr, 2e-4, OPEN, 0.0, 10.0, CLOSED, "peak learning rate (unset: by train.mode, lora 2e-4, full 2e-5, qzo 1e-6)"),
     FLT(optim, min_lr_ratio, 0.1, CLOSED, 0.0, 1.0, CLOSED, "cosine floor as a fraction of lr"),
     INT(optim, warmup, 10, 0, 1000000000, "linear warmup steps"),
     FLT(optim, weight_decay, 0.0, CLOSED, 0.0, 10.0, CLOSED, "decoupled weight decay (on matrices)"),
@@ -636,6 +636,12 @@ void tz_config_load(tz_config *cfg, const tz_config_names *names, const char *fi
     int rc = file ? load_file(cfg, names, file, seen, &e) : 0;
     for (int i = 0; i < nset && !rc; i++) rc = apply_set(cfg, names, sets[i], seen, &e);
     if (rc) TZ_FATAL_HINT(e.hint[0] ? e.hint : NULL, "%s", e.msg);
+    /* optim.lr not given: the mode's own (AdamW on adapters or on every weight; qzo's step
+     * multiplies a gradient-sized direction, docs/guide.md) */
+    if (!seen[find_key("optim", "lr") - schema])
+        cfg->optim.lr = cfg->train.mode == TZ_MODE_FULL  ? 2e-5
+                        : cfg->train.mode == TZ_MODE_QZO ? 1e-6
+                                                         : 2e-4;
     if (cfg->comm.backend == TZ_COMM_NCCL && cfg->run.device == 1 /* cpu */)
         TZ_FATAL_HINT("set run.device = \"cuda\" (or \"auto\" where GPUs are visible), or "
                       "comm.backend = \"mpi\" (or \"auto\")",

@@ -1,5 +1,7 @@
 /* Loss curves to PNG: metrics.jsonl read with jansson, drawn on an RGB canvas with lines,
- * squares and a 3x5 bitmap font (digits, capitals, a few signs), written by io/png.c. */
+ * squares and a 3x5 bitmap font (digits, capitals, a few signs), written by io/png.c. The
+ * training loss is drawn twice, each step pale and a moving average over it in full colour;
+ * the evaluation points go on top, outlined, so that they show over any curve. */
 #include "io/loss_plot.h"
 
 #include <jansson.h>
@@ -133,7 +135,42 @@ static const uint8_t palette[8][3] = {{31, 119, 180}, {214, 39, 40},  {44, 160, 
                                       {255, 127, 14}, {148, 103, 189}, {140, 86, 75},
                                       {227, 119, 194}, {23, 190, 207}};
 
-int tz_loss_plot_write(const char *const *dirs, int n, const char *out, char *err, size_t errlen) {
+/* The name a run's folder goes by: its last component, or for a folder named staging (a
+ * run in progress, run.dir/staging) its parent's. */
+static void run_name(const char *dir, char *out, size_t n) {
+    char d[1100];
+    snprintf(d, sizeof d, "%s", dir);
+    size_t k = strlen(d);
+    while (k > 1 && d[k - 1] == '/') d[--k] = 0;
+    char *last = strrchr(d, '/');
+    if (!strcmp(last ? last + 1 : d, "staging") && last && last != d) {
+        *last = 0;
+        last = strrchr(d, '/');
+    } else if (!strcmp(d, "staging")) {
+        snprintf(out, n, "staging");
+        return;
+    }
+    snprintf(out, n, "%.40s", last && last[1] ? last + 1 : d);
+}
+
+/* c mixed with white: a = 1 is c, a = 0 white. */
+static void tint(const uint8_t c[3], double a, uint8_t out[3]) {
+    for (int k = 0; k < 3; k++) out[k] = (uint8_t)lround(255.0 - a * (255.0 - c[k]));
+}
+
+/* The centred moving average of s over 2h+1 points (fewer at the ends), into m. */
+static void smooth(const series *s, int64_t h, double *m) {
+    for (int64_t j = 0; j < s->n; j++) {
+        double sum = 0;
+        int64_t c = 0;
+        for (int64_t i = j - h; i <= j + h; i++)
+            if (i >= 0 && i < s->n && isfinite(s->y[i])) sum += s->y[i], c++;
+        m[j] = c ? sum / (double)c : NAN;
+    }
+}
+
+int tz_loss_plot_write(const char *const *dirs, const char *const *names, int n, const char *out,
+                       char *err, size_t errlen) {
     series *tr = tz_xcalloc((size_t)n, sizeof *tr), *ev = tz_xcalloc((size_t)n, sizeof *ev);
     int rc = 0;
     double x0 = 0, x1 = 1, y0 = INFINITY, y1 = -INFINITY;
@@ -180,28 +217,51 @@ int tz_loss_plot_write(const char *const *dirs, int n, const char *out, char *er
         text(&c, (gx0 + gx1) / 2 - text_width("STEP") / 2, gy1 + 30, "STEP", ink);
         text(&c, 8, MT - 16, "LOSS", ink);
         int64_t ly = gy0 + 8;
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < n; i++) { /* every run's training curves first */
             const uint8_t *col = palette[i % 8];
-            for (int64_t j = 1; j < tr[i].n; j++)
-                line(&c, PX(tr[i].x[j - 1]), PY(tr[i].y[j - 1]), PX(tr[i].x[j]), PY(tr[i].y[j]),
-                     2, col);
+            uint8_t pale[3];
+            tint(col, 0.35, pale);
+            const int64_t h = tr[i].n < 8 ? 0 : tr[i].n < 80 ? 1 : tr[i].n / 40;
+            double *m = tz_xmalloc((size_t)(tr[i].n + 1) * sizeof *m);
+            smooth(&tr[i], h, m);
+            for (int pass = h > 0 ? 0 : 1; pass < 2; pass++)
+                for (int64_t j = 1; j < tr[i].n; j++) {
+                    const double a = pass ? m[j - 1] : tr[i].y[j - 1], b = pass ? m[j] : tr[i].y[j];
+                    if (isfinite(a) && isfinite(b))
+                        line(&c, PX(tr[i].x[j - 1]), PY(a), PX(tr[i].x[j]), PY(b), pass ? 2 : 1,
+                             pass ? col : pale);
+                }
+            free(m);
+        }
+        for (int i = 0; i < n; i++) { /* then the evaluations, on top, outlined */
+            const uint8_t *col = palette[i % 8];
             for (int64_t j = 0; j < ev[i].n; j++) {
-                if (j) line(&c, PX(ev[i].x[j - 1]), PY(ev[i].y[j - 1]), PX(ev[i].x[j]),
-                            PY(ev[i].y[j]), 1, col);
+                if (!isfinite(ev[i].y[j])) continue;
+                if (j && isfinite(ev[i].y[j - 1]))
+                    line(&c, PX(ev[i].x[j - 1]), PY(ev[i].y[j - 1]), PX(ev[i].x[j]),
+                         PY(ev[i].y[j]), 1, col);
+            }
+            for (int64_t j = 0; j < ev[i].n; j++) {
+                if (!isfinite(ev[i].y[j])) continue;
+                rect(&c, PX(ev[i].x[j]) - 6, PY(ev[i].y[j]) - 6, 13, 13, ink);
                 rect(&c, PX(ev[i].x[j]) - 4, PY(ev[i].y[j]) - 4, 9, 9, col);
             }
-            /* legend: a line for train, a square for eval, the folder's name */
-            const char *name = strrchr(dirs[i], '/');
-            name = name && name[1] ? name + 1 : dirs[i];
-            snprintf(lab, sizeof lab, "%.40s", name);
+            /* legend: a line for train, a square for eval, the run's name */
+            char name[64];
+            if (names && names[i]) snprintf(name, sizeof name, "%.40s", names[i]);
+            else run_name(dirs[i], name, sizeof name);
+            snprintf(lab, sizeof lab, "%s", name);
             int64_t lx = gx1 - 16 - 64 - text_width(lab);
             line(&c, lx, ly + 5, lx + 24, ly + 5, 2, col);
+            rect(&c, lx + 34, ly - 1, 13, 13, ink);
             rect(&c, lx + 36, ly + 1, 9, 9, col);
             text(&c, lx + 56, ly, lab, ink);
             ly += 18;
         }
-        text(&c, gx1 - 16 - text_width("LINE TRAIN, SQUARES EVAL"), ly + 4,
-             "LINE TRAIN, SQUARES EVAL", ink);
+        static const char key1[] = "LINES TRAIN (PALE: EACH STEP, DARK: AVERAGED)";
+        static const char key2[] = "SQUARES EVAL";
+        text(&c, gx1 - 16 - text_width(key1), ly + 4, key1, ink);
+        text(&c, gx1 - 16 - text_width(key2), ly + 20, key2, ink);
 #undef PX
 #undef PY
         rc = tz_png_write_rgb(out, c.px, PW, PH, err, errlen);

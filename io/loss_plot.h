@@ -5,9 +5,13 @@
 #include <stddef.h>
 
 /* Draws the curves of the n run folders dirs[] (each with a metrics.jsonl) into out (PNG,
- * written atomically): training loss as a line, evaluation loss as squares joined by a thin
- * line, in the run's colour, axes with tick labels, a legend with the folder names. 0, or
- * non-zero with a message in err (a missing or unreadable metrics.jsonl, no loss in any). */
-int tz_loss_plot_write(const char *const *dirs, int n, const char *out, char *err, size_t errlen);
+ * written atomically): the training loss as a pale line of every step with a moving average
+ * over it (of 2h + 1 steps, h = steps / 40, at least 1 from 8 steps on) in full colour, the evaluation loss as outlined squares
+ * joined by a thin line, in the run's colour; axes with tick labels; a legend naming each run:
+ * names[i], or (names NULL) the folder's name, a folder named staging (a run in progress)
+ * going by its parent's. 0, or non-zero with a message in err (a missing or unreadable
+ * metrics.jsonl, no loss in any). */
+int tz_loss_plot_write(const char *const *dirs, const char *const *names, int n, const char *out,
+                       char *err, size_t errlen);
 
 #endif

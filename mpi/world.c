@@ -1,8 +1,10 @@
 /* World set-up: ranks from MPI, local rank from MPI_Comm_split_type(SHARED), NUMA binding of
  * memory policy and CPU affinity with libnuma. Does not pick GPUs or create communicators. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "mpi/world.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,8 +162,75 @@ void tz_world_print(const tz_world *w) {
         snprintf(numa, sizeof numa, "NUMA unbound: %s", w->numa_reason);
     char dev[32] = "";
     if (w->device >= 0) snprintf(dev, sizeof dev, " | device %d", w->device);
-    tz_info_all("rank %d/%d | local rank %d/%d | host %s%s | %s | %d OpenMP threads", w->rank,
-                w->size, w->local_rank, w->local_size, w->hostname, dev, numa, w->threads);
+    char cores[32] = "";
+    if (w->cores > 0) snprintf(cores, sizeof cores, "%d cores, ", w->cores);
+    tz_info_all("rank %d/%d | local rank %d/%d | host %s%s | %s | %s%d OpenMP threads", w->rank,
+                w->size, w->local_rank, w->local_size, w->hostname, dev, numa, cores, w->threads);
+}
+
+void tz_world_gather_cpus(tz_world *w) {
+    cpu_set_t mine, *all = tz_xcalloc((size_t)(w->local_size > 0 ? w->local_size : 1), sizeof *all);
+    CPU_ZERO(&mine);
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);
+    w->cores = CPU_COUNT(&mine);
+    int threads = w->threads;
+    w->node_threads = threads, w->node_cores = w->cores;
+    if (w->local != MPI_COMM_NULL && w->local_size > 1) {
+        MPI_CHECK(MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine,
+                                MPI_BYTE, w->local));
+        MPI_CHECK(MPI_Allreduce(&threads, &w->node_threads, 1, MPI_INT, MPI_SUM, w->local));
+        cpu_set_t u;
+        CPU_ZERO(&u);
+        for (int i = 0; i < w->local_size; i++) CPU_OR(&u, &u, &all[i]);
+        w->node_cores = CPU_COUNT(&u);
+    }
+    free(all);
+}
+
+/* The value in bytes of the "Key: N kB" line of /proc/meminfo; -1 when absent. */
+static long long meminfo(const char *key) {
+    FILE *f = fopen("/proc/meminfo", "re");
+    if (!f) return -1;
+    char line[256];
+    long long v = -1;
+    const size_t k = strlen(key);
+    while (v < 0 && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, k) && line[k] == ':') v = strtoll(line + k + 1, NULL, 10) * 1024;
+    fclose(f);
+    return v;
+}
+
+/* A cgroup v2 file of this process's group as a number; -1 when absent or "max". */
+static long long cgroup_value(const char *name) {
+    FILE *f = fopen("/proc/self/cgroup", "re");
+    if (!f) return -1;
+    char line[1024], path[1200] = "";
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "0::", 3)) {
+            line[strcspn(line, "\n")] = 0;
+            snprintf(path, sizeof path, "/sys/fs/cgroup%s/%s", line + 3, name);
+        }
+    fclose(f);
+    if (!path[0] || !(f = fopen(path, "re"))) return -1;
+    long long v = -1;
+    if (fgets(line, sizeof line, f) && line[0] >= '0' && line[0] <= '9') v = strtoll(line, NULL, 10);
+    fclose(f);
+    return v;
+}
+
+size_t tz_world_host_available(char *src, size_t n) {
+    long long avail = meminfo("MemAvailable");
+    snprintf(src, n, "MemAvailable");
+    long long max = cgroup_value("memory.max"), cur = cgroup_value("memory.current");
+    if (max > 0 && cur >= 0) {
+        long long room = max > cur ? max - cur : 0;
+        if (avail < 0 || room < avail) {
+            avail = room;
+            snprintf(src, n, "cgroup memory.max %.1f GiB less %.1f GiB in use",
+                     (double)max / 1073741824.0, (double)cur / 1073741824.0);
+        }
+    }
+    return avail > 0 ? (size_t)avail : 0;
 }
 
 void *tz_world_host_alloc(const tz_world *w, size_t bytes) {

@@ -22,6 +22,9 @@ struct tz_world {
     char numa_reason[TZ_REASON_MAX]; /* why not bound ("single node", "set_mempolicy: ...") */
     int numa_warned;            /* the refusal warning was printed (once per rank) */
     int threads;                /* OpenMP threads this rank will use */
+    /* CPU cores (tz_world_gather_cpus): this rank's affinity mask, the distinct cores of the
+     * ranks on this node together, and the OpenMP threads they run together */
+    int cores, node_cores, node_threads;
 };
 
 /* Fills w from MPI_COMM_WORLD (MPI must be initialised), sets the log rank, and binds the
@@ -49,8 +52,19 @@ int tz_numa_node_of_pci(const char *bus_id);
  * Fatal on failure. Free with tz_world_host_free and the same byte count. */
 void *tz_world_host_alloc(const tz_world *w, size_t bytes);
 void tz_world_host_free(const tz_world *w, void *p, size_t bytes);
+/* After the thread count is final (w->threads): each rank counts the CPUs of its affinity
+ * mask, and the ranks of each node add up their threads and the distinct CPUs of their masks
+ * (a mask per rank gathered over the node). Collective over MPI_COMM_WORLD. */
+void tz_world_gather_cpus(tz_world *w);
+/* Memory this node can still give, in bytes: MemAvailable of /proc/meminfo, or the room left
+ * under this process's cgroup limit (memory.max - memory.current, cgroup v2) when smaller;
+ * src gets where the figure comes from ("MemAvailable", "cgroup memory.max"). 0 when
+ * neither can be read. */
+size_t tz_world_host_available(char *src, size_t n);
+
 /* Every rank prints one start-up line (tz_info_all): rank, local rank, host, NUMA node or
- * "unbound: reason", OpenMP threads. Not collective (lines may interleave by rank). */
+ * "unbound: reason", CPU cores and OpenMP threads. Not collective (lines may interleave by
+ * rank). */
 void tz_world_print(const tz_world *w);
 
 #endif

@@ -16,17 +16,22 @@ typedef struct tz_help_page {
 
 static const tz_help_page pages[] = {
     {"train", "train as configured (Llama or DiT; LoRA, full or qzo), writes run.dir",
-     "turbozero train CONFIG [--resume [PATH]] [--set section.key=value ...]",
+     "turbozero train CONFIG [--resume [PATH]] [--dry-run] [--set section.key=value ...]",
      SET_FLAG
      "  --resume [PATH]          continue from the newest complete checkpoint in\n"
      "                           run.dir/checkpoints (or PATH: one step-<N> folder, or a\n"
      "                           folder of them), at any number of ranks\n"
-     "Writes run.dir: config.used.cfg, metrics.jsonl, run.json, the adapter or model,\n"
-     "checkpoints (train.checkpoint_every). Launch several ranks with mpirun or srun (one\n"
-     "rank per GPU). run.dir is locked while a run uses it; the outputs are written to\n"
-     "run.dir/staging (live log: run.dir/staging/metrics.jsonl) and moved into run.dir\n"
-     "together at the end. SIGUSR1, SIGTERM or SIGINT: finish the step, write a checkpoint\n"
-     "and exit with status 75 (a second SIGINT stops at once).\n"
+     "  --dry-run                plan the memory of a rank without allocating it (a Llama\n"
+     "                           folder from its config.json alone): backend (GPU) and host\n"
+     "                           bytes, whether this machine holds them, a step's arithmetic\n"
+     "Every run compares that plan with the GPU's free memory and the node's available\n"
+     "memory (per rank) at start, and stops with the figures and a hint when it cannot fit.\n"
+     "Writes run.dir: config.used.cfg, metrics.jsonl, tb/ (TensorBoard), loss.png, run.json,\n"
+     "the adapter or model, checkpoints (train.checkpoint_every). Launch several ranks\n"
+     "with mpirun or srun (one rank per GPU). run.dir is locked while a run uses it; the\n"
+     "outputs are written to run.dir/staging (live log: run.dir/staging/metrics.jsonl) and\n"
+     "moved into run.dir together at the end. SIGUSR1, SIGTERM or SIGINT: finish the step,\n"
+     "write a checkpoint and exit with status 75 (a second SIGINT stops at once).\n"
      "On GPUs (run.device = \"cuda\"): rank r uses GPU (local rank % GPUs) and keeps its\n"
      "optimizer shard in pinned host memory on that GPU's NUMA node; comm.backend = auto,\n"
      "mpi or nccl moves the gradients (docs/guide.md, \"Training on GPUs\").\n",
@@ -38,7 +43,7 @@ static const tz_help_page pages[] = {
      "(DiT). train.eval_windows limits the windows (Llama) or images (DiT), 0 = all.\n",
      "turbozero eval inputs/llama/finetune.cfg --set model.adapter=runs/a/adapter"},
     {"bench", "time train.steps training steps; no evaluation, no output files",
-     "turbozero bench CONFIG [--set section.key=value ...]\n"
+     "turbozero bench CONFIG [--dry-run] [--set section.key=value ...]\n"
      "turbozero bench --preset NAME [--dry-run] [--set section.key=value ...]",
      SET_FLAG
      "  --preset NAME            a model shape built in memory with random weights and\n"
@@ -50,9 +55,10 @@ static const tz_help_page pages[] = {
      "     dit-xl-2    DiT-XL/2 (4x32x32 latents, patch 2, hidden 1152, depth 28): full\n"
      "                 fine-tuning, batch 32 (a GPU's: refused on a CPU backend)\n"
      "     llama-tiny, dit-tiny   the same recipes at CPU size\n"
-     "  --dry-run                with --preset: build the model on a planning backend that\n"
-     "                           allocates nothing; print parameters, the backend memory a\n"
-     "                           rank would allocate, the host shard and a step's arithmetic\n"
+     "  --dry-run                build the model (a preset, or CONFIG's model folder) on a\n"
+     "                           planning backend that allocates nothing; print parameters,\n"
+     "                           the backend memory a rank would allocate, the host memory,\n"
+     "                           whether this machine holds them, and a step's arithmetic\n"
      "Prints step time (median after 2 warm-up steps), tokens/s (images/s for DiT), host\n"
      "shard and activation memory, peak RSS; the allocator's peak and the device's memory in\n"
      "use (cudaMemGetInfo; the host's RAM on the CPU backend); the step split into forward,\n"
@@ -160,8 +166,9 @@ static const tz_help_page pages[] = {
      "turbozero plot RUN_DIR [RUN_DIR ...] --out curve.png",
      "  RUN_DIR          a run.dir with a metrics.jsonl (finished), or run.dir/staging\n"
      "                   (a run in progress: its live metrics.jsonl)\n"
-     "  --out FILE.png   the picture to write: one colour per run, the training loss as a\n"
-     "                   line, the evaluation loss as squares\n",
+     "  --out FILE.png   the picture to write: one colour per run, the training loss of\n"
+     "                   each step pale with a moving average over it, the evaluation\n"
+     "                   loss as outlined squares; the legend names each run's folder\n",
      "turbozero plot runs/a runs/b --out curves.png"},
     {"help", "this summary, or one command's page",
      "turbozero help [COMMAND]   (or turbozero COMMAND --help)", "", "turbozero help train"},

@@ -175,7 +175,7 @@ static int cmd_plot(int argc, char **argv) {
     }
     if (!n || !out) TZ_FATAL("plot: expected 'plot RUN_DIR [RUN_DIR ...] --out FILE.png'");
     char err[1024];
-    if (tz_loss_plot_write(dirs, n, out, err, sizeof err)) TZ_FATAL("plot: %s", err);
+    if (tz_loss_plot_write(dirs, NULL, n, out, err, sizeof err)) TZ_FATAL("plot: %s", err);
     tz_info("wrote %s: loss curves of %d run%s", out, n, n > 1 ? "s" : "");
     free(dirs);
     return 0;
@@ -318,7 +318,8 @@ static int cmd_collective(int argc, char **argv, int (*fn)(const tz_config *, tz
     return rc;
 }
 
-/* bench CONFIG | bench --preset NAME, then [--dry-run] [--set k=v ...] */
+/* bench CONFIG | bench --preset NAME, then [--dry-run] [--set k=v ...]: --dry-run plans the
+ * memory of a rank without allocating it (a preset, or any model folder) */
 static int cmd_bench(int argc, char **argv) {
     int dry = 0, n = 0;
     for (int i = 0; i < argc; i++) {
@@ -333,7 +334,6 @@ static int cmd_bench(int argc, char **argv) {
         }
         argv[n++] = argv[i];
     }
-    if (dry && !g_bench_preset) TZ_FATAL("bench: --dry-run plans a --preset (bench --help)");
     return cmd_collective(n, argv, dry ? tz_bench_dry_run : tz_bench_run);
 }
 
@@ -342,10 +342,12 @@ static int train_resuming(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     return tz_train_run_from(cfg, w, comm, g_resume);
 }
 
-/* train CONFIG [--resume [PATH]] [--set k=v ...]: --resume with no PATH (the next argument
- * absent or another flag) continues from the newest checkpoint in run.dir/checkpoints. */
+/* train CONFIG [--resume [PATH]] [--dry-run] [--set k=v ...]: --resume with no PATH (the next
+ * argument absent or another flag) continues from the newest checkpoint in
+ * run.dir/checkpoints; --dry-run plans the run's memory and stops (bench --dry-run). */
 static int cmd_train(int argc, char **argv) {
     const char *resume = NULL;
+    if (take_switch(&argc, argv, "--dry-run")) return cmd_collective(argc, argv, tz_bench_dry_run);
     int n = 0;
     for (int i = 0; i < argc; i++) {
         if (i >= 3 && !strcmp(argv[i], "--resume")) {

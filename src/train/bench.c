@@ -1,5 +1,6 @@
 /* `turbozero bench`'s own parts: the presets (shapes built in memory, random weights and
- * data), the planning backend and the dry run, and the phase clock of a step. */
+ * data), the planning backend, the memory plan and dry run of any configuration, and the
+ * phase clock of a step. */
 #define _GNU_SOURCE /* MAP_NORESERVE */
 #include "train/bench.h"
 #include "train/step_model.h"
@@ -14,12 +15,19 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/dit_config.h"
+#include "io/safetensors.h"
+#include "io/tq_format.h"
+#include "model/llama_io.h"
 #include "mpi/comm.h"
 #include "mpi/world.h"
+#include "mpi/zero_plan.h"
 #include "quant/tq_layout.h"
 #include "train/family.h"
 #include "train/optim.h"
+#include "train/qzo.h"
 #include "train/task.h"
+#include "train/zero.h"
 
 /* ---- presets ---- */
 
@@ -56,9 +64,17 @@ static const tz_bench_preset presets[] = {
 };
 #define NPRESETS ((int)(sizeof presets / sizeof presets[0]))
 
+/* The shapes of a model folder as a preset, while tz_bench_plan_memory plans it: a Llama
+ * folder is planned from its config.json alone, through the preset path of the family's
+ * task (train/task_llama.c), which reads no weight. One plan at a time per process; the name
+ * is one no configuration gives, and it is found only while a plan is being made. */
+#define FOLDER_PRESET "(shapes of model.path)"
+static tz_bench_preset folder_preset;
+
 const tz_bench_preset *tz_bench_preset_find(const char *name) {
     for (int i = 0; i < NPRESETS; i++)
         if (!strcmp(presets[i].name, name)) return &presets[i];
+    if (folder_preset.name && !strcmp(folder_preset.name, name)) return &folder_preset;
     return NULL;
 }
 
@@ -166,7 +182,7 @@ void tz_bench_random_tokens(uint32_t *tok, int64_t n, int64_t vocab, uint64_t se
 
 typedef struct plan_block {
     void *p;
-    size_t bytes;
+    size_t bytes, mapped;
 } plan_block;
 typedef struct plan_ctx {
     tz_step_model model; /* first: the step model's counters (train/step_model.h) */
@@ -179,14 +195,20 @@ static const char plan_name[] = "plan";
 static void *plan_alloc(tz_backend *be, size_t bytes) {
     plan_ctx *c = be->ctx;
     size_t len = bytes ? (bytes + 4095) / 4096 * 4096 : 4096;
-    /* address space only: PROT_NONE, so a stray access faults instead of passing */
+    /* address space only: PROT_NONE, so a stray access faults instead of passing; a size
+     * beyond the address space (a plan far too large for any machine) gets one page, since
+     * its bytes are only counted */
     void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        len = 4096;
+        p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    }
     if (p == MAP_FAILED) TZ_FATAL("dry run: cannot reserve %zu bytes of address space", len);
     if (c->n == c->cap) {
         c->cap = c->cap ? 2 * c->cap : 256;
         c->b = tz_xrealloc(c->b, (size_t)c->cap * sizeof *c->b);
     }
-    c->b[c->n++] = (plan_block){p, bytes};
+    c->b[c->n++] = (plan_block){p, bytes, len};
     be->live_bytes += bytes;
     if (be->live_bytes > be->peak_bytes) be->peak_bytes = be->live_bytes;
     return p;
@@ -198,7 +220,7 @@ static void plan_release(tz_backend *be, void *p) {
     for (int i = c->n - 1; i >= 0; i--)
         if (c->b[i].p == p) {
             size_t bytes = c->b[i].bytes;
-            munmap(p, bytes ? (bytes + 4095) / 4096 * 4096 : 4096);
+            munmap(p, c->b[i].mapped);
             be->live_bytes -= bytes;
             c->b[i] = c->b[--c->n];
             return;
@@ -246,79 +268,335 @@ tz_backend *tz_bench_plan_backend(void) {
 
 int tz_bench_is_plan(const tz_backend *be) { return be && be->name == plan_name; }
 
-/* ---- the dry run ---- */
+/* ---- the memory plan and the dry run ---- */
 
 static double gib(double b) { return b / 1073741824.0; }
 
-int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
-    (void)w;
-    const tz_bench_preset *bp = tz_bench_preset_of(cfg);
-    if (!bp)
-        TZ_FATAL_HINT("give --preset NAME (bench --help lists them)",
-                      "bench --dry-run plans a preset only (%s is a model folder)", cfg->model.path);
-    if (comm->rank != 0) return 0;
-    tz_backend *be = tz_bench_plan_backend();
-    /* GEMM operands (and with them the bf16 storage) as the run would have them: a GPU's,
-     * unless run.device says cpu */
-    if (cfg->run.device == 1) be->matmul_dtypes = 1u << TZ_DT_F32;
-    tz_backend_set_precision(be, tz_precision_name(cfg->run.precision));
-    tz_task *t = tz_task_create(cfg, be, 1);
-    const tz_params *ps = t->params;
-    size_t quant = 0, weights = tz_params_bytes(ps);
-    for (int i = 0; i < ps->n; i++)
-        if (ps->p[i]->q) quant += ps->p[i]->bytes;
-    const int64_t N = comm->size;
-    const size_t grads = (size_t)ps->flat_numel * sizeof(float);
-    /* stage 2 on more than one rank stages two buckets of the gradients (train/zero.c),
-     * each as long as mpi/zero_plan.c makes them */
-    size_t staging = 0;
-    if (cfg->zero.stage == 2 && N > 1) {
-        const int64_t na = N * TZ_FLAT_ALIGN;
-        int64_t bb = (int64_t)(cfg->zero.bucket_mb * 1048576.0);
-        int64_t elems = (bb < 1 ? 1 : bb) / 4 / na * na;
-        staging = 2 * (size_t)(elems < na ? na : elems) * sizeof(float);
+/* A configuration built on a planning backend. */
+typedef struct plan_run {
+    tz_config *cfg;  /* the configuration built: a copy, naming the folder preset if used */
+    tz_backend *be;
+    tz_task *t;
+    int shapes_only; /* a model folder built from its config.json alone */
+} plan_run;
+
+/* c's Llama folder as the folder preset, when the preset path builds exactly its shapes (the
+ * head dimension dim / heads): its config.json, and for a quantized folder the quantization
+ * its safetensors header names. 1 when c now names the preset, else 0 (c unchanged). */
+static int folder_as_preset(tz_config *c) {
+    static char about[TZ_PATH_MAX + 32];
+    if (strcmp(tz_family_of(c)->name, "llama")) return 0;
+    tz_llama_dims d;
+    tz_llama_read_dims(c->model.path, &d); /* fatal as the load would be */
+    if (d.n_heads < 1 || d.dim % d.n_heads || d.head_dim != d.dim / d.n_heads) return 0;
+    tz_safetensors st;
+    tz_tqf qf;
+    char err[1024];
+    if (tz_st_open(&st, c->model.path, err, sizeof err)) TZ_FATAL("model.path: %s", err);
+    if (tz_tqf_read(&qf, &st, err, sizeof err)) TZ_FATAL("model.path: %s", err);
+    if (qf.present)
+        c->quant.bits = qf.bits, c->quant.group = qf.group, c->quant.method = qf.method,
+        c->quant.seed = (int64_t)qf.seed;
+    tz_tqf_free(&qf);
+    tz_st_close(&st);
+    snprintf(about, sizeof about, "the shapes of %s", c->model.path);
+    folder_preset = (tz_bench_preset){FOLDER_PRESET, "llama", about, 0,
+                                      {d.vocab, d.dim, d.hidden, d.n_layers, d.n_heads,
+                                       d.n_kv_heads, d.tied, d.max_pos}, {NULL}};
+    snprintf(c->model.path, sizeof c->model.path, "%s%s", TZ_BENCH_PRESET_PREFIX, FOLDER_PRESET);
+    return 1;
+}
+
+/* Builds cfg (training, or evaluation) on a planning backend with GEMM operand types
+ * dtypes. 0; or 1, with nothing built, for a folder whose shapes need its weights read when
+ * read_weights is 0. */
+static int plan_open(plan_run *p, const tz_config *cfg, unsigned dtypes, int training,
+                     int read_weights) {
+    memset(p, 0, sizeof *p);
+    p->cfg = tz_xmalloc(sizeof *p->cfg);
+    *p->cfg = *cfg;
+    tz_config *c = p->cfg;
+    c->lora.init = TZ_LORA_INIT_DEFAULT; /* the same memory; loftq would read the weights */
+    if (!tz_bench_preset_of(c)) {
+        p->shapes_only = folder_as_preset(c);
+        if (p->shapes_only) /* the preset path's data: random, in memory */
+            c->data.val[0] = 0, snprintf(c->data.train, sizeof c->data.train, "(random tokens)");
+        else if (!read_weights) {
+            free(p->cfg);
+            return 1;
+        }
     }
-    const tz_optim *opt = tz_optim_find("adamw");
-    const double per = 4.0 + 4.0 + 1.0 + 4.0 * opt->n_states; /* master, acc, decay, states */
-    const int64_t shard = cfg->zero.stage == 0 ? ps->n_trainable : (ps->n_trainable + N - 1) / N;
-    const int64_t units = t->B * cfg->train.grad_accum * t->row_count;
+    p->be = tz_bench_plan_backend();
+    p->be->matmul_dtypes = dtypes;
+    tz_backend_set_precision(p->be, tz_precision_name(c->run.precision));
+    p->t = tz_task_create(c, p->be, training);
+    return 0;
+}
+
+static void plan_close(plan_run *p) {
+    tz_task_free(p->t);
+    tz_backend_destroy(p->be);
+    free(p->cfg);
+    folder_preset.name = NULL;
+}
+
+/* The figures of the built plan p for one of N ranks. */
+static void plan_figures(const plan_run *p, int64_t N, tz_mem_plan *m) {
+    const tz_config *cfg = p->cfg;
+    const tz_params *ps = p->t->params;
+    const int training = p->t->training, qzo = training && cfg->train.mode == TZ_MODE_QZO;
+    const int zero = training && !qzo, full = training && cfg->train.mode == TZ_MODE_FULL;
+    memset(m, 0, sizeof *m);
+    m->gpu = (p->be->matmul_dtypes >> TZ_DT_BF16) & 1u;
+    m->shapes_only = p->shapes_only;
+    m->training = training;
+    m->weights = tz_params_bytes(ps);
+    m->arena = p->t->arena_bytes;
+    m->n_total = ps->n_total;
+    int64_t largest = 0, scales_max = 0;
+    size_t dense_src = 0;
+    for (int i = 0; i < ps->n; i++) {
+        const tz_param *q = ps->p[i];
+        if (q->q) {
+            m->quant += q->bytes;
+            int64_t ns = tz_tq_scales_count(q->shape[0], q->shape[1], q->q->group);
+            scales_max = ns > scales_max ? ns : scales_max;
+            if (full) dense_src += (size_t)q->numel * sizeof(float); /* until ZeRO reads it */
+        }
+        if (!q->adapter && q->numel > largest) largest = q->numel;
+    }
+    if (!tz_bench_preset_of(cfg) || p->shapes_only) /* a folder: one weight at a time, fp32 */
+        m->load = (size_t)largest * sizeof(float);
+    size_t buffers = 0;
+    if (zero) {
+        m->n_trainable = ps->n_trainable;
+        m->grads = (size_t)ps->flat_numel * sizeof(float);
+        /* the ZeRO plan train/zero.c makes: trainable tensors in flat order */
+        int64_t *off = tz_xmalloc((size_t)(ps->n + 1) * sizeof *off);
+        int64_t *num = tz_xmalloc((size_t)(ps->n + 1) * sizeof *num);
+        int nt = 0;
+        for (int i = ps->n - 1; i >= 0; i--)
+            if (ps->p[i]->trainable) off[nt] = ps->p[i]->flat_off, num[nt++] = ps->p[i]->numel;
+        const int64_t world = cfg->zero.stage == 0 ? 1 : N;
+        tz_zero_desc d = {.flat_numel = ps->flat_numel, .n_tensors = nt, .offset = off,
+                          .numel = num, .world = (int)world,
+                          .bucket_bytes = (int64_t)(cfg->zero.bucket_mb * 1048576.0),
+                          .elem_bytes = 4, .align = TZ_FLAT_ALIGN};
+        if (d.bucket_bytes < 1) d.bucket_bytes = 1;
+        tz_zero_plan zp;
+        char err[512];
+        if (tz_zero_plan_init(&zp, &d, err, sizeof err)) TZ_FATAL("zero plan: %s", err);
+        const tz_optim *opt = tz_optim_find("adamw");
+        m->shard_numel = zp.shard_numel;
+        m->shard = (size_t)zp.shard_numel * (4 + 4 + 1 + 4 * (size_t)opt->n_states);
+        /* stage 2 on several ranks stages two buckets on the backend (train/zero.c); on one
+         * rank of a GPU they are pinned host memory; each slot's received slice is host */
+        const size_t bucket = (size_t)zp.bucket_elems * sizeof(float);
+        const int pipelined = cfg->zero.stage == 2 && (N > 1 || m->gpu);
+        if (pipelined && N > 1) m->staging = TZ_ZERO_SLOTS * bucket;
+        else if (pipelined) buffers += TZ_ZERO_SLOTS * bucket;
+        if (pipelined) buffers += TZ_ZERO_SLOTS * (size_t)(zp.bucket_elems / N + 1) * sizeof(float);
+        else buffers += bucket;
+        tz_zero_plan_free(&zp);
+        free(off);
+        free(num);
+    } else if (qzo) { /* fp32 copies of the scales and one tensor's bf16 staging */
+        m->n_trainable = tz_qzo_count_scales(ps);
+        m->shard = (size_t)m->n_trainable * sizeof(float) + (size_t)scales_max * sizeof(uint16_t);
+    }
+    m->shard += buffers;
+    m->host = dense_src + m->shard > m->load ? dense_src + m->shard : m->load;
+    m->dense_src = dense_src;
+    m->backend = p->be->peak_bytes + m->grads + m->staging;
+    m->other = (double)p->be->peak_bytes - (double)m->weights - (double)m->arena;
+}
+
+int tz_bench_plan_memory(const tz_config *cfg, int64_t N, unsigned matmul_dtypes, int training,
+                         int read_weights, tz_mem_plan *out) {
+    plan_run p;
+    if (plan_open(&p, cfg, matmul_dtypes, training, read_weights)) return 1;
+    plan_figures(&p, N, out);
+    plan_close(&p);
+    return 0;
+}
+
+void tz_mem_room_of(tz_mem_room *r, tz_backend *be, const tz_world *w) {
+    memset(r, 0, sizeof *r);
+    r->host_avail = tz_world_host_available(r->host_src, sizeof r->host_src);
+    r->host_ranks = w && w->local_size > 0 ? w->local_size : 1;
+    if (!be || !be->device) return;
+    tz_device_info d;
+    be->device_info(be, &d);
+    r->dev_free = d.free_bytes, r->dev_total = d.total_bytes;
+    /* ranks on this node whose local rank gives the same GPU (local rank % visible GPUs) */
+    const int g = tz_cuda_device_count(), L = r->host_ranks, me = w ? w->local_rank : 0;
+    r->dev_ranks = g > 0 ? L / g + (me % g < L % g) : 1;
+    if (r->dev_ranks < 1) r->dev_ranks = 1;
+}
+
+int tz_mem_plan_check(const tz_mem_plan *m, const tz_config *cfg, const tz_mem_room *room,
+                      char *line, size_t n, char *hint, size_t hn) {
+    const double host_have = (double)room->host_avail / (room->host_ranks > 0 ? room->host_ranks : 1);
+    const double dev_have = (double)room->dev_free / (room->dev_ranks > 0 ? room->dev_ranks : 1);
+    /* on the CPU backend the backend's memory is host memory too */
+    const double host_need = (double)(m->gpu ? m->host : m->backend + m->host);
+    double worst = host_need / (host_have > 0 ? host_have : 1);
+    char dev[256] = "";
+    if (m->gpu && room->dev_total) {
+        double f = (double)m->backend / (dev_have > 0 ? dev_have : 1);
+        worst = f > worst ? f : worst;
+        snprintf(dev, sizeof dev, "GPU %.2f GiB planned, %.2f GiB free%s; ", gib((double)m->backend),
+                 gib(dev_have), room->dev_ranks > 1 ? " (its share: ranks share the GPU)" : "");
+    } else if (m->gpu) {
+        snprintf(dev, sizeof dev, "GPU %.2f GiB planned (no GPU visible here); ",
+                 gib((double)m->backend));
+    }
+    snprintf(line, n, "%shost %.2f GiB planned%s, %.2f GiB available (%s%s)", dev,
+             gib(host_need), m->gpu ? "" : " (backend + host memory)", gib(host_have),
+             room->host_src, room->host_ranks > 1 ? ", shared by the ranks on this node" : "");
+    /* the largest part named first */
+    const int qzo = cfg->train.mode == TZ_MODE_QZO;
+    size_t at = 0;
+    hint[0] = 0;
+#define HINT(...)                                                                    \
+    do {                                                                             \
+        int k_ = snprintf(hint + at, at < hn ? hn - at : 0, __VA_ARGS__);            \
+        if (k_ > 0) at += (size_t)k_;                                                \
+    } while (0)
+    if ((double)m->arena >= (double)m->weights && (double)m->arena >= (double)m->shard) {
+        HINT("activations are %.2f GiB: lower train.micro_batch (%lld; raise train.grad_accum "
+             "to keep the batch) or data.seq_len (%lld)", gib((double)m->arena),
+             (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len);
+        if (!cfg->train.checkpointing && !qzo && m->training)
+            HINT(", or set train.checkpointing = true");
+    } else if (m->shard >= m->weights) {
+        HINT("the host shard is %.2f GiB: %s", gib((double)m->shard),
+             cfg->zero.stage == 0 ? "set zero.stage = 2 and use more ranks (each holds 1/N)"
+                                  : "use more ranks (each holds 1/N of it)");
+        if (cfg->train.mode == TZ_MODE_FULL) HINT(", or train LoRA adapters (train.mode = \"lora\")");
+    } else {
+        HINT("the weights are %.2f GiB: ", gib((double)m->weights));
+        if (cfg->quant.bits == 0) HINT("quantize the base (quant.bits = 4)");
+        else HINT("a smaller model, or a GPU with more memory");
+    }
+#undef HINT
+    return worst > 1.0 ? 2 : worst > 0.9 ? 1 : 0;
+}
+
+/* Positions a row (a token, an image) shows the weights: 1, or a DiT image's patches. */
+static int64_t patches_per_row(const tz_config *cfg) {
+    if (strcmp(tz_family_of(cfg)->name, "dit")) return 1;
+    const tz_bench_preset *bp = tz_bench_preset_of(cfg);
+    int64_t side = 0, patch = 1;
+    tz_dit_config c;
+    char err[1200];
+    if (bp) side = bp->v[0], patch = bp->v[1];
+    else if (!tz_dit_config_read(&c, cfg->model.path, err, sizeof err))
+        side = c.input_size, patch = c.patch_size;
+    return patch > 0 ? (side / patch) * (side / patch) : 1;
+}
+
+/* The GEMM operand types a dry run plans with: the CPU's (fp32) for run.device = "cpu", and
+ * for "auto" where no GPU is visible and the configuration is not a GPU-sized preset; a
+ * GPU's otherwise (bf16 storage of the frozen matrices with run.precision = "auto"). */
+static unsigned dry_run_dtypes(const tz_config *cfg) {
+    const unsigned gpu = (1u << TZ_DT_F32) | (1u << TZ_DT_BF16), cpu = 1u << TZ_DT_F32;
+    const tz_bench_preset *bp = tz_bench_preset_of(cfg);
+    if (cfg->run.device == 1) return cpu;
+    if (cfg->run.device == 2 || (bp && bp->gpu_only) || tz_cuda_device_count() > 0) return gpu;
+    return bp ? gpu : cpu; /* a preset plans a GPU's run unless run.device says cpu */
+}
+
+int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
+    if (comm->rank != 0) return 0;
+    plan_run p;
+    plan_open(&p, cfg, dry_run_dtypes(cfg), 1, 1);
+    tz_mem_plan m;
+    const int64_t N = comm->size;
+    plan_figures(&p, N, &m);
+    tz_task *t = p.t;
+    tz_backend *be = p.be;
+    const tz_params *ps = t->params;
+    const int qzo = cfg->train.mode == TZ_MODE_QZO, full = cfg->train.mode == TZ_MODE_FULL;
+    /* the model line names the folder, not the preset that stood for its shapes */
+    char desc[sizeof t->describe + TZ_PATH_MAX];
+    const char *at = strstr(t->describe, p.cfg->model.path);
+    if (p.shapes_only && at)
+        snprintf(desc, sizeof desc, "%.*s%s%s", (int)(at - t->describe), t->describe,
+                 cfg->model.path, at + strlen(p.cfg->model.path));
+    else
+        snprintf(desc, sizeof desc, "%s", t->describe);
+    tz_info("dry run (nothing allocated): %s | %s | GEMM operands %s (as on %s)%s", cfg->source,
+            desc, be->matmul_dtype == TZ_DT_BF16 ? "bf16" : "fp32", m.gpu ? "a GPU" : "the CPU",
+            p.shapes_only ? " | planned from config.json, no weight read"
+            : tz_bench_preset_of(cfg) ? "" : " | planned from the weights (read, not allocated)");
+    tz_info("planned backend memory per rank: %.3f GiB (%zu bytes) %s = weights %.3f (codes + "
+            "scales %.3f, dense %.3f) + gradients %.3f + staging %.3f + activations %.3f%s%.3f%s",
+            gib((double)m.backend), m.backend, m.gpu ? "on the GPU" : "in host RAM (the CPU backend)",
+            gib((double)m.weights), gib((double)m.quant),
+            gib((double)(m.weights - m.quant)), gib((double)m.grads), gib((double)m.staging),
+            gib((double)m.arena), m.other < 0 ? " - other " : " + other ", gib(fabs(m.other)),
+            m.gpu ? " (a device backend's op scratch and runtime come on top)" : "");
+    if (qzo)
+        tz_info("host memory per rank: %.3f GiB (%zu bytes): fp32 copies of %lld trainable "
+                "scales and one tensor's bf16 staging; %lld parameters", gib((double)m.host),
+                m.host, (long long)m.n_trainable, (long long)m.n_total);
+    else {
+        char extra[160] = "";
+        if (m.dense_src)
+            snprintf(extra, sizeof extra, " + dense sources of the quantized weights %.3f (until "
+                     "the shard holds them)", gib((double)m.dense_src));
+        if (m.load > m.dense_src + m.shard)
+            snprintf(extra, sizeof extra, "; the load's one-weight buffer, %.3f, is the peak",
+                     gib((double)m.load));
+        tz_info("host memory per rank: %.3f GiB (%zu bytes) = host shard %.3f (%lld elements for "
+                "%lld trainable of %lld parameters: fp32 master, accumulator, adamw states, decay "
+                "flag; %lld ranks, zero stage %lld; with the step's buffers)%s",
+                gib((double)m.host), m.host, gib((double)m.shard), (long long)m.shard_numel,
+                (long long)m.n_trainable, (long long)m.n_total, (long long)N,
+                (long long)cfg->zero.stage, extra);
+    }
+    /* this machine, for a rank of this dry run: the host, and the GPU where one is visible
+     * (one is created only to be asked; a CPU build has none) */
+    tz_mem_room room;
+    tz_backend *dev = m.gpu && tz_cuda_device_count() > 0 ? tz_backend_create("cuda", w->local_rank, 0)
+                                                           : NULL;
+    tz_mem_room_of(&room, dev, w);
+    if (dev) tz_backend_destroy(dev);
+    char line[768], hint[512];
+    const int v = tz_mem_plan_check(&m, cfg, &room, line, sizeof line, hint, sizeof hint);
+    tz_info("this machine%s: %s: %s", m.gpu && !room.dev_total ? " (its host only)" : "",
+            v == 2 ? "does not fit" : v == 1 ? "fits, above 90%" : "fits", line);
+    if (v) tz_info("HINT: %s", hint);
     /* positions the weights see: tokens, or an image's patches */
-    const int64_t tokens = strcmp(bp->arch, "dit") ? units : units * (bp->v[0] / bp->v[1]) * (bp->v[0] / bp->v[1]);
+    const int64_t units = t->B * cfg->train.grad_accum * t->row_count;
+    const int64_t tokens = units * patches_per_row(cfg);
     /* matrix products of a step: 2 flops per weight and unit forward (every weight counted,
      * the embedding lookup too: an estimate); backward 2 more for the activations'
-     * gradients, 2 for the trainable weights' own; with checkpointing one forward again */
-    const int full = cfg->train.mode == TZ_MODE_FULL;
+     * gradients, 2 for the trainable weights' own; with checkpointing one forward again;
+     * qzo: two forward passes */
     const double fwd = 2.0 * (double)ps->n_total * (double)tokens;
-    const double flops = fwd * (cfg->train.checkpointing ? 3.0 : 2.0) +
-                         (full ? fwd : 2.0 * (double)ps->n_trainable * (double)tokens);
-    tz_info("dry run (nothing allocated): %s | %s | GEMM operands %s", cfg->source, t->describe,
-            be->matmul_dtype == TZ_DT_BF16 ? "bf16" : "fp32");
-    const size_t peak = be->peak_bytes, total = peak + grads + staging;
-    const double other = (double)peak - (double)weights - (double)t->arena_bytes;
-    tz_info("planned backend memory per rank: %.3f GiB (%zu bytes) = weights %.3f (codes + "
-            "scales %.3f, dense %.3f) + gradients %.3f + staging %.3f + activations %.3f%s%.3f "
-            "(a device backend's op scratch and runtime come on top)", gib((double)total), total,
-            gib((double)weights), gib((double)quant), gib((double)(weights - quant)),
-            gib((double)grads), gib((double)staging), gib((double)t->arena_bytes),
-            other < 0 ? " - other " : " + other ", gib(fabs(other)));
-    tz_info("host shard per rank: about %.2f GiB (%lld trainable of %lld parameters, %.0f bytes "
-            "each: fp32 master, accumulator, %s states, decay flag; %lld ranks, zero stage %lld)",
-            gib(per * (double)shard), (long long)ps->n_trainable, (long long)ps->n_total, per,
-            opt->name, (long long)N, (long long)cfg->zero.stage);
+    const double flops = qzo ? 2.0 * fwd
+                             : fwd * (cfg->train.checkpointing ? 3.0 : 2.0) +
+                                   (full ? fwd : 2.0 * (double)ps->n_trainable * (double)tokens);
     tz_info("step: %lld %s per rank (%lld positions), about %.2f TFLOP of matrix products "
             "(attention's not counted)", (long long)units, t->unit, (long long)tokens, 1e-12 * flops);
-    /* the step model: one micro-batch's forward and backward with every op counted (the
-     * gradients bound now, after the plan, so that every weight gradient is counted too),
-     * times the micro-batches of a step */
+    /* the step model: one micro-batch's forward and backward (qzo: two forward passes) with
+     * every op counted (the gradients bound now, after the plan, so that every weight
+     * gradient is counted too), times the micro-batches of a step */
     tz_step_model_install(be);
-    tz_params_bind_grads(t->params, be->alloc(be, grads));
-    t->train_rows(t, 0, 1.0f);
+    if (qzo) {
+        t->train_loss(t, 0);
+        t->train_loss(t, 0);
+    } else {
+        tz_params_bind_grads(t->params, be->alloc(be, m.grads));
+        t->train_rows(t, 0, 1.0f);
+    }
     tz_step_model *sm = tz_step_model_of(be);
     tz_step_model_scale(sm, (double)cfg->train.grad_accum);
     const tz_step_rates rates = tz_step_rates_h100(be->matmul_dtype == TZ_DT_BF16);
     tz_step_model_print(sm, &rates);
-    tz_task_free(t);
-    tz_backend_destroy(be);
+    plan_close(&p);
     return 0;
 }
 

@@ -1,6 +1,6 @@
 /* What `turbozero bench` adds to a training step: presets (model shapes built in memory with
  * random weights and random data, so a Llama-2-7B-shaped model is timed without downloading
- * one), the dry run that plans a preset's memory without allocating it, and the phase clock
+ * one), the memory plan and dry run of any configuration (nothing allocated), and the phase clock
  * that splits a step into forward, backward, communication, copies and optimizer. The loop
  * itself is trainer.c's (tz_bench_run). */
 #ifndef TZ_BENCH_H
@@ -54,9 +54,56 @@ void tz_bench_random_tokens(uint32_t *tok, int64_t n, int64_t vocab, uint64_t se
 tz_backend *tz_bench_plan_backend(void);
 int tz_bench_is_plan(const tz_backend *be);
 
-/* bench --dry-run: the preset set up on the planning backend; rank 0 prints parameters,
- * the backend memory a rank would allocate (weights, gradients, staging, activations),
- * the host shard and the arithmetic of a step. */
+/* What one rank of a run allocates, planned on the planning backend without allocating it
+ * (tz_bench_plan_memory). */
+typedef struct tz_mem_plan {
+    size_t backend;       /* the backend's bytes: its allocator's peak while the model is set
+                           * up (weights, activations, other) + gradients + staging */
+    size_t weights, quant, grads, staging, arena;
+    double other;         /* the rest of the allocator's peak (scratch, tables); may be < 0 */
+    size_t shard;         /* host: the ZeRO shard (fp32 master, accumulator, decay flags, the
+                           * optimizer's states) and the step's host buffers, or qzo's fp32
+                           * scales and their staging */
+    size_t dense_src;     /* host, full mode of a quantized base: the dense weights the
+                           * master starts from, held until the shard has read them */
+    size_t load;          /* host, loading a folder: one weight as fp32 */
+    size_t host;          /* the host's peak of these: max(load, dense_src + shard) */
+    int64_t n_total, n_trainable, shard_numel;
+    int shapes_only;      /* a model folder planned from its config.json alone */
+    int training;         /* planned for training (else evaluation: forward passes only) */
+    int gpu;              /* planned with a GPU's GEMM operands: the backend's bytes are the
+                           * GPU's (else host RAM, as the CPU backend's are) */
+} tz_mem_plan;
+
+/* Plans one rank of cfg on N ranks (training, or evaluation when training is 0) with GEMM
+ * operand types matmul_dtypes (a backend's field): a preset as it is; a Llama folder from
+ * its config.json (and the quantization its safetensors header names), no weight read; any
+ * other folder by loading it onto the planning backend when read_weights, else 1 is
+ * returned and nothing planned. 0 when *out is filled. Not collective. */
+int tz_bench_plan_memory(const tz_config *cfg, int64_t N, unsigned matmul_dtypes, int training,
+                         int read_weights, tz_mem_plan *out);
+
+/* What this machine can give one rank. */
+typedef struct tz_mem_room {
+    size_t host_avail;    /* the node's available memory (tz_world_host_available) */
+    char host_src[160];   /* where that figure comes from */
+    int host_ranks;       /* ranks on this node, sharing it */
+    size_t dev_free, dev_total; /* the rank's GPU (device_info); 0 without one */
+    int dev_ranks;        /* ranks on this node that share that GPU */
+} tz_mem_room;
+/* The room of w's rank: the host, and be's device when be is a device backend (NULL: none). */
+void tz_mem_room_of(tz_mem_room *r, tz_backend *be, const tz_world *w);
+/* Plan m against room: the GPU's share for the backend's bytes (when m->gpu and a GPU is
+ * there), the host's share (MemAvailable / ranks on the node) for the host memory, and on the
+ * CPU for both. line: the figures; hint: what to change, the largest part first. Returns 0
+ * when it fits, 1 above 90%, 2 when it does not fit. */
+int tz_mem_plan_check(const tz_mem_plan *m, const tz_config *cfg, const tz_mem_room *room,
+                      char *line, size_t n, char *hint, size_t hn);
+
+/* bench --dry-run and train --dry-run: the configuration (a preset, or any model folder) set
+ * up on the planning backend; rank 0 prints parameters, the backend memory a rank would
+ * allocate (weights, gradients, staging, activations), the host memory, whether this
+ * machine holds it, and the arithmetic of a step. */
 int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm);
 
 /* ---- the phase clock ---- */

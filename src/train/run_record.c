@@ -77,25 +77,70 @@ static json_t *command_line(void) {
     return a;
 }
 
+/* A Slurm variable as a JSON string, or null. */
+static json_t *env_string(const char *name) {
+    const char *v = getenv(name);
+    return v && *v ? json_string(v) : json_null();
+}
+
+/* The Slurm job this process runs in (null outside one): job id, array job and index, the
+ * restart count of a requeued job. */
+static json_t *slurm_job(void) {
+    const char *job = getenv("SLURM_JOB_ID"), *rc = getenv("SLURM_RESTART_COUNT");
+    if (!job || !*job) return json_null();
+    return json_pack("{s:o, s:o, s:o, s:I}", "job_id", json_string(job), "array_job_id",
+                     env_string("SLURM_ARRAY_JOB_ID"), "array_task_id",
+                     env_string("SLURM_ARRAY_TASK_ID"), "restart_count",
+                     (json_int_t)(rc ? atoll(rc) : 0));
+}
+
+/* This process's segment of the run. */
+static json_t *segment(const tz_run_record *rec, json_t *hosts, const char *end, double wall_s,
+                       const char *status) {
+    const char *rc = getenv("SLURM_RESTART_COUNT");
+    json_t *s = json_pack("{s:s, s:o, s:s, s:I, s:o, s:I, s:O, s:s, s:s, s:o, s:o}", "start",
+                          rec->start, "end", end ? json_string(end) : json_null(), "status",
+                          status, "steps_from", (json_int_t)rec->steps_from, "steps_to",
+                          rec->steps_to >= 0 ? json_integer(rec->steps_to) : json_null(),
+                          "ranks", (json_int_t)rec->ranks, "hosts", hosts, "backend",
+                          rec->backend, "device", rec->device, "slurm_job_id",
+                          env_string("SLURM_JOB_ID"), "slurm_restart_count",
+                          rc && *rc ? json_integer(atoll(rc)) : json_null());
+    TZ_CHECK(s, "run.json: cannot build a segment");
+    json_object_set_new(s, "wall_s", end ? json_real(wall_s) : json_null());
+    return s;
+}
+
+/* status: "running", "stopped" or "finished" (end NULL while running). */
 static void write_run_json(const tz_run_record *rec, const char *dir, const char *end,
-                           double wall_s) {
+                           double wall_s, const char *status) {
     json_t *hosts = json_array();
     for (int64_t i = 0, off = 0; i < rec->n_hosts; i++) {
         json_array_append_new(hosts, json_string(rec->hosts + off));
         off += (int64_t)strlen(rec->hosts + off) + 1;
     }
+    json_t *segs = rec->prior ? json_loads(rec->prior, 0, NULL) : NULL;
+    if (!json_is_array(segs)) json_decref(segs), segs = json_array();
+    json_array_append_new(segs, segment(rec, hosts, end, wall_s, status));
+    double wall = 0; /* the run's wall time: its segments' */
+    for (size_t i = 0; i < json_array_size(segs); i++)
+        wall += json_number_value(json_object_get(json_array_get(segs, i), "wall_s"));
+    const char *first = json_string_value(json_object_get(json_array_get(segs, 0), "start"));
     char cwd[4096];
     if (!getcwd(cwd, sizeof cwd)) snprintf(cwd, sizeof cwd, "?");
-    json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:s, s:o, s:s, s:I, s:o, s:s, s:s}",
+    json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:s, s:s, s:s, s:o, s:s, s:I, s:O, s:o, s:s, s:s}",
                           "program", "turbozero", "version", tz_build_version(), "commit",
-                          tz_build_commit(), "cuda", tz_build_has_cuda(), "cpu_kernel",
-                          tz_cpu_kernel_name(), "command", command_line(), "cwd", cwd, "ranks",
-                          (json_int_t)rec->ranks, "hosts", hosts, "start", rec->start, "status",
-                          end ? "finished" : "running");
+                          tz_build_commit(), "build_cuda", tz_build_has_cuda(), "cpu_kernel",
+                          tz_cpu_kernel_name(), "backend", rec->backend, "device", rec->device,
+                          "command", command_line(), "cwd", cwd, "ranks",
+                          (json_int_t)rec->ranks, "hosts", hosts, "slurm", slurm_job(), "start",
+                          first ? first : rec->start, "status", status);
     TZ_CHECK(o, "run.json: cannot build the record");
     if (rec->run_id[0]) json_object_set_new(o, "run_id", json_string(rec->run_id));
     json_object_set_new(o, "end", end ? json_string(end) : json_null());
-    json_object_set_new(o, "wall_s", end ? json_real(wall_s) : json_null());
+    json_object_set_new(o, "wall_s", end ? json_real(wall) : json_null());
+    json_object_set_new(o, "segments", segs);
+    json_decref(hosts);
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
     json_decref(o);
     TZ_CHECK(text, "run.json: cannot format the record");
@@ -118,6 +163,7 @@ void tz_record_begin(tz_run_record *rec, const char *dir, const char *run_id, co
     tz_record_time_now(rec->start, sizeof rec->start);
     rec->t0 = mono_s();
     rec->ranks = comm->size;
+    rec->steps_to = -1;
     char mine[TZ_HOST_MAX] = {0};
     snprintf(mine, sizeof mine, "%s", w->hostname);
     char *all = tz_xmalloc((size_t)comm->size * TZ_HOST_MAX);
@@ -134,19 +180,73 @@ void tz_record_begin(tz_run_record *rec, const char *dir, const char *run_id, co
             off += (int64_t)strlen(h) + 1;
             rec->n_hosts++;
         }
-        write_run_json(rec, dir, NULL, 0.0);
+        write_run_json(rec, dir, NULL, 0.0, "running");
     }
     free(all);
 }
 
-void tz_record_end(tz_run_record *rec, const char *dir, tz_comm *comm) {
+void tz_record_device(tz_run_record *rec, const char *dir, const char *backend,
+                      const char *device) {
+    snprintf(rec->backend, sizeof rec->backend, "%s", backend);
+    snprintf(rec->device, sizeof rec->device, "%s", device);
+    if (rec->hosts) write_run_json(rec, dir, NULL, 0.0, "running");
+}
+
+void tz_record_resumed(tz_run_record *rec, const char *dir, struct tz_run_out *o,
+                       int64_t steps_from) {
+    rec->steps_from = steps_from;
+    free(rec->prior);
+    rec->prior = NULL;
+    json_t *j = o->prior ? json_loads(o->prior, 0, NULL) : NULL;
+    free(o->prior);
+    o->prior = NULL;
+    const char *id = json_string_value(json_object_get(j, "run_id"));
+    if (json_is_object(j) && (!id || !rec->run_id[0] || !strcmp(id, rec->run_id))) {
+        json_t *segs = json_object_get(j, "segments");
+        if (!json_is_array(segs)) { /* a record without segments: the whole run as one */
+            segs = json_array();
+            json_array_append_new(segs, json_pack("{s:O?, s:O?, s:O?, s:n, s:n, s:O?}", "start",
+                                                   json_object_get(j, "start"), "end",
+                                                   json_object_get(j, "end"), "status",
+                                                   json_object_get(j, "status"), "steps_from",
+                                                   "steps_to", "ranks",
+                                                   json_object_get(j, "ranks")));
+        } else {
+            json_incref(segs);
+        }
+        json_t *last = json_array_get(segs, json_array_size(segs) - 1);
+        const char *st = json_string_value(json_object_get(last, "status"));
+        if (st && !strcmp(st, "running")) /* its process ended without a word: killed */
+            json_object_set_new(last, "status", json_string("interrupted"));
+        rec->prior = json_dumps(segs, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        json_decref(segs);
+    }
+    json_decref(j);
+    if (rec->hosts) write_run_json(rec, dir, NULL, 0.0, "running");
+}
+
+void tz_record_stop(tz_run_record *rec, const char *dir, int64_t step, tz_comm *comm) {
     if (comm->rank == 0) {
         char end[40];
         tz_record_time_now(end, sizeof end);
-        write_run_json(rec, dir, end, mono_s() - rec->t0);
+        rec->steps_to = step;
+        write_run_json(rec, dir, end, mono_s() - rec->t0, "stopped");
     }
     free(rec->hosts);
-    rec->hosts = NULL;
+    free(rec->prior);
+    rec->hosts = rec->prior = NULL;
+}
+
+void tz_record_end(tz_run_record *rec, const char *dir, int64_t step, tz_comm *comm) {
+    if (comm->rank == 0) {
+        char end[40];
+        tz_record_time_now(end, sizeof end);
+        rec->steps_to = step;
+        write_run_json(rec, dir, end, mono_s() - rec->t0, "finished");
+    }
+    free(rec->hosts);
+    free(rec->prior);
+    rec->hosts = rec->prior = NULL;
 }
 
 #define TZ_RESUME_LOG ".metrics.resume.jsonl" /* run.dir/: the stopped run's log, set aside */
@@ -221,7 +321,8 @@ static void write_run_id(const char *dir, const char *id) {
 static int ours(const char *name) {
     static const char *const names[] = {".lock", ".run", TZ_STAGE_NAME, "checkpoints",
                                         TZ_CKPT_ASIDE, TZ_RESUME_LOG, "adapter", "model",
-                                        "loss.png", "config.used.cfg", "run.json", "metrics.jsonl"};
+                                        "loss.png", "config.used.cfg", "run.json", "metrics.jsonl",
+                                        "tb"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(name, names[i])) return 1;
     return strstr(name, ".tmp.") != NULL;
@@ -278,6 +379,19 @@ static int run_finished(const char *dir, const char *run_id) {
     return !run_id[0] || !strcmp(id, run_id); /* another id: a new run stopped early */
 }
 
+/* A regular file of at most 1 MiB, read whole (NUL-terminated); NULL otherwise. */
+static char *read_small(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) return NULL;
+    FILE *f = fopen(path, "re");
+    if (!f) return NULL;
+    char *t = tz_xmalloc((size_t)st.st_size + 1);
+    size_t n = fread(t, 1, (size_t)st.st_size, f);
+    fclose(f);
+    t[n] = 0;
+    return t;
+}
+
 void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume) {
     char err[2400], note[2400], what[1100], a[1200], b[1200], c[1200];
     snprintf(o->dir, sizeof o->dir, "%s", dir);
@@ -294,6 +408,12 @@ void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume)
                       "replacing its outputs",
                       "--resume: run.dir %s holds a finished run (run.json, adapter or model): "
                       "there is nothing to resume", dir);
+    }
+    o->prior = NULL;
+    if (resume) { /* the stopped run's record (its segments), before staging is cleared */
+        tz_path_join(a, sizeof a, dir, TZ_STAGE_NAME "/run.json");
+        tz_path_join(b, sizeof b, dir, "run.json");
+        o->prior = read_small(tz_path_exists(a) ? a : b);
     }
     tz_path_join(a, sizeof a, dir, TZ_STAGE_NAME "/metrics.jsonl");
     tz_path_join(b, sizeof b, dir, TZ_RESUME_LOG);

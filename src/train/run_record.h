@@ -1,6 +1,7 @@
 /* What a training run leaves about itself besides its outputs: wall-clock times for
  * metrics.jsonl, JSON numbers that are never bare nan, and run.dir/run.json (command line,
- * build, hosts, ranks, start and end). Computes nothing of the training. */
+ * build, backend and device, hosts, ranks, Slurm job, and a segment per start or resume).
+ * Computes nothing of the training. */
 #ifndef TZ_RUN_RECORD_H
 #define TZ_RUN_RECORD_H
 #include <stddef.h>
@@ -8,6 +9,8 @@
 
 #include "io/run_dir.h"
 #include "mpi/fwd.h"
+
+struct tz_run_out;
 
 /* The wall-clock time now, ISO 8601 UTC with milliseconds: "2026-11-23T11:56:52.123Z". */
 void tz_record_time_now(char *buf, size_t n);
@@ -19,11 +22,13 @@ void tz_record_json_number(char *buf, size_t n, const char *key, const char *fmt
 /* The largest peak resident set size over the ranks, in MiB. Collective. */
 double tz_record_peak_rss_mib(tz_comm *comm);
 
-/* One run's identity, gathered once (collective: every rank's host name) at the start. */
 /* A run's identity: 32 hex digits, drawn when a new run starts in a run.dir and kept by its
  * resumes; recorded in run.dir/.run, in run.json and in every checkpoint it writes. */
 #define TZ_RUN_ID_MAX 33
 
+/* One run's record, run.json: the build, the command, the backend and device it ran on, its
+ * ranks and hosts, the Slurm job (id, array index, restart count), and one segment per start
+ * of the run (the first, then every resume): start, end, status, steps from and to, ranks. */
 typedef struct tz_run_record {
     char start[40];
     char run_id[TZ_RUN_ID_MAX]; /* rank 0: written into run.json ("" leaves it out) */
@@ -31,20 +36,37 @@ typedef struct tz_run_record {
     int64_t ranks;
     char *hosts;        /* rank 0: the distinct host names in rank order, "\0"-separated */
     int64_t n_hosts;
+    char backend[32];   /* the backend the run computes on ("cpu", "cuda"; "" before known) */
+    char device[256];   /* its device's name (a GPU's, or the host CPU's) */
+    int64_t steps_from, steps_to; /* this segment's first and last step (steps_to -1: running) */
+    char *prior;        /* rank 0: the earlier segments of this run (a JSON array), or NULL */
 } tz_run_record;
 
 /* Starts the record (collective) and, on rank 0, writes dir/run.json with status "running"
  * (and run_id, rank 0's, unless ""). */
 void tz_record_begin(tz_run_record *rec, const char *dir, const char *run_id, const tz_world *w,
                      tz_comm *comm);
-/* Rank 0: rewrites dir/run.json with the end time, the wall time and status "finished".
- * Frees the record on every rank. */
-void tz_record_end(tz_run_record *rec, const char *dir, tz_comm *comm);
+/* Rank 0: the backend (its name) and device the run computes on, then run.json rewritten. */
+void tz_record_device(tz_run_record *rec, const char *dir, const char *backend,
+                      const char *device);
+/* Rank 0, resuming: this segment starts at step steps_from, after the segments of the
+ * previous run.json that tz_run_out_begin kept (o->prior; those of another run id are
+ * dropped, and a last segment still "running" was killed: it becomes "interrupted"); the run
+ * id is rec->run_id. run.json is rewritten. */
+void tz_record_resumed(tz_run_record *rec, const char *dir, struct tz_run_out *o,
+                       int64_t steps_from);
+/* Rank 0: the run stopped after step `step` to be resumed (status "stopped", the end time). */
+void tz_record_stop(tz_run_record *rec, const char *dir, int64_t step, tz_comm *comm);
+/* Rank 0: rewrites dir/run.json with the end time, the wall time, steps_to = step and status
+ * "finished". Frees the record on every rank. */
+void tz_record_end(tz_run_record *rec, const char *dir, int64_t step, tz_comm *comm);
 
 /* Rank 0's hold on run.dir for one training run: the lock, and the staging folder where the
  * run writes its outputs until they are committed into run.dir together. */
 typedef struct tz_run_out {
     tz_run_lock lock;
+    char *prior;      /* resuming: the run.json the stopped run left (staging/ or run.dir/),
+                       * for tz_record_resumed, which takes it; NULL when there is none */
     char dir[1100];   /* run.dir */
     char stage[1100]; /* run.dir/staging: where this run writes */
     char run_id[TZ_RUN_ID_MAX]; /* this run's identity (run.dir/.run); "" when a resume

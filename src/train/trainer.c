@@ -1,11 +1,9 @@
 /* The training loop (micro-batches, accumulation, ZeRO step, eval, logs, final save), the
  * eval driver and the benchmark driver, over N data-parallel ranks (N = 1 included). */
-#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "train/trainer.h"
 
 #include <errno.h>
 #include <math.h>
-#include <sched.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,9 +17,11 @@
 #include "io/fsutil.h"
 #include "io/run_dir.h"
 #include "io/loss_plot.h"
+#include "io/tfevents.h"
 #include "train/checkpoint.h"
 #include "mpi/watchdog.h"
 #include "train/bench.h"
+#include "train/family.h"
 #include "train/optim.h"
 #include "train/qzo.h"
 #include "train/run_record.h"
@@ -77,6 +77,71 @@ static void bind_gpu(tz_backend *be, tz_world *w) {
                 (double)d.total_bytes / 1073741824.0);
 }
 
+/* The CPUs the ranks get: a rank with fewer cores than threads, the ranks of a node with more
+ * threads together than cores (they time-share, and the optimizer step, which runs on them,
+ * slows by as much), and a job of several Slurm tasks started as one rank (srun forgotten).
+ * Warnings: the run goes on. */
+static void check_cpus(const tz_world *w) {
+    const char *job = getenv("SLURM_JOB_ID"), *ntasks = getenv("SLURM_NTASKS");
+    const char *cpt = getenv("SLURM_CPUS_PER_TASK");
+    const long long tasks = ntasks ? atoll(ntasks) : 0;
+    if (w->rank == 0 && job && tasks > 1 && w->size == 1)
+        tz_warn("Slurm job %s has %lld tasks, but this run is 1 rank (started without srun?): "
+                "the other tasks' CPUs and GPUs stay idle", job, tasks),
+            tz_warn("HINT: launch it with `srun --mpi=pmix turbozero train ...` inside the job, "
+                    "as slurm/train.sbatch does, or ask for --ntasks=1");
+    if (w->cores > 0 && w->cores < w->threads)
+        tz_warn("this rank may run on %d CPU(s) but uses %d OpenMP threads: they share cores",
+                w->cores, w->threads),
+            tz_warn("HINT: give each rank as many cores as threads (mpirun --map-by slot:PE=%d, "
+                    "or --bind-to none; srun --cpus-per-task=%d), or set train.threads",
+                    w->threads, w->threads);
+    else if (w->local_rank == 0 && w->local_size > 1 && w->node_cores > 0 &&
+             w->node_threads > w->node_cores) {
+        tz_warn("%d ranks on host %s run %d OpenMP threads on %d cores: they time-share the cores, "
+                "and each rank's optimizer step (on its threads) slows by as much", w->local_size,
+                w->hostname, w->node_threads, w->node_cores);
+        if (job && !(cpt && *cpt))
+            tz_warn("HINT: SLURM_CPUS_PER_TASK is not set, so every task may use every core: ask "
+                    "for #SBATCH --cpus-per-task=%d (and export SRUN_CPUS_PER_TASK), or set "
+                    "train.threads = %d", w->node_cores / w->local_size > 0 ?
+                    w->node_cores / w->local_size : 1, w->node_cores / w->local_size > 0 ?
+                    w->node_cores / w->local_size : 1);
+        else
+            tz_warn("HINT: set train.threads = %d (cores / ranks on the node), or give the ranks "
+                    "more cores", w->node_cores / w->local_size > 0 ? w->node_cores / w->local_size : 1);
+    }
+}
+
+/* Before anything large is allocated: the run's memory on one rank, planned without
+ * allocating it (train/bench.h: the model's shapes on a planning backend), against what this
+ * rank's GPU and this node's host can give. A run that cannot fit stops here with the plan's
+ * figures and a hint, instead of failing to allocate or being killed later. */
+static void check_memory(run *r) {
+    const tz_config *cfg = r->cfg;
+    tz_mem_plan m;
+    if (tz_bench_plan_memory(cfg, r->comm->size, r->be->matmul_dtypes, r->training, 0, &m)) {
+        tz_info("memory plan: not made at start-up (a %s folder's shapes need its weights read; "
+                "`turbozero train CONFIG --dry-run` plans it)", tz_family_of(cfg)->name);
+        return;
+    }
+    m.gpu = r->be->device; /* the backend's bytes are the device's, or host RAM */
+    tz_mem_room room;
+    tz_mem_room_of(&room, r->be, r->w);
+    char line[768], hint[768];
+    const int v = tz_mem_plan_check(&m, cfg, &room, line, sizeof line, hint, sizeof hint);
+    if (v == 2) {
+        char h[1024];
+        snprintf(h, sizeof h, "%s; `turbozero train CONFIG --dry-run` shows the whole plan", hint);
+        TZ_FATAL_HINT(h, "%s does not fit in memory: %s; per rank: backend %.2f GiB (weights "
+                      "%.2f, activations %.2f, gradients %.2f), host %.2f GiB",
+                      cfg->source, line, (double)m.backend / 1073741824.0,
+                      (double)m.weights / 1073741824.0, (double)m.arena / 1073741824.0,
+                      (double)m.grads / 1073741824.0, (double)m.host / 1073741824.0);
+    }
+    tz_info("memory plan per rank: %s%s", line, v == 1 ? " (above 90%)" : "");
+}
+
 static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, int training) {
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
@@ -93,13 +158,9 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
                 r->be->matmul_dtype == TZ_DT_BF16 ? "bf16" : "fp32");
     if (r->be->device) bind_gpu(r->be, w);
     w->threads = omp_get_max_threads();
-    cpu_set_t cpus;
-    if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < w->threads)
-        tz_warn("this rank may run on %d CPU(s) but uses %d OpenMP threads: they share cores",
-                CPU_COUNT(&cpus), w->threads),
-            tz_warn("HINT: give each rank as many cores as threads (mpirun --map-by slot:PE=%d, "
-                    "or --bind-to none; srun --cpus-per-task=%d), or set train.threads",
-                    w->threads, w->threads);
+    tz_world_gather_cpus(w);
+    check_cpus(w);
+    check_memory(r);
     r->task = tz_task_create(cfg, r->be, training);
     r->B = r->task->B;
     r->accum = cfg->train.grad_accum;
@@ -216,6 +277,44 @@ static step_result train_step(run *r, int64_t step) {
     return s;
 }
 
+/* The learning rates each train.mode is usually run at (optim.lr): AdamW on LoRA adapters,
+ * AdamW on every weight, and qzo's step on the scales, where lr multiplies a gradient-sized
+ * direction (docs/guide.md, "Zeroth-order training of the scales"). Outside: a warning. */
+static const struct {
+    double lo, hi;
+} lr_usual[3] = {{1e-6, 1e-2}, {1e-7, 3e-3}, {1e-9, 5e-4}};
+
+/* Rank 0's watch over the training loss. One batch's loss differs from the next by tens of
+ * percent on varied data, so the mean of this run's first 5 steps is its start and the mean
+ * of the last 10 steps after them is compared: above 1.3 x start (and 0.1 above it) at 5
+ * steps in a row is a divergence, warned about once, with the learning rate to look at. */
+#define DIVERGE_START 5
+#define DIVERGE_WINDOW 10
+typedef struct divergence {
+    int64_t seen, above;
+    double start, last[DIVERGE_WINDOW];
+    int warned;
+} divergence;
+
+static void divergence_watch(divergence *d, const tz_config *cfg, int64_t step, double loss) {
+    if (d->warned || !isfinite(loss)) return;
+    if (d->seen < DIVERGE_START) d->start += loss / DIVERGE_START;
+    else d->last[(d->seen - DIVERGE_START) % DIVERGE_WINDOW] = loss;
+    if (++d->seen < DIVERGE_START + DIVERGE_WINDOW) return;
+    double mean = 0.0;
+    for (int i = 0; i < DIVERGE_WINDOW; i++) mean += d->last[i] / DIVERGE_WINDOW;
+    d->above = mean > fmax(1.3 * d->start, d->start + 0.1) ? d->above + 1 : 0;
+    if (d->above < 5) return;
+    const int mode = cfg->train.mode;
+    d->warned = 1;
+    tz_warn("step %lld: the training loss is climbing: its mean over the last %d steps, %.4f, has "
+            "stayed above 1.3 x its start (%.4f, the mean of the first %d steps) for %lld steps",
+            (long long)step, DIVERGE_WINDOW, mean, d->start, DIVERGE_START, (long long)d->above);
+    tz_warn("HINT: lower optim.lr (now %g; train.mode = \"%s\" usually runs at %g to %g)%s",
+            cfg->optim.lr, tz_mode_name(mode), lr_usual[mode].lo, lr_usual[mode].hi,
+            mode == TZ_MODE_QZO ? ", or qzo.clip" : ", or optim.grad_clip");
+}
+
 static void print_start(const run *r) {
     const tz_task *t = r->task;
     tz_info("model: %s | activations %.1f MiB per rank", t->describe,
@@ -227,6 +326,13 @@ static void print_start(const run *r) {
                 "warmup + cosine schedule)", (long long)cfg->optim.warmup,
                 (long long)cfg->train.steps,
                 cfg->optim.lr * (double)cfg->train.steps / (double)cfg->optim.warmup, cfg->optim.lr);
+    const int mode = cfg->train.mode;
+    if (r->comm->rank == 0 && r->training &&
+        (cfg->optim.lr > lr_usual[mode].hi || cfg->optim.lr < lr_usual[mode].lo))
+        tz_warn("optim.lr %g is far outside what train.mode = \"%s\" usually runs at (%g to %g)%s",
+                cfg->optim.lr, tz_mode_name(mode), lr_usual[mode].lo, lr_usual[mode].hi,
+                mode == TZ_MODE_QZO ? ": qzo's lr multiplies a gradient-sized step, not an "
+                "AdamW one; a LoRA or full lr makes its loss climb within tens of steps" : "");
     tz_info("data: %s | %lld ranks x %lld x %lld accum = %lld rows (%lld %s) per step",
             t->data_line, (long long)r->N, (long long)r->B, (long long)r->accum,
             (long long)(r->N * r->B * r->accum), (long long)(r->N * r->B * r->accum * t->row_count),
@@ -241,13 +347,20 @@ static void print_start(const run *r) {
     tz_zero_print_memory(&r->z, t->arena_bytes);
 }
 
+/* One record: to metrics.jsonl, and its numbers as TensorBoard scalars (rank 0). */
+static void metrics_emit(FILE *f, tz_tfevents *tb, const char *line) {
+    fputs(line, f);
+    tz_tfevents_json_line(tb, line);
+}
+
 /* One evaluation record of metrics.jsonl (rank 0). */
-static void metrics_eval(FILE *f, int64_t step, eval_result e, const char *unit) {
-    char loss[128], now[40];
+static void metrics_eval(FILE *f, tz_tfevents *tb, int64_t step, eval_result e, const char *unit) {
+    char loss[128], now[40], line[512];
     tz_record_json_number(loss, sizeof loss, "eval_loss", "%.6f", e.loss);
     tz_record_time_now(now, sizeof now);
-    fprintf(f, "{\"step\": %lld, %s, \"eval_%s\": %lld, \"time\": \"%s\"}\n", (long long)step,
-            loss, unit, (long long)e.count, now);
+    snprintf(line, sizeof line, "{\"step\": %lld, %s, \"eval_%s\": %lld, \"time\": \"%s\"}\n",
+             (long long)step, loss, unit, (long long)e.count, now);
+    metrics_emit(f, tb, line);
 }
 
 /* Whether e is a better evaluation than best (a finite loss beats a non-finite one). */
@@ -272,13 +385,28 @@ static void metrics_summary(FILE *f, int64_t steps, int64_t units, const char *u
             rss_mib, now);
 }
 
-/* Rank 0: the records so far out to metrics.jsonl, stopping the run at the first failure. */
-static void metrics_flush(tz_line_log *m, const tz_run_out *o, int64_t step) {
+/* Rank 0: tb/'s events written so far, or (a failed write) a warning and no events from
+ * there on: they are a view of metrics.jsonl, which keeps every record. close: the last
+ * write. */
+static void tb_flush(tz_tfevents *tb, int close) {
+    char err[1600];
+    if (!tb->f)
+        return;
+    if (!(close ? tz_tfevents_close(tb, err, sizeof err) : tz_tfevents_flush(tb, err, sizeof err)))
+        return;
+    tz_warn("%s; no TensorBoard events from here on (metrics.jsonl keeps every record)", err);
+    tz_tfevents_discard(tb);
+}
+
+/* Rank 0: the records so far out to metrics.jsonl, stopping the run at the first failure,
+ * and to tb/. */
+static void metrics_flush(tz_line_log *m, tz_tfevents *tb, const tz_run_out *o, int64_t step) {
     char err[2400];
     if (tz_line_log_flush(m, err, sizeof err))
         TZ_FATAL_HINT("free space or fix the cause, then run again: nothing in run.dir was "
                       "replaced", "step %lld: %s (this run's outputs so far are in %s)",
                       (long long)step, err, o->stage);
+    tb_flush(tb, 0);
 }
 
 int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
@@ -295,8 +423,14 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         tz_run_out_begin(&out_dir, cfg->run.dir, cfg->run.overwrite, resume != NULL);
         tz_config_names names;
         tz_family_names(&names);
-        printf("# effective config (%s)\n", cfg->source);
-        tz_config_write(cfg, &names, stdout);
+        if (!resume) { /* once per job: a requeued --resume names only what differs */
+            printf("# effective config (%s)\n", cfg->source);
+            tz_config_write(cfg, &names, stdout);
+        } else {
+            tz_info("effective config: %s/config.used.cfg, as the run started (not printed again "
+                    "on --resume; settings other than the checkpoint's are named below)",
+                    cfg->run.dir);
+        }
         tz_path_join(path, sizeof path, out_dir.stage, "config.used.cfg");
         tz_line_log f;
         if (tz_line_log_open(&f, path, err, sizeof err)) TZ_FATAL("%s", err);
@@ -310,6 +444,11 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
     tz_record_begin(&rec, out_dir.stage, out_dir.run_id, w, comm);
     run r;
     run_open(&r, cfg, w, comm, 1);
+    if (root) {
+        tz_device_info di;
+        r.be->device_info(r.be, &di);
+        tz_record_device(&rec, out_dir.stage, r.be->name, di.name);
+    }
     print_start(&r);
     int stopped = tz_ckpt_stop_at_start(comm, "load", 0); /* a signal now: 75, nothing new */
     const int64_t steps = cfg->train.steps, units = r.N * r.B * r.accum * r.task->row_count;
@@ -332,6 +471,15 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
     }
     snprintf(ck.run_id, sizeof ck.run_id, "%s", out_dir.run_id); /* rank 0 writes it */
     snprintf(rec.run_id, sizeof rec.run_id, "%s", out_dir.run_id);
+    tz_tfevents tb = {0};
+    if (root) {
+        char dir[1200], err[1400];
+        if (resume) tz_record_resumed(&rec, out_dir.stage, &out_dir, resumed ? ck.step : 0);
+        tz_path_join(dir, sizeof dir, out_dir.stage, "tb");
+        if (tz_tfevents_open(&tb, dir, err, sizeof err)) TZ_FATAL("%s", err);
+        if (resume && tz_line_log_flush(&mlog, err, sizeof err) == 0) /* the records kept */
+            tz_tfevents_json_file(&tb, mlog.path);
+    }
     stopped = stopped || (resume && tz_ckpt_stop_at_start(comm, "resume", ck.step));
     if (resumed && ck.have_eval) {
         ev0 = (eval_result){ck.eval0, ck.eval0_count};
@@ -341,7 +489,7 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         ev0 = evaluate(&r, cfg->train.eval_windows, 0);
         tz_info("eval before training: val_loss %.4f (%lld %s)", ev0.loss, (long long)ev0.count,
                 r.task->unit);
-        if (root) metrics_eval(metrics, 0, ev0, r.task->unit);
+        if (root) metrics_eval(metrics, &tb, 0, ev0, r.task->unit);
         best = ev0;
     }
     const double t_loop = now_s();
@@ -350,17 +498,20 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
     stopped = stopped || tz_ckpt_stop_at_start(comm, "start", first);
     if (r.qzo && !stopped) tz_ckpt_signals_default(); /* qzo saves nothing: default action */
     const int early = stopped;
+    divergence dv = {0};
     for (int64_t step = first; step < steps && !stopped; step++) {
         double t0 = now_s();
         s = train_step(&r, step);
         double t1 = now_s(), tps = (double)units / (t1 - t0);
         if (root) {
-            char now[40];
+            char now[40], rec_line[512];
             tz_record_time_now(now, sizeof now);
-            fprintf(metrics,
-                    "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.9g, "
-                    "\"%s_per_s\": %.1f, \"step_s\": %.4f, \"time\": \"%s\"}\n",
-                    (long long)step + 1, s.loss, s.lr, s.gnorm, r.task->unit, tps, t1 - t0, now);
+            snprintf(rec_line, sizeof rec_line,
+                     "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.9g, "
+                     "\"%s_per_s\": %.1f, \"step_s\": %.4f, \"time\": \"%s\"}\n",
+                     (long long)step + 1, s.loss, s.lr, s.gnorm, r.task->unit, tps, t1 - t0, now);
+            metrics_emit(metrics, &tb, rec_line);
+            divergence_watch(&dv, cfg, step + 1, s.loss);
         }
         if ((step + 1) % cfg->train.log_every == 0 || step + 1 == steps) {
             char eta[32];
@@ -373,10 +524,10 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
             step + 1 != steps) {
             ev = evaluate(&r, cfg->train.eval_windows, 0);
             tz_info("eval at step %lld: val_loss %.4f", (long long)step + 1, ev.loss);
-            if (root) metrics_eval(metrics, step + 1, ev, r.task->unit);
+            if (root) metrics_eval(metrics, &tb, step + 1, ev, r.task->unit);
             if (eval_better(ev, best)) best = ev, best_step = step + 1;
         }
-        if (root) metrics_flush(&mlog, &out_dir, step + 1);
+        if (root) metrics_flush(&mlog, &tb, &out_dir, step + 1);
         /* checkpoint every train.checkpoint_every steps, and when a signal asks to stop */
         tz_ckpt_fault("step", step + 1, comm->rank);
         stopped = tz_ckpt_stop_agreed(comm) && step + 1 < steps;
@@ -393,6 +544,8 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         char err[2400];
         if (root && tz_line_log_close(&mlog, err, sizeof err))
             TZ_FATAL("cannot write %s", err);
+        if (root) tb_flush(&tb, 1);
+        tz_record_stop(&rec, out_dir.stage, early ? first : ck.step, comm);
         if (root) tz_run_lock_release(&out_dir.lock);
         if (early)
             tz_info("stopped during start-up, having written nothing; continue with `turbozero "
@@ -401,7 +554,6 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
             tz_info("stopped after step %lld of %lld; continue with `turbozero train ... --resume` "
                     "(exit status %d)", (long long)ck.step, (long long)steps, TZ_EXIT_REQUEUE);
         tz_comm_barrier(comm);
-        free(rec.hosts);
         run_close(&r);
         return TZ_EXIT_REQUEUE;
     }
@@ -409,7 +561,7 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         ev = evaluate(&r, cfg->train.eval_windows, 0);
         tz_info("eval after training: val_loss %.4f (before %.4f, change %+.4f)", ev.loss,
                 ev0.loss, ev.loss - ev0.loss);
-        if (root) metrics_eval(metrics, steps, ev, r.task->unit);
+        if (root) metrics_eval(metrics, &tb, steps, ev, r.task->unit);
         if (eval_better(ev, best)) best = ev, best_step = steps;
     }
     const double rss_mib = tz_record_peak_rss_mib(comm);
@@ -419,15 +571,21 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         tz_task_save(r.task, out_dir.stage, out, sizeof out);
         metrics_summary(metrics, steps, steps * units, r.task->unit, now_s() - t_start, s.loss,
                         have_val ? &best : NULL, best_step, have_val ? &ev : NULL, rss_mib);
+        tb_flush(&tb, 1);
         if (tz_line_log_close(&mlog, err, sizeof err))
             TZ_FATAL_HINT("free space or fix the cause: nothing in run.dir was replaced",
                           "%s (the trained result is complete in %s)", err, out);
-        const char *dirs[1] = {out_dir.stage};
+        /* the legend names the run after run.dir's folder, not the staging folder drawn from */
+        char name[sizeof cfg->run.dir];
+        const char *dirs[1] = {out_dir.stage}, *names[1] = {name};
+        snprintf(name, sizeof name, "%s", cfg->run.dir);
+        for (size_t k = strlen(name); k > 1 && name[k - 1] == '/'; k--) name[k - 1] = 0;
+        if (strrchr(name, '/')) memmove(name, strrchr(name, '/') + 1, strlen(strrchr(name, '/')));
         tz_path_join(png, sizeof png, out_dir.stage, "loss.png");
-        if (steps > 0 && tz_loss_plot_write(dirs, 1, png, err, sizeof err)) /* a picture only */
+        if (steps > 0 && tz_loss_plot_write(dirs, names, 1, png, err, sizeof err)) /* a picture only */
             tz_warn("no loss curve: %s", err);
     }
-    tz_record_end(&rec, out_dir.stage, comm); /* rank 0 writes run.json */
+    tz_record_end(&rec, out_dir.stage, steps, comm); /* rank 0 writes run.json */
     if (root) {
         char took[32], name[64], saved[1200];
         tz_run_out_commit(&out_dir);
@@ -445,13 +603,19 @@ int tz_eval_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     run r;
     run_open(&r, cfg, w, comm, 0);
     double t0 = now_s();
-    eval_result e = evaluate(&r, 0, 1);
+    /* the windows (images) a training run's evaluations use: train.eval_windows, 0 = all */
+    const int64_t limit = cfg->train.eval_windows, n = limit > 0 && limit < r.task->n_val ?
+                                                          limit : r.task->n_val;
+    eval_result e = evaluate(&r, limit, 1);
     char ppl[64] = ""; /* perplexity: a next-token loss only */
     if (!strcmp(r.task->unit, "tokens"))
         snprintf(ppl, sizeof ppl, " | perplexity %.3f", exp(e.loss));
     tz_info("model %s%s%s | %s: %lld %s | %lld ranks | %.1f s | loss %.4f%s", cfg->model.path,
             cfg->model.adapter[0] ? " + adapter " : "", cfg->model.adapter, cfg->data.val,
-            (long long)r.task->n_val, r.task->row_name, (long long)r.N, now_s() - t0, e.loss, ppl);
+            (long long)n, r.task->row_name, (long long)r.N, now_s() - t0, e.loss, ppl);
+    if (n < r.task->n_val)
+        tz_info("eval: the first %lld of %lld %s (train.eval_windows = %lld; 0 evaluates all)",
+                (long long)n, (long long)r.task->n_val, r.task->row_name, (long long)limit);
     tz_info("eval_loss=%.6f %s=%lld", e.loss, r.task->unit, (long long)e.count);
     run_close(&r);
     return 0;

@@ -79,9 +79,12 @@ done
 d="$work/held"
 mkdir -p "$d"
 echo "host=elsewhere pid=4242 since=2026-01-01T00:00:00Z state=running" > "$d/.lock"
-( flock -n 9 && exec sleep 60 ) 9< "$d/.lock" & fpid=$! # the sleep holds the lock
-for _ in $(seq 100); do flock -n "$d/.lock" true || break; sleep 0.05; done
-if train "$d" 8 > "$work/held.log" 2>&1; then bad "a held lock: the run went ahead"
+( flock -n 9 && exec sleep 600 ) 9< "$d/.lock" & fpid=$! # the sleep holds the lock
+# wait until it does (however long a busy machine takes to start it), not a fixed time
+held=0
+for _ in $(seq 6000); do flock -n "$d/.lock" true || { held=1; break; }; sleep 0.05; done
+if [ $held = 0 ]; then bad "a held lock: the holder never took the lock"
+elif train "$d" 8 > "$work/held.log" 2>&1; then bad "a held lock: the run went ahead"
 elif grep -q "in use by another run: pid 4242 on host elsewhere" "$work/held.log" && [ ! -e "$d/staging" ]; then
   ok "a held lock: refused, naming the holder, nothing written"
 else bad "a held lock: wrong message"; cat "$work/held.log"; fi
