@@ -3,6 +3,7 @@
  * layout is quant/tq_layout.h's, shared with the host). */
 #include <cuda_bf16.h>
 #include <math.h>
+#include <string.h>
 
 #include "cuda/cuda_internal.cuh"
 extern "C" {
@@ -43,45 +44,90 @@ static const float *row_signs(tz_backend *be, int64_t rows, int64_t cols, int gr
     return sc->s[k];
 }
 
-/* A block holds ROT_FLOATS consecutive elements of one row (ROT_FLOATS / g whole groups; the
- * row's last block may hold fewer, cols being a multiple of g only) in
- * shared memory and runs the Walsh-Hadamard butterflies level by level, h = 1, 2, 4, ...: the
- * same additions on the same values as tz_fwht, so the same bits. One butterfly per thread
- * per level (ROT_FLOATS / 2 threads). */
-#define ROT_FLOATS 256
-#define ROT_THREADS (ROT_FLOATS / 2)
+/* The rotation: a thread holds 8 consecutive elements of a row in registers, so a group of g
+ * is g/8 consecutive lanes of a warp (8, 16 or 32; a warp holds 256 / g whole groups). The
+ * Walsh-Hadamard butterflies run level by level, h = 1, 2, 4 within the thread's registers,
+ * then h = 8 .. g/2 between lanes (__shfl_xor_sync on lane bit h/8: the lower lane keeps
+ * a + b, the upper a - b): the same additions on the same values as tz_fwht, so the same bits.
+ * No shared memory, no barriers, no division: a block of ROT_THREADS covers ROT_SPAN
+ * columns of one row (grid.x: spans of a row, grid.y: rows); a row's last span may hold fewer
+ * groups, and the lanes past the row's end (whole groups of them, cols being a multiple of g)
+ * take part in the shuffles on zeros and store nothing. Row offsets are int64, the rest int. */
+#define ROT_THREADS 128
+#define ROT_SPAN (ROT_THREADS * 8)
 
-__device__ void block_fwht(float *v, int g) {
-    int b = threadIdx.x;          /* butterfly index within the block */
-    int gi = b / (g / 2), k = b % (g / 2);
-    float *x = v + gi * g;
-    for (int h = 1; h < g; h *= 2) {
-        __syncthreads();
-        int i = (k / h) * 2 * h + (k % h);
-        float a = x[i], c = x[i + h];
-        x[i] = a + c;
-        x[i + h] = a - c;
+/* 8 floats at p: two 16-byte accesses when VEC (p 16-byte aligned), else one at a time. */
+template <bool VEC> static __device__ __forceinline__ void load8(float *v, const float *p) {
+    if (VEC) {
+        const float4 a = reinterpret_cast<const float4 *>(p)[0];
+        const float4 b = reinterpret_cast<const float4 *>(p)[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = p[i];
     }
-    __syncthreads();
+}
+template <bool VEC> static __device__ __forceinline__ void store8(float *p, const float *v) {
+    if (VEC) {
+        float4 a, b;
+        a.x = v[0], a.y = v[1], a.z = v[2], a.w = v[3];
+        b.x = v[4], b.y = v[5], b.z = v[6], b.w = v[7];
+        reinterpret_cast<float4 *>(p)[0] = a;
+        reinterpret_cast<float4 *>(p)[1] = b;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) p[i] = v[i];
+    }
 }
 
-/* grid.x: chunks of ROT_FLOATS in a row, grid.y: rows. inverse = 0: y = (H (s*x)) * inv,
- * written; inverse = 1: dx += (H dy) * (s * inv). */
-static __global__ void k_rotate(float *out, const float *in, const float *signs, int64_t cols,
-                                int g, float inv, int inverse) {
-    __shared__ float v[ROT_FLOATS];
-    int64_t r = blockIdx.y, j0 = (int64_t)blockIdx.x * ROT_FLOATS;
-    const float *ir = in + r * cols + j0;
-    float *orow = out + r * cols + j0;
-    const float *s = signs + j0;
-    /* the last block of a row may hold fewer groups: the rest is zeros, never stored */
-    int nv = cols - j0 < ROT_FLOATS ? (int)(cols - j0) : ROT_FLOATS;
-    for (int e = threadIdx.x; e < ROT_FLOATS; e += blockDim.x)
-        v[e] = e >= nv ? 0.0f : inverse ? ir[e] : s[e] * ir[e];
-    block_fwht(v, g); /* begins with a barrier: the loads are done */
-    for (int e = threadIdx.x; e < nv; e += blockDim.x) {
-        if (inverse) orow[e] += v[e] * (s[e] * inv);
-        else orow[e] = v[e] * inv;
+/* inverse = 0: y = (H (s*x)) * inv, written; inverse = 1: dx += (H dy) * (s * inv).
+ * lanes = g / 8. VEC: in, out (and signs, from cudaMalloc) 16-byte aligned. */
+template <bool VEC>
+static __global__ void k_rotate(float *out, const float *in, const float *signs, int cols,
+                                int lanes, float inv, int inverse) {
+    const int c = (blockIdx.x * ROT_THREADS + threadIdx.x) * 8, lane = threadIdx.x & 31;
+    const bool live = c < cols;
+    const int64_t row = (int64_t)blockIdx.y * cols;
+    float v[8], s[8];
+    if (live) {
+        load8<VEC>(v, in + row + c);
+        load8<true>(s, signs + c);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = s[i] = 0.0f;
+    }
+    if (!inverse) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = s[i] * v[i];
+    }
+#pragma unroll
+    for (int h = 1; h < 8; h *= 2) /* within the thread */
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (!(i & h)) {
+                const float a = v[i], b = v[i + h];
+                v[i] = a + b;
+                v[i + h] = a - b;
+            }
+    for (int m = 1; m < lanes; m *= 2) /* between lanes: h = 8 m */
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[i], m);
+            v[i] = (lane & m) ? o - v[i] : v[i] + o;
+        }
+    if (!live) return;
+    float *orow = out + row + c;
+    if (inverse) {
+        float d[8];
+        load8<VEC>(d, orow);
+#pragma unroll
+        for (int i = 0; i < 8; i++) d[i] += v[i] * (s[i] * inv);
+        store8<VEC>(orow, d);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] *= inv;
+        store8<VEC>(orow, v);
     }
 }
 
@@ -89,6 +135,8 @@ static void rotate(tz_backend *be, float *out, const float *in, int64_t rows, in
                    int group, uint64_t seed, int inverse, const char *op) {
     const float *s = row_signs(be, rows, cols, group, seed, op);
     if (rows <= 0) return;
+    if (cols > INT32_MAX - ROT_SPAN)
+        TZ_FATAL("%s: rows of %lld columns exceed the kernel's int indices", op, (long long)cols);
     if (rows > 65535) { /* grid.y limit: in slices of rows */
         for (int64_t r0 = 0; r0 < rows; r0 += 65535) {
             int64_t n = rows - r0 < 65535 ? rows - r0 : 65535;
@@ -97,9 +145,12 @@ static void rotate(tz_backend *be, float *out, const float *in, int64_t rows, in
         return;
     }
     const float inv = (float)(1.0 / sqrt((double)group));
-    dim3 grid((unsigned)((cols + ROT_FLOATS - 1) / ROT_FLOATS), (unsigned)rows);
-    k_rotate<<<grid, ROT_THREADS, 0, tz_cuda_stream(be)>>>(out, in, s, cols, group, inv,
-                                                          inverse);
+    const int c = (int)cols, lanes = group / 8;
+    dim3 grid((unsigned)((cols + ROT_SPAN - 1) / ROT_SPAN), (unsigned)rows);
+    cudaStream_t st = tz_cuda_stream(be);
+    if (!(((uintptr_t)out | (uintptr_t)in) & 15))
+        k_rotate<true><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, lanes, inv, inverse);
+    else k_rotate<false><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, lanes, inv, inverse);
     CUDA_LAUNCHED();
 }
 
@@ -113,23 +164,114 @@ static void cuda_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64
     rotate(be, dx, dy, rows, cols, group, seed, 1, "tq_rotate_bwd");
 }
 
-/* One thread per weight: group k = e / g, element i = e % g. */
-/* One decoded element: fp32, or rounded to bf16 (nearest even) for a bf16 GEMM operand. */
-static __device__ __forceinline__ void store_w(float *w, int64_t e, float v) { w[e] = v; }
-static __device__ __forceinline__ void store_w(__nv_bfloat16 *w, int64_t e, float v) {
-    w[e] = __float2bfloat16_rn(v);
+/* The decode: a thread decodes octets, 8 consecutive weights of one group (g is a multiple of
+ * 8, so an octet never straddles groups), whose codes are the `bits` bytes at octet * bits (the
+ * layout's bit stream puts code j of the octet in bits [j*bits, j*bits + bits) of their
+ * little-endian word). Per octet: one code load (a 1-, 2- or 4-byte word; 3 bytes at 3 bits),
+ * one 2-byte scale load (the g/8 lanes of a group read the same address), 8 shift-and-mask
+ * code extractions into the codebook held in shared memory (2^bits floats, distinct banks,
+ * so no conflicts), 8 products scale * level (the CPU's one rounding, so the same bits), and
+ * one 16-byte store of 8 bf16 (pairs packed by one conversion each) or two of 8 fp32. A block
+ * of DQ_THREADS handles DQ_OCTETS consecutive octets, two per thread (both loads issued
+ * before either decode), one block-wide step; octet indices are int within a launch, the
+ * host cuts larger tensors into launches of at most DQ_LAUNCH_OCTETS with int64 base offsets.
+ * wide: codes 4-byte and w 16-byte aligned (the word loads and the 16-byte stores); otherwise
+ * byte loads and element stores, the same values. */
+#define DQ_THREADS 256
+#define DQ_PER_THREAD 2
+#define DQ_OCTETS (DQ_THREADS * DQ_PER_THREAD)
+#define DQ_LAUNCH_OCTETS ((int64_t)1 << 28) /* a multiple of DQ_OCTETS and of g/8 */
+
+/* The bits*8 code bits of octet o, as a little-endian word. */
+template <int BITS>
+static __device__ __forceinline__ unsigned octet_codes(const uint8_t *codes, int o, int wide) {
+    const uint8_t *p = codes + (size_t)o * BITS;
+    if (wide && BITS == 4) return reinterpret_cast<const uint32_t *>(codes)[o];
+    if (wide && BITS == 2) return reinterpret_cast<const uint16_t *>(codes)[o];
+    unsigned c = 0;
+#pragma unroll
+    for (int b = 0; b < BITS; b++) c |= (unsigned)p[b] << (8 * b);
+    return c;
 }
 
-template <class T>
+/* Two weights as one word of two bf16 (nearest even: the lower address from lo). */
+static __device__ __forceinline__ unsigned bf16x2_bits(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    unsigned u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
+/* The 8 decoded weights of octet o into w. */
+static __device__ __forceinline__ void store_octet(float *w, int o, const float *v, int wide) {
+    float *p = w + (size_t)o * 8;
+    if (wide) {
+        float4 a, b;
+        a.x = v[0], a.y = v[1], a.z = v[2], a.w = v[3];
+        b.x = v[4], b.y = v[5], b.z = v[6], b.w = v[7];
+        reinterpret_cast<float4 *>(p)[0] = a;
+        reinterpret_cast<float4 *>(p)[1] = b;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) p[j] = v[j];
+    }
+}
+static __device__ __forceinline__ void store_octet(__nv_bfloat16 *w, int o, const float *v,
+                                                   int wide) {
+    __nv_bfloat16 *p = w + (size_t)o * 8;
+    if (wide) {
+        uint4 u;
+        u.x = bf16x2_bits(v[0], v[1]), u.y = bf16x2_bits(v[2], v[3]);
+        u.z = bf16x2_bits(v[4], v[5]), u.w = bf16x2_bits(v[6], v[7]);
+        reinterpret_cast<uint4 *>(p)[0] = u;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) p[j] = __float2bfloat16_rn(v[j]);
+    }
+}
+
+/* n octets; octet o's scale is scales[o >> gshift] (gshift = log2(g / 8)). */
+template <int BITS, class T>
 static __global__ void k_dequant(T *w, const uint8_t *codes, const uint16_t *scales,
-                                 const float *levels, int g, int bits, int64_t gbytes,
-                                 int64_t total) {
-    TZ_CUDA_FOR(e, total) {
-        int64_t k = e / g;
-        int i = (int)(e % g);
-        unsigned code = tz_tq_code_at(codes + k * gbytes, i, bits);
-        float sc = __uint_as_float((unsigned)scales[k] << 16); /* bf16 bits -> fp32 */
-        store_w(w, e, sc * levels[code]);
+                                 const float *levels, int gshift, int n, int wide) {
+    __shared__ float lv[1 << BITS];
+    if (threadIdx.x < (1u << BITS)) lv[threadIdx.x] = levels[threadIdx.x];
+    __syncthreads();
+    const int o0 = blockIdx.x * DQ_OCTETS + threadIdx.x;
+    unsigned c[DQ_PER_THREAD];
+    float sc[DQ_PER_THREAD];
+#pragma unroll
+    for (int u = 0; u < DQ_PER_THREAD; u++) {
+        const int o = o0 + u * DQ_THREADS;
+        c[u] = 0, sc[u] = 0.0f;
+        if (o < n) {
+            c[u] = octet_codes<BITS>(codes, o, wide);
+            sc[u] = __uint_as_float((unsigned)scales[o >> gshift] << 16); /* bf16 -> fp32 */
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < DQ_PER_THREAD; u++) {
+        const int o = o0 + u * DQ_THREADS;
+        if (o >= n) break;
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = sc[u] * lv[(c[u] >> (BITS * j)) & ((1u << BITS) - 1u)];
+        store_octet(w, o, v, wide);
+    }
+}
+
+template <int BITS, class T>
+static void dequant_bits(tz_backend *be, T *w, const uint8_t *codes, const uint16_t *scales,
+                         const float *levels, int64_t n_oct, int group) {
+    const int gshift = group == 64 ? 3 : group == 128 ? 4 : 5; /* checked: 64, 128 or 256 */
+    const int wide = !((uintptr_t)codes & 3) && !((uintptr_t)w & 15);
+    for (int64_t o0 = 0; o0 < n_oct; o0 += DQ_LAUNCH_OCTETS) {
+        const int n = (int)(n_oct - o0 < DQ_LAUNCH_OCTETS ? n_oct - o0 : DQ_LAUNCH_OCTETS);
+        k_dequant<BITS, T><<<(unsigned)((n + DQ_OCTETS - 1) / DQ_OCTETS), DQ_THREADS, 0,
+                             tz_cuda_stream(be)>>>(w + o0 * 8, codes + o0 * BITS,
+                                                   scales + (o0 >> gshift), levels, gshift, n,
+                                                   wide);
+        CUDA_LAUNCHED();
     }
 }
 
@@ -139,12 +281,14 @@ static void dequant(tz_backend *be, T *w, const uint8_t *codes, const uint16_t *
                     const char *op) {
     check_rows(rows, cols, group, op);
     if (bits < 1 || bits > TZ_TQ_MAX_BITS) TZ_FATAL("%s: bits %d out of range", op, bits);
-    int64_t total = rows * cols;
-    if (total <= 0) return;
-    k_dequant<T><<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
-                   tz_cuda_stream(be)>>>(w, codes, scales, levels, group, bits,
-                                         TZ_TQ_GROUP_BYTES(group, bits), total);
-    CUDA_LAUNCHED();
+    if (rows == 0) return;
+    const int64_t n_oct = rows * (cols / 8); /* cols is a multiple of the group */
+    switch (bits) {
+    case 1: dequant_bits<1>(be, w, codes, scales, levels, n_oct, group); break;
+    case 2: dequant_bits<2>(be, w, codes, scales, levels, n_oct, group); break;
+    case 3: dequant_bits<3>(be, w, codes, scales, levels, n_oct, group); break;
+    default: dequant_bits<4>(be, w, codes, scales, levels, n_oct, group); break;
+    }
 }
 
 static void cuda_tq_dequant(tz_backend *be, float *w, const uint8_t *codes,

@@ -752,6 +752,93 @@ static void test_tq_matmul(void) {
     drop(&lv), drop(&tile);
 }
 
+/* The decode, bit for bit against the CPU: fp32 through tq_dequant, bf16 through tq_matmul's
+ * tile (with bf16 GEMMs the CUDA backend leaves the decoded weight there, which must be the
+ * CPU's fp32 decode rounded to nearest even). w_off (bytes) and c_off put the output and the
+ * codes off the alignment of the wide stores and loads (the element-by-element path). The
+ * output starts as NaN and the 256 bytes after it must keep their canary. */
+static void dq_case(int bits, int g, int64_t rows, int64_t cols, int w_off, int c_off) {
+    const int64_t n = rows * cols, ng = n / g, M = 2;
+    const size_t cb = (size_t)tz_tq_codes_bytes(rows, cols, bits), wb = (size_t)n * 4;
+    uint8_t *codes = malloc(cb);
+    uint16_t *scales = malloc((size_t)ng * 2), *got16 = malloc((size_t)n * 2);
+    float lv[16], *ref = malloc(wb), *got = malloc(wb);
+    for (size_t i = 0; i < cb; i++) codes[i] = (uint8_t)tz_rng_below(&g_rng, 256);
+    for (int64_t i = 0; i < ng; i++) scales[i] = tz_f32_to_bf16(urand(0.1f));
+    for (int i = 0; i < 1 << bits; i++) lv[i] = urand(2.0f);
+    g_cpu->tq_dequant(g_cpu, ref, codes, scales, lv, rows, cols, bits, g);
+    uint8_t *dc = g_gpu->alloc(g_gpu, cb + 4);
+    uint16_t *ds = g_gpu->alloc(g_gpu, (size_t)ng * 2);
+    float *dl = g_gpu->alloc(g_gpu, sizeof lv);
+    char *dw = g_gpu->alloc(g_gpu, 16 + wb + WS_CANARY);
+    float *w = (float *)(void *)(dw + w_off);
+    g_gpu->upload(g_gpu, dc + c_off, codes, cb);
+    g_gpu->upload(g_gpu, ds, scales, (size_t)ng * 2);
+    g_gpu->upload(g_gpu, dl, lv, sizeof lv);
+    char shape[96];
+    snprintf(shape, sizeof shape, "bits %d group %d, %lld x %lld%s%s", bits, g, (long long)rows,
+             (long long)cols, w_off ? ", output unaligned" : "", c_off ? ", codes unaligned" : "");
+    ws_fill(w, wb);
+    g_gpu->tq_dequant(g_gpu, w, dc + c_off, ds, dl, rows, cols, bits, g);
+    g_gpu->download(g_gpu, got, w, wb);
+    check(!memcmp(got, ref, wb) && ws_canary_ok(w, wb),
+          "tq_dequant fp32 %s: the CPU's bits, canary kept", shape);
+    pair A = mk(M * cols, 1.0f), C = mkz(M * rows);
+    ws_fill(w, (size_t)n * 2);
+    g_gpu->matmul_dtype = TZ_DT_BF16;
+    g_gpu->tq_matmul(g_gpu, C.d, A.d, w, dc + c_off, ds, dl, rows, cols, bits, g, M, 1, 1.0f,
+                     0.0f);
+    g_gpu->matmul_dtype = TZ_DT_F32;
+    g_gpu->download(g_gpu, got16, w, (size_t)n * 2);
+    int same = 1;
+    for (int64_t i = 0; i < n; i++) same &= got16[i] == tz_f32_to_bf16(ref[i]);
+    check(same && ws_canary_ok(w, (size_t)n * 2),
+          "tq decode to bf16 %s: the CPU's bits rounded, canary kept", shape);
+    drop(&A), drop(&C);
+    g_gpu->release(g_gpu, dc), g_gpu->release(g_gpu, ds), g_gpu->release(g_gpu, dl);
+    g_gpu->release(g_gpu, dw);
+    free(codes), free(scales), free(got16), free(ref), free(got);
+}
+
+/* The rotation at rows that end inside a warp (cols not a multiple of the 1024 columns a
+ * block covers) and, with off = 1, on pointers off the 16-byte alignment of the wide loads.
+ * The element before and after the rows must stay untouched. The forward rotation is exact
+ * (sign flips, the same butterflies, one product), hence 0; the inverse accumulates (1e-6). */
+static void rot_case(int g, int64_t rows, int64_t cols, int off) {
+    const int64_t n = rows * cols + 2;
+    pair x = mk(n, 1.0f), y = mkz(n), dx = mk(n, 1.0f);
+    char what[96];
+    g_cpu->tq_rotate(g_cpu, y.h + off, x.h + off, rows, cols, g, 99);
+    g_gpu->tq_rotate(g_gpu, y.d + off, x.d + off, rows, cols, g, 99);
+    snprintf(what, sizeof what, "tq_rotate group %d, %lld x %lld%s", g, (long long)rows,
+             (long long)cols, off ? ", unaligned" : "");
+    expect(what, &y, 0);
+    g_cpu->tq_rotate_bwd(g_cpu, dx.h + off, y.h + off, rows, cols, g, 99);
+    g_gpu->tq_rotate_bwd(g_gpu, dx.d + off, y.d + off, rows, cols, g, 99);
+    snprintf(what, sizeof what, "tq_rotate_bwd group %d, %lld x %lld%s", g, (long long)rows,
+             (long long)cols, off ? ", unaligned" : "");
+    expect(what, &dx, 1e-6);
+    drop(&x), drop(&y), drop(&dx);
+}
+
+/* Every bit width and group at 7 rows of 3 groups; a tensor ending inside a block's second
+ * half (5 x 1280 at 256: 800 octets); one group; unaligned outputs and codes; a larger one. */
+static void test_tq_decode(void) {
+    for (int bits = 1; bits <= 4; bits++)
+        for (int g = 64; g <= 256; g *= 2) dq_case(bits, g, 7, 3 * (int64_t)g, 0, 0);
+    dq_case(3, 256, 5, 1280, 0, 0);
+    dq_case(4, 128, 1, 128, 0, 0);
+    dq_case(4, 64, 3, 192, 4, 0);
+    dq_case(2, 128, 3, 384, 0, 1);
+    dq_case(3, 64, 9, 320, 4, 1);
+    dq_case(1, 256, 3, 512, 4, 3);
+    dq_case(4, 128, 33, 2304, 0, 0);
+    rot_case(64, 3, 1088, 0);  /* the last block: 8 live lanes of one warp */
+    rot_case(128, 5, 1152, 1); /* unaligned */
+    rot_case(256, 3, 1280, 0);
+    rot_case(64, 1, 64, 1);
+}
+
 static void test_quant(void) {
     const int64_t rows = 5;
     const int64_t shapes[][2] = {{64, 192}, {128, 384}, {256, 512}, {128, 1152}};
@@ -797,6 +884,7 @@ static void test_quant(void) {
             drop(&lv), drop(&w);
         }
     test_tq_matmul();
+    test_tq_decode();
 }
 
 /* ---- the backend's own checks ---- */
