@@ -89,6 +89,7 @@ static const tz_key schema[] = {
     INT(train, threads, 0, 0, 4096, "CPU threads per rank (0 = OpenMP default)"),
     INT(train, checkpoint_every, 0, 0, 1000000000, "steps between checkpoints in run.dir/checkpoints (0 = only on SIGUSR1/SIGTERM/SIGINT)"),
     INT(train, keep_checkpoints, 2, 0, 1000000, "newest complete checkpoints kept (0 = all)"),
+    BOOL(train, keep_best, 0, "with data.val: checkpoint every new best eval, keep it past keep_checkpoints, save run.dir/best"),
     FLT(optim, lr, 2e-4, OPEN, 0.0, 10.0, CLOSED, "peak learning rate (unset: by train.mode, lora 2e-4, full 2e-5, qzo 1e-6)"),
     FLT(optim, min_lr_ratio, 0.1, CLOSED, 0.0, 1.0, CLOSED, "cosine floor as a fraction of lr"),
     INT(optim, warmup, 10, 0, 1000000000, "linear warmup steps"),

@@ -53,6 +53,7 @@ typedef struct tz_config {
         int64_t threads;              /* 0: OpenMP default */
         int64_t checkpoint_every;     /* steps between checkpoints (0: none but on a signal) */
         int64_t keep_checkpoints;     /* newest complete checkpoints kept (0: all) */
+        int keep_best;                /* checkpoint at each new best eval, kept; run.dir/best */
     } train;
     struct {
         double lr;

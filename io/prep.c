@@ -56,10 +56,14 @@ static tz_tokenizer *open_tokenizer(const char *path, char *err, size_t errlen) 
 }
 
 static int write_split(const char *out_path, const char *val_path, const tokbuf *b, int64_t cut,
-                       int masked, uint32_t vocab, const char *what, char *err, size_t errlen) {
+                       int masked, const tz_tokenizer *t, const char *what, char *err,
+                       size_t errlen) {
+    const uint32_t vocab = (uint32_t)tz_tokenizer_vocab(t);
+    const uint64_t dg = tz_tokenizer_digest(t);
     int64_t trained = 0;
     for (int64_t i = 0; masked && i < cut; i++) trained += b->mask[i];
-    int rc = tz_tokens_write_masked(out_path, b->tok, masked ? b->mask : NULL, cut, vocab, err, errlen);
+    int rc = tz_tokens_write_tagged(out_path, b->tok, masked ? b->mask : NULL, cut, vocab, dg, err,
+                                    errlen);
     if (rc) return rc;
     if (masked)
         printf("wrote %s: %lld tokens (%s, vocab %u), %lld of them trained (loss mask)\n", out_path,
@@ -67,8 +71,8 @@ static int write_split(const char *out_path, const char *val_path, const tokbuf 
     else
         printf("wrote %s: %lld tokens (%s, vocab %u)\n", out_path, (long long)cut, what, vocab);
     if (cut < b->n) {
-        rc = tz_tokens_write_masked(val_path, b->tok + cut, masked ? b->mask + cut : NULL,
-                                    b->n - cut, vocab, err, errlen);
+        rc = tz_tokens_write_tagged(val_path, b->tok + cut, masked ? b->mask + cut : NULL,
+                                    b->n - cut, vocab, dg, err, errlen);
         if (!rc) printf("wrote %s: %lld tokens (validation)\n", val_path, (long long)(b->n - cut));
     }
     return rc;
@@ -102,8 +106,7 @@ int tz_prep_text(const char *tokenizer, const char *in_path, const char *out_pat
         int64_t cut = b.n - (int64_t)((double)b.n * val_fraction);
         char what[64];
         snprintf(what, sizeof what, "%s", "tokenizer");
-        rc = write_split(out_path, val_path, &b, cut, 0, (uint32_t)tz_tokenizer_vocab(t), what, err,
-                         errlen);
+        rc = write_split(out_path, val_path, &b, cut, 0, t, what, err, errlen);
     }
     free(text);
     free(b.tok), free(b.mask), free(b.scratch);
@@ -161,8 +164,9 @@ static int encs(jctx *c, tokbuf *b, const char *s, int trained) {
     return enc(c, b, s, strlen(s), trained);
 }
 
-/* One record's messages (roles checked) through the template. */
-static int render(jctx *c, tokbuf *b, const msg *m, int nm) {
+/* One record's messages (roles checked) through the template. gen: the messages end with a
+ * user message and the assistant's turn is opened after it, as a prompt for generation. */
+static int render(jctx *c, tokbuf *b, const msg *m, int nm, int gen) {
     int rc = 0;
     if (c->tmpl == T_LLAMA3) {
         tb_push(b, (uint32_t)c->bos, 0);
@@ -173,6 +177,12 @@ static int render(jctx *c, tokbuf *b, const msg *m, int nm) {
             tb_push(b, (uint32_t)c->eh, 0);
             rc = rc || encs(c, b, "\n\n", 0) || enc(c, b, m[i].content, m[i].len, a);
             tb_push(b, (uint32_t)c->eot, a);
+        }
+        if (gen && !rc) {
+            tb_push(b, (uint32_t)c->sh, 0);
+            rc = encs(c, b, "assistant", 0);
+            tb_push(b, (uint32_t)c->eh, 0);
+            rc = rc || encs(c, b, "\n\n", 0);
         }
         return rc;
     }
@@ -185,13 +195,17 @@ static int render(jctx *c, tokbuf *b, const msg *m, int nm) {
             tb_push(b, (uint32_t)c->ime, a);
             rc = rc || encs(c, b, "\n", 0);
         }
+        if (gen && !rc) {
+            tb_push(b, (uint32_t)c->ims, 0);
+            rc = encs(c, b, "assistant\n", 0);
+        }
         return rc;
     }
     if (c->tmpl == T_PLAIN) {
         if (c->bos >= 0) tb_push(b, (uint32_t)c->bos, 0);
         for (int i = 0; i < nm && !rc; i++)
             rc = enc(c, b, m[i].content, m[i].len, !strcmp(m[i].role, "assistant"));
-        if (c->eos >= 0) tb_push(b, (uint32_t)c->eos, 1);
+        if (c->eos >= 0 && !gen) tb_push(b, (uint32_t)c->eos, 1);
         return rc;
     }
     /* llama2: <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s> per turn */
@@ -199,7 +213,8 @@ static int render(jctx *c, tokbuf *b, const msg *m, int nm) {
     const msg *sys = NULL;
     if (nm > 0 && !strcmp(m[0].role, "system")) sys = &m[0], i = 1;
     for (; i < nm && !rc; i += 2) {
-        if (strcmp(m[i].role, "user") || i + 1 >= nm || strcmp(m[i + 1].role, "assistant"))
+        const int open = gen && i + 1 == nm; /* the last user message, answered by generation */
+        if (strcmp(m[i].role, "user") || (!open && (i + 1 >= nm || strcmp(m[i + 1].role, "assistant"))))
             JFAIL(c, "template llama2 needs user and assistant messages in turn (after an "
                      "optional system message); message %d is %s", i, m[i].role);
         size_t n = m[i].len + (sys ? sys->len : 0) + 64;
@@ -213,8 +228,8 @@ static int render(jctx *c, tokbuf *b, const msg *m, int nm) {
         memcpy(s + k + m[i].len, " [/INST]", 8);
         tb_push(b, (uint32_t)c->bos, 0);
         rc = enc(c, b, s, (size_t)k + m[i].len + 8, 0) ||
-             enc(c, b, m[i + 1].content, m[i + 1].len, 1);
-        tb_push(b, (uint32_t)c->eos, 1);
+             (!open && enc(c, b, m[i + 1].content, m[i + 1].len, 1));
+        if (!open) tb_push(b, (uint32_t)c->eos, 1);
         free(s);
     }
     return rc;
@@ -308,7 +323,7 @@ static int record(jctx *c, tokbuf *b, const char *line) {
         m[nm++] = (msg){"user", p, pl};
         m[nm++] = (msg){"assistant", r, rl};
     }
-    rc = render(c, b, m, nm);
+    rc = render(c, b, m, nm, 0);
     json_decref(o);
     return rc;
 }
@@ -322,45 +337,54 @@ static int need_token(jctx *c, const char *tmpl, const char *name, int32_t *id, 
     return 1;
 }
 
+/* c's template: tmpl by name, or NULL for the tokenizer's default; its special tokens. */
+static int setup(jctx *c, const tz_tokenizer *t, const char *tmpl, const char *tokenizer) {
+    char *err = c->err;
+    size_t errlen = c->errlen;
+    c->tmpl = -1;
+    if (tmpl) {
+        for (int i = 0; tmpl_names[i]; i++)
+            if (!strcmp(tmpl, tmpl_names[i])) c->tmpl = i;
+        if (c->tmpl < 0) {
+            snprintf(err, errlen, "--template %s: expected llama3, llama2, chatml or plain", tmpl);
+            return 1;
+        }
+    }
+    c->t = t;
+    c->bos = tz_tokenizer_bos(t), c->eos = tz_tokenizer_eos(t);
+    c->sh = c->eh = c->eot = c->ims = c->ime = -1;
+    if (c->tmpl < 0)
+        c->tmpl = tz_tokenizer_find(t, "<|start_header_id|>") >= 0 ? T_LLAMA3
+                  : tz_tokenizer_find(t, "\u2581") >= 0      ? T_LLAMA2
+                                                                : T_PLAIN;
+    const char *tn = tmpl_names[c->tmpl];
+    int rc = 0;
+    if (c->tmpl == T_LLAMA3)
+        rc = need_token(c, tn, "<|begin_of_text|>", &c->bos, tokenizer) ||
+             need_token(c, tn, "<|start_header_id|>", &c->sh, tokenizer) ||
+             need_token(c, tn, "<|end_header_id|>", &c->eh, tokenizer) ||
+             need_token(c, tn, "<|eot_id|>", &c->eot, tokenizer);
+    else if (c->tmpl == T_CHATML)
+        rc = need_token(c, tn, "<|im_start|>", &c->ims, tokenizer) ||
+             need_token(c, tn, "<|im_end|>", &c->ime, tokenizer);
+    else if (c->tmpl == T_LLAMA2 && (c->bos < 0 || c->eos < 0)) {
+        snprintf(err, errlen, "--template llama2 needs BOS and EOS tokens; --tokenizer %s names "
+                 "none (tokenizer_config.json or config.json beside it)", tokenizer);
+        rc = 1;
+    }
+    return rc;
+}
+
 int tz_prep_jsonl(const char *tokenizer, const char *in_path, const char *out_path,
                   const char *val_path, double val_fraction, const char *tmpl, char *err,
                   size_t errlen) {
     if (check_fraction(val_fraction, err, errlen)) return 1;
     jctx c = {0};
     c.file = in_path, c.err = err, c.errlen = errlen;
-    c.tmpl = -1;
-    if (tmpl) {
-        for (int i = 0; tmpl_names[i]; i++)
-            if (!strcmp(tmpl, tmpl_names[i])) c.tmpl = i;
-        if (c.tmpl < 0) {
-            snprintf(err, errlen, "--template %s: expected llama3, llama2, chatml or plain", tmpl);
-            return 1;
-        }
-    }
     tz_tokenizer *t = open_tokenizer(tokenizer, err, errlen);
     if (!t) return 1;
-    c.t = t;
-    c.bos = tz_tokenizer_bos(t), c.eos = tz_tokenizer_eos(t);
-    c.sh = c.eh = c.eot = c.ims = c.ime = -1;
-    if (c.tmpl < 0)
-        c.tmpl = tz_tokenizer_find(t, "<|start_header_id|>") >= 0 ? T_LLAMA3
-                 : tz_tokenizer_find(t, "\u2581") >= 0       ? T_LLAMA2
-                                                               : T_PLAIN;
-    const char *tn = tmpl_names[c.tmpl];
-    int rc = 0;
-    if (c.tmpl == T_LLAMA3)
-        rc = need_token(&c, tn, "<|begin_of_text|>", &c.bos, tokenizer) ||
-             need_token(&c, tn, "<|start_header_id|>", &c.sh, tokenizer) ||
-             need_token(&c, tn, "<|end_header_id|>", &c.eh, tokenizer) ||
-             need_token(&c, tn, "<|eot_id|>", &c.eot, tokenizer);
-    else if (c.tmpl == T_CHATML)
-        rc = need_token(&c, tn, "<|im_start|>", &c.ims, tokenizer) ||
-             need_token(&c, tn, "<|im_end|>", &c.ime, tokenizer);
-    else if (c.tmpl == T_LLAMA2 && (c.bos < 0 || c.eos < 0)) {
-        snprintf(err, errlen, "--template llama2 needs BOS and EOS tokens; --tokenizer %s names "
-                 "none (tokenizer_config.json or config.json beside it)", tokenizer);
-        rc = 1;
-    }
+    int rc = setup(&c, t, tmpl, tokenizer);
+    const char *tn = tmpl_names[c.tmpl < 0 ? T_PLAIN : c.tmpl];
     FILE *f = NULL;
     if (!rc) { /* a FIFO is refused, not waited on */
         const char *kind;
@@ -399,11 +423,37 @@ int tz_prep_jsonl(const char *tokenizer, const char *in_path, const char *out_pa
         int64_t cut = nval > 0 ? starts[nrec - nval] : b.n;
         char what[96];
         snprintf(what, sizeof what, "%lld records, template %s", (long long)(nrec - nval), tn);
-        rc = write_split(out_path, val_path, &b, cut, 1, (uint32_t)tz_tokenizer_vocab(t), what, err,
-                         errlen);
+        rc = write_split(out_path, val_path, &b, cut, 1, t, what, err, errlen);
     }
     free(starts);
     free(b.tok), free(b.mask), free(b.scratch);
     tz_tokenizer_free(t);
     return rc;
+}
+
+/* ---------------------------------------------------------------- prompts for generation */
+
+int64_t tz_chat_prompt(const tz_tokenizer *t, const char *tmpl, const char *system,
+                       const char *user, int32_t **ids, char *tmpl_used, size_t tulen, int32_t *end,
+                       char *err, size_t errlen) {
+    jctx c = {0};
+    c.file = "prompt", c.line = 1, c.err = err, c.errlen = errlen;
+    if (setup(&c, t, tmpl, "of the model")) return -1;
+    msg m[2];
+    int nm = 0;
+    if (system) m[nm++] = (msg){"system", system, strlen(system)};
+    m[nm++] = (msg){"user", user, strlen(user)};
+    tokbuf b = {0};
+    int rc = render(&c, &b, m, nm, 1);
+    free(b.mask), free(b.scratch);
+    if (rc) {
+        free(b.tok);
+        return -1;
+    }
+    snprintf(tmpl_used, tulen, "%s", tmpl_names[c.tmpl]);
+    *end = c.tmpl == T_LLAMA3 ? c.eot : c.tmpl == T_CHATML ? c.ime : c.eos;
+    *ids = tz_xmalloc((size_t)(b.n + 1) * sizeof **ids);
+    for (int64_t i = 0; i < b.n; i++) (*ids)[i] = (int32_t)b.tok[i];
+    free(b.tok);
+    return b.n;
 }

@@ -13,6 +13,7 @@
 #ifndef TZ_PREP_H
 #define TZ_PREP_H
 #include <stddef.h>
+#include <stdint.h>
 
 /* Text through the tokenizer (no BOS or EOS added; special tokens in the text are text).
  * The last val_fraction of the tokens goes to val_path. Prints what it wrote. */
@@ -25,5 +26,15 @@ int tz_prep_text(const char *tokenizer, const char *in_path, const char *out_pat
 int tz_prep_jsonl(const char *tokenizer, const char *in_path, const char *out_path,
                   const char *val_path, double val_fraction, const char *tmpl, char *err,
                   size_t errlen);
+
+/* A prompt for generation in a chat template (as tz_prep_jsonl renders a record): the optional
+ * system message and the user message, then the opening of the assistant's turn. tmpl: a
+ * template's name or NULL for the tokenizer's default. Returns the count of ids in *ids (to be
+ * freed), with the template's name in tmpl_used and its end-of-turn id (<|eot_id|>,
+ * <|im_end|>, EOS; -1 when none) in *end; -1 with err. */
+struct tz_tokenizer;
+int64_t tz_chat_prompt(const struct tz_tokenizer *t, const char *tmpl, const char *system,
+                       const char *user, int32_t **ids, char *tmpl_used, size_t tulen, int32_t *end,
+                       char *err, size_t errlen);
 
 #endif

@@ -4,6 +4,7 @@
  * Byte-level vocabularies are stored decoded (the byte-to-unicode map undone), so BPE runs
  * on the text's own bytes; SentencePiece vocabularies keep "▁" for the space. */
 #include "io/tokenizer.h"
+#include "io/tokens.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -54,6 +55,9 @@ struct tz_tokenizer {
     int32_t first_added[257]; /* added sorted by first byte: [first_added[b], first_added[b+1]) */
     int32_t byte_tok[256];    /* byte-level: the id of each single byte; SPM: <0xNN>, or -1 */
     int32_t unk, bos, eos;
+    int add_bos;        /* tokenizer_config.json's add_bos_token, else the post-processor's */
+    uint64_t digest;    /* of the vocabulary, by id (tz_tokenizer_digest) */
+    char chat[16];      /* the chat template tokenizer_config.json names, recognised, or "" */
     int regex, add_prefix_space, ignore_merges, byte_fallback, fuse_unk;
     int spm_prepend;   /* 0 never, 1 every segment (Prepend normalizer, Metaspace "always"), 2 first */
     int spm_split_ok;  /* no token has "▁" after other text: words may be cut before "▁" runs */
@@ -483,6 +487,21 @@ static int load_bos_eos(tz_tokenizer *t, const char *dir, char *err, size_t errl
     if (c) {
         t->bos = special_named(t, json_object_get(c, "bos_token"));
         t->eos = special_named(t, json_object_get(c, "eos_token"));
+        json_t *ab = json_object_get(c, "add_bos_token");
+        if (json_is_boolean(ab)) t->add_bos = json_is_true(ab);
+        json_t *ct = json_object_get(c, "chat_template");
+        if (json_is_array(ct)) { /* [{"name": "default", "template": ...}, ...]: the first */
+            json_t *e = json_array_get(ct, 0);
+            ct = json_object_get(e, "template");
+        }
+        if (json_is_string(ct)) {
+            const char *s = json_string_value(ct);
+            const char *name = strstr(s, "<|start_header_id|>") ? "llama3"
+                               : strstr(s, "<|im_start|>")      ? "chatml"
+                               : strstr(s, "[INST]")            ? "llama2"
+                                                                : "";
+            snprintf(t->chat, sizeof t->chat, "%s", name);
+        }
         json_decref(c);
     }
     if (bad) return 1;
@@ -728,6 +747,26 @@ static int load_json(tz_tokenizer *t, const char *file, char *err, size_t errlen
             if (!memcmp(s + k, "\u2581", 3) && !(k >= 3 && !memcmp(s + k - 3, "\u2581", 3)))
                 t->spm_split_ok = 0;
     }
+    /* BOS added by the post-processor: a TemplateProcessing (alone or in a Sequence) whose
+     * single-sequence template starts with a special token */
+    json_t *pp = json_object_get(root, "post_processor");
+    json_t *procs = json_object_get(pp, "processors");
+    for (size_t pi = 0; pi < (json_is_array(procs) ? json_array_size(procs) : 1); pi++) {
+        json_t *q = json_is_array(procs) ? json_array_get(procs, pi) : pp;
+        const char *qt = jstr(q, "type");
+        json_t *first = json_array_get(json_object_get(q, "single"), 0);
+        if (qt && !strcmp(qt, "TemplateProcessing") && json_object_get(first, "SpecialToken"))
+            t->add_bos = 1;
+    }
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over (length, bytes) of each id's piece */
+    for (int64_t id = 0; id < t->vocab; id++) {
+        const piece *p = &t->pieces[id];
+        uint8_t len[4] = {(uint8_t)p->len, (uint8_t)(p->len >> 8), (uint8_t)(p->len >> 16),
+                          (uint8_t)(p->len >> 24)};
+        for (int k = 0; k < 4; k++) h = (h ^ len[k]) * 0x100000001b3ull;
+        for (uint32_t k = 0; k < p->len; k++) h = (h ^ (uint8_t)t->pool[p->off + k]) * 0x100000001b3ull;
+    }
+    t->digest = h ? h : 1;
     rc = 0;
 out:
     free(buf);
@@ -741,6 +780,7 @@ tz_tokenizer *tz_tokenizer_load(const char *path, char *err, size_t errlen) {
     if (!strcmp(path, "bytes")) {
         t->kind = KIND_BYTES;
         t->vocab = 256;
+        t->digest = TZ_TOKENS_DIGEST_BYTES;
         return t;
     }
     char file[4200], dir[4096];
@@ -789,6 +829,26 @@ void tz_tokenizer_free(tz_tokenizer *t) {
 int64_t tz_tokenizer_vocab(const tz_tokenizer *t) { return t->vocab; }
 int32_t tz_tokenizer_bos(const tz_tokenizer *t) { return t->bos; }
 int32_t tz_tokenizer_eos(const tz_tokenizer *t) { return t->eos; }
+int tz_tokenizer_add_bos(const tz_tokenizer *t) { return t->add_bos && t->bos >= 0; }
+uint64_t tz_tokenizer_digest(const tz_tokenizer *t) { return t->digest; }
+const char *tz_tokenizer_chat(const tz_tokenizer *t) { return t->chat; }
+
+int tz_generation_eos(const char *dir, int32_t *ids, int cap) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+    json_t *c = json_file(path, JSON_DECODE_INT_AS_REAL, NULL, 0);
+    json_t *v = json_object_get(c, "eos_token_id");
+    int n = 0;
+    for (size_t i = 0; i < (json_is_array(v) ? json_array_size(v) : 1) && n < cap; i++) {
+        json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        if (json_is_number(e) && json_number_value(e) >= 0 && json_number_value(e) < 2147483647.0)
+            ids[n++] = (int32_t)json_number_value(e);
+    }
+    json_decref(c);
+    return n;
+}
 
 int32_t tz_tokenizer_find(const tz_tokenizer *t, const char *s) {
     if (t->kind == KIND_BYTES) return -1;

@@ -24,6 +24,19 @@ int64_t tz_tokenizer_encode(const tz_tokenizer *t, const char *text, size_t len,
  * written (without NUL), or -1 when an id is out of range. skip_special: leave special tokens out. */
 int64_t tz_tokenizer_decode(const tz_tokenizer *t, const int32_t *ids, int64_t n, int skip_special,
                             char *buf, size_t cap);
+/* Whether a sequence starts with BOS: tokenizer_config.json's add_bos_token, else a
+ * post-processor that puts a special token first (Llama 3); never without a BOS. */
+int tz_tokenizer_add_bos(const tz_tokenizer *t);
+/* The identity of the vocabulary: FNV-1a over each id's piece (length, bytes), never 0; two
+ * tokenizers with the same digest give the same text for the same ids. The byte tokenizer's is
+ * TZ_TOKENS_DIGEST_BYTES. */
+uint64_t tz_tokenizer_digest(const tz_tokenizer *t);
+/* The chat template tokenizer_config.json's chat_template looks like: "llama3", "llama2",
+ * "chatml", or "" (none, or not recognised). */
+const char *tz_tokenizer_chat(const tz_tokenizer *t);
+/* The ids of dir/generation_config.json's eos_token_id (a number or a list), at most cap;
+ * 0 when the file is absent or names none. */
+int tz_generation_eos(const char *dir, int32_t *ids, int cap);
 /* The id of a token given by its text (an added token's content or a vocabulary entry as
  * tokenizer.json spells it), or -1. */
 int32_t tz_tokenizer_find(const tz_tokenizer *t, const char *piece);

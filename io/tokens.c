@@ -62,6 +62,7 @@ int tz_tokens_open(tz_tokens *t, const char *path, char *err, size_t errlen) {
     uint32_t flags = rd32(h + 20);
     uint64_t count = rd64(h + 24);
     t->version = version;
+    t->tokenizer = rd64(h + 32);
     int has_mask = version >= 2 && (flags & TZ_TOKENS_FLAG_MASK);
     uint64_t avail = t->map_bytes - TZ_TOKENS_HEADER;
     const char *why = NULL;
@@ -127,6 +128,11 @@ int tz_tokens_write(const char *path, const uint32_t *tok, int64_t n, uint32_t v
 
 int tz_tokens_write_masked(const char *path, const uint32_t *tok, const uint8_t *mask, int64_t n,
                            uint32_t vocab, char *err, size_t errlen) {
+    return tz_tokens_write_tagged(path, tok, mask, n, vocab, 0, err, errlen);
+}
+
+int tz_tokens_write_tagged(const char *path, const uint32_t *tok, const uint8_t *mask, int64_t n,
+                           uint32_t vocab, uint64_t tokenizer, char *err, size_t errlen) {
     uint32_t width = vocab <= 256 ? 1 : vocab <= 65536 ? 2 : 4;
     uint8_t h[TZ_TOKENS_HEADER] = {0};
     memcpy(h, TZ_TOKENS_MAGIC, 8);
@@ -135,6 +141,7 @@ int tz_tokens_write_masked(const char *path, const uint32_t *tok, const uint8_t 
     wr32(h + 16, vocab);
     wr32(h + 20, mask ? TZ_TOKENS_FLAG_MASK : 0u);
     wr64(h + 24, (uint64_t)n);
+    wr64(h + 32, tokenizer);
     tz_atomic_file f;
     if (tz_atomic_file_open(&f, path, err, errlen)) return 1;
     int rc = tz_atomic_file_write(&f, h, sizeof h, err, errlen);
@@ -201,10 +208,11 @@ int tz_tokens_prep_bytes(const char *in_path, const char *out_path, const char *
     free(text);
     int64_t nval = (int64_t)((double)n * val_fraction);
     int64_t ntrain = (int64_t)n - nval;
-    int rc = tz_tokens_write(out_path, tok, ntrain, 256, err, errlen);
+    const uint64_t dg = TZ_TOKENS_DIGEST_BYTES;
+    int rc = tz_tokens_write_tagged(out_path, tok, NULL, ntrain, 256, dg, err, errlen);
     if (!rc) printf("wrote %s: %lld tokens (bytes, vocab 256)\n", out_path, (long long)ntrain);
     if (!rc && nval > 0) {
-        rc = tz_tokens_write(val_path, tok + ntrain, nval, 256, err, errlen);
+        rc = tz_tokens_write_tagged(val_path, tok + ntrain, NULL, nval, 256, dg, err, errlen);
         if (!rc) printf("wrote %s: %lld tokens (validation)\n", val_path, (long long)nval);
     }
     free(tok);

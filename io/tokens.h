@@ -8,7 +8,8 @@
  *  16  u32      vocab size V (every token < V)
  *  20  u32      flags: bit 0 = a loss mask follows the tokens
  *  24  u64      token count N
- *  32  u8[32]   reserved, 0
+ *  32  u64      the tokenizer's digest (io/tokenizer.h tz_tokenizer_digest), 0: not recorded
+ *  40  u8[24]   reserved, 0
  *  64  tokens   N * (bytes per token)
  *      mask     with flag bit 0: ceil(N / 8) bytes, bit i % 8 of byte i / 8 set when token i
  *               is trained as a target (a response token); clear: it is context only
@@ -23,6 +24,8 @@
 #define TZ_TOKENS_VERSION 2u
 #define TZ_TOKENS_FLAG_MASK 1u
 #define TZ_TOKENS_HEADER 64
+/* The byte tokenizer's digest (token = byte value, vocab 256). */
+#define TZ_TOKENS_DIGEST_BYTES 0x6279746573323536ull
 
 typedef struct tz_tokens {
     char path[512];
@@ -34,6 +37,7 @@ typedef struct tz_tokens {
     const uint8_t *tokens; /* data + header */
     const uint8_t *mask;   /* the loss mask bits, or NULL: every token is trained */
     uint32_t version;
+    uint64_t tokenizer; /* the digest of the tokenizer that made it; 0: not recorded */
 } tz_tokens;
 
 /* Open and validate (magic, version, width, size agrees with count, every token < vocab).
@@ -60,6 +64,9 @@ int tz_tokens_write(const char *path, const uint32_t *tok, int64_t n, uint32_t v
  * writes version 1 as tz_tokens_write. */
 int tz_tokens_write_masked(const char *path, const uint32_t *tok, const uint8_t *mask, int64_t n,
                            uint32_t vocab, char *err, size_t errlen);
+/* The same, recording the digest of the tokenizer that made the tokens (0: none). */
+int tz_tokens_write_tagged(const char *path, const uint32_t *tok, const uint8_t *mask, int64_t n,
+                           uint32_t vocab, uint64_t tokenizer, char *err, size_t errlen);
 
 /* Byte-level tokenizer: token = byte value, vocab 256. The last val_fraction of the text
  * (cut at a byte) goes to val_path, the rest to out_path; val_fraction = 0 writes every

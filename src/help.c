@@ -79,11 +79,20 @@ static const tz_help_page pages[] = {
      "turbozero sample inputs/dit/finetune.cfg --class 7 --n 16 --steps 50 --guidance 4 "
      "--scale 4 --out grid.png"},
     {"generate", "a text continuation of a prompt from a Llama (+ model.adapter)",
-     "turbozero generate CONFIG --prompt TEXT [--max-new N] [--temperature T] [--top-p P]\n"
-     "                   [--seed S] [--tokenizer PATH] [--set section.key=value ...]",
-     "  --prompt TEXT    the text to continue (required)\n"
-     "  --max-new N      tokens to generate, 0..1048576 (default 64); stops early at the\n"
-     "                   tokenizer's end-of-sequence token\n"
+     "turbozero generate CONFIG --prompt TEXT | --interactive [--chat] [--template NAME]\n"
+     "                   [--system TEXT] [--stop STRING]... [--max-new N] [--temperature T]\n"
+     "                   [--top-p P] [--seed S] [--tokenizer PATH] [--set section.key=value ...]",
+     "  --prompt TEXT    the text to continue (special tokens in it are recognised; BOS first\n"
+     "                   when the tokenizer adds one)\n"
+     "  --interactive    prompts from stdin, one a line, each answered on one output line\n"
+     "  --chat           the prompt as the user message of the chat template of\n"
+     "                   tokenizer_config.json (llama3, llama2 or chatml when recognisable),\n"
+     "                   else the one prep jsonl picks; the assistant's turn follows\n"
+     "  --template NAME  the same with llama3, llama2, chatml or plain (as prep jsonl)\n"
+     "  --system TEXT    the chat's system message (with --chat or --template)\n"
+     "  --stop STRING    the text ends before STRING (up to 8 of them)\n"
+     "  --max-new N      tokens to generate, 0..1048576 (default 64); stops early at EOS, at\n"
+     "                   generation_config.json's eos_token_id and at the template's end of turn\n"
      "  --temperature T  0 (default): greedy, the most likely token each time (deterministic);\n"
      "                   T > 0: sample from softmax(logits / T)\n"
      "  --top-p P        sample only among the most likely tokens whose mass reaches P,\n"
@@ -146,10 +155,12 @@ static const tz_help_page pages[] = {
      "  --method M         turboquant (default) or absmax\n"
      "  --seed S           the rotation's sign seed (default 0)\n",
      "turbozero quantize --model inputs/llama/model --bits 4 --out models/q4"},
-    {"export", "a dense HF-layout copy of a model: dequantized, or with an adapter merged",
+    {"export", "a dense HF-layout copy of a model: dequantized, or with an adapter merged; "
+     "or a training checkpoint's weights",
      "turbozero export --model DIR2 --dequantize --out DIR3 [--force]\n"
      "turbozero export --model DIR --adapter ADIR --merge --out DIR3 [--dtype f32|bf16]\n"
-     "                 [--force]",
+     "                 [--force]\n"
+     "turbozero export CHECKPOINT --out DIR3 [--force] [--set k=v ...]",
      "  --model DIR      the model folder to read (Llama or DiT; dense or quantized)\n"
      "  --dequantize     decode the quantized tensors, every tensor F32\n"
      "  --merge          fold the LoRA adapter ADIR into the weights (W += alpha/r B A),\n"
@@ -157,6 +168,11 @@ static const tz_help_page pages[] = {
      "                   HF checkpoint and computes what base + adapter computes\n"
      "  --adapter ADIR   the PEFT adapter folder to merge (with --merge)\n"
      "  --dtype f32|bf16 the merged tensors' type (default f32)\n"
+     "  CHECKPOINT       a checkpoint folder (run.dir/checkpoints/step-<N>, or best): its\n"
+     "                   fp32 weights saved as its training saves them, a PEFT adapter\n"
+     "                   folder (lora) or a model folder (full), by the configuration it\n"
+     "                   was written with (its model and data paths must be readable;\n"
+     "                   --set k=v changes one, e.g. model.path), at any rank count\n"
      "  --out DIR3       the folder to write; an existing file or non-empty folder is\n"
      "                   refused, DIR, ADIR or a folder inside them always\n"
      "  --force          write into an existing --out (never into --model)\n",

@@ -137,7 +137,37 @@ static int cmd_quantize(int argc, char **argv) {
     return 0;
 }
 
+/* export CHECKPOINT --out DIR [--force] [--set k=v ...]: the checkpoint's weights as the
+ * adapter or model folder its training would save, by its own configuration. */
+static int cmd_export_checkpoint(int argc, char **argv) {
+    int force = take_switch(&argc, argv, "--force");
+    const char *folder = argv[2], *out = NULL;
+    const char **sets = tz_xcalloc((size_t)argc, sizeof *sets);
+    int nset = 0;
+    for (int i = 3; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(argv[i], "--set") && i + 1 < argc) sets[nset++] = argv[++i];
+        else TZ_FATAL("export: unknown argument '%s' (see turbozero export --help)", argv[i]);
+    }
+    if (!out) TZ_FATAL("export: expected 'export CHECKPOINT_FOLDER --out DIR [--set k=v ...]'");
+    static tz_config cfg;
+    tz_world world;
+    tz_world_init(&world, -1);
+    tz_comm *comm = tz_comm_mpi_create(MPI_COMM_WORLD);
+    if (comm->rank == 0) {
+        tz_command_check_output("export", out, folder, force);
+        tz_export_checkpoint_config(&cfg, folder, sets, nset);
+    }
+    tz_comm_bcast(comm, &cfg, (int64_t)sizeof cfg, TZ_DT_U8, 0);
+    int rc = tz_ckpt_export_run(&cfg, &world, comm, folder, out);
+    tz_comm_destroy(comm);
+    tz_world_free(&world);
+    free(sets);
+    return rc;
+}
+
 static int cmd_export(int argc, char **argv) {
+    if (argc > 2 && strncmp(argv[2], "--", 2)) return cmd_export_checkpoint(argc, argv);
     static const char *const known[] = {"--model", "--out", "--adapter", "--dtype", NULL};
     int force = take_switch(&argc, argv, "--force");
     int deq = take_switch(&argc, argv, "--dequantize");
@@ -259,11 +289,13 @@ static double number_arg(const char *cmd, const char *what, const char *v) {
     return x;
 }
 
-/* generate CONFIG --prompt TEXT [--max-new N] [--temperature T] [--top-p P] [--seed S]
- * [--tokenizer PATH] [--set k=v ...]: one process (rank 0 generates, the others wait). */
+/* generate CONFIG --prompt TEXT | --interactive [--max-new N] [--temperature T] [--top-p P]
+ * [--seed S] [--tokenizer PATH] [--chat] [--template NAME] [--system TEXT] [--stop STRING]...
+ * [--set k=v ...]: one process (rank 0 generates, the others wait). */
 static int cmd_generate(int argc, char **argv) {
-    static const char *const known[] = {"--prompt", "--max-new", "--temperature", "--top-p",
-                                        "--seed",   "--tokenizer", NULL};
+    static const char *const known[] = {"--prompt",    "--max-new",  "--temperature", "--top-p",
+                                        "--seed",      "--tokenizer", "--template",   "--system",
+                                        "--stop",      "--chat",     "--interactive", NULL};
     tz_generate_args a = {.prompt = NULL, .max_new = 64, .temperature = 0.0, .top_p = 1.0};
     char **rest = tz_xcalloc((size_t)argc + 1, sizeof *rest);
     int nrest = 0;
@@ -271,6 +303,8 @@ static int cmd_generate(int argc, char **argv) {
         int k = 0;
         while (known[k] && strcmp(argv[i], known[k])) k++;
         if (i < 3 || !known[k]) { rest[nrest++] = argv[i]; continue; }
+        if (k == 9) { a.chat = 1; continue; }
+        if (k == 10) { a.interactive = 1; continue; }
         if (i + 1 >= argc) TZ_FATAL("generate: %s needs a value", argv[i]);
         const char *v = argv[++i];
         if (k == 0) a.prompt = v;
@@ -278,9 +312,21 @@ static int cmd_generate(int argc, char **argv) {
         else if (k == 2) a.temperature = number_arg("generate", "--temperature", v);
         else if (k == 3) a.top_p = number_arg("generate", "--top-p", v);
         else if (k == 4) a.seed = tz_command_int(v, "--seed");
-        else a.tokenizer = v;
+        else if (k == 5) a.tokenizer = v;
+        else if (k == 6) a.tmpl = v, a.chat = 1;
+        else if (k == 7) a.system = v;
+        else if (a.nstops == 8) TZ_FATAL("generate: --stop: at most 8");
+        else if (!*v) TZ_FATAL("generate: --stop needs a non-empty string");
+        else a.stops[a.nstops++] = v;
     }
-    if (!a.prompt) TZ_FATAL("generate: --prompt TEXT is required");
+    if (!a.prompt && !a.interactive)
+        TZ_FATAL("generate: --prompt TEXT (or --interactive, prompts from stdin) is required");
+    if (a.prompt && a.interactive)
+        TZ_FATAL("generate: --prompt and --interactive: give one of them");
+    if (a.system && !a.chat) TZ_FATAL("generate: --system needs --chat or --template NAME");
+    if (a.tmpl && strcmp(a.tmpl, "llama3") && strcmp(a.tmpl, "llama2") &&
+        strcmp(a.tmpl, "chatml") && strcmp(a.tmpl, "plain"))
+        TZ_FATAL("generate: --template %s: expected llama3, llama2, chatml or plain", a.tmpl);
     if (a.max_new < 0 || a.max_new > (1 << 20))
         TZ_FATAL("generate: --max-new %lld: expected 0..1048576", (long long)a.max_new);
     if (a.temperature < 0) TZ_FATAL("generate: --temperature %g: expected 0 (greedy) or more",

@@ -31,3 +31,11 @@ add_test(NAME ckpt_full_disk
           ${CMAKE_SOURCE_DIR} ${MPIEXEC_EXECUTABLE})
 set_tests_properties(ckpt_full_disk PROPERTIES TIMEOUT 600
   ENVIRONMENT "${TZ_TEST_ENV}" LABELS "mpi")
+
+# export CHECKPOINT (LoRA and full: byte for byte the run stopped there, its recorded eval
+# loss) and train.keep_best (tests/ckpt/export_test.sh).
+add_test(NAME ckpt_export
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ckpt/export_test.sh $<TARGET_FILE:turbozero>
+          ${CMAKE_SOURCE_DIR} ${MPIEXEC_EXECUTABLE})
+set_tests_properties(ckpt_export PROPERTIES TIMEOUT 600
+  ENVIRONMENT "${TZ_TEST_ENV}" LABELS "mpi")

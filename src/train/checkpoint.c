@@ -437,9 +437,9 @@ static char *meta_text(const tz_config *cfg, const tz_zero *z, const tz_ckpt_sta
     return s;
 }
 
-/* Rank 0: removes the checkpoints older than the newest `keep` complete ones, and stale
- * temporary folders of earlier steps. */
-static void prune(const char *dir, int64_t keep, int64_t step) {
+/* Rank 0: removes the checkpoints older than the newest `keep` complete ones but step-<best>
+ * (train.keep_best; -1: none), and stale temporary folders of earlier steps. */
+static void prune(const char *dir, int64_t keep, int64_t step, int64_t best) {
     int n;
     int64_t *s = tz_ckpt_list_steps(dir, &n), floor = -1;
     char p[TZ_CKPT_PATH];
@@ -448,7 +448,7 @@ static void prune(const char *dir, int64_t keep, int64_t step) {
         if (tz_path_exists(p) && ++kept == keep) floor = s[i];
     }
     for (int i = 0; floor >= 0 && i < n; i++)
-        if (s[i] < floor) {
+        if (s[i] < floor && s[i] != best) {
             tz_ckpt_pathf(p, sizeof p, "%s/step-%lld", dir, (long long)s[i]);
             remove_folder(p);
         }
@@ -461,6 +461,20 @@ static void prune(const char *dir, int64_t keep, int64_t step) {
         remove_folder(p);
     }
     if (d) closedir(d);
+}
+
+/* Rank 0, train.keep_best: dir/best, a symbolic link to step-<best> (replaced by a rename, so
+ * that it always names one), once that checkpoint is complete. */
+static void link_best(const char *dir, int64_t best) {
+    char p[TZ_CKPT_PATH], target[64], tmp[TZ_CKPT_PATH];
+    snprintf(target, sizeof target, "step-%lld", (long long)best);
+    tz_ckpt_pathf(p, sizeof p, "%s/%s/COMPLETE", dir, target);
+    if (!tz_path_exists(p)) return;
+    tz_ckpt_pathf(tmp, sizeof tmp, "%s/.best-link", dir);
+    tz_ckpt_pathf(p, sizeof p, "%s/best", dir);
+    unlink(tmp);
+    if (symlink(target, tmp) != 0 || rename(tmp, p) != 0)
+        tz_warn("%s: cannot link the best checkpoint, %s: %s", p, target, strerror(errno));
 }
 
 static double now_s(void) {
@@ -543,7 +557,10 @@ void tz_ckpt_write(const tz_config *cfg, tz_zero *z, const tz_ckpt_state *st, in
     free(msgs);
     int64_t bytes = 0;
     for (int q = 0; q < W; q++) bytes += all[2 * q];
-    if (root) prune(dir, keep, step);
+    const int64_t best = cfg->train.keep_best && st->have_eval && st->best_step > 0 ?
+                         st->best_step : -1;
+    if (root) prune(dir, keep, step, best);
+    if (root && best > 0) link_best(dir, best);
     tz_info("checkpoint %s: %d shard%s, %.2f MiB, %.2f s", fin, W, W == 1 ? "" : "s",
             (double)bytes / 1048576.0, now_s() - t0);
     free(all);

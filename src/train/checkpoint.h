@@ -63,6 +63,16 @@ void tz_ckpt_write(const tz_config *cfg, tz_zero *z, const tz_ckpt_state *st, in
 int tz_ckpt_resume(const tz_config *cfg, tz_zero *z, const char *path, const char *run_id,
                    int64_t global_batch, tz_ckpt_state *st);
 
+/* Reads the one checkpoint folder `folder` (checked as tz_ckpt_resume checks it, refused
+ * when damaged; a symbolic link such as run.dir/checkpoints/best is followed) into z
+ * through its saved plan, at any rank count, and pushes the masters into the model: what
+ * `export CHECKPOINT` and train.keep_best save. The global batch, train.steps and the other
+ * settings are not compared. Fatal when it cannot. Collective. */
+void tz_ckpt_load(const tz_config *cfg, tz_zero *z, const char *folder, tz_ckpt_state *st);
+/* Rank 0: the effective configuration text checkpoint `folder` was written with (free it)
+ * and its step, after the marker and checkpoint.json are checked; NULL with a message. */
+char *tz_ckpt_config_read(const char *folder, int64_t *step, char *err, size_t n);
+
 /* Test hook: TZ_CKPT_FAULT="rank=R,at=POINT,step=S,do=ACTION" makes rank R, at POINT of
  * the checkpoint of step S (0: any), either die (kill: SIGKILL), pause (pause: sleep up to
  * 1 h, ended by a signal; hold: 1 h whatever comes) or fail as a full disk would (fail:

@@ -378,7 +378,7 @@ static void check_compatible(const ck_meta *m, const char *folder, const tz_zero
                           s < 0 ? "is not" : "has another shape");
         map[i] = s;
     }
-    if (m->global_batch != global_batch)
+    if (global_batch >= 0 && m->global_batch != global_batch) /* < 0: export, no data order */
         TZ_FATAL_HINT("keep ranks x train.micro_batch x train.grad_accum equal to the checkpoint's",
                       "%s: the checkpoint's steps are %lld rows each, this run's %lld: the data "
                       "order would not continue where it stopped", folder,
@@ -611,8 +611,10 @@ static void check_shards(const ck_meta *m, const char *folder, const tz_comm *co
     }
 }
 
-int tz_ckpt_resume(const tz_config *cfg, tz_zero *z, const char *path, const char *run_id,
-                   int64_t global_batch, tz_ckpt_state *st) {
+/* tz_ckpt_resume, and tz_ckpt_load when exporting (path one checkpoint folder; neither the
+ * global batch, train.steps nor the settings compared). */
+static int resume_from(const tz_config *cfg, tz_zero *z, const char *path, const char *run_id,
+                       int64_t global_batch, tz_ckpt_state *st, int exporting) {
     tz_comm *comm = z->comm;
     const int rank = comm->rank, root = rank == 0;
     int nc = 0, one = 0, refused = 0, others = 0;
@@ -667,13 +669,13 @@ int tz_ckpt_resume(const tz_config *cfg, tz_zero *z, const char *path, const cha
         int failed;
         char *msgs = tz_ckpt_gather_msgs(comm, err, &failed);
         if (!failed) { /* fits this run? fatal if not: every checkpoint of the run is alike */
-            check_compatible(&m, cur, z, t, nt, global_batch, map);
-            if (m.step >= cfg->train.steps)
+            check_compatible(&m, cur, z, t, nt, exporting ? -1 : global_batch, map);
+            if (!exporting && m.step >= cfg->train.steps)
                 TZ_FATAL_HINT("raise train.steps (the learning-rate schedule follows it), or "
                               "--resume an earlier checkpoint of the run by its folder",
                               "%s is at step %lld and train.steps is %lld: nothing left to train",
                               cur, (long long)m.step, (long long)cfg->train.steps);
-            if (root) warn_config_changes(cfg, &m);
+            if (root && !exporting) warn_config_changes(cfg, &m);
             load_shards(&m, cur, z, t, nt, map, err, sizeof err);
             free(msgs);
             msgs = tz_ckpt_gather_msgs(comm, err, &failed);
@@ -718,9 +720,40 @@ int tz_ckpt_resume(const tz_config *cfg, tz_zero *z, const char *path, const cha
     st->best = m.best, st->best_count = m.best_count, st->best_step = m.best_step;
     snprintf(st->run_id, sizeof st->run_id, "%s", m.run_id);
     snprintf(st->folder, sizeof st->folder, "%s", cur);
-    tz_info("resumed from %s: step %lld, written by %lld rank%s (zero stage %lld), read by %d%s",
-            cur, (long long)m.step, (long long)m.world, m.world == 1 ? "" : "s",
+    tz_info("%s %s: step %lld, written by %lld rank%s (zero stage %lld), read by %d%s",
+            exporting ? "read" : "resumed from", cur, (long long)m.step, (long long)m.world, m.world == 1 ? "" : "s",
             (long long)m.stage, comm->size, refused ? " (newer checkpoints refused above)" : "");
     meta_free(&m);
     return 1;
+}
+
+int tz_ckpt_resume(const tz_config *cfg, tz_zero *z, const char *path, const char *run_id,
+                   int64_t global_batch, tz_ckpt_state *st) {
+    return resume_from(cfg, z, path, run_id, global_batch, st, 0);
+}
+
+void tz_ckpt_load(const tz_config *cfg, tz_zero *z, const char *folder, tz_ckpt_state *st) {
+    char p[TZ_CKPT_PATH];
+    tz_ckpt_pathf(p, sizeof p, "%s/checkpoint.json", folder);
+    if (!tz_path_exists(p)) /* not a folder of checkpoints: this one */
+        TZ_FATAL("%s: not a checkpoint (no checkpoint.json)", folder);
+    resume_from(cfg, z, folder, NULL, -1, st, 1);
+}
+
+char *tz_ckpt_config_read(const char *folder, int64_t *step, char *err, size_t n) {
+    err[0] = 0;
+    char *text = read_checked(folder, err, n);
+    if (!text) return NULL;
+    ck_meta m;
+    const char *base = strrchr(folder, '/') ? strrchr(folder, '/') + 1 : folder;
+    char *cfg = NULL;
+    if (meta_parse(text, &m, err, n) == 0) {
+        if (meta_validate(&m, tz_ckpt_step_of_name(base), err, n) == 0 && !m.config)
+            tz_errf(err, n, "%s/checkpoint.json: holds no configuration (written by an older "
+                    "version)", folder);
+        if (!err[0]) cfg = tz_xstrdup(m.config), *step = m.step;
+        meta_free(&m);
+    }
+    free(text);
+    return cfg;
 }

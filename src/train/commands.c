@@ -17,6 +17,7 @@
 #include "model/adapter_io.h"
 #include "model/llama_quant.h"
 #include "quant/turboquant.h"
+#include "train/checkpoint.h"
 #include "train/task.h"
 
 int64_t tz_command_int(const char *s, const char *what) {
@@ -181,4 +182,27 @@ void tz_export_merge_run(const char *in, const char *adapter, const char *out, i
     f->task->close(t);
     free(t);
     tz_cpu_backend_destroy(be);
+}
+
+void tz_export_checkpoint_config(tz_config *cfg, const char *folder, const char *const *sets,
+                                 int nset) {
+    char err[1400];
+    int64_t step = 0;
+    char *text = tz_ckpt_config_read(folder, &step, err, sizeof err);
+    if (!text) TZ_FATAL("export %s: %s", folder, err);
+    const char *tmpdir = getenv("TMPDIR");
+    char tpath[1200];
+    snprintf(tpath, sizeof tpath, "%s/turbozero-export-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
+    int fd = mkstemp(tpath);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0)
+        TZ_FATAL("export: cannot write the checkpoint's configuration to %s: %s", tpath, strerror(errno));
+    free(text);
+    tz_config_names names;
+    tz_family_names(&names);
+    tz_config_load(cfg, &names, tpath, sets, nset);
+    unlink(tpath);
+    snprintf(cfg->source, sizeof cfg->source, "%s/checkpoint.json", folder);
+    tz_info("export: %s, step %lld, with the configuration it was written with", folder,
+            (long long)step);
 }

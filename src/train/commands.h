@@ -41,5 +41,10 @@ void tz_export_run(const char *in, const char *out);
  * weights, written to out as a dense folder of the same layout (F32, or BF16 when bf16):
  * config.json copied from in without "quantization_config", the tokenizer files copied. */
 void tz_export_merge_run(const char *in, const char *adapter, const char *out, int bf16);
+/* export CHECKPOINT: the effective configuration checkpoint folder `folder` was written with
+ * (its checkpoint.json, checked), then the overrides (`--set`, nset of them); cfg->source
+ * names the folder. Fatal when the checkpoint is damaged or holds none. Rank 0. */
+void tz_export_checkpoint_config(tz_config *cfg, const char *folder, const char *const *sets,
+                                 int nset);
 
 #endif

@@ -43,6 +43,12 @@ typedef struct tz_generate_args {
     int64_t max_new, seed;
     double temperature;     /* 0: greedy (argmax, deterministic) */
     double top_p;           /* nucleus sampling: the smallest set of tokens of this mass */
+    int chat;               /* --chat: the prompt in a chat template (tokenizer_config.json's) */
+    const char *tmpl;       /* --template NAME (implies chat; NULL: the tokenizer's) */
+    const char *system;     /* --system TEXT: the chat's system message (NULL: none) */
+    const char *stops[8];   /* --stop STRING: the text ends before the first of these */
+    int nstops;
+    int interactive;        /* --interactive: prompts from stdin, one a line */
 } tz_generate_args;
 
 typedef struct tz_family {

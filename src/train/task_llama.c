@@ -4,10 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/fsutil.h"
+#include "io/prep.h"
 #include "io/tokenizer.h"
 #include "io/tokens.h"
 #include "model/llama_io.h"
@@ -62,14 +64,41 @@ static void random_tokens(llama_task *k, int64_t T, int64_t vocab, uint64_t seed
     tk->tokens = (const uint8_t *)k->random_tok;
 }
 
-static void open_tokens(tz_tokens *t, const char *path, const char *key, int64_t vocab) {
+/* The digest of the model's tokenizer (its folder's tokenizer.json; the byte tokenizer for a
+ * model of 256 tokens without one), 0 when unknown or unreadable. */
+static uint64_t model_tokenizer(const char *dir, int64_t vocab) {
+    char path[1100], err[1024];
+    tz_path_join(path, sizeof path, dir, "tokenizer.json");
+    if (!tz_path_exists(path)) return vocab == 256 ? TZ_TOKENS_DIGEST_BYTES : 0;
+    tz_tokenizer *tk = tz_tokenizer_load(path, err, sizeof err);
+    uint64_t d = tk ? tz_tokenizer_digest(tk) : 0;
+    tz_tokenizer_free(tk);
+    return d;
+}
+
+/* Opens a token file and checks it against the model: every id below the model's vocab, and
+ * the tokenizer recorded in the file (prep) the model's own (digest != 0). */
+static void open_tokens(tz_tokens *t, const char *path, const char *key, int64_t vocab,
+                        uint64_t digest, const char *model) {
     char err[1024];
     if (!path[0]) TZ_FATAL_HINT("set it in the config or with --set", "%s is not set", key);
     if (tz_tokens_open(t, path, err, sizeof err)) TZ_FATAL("%s: %s", key, err);
-    if (t->vocab > vocab)
+    if (t->vocab > vocab) {
+        for (int64_t i = 0; i < t->count; i++)
+            if (tz_tokens_at(t, i) >= vocab)
+                TZ_FATAL_HINT("prepare the data with the model's tokenizer",
+                              "%s: %s holds token id %d (at token %lld), beyond the model's vocab "
+                              "size %lld (the file's vocab is %u)", key, path, tz_tokens_at(t, i),
+                              (long long)i, (long long)vocab, t->vocab);
         TZ_FATAL_HINT("prepare the data with the model's tokenizer",
                       "%s: %s has vocab %u but the model's vocab is %lld", key, path, t->vocab,
                       (long long)vocab);
+    }
+    if (digest && t->tokenizer && t->tokenizer != digest)
+        TZ_FATAL_HINT("prepare the data again with `turbozero prep ... --tokenizer MODEL`",
+                      "%s: %s was made with another tokenizer (vocab %u, digest %016llx) than the "
+                      "model's in %s (digest %016llx)", key, path, t->vocab,
+                      (unsigned long long)t->tokenizer, model, (unsigned long long)digest);
 }
 
 /* The loss terms of a masked token file: its trained targets. */
@@ -88,13 +117,21 @@ static void open_task(tz_task *t) {
     t->row_name = "windows";
     t->arena_bytes = m->arena.cap;
     t->row_elems = t->row_count = T;
+    if (T > m->d.max_pos)
+        TZ_FATAL_HINT("lower data.seq_len (a model trained on longer sequences states so in "
+                      "config.json's max_position_embeddings, with its rope_scaling)",
+                      "data.seq_len %lld exceeds the model's max_position_embeddings %lld",
+                      (long long)T, (long long)m->d.max_pos);
+    const int preset = tz_bench_preset_of(cfg) != NULL;
+    const uint64_t digest = preset ? 0 : model_tokenizer(cfg->model.path, m->d.vocab);
     snprintf(t->describe, sizeof t->describe,
              "llama %s | %lld layers, dim %lld, %lld/%lld heads, vocab %lld", cfg->model.path,
              (long long)m->d.n_layers, (long long)m->d.dim, (long long)m->d.n_heads,
              (long long)m->d.n_kv_heads, (long long)m->d.vocab);
     if (t->training) {
-        if (tz_bench_preset_of(cfg)) random_tokens(k, T, m->d.vocab, (uint64_t)cfg->run.seed);
-        else open_tokens(&k->train_tok, cfg->data.train, "data.train", m->d.vocab);
+        if (preset) random_tokens(k, T, m->d.vocab, (uint64_t)cfg->run.seed);
+        else open_tokens(&k->train_tok, cfg->data.train, "data.train", m->d.vocab, digest,
+                         cfg->model.path);
         tz_data_init(&k->data, &k->train_tok, T, (uint64_t)cfg->run.seed);
         t->n_train = k->data.nwin;
         snprintf(t->data_line, sizeof t->data_line, "%s: %lld tokens, %lld windows of %lld%s",
@@ -103,7 +140,7 @@ static void open_task(tz_task *t) {
     }
     k->have_val = cfg->data.val[0] != 0;
     if (k->have_val) {
-        open_tokens(&k->val_tok, cfg->data.val, "data.val", m->d.vocab);
+        open_tokens(&k->val_tok, cfg->data.val, "data.val", m->d.vocab, digest, cfg->model.path);
         tz_data_init(&k->val, &k->val_tok, T, 0);
         t->n_val = k->val.nwin;
     }
@@ -244,77 +281,185 @@ static int32_t pick_token(const float *logits, int64_t V, double temperature, do
     return c[n - 1].id;
 }
 
-/* generate: the prompt through the model once (filling the key/value cache), then one token
- * at a time; stops after max_new tokens or at the end-of-sequence token. */
-static int generate(const tz_config *cfg, const tz_generate_args *a) {
-    tz_backend *be = tz_cpu_backend_create((int)cfg->train.threads);
-    tz_model_opts o = tz_task_model_opts(&tz_family_llama, cfg, 0);
-    o.checkpointing = 0;
-    tz_llama *m = tz_llama_load(be, cfg->model.path, &o);
-    tz_task_load_adapters(cfg, &o, &m->params, be);
-    tz_tokenizer *tk = open_tokenizer(cfg, a, m->d.vocab);
-    char err[1024];
-    size_t plen = strlen(a->prompt);
-    int64_t cap = (int64_t)plen + 16, need = 0;
-    int32_t *ids = tz_xmalloc((size_t)(cap + a->max_new) * sizeof *ids);
-    int64_t np = tz_tokenizer_encode(tk, a->prompt, plen, 1, ids, cap, &need, err, sizeof err);
-    if (np >= 0 && need > cap) { /* more ids than bytes + 16: encode again into room enough */
-        cap = need;
-        ids = tz_xrealloc(ids, (size_t)(cap + a->max_new) * sizeof *ids);
-        np = tz_tokenizer_encode(tk, a->prompt, plen, 1, ids, cap, &need, err, sizeof err);
+/* The generation state shared by the prompts of one run. */
+typedef struct gen_ctx {
+    const tz_config *cfg;
+    const tz_generate_args *a;
+    tz_backend *be;
+    tz_llama *m;
+    tz_tokenizer *tk;
+    int32_t stop_ids[40];
+    int nstop;
+    int64_t V; /* ids past the tokenizer's are never drawn: they have no text */
+    char tmpl[16];
+} gen_ctx;
+
+static void add_stop(gen_ctx *g, int32_t id) {
+    if (id < 0 || g->nstop == (int)(sizeof g->stop_ids / sizeof g->stop_ids[0])) return;
+    for (int i = 0; i < g->nstop; i++)
+        if (g->stop_ids[i] == id) return;
+    g->stop_ids[g->nstop++] = id;
+}
+
+/* ids[0..n) as text into *text (grown as needed); its length. decode writes at most tcap - 1
+ * bytes and returns how many it wrote, not how many the text needs (a token may be hundreds
+ * of bytes): a text that comes within 2 bytes of the end (one more for a leading space it
+ * strips) may have been cut, so it is decoded again into twice the room. */
+static size_t decode_text(const tz_tokenizer *tk, const int32_t *ids, int64_t n, char **text,
+                          size_t *tcap) {
+    int64_t len;
+    while ((len = tz_tokenizer_decode(tk, ids, n, 1, *text, *tcap)) >= 0 && (size_t)len + 2 >= *tcap)
+        *text = tz_xrealloc(*text, *tcap *= 2);
+    if (len < 0) TZ_FATAL("generate: a generated id has no text in the tokenizer");
+    return (size_t)len;
+}
+
+/* Where the first --stop string starts in text, or len when none does. */
+static size_t stop_at(const tz_generate_args *a, const char *text, size_t len) {
+    size_t at = len;
+    for (int i = 0; i < a->nstops; i++) {
+        const char *p = strstr(text, a->stops[i]);
+        if (p && (size_t)(p - text) < at) at = (size_t)(p - text);
     }
-    if (np < 0) TZ_FATAL("generate: --prompt: %s", err);
+    return at;
+}
+
+/* The prompt's ids: in the chat template (--chat, --template), else the text with special
+ * tokens recognised and BOS first when the tokenizer adds one. */
+static int64_t prompt_ids(gen_ctx *g, const char *prompt, int32_t **out) {
+    const tz_generate_args *a = g->a;
+    char err[1024];
+    int64_t np;
+    int32_t *ids;
+    if (a->chat) {
+        const char *t = a->tmpl ? a->tmpl : tz_tokenizer_chat(g->tk)[0] ? tz_tokenizer_chat(g->tk) : NULL;
+        int32_t end = -1;
+        np = tz_chat_prompt(g->tk, t, a->system, prompt, &ids, g->tmpl, sizeof g->tmpl, &end, err,
+                            sizeof err);
+        if (np < 0) TZ_FATAL("generate: %s", err);
+        add_stop(g, end);
+    } else {
+        size_t plen = strlen(prompt);
+        int64_t cap = (int64_t)plen + 17, need = 0;
+        const int bos = tz_tokenizer_add_bos(g->tk);
+        ids = tz_xmalloc((size_t)cap * sizeof *ids);
+        np = tz_tokenizer_encode(g->tk, prompt, plen, 1, ids + bos, cap - bos, &need, err, sizeof err);
+        if (np >= 0 && need > cap - bos) { /* more ids than bytes + 16: again into room enough */
+            cap = need + bos;
+            ids = tz_xrealloc(ids, (size_t)cap * sizeof *ids);
+            np = tz_tokenizer_encode(g->tk, prompt, plen, 1, ids + bos, cap - bos, &need, err,
+                                     sizeof err);
+        }
+        if (np < 0) TZ_FATAL("generate: --prompt: %s", err);
+        if (bos && np > 0 && ids[1] == tz_tokenizer_bos(g->tk)) memmove(ids, ids + 1, (size_t)np * sizeof *ids);
+        else if (bos) ids[0] = tz_tokenizer_bos(g->tk), np++;
+    }
     if (np == 0)
         TZ_FATAL("generate: --prompt is empty and the tokenizer adds no begin-of-sequence token");
     for (int64_t i = 0; i < np; i++)
-        if (ids[i] < 0 || ids[i] >= m->d.vocab)
+        if (ids[i] < 0 || ids[i] >= g->m->d.vocab)
             TZ_FATAL("generate: the tokenizer gave id %d, outside the model's vocab of %lld",
-                     ids[i], (long long)m->d.vocab);
+                     ids[i], (long long)g->m->d.vocab);
+    *out = ids;
+    return np;
+}
+
+/* One prompt: through the model once (filling the key/value cache), then one token at a time;
+ * stops after max_new tokens, at a stop id, or at a --stop string. Prints the continuation. */
+static void generate_one(gen_ctx *g, const char *prompt) {
+    const tz_generate_args *a = g->a;
+    tz_llama *m = g->m;
+    int32_t *ids;
+    const int64_t np = prompt_ids(g, prompt, &ids);
     const int64_t total = np + a->max_new;
+    ids = tz_xrealloc(ids, (size_t)(total + 1) * sizeof *ids);
     if (total > m->d.max_pos)
         tz_warn("generate: %lld positions exceed the model's max_position_embeddings %lld",
                 (long long)total, (long long)m->d.max_pos);
-    /* ids past the tokenizer's are never drawn: they have no text */
-    int64_t V = m->d.vocab < tz_tokenizer_vocab(tk) ? m->d.vocab : tz_tokenizer_vocab(tk);
     tz_llama_setup(m, 1, np);
     tz_llama_cache cache;
     tz_llama_cache_init(m, &cache, total);
     float *logits = tz_xmalloc((size_t)m->d.vocab * sizeof *logits);
-    cand *cands = tz_xmalloc((size_t)V * sizeof *cands);
+    cand *cands = tz_xmalloc((size_t)g->V * sizeof *cands);
     tz_rng r = tz_rng_make((uint64_t)a->seed, 0, TZ_RNG_NOISE, 0);
-    const int32_t eos = tz_tokenizer_eos(tk);
+    size_t tcap = 256 + 32 * (size_t)a->max_new, len = 0;
+    char *text = tz_xmalloc(tcap);
     const float *lg = tz_llama_decode(m, &cache, ids, np);
     int64_t n = np;
+    const char *why = "max-new";
     for (int64_t step = 0; step < a->max_new; step++) {
-        be->download(be, logits, lg, (size_t)m->d.vocab * sizeof *logits);
+        g->be->download(g->be, logits, lg, (size_t)m->d.vocab * sizeof *logits);
         float u = tz_rng_uniform(&r);
-        int32_t next = pick_token(logits, V, a->temperature, a->top_p, u, cands);
-        if (next == eos) break;
+        int32_t next = pick_token(logits, g->V, a->temperature, a->top_p, u, cands);
+        int stop = 0;
+        for (int i = 0; i < g->nstop; i++) stop |= next == g->stop_ids[i];
+        if (stop) { why = "end of turn"; break; }
         ids[n++] = next;
+        if (a->nstops) {
+            len = decode_text(g->tk, ids + np, n - np, &text, &tcap);
+            if (stop_at(a, text, len) < len) { why = "--stop"; break; }
+        }
         if (step + 1 < a->max_new) lg = tz_llama_decode(m, &cache, &ids[n - 1], 1);
     }
-    /* decode writes at most tcap - 1 bytes and returns how many it wrote, not how many the
-     * text needs (a token may be hundreds of bytes): a text that comes within 2 bytes of
-     * the end (one more for a leading space it strips) may have been cut, so it is decoded
-     * again into twice the room */
-    size_t tcap = 256 + 32 * (size_t)(n - np);
-    char *text = tz_xmalloc(tcap);
-    int64_t len;
-    while ((len = tz_tokenizer_decode(tk, ids + np, n - np, 1, text, tcap)) >= 0 &&
-           (size_t)len + 2 >= tcap)
-        text = tz_xrealloc(text, tcap *= 2);
-    if (len < 0) TZ_FATAL("generate: a generated id has no text in the tokenizer");
-    fwrite(text, 1, (size_t)len, stdout);
+    len = decode_text(g->tk, ids + np, n - np, &text, &tcap);
+    len = stop_at(a, text, len);
+    fwrite(text, 1, len, stdout);
     fputc('\n', stdout);
     fflush(stdout);
-    fprintf(stderr, "generate: %lld prompt tokens, %lld new (%s%s)\n", (long long)np,
+    fprintf(stderr, "generate: %lld prompt tokens%s%s, %lld new (%s%s), stopped at %s\n",
+            (long long)np, a->chat ? ", template " : "", a->chat ? g->tmpl : "",
             (long long)(n - np), a->temperature > 0 ? "sampled" : "greedy",
-            cfg->model.adapter[0] ? ", with model.adapter" : "");
+            g->cfg->model.adapter[0] ? ", with model.adapter" : "", why);
     free(text), free(logits), free(cands), free(ids);
     tz_llama_cache_free(m, &cache);
-    tz_tokenizer_free(tk);
-    tz_llama_free(m);
-    tz_cpu_backend_destroy(be);
+}
+
+/* generate: --prompt, or each line of stdin with --interactive, through generate_one. */
+static int generate(const tz_config *cfg, const tz_generate_args *a) {
+    gen_ctx g;
+    memset(&g, 0, sizeof g);
+    g.cfg = cfg, g.a = a;
+    g.be = tz_cpu_backend_create((int)cfg->train.threads);
+    tz_model_opts o = tz_task_model_opts(&tz_family_llama, cfg, 0);
+    o.checkpointing = 0;
+    g.m = tz_llama_load(g.be, cfg->model.path, &o);
+    tz_task_load_adapters(cfg, &o, &g.m->params, g.be);
+    g.tk = open_tokenizer(cfg, a, g.m->d.vocab);
+    g.V = g.m->d.vocab < tz_tokenizer_vocab(g.tk) ? g.m->d.vocab : tz_tokenizer_vocab(g.tk);
+    /* stop ids: EOS, generation_config.json's eos_token_id (beside the model and the
+     * tokenizer), and the chat template's end of turn (prompt_ids) */
+    add_stop(&g, tz_tokenizer_eos(g.tk));
+    int32_t extra[32];
+    int ne = tz_generation_eos(cfg->model.path, extra, 32);
+    for (int i = 0; i < ne; i++) add_stop(&g, extra[i]);
+    if (a->tokenizer && strcmp(a->tokenizer, "bytes")) {
+        char dir[1100];
+        snprintf(dir, sizeof dir, "%s", a->tokenizer);
+        char *slash = strrchr(dir, '/');
+        struct stat st;
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            if (slash) *slash = 0;
+            else snprintf(dir, sizeof dir, ".");
+        }
+        ne = tz_generation_eos(dir, extra, 32);
+        for (int i = 0; i < ne; i++) add_stop(&g, extra[i]);
+    }
+    if (a->interactive) {
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t got;
+        while ((got = getline(&line, &cap, stdin)) > 0) {
+            while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
+            if (got == 0) continue;
+            generate_one(&g, line);
+        }
+        free(line);
+    } else {
+        generate_one(&g, a->prompt);
+    }
+    tz_tokenizer_free(g.tk);
+    tz_llama_free(g.m);
+    tz_cpu_backend_destroy(g.be);
     return 0;
 }
 

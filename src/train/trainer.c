@@ -409,6 +409,71 @@ static void metrics_flush(tz_line_log *m, tz_tfevents *tb, const tz_run_out *o, 
     tb_flush(tb, 0);
 }
 
+/* ---------------------------------------------------------------- train.keep_best, export */
+
+/* Rank 0: the task's weights as trained so far saved into stage/best/ (adapter or model). */
+static void save_into(run *r, const char *stage, const char *sub) {
+    char dir[1200], out[1200], err[2400];
+    tz_path_join(dir, sizeof dir, stage, sub);
+    if (tz_mkdir_p(dir, err, sizeof err)) TZ_FATAL("%s", err);
+    tz_task_save(r->task, dir, out, sizeof out);
+}
+
+/* train.keep_best, after the final weights are saved: stage/best/ gets the weights of the
+ * best evaluation, read back from its checkpoint (the model is left holding them), or the
+ * final ones when the last evaluation was the best. Collective. */
+static void save_best(run *r, const char *stage, int64_t best_step) {
+    const int root = r->comm->rank == 0;
+    const int64_t steps = r->cfg->train.steps;
+    char dir[1200], folder[1300];
+    if (best_step <= 0) {
+        tz_info("train.keep_best: the evaluation before training was the best; no best/ "
+                "written (the starting weights are the best)");
+        return;
+    }
+    tz_path_join(dir, sizeof dir, r->cfg->run.dir, "checkpoints");
+    snprintf(folder, sizeof folder, "%s/step-%lld", dir, (long long)best_step);
+    int64_t have = best_step == steps || tz_path_exists(folder);
+    tz_comm_bcast(r->comm, &have, 1, TZ_DT_I64, 0); /* rank 0's file system decides */
+    if (!have) {
+        tz_warn("train.keep_best: the best evaluation, at step %lld, has no checkpoint in %s "
+                "(pruned before train.keep_best was set?): no best/ written",
+                (long long)best_step, dir);
+        return;
+    }
+    if (best_step < steps) {
+        tz_ckpt_state st;
+        tz_ckpt_load(r->cfg, &r->z, folder, &st);
+    }
+    if (root) save_into(r, stage, "best");
+    tz_info("train.keep_best: the weights of step %lld (best eval) saved in %s/best", (long long)best_step,
+            r->cfg->run.dir);
+}
+
+int tz_ckpt_export_run(const tz_config *cfg, tz_world *w, tz_comm *comm, const char *folder,
+                       const char *out) {
+    run r;
+    run_open(&r, cfg, w, comm, 1);
+    if (r.qzo) TZ_FATAL("export: train.mode = \"qzo\" writes no checkpoints");
+    tz_ckpt_state st;
+    tz_ckpt_load(cfg, &r.z, folder, &st);
+    if (comm->rank == 0) { /* saved under a temporary name beside out, then renamed to out */
+        char tmp[1400], saved[1200], err[2400];
+        snprintf(tmp, sizeof tmp, "%s.export-tmp", out);
+        if (tz_rm_rf(tmp, err, sizeof err) || tz_mkdir_p(tmp, err, sizeof err)) TZ_FATAL("%s", err);
+        tz_task_save(r.task, tmp, saved, sizeof saved);
+        if (tz_path_exists(out) && tz_rm_rf(out, err, sizeof err)) TZ_FATAL("%s", err);
+        if (rename(saved, out) != 0)
+            TZ_FATAL("export: cannot rename %s to %s: %s", saved, out, strerror(errno));
+        if (tz_rm_rf(tmp, err, sizeof err)) TZ_FATAL("%s", err);
+        tz_info("exported %s (step %lld) to %s as %s", folder, (long long)st.step, out,
+                strrchr(saved, '/') + 1);
+    }
+    tz_comm_barrier(comm);
+    run_close(&r);
+    return 0;
+}
+
 int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     return tz_train_run_from(cfg, w, comm, NULL);
 }
@@ -531,8 +596,10 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         /* checkpoint every train.checkpoint_every steps, and when a signal asks to stop */
         tz_ckpt_fault("step", step + 1, comm->rank);
         stopped = tz_ckpt_stop_agreed(comm) && step + 1 < steps;
-        if (stopped || (cfg->train.checkpoint_every > 0 && step + 1 < steps &&
-                        (step + 1) % cfg->train.checkpoint_every == 0)) {
+        const int new_best = cfg->train.keep_best && have_val && best_step == step + 1 &&
+                             step + 1 < steps; /* train.keep_best: a checkpoint of it */
+        if (stopped || new_best || (cfg->train.checkpoint_every > 0 && step + 1 < steps &&
+                                    (step + 1) % cfg->train.checkpoint_every == 0)) {
             ck.step = step + 1;
             ck.have_eval = have_val;
             ck.eval0 = ev0.loss, ck.eval0_count = ev0.count;
@@ -585,6 +652,7 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         if (steps > 0 && tz_loss_plot_write(dirs, names, 1, png, err, sizeof err)) /* a picture only */
             tz_warn("no loss curve: %s", err);
     }
+    if (cfg->train.keep_best && have_val) save_best(&r, out_dir.stage, best_step);
     tz_record_end(&rec, out_dir.stage, steps, comm); /* rank 0 writes run.json */
     if (root) {
         char took[32], name[64], saved[1200];

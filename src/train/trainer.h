@@ -13,6 +13,11 @@ int tz_train_run(const tz_config *cfg, tz_world *world, tz_comm *comm);
  * or TZ_EXIT_REQUEUE (train/checkpoint.h) when SIGUSR1/SIGTERM/SIGINT stopped it after a
  * checkpoint. Collective. */
 int tz_train_run_from(const tz_config *cfg, tz_world *world, tz_comm *comm, const char *resume);
+/* export CHECKPOINT: the checkpoint folder's fp32 masters (read through its saved plan into
+ * the model cfg describes: the checkpoint's own configuration) saved to out as training
+ * saves them: a LoRA adapter folder, or a model folder for train.mode = "full". Collective. */
+int tz_ckpt_export_run(const tz_config *cfg, tz_world *world, tz_comm *comm, const char *folder,
+                       const char *out);
 /* Mean next-token loss over data.val (windows spread over the ranks); last line printed:
  * eval_loss=<float> tokens=<int>. Collective. */
 int tz_eval_run(const tz_config *cfg, tz_world *world, tz_comm *comm);

@@ -189,6 +189,17 @@ int main(int argc, char **argv) {
     fclose(f);
     check(tz_tokens_open(&m, path, err, sizeof err) != 0 && strstr(err, "and a loss mask"),
           "mask of the wrong size accepted");
+
+    /* the tokenizer's digest at offset 32: written by write_tagged, 0 from the older writers */
+    check(tz_tokens_write_tagged(path, mt, NULL, 37, 300, 0x1234567890abcdefull, err, sizeof err) == 0,
+          "tagged write: %s", err);
+    check(tz_tokens_open(&m, path, err, sizeof err) == 0 && m.tokenizer == 0x1234567890abcdefull &&
+              m.version == 1, "tagged round trip");
+    tz_tokens_close(&m);
+    check(tz_tokens_write(path, mt, 37, 300, err, sizeof err) == 0 &&
+              tz_tokens_open(&m, path, err, sizeof err) == 0 && m.tokenizer == 0,
+          "untagged file: digest 0");
+    tz_tokens_close(&m);
     unlink(path); unlink(txt); unlink(tr); unlink(va);
     MPI_Finalize();
     return tz_check_done("tokens");
