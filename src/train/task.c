@@ -11,7 +11,12 @@
 #include "io/fsutil.h"
 #include "io/peft.h"
 #include "io/run_dir.h"
+#include "io/safetensors.h"
+#include "io/tq_format.h"
 #include "model/adapter_io.h"
+#include "model/loftq.h"
+#include "quant/turboquant.h"
+#include "train/bench.h"
 #include "train/qzo.h"
 
 tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int training) {
@@ -72,11 +77,62 @@ static void check_adapter_base(const tz_config *cfg, const tz_params *ps) {
             "corrections were learnt against other weights", cfg->model.adapter, was, is, diff);
 }
 
+/* The dense weights of model.path, read one at a time for lora.init = "loftq". */
+static void read_dense(void *ctx, const tz_param *p, float *w) {
+    char err[1200];
+    if (tz_st_read_f32((const tz_safetensors *)ctx, p->name, w, p->ndim, p->shape, err, sizeof err))
+        TZ_FATAL("lora.init = \"loftq\": model.path: %s", err);
+}
+
+/* lora.init = "loftq": the default init first (adapters of dense weights keep it), then each
+ * quantized adapted weight re-quantized as quantize(W - s B A) with its adapter (model/
+ * loftq.h), from the dense weights of model.path. Every rank computes the same bits. */
+static void init_loftq(const tz_config *cfg, const tz_model_opts *o, tz_params *ps,
+                       tz_backend *be) {
+    char err[1200];
+    const char *hint = "point model.path at the dense model and set quant.bits (quant.group, "
+                       "quant.method, quant.seed) to quantize it at load, or set lora.init = "
+                       "\"default\"";
+    tz_model_init_lora(ps, be, (uint64_t)cfg->run.seed);
+    if (tz_bench_preset_of(cfg))
+        TZ_FATAL_HINT(hint, "lora.init = \"loftq\" needs the dense weights of a model folder; "
+                      "model.path %s is a preset built in memory", cfg->model.path);
+    tz_safetensors st;
+    tz_tqf qf;
+    if (tz_st_open(&st, cfg->model.path, err, sizeof err))
+        TZ_FATAL("lora.init = \"loftq\": model.path: %s", err);
+    if (tz_tqf_read(&qf, &st, err, sizeof err))
+        TZ_FATAL("lora.init = \"loftq\": model.path: %s", err);
+    if (qf.present)
+        TZ_FATAL_HINT(hint, "lora.init = \"loftq\" re-quantizes the dense weights, but "
+                      "model.path %s is already quantized (%s, %d bits)", cfg->model.path,
+                      tz_tq_method_name(qf.method), qf.bits);
+    tz_tqf_free(&qf);
+    tz_loftq_stats r = tz_loftq_init_params(ps, be, o->lora.alpha, o->lora.rank,
+                                            (uint64_t)cfg->run.seed, (int)cfg->train.threads,
+                                            read_dense, &st);
+    tz_st_close(&st);
+    if (!r.n) {
+        tz_warn("lora.init = \"loftq\": no adapted weight is quantized (quant.bits = 0): the "
+                "adapters start as with lora.init = \"default\"");
+        return;
+    }
+    tz_info("lora.init = loftq: %d quantized weights re-quantized with their adapters (rank "
+            "%lld, %d alternations): ||W - Q - s B A||^2 / ||W||^2 = %.6f, quantize(W) alone "
+            "%.6f (%.2fx)", r.n, (long long)o->lora.rank, TZ_LOFTQ_ITERS,
+            r.err_loftq / r.ref, r.err_plain / r.ref,
+            r.err_loftq > 0 ? r.err_plain / r.err_loftq : 0.0);
+}
+
 void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_params *ps,
                            tz_backend *be) {
     if (cfg->model.adapter[0]) check_adapter_base(cfg, ps);
+    /* loftq changes the base as well: done again under model.adapter (the adapter's rank and
+     * alpha), so an adapter trained on a loftq base is used on that base */
+    if (o->lora.targets && cfg->lora.init == TZ_LORA_INIT_LOFTQ) init_loftq(cfg, o, ps, be);
     if (cfg->model.adapter[0]) tz_adapter_load(ps, be, cfg->model.adapter);
-    else if (o->lora.targets) tz_model_init_lora(ps, be, (uint64_t)cfg->run.seed);
+    else if (o->lora.targets && cfg->lora.init != TZ_LORA_INIT_LOFTQ)
+        tz_model_init_lora(ps, be, (uint64_t)cfg->run.seed);
 }
 
 void tz_task_save(tz_task *t, const char *dir, char *out, size_t outlen) {
