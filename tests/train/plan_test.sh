@@ -4,7 +4,7 @@
 #     weight, and its backend bytes are the bytes a real run's allocator counts (LoRA on the
 #     dense model, LoRA on a 4-bit base quantized at load, qzo); `bench CONFIG --dry-run`
 #     and a DiT folder (planned from its weights) plan as well;
-#  2. a run that cannot fit (a micro-batch of 65536 windows, 1024 sequences of 65536 tokens) is
+#  2. a run that cannot fit (a micro-batch of 65536 windows, 4096 sequences of 2048 tokens) is
 #     refused at start with the plan's figures and a hint, before allocating: in well under a
 #     second, exit status non-zero; `eval` alike;
 #  3. start-up lines give each rank's cores and threads; a 1-rank run inside a Slurm job of 4
@@ -69,9 +69,9 @@ refused() { # what, hint pattern, command ...
   fi
 }
 refused "train with micro_batch 65536" ".*train.checkpointing" "$tz" train $cfg --set train.micro_batch=65536 --set run.dir="$work/big"
-refused "train with seq_len 65536" ".*train.checkpointing" "$tz" train $cfg --set data.seq_len=65536 --set train.micro_batch=1024 --set run.dir="$work/long"
+refused "train with seq_len 2048 x 4096 windows" ".*train.checkpointing" "$tz" train $cfg --set data.seq_len=2048 --set train.micro_batch=4096 --set run.dir="$work/long"
 refused "eval with micro_batch 65536" "" "$tz" eval $cfg --set train.micro_batch=65536
-"$tz" train $cfg --set data.seq_len=65536 --set train.micro_batch=1024 --dry-run > "$work/long.plan" 2>&1 &&
+"$tz" train $cfg --set data.seq_len=2048 --set train.micro_batch=4096 --dry-run > "$work/long.plan" 2>&1 &&
   grep -q "^this machine: does not fit" "$work/long.plan" && grep -q "^HINT: activations" "$work/long.plan" &&
   ok "the dry run of it says it does not fit here, with the hint" ||
   { bad "dry run of a run too large"; grep "machine" "$work/long.plan"; }
