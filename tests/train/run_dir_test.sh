@@ -79,7 +79,9 @@ done
 d="$work/held"
 mkdir -p "$d"
 echo "host=elsewhere pid=4242 since=2026-01-01T00:00:00Z state=running" > "$d/.lock"
-( flock -n 9 && exec sleep 600 ) 9< "$d/.lock" & fpid=$! # the sleep holds the lock
+# the sleep holds the lock; its flock waits (no -n): the probe below holds the lock for a
+# moment each time it looks, and a holder that gave up then would never hold it
+( flock 9 && exec sleep 600 ) 9< "$d/.lock" & fpid=$!
 # wait until it does (however long a busy machine takes to start it), not a fixed time
 held=0
 for _ in $(seq 6000); do flock -n "$d/.lock" true || { held=1; break; }; sleep 0.05; done
