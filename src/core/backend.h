@@ -325,10 +325,10 @@ struct tz_backend {
  * scores, the backward two (the probabilities and their gradients) plus delta (B*Hq*T
  * floats). A chunk of c query rows holds c rows of ceil4(T) floats for each of the B*Hq
  * (sequence, head) pairs. The plan gives the score buffers TZ_ATTENTION_WS_SCORES bytes in
- * all, at least 16 rows (all T when T < 16): 128 MiB at B = 1, T = 2048, Hq = 32, where the
- * backward's chunk is 256 rows (the forward's, one buffer in the same bytes, 512). With fp32
+ * all, at least 16 rows (all T when T < 16): 64 MiB at B = 1, T = 2048, Hq = 32, where the
+ * backward's chunk is 128 rows (the forward's, one buffer in the same bytes, 256). With fp32
  * GEMM operands, and on the host, attention wants no workspace: 0 bytes. */
-#define TZ_ATTENTION_WS_SCORES ((size_t)128 << 20)
+#define TZ_ATTENTION_WS_SCORES ((size_t)64 << 20)
 /* Query rows per chunk that `bytes` of score buffers hold (nbuf buffers), rounded down to a
  * multiple of 64 (or 16) rows where that many fit, all T when they fit; 0: not one row. */
 static inline int64_t tz_attention_chunk(size_t bytes, int64_t B, int64_t T, int64_t Hq,

@@ -161,52 +161,138 @@ void tz_llama_init_random(tz_llama *m, uint64_t seed) {
 
 /* ---- activation memory ---- */
 
+/* Rows of the MLP at a time for batches of BT rows (tz_llama.mlp_rows): equal chunks of at
+ * most TZ_LLAMA_MLP_FLOATS / hidden rows (or mlp_rows_max), only when training with
+ * checkpointing; BT otherwise. */
+static int64_t mlp_rows_for(const tz_llama *m, int64_t BT) {
+    if (!m->o.checkpointing || m->o.forward_only) return BT;
+    int64_t most = TZ_LLAMA_MLP_FLOATS / m->d.hidden;
+    if (m->mlp_rows_max > 0 && m->mlp_rows_max < most) most = m->mlp_rows_max;
+    if (most < 1) most = 1;
+    const int64_t n = (BT + most - 1) / most;
+    return (BT + n - 1) / n;
+}
+
+/* n floats rounded up to 64 bytes, the arena's alignment, for buffers cut from one take */
+static int64_t al16(int64_t n) { return (n + 15) / 16 * 16; }
+
 /* Walks every allocation of tz_llama_setup; with a NULL arena it only counts bytes. */
 static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     const tz_llama_dims *d = &m->d;
     const int64_t BT = B * T, C = d->dim, F = d->hidden;
     const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
+    const int64_t R = mlp_rows_for(m, BT);
+    const int chunked = R < BT;
     size_t total = 0;
 #define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
-    int n_sets = tz_layer_stack_walk(&m->stack, a, &total, d->n_layers, m->o.checkpointing,
-                                     m->o.forward_only, sizeof(tz_llama_acts), BT * C,
-                                     m->be->matmul_dtype == TZ_DT_BF16);
+    /* on a device backend, bf16 streams live on the host and xb is dh (free in forward) */
+    const int dev = m->be->device, xb_dh = dev && !m->o.forward_only;
+    int n_sets = tz_layer_stack_walk_ex(&m->stack, m->be, a, &total, d->n_layers,
+                                        m->o.checkpointing, m->o.forward_only,
+                                        sizeof(tz_llama_acts), BT * C,
+                                        m->be->matmul_dtype == TZ_DT_BF16,
+                                        (dev ? TZ_STACK_HOST : 0) | (xb_dh ? TZ_STACK_XB_OWN : 0));
+    if (a) m->mlp_rows = m->mlp_rows_fwd = R, m->mlp_chunked = chunked, m->pool = NULL;
     for (int i = 0; i < n_sets; i++) {
         tz_llama_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
 #define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
         ACT(h1, BT * C); ACT(rstd1, BT); ACT(q, BT * qd); ACT(k, BT * kvd); ACT(v, BT * kvd);
-        ACT(att, BT * qd); ACT(lse, BT * d->n_heads); ACT(x2, BT * C); ACT(h2, BT * C);
-        ACT(rstd2, BT); ACT(g, BT * F); ACT(u, BT * F); ACT(s, BT * F);
+        ACT(att, BT * qd); ACT(lse, BT * d->n_heads); ACT(x2, BT * C);
+        if (chunked) { /* h2 in h1; g, u, s in the pool below */
+            if (a) s->h2 = s->h1;
+        } else ACT(h2, BT * C);
+        ACT(rstd2, BT);
+        if (!chunked) { ACT(g, BT * F); ACT(u, BT * F); ACT(s, BT * F); }
         for (int j = 0; j < TZ_LIN_N; j++)
             if (m->o.lora.targets & (1 << j)) ACT(lh[j], BT * m->o.lora.rank);
 #undef ACT
     }
-    TAKE(m->hf, BT * C, "final norm"); TAKE(m->rstdf, BT, "final rstd");
     int64_t rows = m->head_rows_max > 0 ? m->head_rows_max : TZ_LLAMA_HEAD_FLOATS / d->vocab;
     m->head_rows = rows < 1 ? 1 : rows < BT ? rows : BT;
-    TAKE(m->logits, m->head_rows * d->vocab, "logits"); TAKE(m->losses, BT, "losses");
+    float *pool = NULL;
+    int64_t pool_floats = 0;
+    if (chunked) {
+        /* one pool, used in turn: the MLP's g, u, s, du, ds (mlp_rows each); the head's hf and
+         * logits; backward's dk, dv (and dq, datt where they do not fit h2 and x2) */
+        const int64_t RF = al16(R * F), fit = qd <= C;
+        int64_t n = 5 * RF;
+        if (al16(BT * C) + m->head_rows * d->vocab > n) n = al16(BT * C) + m->head_rows * d->vocab;
+        const int64_t att_grads = 2 * al16(BT * kvd) + (fit ? 0 : 2 * al16(BT * qd));
+        if (att_grads > n) n = att_grads;
+        TAKE(pool, n, "pool: MLP chunks, head, attention gradients");
+        pool_floats = n;
+        if (a) {
+            m->pool = pool;
+            tz_llama_acts *s = tz_layer_stack_set(&m->stack, 0);
+            s->g = pool, s->u = pool + RF, s->s = pool + 2 * RF;
+            m->du = pool + 3 * RF, m->ds = pool + 4 * RF;
+            m->hf = pool, m->logits = pool + al16(BT * C);
+        }
+    } else {
+        TAKE(m->hf, BT * C, "final norm");
+    }
+    TAKE(m->rstdf, BT, "final rstd");
+    if (!chunked) TAKE(m->logits, m->head_rows * d->vocab, "logits");
+    TAKE(m->losses, BT, "losses");
     TAKE(m->tok, BT, "tokens"); TAKE(m->tgt, BT, "targets");
     if (!m->o.forward_only) { /* backward buffers */
         TAKE(m->dres, BT * C, "dres"); TAKE(m->dh, BT * C, "dh");
-        /* layer_bwd puts dg, datt and dq in the layer's s, g and u once it has read them, and
-         * dk, dv in ds once read, where they fit (F at least qd and 2 kvd: every Llama) */
-        m->bwd_in_set = qd <= F && 2 * kvd <= F;
-        if (a && m->bwd_in_set) m->dq = m->dk = m->dv = m->datt = m->dg = NULL;
-        if (!m->bwd_in_set) {
-            TAKE(m->dq, BT * qd, "dq"); TAKE(m->dk, BT * kvd, "dk"); TAKE(m->dv, BT * kvd, "dv");
-            TAKE(m->datt, BT * qd, "datt");
-            TAKE(m->dg, BT * F, "dg");
+        if (a && xb_dh && m->stack.x16) m->stack.xb = m->dh;
+        if (chunked) { /* layer_bwd_chunked: dg in the chunk's s */
+            m->bwd_in_set = 0;
+            if (a) {
+                tz_llama_acts *s = tz_layer_stack_set(&m->stack, 0);
+                const int fit = qd <= C;
+                m->dk = pool, m->dv = pool + al16(BT * kvd);
+                m->datt = fit ? s->h2 : pool + 2 * al16(BT * kvd);
+                m->dq = fit ? s->x2 : pool + 2 * al16(BT * kvd) + al16(BT * qd);
+                m->dg = NULL;
+            }
+        } else {
+            /* layer_bwd puts dg, datt and dq in the layer's s, g and u once it has read them,
+             * and dk, dv in ds once read, where they fit (F at least qd and 2 kvd: every
+             * Llama) */
+            m->bwd_in_set = qd <= F && 2 * kvd <= F;
+            if (a && m->bwd_in_set) m->dq = m->dk = m->dv = m->datt = m->dg = NULL;
+            if (!m->bwd_in_set) {
+                TAKE(m->dq, BT * qd, "dq"); TAKE(m->dk, BT * kvd, "dk"); TAKE(m->dv, BT * kvd, "dv");
+                TAKE(m->datt, BT * qd, "datt");
+                TAKE(m->dg, BT * F, "dg");
+            }
+            TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
         }
-        TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
         TAKE(m->dlora, BT * (m->o.lora.rank > 0 ? m->o.lora.rank : 1), "dlora");
     }
     /* attention's workspace, where the backend wants one (core/backend.h) */
     const size_t att_ws = tz_attention_ws_bytes(m->be, B, T, d->n_heads, !m->o.forward_only);
     if (a) m->att_ws = NULL, m->att_ws_bytes = att_ws;
     if (att_ws) TAKE(m->att_ws, (int64_t)(att_ws / sizeof(float)), "attention workspace");
-    /* quantized weights: one decode tile for all of them, one rotation buffer */
-    total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT,
-                                   tz_dtype_size(m->be->matmul_dtype));
+    /* quantized weights: one decode tile for all of them, one rotation buffer for the most
+     * rows x `in` of a TurboQuant projection (the MLP's on mlp_rows rows) */
+    int64_t act = 0;
+    for (int64_t l = 0; l < d->n_layers; l++)
+        for (int j = 0; j < TZ_LIN_N; j++) {
+            const tz_param *w = m->layers[l].lin[j].w;
+            const int64_t n = (j >= TZ_LIN_GATE ? R : BT) * w->shape[1];
+            if (w->q && w->q->method == TZ_TQ_TURBOQUANT && n > act) act = n;
+        }
+    total += tz_quant_scratch_walk_act(&m->tq, &m->params, a, act,
+                                       tz_dtype_size(m->be->matmul_dtype));
+    /* forward's MLP chunks: g, u, s only, so the fewest equal chunks whose three buffers fit
+     * the pool and whose rows x `in` of each MLP projection fit the rotation buffer */
+    for (int64_t n = 1; a && chunked && n <= BT; n++) {
+        const int64_t rf = (BT + n - 1) / n;
+        int fits = 3 * al16(rf * F) <= pool_floats;
+        for (int64_t l = 0; l < d->n_layers; l++)
+            for (int j = TZ_LIN_GATE; j <= TZ_LIN_DOWN; j++) {
+                const tz_param *w = m->layers[l].lin[j].w;
+                if (w->q && w->q->method == TZ_TQ_TURBOQUANT && rf * w->shape[1] > act) fits = 0;
+            }
+        if (fits) {
+            m->mlp_rows_fwd = rf;
+            break;
+        }
+    }
 #undef TAKE
     return total;
 }
@@ -255,9 +341,34 @@ static void rope(tz_llama *m, float *x, int64_t B, int64_t T, int64_t H, int64_t
     else be->rope_tab_fwd(be, x, B, T, H, d->head_dim, m->inv_freq, pos0);
 }
 
-/* One layer: x -> out, saving its activations in a. */
+/* Rows r0.. of a [rows, width] buffer that may be NULL (a projection without adapter). */
+static float *rows_at(float *p, int64_t r0, int64_t width) { return p ? p + r0 * width : NULL; }
+
+/* The MLP on n rows: out = down(swiglu(gate(h2), up(h2))), mlp_rows rows at a time (all n at
+ * once without chunks: g, u and s then hold every row, as backward reads them). */
+static void mlp_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, float *out,
+                    int64_t n) {
+    tz_backend *be = m->be;
+    const int64_t C = m->d.dim, F = m->d.hidden, r = m->o.lora.rank;
+    const int64_t R = m->mlp_chunked ? m->mlp_rows_fwd : n;
+    /* chunks: g, u, s of mlp_rows_fwd rows each from the pool */
+    float *g = a->g, *u = a->u, *s = a->s;
+    if (m->mlp_chunked) g = m->pool, u = g + al16(R * F), s = u + al16(R * F);
+    for (int64_t r0 = 0; r0 < n; r0 += R) {
+        const int64_t c = n - r0 < R ? n - r0 : R;
+        const float *h2 = a->h2 + r0 * C;
+        tz_linear_fwd(be, &L->lin[TZ_LIN_GATE], g, rows_at(a->lh[TZ_LIN_GATE], r0, r), h2, c);
+        tz_linear_fwd(be, &L->lin[TZ_LIN_UP], u, rows_at(a->lh[TZ_LIN_UP], r0, r), h2, c);
+        be->swiglu_fwd(be, s, g, u, c * F);
+        tz_linear_fwd(be, &L->lin[TZ_LIN_DOWN], out + r0 * C,
+                      rows_at(a->lh[TZ_LIN_DOWN], r0, r), s, c);
+    }
+}
+
+/* One layer: x -> out, saving its activations in a. mlp 0 (backward's recomputation with MLP
+ * chunks, which makes the MLP's activations chunk by chunk itself): stop at h2, out unused. */
 static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, const float *x,
-                      float *out) {
+                      float *out, int mlp) {
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
     const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim;
@@ -272,11 +383,10 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
                       d->head_dim, 1);
     tz_linear_fwd(be, &L->lin[TZ_LIN_O], a->x2, a->lh[TZ_LIN_O], a->att, BT);
     be->axpy(be, a->x2, 1.0f, x, BT * C); /* x2 = x + attn */
+    /* (with MLP chunks h2 overwrites h1, read for the last time above) */
     be->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, L->mlp_norm->w, BT, C, (float)d->eps);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_GATE], a->g, a->lh[TZ_LIN_GATE], a->h2, BT);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_UP], a->u, a->lh[TZ_LIN_UP], a->h2, BT);
-    be->swiglu_fwd(be, a->s, a->g, a->u, BT * d->hidden);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_DOWN], out, a->lh[TZ_LIN_DOWN], a->s, BT);
+    if (!mlp) return;
+    mlp_fwd(m, L, a, out, BT);
     be->axpy(be, out, 1.0f, a->x2, BT * C); /* out = x2 + mlp */
 }
 
@@ -297,7 +407,7 @@ static void forward_body(tz_llama *m, const int32_t *inputs, const int32_t *targ
     tz_layer_stack_put(st, be, 0);
     for (int64_t l = 0; l < d->n_layers; l++) {
         layer_fwd(m, &m->layers[l], acts_of(m, l), tz_layer_stack_in(st, be, l),
-                  tz_layer_stack_out(st, l + 1));
+                  tz_layer_stack_out(st, l + 1), 1);
         tz_layer_stack_put(st, be, l + 1);
     }
     be->rmsnorm_fwd(be, m->hf, m->rstdf, tz_layer_stack_in(st, be, d->n_layers),
@@ -374,6 +484,62 @@ static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C);
 }
 
+/* layer_bwd with MLP chunks (tz_llama.mlp_chunked): a holds the layer's activations up to
+ * h2 (x2 and h2 included); each chunk's g, u, s are made again from h2 (and the down
+ * projection's LoRA hidden from s), then its gradients go back to dh; h1 is made again from
+ * x before the q, k, v backward. */
+static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a,
+                              const float *x) {
+    tz_backend *be = m->be;
+    const tz_llama_dims *d = &m->d;
+    const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim, F = d->hidden;
+    const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
+    const int64_t R = m->mlp_rows, r = m->o.lora.rank;
+    const tz_linear *down = &L->lin[TZ_LIN_DOWN];
+    be->fill(be, m->dh, 0.0f, BT * C);
+    for (int64_t r0 = 0; r0 < BT; r0 += R) {
+        const int64_t c = BT - r0 < R ? BT - r0 : R;
+        const float *h2 = a->h2 + r0 * C, *dres = m->dres + r0 * C;
+        float *dh = m->dh + r0 * C, *lh_down = rows_at(a->lh[TZ_LIN_DOWN], r0, r);
+        float *lh_gate = rows_at(a->lh[TZ_LIN_GATE], r0, r), *lh_up = rows_at(a->lh[TZ_LIN_UP], r0, r);
+        tz_linear_fwd(be, &L->lin[TZ_LIN_GATE], a->g, lh_gate, h2, c);
+        tz_linear_fwd(be, &L->lin[TZ_LIN_UP], a->u, lh_up, h2, c);
+        be->swiglu_fwd(be, a->s, a->g, a->u, c * F);
+        if (down->a) /* the down projection's LoRA hidden s A^T, as its forward made it */
+            be->matmul(be, lh_down, a->s, down->a->w, c, down->r, F, 0, 1, 1.0f, 0.0f);
+        be->fill(be, m->ds, 0.0f, c * F);
+        tz_linear_bwd(be, down, m->ds, dres, a->s, lh_down, m->dlora, c);
+        float *dg = a->s; /* s was read for the last time */
+        be->fill(be, dg, 0.0f, c * F);
+        be->fill(be, m->du, 0.0f, c * F);
+        be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, c * F);
+        tz_linear_bwd(be, &L->lin[TZ_LIN_GATE], dh, dg, h2, lh_gate, m->dlora, c);
+        tz_linear_bwd(be, &L->lin[TZ_LIN_UP], dh, m->du, h2, lh_up, m->dlora, c);
+    }
+    /* dres += norm path: now dL/dx2 */
+    be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C);
+    /* datt in h2's memory, dq in x2's (both read for the last time), dk, dv in the pool */
+    float *datt = m->datt, *dq = m->dq, *dk = m->dk, *dv = m->dv;
+    be->fill(be, datt, 0.0f, BT * qd);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_O], datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
+    be->fill(be, dq, 0.0f, BT * qd);
+    be->fill(be, dk, 0.0f, BT * kvd);
+    be->fill(be, dv, 0.0f, BT * kvd);
+    be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
+    be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
+                      d->n_heads, d->n_kv_heads, d->head_dim, 1);
+    rope(m, dq, B, T, d->n_heads, 0, 1);
+    rope(m, dk, B, T, d->n_kv_heads, 0, 1);
+    /* h1 again, in its memory (datt's until now): the same op on the same x */
+    be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
+    be->fill(be, m->dh, 0.0f, BT * C);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_Q], m->dh, dq, a->h1, a->lh[TZ_LIN_Q], m->dlora, BT);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_K], m->dh, dk, a->h1, a->lh[TZ_LIN_K], m->dlora, BT);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_V], m->dh, dv, a->h1, a->lh[TZ_LIN_V], m->dlora, BT);
+    /* dres += norm path: now dL/dx */
+    be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C);
+}
+
 double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32_t *targets,
                                  float dloss) {
     tz_backend *be = m->be;
@@ -392,8 +558,10 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
         /* checkpointing: recompute the layer (the last one's activations are still there);
          * its output goes to dh, free until layer_bwd fills it */
         const float *x = tz_layer_stack_in(&m->stack, be, l);
-        if (tz_layer_stack_recompute(&m->stack, l)) layer_fwd(m, &m->layers[l], a, x, m->dh);
-        layer_bwd(m, &m->layers[l], a, x);
+        if (tz_layer_stack_recompute(&m->stack, l))
+            layer_fwd(m, &m->layers[l], a, x, m->dh, !m->mlp_chunked);
+        if (m->mlp_chunked) layer_bwd_chunked(m, &m->layers[l], a, x);
+        else layer_bwd(m, &m->layers[l], a, x);
         tz_params_stage_done(&m->params, (int)(d->n_layers - l));
     }
     if (m->embed->g) be->embedding_bwd(be, m->embed->g, m->tok, m->dres, BT, C);
@@ -446,10 +614,7 @@ static void layer_decode(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a,
     tz_linear_fwd(be, &L->lin[TZ_LIN_O], a->x2, a->lh[TZ_LIN_O], a->att, n);
     be->axpy(be, a->x2, 1.0f, x, n * C);
     be->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, L->mlp_norm->w, n, C, (float)d->eps);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_GATE], a->g, a->lh[TZ_LIN_GATE], a->h2, n);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_UP], a->u, a->lh[TZ_LIN_UP], a->h2, n);
-    be->swiglu_fwd(be, a->s, a->g, a->u, n * d->hidden);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_DOWN], out, a->lh[TZ_LIN_DOWN], a->s, n);
+    mlp_fwd(m, L, a, out, n);
     be->axpy(be, out, 1.0f, a->x2, n * C);
 }
 

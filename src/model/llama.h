@@ -56,6 +56,12 @@ typedef struct tz_llama_layer {
  * rows at a time, so that at most this many floats of logits exist (64 MiB; at a 32000-token
  * vocabulary 524 rows: four chunks for a 2048-token sequence instead of 250 MiB at once). */
 #define TZ_LLAMA_HEAD_FLOATS ((int64_t)1 << 24)
+/* Training with activation checkpointing runs the MLP (gate, up, SwiGLU, down and their
+ * gradients) on chunks of rows when the B*T rows of a hidden-sized buffer exceed this many
+ * floats (24 MiB): equal chunks of at most TZ_LLAMA_MLP_FLOATS / hidden rows each in backward
+ * (at Llama-2-7B's hidden 11008 and 2048 tokens, four of 512), fewer in forward, which needs
+ * three hidden-sized buffers instead of five (there three of 683). See tz_llama.mlp_rows. */
+#define TZ_LLAMA_MLP_FLOATS ((int64_t)6 << 20)
 
 typedef struct tz_llama_acts {
     float *h1, *rstd1, *q, *k, *v, *att, *lse, *x2, *h2, *rstd2, *g, *u, *s;
@@ -89,6 +95,19 @@ typedef struct tz_llama {
     float *dres, *dh, *dq, *dk, *dv, *datt, *dg, *du, *ds, *dlora;
     int bwd_in_set;           /* dq, dk, dv, datt, dg live in activations already read (then
                                * those five pointers are NULL: llama.c's layer_bwd) */
+    /* MLP chunks (checkpointing, training): mlp_rows < B*T rows at a time. The set's g, u, s
+     * and du, ds then hold mlp_rows rows each, in one pool that also holds, when each is
+     * in use, the head's hf and logits and the attention's dk and dv; h2 shares h1's
+     * memory (h1 is made again from the layer input before the q, k, v backward), datt
+     * and dq take h2's and x2's once those are read (the pool's where q is wider than the
+     * model); backward makes each chunk's g, u, s again from h2 (the recomputation of a
+     * layer stops at h2). */
+    int64_t mlp_rows;         /* rows of the MLP at a time (B*T: no chunks) in backward */
+    int64_t mlp_rows_fwd;     /* in forward, which needs g, u, s only: as many as the pool
+                               * and the rotation buffer hold (at least mlp_rows) */
+    int64_t mlp_rows_max;     /* 0: by TZ_LLAMA_MLP_FLOATS; > 0: at most this many (tests) */
+    int mlp_chunked;
+    float *pool;              /* (with chunks) */
     float *loss_host;         /* BT floats on the host */
 } tz_llama;
 
@@ -102,7 +121,9 @@ void tz_llama_free(tz_llama *m);
  * quantized weight holds the quantization of what a dense model would hold. */
 void tz_llama_init_random(tz_llama *m, uint64_t seed);
 /* Size the activation arena for batches of B x T and allocate it (with the quantized
- * weights' scratch: one tile for the largest and one rotation buffer). */
+ * weights' scratch: one tile for the largest and one rotation buffer). On a device backend
+ * whose checkpointed streams are bf16, those live in host memory
+ * (tz_layer_stack_host_bytes(&m->stack) bytes, pinned), one of them in the arena. */
 void tz_llama_setup(tz_llama *m, int64_t B, int64_t T);
 /* Bytes the activation arena needs for B x T under the model's options. */
 size_t tz_llama_arena_bytes(const tz_llama *m, int64_t B, int64_t T);

@@ -13,8 +13,16 @@
 int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n_layers,
                         int checkpointing, int forward_only, size_t set_bytes,
                         int64_t stream_floats, int x16) {
+    return tz_layer_stack_walk_ex(s, NULL, a, total, n_layers, checkpointing, forward_only,
+                                  set_bytes, stream_floats, x16, 0);
+}
+
+int tz_layer_stack_walk_ex(tz_layer_stack *s, tz_backend *be, tz_arena *a, size_t *total,
+                           int64_t n_layers, int checkpointing, int forward_only,
+                           size_t set_bytes, int64_t stream_floats, int x16, unsigned opts) {
     const int n_sets = checkpointing || forward_only ? 1 : (int)n_layers;
     x16 = x16 && checkpointing && !forward_only;
+    const int on_host = x16 && be && be->device && (opts & TZ_STACK_HOST);
     if (a) {
         tz_layer_stack_free(s);
         s->n_layers = n_layers;
@@ -24,6 +32,7 @@ int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n
         s->sets = tz_xcalloc((size_t)n_sets, set_bytes);
         s->x16 = x16;
         s->stream_floats = stream_floats;
+        s->slot_of = s->last_in = -1;
     }
     if (forward_only) { /* two streams, used in turn */
         for (int64_t i = 0; i < 2; i++)
@@ -33,28 +42,96 @@ int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n
     }
     /* bf16 streams take half the floats (the arena counts in floats) */
     const int64_t saved = x16 ? (stream_floats + 1) / 2 : stream_floats;
-    for (int64_t i = 0; i <= n_layers; i++)
-        TZ_ARENA_TAKE(a, total, s->xin[i], saved, x16 ? "residual stream (bf16)" : "residual stream");
+    if (on_host) {
+        TZ_ARENA_TAKE(a, total, s->slot, saved, "residual stream slot (bf16; the streams on the host)");
+        if (a) {
+            s->be = be;
+            s->on_host = 1;
+            s->host_bytes = (size_t)(n_layers + 1) * (size_t)stream_floats * sizeof(uint16_t);
+            /* pinned; a backend that cannot pin (the planning backend, whose copies move
+             * nothing) gets no host memory */
+            if (be->host_register) {
+                s->host = tz_xcalloc(1, s->host_bytes);
+                be->host_register(be, s->host, s->host_bytes);
+            }
+        }
+    } else {
+        for (int64_t i = 0; i <= n_layers; i++)
+            TZ_ARENA_TAKE(a, total, s->xin[i], saved, x16 ? "residual stream (bf16)" : "residual stream");
+    }
     if (x16) {
         TZ_ARENA_TAKE(a, total, s->xa, stream_floats, "residual stream read");
-        TZ_ARENA_TAKE(a, total, s->xb, stream_floats, "residual stream written");
+        if (!(opts & TZ_STACK_XB_OWN))
+            TZ_ARENA_TAKE(a, total, s->xb, stream_floats, "residual stream written");
     }
     return n_sets;
 }
 
+/* Host streams: the compute queue waits for the copy last issued on the slot (before it
+ * writes the slot, or reads what an upload brings). */
+static void slot_ready(tz_layer_stack *s, tz_backend *be) {
+    if (!s->slot_ev) return;
+    be->event_wait(be, s->slot_ev, TZ_QUEUE_COMPUTE);
+    be->event_free(be, s->slot_ev);
+    s->slot_ev = NULL;
+}
+
+/* Host streams: a copy between the slot and stream i's host memory on the copy queue, after
+ * the compute queue's work so far (which may still read or write the slot) and, the copy
+ * queue being in order, after the copies before it. */
+static void slot_copy(tz_layer_stack *s, tz_backend *be, int64_t i, int to_host) {
+    const size_t bytes = (size_t)s->stream_floats * sizeof(uint16_t);
+    uint16_t *h = s->host ? s->host + (size_t)i * (size_t)s->stream_floats : NULL;
+    void *after = be->event_mark(be, TZ_QUEUE_COMPUTE);
+    be->event_wait(be, after, TZ_QUEUE_COPY);
+    be->event_free(be, after);
+    if (to_host) be->download_async(be, h, s->slot, bytes);
+    else be->upload_async(be, s->slot, h, bytes);
+    if (s->slot_ev) be->event_free(be, s->slot_ev); /* the new one comes after it */
+    s->slot_ev = be->event_mark(be, TZ_QUEUE_COPY);
+    s->slot_up = !to_host;
+    s->slot_of = i;
+}
+
 const float *tz_layer_stack_in(tz_layer_stack *s, tz_backend *be, int64_t i) {
     if (!s->x16) return s->xin[i];
-    be->from_bf16(be, s->xa, (const uint16_t *)(const void *)s->xin[i], s->stream_floats);
+    if (!s->on_host) {
+        be->from_bf16(be, s->xa, (const uint16_t *)(const void *)s->xin[i], s->stream_floats);
+        return s->xa;
+    }
+    if (s->slot_of != i) slot_copy(s, be, i, 0);
+    if (s->slot_up) slot_ready(s, be); /* (a download only reads the slot, as this does) */
+    be->from_bf16(be, s->xa, s->slot, s->stream_floats);
+    /* read in descending order (backward, or the same stream again): fetch the one below
+     * while the caller works on this one */
+    if (i > 0 && s->last_in >= i) slot_copy(s, be, i - 1, 0);
+    s->last_in = i;
     return s->xa;
 }
 
 float *tz_layer_stack_out(tz_layer_stack *s, int64_t i) { return s->x16 ? s->xb : s->xin[i]; }
 
 void tz_layer_stack_put(tz_layer_stack *s, tz_backend *be, int64_t i) {
-    if (s->x16) be->to_bf16(be, (uint16_t *)(void *)s->xin[i], s->xb, s->stream_floats);
+    if (!s->x16) return;
+    if (!s->on_host) {
+        be->to_bf16(be, (uint16_t *)(void *)s->xin[i], s->xb, s->stream_floats);
+        return;
+    }
+    slot_ready(s, be);
+    be->to_bf16(be, s->slot, s->xb, s->stream_floats);
+    slot_copy(s, be, i, 1);
 }
 
 void tz_layer_stack_free(tz_layer_stack *s) {
+    if (s->on_host) {
+        tz_backend *be = s->be;
+        if (s->slot_ev) {
+            be->event_wait(be, s->slot_ev, TZ_QUEUE_HOST);
+            be->event_free(be, s->slot_ev);
+        }
+        if (s->host) be->host_unregister(be, s->host);
+        free(s->host);
+    }
     free(s->xin);
     free(s->sets);
     memset(s, 0, sizeof *s);
@@ -143,20 +220,26 @@ void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, cons
 
 size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows,
                              size_t tile_elem) {
-    int64_t tile = 0, rot_in = 0;
+    int64_t rot_in = 0;
     for (int i = 0; i < ps->n; i++) {
         const tz_param *p = ps->p[i];
-        if (!p->q) continue;
-        if (p->numel > tile) tile = p->numel;
-        if (p->q->method == TZ_TQ_TURBOQUANT && p->shape[1] > rot_in) rot_in = p->shape[1];
+        if (p->q && p->q->method == TZ_TQ_TURBOQUANT && p->shape[1] > rot_in) rot_in = p->shape[1];
     }
-    const size_t tb = (size_t)tile * tile_elem, rb = (size_t)(rows * rot_in) * 4;
+    return tz_quant_scratch_walk_act(s, ps, a, rows * rot_in, tile_elem);
+}
+
+size_t tz_quant_scratch_walk_act(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,
+                                 int64_t act_floats, size_t tile_elem) {
+    int64_t tile = 0;
+    for (int i = 0; i < ps->n; i++)
+        if (ps->p[i]->q && ps->p[i]->numel > tile) tile = ps->p[i]->numel;
+    const size_t tb = (size_t)tile * tile_elem, rb = (size_t)act_floats * 4;
     if (a) {
         memset(s, 0, sizeof *s);
         if (tile) s->tile = tz_arena_alloc(a, tb, "quantized weight tile");
-        if (rot_in) s->act = tz_arena_alloc(a, rb, "rotated activations");
+        if (act_floats) s->act = tz_arena_alloc(a, rb, "rotated activations");
         s->tile_elems = tile;
-        s->act_floats = rows * rot_in;
+        s->act_floats = act_floats;
     }
-    return (tile ? (tb + 63) & ~(size_t)63 : 0) + (rot_in ? (rb + 63) & ~(size_t)63 : 0);
+    return (tile ? (tb + 63) & ~(size_t)63 : 0) + (act_floats ? (rb + 63) & ~(size_t)63 : 0);
 }

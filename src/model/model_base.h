@@ -48,7 +48,8 @@ typedef struct tz_layer_stack {
     int64_t n_layers;
     float **xin;      /* n_layers + 1 residual streams, in the model's arena (x16: each holds
                        * stream_floats bf16 values; read and write them through
-                       * tz_layer_stack_in / _out / _put, never directly) */
+                       * tz_layer_stack_in / _out / _put, never directly); NULL entries
+                       * with host streams */
     void *sets;       /* n_sets activation sets */
     size_t set_bytes;
     int n_sets;       /* n_layers, or 1 with checkpointing */
@@ -57,7 +58,27 @@ typedef struct tz_layer_stack {
                        * writes its output into xb, which is rounded into the next stream */
     float *xa, *xb;   /* x16: the fp32 work streams */
     int64_t stream_floats;
+    /* TZ_STACK_HOST (x16 on a device backend): the bf16 streams live in host memory (pinned
+     * where the backend can pin), the backend holds one of them at a time in `slot`; put
+     * rounds into the slot and copies it out on the copy queue, in copies it back (the
+     * stream read before it is fetched ahead while the caller works: backward's order) */
+    int on_host;
+    tz_backend *be;
+    uint16_t *host;   /* (n_layers + 1) x stream_floats bf16 values, registered with be
+                       * (NULL on a backend that cannot pin: the planning one) */
+    size_t host_bytes;
+    uint16_t *slot;   /* stream_floats bf16 values of backend memory */
+    int64_t slot_of;  /* the stream slot holds, or will once slot_ev is done (-1: none) */
+    void *slot_ev;    /* the copy queue's last copy to or from slot (NULL: none pending) */
+    int slot_up;      /* that copy writes the slot (an upload) */
+    int64_t last_in;  /* the stream tz_layer_stack_in read last */
 } tz_layer_stack;
+
+/* Options of tz_layer_stack_walk_ex. TZ_STACK_HOST: the bf16 streams (x16) on a device
+ * backend in host memory (above). TZ_STACK_XB_OWN: the family gives xb after the walk
+ * (memory free whenever a layer's output is written, e.g. a backward buffer), so the walk
+ * takes none. */
+enum { TZ_STACK_HOST = 1, TZ_STACK_XB_OWN = 2 };
 
 /* The stack's step of a model's arena walk (core/arena.h): takes the n_layers + 1 residual
  * streams of stream_floats each; when allocating (a != NULL) first (re)allocates s's host
@@ -67,6 +88,17 @@ typedef struct tz_layer_stack {
 int tz_layer_stack_walk(tz_layer_stack *s, tz_arena *a, size_t *total, int64_t n_layers,
                         int checkpointing, int forward_only, size_t set_bytes,
                         int64_t stream_floats, int x16);
+/* The same with options (TZ_STACK_*) on backend be. Host streams apply only where the
+ * streams are bf16 (x16) and be->device: the arena then holds one slot of bf16 instead of
+ * n_layers + 1 streams, and (n_layers + 1) x stream_floats x 2 bytes of host memory are
+ * allocated (not counted in the backend's bytes). Returns the number of sets. */
+int tz_layer_stack_walk_ex(tz_layer_stack *s, tz_backend *be, tz_arena *a, size_t *total,
+                           int64_t n_layers, int checkpointing, int forward_only,
+                           size_t set_bytes, int64_t stream_floats, int x16, unsigned opts);
+/* 1 when s keeps its streams in host memory (after an allocating walk), and the bytes of host
+ * memory they take (0 when they do not). */
+static inline int tz_layer_stack_on_host(const tz_layer_stack *s) { return s->on_host; }
+static inline size_t tz_layer_stack_host_bytes(const tz_layer_stack *s) { return s->host_bytes; }
 /* Stream i (0: the input of layer 0; n_layers: the output of the last) as fp32 to read: the
  * stream itself, or with x16 its bf16 values widened into xa (valid until the next call). */
 const float *tz_layer_stack_in(tz_layer_stack *s, tz_backend *be, int64_t i);
@@ -115,5 +147,9 @@ void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, cons
  * rounded, as tz_arena_alloc takes them); else it allocates s. */
 size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows,
                              size_t tile_elem);
+/* The same with the rotation buffer given in floats (a family that calls its TurboQuant
+ * weights on different numbers of rows: the largest rows x `in` of them; 0: none). */
+size_t tz_quant_scratch_walk_act(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,
+                                 int64_t act_floats, size_t tile_elem);
 
 #endif

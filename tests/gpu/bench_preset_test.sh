@@ -63,4 +63,43 @@ OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 2 "$tz" bench --preset llama-tiny
 a=$(plan "$work/np2-plan.log") b=$(peak "$work/np2.log")
 [ -n "$a" ] && [ "$a" = "$b" ] && ok "llama-tiny, 2 ranks: allocator peak $b bytes (with the stage-2 staging), as planned" ||
   bad "llama-tiny, 2 ranks: planned ${a:-?} bytes, allocator peak ${b:-?}"
+
+# 4. the 7B recipe as a GPU runs it (bf16 GEMM operands, a preset's dry run by default): at
+#    most 4.5 GiB of planned GPU memory. The figures are read from the line that names the
+#    planned backend memory, whatever else it says.
+plan_bytes() { grep -m1 -i 'planned backend memory' "$1" | grep -oE '[0-9]+ bytes' | head -1 | grep -oE '[0-9]+'; }
+"$tz" bench --preset llama2-7b --dry-run > "$work/7b-gpu.log" 2>&1 ||
+  { bad "dry run llama2-7b (GPU) failed"; tail -3 "$work/7b-gpu.log"; }
+a=$(plan_bytes "$work/7b-gpu.log") limit=$((9 * 2 ** 29))
+grep -qi 'bf16' "$work/7b-gpu.log" && [ -n "$a" ] && [ "$a" -le $limit ] &&
+  ok "llama2-7b on a GPU: $a bytes planned ($(awk -v b="$a" 'BEGIN {printf "%.3f", b / 2^30}') GiB), at most 4.5 GiB" ||
+  bad "llama2-7b on a GPU: planned ${a:-?} bytes, more than 4.5 GiB ($limit), or not with bf16 operands"
+
+# 5. the allocator's peak is the plan with the MLP in chunks (B*T rows of the hidden size above
+#    TZ_LLAMA_MLP_FLOATS: 9 x 2048 tokens of llama-tiny), at 1 and 2 ranks
+chunked="--set data.seq_len=2048 --set train.micro_batch=9 --set train.steps=1"
+for np in 1 2; do
+  run=("$tz") && [ $np -gt 1 ] && run=(mpirun -np $np "$tz")
+  "${run[@]}" bench --preset llama-tiny $chunked --set train.threads=$((2 / np)) > "$work/chunks$np.log" 2>&1 ||
+    { bad "bench llama-tiny with MLP chunks, $np ranks, failed"; tail -3 "$work/chunks$np.log"; continue; }
+  "${run[@]}" bench --preset llama-tiny $chunked --dry-run --set run.device=cpu > "$work/chunks$np-plan.log" 2>&1
+  a=$(plan_bytes "$work/chunks$np-plan.log") b=$(peak "$work/chunks$np.log")
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok "llama-tiny, MLP in chunks, $np rank(s): allocator peak $b bytes, as planned" ||
+    bad "llama-tiny, MLP in chunks, $np rank(s): planned ${a:-?} bytes, allocator peak ${b:-?}"
+done
+
+# 6. on the CPU emulation of the CUDA backend, where built (bf16 operands: the saved residual
+#    streams in host memory, one slot of them on the device): the allocator's peak is the plan
+emu=$(dirname "$tz")/libtzcuda_emu.so
+if [ -f "$emu" ]; then
+  small="--set run.device=cuda --set data.seq_len=32 --set train.micro_batch=2 --set train.steps=1"
+  TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --set train.threads=2 > "$work/emu.log" 2>&1 ||
+    { bad "bench llama-tiny on the emulated device failed"; tail -3 "$work/emu.log"; }
+  TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --dry-run > "$work/emu-plan.log" 2>&1
+  a=$(plan_bytes "$work/emu-plan.log") b=$(peak "$work/emu.log")
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok "llama-tiny on the emulated device: allocator peak $b bytes, as planned" ||
+    bad "llama-tiny on the emulated device: planned ${a:-?} bytes, allocator peak ${b:-?}"
+else
+  echo "skip the emulated device: $emu not built"
+fi
 finish bench_preset

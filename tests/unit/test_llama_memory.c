@@ -1,0 +1,197 @@
+/* The Llama's training memory at large shapes, forced on a small model: the MLP in chunks of
+ * rows (tz_llama.mlp_rows, here a few rows through mlp_rows_max) against the MLP on every row
+ * at once, and on a device backend the saved residual streams kept in host memory.
+ *  - chunks: the same loss bit for bit (every op of the forward works row by row) and the
+ *    same gradients up to the order of their sums over rows (a weight's gradient adds the
+ *    chunks' partial sums: relative 1e-5 of the tensor's largest element); the arena holds
+ *    the MLP's buffers for one chunk only; eval gives the training forward's loss;
+ *    without checkpointing nothing is cut;
+ *  - with q, k, v wider than the model (heads x head_dim > dim) the attention gradients take
+ *    the pool instead of h2 and x2;
+ *  - on a device backend (CUDA, or its CPU emulation through TZ_CUDA_MODULE; skipped without
+ *    one), bf16 GEMM operands: the streams on the host (one bf16 slot in the arena), chunks
+ *    and all, against the CPU with the same bf16 storage within test_gpu_model's bf16
+ *    tolerances, and a second step's loss equal to the first's bit for bit (the streams come
+ *    back from the host as they went). */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "model/llama.h"
+#include "tz_check.h"
+
+enum { B = 2, T = 16, BT = B * T, V = 61 };
+
+typedef struct mcase {
+    const char *what;
+    int full, bits, tied;
+    int64_t heads, kv, head_dim;
+} mcase;
+
+static tz_llama *make(tz_backend *be, const mcase *c, int ckpt, int64_t rows_max) {
+    tz_llama_dims d = {.vocab = V, .dim = 48, .hidden = 80, .n_layers = 3, .n_heads = c->heads,
+                       .n_kv_heads = c->kv, .head_dim = c->head_dim, .max_pos = 64,
+                       .eps = 1e-5, .theta = 10000.0, .tied = c->tied};
+    tz_model_opts o = {.full = c->full, .checkpointing = ckpt};
+    if (!c->full) o.lora.targets = (1 << TZ_LIN_N) - 1, o.lora.rank = 4, o.lora.alpha = 8.0;
+    if (c->bits) o.quant.bits = c->bits, o.quant.group = 64, o.quant.seed = 3;
+    tz_llama *m = tz_llama_create(be, &d, &o);
+    tz_llama_init_random(m, 7);
+    for (int i = 0; i < m->params.n; i++) { /* nonzero adapters, so every path carries */
+        tz_param *p = m->params.p[i];
+        if (!p->adapter) continue;
+        float *h = malloc((size_t)p->numel * sizeof *h);
+        tz_rng r = tz_rng_make(5, (uint64_t)i, TZ_RNG_TEST, 0);
+        for (int64_t k = 0; k < p->numel; k++) h[k] = 0.1f * (2.0f * tz_rng_uniform(&r) - 1.0f);
+        tz_param_upload(be, p, h, 0, p->numel);
+        free(h);
+    }
+    m->mlp_rows_max = rows_max;
+    tz_llama_setup(m, B, T);
+    return m;
+}
+
+/* Loss of one forward + backward into zeroed gradients; *g receives them on the host (flat,
+ * malloc'd). */
+static double step(tz_llama *m, float *dg, const int32_t *in, const int32_t *tg, float **g) {
+    tz_backend *be = m->be;
+    const size_t bytes = (size_t)m->params.flat_numel * sizeof(float);
+    be->fill(be, dg, 0.0f, m->params.flat_numel);
+    tz_params_bind_grads(&m->params, dg);
+    const double l = tz_llama_forward_backward(m, in, tg, 1.0f / BT);
+    *g = malloc(bytes);
+    be->download(be, *g, dg, bytes);
+    return l;
+}
+
+static float *grads(tz_llama *m) {
+    return m->be->alloc(m->be, (size_t)m->params.flat_numel * sizeof(float));
+}
+
+static void drop(tz_llama *m, float *dg) {
+    tz_backend *be = m->be;
+    tz_llama_free(m);
+    be->release(be, dg);
+}
+
+/* max over trainable tensors of max |a - b| / max |a|; *zero counts tensors all zero in a */
+static double grad_err(const tz_llama *m, const float *a, const float *b, int *zero,
+                       const char **worst) {
+    double w = 0.0;
+    *zero = 0;
+    *worst = "-";
+    for (int i = 0; i < m->params.n; i++) {
+        const tz_param *p = m->params.p[i];
+        if (!p->trainable) continue;
+        double e = 0.0, s = 0.0;
+        for (int64_t k = 0; k < p->numel; k++) {
+            const double x = a[p->flat_off + k], y = b[p->flat_off + k], d = fabs(x - y);
+            if (!(d <= e)) e = d; /* NaN: taken */
+            if (fabs(x) > s) s = fabs(x);
+        }
+        *zero += s == 0;
+        const double rel = e != e ? INFINITY : s > 0 ? e / s : e;
+        if (!(rel <= w)) w = rel, *worst = p->name;
+    }
+    return w;
+}
+
+static void chunks_case(tz_backend *be, const mcase *c, const int32_t *in, const int32_t *tg,
+                        const char *tag) {
+    tz_llama *one = make(be, c, 1, 0), *ch = make(be, c, 1, 5);
+    check(!one->mlp_chunked && one->mlp_rows == BT && ch->mlp_chunked && ch->mlp_rows == 5,
+          "%s%s: MLP rows %lld at once, %lld in chunks", tag, c->what, (long long)one->mlp_rows,
+          (long long)ch->mlp_rows);
+    /* the MLP's five hidden-sized buffers for 5 rows instead of 32 (h2 in h1, hf and logits
+     * in the pool): at least 4 x 27 rows of hidden fewer */
+    const size_t a1 = one->arena.cap, a2 = ch->arena.cap;
+    check(a2 + (size_t)(4 * 27 * 80 * 4) <= a1, "%s%s: arena %zu bytes in chunks, %zu at once",
+          tag, c->what, a2, a1);
+    float *g1, *g2, *d1 = grads(one), *d2 = grads(ch);
+    const double l1 = step(one, d1, in, tg, &g1), l2 = step(ch, d2, in, tg, &g2);
+    const double f2 = tz_llama_forward(ch, in, tg);
+    check(l1 == l2 && l2 == f2 && isfinite(l1),
+          "%s%s: loss %.9g at once, %.9g in chunks, %.9g forward only", tag, c->what, l1, l2, f2);
+    int zero;
+    const char *worst;
+    const double e = grad_err(one, g1, g2, &zero, &worst);
+    check(e <= 1e-5 && zero == 0, "%s%s: gradients within %.2e of the unchunked (%s; tol 1e-5)",
+          tag, c->what, e, worst);
+    free(g1), free(g2);
+    drop(one, d1), drop(ch, d2);
+    /* without checkpointing every layer keeps its MLP activations: no chunks */
+    tz_llama *nc = make(be, c, 0, 5);
+    check(!nc->mlp_chunked && nc->mlp_rows == BT, "%s%s: no chunks without checkpointing", tag,
+          c->what);
+    tz_llama_free(nc);
+}
+
+/* The device: streams on the host, MLP chunks, against the CPU with bf16 storage. */
+static void device_case(tz_backend *cpu16, tz_backend *dev, const mcase *c, const int32_t *in,
+                        const int32_t *tg) {
+    tz_llama *h = make(cpu16, c, 1, 5), *d = make(dev, c, 1, 5);
+    const tz_llama_dims *dd = &d->d;
+    const size_t stream = ((size_t)(BT * dd->dim + 1) / 2 * 4 + 63) & ~(size_t)63;
+    check(tz_layer_stack_on_host(&d->stack) && !tz_layer_stack_on_host(&h->stack) &&
+              d->stack.x16 && d->mlp_chunked && d->stack.xb == d->dh,
+          "device %s: streams on the host, xb in dh, MLP in chunks of %lld rows", c->what,
+          (long long)d->mlp_rows);
+    /* the arena holds one bf16 slot instead of n_layers + 1 streams, and no xb (dh is) */
+    const size_t ws = (tz_attention_ws_bytes(dev, B, T, dd->n_heads, 1) + 63) & ~(size_t)63;
+    const size_t want = (size_t)dd->n_layers * stream +
+                        (((size_t)(BT * dd->dim) * 4 + 63) & ~(size_t)63);
+    check(d->arena.cap + want == h->arena.cap + ws,
+          "device %s: arena %zu bytes + %zu (n_layers bf16 streams and xb) = the CPU's %zu "
+          "+ attention's workspace %zu", c->what, d->arena.cap, want, h->arena.cap, ws);
+    float *gh, *gd, *gd2, *bh = grads(h), *bd = grads(d);
+    const double lh = step(h, bh, in, tg, &gh), ld = step(d, bd, in, tg, &gd);
+    const double fd = tz_llama_forward(d, in, tg), ld2 = step(d, bd, in, tg, &gd2);
+    const double le = fabs(lh - ld) / fabs(lh);
+    check(le <= 2e-3 && isfinite(ld), "device %s: loss %.9g, cpu %.9g (relative %.2e, tol 2e-3)",
+          c->what, ld, lh, le);
+    check(ld == ld2 && ld == fd, "device %s: a second step %.9g and eval %.9g as the first",
+          c->what, ld2, fd);
+    int zero;
+    const char *worst;
+    const double e = grad_err(h, gh, gd, &zero, &worst);
+    check(e <= 5e-2 && zero == 0, "device %s: gradients within %.2e of the cpu's (%s; tol 5e-2)",
+          c->what, e, worst);
+    check(memcmp(gd, gd2, (size_t)d->params.flat_numel * sizeof(float)) == 0,
+          "device %s: the second step's gradients are the first's", c->what);
+    free(gh), free(gd), free(gd2);
+    drop(h, bh), drop(d, bd);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int32_t in[BT], tg[BT];
+    for (int i = 0; i < BT; i++) in[i] = (i * 37 + 5) % V, tg[i] = (i * 53 + 1) % V;
+    tg[9] = -1; /* an ignored row inside a chunk */
+    const mcase cases[] = {
+        {"LoRA on all 7 projections of a 4-bit base, GQA 4/2, untied", 0, 4, 0, 4, 2, 12},
+        {"full training, dense, tied, 4/4 heads", 1, 0, 1, 4, 4, 12},
+        {"LoRA on a dense base, q wider than the model (4 x 16 > 48)", 0, 0, 0, 4, 2, 16},
+    };
+    const int nc = (int)(sizeof cases / sizeof cases[0]);
+    tz_backend *cpu = tz_cpu_backend_create(2), *cpu16 = tz_cpu_backend_create(2);
+    cpu16->matmul_dtype = TZ_DT_BF16; /* storage as on a GPU, the CPU's GEMMs fp32 */
+    for (int i = 0; i < nc; i++) chunks_case(cpu, &cases[i], in, tg, "");
+    for (int i = 0; i < nc; i++) chunks_case(cpu16, &cases[i], in, tg, "bf16 storage: ");
+    const int ndev = tz_cuda_device_count();
+    if (ndev > 0) {
+        tz_backend *dev = tz_backend_create("cuda", 0, 0);
+        tz_backend_set_precision(dev, "bf16");
+        for (int i = 0; i < nc; i++) device_case(cpu16, dev, &cases[i], in, tg);
+        tz_backend_destroy(dev);
+    } else {
+        printf("skip the device cases: %s\n",
+               ndev < 0 ? "this build has no CUDA backend" : "no CUDA device");
+    }
+    tz_backend_destroy(cpu);
+    tz_backend_destroy(cpu16);
+    MPI_Finalize();
+    return tz_check_done("test_llama_memory");
+}
