@@ -15,13 +15,8 @@
 set -u
 tz=$1 src=$2 mpiexec=$3
 py=/usr/bin/python3
-work=$(mktemp -d "${TMPDIR:-/tmp}/tzexport.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-source "$(dirname "$0")/../lib.sh"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-unset TZ_CKPT_FAULT
-$py "$src/tests/zero/make_model.py" "$work/model" || exit 1
-$py "$src/tests/guard/tokens97.py" "$src/inputs/data/jargon.tok" "$work/t97.tok" || exit 1
+source "$(dirname "$0")/common.sh"
+ckpt_setup tzexport 6   # then its own run.cfg:
 cat > "$work/run.cfg" <<CFG
 model = { path = "$work/model"; };
 data = { train = "$work/t97.tok"; val = "$work/t97.tok"; seq_len = 32; };

@@ -13,22 +13,8 @@
 set -u
 tz=$1 src=$2 mpiexec=$3
 py=/usr/bin/python3
-work=$(mktemp -d "${TMPDIR:-/tmp}/tzfull.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-source "$(dirname "$0")/../lib.sh"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-unset TZ_CKPT_FAULT
-$py "$src/tests/zero/make_model.py" "$work/model" || exit 1
-$py "$src/tests/guard/tokens97.py" "$src/inputs/data/jargon.tok" "$work/t97.tok" || exit 1
-cat > "$work/run.cfg" <<CFG
-model = { path = "$work/model"; };
-data = { train = "$work/t97.tok"; seq_len = 32; };
-train = { steps = 6; micro_batch = 6; grad_accum = 1; threads = 1; log_every = 6;
-          checkpoint_every = 2; keep_checkpoints = 0; };
-optim = { lr = 3e-3; warmup = 2; weight_decay = 0.1; };
-lora = { rank = 3; alpha = 6.0; targets = ["q", "v", "down"]; };
-zero = { bucket_mb = 0.004; };
-CFG
+source "$(dirname "$0")/common.sh"
+ckpt_setup tzfull 6
 out=adapter/adapter_model.safetensors
 # The ranks run under this wrapper: rank LIMIT_RANK gets a file size limit of LIMIT_KIB.
 # (Set inside the rank, not around mpirun: the launcher's own files must not be limited.)
