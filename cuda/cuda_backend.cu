@@ -1,8 +1,10 @@
 /* The CUDA backend: device choice, the stream and cuBLAS handle, device memory with live and
  * peak bytes, the ops' scratch, the table (each op family file installs its ops) and its
  * checked mode (TZ_CUDA_SYNC_DEBUG). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda/cuda_internal.cuh"
 
@@ -268,47 +270,119 @@ void tz_cuda_sync_check(tz_backend *be, const char *op) {
                       cudaGetErrorName(rc), cudaGetErrorString(rc));
 }
 
-/* Checks before (an error an earlier call left) and, when it ends, after the op. */
+static double op_clock_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+/* Checks before (an error an earlier call left) and, when it ends, after the op; with
+ * TZ_CUDA_OP_TIMES also times it (the outermost entry only: an op that calls another table
+ * entry counts once, under its own name). */
 struct sync_debug_scope {
     tz_backend *be;
     const char *op;
-    sync_debug_scope(tz_backend *b, const char *o) : be(b), op(o) {
-        cudaError_t rc = cudaGetLastError();
-        if (rc != cudaSuccess)
-            TZ_FATAL("TZ_CUDA_SYNC_DEBUG: before op %s on %s: an error left by work outside the "
-                     "op table: %s: %s", op, tz_cuda_ctx_of(be)->name, cudaGetErrorName(rc),
-                     cudaGetErrorString(rc));
+    int index, timed;
+    double w0;
+    sync_debug_scope(tz_backend *b, const char *o, int i) : be(b), op(o), index(i), timed(0) {
+        tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+        if (c->sync_debug) {
+            cudaError_t rc = cudaGetLastError();
+            if (rc != cudaSuccess)
+                TZ_FATAL("TZ_CUDA_SYNC_DEBUG: before op %s on %s: an error left by work outside "
+                         "the op table: %s: %s", op, c->name, cudaGetErrorName(rc),
+                         cudaGetErrorString(rc));
+        }
+        if (c->op_times && c->op_depth++ == 0) {
+            timed = 1;
+            CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* work queued outside the table */
+            CUDA_CHECK(cudaStreamSynchronize(c->copy_stream));
+            w0 = op_clock_ms();
+            if (c->times_t0 == 0) c->times_t0 = w0;
+            CUDA_CHECK(cudaEventRecord(c->op_t0, c->stream));
+        }
     }
-    ~sync_debug_scope() { tz_cuda_sync_check(be, op); }
+    ~sync_debug_scope() {
+        tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+        tz_cuda_sync_check(be, op);
+        if (!c->op_times) return;
+        c->op_depth--;
+        if (!timed) return;
+        CUDA_CHECK(cudaEventRecord(c->op_t1, c->stream));
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        CUDA_CHECK(cudaStreamSynchronize(c->copy_stream));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, c->op_t0, c->op_t1));
+        struct tz_cuda_op_time *t = &c->times[index];
+        t->name = op, t->calls++, t->gpu_ms += ms, t->wall_ms += op_clock_ms() - w0;
+    }
 };
 
-/* For a table entry of type F: call<M, Name> is the wrapper of the entry M (a pointer to a
- * member of tz_backend) named Name, which calls the backend's own op, kept in ctx->ops, inside
- * a scope that checks. */
+/* For a table entry of type F: call<M, Name, Index> is the wrapper of the entry M (a pointer
+ * to a member of tz_backend) named Name, which calls the backend's own op, kept in ctx->ops,
+ * inside a scope that checks (and times). */
 template <class F> struct sync_debug_op;
 template <class R, class... A> struct sync_debug_op<R (*)(tz_backend *, A...)> {
-    template <R (*tz_backend::*M)(tz_backend *, A...), const char *Name>
+    template <R (*tz_backend::*M)(tz_backend *, A...), const char *Name, int Index>
     static R call(tz_backend *be, A... a) {
-        sync_debug_scope scope(be, Name);
+        sync_debug_scope scope(be, Name, Index);
         return (tz_cuda_ctx_of(be)->ops->*M)(be, a...);
     }
 };
+
+#define TZ_OP_INDEX(op) op_index_##op,
+enum { TZ_BACKEND_OPS(TZ_OP_INDEX) op_count };
+#undef TZ_OP_INDEX
 
 #define TZ_SYNC_DEBUG_NAME(op) static constexpr char sync_debug_name_##op[] = #op;
 TZ_BACKEND_OPS(TZ_SYNC_DEBUG_NAME)
 #undef TZ_SYNC_DEBUG_NAME
 
-static void sync_debug_install(tz_backend *be) {
+static int cmp_op_time(const void *a, const void *b) {
+    double x = ((const struct tz_cuda_op_time *)a)->gpu_ms,
+           y = ((const struct tz_cuda_op_time *)b)->gpu_ms;
+    return (x < y) - (x > y);
+}
+
+/* TZ_CUDA_OP_TIMES: the table of GPU and wall time per op, largest first, at the backend's end. */
+static void op_times_report(tz_cuda_ctx *c) {
+    if (!c->op_times || !c->times) return;
+    const double span = c->times_t0 ? op_clock_ms() - c->times_t0 : 0;
+    double gpu = 0, wall = 0;
+    for (int i = 0; i < op_count; i++) gpu += c->times[i].gpu_ms, wall += c->times[i].wall_ms;
+    qsort(c->times, op_count, sizeof *c->times, cmp_op_time);
+    fprintf(stderr, "TZ_CUDA_OP_TIMES on %s: %.1f ms of GPU time in ops, %.1f ms of wall time "
+            "in ops, %.1f ms since the first op (each op synchronised: no overlap)\n",
+            c->name, gpu, wall, span);
+    fprintf(stderr, "  %-24s %9s %12s %7s %12s %10s\n", "op", "calls", "gpu ms", "share",
+            "wall ms", "us/call");
+    for (int i = 0; i < op_count; i++) {
+        const struct tz_cuda_op_time *t = &c->times[i];
+        if (!t->calls) continue;
+        fprintf(stderr, "  %-24s %9ld %12.2f %6.1f%% %12.2f %10.1f\n", t->name, t->calls,
+                t->gpu_ms, gpu > 0 ? 100 * t->gpu_ms / gpu : 0, t->wall_ms,
+                1e3 * t->gpu_ms / t->calls);
+    }
+}
+
+static void sync_debug_install(tz_backend *be, int sync_debug, int op_times) {
     tz_cuda_ctx *c = tz_cuda_ctx_of(be);
     c->ops = (tz_backend *)tz_xmalloc(sizeof *be);
     *c->ops = *be;
 #define TZ_SYNC_DEBUG_WRAP(op)                                                                \
     be->op = sync_debug_op<decltype(tz_backend::op)>::call<&tz_backend::op,                    \
-                                                           sync_debug_name_##op>;
+                                                           sync_debug_name_##op, op_index_##op>;
     TZ_BACKEND_OPS(TZ_SYNC_DEBUG_WRAP)
 #undef TZ_SYNC_DEBUG_WRAP
     be->destroy = c->ops->destroy; /* the table goes away with it: nothing to check after */
-    c->sync_debug = 1;
+    c->sync_debug = sync_debug;
+    if (op_times) {
+        c->op_times = 1;
+        c->times = (struct tz_cuda_op_time *)calloc(op_count, sizeof *c->times);
+        if (!c->times) TZ_FATAL("out of memory for TZ_CUDA_OP_TIMES");
+        CUDA_CHECK(cudaEventCreate(&c->op_t0));
+        CUDA_CHECK(cudaEventCreate(&c->op_t1));
+    }
 }
 
 /* ---- the table ---- */
@@ -343,6 +417,8 @@ static void cuda_destroy(tz_backend *be) {
     tz_cuda_ctx *c = tz_cuda_ctx_of(be);
     cudaStreamSynchronize(c->stream);
     cudaStreamSynchronize(c->copy_stream);
+    op_times_report(c);
+    if (c->times) cudaEventDestroy(c->op_t0), cudaEventDestroy(c->op_t1), free(c->times);
     cudaFree(c->scratch);
     cudaFree(c->gemm16);
     cudaEventDestroy(c->zeroed);
@@ -422,9 +498,12 @@ tz_backend *tz_cuda_module_create(int device) {
     TZ_CUDA_FAMILIES(TZ_CUDA_CALL_INSTALL)
 #undef TZ_CUDA_CALL_INSTALL
     tz_backend_check(be);
-    const char *dbg = getenv("TZ_CUDA_SYNC_DEBUG");
-    if (dbg && *dbg && strcmp(dbg, "0") != 0) sync_debug_install(be);
-    tz_info_all("cuda backend on %s%s", c->name,
-                c->sync_debug ? " (TZ_CUDA_SYNC_DEBUG: every op synchronised and checked)" : "");
+    const char *dbg = getenv("TZ_CUDA_SYNC_DEBUG"), *tim = getenv("TZ_CUDA_OP_TIMES");
+    const int want_dbg = dbg && *dbg && strcmp(dbg, "0") != 0;
+    const int want_tim = tim && *tim && strcmp(tim, "0") != 0;
+    if (want_dbg || want_tim) sync_debug_install(be, want_dbg, want_tim);
+    tz_info_all("cuda backend on %s%s%s", c->name,
+                c->sync_debug ? " (TZ_CUDA_SYNC_DEBUG: every op synchronised and checked)" : "",
+                c->op_times ? " (TZ_CUDA_OP_TIMES: every op synchronised and timed)" : "");
     return be;
 }

@@ -76,6 +76,13 @@ typedef struct tz_cuda_sign_cache {
     int next; /* slot replaced next (round robin) */
 } tz_cuda_sign_cache;
 
+struct tz_cuda_op_time {
+    const char *name;
+    long calls;
+    double gpu_ms;  /* compute stream, event to event around the op */
+    double wall_ms; /* host clock, until both streams are done */
+};
+
 typedef struct tz_cuda_ctx {
     int device;
     cudaStream_t stream;      /* TZ_QUEUE_COMPUTE: every op */
@@ -91,6 +98,11 @@ typedef struct tz_cuda_ctx {
     tz_cuda_sizes pinned; /* host buffers host_register pinned -> bytes */
     int pin_warned;       /* a refused host_register was reported */
     int sync_debug;       /* TZ_CUDA_SYNC_DEBUG: every op synchronised and checked */
+    int op_times;         /* TZ_CUDA_OP_TIMES: every op synchronised and timed */
+    int op_depth;         /* table entries in progress (an op calling another counts once) */
+    cudaEvent_t op_t0, op_t1;
+    struct tz_cuda_op_time *times; /* per op of the table, in TZ_BACKEND_OPS order */
+    double times_t0;      /* the host clock at the first timed op */
     tz_backend *ops;      /* then: the table's own ops, which the wrappers call */
     tz_cuda_rope_cache rope;
     tz_cuda_sign_cache signs;

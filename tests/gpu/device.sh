@@ -15,8 +15,16 @@
 #   tests/gpu/device.sh bench   on the GPU machine: the Llama-2-7B LoRA-on-4-bit bench beside
 #                               anchor_peft.py lora and full, then DiT-XL/2 beside dit_anchor.py
 #                               when time allows; a table of both last.
-#   tests/gpu/device.sh all     run, then bench, in one call of at most 10 minutes (each part
-#                               under a time limit, the table always printed).
+#   tests/gpu/device.sh optimes on the GPU machine: the 7B step's GPU time op by op
+#                               (TZ_CUDA_OP_TIMES=1, two bench steps).
+#   tests/gpu/device.sh sanitize on the GPU machine: compute-sanitizer memcheck, racecheck and
+#                               synccheck over test_cuda_ops.
+#   tests/gpu/device.sh ncu     on the GPU machine: Nsight Compute over the 7B step's kernels
+#                               (tests/gpu/ncu_top.sh: a window's time by kernel, the top three's
+#                               sections).
+#   tests/gpu/device.sh all     run, bench, optimes and sanitize in one call of at most 10
+#                               minutes (each part under a time limit, the table always printed;
+#                               TZ_DEVICE_BUDGET=seconds, default 570).
 # Logs go to $OUT (the device machine's returned folder) or ./device-out.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -55,6 +63,12 @@ run_tests() {
     rc=$?
     tail -15 "$out/$t.log"
     record "$t" $rc "$out/$t.log"
+    if [ $rc -ne 0 ] && [ $rc -ne 77 ] && [ "$(left 20)" -gt 60 ]; then
+      # again with every op synchronised and checked: the failing op by name
+      echo "== $t again with TZ_CUDA_SYNC_DEBUG=1"
+      TZ_CUDA_SYNC_DEBUG=1 timeout "$(cap 60)" ".device/$build/tests/$t" > "$out/$t.sync.log" 2>&1
+      grep -m3 -E 'TZ_CUDA_SYNC_DEBUG: (op|before)|FAIL' "$out/$t.sync.log"
+    fi
   done
   echo "== gpu_lora_bundled (tests/gpu/lora_gpu.sh)"
   timeout "$(cap 240)" bash tests/gpu/lora_gpu.sh "$tz" "$out/lora_gpu" > "$out/lora_gpu.log" 2>&1
@@ -111,12 +125,7 @@ run_bench() {
   timeout "$(cap 170)" "$tz" bench --preset llama2-7b --set train.steps=6 > "$out/bench-llama2-7b.log" 2>&1 ||
     echo "   (exit $?: see bench-llama2-7b.log)"
   grep -E 'bench:|bench memory|step split|host step|memory per rank' "$out/bench-llama2-7b.log" | sed 's/^/   /'
-  for mode in lora full; do
-    echo "== anchor_peft.py $mode"
-    timeout "$(cap 100)" python3 .device/anchor/anchor_peft.py $mode > "$out/anchor-$mode.log" 2>&1 ||
-      echo "   (exit $?: see anchor-$mode.log)"
-    grep '^{' "$out/anchor-$mode.log" | sed 's/^/   /'
-  done
+  anchor_run lora
   if [ "$(left 20)" -gt 140 ]; then
     echo "== turbozero bench --preset dit-xl-2 (full fine-tuning, batch 32)"
     timeout "$(cap 90)" "$tz" bench --preset dit-xl-2 --set train.steps=6 > "$out/bench-dit-xl-2.log" 2>&1 ||
@@ -133,6 +142,43 @@ run_bench() {
   else
     echo "== DiT-XL/2: not run (out of time)"
   fi
+}
+anchor_full() {
+  if [ "$(left 20)" -gt 120 ]; then anchor_run full; else echo "== anchor_peft.py full: not run (out of time)"; fi
+}
+anchor_run() {
+  echo "== anchor_peft.py $1"
+  timeout "$(cap 100)" python3 .device/anchor/anchor_peft.py "$1" > "$out/anchor-$1.log" 2>&1 ||
+    echo "   (exit $?: see anchor-$1.log)"
+  grep '^{' "$out/anchor-$1.log" | sed 's/^/   /'
+}
+
+# Where the 7B step's GPU time goes, op by op (TZ_CUDA_OP_TIMES: every op synchronised and timed
+# with events; docs/gpu.md), from two steps of the bench (the first a warm-up, counted too).
+run_optimes() {
+  echo "== TZ_CUDA_OP_TIMES=1 turbozero bench --preset llama2-7b (2 steps)"
+  TZ_CUDA_OP_TIMES=1 timeout "$(cap 100)" "$tz" bench --preset llama2-7b --set train.steps=2 \
+    > "$out/optimes-llama2-7b.log" 2>&1 || echo "   (exit $?: see optimes-llama2-7b.log)"
+  grep -A14 'TZ_CUDA_OP_TIMES on' "$out/optimes-llama2-7b.log" | sed 's/^/   /'
+}
+
+# compute-sanitizer over test_cuda_ops: memcheck, then racecheck and synccheck while time is left
+run_sanitize() {
+  local san tool rc
+  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  [ -x "$san" ] || { echo "== compute-sanitizer: not found"; return; }
+  for tool in memcheck racecheck synccheck; do
+    [ "$(left 20)" -gt 45 ] || { echo "== compute-sanitizer $tool: not run (out of time)"; continue; }
+    echo "== compute-sanitizer --tool $tool test_cuda_ops"
+    timeout "$(cap 120)" "$san" --tool $tool --error-exitcode 9 ".device/$build/tests/test_cuda_ops" \
+      > "$out/sanitize-$tool.log" 2>&1
+    rc=$?
+    grep -m5 -E 'ERROR SUMMARY|Invalid|Race|Barrier|hazard' "$out/sanitize-$tool.log" | sed 's/^/   /'
+    # the sanitizer's own verdict (exit 9) apart from the test's (a failed check: exit 1)
+    [ $rc -ne 9 ] && [ $rc -ne 124 ] && grep -qE 'ERROR SUMMARY: 0 errors|0 hazards displayed \(0 errors' \
+      "$out/sanitize-$tool.log" && rc=0
+    record "sanitizer-$tool" $rc "$out/sanitize-$tool.log"
+  done
 }
 
 table() {
@@ -191,13 +237,30 @@ run)
 bench)
   setup
   run_bench
+  anchor_full
   table
+  ;;
+optimes)
+  setup
+  run_optimes
+  ;;
+sanitize)
+  setup
+  run_sanitize
+  ;;
+ncu)
+  setup
+  echo "== ncu over the 7B LoRA bench step (tests/gpu/ncu_top.sh)"
+  timeout "$(cap 300)" bash tests/gpu/ncu_top.sh "$tz" "$out/ncu"
   ;;
 all)
   setup
   run_tests
   rc=$?
   run_bench
+  run_optimes
+  run_sanitize
+  anchor_full
   table
   exit $rc
   ;;

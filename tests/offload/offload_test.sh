@@ -30,8 +30,15 @@ tz=$1 src=$2 mpiexec=$3 emu=0
 [ "${4:-}" = emu ] && emu=1
 steps=10 seq=32
 [ $emu = 1 ] && steps=3 seq=16
-py=${TZ_PYTHON:-/usr/bin/python3}
-[ -x "$py" ] || py=python3
+# the Python that builds the model: TZ_PYTHON, else the first of Debian's and the PATH's that
+# has numpy (a GPU machine's own python3 may be a virtual environment beside a bare system one)
+py=${TZ_PYTHON:-}
+if [ -z "$py" ]; then
+  for p in /usr/bin/python3 python3; do
+    "$p" -c 'import numpy' 2>/dev/null && { py=$p; break; }
+  done
+  [ -n "$py" ] || py=python3
+fi
 TOL=${TZ_OFFLOAD_TOL:-1e-4}
 work=$(mktemp -d "${TMPDIR:-/tmp}/tzoffload.XXXXXX")
 trap 'rm -rf "$work"' EXIT

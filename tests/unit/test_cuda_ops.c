@@ -21,7 +21,8 @@
  *           D <= 128 in different order, an online softmax against a two-pass one, exp of
  *           the difference); on tensor cores (bf16 GEMM operands: TF32 products) 4e-3 of
  *           each row's norm, see test_attention_tc.
- *   1e-12   sumsq (double accumulation of the same squares, relative).
+ *   1e-12   sumsq (double accumulation of the same squares, relative: both backends sum the
+ *           GPU's own floats, so only the order of the additions differs).
  * The bf16 GEMM (matmul_dtype = TZ_DT_BF16) is checked element by element against bounds
  * rather than a relative figure, see test_matmul_bf16. */
 #include <math.h>
@@ -124,9 +125,14 @@ static void test_elementwise(void) {
     expect("scale", &x, 0);
     g_cpu->axpy(g_cpu, y.h, 0.3f, x.h, n), g_gpu->axpy(g_gpu, y.d, 0.3f, x.d, n);
     expect("axpy (a fused multiply-add on the GPU)", &y, 1e-7);
-    double sc = g_cpu->sumsq(g_cpu, y.h, n), sg = g_gpu->sumsq(g_gpu, y.d, n);
+    /* sumsq of the same floats on both (the GPU's axpy may differ from the CPU's in the last
+     * bit: a fused multiply-add), so only the order of the double additions differs */
+    float *yg = (float *)malloc((size_t)n * sizeof *yg);
+    g_gpu->download(g_gpu, yg, y.d, (size_t)n * sizeof *yg);
+    double sc = g_cpu->sumsq(g_cpu, yg, n), sg = g_gpu->sumsq(g_gpu, y.d, n);
     double e = fabs(sc - sg) / sc;
     check(e <= 1e-12, "sumsq %.17g vs %.17g (rel %.1e, tol 1e-12)", sg, sc, e);
+    free(yg);
     double sg2 = g_gpu->sumsq(g_gpu, y.d, n);
     check(sg2 == sg, "sumsq is the same bits run to run");
     check(g_gpu->sumsq(g_gpu, y.d, 0) == 0.0, "sumsq of nothing is 0");
