@@ -399,11 +399,11 @@ static void plan_figures(const plan_run *p, int64_t N, tz_mem_plan *m) {
         m->shard_numel = zp.shard_numel;
         m->shard = (size_t)zp.shard_numel * (4 + 4 + 1 + 4 * (size_t)opt->n_states);
         /* stage 2 on several ranks stages two buckets on the backend (train/zero.c); on one
-         * rank of a GPU they are pinned host memory; each slot's received slice is host */
+         * rank of a GPU the buckets are downloaded straight into the received slices, host
+         * memory like every slot's received slice */
         const size_t bucket = (size_t)zp.bucket_elems * sizeof(float);
         const int pipelined = cfg->zero.stage == 2 && (N > 1 || m->gpu);
         if (pipelined && N > 1) m->staging = TZ_ZERO_SLOTS * bucket;
-        else if (pipelined) buffers += TZ_ZERO_SLOTS * bucket;
         if (pipelined) buffers += TZ_ZERO_SLOTS * (size_t)(zp.bucket_elems / N + 1) * sizeof(float);
         else buffers += bucket;
         tz_zero_plan_free(&zp);

@@ -34,16 +34,18 @@ static void host_buf_free(tz_zero *z, void *p, int dma) {
 }
 
 /* Which host buffers the device's copies use (nothing on a host backend):
- *   the accumulator: the owned slices land there by copy with NCCL (pipelined, fresh), and
- *     in the blocking path of one rank (stages 0/1); with MPI on several ranks they reach it
- *     through MPI from hstage or host_tmp;
- *   recv: the copy's target with NCCL, MPI's receive buffer otherwise;
+ *   the accumulator: the owned slices land there by copy with NCCL (pipelined, fresh) and
+ *     on one rank (no collective: the bucket is the slice); with MPI on several ranks they
+ *     reach it through MPI from hstage or host_tmp;
+ *   recv: the copy's target with NCCL and on one rank, MPI's receive buffer otherwise;
  *   wsend: uploaded from where the weights are not all-gathered, wrecv where they are.
  * The master is never a copy's source or target in a step (it is packed into wsend). */
 static int acc_dma(const tz_zero *z) {
-    return z->be->device && (z->dcomm->device || (!z->pipelined && z->comm->size == 1));
+    return z->be->device && (z->dcomm->device || z->comm->size == 1);
 }
-static int recv_dma(const tz_zero *z) { return z->be->device && z->dcomm->device; }
+static int recv_dma(const tz_zero *z) {
+    return z->be->device && (z->dcomm->device || z->comm->size == 1);
+}
 static int gathers(const tz_zero *z) { return z->stage > 0 && z->comm->size > 1; }
 
 void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt,
@@ -127,7 +129,8 @@ void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim 
         for (int s = 0; s < TZ_ZERO_SLOTS; s++) {
             if (!be->device || z->dcomm->device) /* the bucket, padded, on the backend */
                 z->stage_buf[s] = be->alloc(be, (size_t)B * sizeof(float));
-            else /* the bucket, padded, in pinned host memory: downloaded into, then MPI */
+            else if (comm->size > 1) /* the bucket, padded, in pinned host memory:
+                                        * downloaded into, then MPI */
                 z->hstage[s] = be->host_alloc(be, (size_t)B * sizeof(float));
             z->recv[s] = host_buf(z, (size_t)(B / comm->size + 1) * sizeof(float), recv_dma(z));
             z->slot_bucket[s] = -1;
@@ -234,6 +237,20 @@ static void finish_slot(tz_zero *z, int s) {
 static void launch_device(tz_zero *z, int b, int s, float *recv) {
     const tz_zero_bucket *bk = &z->plan.b[b];
     tz_backend *be = z->be;
+    if (!z->dcomm->device && z->comm->size == 1) {
+        /* one rank: the reduce-scatter is the identity, so the bucket is downloaded straight
+         * into its slice (pinned), its padding zeroed, and no collective runs */
+        void *after = be->event_mark(be, TZ_QUEUE_COMPUTE);
+        be->event_wait(be, after, TZ_QUEUE_COPY);
+        be->event_free(be, after);
+        be->download_async(be, recv, z->grad + bk->start, (size_t)bk->len * sizeof(float));
+        if (bk->padded > bk->len)
+            memset(recv + bk->len, 0, (size_t)(bk->padded - bk->len) * sizeof(float));
+        z->req[s] = NULL;
+        z->ev[s] = be->event_mark(be, TZ_QUEUE_COPY);
+        z->slot_state[s] = TZ_ZERO_COMM;
+        return;
+    }
     if (!z->dcomm->device) {
         /* MPI: the copy queue waits for the gradients computed so far, downloads the bucket
          * into pinned host memory; its MPI reduce-scatter starts once the copy is done

@@ -42,7 +42,8 @@ typedef struct tz_zero {
     /* Stage-2 pipeline, per slot (buckets use the slots in turn). Where each buffer lives:
      *   host backend:           stage_buf (host) -> comm -> recv or the accumulator (host)
      *   device backend, MPI:    gradients (device) -> copy queue -> hstage (pinned host) ->
-     *                           MPI -> recv or the accumulator (pinned host shard)
+     *                           MPI -> recv or the accumulator (pinned host shard); on one
+     *                           rank straight to recv or the accumulator (no hstage, no MPI)
      *   device backend, NCCL:   stage_buf (device) -> NCCL on the copy queue, in place ->
      *                           copy queue -> recv or the accumulator (pinned host shard) */
     float *stage_buf[TZ_ZERO_SLOTS], *recv[TZ_ZERO_SLOTS], *hstage[TZ_ZERO_SLOTS];
