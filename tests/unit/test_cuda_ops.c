@@ -964,6 +964,51 @@ static void child_old_driver(void) {
     tz_backend_create("cuda", 0, 0);
 }
 
+/* The child of test_op_times: three fp32 matmuls and an rmsnorm; the output's sum of
+ * squares (as a hex float) on stderr before the backend's end. */
+static void child_op_times(void) {
+    tz_backend *be = tz_backend_create("cuda", 0, 0);
+    const int64_t M = 19, N = 23, K = 31;
+    float *a = be->alloc(be, (size_t)(M * K) * 4), *b = be->alloc(be, (size_t)(K * N) * 4);
+    float *c = be->alloc(be, (size_t)(M * N) * 4), *w = be->alloc(be, (size_t)N * 4);
+    float *r = be->alloc(be, (size_t)M * 4);
+    be->fill(be, a, 0.3f, M * K), be->fill(be, b, -0.7f, K * N), be->fill(be, w, 1.1f, N);
+    for (int i = 0; i < 3; i++) be->matmul(be, c, a, b, M, N, K, 0, 0, 0.5f, i ? 1.0f : 0.0f);
+    be->rmsnorm_fwd(be, c, r, c, w, M, N, 1e-5f);
+    fprintf(stderr, "sumsq %a\n", be->sumsq(be, c, M * N));
+    tz_backend_destroy(be);
+}
+
+/* The count of a row of the TZ_CUDA_OP_TIMES table ("  op  calls ..."), -1 without it. */
+static long op_calls(const char *table, const char *op) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\n  %s ", op);
+    const char *at = strstr(table, pat);
+    long n = -1;
+    if (at && sscanf(at + strlen(pat), "%ld", &n) != 1) n = -1;
+    return n;
+}
+
+/* TZ_CUDA_OP_TIMES: the same bits as without it, and a table at the backend's end counting
+ * each op's calls (on any CUDA backend: the emulation and a GPU). */
+static void test_op_times(void) {
+    char plain[4096], timed[8192];
+    const char *none[] = {NULL}, *env[] = {"TZ_CUDA_OP_TIMES=1", NULL};
+    int rc0 = in_child(child_op_times, none, plain, sizeof plain);
+    int rc1 = in_child(child_op_times, env, timed, sizeof timed);
+    const char *s0 = strstr(plain, "sumsq "), *s1 = strstr(timed, "sumsq ");
+    check(rc0 == 0 && rc1 == 0 && s0 && s1 && strcspn(s0, "\n") == strcspn(s1, "\n") &&
+              !strncmp(s0, s1, strcspn(s0, "\n")),
+          "TZ_CUDA_OP_TIMES=1: the same result as without it (exits %d, %d)", rc0, rc1);
+    check(strstr(timed, "TZ_CUDA_OP_TIMES on") && !strstr(plain, "TZ_CUDA_OP_TIMES on"),
+          "TZ_CUDA_OP_TIMES=1: the table at the backend's end, and only then");
+    check(op_calls(timed, "matmul") == 3 && op_calls(timed, "rmsnorm_fwd") == 1 &&
+              op_calls(timed, "sumsq") == 1 && op_calls(timed, "fill") == 3,
+          "TZ_CUDA_OP_TIMES=1: calls counted per op (matmul %ld, rmsnorm_fwd %ld, sumsq %ld, "
+          "fill %ld)", op_calls(timed, "matmul"), op_calls(timed, "rmsnorm_fwd"),
+          op_calls(timed, "sumsq"), op_calls(timed, "fill"));
+}
+
 /* TZ_CUDA_SYNC_DEBUG: the same results as without it; a kernel's fault named by its op (and,
  * without the mode, by the later call that synchronises); cudaGetDeviceCount's error named.
  * The failures are the emulation's (a GPU cannot be made to fail on demand). */
@@ -1061,6 +1106,7 @@ int main(void) {
     test_attention_cache(1, 33, 33, 0, 2, 2, 72);   /* pos0 0, S = T: attention_fwd's case */
     test_quant();
     test_matmul_operands();
+    test_op_times();
     test_checked_mode();
     tz_backend_destroy(g_gpu);
     tz_backend_destroy(g_cpu);
