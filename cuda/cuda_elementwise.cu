@@ -56,6 +56,27 @@ static double cuda_sumsq(tz_backend *be, const float *x, int64_t n) {
     return *c->host_d;
 }
 
+/* AdamW, one element per thread: the arithmetic of train/adamw.c (the CPU's), with the
+ * compiler's contractions (fused multiply-adds) the only difference. */
+static __global__ void k_adamw(float *w, float *m, float *v, const float *g,
+                               const uint8_t *decay, int64_t n, tz_adamw_args a) {
+    TZ_CUDA_FOR(i, n) {
+        const float gi = g[i] * a.grad_scale;
+        const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * gi;
+        const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        const float upd = (mi * a.c1) / (sqrtf(vi * a.c2) + a.eps);
+        const float d = (decay == NULL || decay[i]) ? a.weight_decay : 0.0f;
+        w[i] -= a.lr * (upd + d * w[i]);
+    }
+}
+static void cuda_adamw(tz_backend *be, float *w, float *m, float *v, const float *g,
+                       const uint8_t *decay, int64_t n, const tz_adamw_args *a) {
+    if (n <= 0) return;
+    TZ_CUDA_LAUNCH(k_adamw, n, w, m, v, g, decay, n, *a);
+}
+
 /* ---- column sums of [B, T, C] products (functors for tz_cuda_colsum) ---- */
 
 struct colsum_a { /* a[b,t,c] */
@@ -168,6 +189,7 @@ void tz_cuda_install_elementwise(tz_backend *be) {
     be->to_bf16 = tz_cuda_to_bf16;
     be->from_bf16 = tz_cuda_from_bf16;
     be->sumsq = cuda_sumsq;
+    be->adamw = cuda_adamw;
     be->modulate_fwd = cuda_modulate_fwd;
     be->modulate_bwd = cuda_modulate_bwd;
     be->gate_fwd = cuda_gate_fwd;

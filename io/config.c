@@ -98,6 +98,7 @@ static const tz_key schema[] = {
     FLT(optim, beta2, 0.999, CLOSED, 0.0, 1.0, OPEN, "AdamW second-moment decay"),
     FLT(optim, eps, 1e-8, OPEN, 0.0, 1.0, CLOSED, "AdamW denominator epsilon"),
     FLT(optim, grad_clip, 1.0, CLOSED, 0.0, 1e6, CLOSED, "global gradient-norm clip (0 = off)"),
+    BOOL(optim, offload, 1, "AdamW's masters and states in host memory, stepped by the CPU (ZeRO offload); false: on the GPU (one rank, no trainable quantized weight; faster, uses 13 bytes per trainable parameter of GPU memory)"),
     INT(lora, rank, 8, 1, 4096, "LoRA rank r"),
     FLT(lora, alpha, 16.0, OPEN, 0.0, 1e6, CLOSED, "LoRA scale: the update is alpha/rank * B A"),
     TARGETS(lora, targets, "all", "projections that get adapters"),

@@ -62,6 +62,7 @@ typedef struct tz_config {
         double weight_decay;          /* decoupled; matrices only */
         double beta1, beta2, eps;
         double grad_clip;             /* global norm; 0 = off */
+        int offload;                  /* the optimizer on the host (1) or the backend (0) */
     } optim;
     struct {
         int64_t rank;

@@ -10,3 +10,11 @@ set_tests_properties(train_llama_end_to_end PROPERTIES TIMEOUT 900
 add_test(NAME step_model
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/step_model_test.sh $<TARGET_FILE:turbozero>)
 set_tests_properties(step_model PROPERTIES TIMEOUT 120 ENVIRONMENT "${TZ_TEST_ENV}" LABELS "quick")
+
+# optim.offload = false, the optimizer on the backend, against the host optimizer: losses,
+# resume byte for byte, a host checkpoint resumed, refusals, the plan
+# (tests/train/offload_device_test.sh).
+add_test(NAME offload_device
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/offload_device_test.sh $<TARGET_FILE:turbozero>
+          ${MPIEXEC_EXECUTABLE})
+set_tests_properties(offload_device PROPERTIES TIMEOUT 300 ENVIRONMENT "${TZ_TEST_ENV}" LABELS "mpi")

@@ -25,6 +25,11 @@ typedef struct tz_backend tz_backend;
 enum { TZ_QUEUE_HOST = -1, TZ_QUEUE_COMPUTE = 0, TZ_QUEUE_COPY = 1 };
 
 /* What device_info reports. */
+/* One AdamW step's scalars for be->adamw (the bias corrections already inverted). */
+typedef struct tz_adamw_args {
+    float lr, beta1, beta2, eps, weight_decay, c1, c2, grad_scale;
+} tz_adamw_args;
+
 typedef struct tz_device_info {
     int ordinal;       /* -1: the host (CPU backend) */
     char name[256];
@@ -72,6 +77,12 @@ struct tz_backend {
     void (*from_bf16)(tz_backend *be, float *dst, const uint16_t *src, int64_t n);
     /* sum of squares, accumulated in double, returned to the host */
     double (*sumsq)(tz_backend *be, const float *x, int64_t n);
+    /* AdamW over n elements in place, the host optimizer's arithmetic (train/adamw.c) on the
+     * backend (optim.offload = false): with g' = g * grad_scale, m = b1 m + (1 - b1) g',
+     * v = b2 v + (1 - b2) g'^2, w -= lr (m c1 / (sqrt(v c2) + eps) + wd w), wd only where
+     * decay[i] != 0; c1, c2 the bias corrections 1 / (1 - b^t). */
+    void (*adamw)(tz_backend *be, float *w, float *m, float *v, const float *g,
+                  const uint8_t *decay, int64_t n, const tz_adamw_args *a);
 
     /* ---- matmul ----
      * C[M,N] = alpha * op(A) * op(B) + beta * C, op(A) is M x K, op(B) is K x N.
@@ -307,7 +318,7 @@ struct tz_backend {
  * op is added here as well. */
 #define TZ_BACKEND_OPS(X)                                                                    \
     X(destroy) X(alloc) X(release) X(upload) X(download) X(copy) X(sync) X(fill) X(scale)    \
-    X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(matmul) X(matmul_bw16) X(embedding_fwd)        \
+    X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(adamw) X(matmul) X(matmul_bw16) X(embedding_fwd)        \
     X(embedding_bwd) X(embedding_fwd_w16) X(rmsnorm_fwd)                                      \
     X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_tab_fwd) X(rope_tab_bwd) X(attention_fwd)   \
     X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \

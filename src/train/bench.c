@@ -380,6 +380,7 @@ static void plan_figures(const plan_run *p, int64_t N, tz_mem_plan *m) {
     if (zero) {
         m->n_trainable = ps->n_trainable;
         m->grads = (size_t)ps->flat_numel * sizeof(float);
+        if (!cfg->optim.offload) m->optim = (size_t)ps->flat_numel * (3 * sizeof(float) + 1);
         /* the ZeRO plan train/zero.c makes: trainable tensors in flat order */
         int64_t *off = tz_xmalloc((size_t)(ps->n + 1) * sizeof *off);
         int64_t *num = tz_xmalloc((size_t)(ps->n + 1) * sizeof *num);
@@ -416,7 +417,7 @@ static void plan_figures(const plan_run *p, int64_t N, tz_mem_plan *m) {
     m->shard += buffers;
     m->host = dense_src + m->shard > m->load ? dense_src + m->shard : m->load;
     m->dense_src = dense_src;
-    m->backend = p->be->peak_bytes + m->grads + m->staging;
+    m->backend = p->be->peak_bytes + m->grads + m->staging + m->optim;
     m->other = (double)p->be->peak_bytes - (double)m->weights - (double)m->arena;
 }
 
@@ -539,12 +540,14 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
             desc, be->matmul_dtype == TZ_DT_BF16 ? "bf16" : "fp32", m.gpu ? "a GPU" : "the CPU",
             p.shapes_only ? " | planned from config.json, no weight read"
             : tz_bench_preset_of(cfg) ? "" : " | planned from the weights (read, not allocated)");
+    char optim[64] = "";
+    if (m.optim) snprintf(optim, sizeof optim, " + optimizer %.3f", gib((double)m.optim));
     tz_info("planned backend memory per rank: %.3f GiB (%zu bytes) %s = weights %.3f (codes + "
-            "scales %.3f, dense %.3f) + gradients %.3f + staging %.3f + activations %.3f%s%.3f%s",
+            "scales %.3f, dense %.3f) + gradients %.3f + staging %.3f + activations %.3f%s%s%.3f%s",
             gib((double)m.backend), m.backend, m.gpu ? "on the GPU" : "in host RAM (the CPU backend)",
             gib((double)m.weights), gib((double)m.quant),
             gib((double)(m.weights - m.quant)), gib((double)m.grads), gib((double)m.staging),
-            gib((double)m.arena), m.other < 0 ? " - other " : " + other ", gib(fabs(m.other)),
+            gib((double)m.arena), optim, m.other < 0 ? " - other " : " + other ", gib(fabs(m.other)),
             m.gpu ? " (a device backend's op scratch and runtime come on top)" : "");
     if (qzo)
         tz_info("host memory per rank: %.3f GiB (%zu bytes): fp32 copies of %lld trainable "

@@ -58,8 +58,11 @@ int tz_bench_is_plan(const tz_backend *be);
  * (tz_bench_plan_memory). */
 typedef struct tz_mem_plan {
     size_t backend;       /* the backend's bytes: its allocator's peak while the model is set
-                           * up (weights, activations, other) + gradients + staging */
+                           * up (weights, activations, other) + gradients + staging
+                           * + optimizer */
     size_t weights, quant, grads, staging, arena;
+    size_t optim;         /* optim.offload = false: the optimizer's masters, states and decay
+                           * flags on the backend (flat layout, 13 bytes an element) */
     double other;         /* the rest of the allocator's peak (scratch, tables); may be < 0 */
     size_t shard;         /* host: the ZeRO shard (fp32 master, accumulator, decay flags, the
                            * optimizer's states) and the step's host buffers, or qzo's fp32

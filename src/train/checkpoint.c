@@ -488,6 +488,7 @@ void tz_ckpt_write(const tz_config *cfg, tz_zero *z, const tz_ckpt_state *st, in
     const int rank = comm->rank, root = rank == 0, W = z->plan.world;
     const int64_t step = st->step;
     const double t0 = now_s();
+    tz_zero_sync_host(z); /* the optimizer on the backend: its state into the host shard */
     char dir[TZ_CKPT_PATH], tmp[TZ_CKPT_PATH], fin[TZ_CKPT_PATH], file[TZ_CKPT_PATH], err[TZ_CKPT_MSG] = "", what[TZ_CKPT_PATH + 200];
     tz_path_join(dir, sizeof dir, cfg->run.dir, "checkpoints");
     tz_ckpt_pathf(tmp, sizeof tmp, "%s/.tmp-step-%lld", dir, (long long)step);

@@ -464,7 +464,7 @@ static void settings_free(ck_setting *s, int n) {
 static void warn_config_changes(const tz_config *cfg, const ck_meta *m) {
     if (!m->config) return;
     static const char *const free_keys[] = {"run.dir", "run.overwrite", "train.micro_batch",
-                                            "train.grad_accum"};
+                                            "train.grad_accum", "optim.offload"};
     char *now_text = tz_ckpt_config_text(cfg), changed[600] = "";
     ck_setting *a, *b;
     const int na = settings_of(m->config, &a), nb = settings_of(now_text, &b);
@@ -711,7 +711,7 @@ static int resume_from(const tz_config *cfg, tz_zero *z, const char *path, const
         tz_comm_barrier(comm);
         TZ_FATAL("--resume: no usable checkpoint in %s (%d refused, above)", where, refused);
     }
-    tz_zero_push_weights(z);
+    tz_zero_host_loaded(z);
     memset(st, 0, sizeof *st);
     st->step = m.step;
     st->global_batch = m.global_batch;

@@ -32,6 +32,7 @@ static void s_axpy(tz_backend *be, float *y, float a, cf *x, int64_t n) { (void)
 static void s_to_bf16(tz_backend *be, uint16_t *d, cf *s, int64_t n) { (void)d, (void)s; add(be, TZ_SM_ELEMENT, 0, 6.0 * n); }
 static void s_from_bf16(tz_backend *be, float *d, const uint16_t *s, int64_t n) { (void)d, (void)s; add(be, TZ_SM_ELEMENT, 0, 6.0 * n); }
 static double s_sumsq(tz_backend *be, cf *x, int64_t n) { (void)x; add(be, TZ_SM_ELEMENT, 2.0 * n, F * n); return 0.0; }
+static void s_adamw(tz_backend *be, float *w, float *m, float *v, cf *g, const uint8_t *d, int64_t n, const tz_adamw_args *a) { (void)w, (void)m, (void)v, (void)g, (void)d, (void)a; add(be, TZ_SM_ELEMENT, 12.0 * n, (7 * F + 1) * n); }
 
 /* ---- matmul ---- */
 static double gemm_bytes(int64_t M, int64_t N, int64_t K, double bb, float beta) {
@@ -155,7 +156,7 @@ void tz_step_model_install(tz_backend *be) {
     be->event_mark = s_event_mark, be->event_wait = s_event_wait;
     be->event_done = s_event_done, be->event_free = s_event_free;
     be->fill = s_fill, be->scale = s_scale, be->axpy = s_axpy, be->to_bf16 = s_to_bf16;
-    be->from_bf16 = s_from_bf16, be->sumsq = s_sumsq, be->matmul = s_matmul;
+    be->from_bf16 = s_from_bf16, be->sumsq = s_sumsq, be->adamw = s_adamw, be->matmul = s_matmul;
     be->matmul_bw16 = s_matmul_bw16, be->embedding_fwd = s_emb_fwd, be->embedding_bwd = s_emb_bwd;
     be->embedding_fwd_w16 = s_emb_w16, be->rmsnorm_fwd = s_rms_fwd, be->rmsnorm_bwd = s_rms_bwd;
     be->rope_fwd = s_rope, be->rope_bwd = s_rope, be->rope_tab_fwd = s_rope_tab;

@@ -166,6 +166,8 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     r->accum = cfg->train.grad_accum;
     r->N = comm->size;
     if (training && cfg->train.mode == TZ_MODE_QZO) {
+        if (!cfg->optim.offload)
+            tz_warn("optim.offload = false: qzo keeps no optimizer state (the setting is unused)");
         r->qzo = tz_qzo_create(cfg, r->task, comm);
     } else if (training) {
         r->gcomm = tz_comm_select(cfg->comm.backend, r->be, comm);
@@ -173,6 +175,7 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
                            tz_optim_find("adamw"), r->task->params, r->be, comm,
                            r->gcomm ? r->gcomm : comm, w);
         tz_params_set_grad_hook(r->task->params, tz_zero_grads_ready, &r->z);
+        if (!cfg->optim.offload) tz_zero_device_optimizer(&r->z);
     } else if (r->task->n_val == 0) {
         TZ_FATAL_HINT("set data.val", "%s: data.val is not set", cfg->source);
     }

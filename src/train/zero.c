@@ -138,6 +138,11 @@ void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim 
 }
 
 void tz_zero_free(tz_zero *z) {
+    if (z->dev) {
+        z->be->release(z->be, z->d_master);
+        for (int i = 0; i < z->sh.opt->n_states; i++) z->be->release(z->be, z->d_state[i]);
+        z->be->release(z->be, z->d_decay);
+    }
     if (z->pinned) z->be->host_unregister(z->be, z->sh.acc);
     tz_shard_free(&z->sh);
     for (int s = 0; s < TZ_ZERO_SLOTS; s++) {
@@ -161,6 +166,10 @@ void tz_zero_begin_step(tz_zero *z) {
 }
 
 void tz_zero_begin_micro(tz_zero *z, int last) {
+    if (z->dev) { /* the gradients accumulate in the buffer over the step's micro-batches */
+        z->communicate = 0;
+        return;
+    }
     /* stage 2 moves every micro-batch's gradients to the host shard, so the buffer restarts
      * from zero; stages 0/1 accumulate on the device and communicate once, at the end */
     if (z->stage == 2 && z->next_bucket > 0) z->be->fill(z->be, z->grad, 0.0f, z->ps->flat_numel);
@@ -339,13 +348,39 @@ void tz_zero_grads_ready(void *ctx, int64_t ready_flat) {
 }
 
 void tz_zero_end_micro(tz_zero *z) {
-    if (!z->communicate) return;
+    if (z->dev || !z->communicate) return;
     while (z->next_bucket < z->plan.n_buckets) launch(z, z->next_bucket++);
     for (int k = 0; k < TZ_ZERO_SLOTS; k++) finish_slot(z, (z->next_slot + k) % TZ_ZERO_SLOTS);
     z->fresh = 0;
 }
 
+/* The step with the optimizer on the backend: the norm of the flat gradient buffer (gaps and
+ * all: they are zero), AdamW over the flat space, the masters into the model. */
+static double device_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max_norm) {
+    tz_backend *be = z->be;
+    const int64_t F = z->ps->flat_numel;
+    double t0 = omp_get_wtime();
+    const double norm = sqrt(be->sumsq(be, z->grad, F));
+    clock_add(z, TZ_ZERO_NORM, t0, (double)F * 4.0);
+    float clip = 1.0f;
+    if (max_norm > 0 && norm > max_norm) clip = (float)(max_norm / norm);
+    t0 = omp_get_wtime();
+    if (isfinite(norm)) {
+        const tz_adamw_args a = {
+            .lr = (float)h->lr, .beta1 = (float)h->beta1, .beta2 = (float)h->beta2,
+            .eps = (float)h->eps, .weight_decay = (float)h->weight_decay,
+            .c1 = (float)(1.0 / (1.0 - pow(h->beta1, (double)t))),
+            .c2 = (float)(1.0 / (1.0 - pow(h->beta2, (double)t))), .grad_scale = clip};
+        be->adamw(be, z->d_master, z->d_state[0], z->d_state[1], z->grad, z->d_decay, F, &a);
+    }
+    clock_add(z, TZ_ZERO_UPDATE, t0, (double)F * (double)tz_shard_step_bytes(&z->sh));
+    tz_zero_push_weights(z);
+    z->steps++;
+    return norm;
+}
+
 double tz_zero_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max_norm) {
+    if (z->dev) return device_step(z, h, t, max_norm);
     const int64_t n = z->sh.n;
     double t0 = omp_get_wtime();
     double ss = tz_shard_sumsq(&z->sh);
@@ -364,6 +399,18 @@ double tz_zero_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max
 
 void tz_zero_push_weights(tz_zero *z) {
     double t0;
+    if (z->dev) { /* the backend's masters into the model's trainable weights (fp32) */
+        t0 = omp_get_wtime();
+        size_t bytes = 0;
+        for (int i = 0; i < z->ps->n; i++) {
+            const tz_param *p = z->ps->p[i];
+            if (!p->trainable) continue;
+            z->be->copy(z->be, p->w, z->d_master + p->flat_off, (size_t)p->numel * sizeof(float));
+            bytes += 2 * (size_t)p->numel * sizeof(float);
+        }
+        clock_add(z, TZ_ZERO_WEIGHTS, t0, (double)bytes);
+        return;
+    }
     /* the updated weights back into every rank's model: each owner packs its slice (fp32,
      * or codes + scales re-quantized from the master), all-gathered in stages 1 and 2 */
     const int r = own_rank(z), gather = z->stage > 0 && z->comm->size > 1;
@@ -392,6 +439,74 @@ void tz_zero_push_weights(tz_zero *z) {
     }
 }
 
+void tz_zero_device_optimizer(tz_zero *z) {
+    tz_backend *be = z->be;
+    tz_params *ps = z->ps;
+    if (z->comm->size > 1)
+        TZ_FATAL_HINT("keep optim.offload = true (the default) with several ranks",
+                      "optim.offload = false: the optimizer on the backend runs on one rank "
+                      "only; this run has %d", z->comm->size);
+    if (strcmp(z->sh.opt->name, "adamw") || z->sh.opt->n_states != 2)
+        TZ_FATAL("optim.offload = false: the backend's optimizer is AdamW, not %s",
+                 z->sh.opt->name);
+    for (int i = 0; i < ps->n; i++)
+        if (ps->p[i]->trainable && (ps->p[i]->q || ps->p[i]->w16 || !ps->p[i]->w))
+            TZ_FATAL_HINT("keep optim.offload = true (the default) to train quantized weights",
+                          "optim.offload = false: %s is a trainable %s weight; the backend's "
+                          "optimizer updates fp32 weights only", ps->p[i]->name,
+                          ps->p[i]->q ? "quantized" : "bf16");
+    const int64_t F = ps->flat_numel;
+    z->d_master = be->alloc(be, (size_t)F * sizeof(float));
+    for (int i = 0; i < 2; i++) {
+        z->d_state[i] = be->alloc(be, (size_t)F * sizeof(float));
+        be->fill(be, z->d_state[i], 0.0f, F);
+    }
+    z->d_decay = be->alloc(be, (size_t)F);
+    z->d_bytes = (size_t)F * (3 * sizeof(float) + 1);
+    be->fill(be, z->d_master, 0.0f, F); /* the gaps between tensors */
+    uint8_t *decay = tz_xcalloc((size_t)F + 1, 1);
+    for (int i = 0; i < ps->n; i++) {
+        const tz_param *p = ps->p[i];
+        if (!p->trainable) continue;
+        be->copy(be, z->d_master + p->flat_off, p->w, (size_t)p->numel * sizeof(float));
+        memset(decay + p->flat_off, p->decay ? 1 : 0, (size_t)p->numel);
+    }
+    be->upload(be, z->d_decay, decay, (size_t)F);
+    free(decay);
+    z->dev = 1;
+    z->pipelined = 0;
+}
+
+/* Bucket b's part of the flat space [start, start + len) is the shard's [shard_off, +len)
+ * on one rank (the only case of the backend's optimizer). */
+void tz_zero_sync_host(tz_zero *z) {
+    if (!z->dev) return;
+    tz_backend *be = z->be;
+    for (int b = 0; b < z->plan.n_buckets; b++) {
+        const tz_zero_bucket *bk = &z->plan.b[b];
+        const size_t bytes = (size_t)bk->len * sizeof(float);
+        be->download(be, z->sh.master + bk->shard_off, z->d_master + bk->start, bytes);
+        for (int i = 0; i < z->sh.opt->n_states; i++)
+            be->download(be, tz_shard_state(&z->sh, i) + bk->shard_off, z->d_state[i] + bk->start,
+                         bytes);
+    }
+}
+
+void tz_zero_host_loaded(tz_zero *z) {
+    if (z->dev) {
+        tz_backend *be = z->be;
+        for (int b = 0; b < z->plan.n_buckets; b++) {
+            const tz_zero_bucket *bk = &z->plan.b[b];
+            const size_t bytes = (size_t)bk->len * sizeof(float);
+            be->upload(be, z->d_master + bk->start, z->sh.master + bk->shard_off, bytes);
+            for (int i = 0; i < z->sh.opt->n_states; i++)
+                be->upload(be, z->d_state[i] + bk->start, tz_shard_state(&z->sh, i) + bk->shard_off,
+                           bytes);
+        }
+    }
+    tz_zero_push_weights(z);
+}
+
 const char *const tz_zero_phase_names[TZ_ZERO_PHASES] = {"gradients", "norm", "update", "pack",
                                                          "all-gather", "weights"};
 
@@ -418,8 +533,9 @@ void tz_zero_clock_print(const tz_zero *z) {
             if (k > 0) at += (size_t)k;
         }
     }
-    tz_info_all("host step, mean of %lld steps: %.2f ms%s", (long long)z->steps,
-                1e3 * total / (double)z->steps, line);
+    tz_info_all("%s, mean of %lld steps: %.2f ms%s",
+                z->dev ? "optimizer step on the backend (launch time)" : "host step",
+                (long long)z->steps, 1e3 * total / (double)z->steps, line);
 }
 
 void tz_zero_print_memory(const tz_zero *z, size_t activations) {
@@ -429,16 +545,19 @@ void tz_zero_print_memory(const tz_zero *z, size_t activations) {
         if (ps->p[i]->q) quant += ps->p[i]->bytes;
     const size_t grads = (size_t)ps->flat_numel * sizeof(float);
     const size_t staging = z->stage_buf[0] ? TZ_ZERO_SLOTS * (size_t)z->plan.bucket_elems * sizeof(float) : 0;
-    const size_t sum = weights + grads + staging + activations, live = z->be->live_bytes;
+    const size_t sum = weights + grads + staging + activations + z->d_bytes,
+                 live = z->be->live_bytes;
     const double M = 1048576.0;
     char other[64] = "";
     if (live != sum)
         snprintf(other, sizeof other, " + other %.2f", ((double)live - (double)sum) / M);
+    char opt[64] = "";
+    if (z->dev) snprintf(opt, sizeof opt, " + optimizer %.2f", (double)z->d_bytes / M);
     tz_info_all("memory per rank: %s %.2f MiB = weights %.2f (codes + scales %.2f, dense %.2f) "
-                "+ gradients %.2f + staging %.2f + activations %.2f%s (the allocator's count) | "
+                "+ gradients %.2f + staging %.2f + activations %.2f%s%s (the allocator's count) | "
                 "host shard %.2f MiB", z->be->device ? "device" : "backend (host)", (double)live / M,
                 (double)weights / M, (double)quant / M, (double)(weights - quant) / M,
-                (double)grads / M, (double)staging / M, (double)activations / M, other,
+                (double)grads / M, (double)staging / M, (double)activations / M, opt, other,
                 (double)z->sh.bytes / M);
 }
 

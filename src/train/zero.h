@@ -61,6 +61,14 @@ typedef struct tz_zero {
     int communicate;       /* this micro-batch's backward communicates (hook armed) */
     int pipelined;         /* stage 2 on more than one rank: staged, non-blocking */
     int fresh;             /* no gradient has reached the accumulator in this step yet */
+    /* The optimizer on the backend (optim.offload = false, tz_zero_device_optimizer): the
+     * masters, the optimizer's states and the decay flags in backend memory in the flat
+     * layout of the gradients; the host shard then only holds what checkpoints read and
+     * write (tz_zero_sync_host, tz_zero_host_loaded). */
+    int dev;
+    float *d_master, *d_state[TZ_OPTIM_MAX_STATES];
+    uint8_t *d_decay;
+    size_t d_bytes;        /* their backend bytes */
     tz_zero_clock clock[TZ_ZERO_PHASES]; /* summed over steps since init or reset */
     int64_t steps;
 } tz_zero;
@@ -98,6 +106,18 @@ double tz_zero_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max
  * its slices (fp32, or codes + scales re-quantized), all-gathered in stages 1 and 2. After
  * a checkpoint's shards were read into the masters. Collective. */
 void tz_zero_push_weights(tz_zero *z);
+/* The optimizer moves onto the backend (optim.offload = false): after tz_zero_init_comms,
+ * on one rank, for AdamW, with no quantized trainable weight (fatal otherwise, naming the
+ * setting). The masters start from the model's weights; gradients accumulate on the backend
+ * across micro-batches and are never copied to the host; each step runs be->adamw and copies
+ * the masters into the model. */
+void tz_zero_device_optimizer(tz_zero *z);
+/* With the optimizer on the backend: the masters and states into the host shard (before a
+ * checkpoint reads it); nothing otherwise. */
+void tz_zero_sync_host(tz_zero *z);
+/* The host shard's masters (and states) were read from a checkpoint: onto the backend when
+ * the optimizer is there, then into every rank's model (tz_zero_push_weights). Collective. */
+void tz_zero_host_loaded(tz_zero *z);
 /* Every rank prints its share: owned elements and host shard bytes. */
 void tz_zero_print(const tz_zero *z);
 /* Every rank prints its memory: the backend's bytes as its allocator counts them, split into

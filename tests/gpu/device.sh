@@ -15,13 +15,13 @@
 #   tests/gpu/device.sh bench   on the GPU machine: the Llama-2-7B LoRA-on-4-bit bench beside
 #                               anchor_peft.py lora and full, then DiT-XL/2 beside dit_anchor.py
 #                               when time allows; a table of both last.
-#   tests/gpu/device.sh optimes on the GPU machine: the 7B step's GPU time op by op
-#                               (TZ_CUDA_OP_TIMES=1, two bench steps).
+#   tests/gpu/device.sh optimes on the GPU machine: the 7B and DiT-XL/2 steps' GPU time op by
+#                               op (TZ_CUDA_OP_TIMES=1, two bench steps each).
 #   tests/gpu/device.sh sanitize on the GPU machine: compute-sanitizer memcheck, racecheck and
 #                               synccheck over test_cuda_ops.
-#   tests/gpu/device.sh ncu     on the GPU machine: Nsight Compute over the 7B step's kernels
-#                               (tests/gpu/ncu_top.sh: a window's time by kernel, the top three's
-#                               sections).
+#   tests/gpu/device.sh ncu     on the GPU machine: Nsight Compute on named kernels of the 7B
+#                               step (tests/gpu/ncu_top.sh: attention, decode, rotation, cast,
+#                               cuBLAS's GEMM; one launch each).
 #   tests/gpu/device.sh all     run, bench, optimes and sanitize in one call of at most 10
 #                               minutes (each part under a time limit, the table always printed;
 #                               TZ_DEVICE_BUDGET=seconds, default 570).
@@ -153,13 +153,18 @@ anchor_run() {
   grep '^{' "$out/anchor-$1.log" | sed 's/^/   /'
 }
 
-# Where the 7B step's GPU time goes, op by op (TZ_CUDA_OP_TIMES: every op synchronised and timed
-# with events; docs/gpu.md), from two steps of the bench (the first a warm-up, counted too).
+# Where the GPU time goes, op by op (TZ_CUDA_OP_TIMES: every op synchronised and timed with
+# events; docs/gpu.md), over two bench steps (the first a warm-up, counted too) of the 7B LoRA
+# and the DiT-XL/2 presets.
 run_optimes() {
-  echo "== TZ_CUDA_OP_TIMES=1 turbozero bench --preset llama2-7b (2 steps)"
-  TZ_CUDA_OP_TIMES=1 timeout "$(cap 100)" "$tz" bench --preset llama2-7b --set train.steps=2 \
-    > "$out/optimes-llama2-7b.log" 2>&1 || echo "   (exit $?: see optimes-llama2-7b.log)"
-  grep -A14 'TZ_CUDA_OP_TIMES on' "$out/optimes-llama2-7b.log" | sed 's/^/   /'
+  local p
+  for p in llama2-7b dit-xl-2; do
+    [ "$(left 20)" -gt 60 ] || { echo "== TZ_CUDA_OP_TIMES $p: not run (out of time)"; continue; }
+    echo "== TZ_CUDA_OP_TIMES=1 turbozero bench --preset $p (2 steps)"
+    TZ_CUDA_OP_TIMES=1 timeout "$(cap 100)" "$tz" bench --preset $p --set train.steps=2 \
+      > "$out/optimes-$p.log" 2>&1 || echo "   (exit $?: see optimes-$p.log)"
+    grep -A14 'TZ_CUDA_OP_TIMES on' "$out/optimes-$p.log" | sed 's/^/   /'
+  done
 }
 
 # compute-sanitizer over test_cuda_ops: memcheck, then racecheck and synccheck while time is left

@@ -1,53 +1,36 @@
 #!/bin/bash
-# Nsight Compute over the 7B LoRA bench step, on the GPU machine (tests/gpu/device.sh ncu):
-#  1. the duration of every kernel in a window of launches (one metric, no replay), summed by
-#     kernel name: where the GPU time of the window goes, kernel by kernel;
-#  2. the Speed Of Light, memory and launch sections of the three kernels that took the most
-#     time in the window (one launch each).
-# Usage: ncu_top.sh TURBOZERO OUTDIR [SKIP COUNT]. The window starts SKIP launches into the run
-# (past set-up) and holds COUNT launches; ncu ends the program when it has them (--kill on).
+# Nsight Compute on named kernels of the 7B LoRA bench step, on the GPU machine
+# (tests/gpu/device.sh ncu): for each kernel, one launch (past the first few, so caches and
+# clocks are warm) with the Speed Of Light, memory, launch and occupancy sections; ncu ends the
+# program when it has it (--kill on), so each costs the bench's set-up and one kernel.
+# Usage: ncu_top.sh TURBOZERO OUTDIR [KERNEL ...] (a kernel: the regex of its function name;
+# default: the attention kernels, the 4-bit decode, the rotation, the bf16 cast and cuBLAS's
+# GEMM). A first check on the tiny preset says whether ncu sees the program's kernels at all.
 set -uo pipefail
-tz=${1:?usage: ncu_top.sh TURBOZERO OUTDIR [SKIP COUNT]}
-out=${2:?usage: ncu_top.sh TURBOZERO OUTDIR [SKIP COUNT]}
-skip=${3:-3000} count=${4:-6000}
+tz=${1:?usage: ncu_top.sh TURBOZERO OUTDIR [KERNEL ...]}
+out=${2:?usage: ncu_top.sh TURBOZERO OUTDIR [KERNEL ...]}
+shift 2
+kernels=("$@")
+[ ${#kernels[@]} -gt 0 ] || kernels=(k_att_softmax k_att_dscores k_dequant k_rotate k_to_bf16 'nvjet|gemm|xmma')
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] && [ -x "$ncu" ] || { echo "ncu: not found"; exit 77; }
 mkdir -p "$out"
-run=("$tz" bench --preset llama2-7b --set train.steps=2)
+sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy)
+show='Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Grid Size|Block Size|Theoretical Occupancy|==PROF==|==WARNING== No kernels'
 
-"$ncu" --clock-control none --kill on --launch-skip "$skip" --launch-count "$count" \
-  --metrics gpu__time_duration.sum --csv --page raw --print-units base --print-kernel-base function "${run[@]}" \
-  > "$out/ncu-window.csv" 2> "$out/ncu-window.err"
-echo "ncu window: exit $?, $(grep -c '^"' "$out/ncu-window.csv") rows"
-
-# sum by kernel name; the top three names go to top.txt
-python3 - "$out/ncu-window.csv" "$out/top.txt" <<'PY' | tee "$out/ncu-kernels.txt"
-import csv, sys, collections
-rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
-head, data = rows[0], rows[1:]
-name = head.index("Kernel Name"); dur = head.index("gpu__time_duration.sum")
-tot = collections.defaultdict(float); n = collections.Counter()
-for r in data:
-    try: v = float(r[dur].replace(",", ""))
-    except ValueError: continue  # the units row
-    tot[r[name]] += v; n[r[name]] += 1
-all_ns = sum(tot.values())
-print(f"{sum(n.values())} launches, {all_ns/1e6:.2f} ms of kernel time in the window")
-print(f"{'kernel':60s} {'launches':>8s} {'ms':>9s} {'share':>6s} {'us each':>8s}")
-top = sorted(tot, key=tot.get, reverse=True)
-for k in top[:20]:
-    print(f"{k[:60]:60s} {n[k]:8d} {tot[k]/1e6:9.3f} {100*tot[k]/all_ns:5.1f}% {tot[k]/n[k]/1e3:8.1f}")
-open(sys.argv[2], "w").write("\n".join(top[:3]) + "\n")
-PY
+echo "== ncu check: k_att_softmax of the tiny preset"
+timeout 60 "$ncu" --clock-control none --kill on -k regex:k_att_softmax --launch-count 1 \
+  "${sections[@]}" "$tz" bench --preset llama-tiny --set run.device=cuda --set train.steps=2 \
+  > "$out/ncu-check.txt" 2>&1
+grep -E "$show" "$out/ncu-check.txt" | grep -v pmix | head -6
 
 i=0
-while read -r k; do
-  [ -n "$k" ] || continue
+for k in "${kernels[@]}"; do
   i=$((i + 1))
-  echo "== ncu sections of $k"
-  timeout 90 "$ncu" --clock-control none --kill on -k "regex:^${k}$" --launch-skip 5 --launch-count 1 \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
-    --print-kernel-base function "${run[@]}" > "$out/ncu-top$i.txt" 2>&1
-  grep -E 'Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Grid Size|Block Size|Theoretical Occupancy' \
-    "$out/ncu-top$i.txt" | head -12
-done < "$out/top.txt"
+  echo "== ncu: $k (7B LoRA step, launch 6)"
+  timeout "${TZ_NCU_SECONDS:-75}" "$ncu" --clock-control none --kill on -k "regex:$k" \
+    --launch-skip 5 --launch-count 1 "${sections[@]}" \
+    "$tz" bench --preset llama2-7b --set train.steps=2 > "$out/ncu-$i.txt" 2>&1
+  echo "   (exit $?)"
+  grep -E "^  [a-zA-Z_].*\(|$show" "$out/ncu-$i.txt" | grep -v pmix | head -14
+done

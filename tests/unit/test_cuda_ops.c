@@ -21,6 +21,7 @@
  *           D <= 128 in different order, an online softmax against a two-pass one, exp of
  *           the difference); on tensor cores (bf16 GEMM operands: TF32 products) 4e-3 of
  *           each row's norm, see test_attention_tc.
+ *   1e-6    adamw (the CPU's arithmetic; fused multiply-adds move each element by ulps).
  *   1e-12   sumsq (double accumulation of the same squares, relative: both backends sum the
  *           GPU's own floats, so only the order of the additions differs).
  * The bf16 GEMM (matmul_dtype = TZ_DT_BF16) is checked element by element against bounds
@@ -137,6 +138,28 @@ static void test_elementwise(void) {
     check(sg2 == sg, "sumsq is the same bits run to run");
     check(g_gpu->sumsq(g_gpu, y.d, 0) == 0.0, "sumsq of nothing is 0");
     drop(&x), drop(&y);
+
+    /* AdamW, three steps on the same inputs: the CPU's arithmetic up to fused multiply-adds
+     * (a few ulps of each element's update, relative to the largest weight) */
+    pair w = mk(n, 0.05f), m = mk(n, 1e-3f), v = mk(n, 0.0f), g = mk(n, 0.2f);
+    for (int64_t i = 0; i < n; i++) v.h[i] = 1e-6f * (float)(i % 7);
+    g_gpu->upload(g_gpu, v.d, v.h, (size_t)n * 4);
+    uint8_t *dec_h = malloc((size_t)n);
+    for (int64_t i = 0; i < n; i++) dec_h[i] = (uint8_t)(i % 3 != 0);
+    uint8_t *dec_d = g_gpu->alloc(g_gpu, (size_t)n);
+    g_gpu->upload(g_gpu, dec_d, dec_h, (size_t)n);
+    for (int t = 1; t <= 3; t++) {
+        const tz_adamw_args a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                 .weight_decay = 0.1f, .c1 = (float)(1.0 / (1.0 - pow(0.9, t))),
+                                 .c2 = (float)(1.0 / (1.0 - pow(0.999, t))), .grad_scale = 0.7f};
+        g_cpu->adamw(g_cpu, w.h, m.h, v.h, g.h, dec_h, n, &a);
+        g_gpu->adamw(g_gpu, w.d, m.d, v.d, g.d, dec_d, n, &a);
+    }
+    expect("adamw: weights after 3 steps", &w, 1e-6);
+    expect("adamw: exp_avg", &m, 1e-6);
+    expect("adamw: exp_avg_sq", &v, 1e-6);
+    g_gpu->release(g_gpu, dec_d), free(dec_h);
+    drop(&w), drop(&m), drop(&v), drop(&g);
 }
 
 /* ---- matmul ---- */
