@@ -115,3 +115,34 @@ int tz_check_regular(const char *path, char *err, size_t errlen) {
     snprintf(err, errlen, "%s: not a regular file (%s)", path, tz_file_kind((unsigned)st.st_mode));
     return 1;
 }
+
+const char *const tz_tokenizer_files[] = {"tokenizer.json", "tokenizer_config.json",
+                                          "special_tokens_map.json", "generation_config.json",
+                                          "tokenizer.model", NULL};
+
+int tz_copy_tokenizer_files(const char *src, const char *dst, char *err, size_t errlen) {
+    int copied = 0;
+    for (int i = 0; tz_tokenizer_files[i]; i++) {
+        char from[1100], to[1100];
+        tz_path_join(from, sizeof from, src, tz_tokenizer_files[i]);
+        tz_path_join(to, sizeof to, dst, tz_tokenizer_files[i]);
+        struct stat s;
+        if (stat(from, &s) != 0) continue; /* not there: nothing to carry */
+        size_t n = 0;
+        char *data = tz_read_file(from, &n, err, errlen);
+        if (!data) return -1;
+        char tmp[1200];
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", to, (long)getpid());
+        FILE *f = fopen(tmp, "wb");
+        int bad = !f || fwrite(data, 1, n, f) != n;
+        if (f && fclose(f) != 0) bad = 1;
+        free(data);
+        if (bad || rename(tmp, to) != 0) {
+            snprintf(err, errlen, "%s: cannot write: %s", to, strerror(errno));
+            unlink(tmp);
+            return -1;
+        }
+        copied++;
+    }
+    return copied;
+}

@@ -26,5 +26,12 @@ int tz_check_regular(const char *path, char *err, size_t errlen);
  * NUL); NULL with "PATH: REASON" in err when it cannot be opened or read, or is not a regular
  * file ("PATH: not a regular file (a FIFO)"). */
 char *tz_read_file(const char *path, size_t *len, char *err, size_t errlen);
+/* The files of a Hugging Face tokenizer beside a model (tokenizer.json, its config, special
+ * tokens, generation_config.json's stop ids, a SentencePiece model), NULL-terminated. */
+extern const char *const tz_tokenizer_files[];
+/* Copies those of them that folder src holds into folder dst (each written whole under a
+ * temporary name, then renamed), so a model written from src carries its tokenizer. The
+ * count copied, or -1 with "PATH: REASON" in err. */
+int tz_copy_tokenizer_files(const char *src, const char *dst, char *err, size_t errlen);
 
 #endif

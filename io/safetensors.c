@@ -515,3 +515,46 @@ int tz_st_read_f32(const tz_safetensors *st, const char *name, float *out, int n
     }
     return tz_st_tensor_to_f32(t, out, err, errlen);
 }
+
+/* ---- identity ---- */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+uint64_t tz_st_digest(const tz_safetensors *st) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int64_t i = 0; i < st->count; i++) { /* sorted by name: any sharding gives the same */
+        const tz_st_tensor *t = &st->tensors[i];
+        h = fnv1a(h, t->name, strlen(t->name) + 1);
+        const int64_t head[2] = {(int64_t)t->dtype, t->ndim};
+        h = fnv1a(h, head, sizeof head);
+        h = fnv1a(h, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
+        const size_t k = t->nbytes < 64 ? t->nbytes : 64, at[3] = {0, t->nbytes / 2, t->nbytes - k};
+        for (int j = 0; j < 3 && k; j++) {
+            const size_t off = at[j] + k <= t->nbytes ? at[j] : t->nbytes - k;
+            h = fnv1a(h, (const char *)t->data + off, k);
+        }
+    }
+    return h;
+}
+
+uint64_t tz_st_identity_of(const tz_safetensors *st) {
+    const char *src = tz_st_metadata(st, TZ_ST_SOURCE_KEY);
+    char *end = NULL;
+    if (src && strlen(src) == 16) {
+        uint64_t v = strtoull(src, &end, 16);
+        if (end && *end == 0) return v;
+    }
+    return tz_st_digest(st);
+}
+
+int tz_st_identity(const char *path, uint64_t *id, char *err, size_t errlen) {
+    tz_safetensors st;
+    if (tz_st_open(&st, path, err, errlen)) return -1;
+    *id = tz_st_identity_of(&st);
+    tz_st_close(&st);
+    return 0;
+}

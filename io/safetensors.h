@@ -63,6 +63,20 @@ int tz_st_read_f32(const tz_safetensors *st, const char *name, float *out, int n
 /* Converts one tensor (F32/F16/BF16) to fp32, out holds t->numel floats. 0, or non-zero;
  * a NaN or Inf element is an error naming the file, the tensor and the element. */
 int tz_st_tensor_to_f32(const tz_st_tensor *t, float *out, char *err, size_t errlen);
+/* A model's identity, to tell whether an adapter meets the base it was trained on: 64 bits of
+ * FNV-1a over every tensor's name, dtype and shape and 3 x 64 bytes of its data (start,
+ * middle, end), in name order (the same for any sharding). Cheap at any size: pages touched,
+ * not read whole. A folder written from another (turbozero quantize, export --dequantize)
+ * records its source's identity under TZ_ST_SOURCE_KEY (16 hex digits), so a quantized copy
+ * and its dense source are one base; an adapter records its base's under TZ_ST_BASE_KEY. */
+#define TZ_ST_SOURCE_KEY "turbozero.source_digest"
+#define TZ_ST_BASE_KEY "turbozero.base_digest"
+uint64_t tz_st_digest(const tz_safetensors *st);
+/* The recorded source's identity when the metadata has one, else tz_st_digest. */
+uint64_t tz_st_identity_of(const tz_safetensors *st);
+/* tz_st_identity_of of the model at path (a file, or a folder as tz_st_open takes); 0, or
+ * non-zero with err. */
+int tz_st_identity(const char *path, uint64_t *id, char *err, size_t errlen);
 /* Writes "[a, b, c]" into buf; returns buf. */
 char *tz_st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape);
 

@@ -37,11 +37,23 @@ void tz_adapter_read_spec(const char *dir, const char *const *names, int n, tz_l
     }
 }
 
-void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir) {
+void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir, const char *base) {
     char path[1100], err[1200];
     tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
     tz_safetensors st;
     if (tz_st_open(&st, path, err, sizeof err)) TZ_FATAL("model.adapter: %s", err);
+    /* the base it was trained on: the same shapes do not make the same model */
+    const char *rec = tz_st_metadata(&st, TZ_ST_BASE_KEY);
+    uint64_t id;
+    if (rec && base && tz_path_exists(base) && !tz_st_identity(base, &id, err, sizeof err)) {
+        char now[24];
+        snprintf(now, sizeof now, "%016llx", (unsigned long long)id);
+        if (strcmp(now, rec))
+            tz_warn("model.adapter %s was trained on another base than model.path %s (base "
+                    "identity %s, this one %s): the same shapes, other weights; a quantized or "
+                    "dequantized copy made by turbozero counts as its source", dir, base, rec,
+                    now);
+    }
     for (int i = 0; i < ps->n; i++) {
         tz_param *p = ps->p[i];
         if (!p->adapter) continue;
@@ -98,11 +110,14 @@ static void download_quant(tz_backend *be, const tz_param *p, tz_tq_tensor *t, c
 }
 
 int tz_params_save(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
-                         const tz_tensor_view *views, int n_views, const tz_quant_opts *quant) {
+                         const tz_tensor_view *views, int n_views, const tz_quant_opts *quant,
+                         const char *const *extra) {
     tz_st_writer w;
     tz_st_writer_init(&w);
     tz_st_writer_set_metadata(&w, "format", "pt");
     tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
+    for (int i = 0; extra && extra[i] && extra[i + 1]; i += 2)
+        tz_st_writer_set_metadata(&w, extra[i], extra[i + 1]);
     char err[1024];
     void **bufs = tz_xcalloc((size_t)(ps->n + n_views) + 1, sizeof *bufs);
     tz_tq_tensor *qt = tz_xcalloc((size_t)ps->n + 1, sizeof *qt);
@@ -192,7 +207,16 @@ void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char 
     snprintf(c.task_type, sizeof c.task_type, "%s", task_type ? task_type : "");
     tz_adapter_base_quant(ps, &c);
     tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
-    tz_params_save(ps, be, path, 1, 0, NULL, 0, NULL);
+    /* the base's identity (tz_st_identity), checked when the adapter is loaded; none for a
+     * base that is no folder of weights (a bench preset) */
+    uint64_t id;
+    char hex[24], ierr[1200];
+    const char *meta[3] = {NULL, NULL, NULL};
+    if (tz_path_exists(base_model_path) && !tz_st_identity(base_model_path, &id, ierr, sizeof ierr)) {
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)id);
+        meta[0] = TZ_ST_BASE_KEY, meta[1] = hex;
+    }
+    tz_params_save(ps, be, path, 1, 0, NULL, 0, NULL, meta);
     tz_path_join(path, sizeof path, dir, "adapter_config.json");
     if (tz_peft_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }

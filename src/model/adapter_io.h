@@ -14,7 +14,9 @@
  * file, the module and the family's names otherwise). */
 void tz_adapter_read_spec(const char *dir, const char *const *names, int n, tz_lora_spec *s);
 /* Loads every adapter tensor of ps from DIR/adapter_model.safetensors by name and shape. */
-void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir);
+/* base: the model folder it is applied to (NULL: not checked): a warning when the adapter
+ * records another base's identity (io/safetensors.h, tz_st_identity). */
+void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir, const char *base);
 /* Writes DIR/adapter_model.safetensors (F32) and DIR/adapter_config.json (PEFT task_type,
  * NULL for none, and the quantization of the base ps holds). */
 void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char *const *names,
@@ -38,9 +40,11 @@ typedef struct tz_tensor_view {
  * safetensors file under their table names and shapes: dense ones as F32 (or BF16 rounded to
  * nearest even); quantized ones, with quant given, in the quantized layout of io/tq_format.h
  * (codes, scales and the metadata, whose top-level method/bits/group/seed are *quant's), or
- * with quant NULL dequantized like the dense ones. Returns the number written quantized. */
+ * with quant NULL dequantized like the dense ones; extra: more metadata pairs (key, value, ...,
+ * NULL), or NULL. Returns the number written quantized. */
 int tz_params_save(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
-                         const tz_tensor_view *views, int n_views, const tz_quant_opts *quant);
+                         const tz_tensor_view *views, int n_views, const tz_quant_opts *quant,
+                         const char *const *extra);
 
 /* Folds the LoRA adapters of ps into their base weights, W += alpha / rank * B A (PEFT's
  * names: base_model.model.X.lora_A.weight and lora_B adapt X.weight), and makes every

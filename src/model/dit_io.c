@@ -159,7 +159,7 @@ void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
     tz_path_join(path, sizeof path, dir, "model.safetensors");
     /* a quantized block weight (full fine-tuning at quant.bits) is written dequantized: a
      * quantized DiT folder is not read yet */
-    tz_params_save(&m->params, m->be, path, 0, bf16, views, 2, NULL);
+    tz_params_save(&m->params, m->be, path, 0, bf16, views, 2, NULL, NULL);
     tz_path_join(path, sizeof path, dir, "config.json");
     if (tz_dit_config_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }

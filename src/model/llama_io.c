@@ -151,7 +151,7 @@ void tz_llama_save(tz_llama *m, const char *dir, int bf16) {
     snprintf(c.torch_dtype, sizeof c.torch_dtype, bf16 ? "bfloat16" : "float32");
     tz_path_join(path, sizeof path, dir, "model.safetensors");
     /* quantized weights (full fine-tuning of a quantized model) keep the quantized layout */
-    int nq = tz_params_save(&m->params, m->be, path, 0, bf16, NULL, 0, &m->o.quant);
+    int nq = tz_params_save(&m->params, m->be, path, 0, bf16, NULL, 0, &m->o.quant, NULL);
     tz_path_join(path, sizeof path, dir, "config.json");
     if (tz_hf_llama_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
     if (nq) {

@@ -137,6 +137,7 @@ static void save_model(tz_st_writer *w, const char *in, const char *out, const c
     tz_path_join(src, sizeof src, in, "config.json");
     tz_path_join(dst, sizeof dst, out, "config.json");
     if (tz_hf_config_rewrite(src, dst, quant_json, dtype, err, sizeof err)) TZ_FATAL("%s", err);
+    if (tz_copy_tokenizer_files(in, out, err, sizeof err) < 0) TZ_FATAL("%s", err);
 }
 
 /* The quantization of one projection: its stored tensor and table row. */
@@ -263,6 +264,9 @@ void tz_llama_quantize_dir(const char *in, const char *out, int method, int bits
     tz_st_writer_init(&w);
     tz_st_writer_set_metadata(&w, "format", "pt");
     tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
+    char id[24];
+    snprintf(id, sizeof id, "%016llx", (unsigned long long)tz_st_identity_of(&st));
+    tz_st_writer_set_metadata(&w, TZ_ST_SOURCE_KEY, id); /* the dense source's identity */
     qrow *rows = tz_xcalloc((size_t)st.count + 1, sizeof *rows);
     qtotals tot;
     memset(&tot, 0, sizeof tot);
@@ -305,6 +309,9 @@ void tz_llama_export_dequantized(const char *in, const char *out, FILE *rep) {
     tz_st_writer_init(&w);
     tz_st_writer_set_metadata(&w, "format", "pt");
     tz_st_writer_set_metadata(&w, "producer", "turbozero " TZ_VERSION);
+    char id[24];
+    snprintf(id, sizeof id, "%016llx", (unsigned long long)tz_st_identity_of(&st));
+    tz_st_writer_set_metadata(&w, TZ_ST_SOURCE_KEY, id); /* the same base, dequantized */
     float **bufs = tz_xcalloc((size_t)st.count + 1, sizeof *bufs);
     int64_t nb = 0, ndeq = 0;
     double bytes = 0;

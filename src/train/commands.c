@@ -124,23 +124,6 @@ void tz_quantize_run(const tz_quantize_args *a) {
 
 void tz_export_run(const char *in, const char *out) { tz_llama_export_dequantized(in, out, stdout); }
 
-/* Copies file name from folder src to folder dst when it is there. */
-static void copy_if_present(const char *src, const char *dst, const char *name) {
-    char from[1100], to[1100];
-    tz_path_join(from, sizeof from, src, name);
-    tz_path_join(to, sizeof to, dst, name);
-    FILE *in = fopen(from, "rb");
-    if (!in) return;
-    FILE *out = fopen(to, "wb");
-    if (!out) TZ_FATAL("export: cannot write %s: %s", to, strerror(errno));
-    char buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, n, out) != n) TZ_FATAL("export: cannot write %s: %s", to, strerror(errno));
-    if (ferror(in)) TZ_FATAL("export: cannot read %s", from);
-    fclose(in);
-    if (fclose(out)) TZ_FATAL("export: cannot write %s: %s", to, strerror(errno));
-}
 
 void tz_export_merge_run(const char *in, const char *adapter, const char *out, int bf16) {
     char type[64], err[1200], src[1100], dst[1100];
@@ -171,10 +154,7 @@ void tz_export_merge_run(const char *in, const char *adapter, const char *out, i
     tz_path_join(dst, sizeof dst, out, "config.json");
     if (tz_hf_config_rewrite(src, dst, NULL, bf16 ? "bfloat16" : "float32", err, sizeof err))
         TZ_FATAL("export: %s", err);
-    static const char *const extra[] = {"tokenizer.json", "tokenizer_config.json",
-                                        "special_tokens_map.json", "generation_config.json",
-                                        "tokenizer.model", NULL};
-    for (int i = 0; extra[i]; i++) copy_if_present(in, out, extra[i]);
+    if (tz_copy_tokenizer_files(in, out, err, sizeof err) < 0) TZ_FATAL("export: %s", err);
     printf("wrote %s: %s with %d LoRA weights merged (alpha/rank %g)%s, %s\n", out, in, merged,
            t->opts.lora.alpha / (double)t->opts.lora.rank,
            nq ? ", quantized weights dequantized" : "", bf16 ? "BF16" : "F32");

@@ -130,7 +130,7 @@ void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_para
     /* loftq changes the base as well: done again under model.adapter (the adapter's rank and
      * alpha), so an adapter trained on a loftq base is used on that base */
     if (o->lora.targets && cfg->lora.init == TZ_LORA_INIT_LOFTQ) init_loftq(cfg, o, ps, be);
-    if (cfg->model.adapter[0]) tz_adapter_load(ps, be, cfg->model.adapter);
+    if (cfg->model.adapter[0]) tz_adapter_load(ps, be, cfg->model.adapter, cfg->model.path);
     else if (o->lora.targets && cfg->lora.init != TZ_LORA_INIT_LOFTQ)
         tz_model_init_lora(ps, be, (uint64_t)cfg->run.seed);
 }

@@ -177,6 +177,11 @@ static double eval_rows(tz_task *t, int64_t first, int64_t n) {
 
 static void save_model(tz_task *t, const char *dir, int bf16) {
     tz_llama_save(((llama_task *)t)->m, dir, bf16);
+    /* the tokenizer of the model it was trained from travels with it (a folder; a bench
+     * preset has none) */
+    char err[1400];
+    if (tz_copy_tokenizer_files(t->cfg->model.path, dir, err, sizeof err) < 0)
+        TZ_FATAL("saving the model to %s: %s", dir, err);
 }
 
 static void close_task(tz_task *t) {

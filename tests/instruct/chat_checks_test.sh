@@ -5,7 +5,12 @@
 #     template tokenizer_config.json names, --stop cuts the text, --interactive reads stdin;
 #  2. a token file made with another tokenizer is refused (the digest in its header);
 #  3. a token id beyond the model's vocab is refused with the file, the id and the vocab;
-#  4. data.seq_len beyond max_position_embeddings is refused.
+#  4. data.seq_len beyond max_position_embeddings is refused;
+#  5. the tokenizer travels: quantize, export --dequantize and a full fine-tune's model folder
+#     carry tokenizer.json, tokenizer_config.json and generation_config.json, and generate on
+#     each renders the chat prompt as on the source (no --tokenizer);
+#  6. an adapter records its base's identity: applied to that base or to a quantized copy of
+#     it, nothing is said; applied to another model of the same shapes, a warning names both.
 # usage: chat_checks_test.sh TURBOZERO SOURCE_DIR
 set -u
 tz=$1 src=$2
@@ -96,4 +101,25 @@ mp=$($py -c 'import json; print(json.load(open("m/config.json"))["max_position_e
 "$tz" train g.cfg --set data.seq_len=$((mp + 1)) > l.log 2>&1; rc=$?
 [ $rc != 0 ] && grep -q "exceeds the model's max_position_embeddings" l.log && ok "train: seq_len beyond max_position_embeddings is refused" ||
   { bad "train: seq_len"; tail -3 l.log; }
+# 5. the tokenizer travels with every model folder written
+files=(tokenizer.json tokenizer_config.json generation_config.json)
+carries() { for f in "${files[@]}"; do cmp -s "m/$f" "$1/$f" || return 1; done; }
+chat_on() { "$tz" generate g.cfg --set model.path="$1" --chat --prompt Hi --max-new 2 2>&1 >/dev/null | grep -q "25 prompt tokens, template llama3"; }
+"$tz" quantize --model m --bits 4 --out q > q.log 2>&1 && carries q && chat_on q &&
+  ok "quantize: the output carries the tokenizer; generate --chat on it without --tokenizer" ||
+  { bad "quantize: the tokenizer did not travel"; tail -3 q.log; ls q; }
+"$tz" export --model q --dequantize --out dq > dq.log 2>&1 && carries dq && chat_on dq &&
+  ok "export --dequantize: the output carries the tokenizer" || { bad "export --dequantize: no tokenizer"; ls dq; }
+"$tz" train g.cfg --set train.mode=full --set run.dir=full > f.log 2>&1 && carries full/model && chat_on full/model &&
+  ok "train.mode = full: run.dir/model carries the tokenizer" || { bad "full: no tokenizer in the model folder"; tail -3 f.log; ls full/model; }
+# 6. the adapter's base
+"$tz" train g.cfg --set run.dir=lo > lo.log 2>&1 || { bad "train (LoRA) for the adapter check"; tail -3 lo.log; }
+"$tz" init-model --arch llama --preset tiny --vocab 261 --seed 7 --out m2 > /dev/null 2>&1
+cp m/tokenizer.json m/tokenizer_config.json m2/
+gen_with() { "$tz" generate g.cfg --set model.path="$1" --set model.adapter=lo/adapter --prompt Hi --max-new 2 2>&1 >/dev/null; }
+w_same=$(gen_with m | grep -c "trained on another base"); w_q=$(gen_with q | grep -c "trained on another base")
+w_other=$(gen_with m2 | grep -c "adapter lo/adapter was trained on another base than model.path m2")
+[ "$w_same" = 0 ] && [ "$w_q" = 0 ] && [ "$w_other" = 1 ] &&
+  ok "an adapter on its base and on its quantized copy: no warning; on another model of its shapes: warned" ||
+  bad "the adapter's base check: warnings $w_same (its base), $w_q (quantized copy), $w_other (another model; want 0 0 1)"
 finish chat_checks

@@ -225,7 +225,7 @@ static void test_io(void) {
     check(o2.lora.targets == o.lora.targets && o2.lora.rank == 2 && o2.lora.alpha == 4.0,
           "adapter_config.json round trip: targets attn.qkv + adaLN_modulation.1, r 2, alpha 4");
     tz_dit *m2 = tz_dit_load(g_be, sub, &o2);
-    tz_adapter_load(&m2->params, g_be, ad);
+    tz_adapter_load(&m2->params, g_be, ad, NULL);
     const tz_dit_dims *x = &m->d, *z = &m2->d; /* field by field: padding bytes are not data */
     check(x->input_size == z->input_size && x->patch_size == z->patch_size &&
               x->in_channels == z->in_channels && x->hidden == z->hidden && x->depth == z->depth &&
@@ -243,7 +243,7 @@ static void test_io(void) {
     snprintf(sub, sizeof sub, "%s/bf16", dir);
     tz_dit_save(m, sub, 1);
     tz_dit *m3 = tz_dit_load(g_be, sub, &o2);
-    tz_adapter_load(&m3->params, g_be, ad);
+    tz_adapter_load(&m3->params, g_be, ad, NULL);
     tz_dit_setup(m3, 3);
     double l3 = tz_dit_forward_loss(m3, b.x, b.t, b.y, b.tgt);
     check(fabs(l3 - l1) < 1e-2 * l1 && l3 != l1, "bf16 save loads with a close loss (%.6f vs %.6f)", l3, l1);

@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
               "adapter_config.json not read back (r %lld alpha %g targets %x)",
               (long long)lo2.lora.rank, lo2.lora.alpha, lo2.lora.targets);
         tz_llama *e = tz_llama_load(be, dir, &lo2);
-        tz_adapter_load(&e->params, be, adir);
+        tz_adapter_load(&e->params, be, adir, NULL);
         tz_llama_setup(e, B, T);
         float *le = logits_of(e, in, tg);
         check(!memcmp(lc, le, (size_t)(B * T * d.vocab) * sizeof(float)),
