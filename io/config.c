@@ -47,6 +47,7 @@ static const char *const dtype_names[] = {"f32", "bf16", NULL};
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const precision_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const quant_methods[] = {"turboquant", "absmax", NULL};
+static const char *const quant_roundings[] = {"nearest", "stochastic", NULL};
 static const char *const lora_inits[] = {"default", "loftq", NULL};
 static const char *const comm_names[] = {"auto", "mpi", "nccl", NULL};
 static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "quant",
@@ -107,6 +108,8 @@ static const tz_key schema[] = {
     POW2(quant, group, 128, 64, 256, "weights per quantization group (one bf16 scale each)"),
     ENUM(quant, method, TZ_QUANT_TURBOQUANT, quant_methods, "quantizer (absmax: the baseline)"),
     INT(quant, seed, 0, 0, INT64_C(1) << 62, "seed of the TurboQuant random signs"),
+    ENUM(quant, rounding, TZ_ROUND_NEAREST, quant_roundings, "full fine-tuning of quantized weights: how each step re-quantizes the fp32 master (nearest, or stochastic: unbiased, a new draw each step)"),
+    BOOL(quant, count_changes, 0, "full fine-tuning of quantized weights: log the share of codes each step's re-quantization changes (keeps a copy of the codes on the host)"),
     FLT(qzo, eps, 1e-3, OPEN, 0.0, 1.0, CLOSED, "qzo: perturbation size of the scales"),
     FLT(qzo, clip, 100.0, OPEN, 0.0, 1e12, CLOSED, "qzo: bound on the estimated directional derivative"),
     ENUM(qzo, schedule, TZ_QZO_CONSTANT, qzo_schedules, "qzo: learning-rate schedule (cosine: optim.warmup, optim.min_lr_ratio)"),

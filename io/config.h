@@ -15,6 +15,7 @@ enum tz_qzo_schedule { TZ_QZO_CONSTANT = 0, TZ_QZO_COSINE = 1 };
 enum tz_lora_init { TZ_LORA_INIT_DEFAULT = 0, TZ_LORA_INIT_LOFTQ = 1 };
 /* quant.method; the values are quant/turboquant.h's enum tz_tq_method. */
 enum tz_quant_method { TZ_QUANT_TURBOQUANT = 0, TZ_QUANT_ABSMAX = 1 };
+enum tz_quant_rounding { TZ_ROUND_NEAREST = 0, TZ_ROUND_STOCHASTIC = 1 };
 
 /* The values of the keys that belong to the model families, which io/ does not know: the
  * caller passes them in (src/train/family.c, tz_family_names), NULL-terminated. model.arch is
@@ -84,6 +85,8 @@ typedef struct tz_config {
         int64_t bits;                 /* 0: dense base; 1..4: quantize the projections at load */
         int64_t group;                /* 64, 128 or 256 */
         int method;                   /* enum tz_quant_method: "turboquant" | "absmax" */
+        int rounding;                 /* enum tz_quant_rounding: "nearest" | "stochastic" */
+        int count_changes;            /* log the share of codes each re-quantization changes */
         int64_t seed;                 /* TurboQuant sign seed */
     } quant;
     struct {

@@ -13,6 +13,7 @@ enum tz_rng_purpose {
     TZ_RNG_NOISE = 5,   /* diffusion noise / timesteps */
     TZ_RNG_DROPOUT = 6, /* label dropout */
     TZ_RNG_QZO = 7,     /* qzo perturbation of the quantization scales (per step) */
+    TZ_RNG_ROUND = 8,   /* stochastic rounding of full fine-tuning's re-quantization (per step) */
     TZ_RNG_TEST = 100,
 };
 

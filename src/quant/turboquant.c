@@ -60,8 +60,23 @@ static void check_codebook(const tz_tq_tensor *t, const tz_tq_codebook *cb) {
 }
 
 /* Quantizes one group w (length g) with its signs s into packed codes and a bf16 scale. */
+/* A uniform in [0, 1) for element i of global group gi under seed sr (a pure function of
+ * the three: the same on any thread count). */
+static float sr_uniform(uint64_t sr, int64_t gi, int i) {
+    uint64_t x = sr ^ ((uint64_t)gi * 0x9e3779b97f4a7c15ULL + (uint64_t)i * 0xbf58476d1ce4e5b9ULL);
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return (float)(x >> 40) * (1.0f / 16777216.0f);
+}
+
+/* sr != 0: stochastic rounding. The scale is the nearest codes' least-squares fit lambda (the
+ * reconstruction of r is lambda * c); then each element takes one of the two centroids around
+ * r / lambda with the probabilities that make its expected reconstruction r (clamped at the
+ * outermost centroids), seeded by (sr, global group gi, element). */
 static void quantize_group(const float *w, const float *s, int g, const tz_tq_codebook *cb,
-                           uint8_t *packed, uint16_t *scale) {
+                           uint8_t *packed, uint16_t *scale, uint64_t sr, int64_t gi) {
     float r[TZ_TQ_MAX_GROUP];
     uint8_t idx[TZ_TQ_MAX_GROUP];
     double nn = 0.0;
@@ -91,6 +106,21 @@ static void quantize_group(const float *w, const float *s, int g, const tz_tq_co
             den += c * c;
         }
         *scale = tz_f32_to_bf16((float)(num / (sqrt((double)g) * den)));
+        const double lambda = tz_bf16_to_f32(*scale) * sqrt((double)g);
+        if (sr && lambda > 0) {
+            const float *c = cb->centroids;
+            for (int i = 0; i < g; i++) {
+                const double u = (double)r[i] / lambda;
+                int lo = 0; /* the last centroid <= u */
+                while (lo + 1 < cb->n && c[lo + 1] <= u) lo++;
+                if (u <= c[0]) idx[i] = 0;
+                else if (lo == cb->n - 1) idx[i] = (uint8_t)lo;
+                else {
+                    const double p = (u - c[lo]) / ((double)c[lo + 1] - c[lo]);
+                    idx[i] = (uint8_t)(sr_uniform(sr, gi, i) < p ? lo + 1 : lo);
+                }
+            }
+        }
     }
     tz_tq_pack_group(packed, idx, g, cb->bits);
 }
@@ -121,6 +151,12 @@ static void absmax_group(const float *x, int g, int bits, uint8_t *packed, uint1
 void tz_tq_quantize_range(int method, const tz_tq_codebook *cb, int bits, int group,
                           int64_t cols, uint64_t seed, const float *w, int64_t first,
                           int64_t count, uint8_t *codes, uint16_t *scales) {
+    tz_tq_quantize_range_sr(method, cb, bits, group, cols, seed, w, first, count, codes, scales, 0);
+}
+
+void tz_tq_quantize_range_sr(int method, const tz_tq_codebook *cb, int bits, int group,
+                             int64_t cols, uint64_t seed, const float *w, int64_t first,
+                             int64_t count, uint8_t *codes, uint16_t *scales, uint64_t sr) {
     if (bits < 1 || bits > TZ_TQ_MAX_BITS || (group != 64 && group != 128 && group != 256) ||
         cols <= 0 || cols % group || first < 0 || count < 0)
         TZ_FATAL("quantize_range: %d bits, group %d, %lld columns, groups [%lld, +%lld)", bits,
@@ -140,7 +176,8 @@ void tz_tq_quantize_range(int method, const tz_tq_codebook *cb, int bits, int gr
 #pragma omp parallel for schedule(static)
     for (int64_t k = 0; k < count; k++) {
         int64_t j = (first + k) % per_row;
-        quantize_group(w + k * g, signs + j * g, g, cb, codes + k * gbytes, scales + k);
+        quantize_group(w + k * g, signs + j * g, g, cb, codes + k * gbytes, scales + k, sr,
+                       first + k);
     }
     free(signs);
 }

@@ -77,6 +77,15 @@ void tz_tq_quantize_groups(tz_tq_tensor *t, const tz_tq_codebook *cb, const floa
 void tz_tq_quantize_range(int method, const tz_tq_codebook *cb, int bits, int group,
                           int64_t cols, uint64_t seed, const float *w, int64_t first,
                           int64_t count, uint8_t *codes, uint16_t *scales);
+/* The same with stochastic rounding when sr != 0 (TurboQuant only; absmax ignores it): the
+ * group's scale as nearest rounding fits it, then each element one of the two centroids
+ * around it with the probabilities that make its expected decoded value the input (in the
+ * rotated basis, up to the bf16 scale), drawn from a hash of (sr, global group, element):
+ * the same bytes on any thread count. Full fine-tuning re-quantizes with it where
+ * quant.rounding = "stochastic" (a new sr each step). */
+void tz_tq_quantize_range_sr(int method, const tz_tq_codebook *cb, int bits, int group,
+                             int64_t cols, uint64_t seed, const float *w, int64_t first,
+                             int64_t count, uint8_t *codes, uint16_t *scales, uint64_t sr);
 /* w_hat [rows, cols] = the dequantized weight in the plain basis. */
 void tz_tq_dequantize(const tz_tq_tensor *t, const tz_tq_codebook *cb, float *w_hat);
 /* w_rot [rows, cols] = the weight in the rotated basis (see the identity above). */

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "mpi/comm.h"
 #include "mpi/comm_nccl.h"
 #include "mpi/world.h"
@@ -176,6 +177,7 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
                            r->gcomm ? r->gcomm : comm, w);
         tz_params_set_grad_hook(r->task->params, tz_zero_grads_ready, &r->z);
         if (!cfg->optim.offload) tz_zero_device_optimizer(&r->z);
+        r->z.zw.count_changes = cfg->quant.count_changes;
     } else if (r->task->n_val == 0) {
         TZ_FATAL_HINT("set data.val", "%s: data.val is not set", cfg->source);
     }
@@ -231,6 +233,7 @@ static eval_result evaluate(run *r, int64_t limit, int progress) {
 
 typedef struct step_result {
     double loss, gnorm, lr;
+    double codes; /* share of the quantized weights' codes the step changed; < 0: not counted */
 } step_result;
 
 static tz_bench_clock *g_clock; /* bench's phase clock (train_step's marks; NULL elsewhere) */
@@ -250,7 +253,7 @@ static step_result train_step(run *r, int64_t step) {
     }
     if (r->qzo) { /* grad_norm: |d|, the directional derivative estimated (before clipping) */
         tz_qzo_stats q = tz_qzo_train_step(r->qzo, step, total);
-        step_result s = {q.loss, fabs(q.d), q.lr};
+        step_result s = {q.loss, fabs(q.d), q.lr, -1.0};
         return s;
     }
     tz_zero_begin_step(&r->z);
@@ -270,7 +273,17 @@ static step_result train_step(run *r, int64_t step) {
     tz_optim_hparams hp = {s.lr, cfg->optim.beta1, cfg->optim.beta2, cfg->optim.eps,
                            cfg->optim.weight_decay};
     tz_bench_phase(g_clock, TZ_PH_OPTIM);
+    /* the re-quantization's rounding: stochastic draws a new seed each step (never 0) */
+    tz_rng rr = tz_rng_make((uint64_t)cfg->run.seed, (uint64_t)step, TZ_RNG_ROUND, 0);
+    r->z.zw.sr = cfg->quant.rounding == TZ_ROUND_STOCHASTIC ? (tz_rng_u64(&rr) | 1) : 0;
+    r->z.zw.changed = r->z.zw.counted = 0;
     s.gnorm = tz_zero_step(&r->z, &hp, step + 1, cfg->optim.grad_clip);
+    s.codes = -1.0;
+    if (r->z.zw.count_changes && r->z.zw.quant_params > 0) {
+        double c[2] = {(double)r->z.zw.changed, (double)r->z.zw.counted};
+        if (r->N > 1) tz_comm_all_reduce(r->comm, c, c, 2, TZ_DT_F64);
+        s.codes = c[1] > 0 ? c[0] / c[1] : 0.0;
+    }
     tz_bench_phase(g_clock, TZ_PH_OTHER);
     if (!isfinite(s.loss) || !isfinite(s.gnorm))
         TZ_FATAL_HINT("lower optim.lr or check the data",
@@ -561,7 +574,7 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         best = ev0;
     }
     const double t_loop = now_s();
-    step_result s = {0, 0, 0};
+    step_result s = {0, 0, 0, -1.0};
     const int64_t first = resumed ? ck.step : 0;
     stopped = stopped || tz_ckpt_stop_at_start(comm, "start", first);
     if (r.qzo && !stopped) tz_ckpt_signals_default(); /* qzo saves nothing: default action */
@@ -574,18 +587,23 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         if (root) {
             char now[40], rec_line[512];
             tz_record_time_now(now, sizeof now);
+            char codes[48] = "";
+            if (s.codes >= 0) snprintf(codes, sizeof codes, ", \"codes_changed\": %.6g", s.codes);
             snprintf(rec_line, sizeof rec_line,
-                     "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.9g, "
+                     "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.9g%s, "
                      "\"%s_per_s\": %.1f, \"step_s\": %.4f, \"time\": \"%s\"}\n",
-                     (long long)step + 1, s.loss, s.lr, s.gnorm, r.task->unit, tps, t1 - t0, now);
+                     (long long)step + 1, s.loss, s.lr, s.gnorm, codes, r.task->unit, tps, t1 - t0,
+                     now);
             metrics_emit(metrics, &tb, rec_line);
             divergence_watch(&dv, cfg, step + 1, s.loss);
         }
         if ((step + 1) % cfg->train.log_every == 0 || step + 1 == steps) {
             char eta[32];
             fmt_duration(eta, sizeof eta, (t1 - t_loop) / (double)(step + 1 - first) * (double)(steps - step - 1));
-            tz_info("step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f %s/s | ETA %s",
-                    (long long)step + 1, (long long)steps, s.loss, s.lr, s.gnorm, tps,
+            char codes[48] = "";
+            if (s.codes >= 0) snprintf(codes, sizeof codes, " | codes changed %.4f%%", 100 * s.codes);
+            tz_info("step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f%s | %.0f %s/s | ETA %s",
+                    (long long)step + 1, (long long)steps, s.loss, s.lr, s.gnorm, codes, tps,
                     r.task->unit, eta);
         }
         if (have_val && cfg->train.eval_every > 0 && (step + 1) % cfg->train.eval_every == 0 &&

@@ -77,6 +77,9 @@ void tz_zero_weights_init(tz_zero_weights *zw, const tz_zero_plan *plan, tz_para
 }
 
 void tz_zero_weights_free(tz_zero_weights *zw) {
+    if (zw->prev)
+        for (int b = 0; b < zw->n_buckets; b++) free(zw->prev[b]);
+    free(zw->prev);
     free(zw->first);
     free(zw->pc);
     free(zw->bytes);
@@ -120,7 +123,30 @@ void tz_zero_weights_read(const tz_zero_weights *zw, tz_backend *be, int b, int 
     }
 }
 
-void tz_zero_weights_pack(const tz_zero_weights *zw, int b, int r, const float *slice,
+/* Codes of the quantized pieces of (b, r) that differ between the packed chunks a and b. */
+static void count_changes(tz_zero_weights *zw, const tz_zero_piece *pc, int64_t n,
+                          const uint8_t *old, const uint8_t *now) {
+    int64_t changed = 0, counted = 0;
+    for (int64_t k = 0; k < n; k++) {
+        const tz_zero_piece *c = &pc[k];
+        const tz_qweight *q = c->p->q;
+        if (!q) continue;
+        const int g = q->group;
+        const int64_t ng = c->n / g, gb = TZ_TQ_GROUP_BYTES(g, q->bits);
+#pragma omp parallel for schedule(static) reduction(+ : changed)
+        for (int64_t j = 0; j < ng; j++) {
+            uint8_t x[TZ_TQ_MAX_GROUP], y[TZ_TQ_MAX_GROUP];
+            tz_tq_unpack_group(x, old + c->at + j * gb, g, q->bits);
+            tz_tq_unpack_group(y, now + c->at + j * gb, g, q->bits);
+            for (int i = 0; i < g; i++) changed += x[i] != y[i];
+        }
+        counted += c->n;
+    }
+    zw->changed += changed;
+    zw->counted += counted;
+}
+
+void tz_zero_weights_pack(tz_zero_weights *zw, int b, int r, const float *slice,
                           uint8_t *chunk) {
     int64_t n;
     const tz_zero_piece *pc = pieces(zw, b, r, &n);
@@ -134,8 +160,16 @@ void tz_zero_weights_pack(const tz_zero_weights *zw, int b, int r, const float *
             continue;
         }
         const int64_t ng = c->n / q->group, cbytes = c->n * q->bits / 8;
-        tz_tq_quantize_range(q->method, codebook(zw, q), q->bits, q->group, c->p->shape[1],
-                             q->seed, src, c->off / q->group, ng, dst, (uint16_t *)(dst + cbytes));
+        tz_tq_quantize_range_sr(q->method, codebook(zw, q), q->bits, q->group, c->p->shape[1],
+                                q->seed, src, c->off / q->group, ng, dst,
+                                (uint16_t *)(dst + cbytes), zw->sr);
+    }
+    if (zw->count_changes && zw->quant_params > 0) {
+        const size_t bytes = (size_t)zw->bytes[(int64_t)b * zw->world + r];
+        if (!zw->prev) zw->prev = tz_xcalloc((size_t)zw->n_buckets, sizeof *zw->prev);
+        if (zw->prev[b]) count_changes(zw, pc, n, zw->prev[b], chunk);
+        else zw->prev[b] = tz_xmalloc(bytes > 0 ? bytes : 1);
+        memcpy(zw->prev[b], chunk, bytes);
     }
 }
 

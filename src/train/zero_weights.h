@@ -38,6 +38,11 @@ typedef struct tz_zero_weights {
     int64_t quant_params;  /* trainable elements stored quantized */
     int64_t dense_params;  /* trainable elements stored as fp32 */
     tz_tq_codebook cb[TZ_TQ_MAX_BITS + 1]; /* TurboQuant codebooks of the bits present */
+    uint64_t sr;           /* this step's stochastic-rounding seed for the re-quantization
+                            * (quant.rounding = "stochastic"); 0: nearest */
+    int count_changes;     /* count the codes each re-quantization changes (prev kept) */
+    uint8_t **prev;        /* [n_buckets]: the rank's last packed chunk of each bucket */
+    int64_t changed, counted; /* codes changed / compared since the caller last zeroed them */
 } tz_zero_weights;
 
 /* Cuts every (bucket, rank) slice of plan into pieces of the trainable tensors of ps. The
@@ -55,7 +60,7 @@ void tz_zero_weights_read(const tz_zero_weights *zw, tz_backend *be, int b, int 
 /* Packs rank r's slice of bucket b from its master (slice floats) into chunk
  * (zw->bytes[b * world + r] bytes): dense pieces copied, quantized pieces re-quantized (OpenMP over
  * groups; the same bytes as `turbozero quantize` of the master would give). */
-void tz_zero_weights_pack(const tz_zero_weights *zw, int b, int r, const float *slice,
+void tz_zero_weights_pack(tz_zero_weights *zw, int b, int r, const float *slice,
                           uint8_t *chunk);
 /* Writes rank r's packed chunk of bucket b into the model: weights, or codes and scales. */
 void tz_zero_weights_unpack(const tz_zero_weights *zw, tz_backend *be, int b, int r,

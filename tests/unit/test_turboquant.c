@@ -540,6 +540,93 @@ static void test_determinism(void) {
     tz_tq_tensor_free(&t);
 }
 
+/* Stochastic rounding (tz_tq_quantize_range_sr): sr = 0 is nearest rounding, byte for byte;
+ * a seed gives the same bytes on 1 and 4 threads; and the rule is unbiased where it applies.
+ * In the rotated basis each element r is reconstructed as lambda c[code] (lambda = sqrt(g) x
+ * the group's scale, fitted to the nearest codes and the same for every draw); for the
+ * elements inside the codebook's range (|r / lambda| <= the outermost centroid; the others
+ * are clamped, as nearest rounding clamps them), the mean of 400 draws' reconstructions must
+ * equal r within 4 standard errors of the mean (lambda x the centroid gap x sqrt(p (1 - p) /
+ * 400), p the rule's probability) plus one draw's weight, and one
+ * draw must be farther from r than nearest rounding (the price of no bias). */
+static void test_stochastic(void) {
+    const int64_t cols = 256, g = 128, ng = 8; /* 4 rows of 2 groups */
+    float *w = malloc((size_t)(ng * g) * sizeof *w), *signs = malloc((size_t)cols * sizeof *signs);
+    float *rot = malloc((size_t)(ng * g) * sizeof *rot);
+    double *sum = malloc((size_t)(ng * g) * sizeof *sum);
+    tz_rng r = tz_rng_make(5, 0, TZ_RNG_TEST, 0);
+    for (int64_t i = 0; i < ng * g; i++) w[i] = 0.02f * (2.0f * tz_rng_uniform(&r) - 1.0f);
+    tz_tq_signs_row(7, cols, g, signs);
+    for (int64_t k = 0; k < ng; k++) { /* the rotated groups: r = H (s . w) */
+        for (int64_t i = 0; i < g; i++) rot[k * g + i] = signs[(k % 2) * g + i] * w[k * g + i];
+        tz_fwht(rot + k * g, g);
+    }
+    for (int b = 2; b <= 4; b++) {
+        const int64_t gb = TZ_TQ_GROUP_BYTES(g, b);
+        uint8_t *c0 = malloc((size_t)(ng * gb)), *c1 = malloc((size_t)(ng * gb));
+        uint16_t s0[8], s1[8];
+        uint8_t idx[TZ_TQ_MAX_GROUP];
+        tz_tq_quantize_range(TZ_TQ_TURBOQUANT, &g_cb[b], b, g, cols, 7, w, 0, ng, c0, s0);
+        tz_tq_quantize_range_sr(TZ_TQ_TURBOQUANT, &g_cb[b], b, g, cols, 7, w, 0, ng, c1, s1, 0);
+        check(!memcmp(c0, c1, (size_t)(ng * gb)) && !memcmp(s0, s1, sizeof s0),
+              "b=%d stochastic rounding with seed 0 = nearest rounding, byte for byte", b);
+        const int nt = omp_get_max_threads();
+        omp_set_num_threads(1);
+        tz_tq_quantize_range_sr(TZ_TQ_TURBOQUANT, &g_cb[b], b, g, cols, 7, w, 0, ng, c0, s0, 99);
+        omp_set_num_threads(4);
+        tz_tq_quantize_range_sr(TZ_TQ_TURBOQUANT, &g_cb[b], b, g, cols, 7, w, 0, ng, c1, s1, 99);
+        omp_set_num_threads(nt);
+        check(!memcmp(c0, c1, (size_t)(ng * gb)), "b=%d stochastic rounding: the same bytes on 1 "
+              "and 4 threads", b);
+        /* nearest's codes and scales (the scales every draw keeps) */
+        tz_tq_quantize_range(TZ_TQ_TURBOQUANT, &g_cb[b], b, g, cols, 7, w, 0, ng, c0, s0);
+        const float cmax = g_cb[b].centroids[g_cb[b].n - 1], cmin = g_cb[b].centroids[0];
+        double e_near = 0, e_one = 0;
+        memset(sum, 0, (size_t)(ng * g) * sizeof *sum);
+        const int draws = 400;
+        for (int d = 0; d <= draws; d++) {
+            if (d > 0)
+                tz_tq_quantize_range_sr(TZ_TQ_TURBOQUANT, &g_cb[b], b, g, cols, 7, w, 0, ng, c1,
+                                        s1, (uint64_t)d * 2654435761u);
+            for (int64_t k = 0; k < ng; k++) {
+                const double lambda = sqrt((double)g) * tz_bf16_to_f32(d ? s1[k] : s0[k]);
+                tz_tq_unpack_group(idx, (d ? c1 : c0) + k * gb, (int)g, b);
+                for (int64_t i = 0; i < g; i++) {
+                    const double rec = lambda * g_cb[b].centroids[idx[i]], e = rec - rot[k * g + i];
+                    if (d == 0) e_near += e * e;
+                    else sum[k * g + i] += rec;
+                    if (d == 1) e_one += e * e;
+                }
+            }
+        }
+        int64_t inside = 0, biased = 0;
+        for (int64_t k = 0; k < ng; k++) {
+            const double lambda = sqrt((double)g) * tz_bf16_to_f32(s0[k]);
+            for (int64_t i = 0; i < g; i++) {
+                const double u = rot[k * g + i] / lambda;
+                if (u <= cmin || u >= cmax) continue;
+                inside++;
+                /* the draws' standard error from the rule itself (the sample's own spread is
+                 * 0 when a rare outcome never came up), plus one draw's weight */
+                int lo = 0;
+                while (lo + 2 < g_cb[b].n && g_cb[b].centroids[lo + 1] <= u) lo++;
+                const double step = g_cb[b].centroids[lo + 1] - g_cb[b].centroids[lo];
+                const double p = (u - g_cb[b].centroids[lo]) / step;
+                const double se = lambda * step * sqrt(p * (1 - p) / draws);
+                const double m = sum[k * g + i] / draws;
+                biased += fabs(m - rot[k * g + i]) > 4 * se + lambda * step / draws;
+            }
+        }
+        check(inside > ng * g / 2 && biased <= inside / 200 && e_one > e_near,
+              "b=%d stochastic rounding is unbiased inside the codebook's range: %lld of %lld "
+              "elements' means off by more than 4 standard errors (at most 0.5%%); rms error of one "
+              "draw %.3g > nearest's %.3g", b, (long long)biased, (long long)inside,
+              sqrt(e_one / (double)(ng * g)), sqrt(e_near / (double)(ng * g)));
+        free(c0), free(c1);
+    }
+    free(w), free(signs), free(rot), free(sum);
+}
+
 int main(void) {
     test_codebook();
     test_fwht();
@@ -547,5 +634,6 @@ int main(void) {
     test_distortion();
     test_rotated_basis();
     test_determinism();
+    test_stochastic();
     return tz_check_done("turboquant");
 }
