@@ -10,3 +10,9 @@ set_tests_properties(quant_llama_end_to_end quant_llama_quality PROPERTIES TIMEO
   SKIP_RETURN_CODE 77 ENVIRONMENT "${TZ_TEST_ENV}")
 set_tests_properties(quant_llama_end_to_end PROPERTIES LABELS "e2e")
 set_tests_properties(quant_llama_quality PROPERTIES LABELS "quality")
+
+# quant.rounding and quant.count_changes on a full fine-tune of a 3-bit base
+# (tests/quant/rounding_test.sh).
+add_test(NAME quant_rounding
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/quant/rounding_test.sh $<TARGET_FILE:turbozero> ${CMAKE_SOURCE_DIR})
+set_tests_properties(quant_rounding PROPERTIES TIMEOUT 300 ENVIRONMENT "${TZ_TEST_ENV}" LABELS "e2e")

@@ -282,7 +282,7 @@ static step_result train_step(run *r, int64_t step) {
     if (r->z.zw.count_changes && r->z.zw.quant_params > 0) {
         double c[2] = {(double)r->z.zw.changed, (double)r->z.zw.counted};
         if (r->N > 1) tz_comm_all_reduce(r->comm, c, c, 2, TZ_DT_F64);
-        s.codes = c[1] > 0 ? c[0] / c[1] : 0.0;
+        s.codes = c[1] > 0 ? c[0] / c[1] : -1.0; /* the first step has nothing to compare */
     }
     tz_bench_phase(g_clock, TZ_PH_OTHER);
     if (!isfinite(s.loss) || !isfinite(s.gnorm))
