@@ -55,6 +55,10 @@ int tz_peft_read(tz_peft_config *c, const char *path, char *err, size_t errlen) 
             c->quant_seed = json_is_integer(sd) ? (uint64_t)json_integer_value(sd) : 0;
             if (json_is_string(m))
                 snprintf(c->quant_method, sizeof c->quant_method, "%s", json_string_value(m));
+            json_t *li = json_object_get(q, "lora_init"), *is = json_object_get(q, "init_seed");
+            if (json_is_string(li))
+                snprintf(c->lora_init, sizeof c->lora_init, "%s", json_string_value(li));
+            c->init_seed = json_is_integer(is) ? (uint64_t)json_integer_value(is) : 0;
         }
         rc = 0;
         size_t i;
@@ -79,11 +83,16 @@ int tz_peft_write(const tz_peft_config *c, const char *path, char *err, size_t e
     json_object_set_new(root, "peft_type", json_string("LORA"));
     json_object_set_new(root, "task_type",
                         c->task_type[0] ? json_string(c->task_type) : json_null());
-    if (c->quant_bits > 0) /* PEFT ignores keys it does not know */
-        json_object_set_new(root, "turbozero_base_quantization",
-                            json_pack("{s:i, s:i, s:s, s:I}", "bits", c->quant_bits, "group_size",
-                                      c->quant_group, "method", c->quant_method, "seed",
-                                      (json_int_t)c->quant_seed));
+    if (c->quant_bits > 0) { /* PEFT ignores keys it does not know */
+        json_t *q = json_pack("{s:i, s:i, s:s, s:I}", "bits", c->quant_bits, "group_size",
+                              c->quant_group, "method", c->quant_method, "seed",
+                              (json_int_t)c->quant_seed);
+        if (c->lora_init[0]) {
+            json_object_set_new(q, "lora_init", json_string(c->lora_init));
+            json_object_set_new(q, "init_seed", json_integer((json_int_t)c->init_seed));
+        }
+        json_object_set_new(root, "turbozero_base_quantization", q);
+    }
     json_object_set_new(root, "base_model_name_or_path", json_string(c->base_model));
     json_object_set_new(root, "r", json_integer(c->r));
     json_object_set_new(root, "lora_alpha", json_real(c->alpha));

@@ -19,6 +19,11 @@ typedef struct tz_peft_config {
     int quant_bits, quant_group;
     char quant_method[16];    /* "turboquant" | "absmax" */
     uint64_t quant_seed;
+    /* lora.init = "loftq": the base was re-quantized with the first adapters, made from
+     * init_seed (run.seed); kept in the same key ("lora_init", "init_seed"), so the base can
+     * be made again wherever the adapter is used. "" for the default init. */
+    char lora_init[16];
+    uint64_t init_seed;
 } tz_peft_config;
 
 /* Reads path (an adapter_config.json). 0, or non-zero with a message naming the file and key. */

@@ -21,6 +21,8 @@ void tz_adapter_read_spec(const char *dir, const char *const *names, int n, tz_l
     if (tz_peft_read(&c, path, err, sizeof err)) TZ_FATAL("model.adapter: %s", err);
     s->rank = c.r;
     s->alpha = c.alpha;
+    s->loftq = !strcmp(c.lora_init, "loftq") ? 1 : c.lora_init[0] ? 0 : -1;
+    s->init_seed = c.init_seed;
     s->targets = 0;
     for (int i = 0; i < c.ntargets; i++) {
         int j = 0;
@@ -206,6 +208,10 @@ void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char 
     snprintf(c.base_model, sizeof c.base_model, "%s", base_model_path);
     snprintf(c.task_type, sizeof c.task_type, "%s", task_type ? task_type : "");
     tz_adapter_base_quant(ps, &c);
+    if (c.quant_bits > 0) { /* loftq: the base to make again, quantize(W - s B0 A0) */
+        snprintf(c.lora_init, sizeof c.lora_init, "%s", s->loftq > 0 ? "loftq" : "default");
+        c.init_seed = s->loftq > 0 ? s->init_seed : 0;
+    }
     tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
     /* the base's identity (tz_st_identity), checked when the adapter is loaded; none for a
      * base that is no folder of weights (a bench preset) */

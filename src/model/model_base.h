@@ -27,6 +27,10 @@ typedef struct tz_lora_spec {
     int targets;       /* bit 1 << j: the family's projection j is adapted; 0: no adapters */
     int64_t rank;
     double alpha;      /* the update is alpha / rank * B A */
+    int loftq;         /* the base was re-quantized with the first adapters (lora.init =
+                        * "loftq"): 1; 0 the default init; -1 not recorded (an adapter
+                        * written before adapters recorded it: the config's lora.init) */
+    uint64_t init_seed; /* the seed of those first adapters (run.seed) */
 } tz_lora_spec;
 
 /* How a model is built: what trains, its adapters, checkpointing, and how the quantizable

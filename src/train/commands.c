@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "io/fsutil.h"
 #include "io/hf_config.h"
+#include "io/peft.h"
 #include "model/adapter_io.h"
 #include "model/llama_quant.h"
 #include "quant/turboquant.h"
@@ -137,6 +138,24 @@ void tz_export_merge_run(const char *in, const char *adapter, const char *out, i
     snprintf(cfg.source, sizeof cfg.source, "export --merge");
     snprintf(cfg.model.path, sizeof cfg.model.path, "%s", in);
     snprintf(cfg.model.adapter, sizeof cfg.model.adapter, "%s", adapter);
+    /* an adapter trained on a loftq base belongs to that base, quantize(W - s B0 A0), not to
+     * the dense W: the merge quantizes the dense model as the training did, makes the loftq
+     * base again and merges into it (dequantized) */
+    char cpath[1100];
+    tz_peft_config pc;
+    tz_path_join(cpath, sizeof cpath, adapter, "adapter_config.json");
+    if (tz_peft_read(&pc, cpath, err, sizeof err)) TZ_FATAL("export: %s", err);
+    if (!strcmp(pc.lora_init, "loftq") && pc.quant_bits > 0) {
+        cfg.quant.bits = pc.quant_bits;
+        cfg.quant.group = pc.quant_group;
+        cfg.quant.seed = (int64_t)pc.quant_seed;
+        cfg.quant.method = !strcmp(pc.quant_method, "absmax") ? TZ_QUANT_ABSMAX : TZ_QUANT_TURBOQUANT;
+        cfg.lora.init = TZ_LORA_INIT_LOFTQ;
+        cfg.run.seed = (int64_t)pc.init_seed;
+        printf("export: %s was trained on a loftq base (%s %d-bit, group %d): merging into that "
+               "base, made again from %s\n", adapter, pc.quant_method, pc.quant_bits,
+               pc.quant_group, in);
+    }
     tz_task *t = tz_xcalloc(1, f->task->size);
     t->family = f;
     t->cfg = &cfg;

@@ -36,6 +36,8 @@ tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int t
         o.lora.targets = tz_family_lora_targets(f, cfg);
         o.lora.rank = cfg->lora.rank;
         o.lora.alpha = cfg->lora.alpha;
+        o.lora.loftq = cfg->lora.init == TZ_LORA_INIT_LOFTQ;
+        o.lora.init_seed = (uint64_t)cfg->run.seed;
     }
     if (o.full && o.lora.targets)
         TZ_FATAL_HINT("unset model.adapter, or train with train.mode = \"lora\"",
@@ -88,12 +90,12 @@ static void read_dense(void *ctx, const tz_param *p, float *w) {
  * quantized adapted weight re-quantized as quantize(W - s B A) with its adapter (model/
  * loftq.h), from the dense weights of model.path. Every rank computes the same bits. */
 static void init_loftq(const tz_config *cfg, const tz_model_opts *o, tz_params *ps,
-                       tz_backend *be) {
+                       tz_backend *be, uint64_t seed) {
     char err[1200];
     const char *hint = "point model.path at the dense model and set quant.bits (quant.group, "
                        "quant.method, quant.seed) to quantize it at load, or set lora.init = "
                        "\"default\"";
-    tz_model_init_lora(ps, be, (uint64_t)cfg->run.seed);
+    tz_model_init_lora(ps, be, seed);
     if (tz_bench_preset_of(cfg))
         TZ_FATAL_HINT(hint, "lora.init = \"loftq\" needs the dense weights of a model folder; "
                       "model.path %s is a preset built in memory", cfg->model.path);
@@ -109,7 +111,7 @@ static void init_loftq(const tz_config *cfg, const tz_model_opts *o, tz_params *
                       tz_tq_method_name(qf.method), qf.bits);
     tz_tqf_free(&qf);
     tz_loftq_stats r = tz_loftq_init_params(ps, be, o->lora.alpha, o->lora.rank,
-                                            (uint64_t)cfg->run.seed, (int)cfg->train.threads,
+                                            seed, (int)cfg->train.threads,
                                             read_dense, &st);
     tz_st_close(&st);
     if (!r.n) {
@@ -127,12 +129,27 @@ static void init_loftq(const tz_config *cfg, const tz_model_opts *o, tz_params *
 void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_params *ps,
                            tz_backend *be) {
     if (cfg->model.adapter[0]) check_adapter_base(cfg, ps);
-    /* loftq changes the base as well: done again under model.adapter (the adapter's rank and
-     * alpha), so an adapter trained on a loftq base is used on that base */
-    if (o->lora.targets && cfg->lora.init == TZ_LORA_INIT_LOFTQ) init_loftq(cfg, o, ps, be);
-    if (cfg->model.adapter[0]) tz_adapter_load(ps, be, cfg->model.adapter, cfg->model.path);
-    else if (o->lora.targets && cfg->lora.init != TZ_LORA_INIT_LOFTQ)
+    /* loftq changes the base as well: made again under model.adapter (the adapter's rank,
+     * alpha and first adapters' seed, as its adapter_config.json records them), so an adapter
+     * trained on a loftq base is used on that base whatever this config's lora.init says */
+    const int want = cfg->lora.init == TZ_LORA_INIT_LOFTQ;
+    if (cfg->model.adapter[0]) {
+        int loftq = o->lora.loftq;
+        uint64_t seed = o->lora.init_seed;
+        const int shapes = tz_bench_preset_of(cfg) != NULL; /* a plan of the shapes only */
+        if (loftq < 0) loftq = want, seed = (uint64_t)cfg->run.seed; /* not recorded */
+        else if (loftq != want && o->lora.targets && !shapes)
+            tz_warn("model.adapter %s was trained with lora.init = \"%s\" (its "
+                    "adapter_config.json): its base is made so; lora.init = \"%s\" here is not "
+                    "used", cfg->model.adapter, loftq ? "loftq" : "default",
+                    want ? "loftq" : "default");
+        if (o->lora.targets && loftq && !shapes) init_loftq(cfg, o, ps, be, seed);
+        tz_adapter_load(ps, be, cfg->model.adapter, cfg->model.path);
+    } else if (o->lora.targets && want) {
+        init_loftq(cfg, o, ps, be, (uint64_t)cfg->run.seed);
+    } else if (o->lora.targets) {
         tz_model_init_lora(ps, be, (uint64_t)cfg->run.seed);
+    }
 }
 
 void tz_task_save(tz_task *t, const char *dir, char *out, size_t outlen) {

@@ -7,9 +7,10 @@
 #     with grad_accum 2 bit for bit, which needs both ranks to hold the same loftq base;
 #  3. resume: from the step-5 checkpoint of a 2-rank run, at N = 2 bit for bit as the
 #     uninterrupted run, at N = 1 within TOL (the base is made again, the adapter read back);
-#  4. eval of the saved adapter with lora.init = "loftq" (the same run.seed and quant.*) gives
-#     the training's final validation loss exactly; with the default init (the plain quantized
-#     base) it does not;
+#  4. eval of the saved adapter gives the training's final validation loss exactly, with the
+#     config's lora.init = "loftq" and with "default" too (the adapter records its init and
+#     seed, so its base is made again; a differing config is warned about); export --merge
+#     folds it into that base, not the dense weights: the merged model evaluates the same;
 #  5. on a dense base it warns and trains exactly as lora.init = "default";
 #  6. a quantized model.path is refused with the reason and a hint.
 # usage: loftq_test.sh TURBOZERO SOURCE_DIR MPIEXEC
@@ -101,10 +102,26 @@ fi
 ev() { "$tz" eval "$work/run.cfg" --set model.adapter="$work/n1/adapter" --set train.threads=1 "$@" 2>&1 |
          tail -1 | sed -n 's/^eval_loss=\([0-9.]*\) .*/\1/p'; }
 final=$(eval_last "$work/n1") with=$(ev) without=$(ev --set lora.init=default)
-if [ -n "$final" ] && [ "$with" = "$final" ] && [ -n "$without" ] && [ "$without" != "$final" ]; then
-  ok "eval of the adapter with lora.init = loftq: $with = training's final $final; on the plain base $without"
+if [ -n "$final" ] && [ "$with" = "$final" ] && [ "$without" = "$final" ]; then
+  ok "eval of the adapter: $with = training's final $final, with lora.init = loftq and with default (the adapter's record makes its base)"
 else
   bad "eval of the adapter: loftq $with, default $without, training's final $final"
+fi
+"$tz" eval "$work/run.cfg" --set model.adapter="$work/n1/adapter" --set lora.init=default 2>&1 |
+  grep -q 'was trained with lora.init = "loftq" (its adapter_config.json): its base is made so' &&
+  ok "a config's lora.init = default under a loftq adapter: warned, not used" ||
+  bad "no warning for a config's lora.init that the adapter's record overrides"
+# export --merge folds the adapter into the loftq base (quantized as the training did), not
+# into the dense weights: the merged dense model evaluates as base + adapter did
+"$tz" export --model "$work/model" --adapter "$work/n1/adapter" --merge --dtype f32 --out "$work/merged" \
+  > "$work/merge.log" 2>&1 || { bad "export --merge of the loftq adapter failed"; tail -3 "$work/merge.log"; }
+merged=$("$tz" eval "$work/run.cfg" --set model.path="$work/merged" --set quant.bits=0 --set lora.init=default \
+  --set train.threads=1 2>&1 | tail -1 | sed -n 's/^eval_loss=\([0-9.]*\) .*/\1/p')
+if grep -q "trained on a loftq base" "$work/merge.log" && [ -n "$merged" ] &&
+   awk -v a="$merged" -v b="$final" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-4 * b) }'; then
+  ok "export --merge of a loftq adapter: the merged model's eval $merged = base + adapter's $final (1e-4)"
+else
+  bad "export --merge of a loftq adapter: merged eval $merged, base + adapter $final"; tail -2 "$work/merge.log"
 fi
 
 # 5: a dense base: the default init, with a warning
