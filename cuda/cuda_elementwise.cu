@@ -56,20 +56,11 @@ static double cuda_sumsq(tz_backend *be, const float *x, int64_t n) {
     return *c->host_d;
 }
 
-/* AdamW, one element per thread: the arithmetic of train/adamw.c (the CPU's), with the
- * compiler's contractions (fused multiply-adds) the only difference. */
+/* AdamW, one element per thread: tz_adamw_elem (the CPU's arithmetic), with the compiler's
+ * contractions (fused multiply-adds) the only difference. */
 static __global__ void k_adamw(float *w, float *m, float *v, const float *g,
                                const uint8_t *decay, int64_t n, tz_adamw_args a) {
-    TZ_CUDA_FOR(i, n) {
-        const float gi = g[i] * a.grad_scale;
-        const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * gi;
-        const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        const float upd = (mi * a.c1) / (sqrtf(vi * a.c2) + a.eps);
-        const float d = (decay == NULL || decay[i]) ? a.weight_decay : 0.0f;
-        w[i] -= a.lr * (upd + d * w[i]);
-    }
+    TZ_CUDA_FOR(i, n) tz_adamw_elem(&w[i], &m[i], &v[i], g[i], decay == NULL || decay[i], &a);
 }
 static void cuda_adamw(tz_backend *be, float *w, float *m, float *v, const float *g,
                        const uint8_t *decay, int64_t n, const tz_adamw_args *a) {

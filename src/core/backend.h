@@ -14,6 +14,7 @@
  *  - Pointers are backend memory (host memory for the CPU backend). */
 #ifndef TZ_BACKEND_H
 #define TZ_BACKEND_H
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,12 +25,31 @@ typedef struct tz_backend tz_backend;
 /* The queues of a backend (see "the offload" in struct tz_backend). */
 enum { TZ_QUEUE_HOST = -1, TZ_QUEUE_COMPUTE = 0, TZ_QUEUE_COPY = 1 };
 
-/* What device_info reports. */
 /* One AdamW step's scalars for be->adamw (the bias corrections already inverted). */
 typedef struct tz_adamw_args {
     float lr, beta1, beta2, eps, weight_decay, c1, c2, grad_scale;
 } tz_adamw_args;
 
+#if defined(__CUDACC__)
+#define TZ_ADAMW_HD __host__ __device__
+#else
+#define TZ_ADAMW_HD
+#endif
+/* AdamW on one element, the one arithmetic of every AdamW here (the host shard's,
+ * train/adamw.c, and each backend's be->adamw): g scaled by grad_scale, the moments updated,
+ * w -= lr (m c1 / (sqrt(v c2) + eps) + wd w), wd only where decay. */
+static inline TZ_ADAMW_HD void tz_adamw_elem(float *w, float *m, float *v, float g, int decay,
+                                            const tz_adamw_args *a) {
+    const float gi = g * a->grad_scale;
+    const float mi = a->beta1 * *m + (1.0f - a->beta1) * gi;
+    const float vi = a->beta2 * *v + (1.0f - a->beta2) * gi * gi;
+    *m = mi;
+    *v = vi;
+    const float upd = (mi * a->c1) / (sqrtf(vi * a->c2) + a->eps);
+    *w -= a->lr * (upd + (decay ? a->weight_decay : 0.0f) * *w);
+}
+
+/* What device_info reports. */
 typedef struct tz_device_info {
     int ordinal;       /* -1: the host (CPU backend) */
     char name[256];

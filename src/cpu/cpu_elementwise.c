@@ -70,25 +70,16 @@ static double cpu_sumsq(tz_backend *be, const float *x, int64_t n) {
     return s;
 }
 
-/* AdamW: the loop of train/adamw.c, element by element the same arithmetic, so the host's
- * optimizer and the backend's agree (the threads' split does not change an element). */
+/* AdamW: tz_adamw_elem, the host shard's arithmetic (train/adamw.c), so the two agree (the
+ * threads' split does not change an element). */
 static void cpu_adamw(tz_backend *be, float *restrict w, float *restrict m, float *restrict v,
                       const float *restrict g, const uint8_t *restrict decay, int64_t n,
                       const tz_adamw_args *a) {
-    const float b1 = a->beta1, b2 = a->beta2, eps = a->eps, lr = a->lr, wd = a->weight_decay;
-    const float c1 = a->c1, c2 = a->c2, gs = a->grad_scale;
+    const tz_adamw_args args = *a;
     int nt = tz_cpu_threads(be);
 #pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= 32768)
-    for (int64_t i = 0; i < n; i++) {
-        float gi = g[i] * gs;
-        float mi = b1 * m[i] + (1.0f - b1) * gi;
-        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        float upd = (mi * c1) / (sqrtf(vi * c2) + eps);
-        float d = (decay == NULL || decay[i]) ? wd : 0.0f;
-        w[i] -= lr * (upd + d * w[i]);
-    }
+    for (int64_t i = 0; i < n; i++)
+        tz_adamw_elem(&w[i], &m[i], &v[i], g[i], decay == NULL || decay[i], &args);
 }
 
 /* ---- column sums: the parameter-like gradients of the per-sample conditioning ---- */

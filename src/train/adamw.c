@@ -12,24 +12,23 @@ const tz_optim tz_optim_adamw = {
     .step = tz_adamw_step,
 };
 
+tz_adamw_args tz_adamw_args_of(const tz_optim_hparams *h, int64_t t, float grad_scale) {
+    const tz_adamw_args a = {.lr = (float)h->lr, .beta1 = (float)h->beta1,
+                             .beta2 = (float)h->beta2, .eps = (float)h->eps,
+                             .weight_decay = (float)h->weight_decay,
+                             .c1 = (float)(1.0 / (1.0 - pow(h->beta1, (double)t))),
+                             .c2 = (float)(1.0 / (1.0 - pow(h->beta2, (double)t))),
+                             .grad_scale = grad_scale};
+    return a;
+}
+
 static void adamw_range(float *restrict w, float *restrict m, float *restrict v,
                         const float *restrict g, const uint8_t *restrict decay, int64_t n,
                         const tz_optim_hparams *h, int64_t t, float grad_scale) {
-    const float b1 = (float)h->beta1, b2 = (float)h->beta2, eps = (float)h->eps;
-    const float lr = (float)h->lr, wd = (float)h->weight_decay;
-    const float c1 = (float)(1.0 / (1.0 - pow(h->beta1, (double)t)));
-    const float c2 = (float)(1.0 / (1.0 - pow(h->beta2, (double)t)));
+    const tz_adamw_args a = tz_adamw_args_of(h, t, grad_scale);
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-        float gi = g[i] * grad_scale;
-        float mi = b1 * m[i] + (1.0f - b1) * gi;
-        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        float upd = (mi * c1) / (sqrtf(vi * c2) + eps);
-        float d = (decay == NULL || decay[i]) ? wd : 0.0f;
-        w[i] -= lr * (upd + d * w[i]);
-    }
+    for (int64_t i = 0; i < n; i++)
+        tz_adamw_elem(&w[i], &m[i], &v[i], g[i], decay == NULL || decay[i], &a);
 }
 
 void tz_adamw_step(const tz_optim_arrays *a, int64_t lo, int64_t hi, int64_t t,

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/backend.h"
 #include "mpi/fwd.h"
 
 #define TZ_OPTIM_MAX_STATES 4
@@ -39,6 +40,9 @@ typedef struct tz_optim {
     void (*step)(const tz_optim_arrays *a, int64_t lo, int64_t hi, int64_t t,
                  const tz_optim_hparams *h, float grad_scale);
 } tz_optim;
+
+/* AdamW's scalars for step t (1-based) of h, the gradient scaled by grad_scale. */
+tz_adamw_args tz_adamw_args_of(const tz_optim_hparams *h, int64_t t, float grad_scale);
 
 /* The registered optimizer called name, or NULL. */
 const tz_optim *tz_optim_find(const char *name);

@@ -366,11 +366,7 @@ static double device_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, doub
     if (max_norm > 0 && norm > max_norm) clip = (float)(max_norm / norm);
     t0 = omp_get_wtime();
     if (isfinite(norm)) {
-        const tz_adamw_args a = {
-            .lr = (float)h->lr, .beta1 = (float)h->beta1, .beta2 = (float)h->beta2,
-            .eps = (float)h->eps, .weight_decay = (float)h->weight_decay,
-            .c1 = (float)(1.0 / (1.0 - pow(h->beta1, (double)t))),
-            .c2 = (float)(1.0 / (1.0 - pow(h->beta2, (double)t))), .grad_scale = clip};
+        const tz_adamw_args a = tz_adamw_args_of(h, t, clip);
         be->adamw(be, z->d_master, z->d_state[0], z->d_state[1], z->grad, z->d_decay, F, &a);
     }
     clock_add(z, TZ_ZERO_UPDATE, t0, (double)F * (double)tz_shard_step_bytes(&z->sh));
