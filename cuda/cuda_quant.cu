@@ -205,16 +205,8 @@ static __device__ __forceinline__ unsigned bf16x2_bits(float lo, float hi) {
 /* The 8 decoded weights of octet o into w. */
 static __device__ __forceinline__ void store_octet(float *w, int o, const float *v, int wide) {
     float *p = w + (size_t)o * 8;
-    if (wide) {
-        float4 a, b;
-        a.x = v[0], a.y = v[1], a.z = v[2], a.w = v[3];
-        b.x = v[4], b.y = v[5], b.z = v[6], b.w = v[7];
-        reinterpret_cast<float4 *>(p)[0] = a;
-        reinterpret_cast<float4 *>(p)[1] = b;
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; j++) p[j] = v[j];
-    }
+    if (wide) store8<true>(p, v);
+    else store8<false>(p, v);
 }
 static __device__ __forceinline__ void store_octet(__nv_bfloat16 *w, int o, const float *v,
                                                    int wide) {
