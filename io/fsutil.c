@@ -2,6 +2,7 @@
 #include "io/fsutil.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,4 +146,21 @@ int tz_copy_tokenizer_files(const char *src, const char *dst, char *err, size_t 
         copied++;
     }
     return copied;
+}
+
+json_t *tz_json_load_file(const char *path, size_t flags, char *err, size_t errlen) {
+    char rerr[600];
+    size_t n;
+    char *text = tz_read_file(path, &n, rerr, sizeof rerr);
+    if (!text) {
+        if (err) tz_errf(err, errlen, "%s", rerr);
+        return NULL;
+    }
+    json_error_t je;
+    json_t *root = json_loadb(text, n, flags, &je);
+    free(text);
+    if (!root && err)
+        tz_errf(err, errlen, "%s: not valid JSON: %s (line %d, column %d)", path, je.text,
+                je.line, je.column);
+    return root;
 }

@@ -26,6 +26,11 @@ int tz_check_regular(const char *path, char *err, size_t errlen);
  * NUL); NULL with "PATH: REASON" in err when it cannot be opened or read, or is not a regular
  * file ("PATH: not a regular file (a FIFO)"). */
 char *tz_read_file(const char *path, size_t *len, char *err, size_t errlen);
+/* The JSON value in path (jansson's json_loadb with its flags), the file read whole first by
+ * tz_read_file (a FIFO or a device refused, not waited on); NULL with "PATH: REASON" or "PATH:
+ * not valid JSON: WHAT (line L, column C)" in err (err may be NULL). */
+struct json_t;
+struct json_t *tz_json_load_file(const char *path, size_t flags, char *err, size_t errlen);
 /* The files of a Hugging Face tokenizer beside a model (tokenizer.json, its config, special
  * tokens, generation_config.json's stop ids, a SentencePiece model), NULL-terminated. */
 extern const char *const tz_tokenizer_files[];

@@ -37,24 +37,6 @@ static const char *hf_show(const json_t *v, char *buf, size_t len) {
     return buf;
 }
 
-/* The JSON value in file, read whole first (a FIFO or a device is refused, not waited on),
- * or NULL with "file: why" in err. */
-static json_t *hf_load(const char *file, size_t flags, char *err, size_t errlen) {
-    char rerr[600];
-    size_t n;
-    char *text = tz_read_file(file, &n, rerr, sizeof rerr);
-    if (!text) {
-        tz_errf(err, errlen, "%s", rerr);
-        return NULL;
-    }
-    json_error_t je;
-    json_t *root = json_loadb(text, n, flags, &je);
-    free(text);
-    if (!root)
-        tz_errf(err, errlen, "%s: not valid JSON: %s (line %d, column %d)", file, je.text, je.line,
-                je.column);
-    return root;
-}
 
 /* A positive integer. Absent: error when required, else *out unchanged; null counts as
  * absent only where null_ok (HF treats a null head_dim or num_key_value_heads as unset). */
@@ -241,7 +223,7 @@ int tz_hf_llama_read(tz_hf_llama *c, const char *path, char *err, size_t errlen)
     } else {
         file = tz_xstrdup(path);
     }
-    json_t *root = hf_load(file, JSON_REJECT_DUPLICATES, err, errlen);
+    json_t *root = tz_json_load_file(file, JSON_REJECT_DUPLICATES, err, errlen);
     int rc;
     if (!root) {
         rc = 1;
@@ -390,7 +372,7 @@ int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t 
 int tz_hf_config_rewrite(const char *src, const char *dst, const char *quant_json,
                          const char *torch_dtype, char *err, size_t errlen) {
     json_error_t je;
-    json_t *root = hf_load(src, 0, err, errlen);
+    json_t *root = tz_json_load_file(src, 0, err, errlen);
     if (!root) return 1;
     if (!json_is_object(root)) {
         tz_errf(err, errlen, "%s: not a JSON object", src);
@@ -432,7 +414,7 @@ int tz_hf_model_type(const char *dir, char *buf, size_t len, char *err, size_t e
     size_t n = strlen(dir);
     char *file = (char *)tz_xmalloc(n + 13);
     snprintf(file, n + 13, "%s%sconfig.json", dir, n && dir[n - 1] == '/' ? "" : "/");
-    json_t *root = hf_load(file, 0, err, errlen);
+    json_t *root = tz_json_load_file(file, 0, err, errlen);
     int rc = 0;
     buf[0] = 0;
     if (!root) {

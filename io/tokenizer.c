@@ -320,22 +320,6 @@ static int jtrue(json_t *o, const char *key) { return json_is_true(json_object_g
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return 1; } while (0)
 
-/* The JSON in path, read whole first (a FIFO or a device is refused, not waited on); NULL
- * with "path: why" in err (when err is not NULL). */
-static json_t *json_file(const char *path, size_t flags, char *err, size_t errlen) {
-    char rerr[600];
-    size_t n;
-    char *text = tz_read_file(path, &n, rerr, sizeof rerr);
-    if (!text) {
-        tz_errf(err, errlen, "%s", rerr);
-        return NULL;
-    }
-    json_error_t je;
-    json_t *root = json_loadb(text, n, flags, &je);
-    free(text);
-    if (!root) tz_errf(err, errlen, "%s:%d: not valid JSON: %s", path, je.line, je.text);
-    return root;
-}
 
 /* Ids are below this: the id space is allocated whole (a hole costs a slot). */
 #define MAX_ID (1 << 24)
@@ -477,7 +461,7 @@ static json_t *json_beside(const char *path, int *bad, char *err, size_t errlen)
         *bad = 1;
         return NULL;
     }
-    return json_file(path, JSON_DECODE_INT_AS_REAL, NULL, 0);
+    return tz_json_load_file(path, JSON_DECODE_INT_AS_REAL, NULL, 0);
 }
 static int load_bos_eos(tz_tokenizer *t, const char *dir, char *err, size_t errlen) {
     char path[4200];
@@ -525,7 +509,7 @@ static int cmp_added_pool(const void *a, const void *b) {
 }
 
 static int load_json(tz_tokenizer *t, const char *file, char *err, size_t errlen) {
-    json_t *root = json_file(file, 0, err, errlen);
+    json_t *root = tz_json_load_file(file, 0, err, errlen);
     if (!root) return 1;
     int rc = 1;
     json_t *model = json_object_get(root, "model");
@@ -838,7 +822,7 @@ int tz_generation_eos(const char *dir, int32_t *ids, int cap) {
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
-    json_t *c = json_file(path, JSON_DECODE_INT_AS_REAL, NULL, 0);
+    json_t *c = tz_json_load_file(path, JSON_DECODE_INT_AS_REAL, NULL, 0);
     json_t *v = json_object_get(c, "eos_token_id");
     int n = 0;
     for (size_t i = 0; i < (json_is_array(v) ? json_array_size(v) : 1) && n < cap; i++) {
