@@ -167,13 +167,12 @@ void tz_export_merge_run(const char *in, const char *adapter, const char *out, i
     tz_task_load_adapters(&cfg, &t->opts, t->params, t->be);
     int merged = tz_params_merge_lora(t->params, t->be, &t->opts.lora);
     if (!merged) TZ_FATAL("export: %s holds no LoRA weights for %s", adapter, in);
-    f->task->save_model(t, out, bf16);
+    f->task->save_model(t, out, bf16); /* with the source's tokenizer files (the family's) */
     /* the source's config.json as it was (rope_scaling, token ids, ...), now dense */
     tz_path_join(src, sizeof src, in, "config.json");
     tz_path_join(dst, sizeof dst, out, "config.json");
     if (tz_hf_config_rewrite(src, dst, NULL, bf16 ? "bfloat16" : "float32", err, sizeof err))
         TZ_FATAL("export: %s", err);
-    if (tz_copy_tokenizer_files(in, out, err, sizeof err) < 0) TZ_FATAL("export: %s", err);
     printf("wrote %s: %s with %d LoRA weights merged (alpha/rank %g)%s, %s\n", out, in, merged,
            t->opts.lora.alpha / (double)t->opts.lora.rank,
            nq ? ", quantized weights dequantized" : "", bf16 ? "BF16" : "F32");
