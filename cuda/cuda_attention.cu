@@ -1,19 +1,24 @@
 /* CUDA scaled dot-product attention with grouped-query heads (causal or not): the forward
  * saves the log-sum-exp, the backward recomputes the probabilities from q, k and lse, so memory
- * is never B*H*T*T; and attention against a key/value cache (generation). Two ways to the same
- * results, chosen by the GEMM operand type (be->matmul_dtype, run.precision):
- *   bf16 (a GPU's default): chunks of query rows through cuBLAS strided-batched GEMMs on the
- *     tensor cores (TF32 products of the fp32 activations, fp32 sums), the chunk's scores in
- *     the workspace the caller lends (be->att_ws, core/backend.h), an fp32 softmax kernel
- *     between the GEMMs. Memory O(chunk * T) for the scores, O(B H T) for lse and delta.
+ * is never B*H*T*T; and attention against a key/value cache (generation). Three ways to the
+ * same results, chosen by the GEMM operand type (be->matmul_dtype, run.precision) and the head
+ * dimension D:
+ *   bf16, D <= 128 (a GPU's default): flash style on the tensor cores, bf16 mma.sync tiles
+ *     (cuda/cuda_mma.cuh), the scores kept in registers, online softmax in fp32; no
+ *     workspace but delta (backward).
+ *   bf16, D > 128: chunks of query rows through cuBLAS strided-batched GEMMs on the tensor
+ *     cores (TF32 products of the fp32 activations, fp32 sums), the chunk's scores in the
+ *     workspace the caller lends (be->att_ws, core/backend.h), an fp32 softmax kernel between
+ *     the GEMMs. Memory O(chunk * T) for the scores, O(B H T) for lse and delta.
  *   fp32: flash style on CUDA cores with the CPU's arithmetic (fp32 products): keys streamed
  *     through shared memory with an online softmax, no workspace; head dimension <= 128.
- * Why both, the chunk size and the GQA batching: docs/architecture.md ("Attention on tensor
- * cores", under "The CUDA backend"). */
+ * Why these, the tiles, the chunk size and the GQA batching: docs/architecture.md ("Attention
+ * on tensor cores", "Flash attention on the tensor cores", under "The CUDA backend"). */
 #include <limits.h>
 #include <math.h>
 
 #include "cuda/cuda_internal.cuh"
+#include "cuda/cuda_mma.cuh"
 
 /* ================= fp32: flash style on CUDA cores =================
  * Work split (no atomics; every output row has one writer):
@@ -117,9 +122,11 @@ __global__ void k_att_fwd(float *out, float *lse, const float *q, const float *k
 
 /* ---- backward ---- */
 
-/* delta[b, h, t] = dO . O over D, a warp per row. */
+/* delta[b, h, t] = dO . O over D, a warp per row; bf16_dout: dO rounded to bf16 first, as the
+ * flash kernels' dP = dO . v sees it (then sum_s P_ts dP_ts - delta_t cancels the rounding of
+ * dO, which is common to a row's every dP, instead of leaving it in every dS). */
 static __global__ void k_att_delta(float *delta, const float *dout, const float *out,
-                                   att_shape sh) {
+                                   att_shape sh, int bf16_dout = 0) {
     const int lane = threadIdx.x & 31;
     const int64_t rows = sh.B * sh.Hq * sh.T;
     for (int64_t idx = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; idx < rows;
@@ -128,7 +135,8 @@ static __global__ void k_att_delta(float *delta, const float *dout, const float 
         const float *o = out + row_of(b, t, h, sh.T, sh.Hq) * sh.D;
         const float *d = dout + row_of(b, t, h, sh.T, sh.Hq) * sh.D;
         float s = 0.0f;
-        for (int64_t i = lane; i < sh.D; i += 32) s += o[i] * d[i];
+        for (int64_t i = lane; i < sh.D; i += 32)
+            s += o[i] * (bf16_dout ? __bfloat162float(__float2bfloat16_rn(d[i])) : d[i]);
         s = tz_warp_sum_f(s);
         if (lane == 0) delta[idx] = s;
     }
@@ -504,7 +512,7 @@ static void tc_fwd(tz_backend *be, float *out, float *lse, const float *q, const
     if (!ws || c < 1)
         TZ_FATAL("attention_fwd with bf16 GEMM operands: %zu bytes of workspace lent, %zu "
                  "planned for B=%lld T=%lld Hq=%lld (be->att_ws, tz_attention_ws_bytes)",
-                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh->B, sh->T, sh->Hq, 0),
+                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh->B, sh->T, sh->Hq, sh->D, 0),
                  (long long)sh->B, (long long)sh->T, (long long)sh->Hq);
     float *P = (float *)ws;
     cudaStream_t st = tz_cuda_stream(be);
@@ -531,7 +539,7 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     if (!ws || c < 1)
         TZ_FATAL("attention_bwd with bf16 GEMM operands: %zu bytes of workspace lent, %zu "
                  "planned for B=%lld T=%lld Hq=%lld (be->att_ws, tz_attention_ws_bytes)",
-                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh->B, sh->T, sh->Hq, 1),
+                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh->B, sh->T, sh->Hq, sh->D, 1),
                  (long long)sh->B, (long long)sh->T, (long long)sh->Hq);
     float *delta = (float *)ws;
     float *S = (float *)((char *)ws + db);
@@ -560,6 +568,390 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     tc_end(&a);
 }
 
+/* ================= bf16: flash style on the tensor cores (head dimension <= 128) =========
+ * FlashAttention-2's schedule with mma.sync m16n8k16 (cuda/cuda_mma.cuh): the scores and
+ * probabilities of a tile never leave the registers, so no workspace but delta (backward).
+ * Operands are rounded to bf16 (q, k, v, dO as they are staged; P and dS before their
+ * products), every product is summed in fp32, and the softmax statistics, lse, delta and the
+ * results stay fp32. The head dimension is padded with zeros to DP, a multiple of 16.
+ *   forward, dq: a block of 4 warps owns FQ = 64 query rows of one (b, query head), a warp 16
+ *     rows; K and V pass through shared memory in tiles of FK = 64 keys (bf16); the warp
+ *     keeps its Q (and dO) as A fragments in registers, S = Q K^T in C fragments, and turns
+ *     them into the A fragments of P V (dS K) without leaving the registers (the C layout of
+ *     two 8-column tiles is the A layout of one 16-column step).
+ *   dk, dv: a block of 4 warps owns FKV = 64 keys of one (b, kv head), a warp 16 keys; the
+ *     group's query heads pass in order, their rows in tiles of FQT = 32 with dO, lse and
+ *     delta; S^T = K Q^T and dP^T = V dO^T put the keys on the rows, so P^T and dS^T are
+ *     the A fragments of dV += P^T dO and dK += dS^T Q.
+ * No atomics: every output element has one writer and a fixed order of summation (dq apart
+ * from dk and dv, each recomputing P), so results are reproducible bit for bit. */
+#define FA_MAXD TZ_ATTENTION_FLASH_MAXD
+#define FQ 64   /* query rows per forward / dq block */
+#define FK 64   /* keys per shared tile of the forward and dq */
+#define FKV 64  /* keys per dk/dv block */
+#define FQT 32  /* query rows per shared tile of dk/dv */
+#define FA_THREADS 128
+
+/* Rows [r0, r0 + n) of head h of x [B, T, H, D] into dst[n][DP + 8] as bf16, zeros past T and
+ * D (the 8 bf16 of padding per row spread a warp's 32-bit reads of 8 rows over the banks). */
+template <int DP>
+__device__ void fa_stage(uint16_t *dst, const float *x, int64_t b, int64_t r0, int n,
+                         int64_t h, int64_t T, int64_t H, int64_t D) {
+    constexpr int LD = DP + 8;
+    for (int e = threadIdx.x; e < n * (DP / 2); e += blockDim.x) {
+        const int j = e / (DP / 2), d = 2 * (e % (DP / 2));
+        const int64_t t = r0 + j;
+        float lo = 0.0f, hi = 0.0f;
+        if (t < T) {
+            const float *row = x + row_of(b, t, h, T, H) * D;
+            if (d < D) lo = row[d];
+            if (d + 1 < D) hi = row[d + 1];
+        }
+        *(uint32_t *)(dst + j * LD + d) = tz_pack_bf16(lo, hi);
+    }
+}
+
+/* The A fragments of rows rows[0] (g) and rows[1] (g + 8) of head h of x [B, T, H, D], KS
+ * steps of 16 columns, rounded to bf16; zeros past T and D. */
+template <int KS>
+__device__ __forceinline__ void fa_load_a(uint32_t a[KS][4], const float *x, int64_t b,
+                                          const int64_t rows[2], int64_t h, int64_t T,
+                                          int64_t H, int64_t D) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int64_t t = rows[i & 1], d = kk * 16 + 2 * t4 + (i & 2 ? 8 : 0);
+            float lo = 0.0f, hi = 0.0f;
+            if (t < T) {
+                const float *row = x + row_of(b, t, h, T, H) * D;
+                if (d < D) lo = row[d];
+                if (d + 1 < D) hi = row[d + 1];
+            }
+            a[kk][i] = tz_pack_bf16(lo, hi);
+        }
+}
+
+/* C[NT][4] (+)= A B^T over DP columns: B's rows are rows n*8 + g of the staged tile s (the
+ * "col" B fragment of an [n][k] row-major tile is two adjacent bf16: one 32-bit read). */
+template <int DP, int NT>
+__device__ __forceinline__ void fa_mma_abt(float c[NT][4], const uint32_t a[DP / 16][4],
+                                           const uint16_t *s) {
+    constexpr int LD = DP + 8;
+    const int g = (threadIdx.x & 31) >> 2, t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; kk++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const uint16_t *p = s + (nt * 8 + g) * LD + kk * 16 + 2 * t4;
+            const uint32_t bf[2] = {*(const uint32_t *)p, *(const uint32_t *)(p + 8)};
+            tz_mma_bf16_16816(c[nt], a[kk], bf);
+        }
+}
+
+/* C[DP/8][4] += P s over KT = 2 * NT rows of the staged tile s [KT][DP], P the fp32 C
+ * fragments p[NT][4] of a 16 x KT product rounded to bf16 into A fragments (C tiles 2kk and
+ * 2kk + 1 are A step kk). B[k][n] = s[k][n]: two bf16 of adjacent rows, two 16-bit reads. */
+template <int DP, int NT>
+__device__ __forceinline__ void fa_mma_ps(float c[DP / 8][4], const float p[NT][4],
+                                          const uint16_t *s) {
+    constexpr int LD = DP + 8;
+    const int g = (threadIdx.x & 31) >> 2, t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+        const uint32_t a[4] = {tz_pack_bf16(p[2 * kk][0], p[2 * kk][1]),
+                               tz_pack_bf16(p[2 * kk][2], p[2 * kk][3]),
+                               tz_pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                               tz_pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+        const uint16_t *r = s + (kk * 16 + 2 * t4) * LD + g;
+#pragma unroll
+        for (int dn = 0; dn < DP / 8; dn++) {
+            const uint16_t *q = r + dn * 8;
+            const uint32_t bf[2] = {tz_pack_u16(q[0], q[LD]), tz_pack_u16(q[8 * LD], q[9 * LD])};
+            tz_mma_bf16_16816(c[dn], a, bf);
+        }
+    }
+}
+
+/* The sum of a row's value over the 4 lanes that hold it (lanes 4g .. 4g + 3), in a fixed
+ * order; and the maximum. */
+__device__ __forceinline__ float fa_quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+__device__ __forceinline__ float fa_quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+template <int DP>
+__global__ void __launch_bounds__(FA_THREADS)
+    k_fa_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+             att_shape sh) {
+    constexpr int KS = DP / 16, DN = DP / 8, NT = FK / 8, LD = DP + 8;
+    extern __shared__ float smem[];
+    uint16_t *Ks = (uint16_t *)smem, *Vs = Ks + FK * LD;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t4 = lane & 3;
+    const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / sh.rep, T = sh.T, D = sh.D;
+    const int64_t q0 = (int64_t)blockIdx.x * FQ;
+    const int64_t rows[2] = {q0 + w * 16 + (lane >> 2), q0 + w * 16 + (lane >> 2) + 8};
+    uint32_t qa[KS][4];
+    fa_load_a<KS>(qa, q, b, rows, h, T, sh.Hq, D);
+    float o[DN][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int dn = 0; dn < DN; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
+    const int64_t nkeys = sh.causal ? (q0 + FQ < T ? q0 + FQ : T) : T;
+    for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
+        __syncthreads(); /* the previous tiles are no longer read */
+        fa_stage<DP>(Ks, k, b, s0, FK, kvh, T, sh.Hkv, D);
+        fa_stage<DP>(Vs, v, b, s0, FK, kvh, T, sh.Hkv, D);
+        __syncthreads();
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        fa_mma_abt<DP, NT>(s, qa, Ks);
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int64_t key = s0 + nt * 8 + 2 * t4 + (i & 1), t = rows[i >> 1];
+                const bool valid = key < T && (!sh.causal || key <= t);
+                s[nt][i] = valid ? sh.scale * s[nt][i] : -INFINITY;
+                mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
+            }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fa_quad_max(mx[r]);
+            corr[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mx[r]);
+            l[r] *= corr[r];
+            m[r] = mx[r];
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float p = s[nt][i] == -INFINITY ? 0.0f : expf(s[nt][i] - mx[i >> 1]);
+                s[nt][i] = p;
+                l[i >> 1] += p;
+            }
+#pragma unroll
+        for (int dn = 0; dn < DN; dn++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) o[dn][i] *= corr[i >> 1];
+        fa_mma_ps<DP, NT>(o, s, Vs);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) l[r] = fa_quad_sum(l[r]);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t t = rows[r];
+        if (t >= T) continue;
+        float *orow = out + row_of(b, t, h, T, sh.Hq) * D;
+        const float inv = 1.0f / l[r];
+#pragma unroll
+        for (int dn = 0; dn < DN; dn++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int64_t d = dn * 8 + 2 * t4 + j;
+                if (d < D) orow[d] = o[dn][2 * r + j] * inv;
+            }
+        if (t4 == 0) lse[(b * sh.Hq + h) * T + t] = m[r] + logf(l[r]);
+    }
+}
+
+/* dq[t] += scale sum_s P_ts (dP_ts - delta_t) k_s, P = exp(scale q.k - lse), dP = dO . v. */
+template <int DP>
+__global__ void __launch_bounds__(FA_THREADS)
+    k_fa_dq(float *dq, const float *dout, const float *lse, const float *delta, const float *q,
+            const float *k, const float *v, att_shape sh) {
+    constexpr int KS = DP / 16, DN = DP / 8, NT = FK / 8, LD = DP + 8;
+    extern __shared__ float smem[];
+    uint16_t *Ks = (uint16_t *)smem, *Vs = Ks + FK * LD;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t4 = lane & 3;
+    const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / sh.rep, T = sh.T, D = sh.D;
+    const int64_t q0 = (int64_t)blockIdx.x * FQ;
+    const int64_t rows[2] = {q0 + w * 16 + (lane >> 2), q0 + w * 16 + (lane >> 2) + 8};
+    uint32_t qa[KS][4], ga[KS][4];
+    fa_load_a<KS>(qa, q, b, rows, h, T, sh.Hq, D);
+    fa_load_a<KS>(ga, dout, b, rows, h, T, sh.Hq, D);
+    float lr[2], dl[2], acc[DN][4];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t st = (b * sh.Hq + h) * T + rows[r];
+        lr[r] = rows[r] < T ? lse[st] : 0.0f;
+        dl[r] = rows[r] < T ? delta[st] : 0.0f;
+    }
+#pragma unroll
+    for (int dn = 0; dn < DN; dn++) acc[dn][0] = acc[dn][1] = acc[dn][2] = acc[dn][3] = 0.0f;
+    const int64_t nkeys = sh.causal ? (q0 + FQ < T ? q0 + FQ : T) : T;
+    for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
+        __syncthreads();
+        fa_stage<DP>(Ks, k, b, s0, FK, kvh, T, sh.Hkv, D);
+        fa_stage<DP>(Vs, v, b, s0, FK, kvh, T, sh.Hkv, D);
+        __syncthreads();
+        float s[NT][4], dp[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.0f;
+        fa_mma_abt<DP, NT>(s, qa, Ks);
+        fa_mma_abt<DP, NT>(dp, ga, Vs);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int64_t key = s0 + nt * 8 + 2 * t4 + (i & 1), t = rows[i >> 1];
+                const bool valid = t < T && key < T && (!sh.causal || key <= t);
+                const float p = valid ? expf(sh.scale * s[nt][i] - lr[i >> 1]) : 0.0f;
+                s[nt][i] = p * (dp[nt][i] - dl[i >> 1]); /* dS */
+            }
+        fa_mma_ps<DP, NT>(acc, s, Ks);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rows[r] >= T) continue;
+        float *row = dq + row_of(b, rows[r], h, T, sh.Hq) * D;
+#pragma unroll
+        for (int dn = 0; dn < DN; dn++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int64_t d = dn * 8 + 2 * t4 + j;
+                if (d < D) row[d] += sh.scale * acc[dn][2 * r + j];
+            }
+    }
+}
+
+/* dv[s] += sum_{h in group, t} P_ts dO_t;  dk[s] += scale sum P_ts (dP_ts - delta_t) q_t. */
+template <int DP>
+__global__ void __launch_bounds__(FA_THREADS)
+    k_fa_dkv(float *dk, float *dv, const float *dout, const float *lse, const float *delta,
+             const float *q, const float *k, const float *v, att_shape sh) {
+    constexpr int KS = DP / 16, DN = DP / 8, NT = FQT / 8, LD = DP + 8;
+    extern __shared__ float smem[];
+    uint16_t *Qs = (uint16_t *)smem, *Gs = Qs + FQT * LD;
+    float *Ls = (float *)(Gs + FQT * LD), *Ds = Ls + FQT;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t4 = lane & 3;
+    const int64_t b = blockIdx.z, kvh = blockIdx.y, T = sh.T, D = sh.D;
+    const int64_t k0 = (int64_t)blockIdx.x * FKV;
+    const int64_t keys[2] = {k0 + w * 16 + (lane >> 2), k0 + w * 16 + (lane >> 2) + 8};
+    uint32_t ka[KS][4], va[KS][4];
+    fa_load_a<KS>(ka, k, b, keys, kvh, T, sh.Hkv, D);
+    fa_load_a<KS>(va, v, b, keys, kvh, T, sh.Hkv, D);
+    float ak[DN][4], av[DN][4];
+#pragma unroll
+    for (int dn = 0; dn < DN; dn++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) ak[dn][i] = av[dn][i] = 0.0f;
+    /* queries that can see a key of this block: t >= k0 when causal */
+    const int64_t tq0 = sh.causal ? k0 / FQT * FQT : 0;
+    for (int64_t r = 0; r < sh.rep; r++) {
+        const int64_t h = kvh * sh.rep + r;
+        const float *lr = lse + (b * sh.Hq + h) * T, *dr = delta + (b * sh.Hq + h) * T;
+        for (int64_t t0 = tq0; t0 < T; t0 += FQT) {
+            __syncthreads();
+            fa_stage<DP>(Qs, q, b, t0, FQT, h, T, sh.Hq, D);
+            fa_stage<DP>(Gs, dout, b, t0, FQT, h, T, sh.Hq, D);
+            if (threadIdx.x < FQT) {
+                const int64_t t = t0 + threadIdx.x;
+                Ls[threadIdx.x] = t < T ? lr[t] : 0.0f;
+                Ds[threadIdx.x] = t < T ? dr[t] : 0.0f;
+            }
+            __syncthreads();
+            float s[NT][4], dp[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.0f;
+            fa_mma_abt<DP, NT>(s, ka, Qs);  /* S^T: keys x queries */
+            fa_mma_abt<DP, NT>(dp, va, Gs); /* dP^T */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int j = nt * 8 + 2 * t4 + (i & 1);
+                    const int64_t t = t0 + j, key = keys[i >> 1];
+                    const bool valid = t < T && key < T && (!sh.causal || t >= key);
+                    const float p = valid ? expf(sh.scale * s[nt][i] - Ls[j]) : 0.0f;
+                    s[nt][i] = p;                    /* P^T */
+                    dp[nt][i] = p * (dp[nt][i] - Ds[j]); /* dS^T */
+                }
+            fa_mma_ps<DP, NT>(av, s, Gs);
+            fa_mma_ps<DP, NT>(ak, dp, Qs);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (keys[r] >= T) continue;
+        const int64_t o = row_of(b, keys[r], kvh, T, sh.Hkv) * D;
+#pragma unroll
+        for (int dn = 0; dn < DN; dn++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int64_t d = dn * 8 + 2 * t4 + j;
+                if (d < D) {
+                    dv[o + d] += av[dn][2 * r + j];
+                    dk[o + d] += sh.scale * ak[dn][2 * r + j];
+                }
+            }
+    }
+}
+
+/* DP for a head dimension: the instantiations (D padded to 32, 64, 80 or 128: DiT-XL/2's 72
+ * to 80, Llama's 128 as it is). */
+static int fa_dp(int64_t D) { return D <= 32 ? 32 : D <= 64 ? 64 : D <= 80 ? 80 : 128; }
+static size_t fa_smem_fwd(int dp) { return (size_t)2 * FK * (dp + 8) * 2; }
+static size_t fa_smem_dkv(int dp) { return (size_t)2 * FQT * (dp + 8) * 2 + 2 * FQT * 4; }
+
+static void fa_check(const att_shape *sh) {
+    if (sh->Hq > 65535 || sh->B > 65535 || (sh->T + FQ - 1) / FQ > 2147483647LL)
+        TZ_FATAL("attention: B=%lld, T=%lld, Hq=%lld exceed the kernel's grid", (long long)sh->B,
+                 (long long)sh->T, (long long)sh->Hq);
+}
+
+#define FA_DISPATCH(dp, KERNEL, grid, smem, st, ...)                                          \
+    do {                                                                                      \
+        if ((dp) == 32) KERNEL<32><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);              \
+        else if ((dp) == 64) KERNEL<64><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);         \
+        else if ((dp) == 80) KERNEL<80><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);         \
+        else KERNEL<128><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);                        \
+        CUDA_LAUNCHED();                                                                      \
+    } while (0)
+
+static void fa_fwd(tz_backend *be, float *out, float *lse, const float *q, const float *k,
+                   const float *v, const att_shape *shp) {
+    const att_shape sh = *shp;
+    fa_check(&sh);
+    const int dp = fa_dp(sh.D);
+    dim3 grid((unsigned)((sh.T + FQ - 1) / FQ), (unsigned)sh.Hq, (unsigned)sh.B);
+    FA_DISPATCH(dp, k_fa_fwd, grid, fa_smem_fwd(dp), tz_cuda_stream(be), out, lse, q, k, v, sh);
+}
+
+static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                   const float *out, const float *lse, const float *q, const float *k,
+                   const float *v, const att_shape *shp, void *ws, size_t ws_bytes) {
+    const att_shape sh = *shp;
+    fa_check(&sh);
+    const size_t db = tz_attention_delta_bytes(sh.B, sh.T, sh.Hq);
+    if (!ws || ws_bytes < db)
+        TZ_FATAL("attention_bwd with bf16 GEMM operands: %zu bytes of workspace lent, %zu "
+                 "planned for B=%lld T=%lld Hq=%lld D=%lld (be->att_ws, tz_attention_ws_bytes)",
+                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh.B, sh.T, sh.Hq, sh.D, 1),
+                 (long long)sh.B, (long long)sh.T, (long long)sh.Hq, (long long)sh.D);
+    float *delta = (float *)ws;
+    cudaStream_t st = tz_cuda_stream(be);
+    const int64_t rows = sh.B * sh.Hq * sh.T;
+    k_att_delta<<<tz_cuda_blocks(rows * 32, 256), 256, 0, st>>>(delta, dout, out, sh, 1);
+    CUDA_LAUNCHED();
+    const int dp = fa_dp(sh.D);
+    dim3 gq((unsigned)((sh.T + FQ - 1) / FQ), (unsigned)sh.Hq, (unsigned)sh.B);
+    FA_DISPATCH(dp, k_fa_dq, gq, fa_smem_fwd(dp), st, dq, dout, lse, delta, q, k, v, sh);
+    dim3 gk((unsigned)((sh.T + FKV - 1) / FKV), (unsigned)sh.Hkv, (unsigned)sh.B);
+    FA_DISPATCH(dp, k_fa_dkv, gk, fa_smem_dkv(dp), st, dk, dv, dout, lse, delta, q, k, v, sh);
+}
+
 /* ================= the table's entries ================= */
 
 static void cuda_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
@@ -570,8 +962,9 @@ static void cuda_attention_fwd(tz_backend *be, float *out, float *lse, const flo
     be->att_ws = NULL, be->att_ws_bytes = 0; /* the loan ends with the call */
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
     if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
-    if (be->matmul_dtype == TZ_DT_BF16) tc_fwd(be, out, lse, q, k, v, &sh, ws, ws_bytes);
-    else flash_fwd(be, out, lse, q, k, v, &sh);
+    if (be->matmul_dtype != TZ_DT_BF16) flash_fwd(be, out, lse, q, k, v, &sh);
+    else if (D <= FA_MAXD) fa_fwd(be, out, lse, q, k, v, &sh);
+    else tc_fwd(be, out, lse, q, k, v, &sh, ws, ws_bytes);
 }
 
 static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
@@ -583,9 +976,9 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
     be->att_ws = NULL, be->att_ws_bytes = 0;
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
     if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
-    if (be->matmul_dtype == TZ_DT_BF16)
-        tc_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh, ws, ws_bytes);
-    else flash_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh);
+    if (be->matmul_dtype != TZ_DT_BF16) flash_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh);
+    else if (D <= FA_MAXD) fa_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh, ws, ws_bytes);
+    else tc_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh, ws, ws_bytes);
 }
 
 /* ---- attention against a key/value cache (generation, forward only) ----

@@ -25,11 +25,13 @@ endif()
 if(TARGET tzcuda_emu_rt)
   tz_emu_rewrite(${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu/emu_selftest.cu
     ${CMAKE_BINARY_DIR}/cuda_emu/tests/emu_selftest.cpp)
+  # (with the rewritten cuda/cuda_mma.cuh, whose warp-level product it checks)
   add_executable(test_cuda_emu ${CMAKE_BINARY_DIR}/cuda_emu/tests/emu_selftest.cpp
-    $<TARGET_OBJECTS:tzcuda_emu_rt>)
+    ${TZ_EMU_DIR}/cuda/cuda_mma.cuh $<TARGET_OBJECTS:tzcuda_emu_rt>)
   set_target_properties(test_cuda_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON
     CXX_EXTENSIONS OFF)
-  target_include_directories(test_cuda_emu PRIVATE ${CMAKE_SOURCE_DIR}/cuda/emu/include)
+  target_include_directories(test_cuda_emu PRIVATE ${CMAKE_SOURCE_DIR}/cuda/emu/include
+    ${TZ_EMU_DIR})
   target_compile_options(test_cuda_emu PRIVATE ${TZ_EMU_FLAGS})
   target_link_libraries(test_cuda_emu PRIVATE ${CMAKE_DL_LIBS} Threads::Threads)
   add_test(NAME test_cuda_emu COMMAND test_cuda_emu)

@@ -351,14 +351,16 @@ struct tz_backend {
     X(event_done) X(event_free) X(device_info)
 
 /* Attention's workspace (be->att_ws). On a device backend with bf16 GEMM operands (a GPU)
- * attention runs through tensor-core GEMMs over chunks of query rows (cuda/cuda_attention.cu,
- * docs/architecture.md), whose scores live in the workspace: the forward holds one chunk of
- * scores, the backward two (the probabilities and their gradients) plus delta (B*Hq*T
- * floats). A chunk of c query rows holds c rows of ceil4(T) floats for each of the B*Hq
+ * attention runs on the tensor cores (cuda/cuda_attention.cu, docs/architecture.md): for a head
+ * dimension up to TZ_ATTENTION_FLASH_MAXD flash style, the scores never leaving the chip, so
+ * the forward wants no workspace and the backward only delta (B*Hq*T floats); above it through
+ * tensor-core GEMMs over chunks of query rows, whose scores live in the workspace: the forward
+ * holds one chunk of scores, the backward two (the probabilities and their gradients) plus
+ * delta. A chunk of c query rows holds c rows of ceil4(T) floats for each of the B*Hq
  * (sequence, head) pairs. The plan gives the score buffers TZ_ATTENTION_WS_SCORES bytes in
- * all, at least 16 rows (all T when T < 16): 64 MiB at B = 1, T = 2048, Hq = 32, where the
- * backward's chunk is 128 rows (the forward's, one buffer in the same bytes, 256). With fp32
- * GEMM operands, and on the host, attention wants no workspace: 0 bytes. */
+ * all, at least 16 rows (all T when T < 16). With fp32 GEMM operands, and on the host,
+ * attention wants no workspace: 0 bytes. */
+#define TZ_ATTENTION_FLASH_MAXD 128
 #define TZ_ATTENTION_WS_SCORES ((size_t)64 << 20)
 /* Query rows per chunk that `bytes` of score buffers hold (nbuf buffers), rounded down to a
  * multiple of 64 (or 16) rows where that many fit, all T when they fit; 0: not one row. */
@@ -374,9 +376,10 @@ static inline size_t tz_attention_delta_bytes(int64_t B, int64_t T, int64_t Hq) 
     return ((size_t)(B * Hq * T) * 4 + 63) & ~(size_t)63;
 }
 static inline size_t tz_attention_ws_bytes(const tz_backend *be, int64_t B, int64_t T,
-                                           int64_t Hq, int backward) {
+                                           int64_t Hq, int64_t D, int backward) {
     if (!be->device || be->matmul_dtype != TZ_DT_BF16 || B <= 0 || T <= 0 || Hq <= 0)
         return 0;
+    if (D <= TZ_ATTENTION_FLASH_MAXD) return backward ? tz_attention_delta_bytes(B, T, Hq) : 0;
     const int nbuf = backward ? 2 : 1;
     int64_t c = tz_attention_chunk(TZ_ATTENTION_WS_SCORES, B, T, Hq, nbuf);
     if (c < 16) c = T < 16 ? T : 16;

@@ -268,7 +268,8 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
         TAKE(m->dlora, BT * (r > 0 ? r : 1), "dlora");
     }
     /* attention's workspace, where the backend wants one (core/backend.h) */
-    const size_t att_ws = tz_attention_ws_bytes(m->be, B, T, d->num_heads, !m->o.forward_only);
+    const size_t att_ws = tz_attention_ws_bytes(m->be, B, T, d->num_heads, d->hidden / d->num_heads,
+                                               !m->o.forward_only);
     if (a) m->att_ws = NULL, m->att_ws_bytes = att_ws;
     if (att_ws) TAKE(m->att_ws, (int64_t)(att_ws / sizeof(float)), "attention workspace");
     /* quantized weights: one decode tile for all of them, one rotation buffer */

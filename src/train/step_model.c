@@ -182,10 +182,13 @@ void tz_step_model_scale(tz_step_model *m, double scale) {
 
 tz_step_rates tz_step_rates_h100(int bf16) {
     /* NVIDIA H100 SXM5 datasheet: dense bf16 989 TFLOP/s, TF32 495, fp32 67; HBM3 3.35 TB/s;
-     * PCIe gen 5 x16 64 GB/s each way (about 50 in practice). Attention on tensor cores at
-     * TF32 (fp32 activations). */
+     * PCIe gen 5 x16 64 GB/s each way (about 50 in practice). Attention with bf16 operands
+     * (head dimension <= 128: the flash kernels' bf16 mma.sync) at the bf16 rate, which
+     * mma.sync does not reach on Hopper (wgmma does): a lower bound, as every line; with fp32
+     * operands the fp32 flash kernels on the CUDA cores. */
     return (tz_step_rates){bf16 ? "H100 SXM (bf16 GEMMs)" : "H100 SXM (TF32 GEMMs)",
-                           bf16 ? 989e12 : 495e12, 495e12, 67e12, 3.35e12, 50e9};
+                           bf16 ? 989e12 : 495e12, bf16 ? 989e12 : 67e12, 67e12, 3.35e12,
+                           50e9};
 }
 
 void tz_step_model_print(const tz_step_model *m, const tz_step_rates *r) {

@@ -11,6 +11,9 @@
  *   - cuBLAS: SGEMM in all four transposes with padded leading dimensions against a plain
  *     loop, beta = 0 not reading C (NaN there), alpha = 0 not reading A and B, an invalid
  *     ld rejected, GemmEx with bf16 operands, the bf16 conversions (ties to even, NaN);
+ *   - the warp-level bf16 tensor-core product (cuda/cuda_mma.cuh, mma.sync m16n8k16): its
+ *     fragments loaded and stored by the layouts the PTX ISA documents, against a plain
+ *     matrix product of the same bf16 values, onto a nonzero C;
  *   - misuses reported by name instead of a hang or a silent result (each in a child
  *     process, which must die with the message): a deadlock between a barrier and a shuffle,
  *     __syncthreads in divergent code, a shuffle naming a lane that returned, an access past
@@ -28,6 +31,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "cuda/cuda_mma.cuh"
+
 static int g_pass, g_fail;
 static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void check(bool ok, const char *fmt, ...) {
@@ -42,6 +47,25 @@ static void check(bool ok, const char *fmt, ...) {
 }
 
 /* ---- kernels ---- */
+
+/* D = A B + C, A 16x16 row-major, B 16x8 row-major (k x n), C 16x8, through the fragments of
+ * cuda/cuda_mma.cuh's layouts; one warp. */
+static __global__ void k_mma(float *d, const float *a, const float *b, const float *c) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint32_t af[4], bf[2];
+    for (int i = 0; i < 4; i++) {
+        const int r = g + (i & 1 ? 8 : 0), k = 2 * t + (i & 2 ? 8 : 0);
+        af[i] = tz_pack_bf16(a[r * 16 + k], a[r * 16 + k + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        const int k = 2 * t + 8 * i;
+        bf[i] = tz_pack_bf16(b[k * 8 + g], b[(k + 1) * 8 + g]);
+    }
+    float cf[4];
+    for (int i = 0; i < 4; i++) cf[i] = c[(g + (i & 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)];
+    tz_mma_bf16_16816(cf, af, bf);
+    for (int i = 0; i < 4; i++) d[(g + (i & 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = cf[i];
+}
 
 static __global__ void k_coords(int *out) {
     int t = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
@@ -408,11 +432,41 @@ static void run_divergent(void) { k_divergent<<<1, 64>>>(g_out); }
 static void run_shfl_returned(void) { k_shfl_returned<<<1, 32>>>(g_out); }
 static void run_overrun(void) { k_overrun<<<1, 32>>>(g_out, 1000); }
 
+/* The tensor-core product of cuda/cuda_mma.cuh against a plain loop: bf16 values (small
+ * multiples of 1/8 and 1/4, so every product and sum is exact in fp32 and the order of the
+ * sums does not matter), each element distinct enough that a misplaced one shows. */
+static void test_mma(void) {
+    float a[256], b[128], c[128], d[128], want[128];
+    for (int i = 0; i < 256; i++) a[i] = (float)((i * 37) % 29 - 14) / 8.0f;
+    for (int i = 0; i < 128; i++) b[i] = (float)((i * 53) % 31 - 15) / 4.0f;
+    for (int i = 0; i < 128; i++) c[i] = (float)(i % 11) - 5.0f;
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 8; n++) {
+            float s = c[r * 8 + n];
+            for (int k = 0; k < 16; k++) s += a[r * 16 + k] * b[k * 8 + n];
+            want[r * 8 + n] = s;
+        }
+    float *da, *db, *dc, *dd;
+    cudaMalloc(&da, sizeof a), cudaMalloc(&db, sizeof b), cudaMalloc(&dc, sizeof c);
+    cudaMalloc(&dd, sizeof d);
+    cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
+    cudaMemcpy(dc, c, sizeof c, cudaMemcpyHostToDevice);
+    k_mma<<<1, 32>>>(dd, da, db, dc);
+    cudaMemcpy(d, dd, sizeof d, cudaMemcpyDeviceToHost);
+    int bad = 0;
+    for (int i = 0; i < 128; i++) bad += d[i] != want[i];
+    check(bad == 0, "mma m16n8k16 bf16 (A row, B col, C/D fp32 fragments): D = A B + C, %d of "
+          "128 elements differ", bad);
+    cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dd);
+}
+
 int main(void) {
     test_threads();
     test_memory();
     test_streams();
     test_cublas();
+    test_mma();
     cudaMalloc(&g_out, 1000 * sizeof(float));
     expect_death("a barrier and a shuffle waiting for each other", run_deadlock,
                  "kernel k_deadlock", "deadlock");

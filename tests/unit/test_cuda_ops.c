@@ -541,23 +541,35 @@ static void test_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_
     drop(&dq), drop(&dk), drop(&dv);
 }
 
-/* ---- attention on tensor cores (bf16 GEMM operands: chunks of query rows through cuBLAS,
- * the scores in a workspace lent in be->att_ws) ----
- * Against the CPU's fp32 op. The GEMMs round their fp32 operands to TF32 (10 explicit mantissa
- * bits: a relative error of at most u = 2^-11 per operand, so 2^-10 per product) and sum in
- * fp32. A score s = scale q.k then errs by at most 2^-10 scale sum_d |q_d k_d| (~1e-3 at these
- * sizes), a probability by that much relative, and each output (O = P V, dQ, dK, dV, sums of
- * such products over keys or queries) by about 2^-10 of the sum of the absolute values of its
- * terms. Those terms have random signs and cancel, so the result's norm is smaller than that
- * sum (by up to sqrt(T)), while the rounding errors, independent, cancel likewise. Measured as
- * in the rest of this file but per row of D values (a row of out, dq, dk or dv): ||gpu - cpu||
- * / ||cpu's result|| (of the increment, for the accumulated gradients; at least the mean row
- * norm of out, or of the three gradients, see worst_rel), at most TOL_TC = 4e-3, and lse
- * (absolute: a log-sum-exp errs by a weighted mean of its scores' errors) within TOL_TC too.
- * Measured on the CPU emulation of the backend (its cuBLAS rounds to TF32 as the tensor cores
- * do): rows within 1.6e-3 (dq of causal chunks of 7), mostly 3e-4..9e-4; lse within 2.3e-4.
- * A wrong mask, chunk boundary or head mapping errs by O(1). */
+/* ---- attention on tensor cores (bf16 GEMM operands) ----
+ * Two ways (cuda/cuda_attention.cu): head dimensions up to TZ_ATTENTION_FLASH_MAXD flash
+ * style with bf16 mma.sync tiles, no workspace but delta; above it chunks of query rows
+ * through cuBLAS, the scores in a workspace lent in be->att_ws.
+ * Against the CPU's fp32 op. The cuBLAS GEMMs round their fp32 operands to TF32 (10 explicit
+ * mantissa bits: a relative error of at most u = 2^-11 per operand, so 2^-10 per product) and
+ * sum in fp32. A score s = scale q.k then errs by at most 2^-10 scale sum_d |q_d k_d| (~1e-3 at
+ * these sizes), a probability by that much relative, and each output (O = P V, dQ, dK, dV,
+ * sums of such products over keys or queries) by about 2^-10 of the sum of the absolute
+ * values of its terms. Those terms have random signs and cancel, so the result's norm is
+ * smaller than that sum (by up to sqrt(T)), while the rounding errors, independent, cancel
+ * likewise. Measured as in the rest of this file but per row of D values (a row of out, dq,
+ * dk or dv): ||gpu - cpu|| / ||cpu's result|| (of the increment, for the accumulated
+ * gradients; at least the mean row norm of out, or of the three gradients, see worst_rel), at
+ * most TOL_TC = 4e-3, and lse (absolute: a log-sum-exp errs by a weighted mean of its scores'
+ * errors) within TOL_TC too. Measured on the CPU emulation of the backend (its cuBLAS rounds
+ * to TF32 as the tensor cores do): rows within 1.6e-3 (dq of causal chunks of 7), mostly
+ * 3e-4..9e-4; lse within 2.3e-4.
+ * The flash kernels take bf16 operands: they round q, k, v and dO to bf16 as they load them,
+ * as the bf16 GEMM rounds its operands (test_matmul_bf16), so they are checked on inputs that
+ * are bf16 values, against the CPU on the same inputs. Their products are then exact and summed
+ * in fp32: lse within TOL_FA_LSE = 1e-5 (measured 9.5e-7: fp32 sums in another order). What is
+ * left is P and dS, rounded to bf16 (u = 2^-9, a relative 2e-3 each) before the products that
+ * make out, dq, dk and dv: rows within TOL_FA = 8e-3, 4u (measured 1.2e-3..5.0e-3, the worst
+ * dv at D = 16, where few products average the roundings). A wrong mask, tile boundary,
+ * fragment layout or head mapping errs by O(1). */
 #define TOL_TC 4e-3
+#define TOL_FA 8e-3
+#define TOL_FA_LSE 1e-5
 
 /* Rows of `row` values of a pair whose device copy was computed from `start` (NULL: zeros):
  * inc[r] = ||cpu - start|| (the CPU's result, or increment) and err[r] = ||gpu - cpu|| of row
@@ -617,25 +629,44 @@ static int ws_canary_ok(const void *ws, size_t lent) {
     return 1;
 }
 
-/* chunk: query rows per chunk, forced through the bytes lent (a size tz_attention_chunk keeps:
- * < 16, a multiple of 16 below 64, of 64, or >= T); 0: the planned workspace. */
+/* chunk (the GEMM path, D > TZ_ATTENTION_FLASH_MAXD): query rows per chunk, forced through
+ * the bytes lent (a size tz_attention_chunk keeps: < 16, a multiple of 16 below 64, of 64, or
+ * >= T); 0: the planned workspace, which is what the flash path always gets. */
 static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
                               int causal, int64_t chunk) {
     g_gpu->matmul_dtype = TZ_DT_BF16;
+    const int flash = D <= TZ_ATTENTION_FLASH_MAXD;
+    if (flash) chunk = 0;
+    const double tol = flash ? TOL_FA : TOL_TC, tol_lse = flash ? TOL_FA_LSE : TOL_TC;
     const size_t fb = chunk ? ws_for_chunk(chunk, B, T, Hq, 0)
-                            : tz_attention_ws_bytes(g_gpu, B, T, Hq, 0);
+                            : tz_attention_ws_bytes(g_gpu, B, T, Hq, D, 0);
     const size_t bb = chunk ? ws_for_chunk(chunk, B, T, Hq, 1)
-                            : tz_attention_ws_bytes(g_gpu, B, T, Hq, 1);
-    const int64_t cf = tz_attention_chunk(fb, B, T, Hq, 1);
-    const int64_t cb = tz_attention_chunk(bb - tz_attention_delta_bytes(B, T, Hq), B, T, Hq, 2);
+                            : tz_attention_ws_bytes(g_gpu, B, T, Hq, D, 1);
+    check(!flash || (fb == 0 && bb == tz_attention_delta_bytes(B, T, Hq)),
+          "tc attention D=%lld: the flash path plans no workspace but delta", (long long)D);
+    const int64_t cf = flash ? 0 : tz_attention_chunk(fb, B, T, Hq, 1);
+    const int64_t cb =
+        flash ? 0 : tz_attention_chunk(bb - tz_attention_delta_bytes(B, T, Hq), B, T, Hq, 2);
     void *ws = g_gpu->alloc(g_gpu, (fb > bb ? fb : bb) + WS_CANARY);
     pair q = mk(B * T * Hq * D, 1.0f), k = mk(B * T * Hkv * D, 1.0f), v = mk(B * T * Hkv * D, 1.0f);
     pair out = mkz(q.n), lse = mkz(B * Hq * T), dout = mk(q.n, 1.0f);
     pair dq = mk(q.n, 0.1f), dk = mk(k.n, 0.1f), dv = mk(v.n, 0.1f);
+    if (flash) { /* its operands as the kernels see them: bf16 values */
+        pair *in[4] = {&q, &k, &v, &dout};
+        for (int j = 0; j < 4; j++) {
+            for (int64_t i = 0; i < in[j]->n; i++)
+                in[j]->h[i] = tz_bf16_to_f32(tz_f32_to_bf16(in[j]->h[i]));
+            g_gpu->upload(g_gpu, in[j]->d, in[j]->h, (size_t)in[j]->n * 4);
+        }
+    }
     char what[160], line[240];
-    snprintf(what, sizeof what, "B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal=%d chunk %lld/%lld",
-             (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal,
-             (long long)cf, (long long)cb);
+    if (flash)
+        snprintf(what, sizeof what, "B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal=%d flash",
+                 (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal);
+    else
+        snprintf(what, sizeof what, "B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal=%d chunk "
+                 "%lld/%lld", (long long)B, (long long)T, (long long)Hq, (long long)Hkv,
+                 (long long)D, causal, (long long)cf, (long long)cb);
     g_cpu->attention_fwd(g_cpu, out.h, lse.h, q.h, k.h, v.h, B, T, Hq, Hkv, D, causal);
     ws_fill(ws, fb);
     g_gpu->att_ws = ws, g_gpu->att_ws_bytes = fb;
@@ -647,12 +678,12 @@ static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
     double mean = row_norms(&out, NULL, D, inc, err);
     double e = worst_rel(inc, err, nrq, mean);
     snprintf(line, sizeof line, "tc attention_fwd out %s", what);
-    check(e <= TOL_TC, "%-60s row err %.3e (tol %.0e)", line, e, TOL_TC);
+    check(e <= tol, "%-60s row err %.3e (tol %.1e)", line, e, tol);
     row_norms(&lse, NULL, 1, inc, err); /* rows of one: err is the absolute error */
     e = 0.0;
     for (int64_t r = 0; r < nrq; r++) e = !(err[r] <= e) ? err[r] : e;
     snprintf(line, sizeof line, "tc attention_fwd lse %s", what);
-    check(e <= TOL_TC, "%-60s abs err %.3e (tol %.0e)", line, e, TOL_TC);
+    check(e <= tol_lse, "%-60s abs err %.3e (tol %.1e)", line, e, tol_lse);
     /* the backward on the CPU's forward results for both, so only the backward is compared */
     g_gpu->upload(g_gpu, out.d, out.h, (size_t)out.n * 4);
     g_gpu->upload(g_gpu, lse.d, lse.h, (size_t)lse.n * 4);
@@ -681,7 +712,7 @@ static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
     for (int i = 0; i < 3; i++) {
         e = worst_rel(ri[i], ri[i] + nr[i], nr[i], mean);
         snprintf(line, sizeof line, "tc attention_bwd %s %s", name[i], what);
-        check(e <= TOL_TC, "%-60s row err %.3e (tol %.0e)", line, e, TOL_TC);
+        check(e <= tol, "%-60s row err %.3e (tol %.1e)", line, e, tol);
         res[i] = malloc((size_t)gr[i]->n * 4);
         g_gpu->download(g_gpu, res[i], gr[i]->d, (size_t)gr[i]->n * 4);
         g_gpu->upload(g_gpu, gr[i]->d, s0[i], (size_t)gr[i]->n * 4);
@@ -1116,14 +1147,23 @@ int main(void) {
     /* tensor cores: chunks that do not divide T, T below the chunk, T = 1, odd D (40, 72),
      * D = 128, grouped heads of 1, 2 and 4 members, causal and not, B > 1; both batchings
      * (over kv groups where B * rep <= Hq, else over sequences) */
-    test_attention_tc(2, 45, 4, 2, 40, 1, 16);  /* chunks 16, 16, 13; rep 2, by group */
-    test_attention_tc(1, 70, 3, 3, 128, 0, 64); /* 64 + 6, not causal */
-    test_attention_tc(1, 33, 4, 1, 72, 1, 64);  /* T < chunk: one chunk of 33; rep 4 */
-    test_attention_tc(3, 80, 2, 2, 16, 1, 7);   /* chunks of 7; by sequence (B > Hq) */
-    test_attention_tc(5, 37, 4, 2, 40, 0, 16);  /* by sequence with rep 2 */
-    test_attention_tc(2, 96, 4, 2, 128, 1, 32); /* D = 128, 3 chunks of 32 */
-    test_attention_tc(1, 1, 1, 1, 8, 1, 1);     /* T = 1 */
-    test_attention_tc(2, 50, 8, 2, 72, 1, 0);   /* the planned workspace (one chunk of 50) */
+    /* flash (D <= 128): every padded width (32, 64, 80, 128), tiles cut by T, GQA */
+    test_attention_tc(2, 45, 4, 2, 40, 1, 0);   /* one tile, rep 2 */
+    test_attention_tc(1, 70, 3, 3, 128, 0, 0);  /* 64 + 6, not causal */
+    test_attention_tc(1, 33, 4, 1, 72, 1, 0);   /* D 72 padded to 80; rep 4 */
+    test_attention_tc(3, 80, 2, 2, 16, 1, 0);   /* D 16 padded to 32 */
+    test_attention_tc(2, 150, 4, 2, 64, 1, 0);  /* three query and key tiles, causal */
+    test_attention_tc(1, 130, 2, 1, 72, 0, 0);  /* three tiles, not causal, rep 2 */
+    test_attention_tc(1, 1, 1, 1, 8, 1, 0);     /* T = 1 */
+    test_attention_tc(1, 97, 2, 2, 37, 1, 0);   /* odd D: pairs cut at D */
+    /* chunks of query rows through cuBLAS (D > 128) */
+    test_attention_tc(2, 45, 4, 2, 136, 1, 16); /* chunks 16, 16, 13; rep 2, by group */
+    test_attention_tc(1, 70, 3, 3, 144, 0, 64); /* 64 + 6, not causal */
+    test_attention_tc(1, 33, 4, 1, 160, 1, 64); /* T < chunk: one chunk of 33; rep 4 */
+    test_attention_tc(3, 80, 2, 2, 136, 1, 7);  /* chunks of 7; by sequence (B > Hq) */
+    test_attention_tc(5, 37, 4, 2, 136, 0, 16); /* by sequence with rep 2 */
+    test_attention_tc(1, 1, 1, 1, 200, 1, 1);   /* T = 1 */
+    test_attention_tc(2, 50, 8, 2, 256, 1, 0);  /* the planned workspace (one chunk of 50) */
     test_attention_cache(2, 1, 80, 70, 4, 2, 40);  /* one decode step, 71 keys */
     test_attention_cache(1, 13, 50, 20, 3, 1, 128); /* a prefill chunk at an offset */
     test_attention_cache(1, 33, 33, 0, 2, 2, 72);   /* pos0 0, S = T: attention_fwd's case */

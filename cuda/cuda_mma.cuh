@@ -1,0 +1,75 @@
+/* One warp-level tensor-core product, D = A B + C for a 16 x 8 tile with K = 16: the PTX
+ * instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (sm_80 and later), and the
+ * same product written with shuffles for everything else that compiles this file (the CPU
+ * emulation, cuda/emu/; a build for an older GPU). Both follow the fragment layouts of the PTX
+ * ISA ("Matrix Fragments for mma.m16n8k16 with floating point type"), which is what the
+ * kernels that call it rely on. With g = lane / 4 (groupID) and t = lane % 4
+ * (threadID_in_group), each .b32 register holding two bf16 values, the lower half the
+ * element of lower column (A) or row (B) index:
+ *   A, 16 x 16, row-major:  a[0] = A[g][2t, 2t+1]      a[1] = A[g+8][2t, 2t+1]
+ *                           a[2] = A[g][2t+8, 2t+9]    a[3] = A[g+8][2t+8, 2t+9]
+ *   B, 16 x 8, "col":       b[0] = B[2t, 2t+1][g]      b[1] = B[2t+8, 2t+9][g]
+ *   C and D, 16 x 8, fp32:  c[0] = C[g][2t]  c[1] = C[g][2t+1]  c[2] = C[g+8][2t]
+ *                           c[3] = C[g+8][2t+1]
+ * The shuffle form gathers row g and g+8 of A and columns 2t, 2t+1 of B from the lanes that
+ * hold them and sums the 16 exact products of each output in fp32, in order of k, onto C (the
+ * hardware's order of summation inside the instruction is its own: results agree to fp32
+ * rounding, not to the bit). Every lane of the warp must call it together (a warp
+ * collective, like __shfl_sync). tests/cuda_emu/emu_selftest.cu checks the emulated form
+ * against a plain matrix product, through the same layouts. */
+#ifndef TZ_CUDA_MMA_CUH
+#define TZ_CUDA_MMA_CUH
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* Two floats rounded to bf16 (nearest, ties to even) in one register: lo in bits 0-15. */
+__device__ __forceinline__ uint32_t tz_pack_bf16(float lo, float hi) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+/* Two bf16 bit patterns in one register: lo in bits 0-15. */
+__device__ __forceinline__ uint32_t tz_pack_u16(uint16_t lo, uint16_t hi) {
+    return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+__device__ __forceinline__ float tz_bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float tz_bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+
+__device__ __forceinline__ void tz_mma_bf16_16816(float c[4], const uint32_t a[4],
+                                                  const uint32_t b[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    const unsigned full = 0xffffffffu;
+    const int lane = (int)(threadIdx.x & 31u), g = lane >> 2, t = lane & 3;
+    float ar[2][16], bc[2][16]; /* rows g, g+8 of A; columns 2t, 2t+1 of B */
+    for (int j = 0; j < 4; j++) { /* lane 4g + j holds columns 2j, 2j+1, 2j+8, 2j+9 */
+        const uint32_t x0 = __shfl_sync(full, a[0], 4 * g + j);
+        const uint32_t x1 = __shfl_sync(full, a[1], 4 * g + j);
+        const uint32_t x2 = __shfl_sync(full, a[2], 4 * g + j);
+        const uint32_t x3 = __shfl_sync(full, a[3], 4 * g + j);
+        ar[0][2 * j] = tz_bf16_lo(x0), ar[0][2 * j + 1] = tz_bf16_hi(x0);
+        ar[1][2 * j] = tz_bf16_lo(x1), ar[1][2 * j + 1] = tz_bf16_hi(x1);
+        ar[0][2 * j + 8] = tz_bf16_lo(x2), ar[0][2 * j + 9] = tz_bf16_hi(x2);
+        ar[1][2 * j + 8] = tz_bf16_lo(x3), ar[1][2 * j + 9] = tz_bf16_hi(x3);
+    }
+    for (int n = 0; n < 2; n++) /* column 2t + n of B: lanes 4 (2t + n) + j */
+        for (int j = 0; j < 4; j++) {
+            const uint32_t y0 = __shfl_sync(full, b[0], 4 * (2 * t + n) + j);
+            const uint32_t y1 = __shfl_sync(full, b[1], 4 * (2 * t + n) + j);
+            bc[n][2 * j] = tz_bf16_lo(y0), bc[n][2 * j + 1] = tz_bf16_hi(y0);
+            bc[n][2 * j + 8] = tz_bf16_lo(y1), bc[n][2 * j + 9] = tz_bf16_hi(y1);
+        }
+    for (int r = 0; r < 2; r++)
+        for (int n = 0; n < 2; n++) {
+            float s = c[2 * r + n];
+            for (int k = 0; k < 16; k++) s += ar[r][k] * bc[n][k];
+            c[2 * r + n] = s;
+        }
+#endif
+}
+
+#endif
