@@ -77,38 +77,38 @@ static tz_param *add_param(tz_dit *m, const char *name, int ndim, int64_t d0, in
 /* Registers MODULE.weight [out, in] and MODULE.bias [out], and LoRA A, B when lora_bit is
  * one of the targets (lora_bit < 0: never adapted). The weight is quantized when o.quant asks
  * for it and the linear is in a block (backward stages 1..depth). */
-static void add_linear(tz_dit *m, tz_dit_linear *L, const char *module, int64_t in, int64_t out,
+static void add_linear(tz_dit *m, tz_linear *L, const char *module, int64_t in, int64_t out,
                        int lora_bit, int stage, int init) {
     char name[TZ_NAME_MAX];
     int full = m->o.full;
-    L->lin.in = in;
-    L->lin.out = out;
-    L->lin.tq = &m->tq;
+    L->in = in;
+    L->out = out;
+    L->tq = &m->tq;
     snprintf(name, sizeof name, "%s.weight", module);
     const tz_quant_opts *q = &m->o.quant;
     if (q->bits && stage >= 1 && stage <= m->d.depth) {
-        L->lin.w = with_meta(m, tz_params_add_quant(&m->params, m->be, name, out, in, q->method,
-                                                    q->bits, q->group, q->seed, m->levels),
-                             stage, init);
-        L->lin.w->trainable = full; /* full fine-tuning: fp32 master on the host, codes here */
+        L->w = with_meta(m, tz_params_add_quant(&m->params, m->be, name, out, in, q->method,
+                                                q->bits, q->group, q->seed, m->levels),
+                         stage, init);
+        L->w->trainable = full; /* full fine-tuning: fp32 master on the host, codes here */
     } else
-        L->lin.w = add_param(m, name, 2, out, in, full, 1, 0, stage, init);
+        L->w = add_param(m, name, 2, out, in, full, 1, 0, stage, init);
     snprintf(name, sizeof name, "%s.bias", module);
     L->bias = add_param(m, name, 1, out, 1, full, 0, 0, stage, INIT_ZERO);
-    L->lin.a = L->lin.b = NULL;
-    L->lin.r = 0;
+    L->a = L->b = NULL;
+    L->r = 0;
     if (lora_bit >= 0 && (m->o.lora.targets & (1 << lora_bit))) {
         if (m->o.lora.rank > (in < out ? in : out))
             TZ_FATAL_HINT("lower lora.rank (or use an adapter of a smaller r)",
                           "LoRA rank %lld exceeds the smaller dimension of %s (%lld x %lld): "
                           "B A would have more parameters than the update can use",
                           (long long)m->o.lora.rank, module, (long long)out, (long long)in);
-        L->lin.r = m->o.lora.rank;
-        L->lin.scale = (float)(m->o.lora.alpha / (double)m->o.lora.rank);
+        L->r = m->o.lora.rank;
+        L->scale = (float)(m->o.lora.alpha / (double)m->o.lora.rank);
         snprintf(name, sizeof name, "base_model.model.%s.lora_A.weight", module);
-        L->lin.a = add_param(m, name, 2, L->lin.r, in, 1, 1, 1, stage, INIT_ZERO);
+        L->a = add_param(m, name, 2, L->r, in, 1, 1, 1, stage, INIT_ZERO);
         snprintf(name, sizeof name, "base_model.model.%s.lora_B.weight", module);
-        L->lin.b = add_param(m, name, 2, out, L->lin.r, 1, 1, 1, stage, INIT_ZERO);
+        L->b = add_param(m, name, 2, out, L->r, 1, 1, 1, stage, INIT_ZERO);
     }
 }
 
@@ -165,7 +165,7 @@ tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_model_opts 
                            o->full, 1, 0, emb, INIT_NORMAL);
     m->blocks = tz_xcalloc((size_t)L, sizeof *m->blocks);
     for (int i = 0; i < L; i++) {
-        tz_dit_linear *B = m->blocks[i].lin;
+        tz_linear *B = m->blocks[i].lin;
         int st = (int)(L - i);
         const int64_t F = tz_dit_mlp_hidden(d);
         snprintf(name, sizeof name, "blocks.%d.adaLN_modulation.1", i);
@@ -184,8 +184,8 @@ tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_model_opts 
     add_linear(m, &m->f_lin, "final_layer.linear", Hd, p * p * tz_dit_out_channels(d), -1, 0,
                INIT_ZERO);
     tz_params_layout(&m->params);
-    m->cond_trainable = m->y_table->trainable || m->t_fc1.lin.w->trainable ||
-                        m->t_fc2.lin.w->trainable;
+    m->cond_trainable = m->y_table->trainable || m->t_fc1.w->trainable ||
+                        m->t_fc2.w->trainable;
     make_pos_embed(m);
     return m;
 }

@@ -1,6 +1,6 @@
 /* DiT (Peebles & Xie, class-conditional diffusion transformer): patch embedding, fixed 2-D
  * sin-cos positions, timestep and label embeddings, adaLN-Zero blocks, final layer; every
- * linear a tz_linear (LoRA, quantization) plus a bias op. The diffusion maths is elsewhere
+ * linear a tz_linear (LoRA, quantization, its bias). The diffusion maths is elsewhere
  * (model/diffusion.h); this file maps (x_t, t, y) to the prediction and its gradients. */
 #ifndef TZ_DIT_H
 #define TZ_DIT_H
@@ -76,14 +76,8 @@ int tz_dit_preset(const char *name, tz_dit_dims *d, char *err, size_t errlen);
  * most sensitive). quant.group must divide hidden_size and the MLP width (fatal otherwise);
  * full training of a quantized base is refused. */
 
-/* A linear layer with a bias (every DiT linear has one). */
-typedef struct tz_dit_linear {
-    tz_linear lin;
-    tz_param *bias; /* [out] */
-} tz_dit_linear;
-
 typedef struct tz_dit_block {
-    tz_dit_linear lin[TZ_DIT_LIN_N]; /* qkv, proj, fc1, fc2, adaLN_modulation.1 */
+    tz_linear lin[TZ_DIT_LIN_N];    /* qkv, proj, fc1, fc2, adaLN_modulation.1 */
 } tz_dit_block;
 
 /* Saved activations of one block ([n*T, ...] token rows, [n, ...] conditioning rows). */
@@ -99,7 +93,7 @@ typedef struct tz_dit {
     tz_backend *be;
     tz_params params;
     int *init_rule;     /* initialisation rule of each parameter, by registration index */
-    tz_dit_linear x_emb, t_fc1, t_fc2, f_ada, f_lin;
+    tz_linear x_emb, t_fc1, t_fc2, f_ada, f_lin; /* every DiT linear has a bias */
     tz_param *y_table;
     tz_dit_block *blocks;
     float *pos_embed;   /* [T, hidden], backend memory, fixed */

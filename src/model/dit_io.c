@@ -31,7 +31,7 @@ static tz_dit_dims read_dims(const char *dir) {
     return d;
 }
 
-static int is_patch_weight(const tz_dit *m, const tz_param *p) { return p == m->x_emb.lin.w; }
+static int is_patch_weight(const tz_dit *m, const tz_param *p) { return p == m->x_emb.w; }
 
 /* Reads tensor p->name of st into p (shape-checked, converted to fp32, uploaded). */
 static void load_param(tz_dit *m, const tz_safetensors *st, tz_param *p, float *buf) {
@@ -150,11 +150,11 @@ void tz_dit_save(tz_dit *m, const char *dir, int bf16) {
     snprintf(c.diffusion, sizeof c.diffusion, "%s", d->diffusion == TZ_DIFF_FLOW ? "flow" : "ddpm");
     /* DiT's layouts: the patch embedding as its Conv2d weight, plus the fixed pos_embed */
     const int64_t pp = d->patch_size;
-    if (m->x_emb.lin.w->w16) /* the view reads fp32 (the model is saved after full training) */
+    if (m->x_emb.w->w16) /* the view reads fp32 (the model is saved after full training) */
         TZ_FATAL("save: %s is stored in bf16 on this backend (run.precision)",
-                 m->x_emb.lin.w->name);
+                 m->x_emb.w->name);
     const tz_tensor_view views[2] = {
-        {m->x_emb.lin.w->name, 4, {d->hidden, d->in_channels, pp, pp}, m->x_emb.lin.w->w},
+        {m->x_emb.w->name, 4, {d->hidden, d->in_channels, pp, pp}, m->x_emb.w->w},
         {"pos_embed", 3, {1, tz_dit_tokens(d), d->hidden, 0}, m->pos_embed}};
     tz_path_join(path, sizeof path, dir, "model.safetensors");
     /* a quantized block weight (full fine-tuning at quant.bits) is written dequantized: a

@@ -8,20 +8,6 @@
 #include "core/error.h"
 #include "model/dit.h"
 
-/* y[n, out] = x W^T (+ LoRA) + bias */
-static void lin_fwd(tz_backend *be, const tz_dit_linear *L, float *y, float *h, const float *x,
-                    int64_t n) {
-    tz_linear_fwd(be, &L->lin, y, h, x, n);
-    be->bias_add_fwd(be, y, L->bias->w, n, L->lin.out);
-}
-
-/* dx += dy W (+ LoRA path; dx may be NULL), weight / adapter / bias gradients where trainable */
-static void lin_bwd(tz_dit *m, const tz_dit_linear *L, float *dx, const float *dy,
-                    const float *x, const float *h, int64_t n) {
-    tz_linear_bwd(m->be, &L->lin, dx, dy, x, h, m->dlora, n);
-    if (L->bias->g) m->be->bias_bwd(m->be, L->bias->g, dy, n, L->lin.out);
-}
-
 /* DiT's TimestepEmbedder.timestep_embedding, in double: [cos(t f_k), sin(t f_k)], f_k =
  * exp(-ln(10000) k / half), k < half = freq_dim / 2. */
 static void timestep_features(float *out, const float *t, int64_t n, int64_t dim) {
@@ -42,25 +28,25 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     tz_backend *be = m->be;
     const tz_dit_dims *d = &m->d;
     const int64_t n = m->n, T = tz_dit_tokens(d), BT = n * T, Hd = d->hidden, M = 6 * Hd;
-    const tz_dit_linear *L = blk->lin;
+    const tz_linear *L = blk->lin;
     /* shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunk(6) */
-    lin_fwd(be, &L[TZ_DIT_ADALN], a->mod, a->lh[TZ_DIT_ADALN], m->sc, n);
+    tz_linear_fwd(be, &L[TZ_DIT_ADALN], a->mod, a->lh[TZ_DIT_ADALN], m->sc, n);
     be->layernorm_fwd(be, a->ln1, a->mean1, a->rstd1, x, BT, Hd, 1e-6f);
     be->modulate_fwd(be, a->h1, a->ln1, a->mod, a->mod + Hd, M, n, T, Hd);
-    lin_fwd(be, &L[TZ_DIT_QKV], m->qkv, a->lh[TZ_DIT_QKV], a->h1, BT);
+    tz_linear_fwd(be, &L[TZ_DIT_QKV], m->qkv, a->lh[TZ_DIT_QKV], a->h1, BT);
     be->copy2d(be, a->q, Hd, m->qkv, 3 * Hd, BT, Hd);
     be->copy2d(be, a->k, Hd, m->qkv + Hd, 3 * Hd, BT, Hd);
     be->copy2d(be, a->v, Hd, m->qkv + 2 * Hd, 3 * Hd, BT, Hd);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, n, T, d->num_heads, d->num_heads,
                       Hd / d->num_heads, 0);
-    lin_fwd(be, &L[TZ_DIT_PROJ], a->ao, a->lh[TZ_DIT_PROJ], a->att, BT);
+    tz_linear_fwd(be, &L[TZ_DIT_PROJ], a->ao, a->lh[TZ_DIT_PROJ], a->att, BT);
     be->gate_fwd(be, a->x2, x, a->ao, a->mod + 2 * Hd, M, n, T, Hd);
     be->layernorm_fwd(be, a->ln2, a->mean2, a->rstd2, a->x2, BT, Hd, 1e-6f);
     be->modulate_fwd(be, a->h2, a->ln2, a->mod + 3 * Hd, a->mod + 4 * Hd, M, n, T, Hd);
-    lin_fwd(be, &L[TZ_DIT_FC1], a->f, a->lh[TZ_DIT_FC1], a->h2, BT);
+    tz_linear_fwd(be, &L[TZ_DIT_FC1], a->f, a->lh[TZ_DIT_FC1], a->h2, BT);
     be->gelu_tanh_fwd(be, a->g, a->f, BT * tz_dit_mlp_hidden(d));
-    lin_fwd(be, &L[TZ_DIT_FC2], a->mo, a->lh[TZ_DIT_FC2], a->g, BT);
+    tz_linear_fwd(be, &L[TZ_DIT_FC2], a->mo, a->lh[TZ_DIT_FC2], a->g, BT);
     be->gate_fwd(be, out, a->x2, a->mo, a->mod + 5 * Hd, M, n, T, Hd);
 }
 
@@ -91,13 +77,13 @@ void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *
     be->patchify(be, m->patches, m->img, n, d->in_channels, S, S, p, 0);
     tz_layer_stack *st = &m->stack;
     float *x0 = tz_layer_stack_out(st, 0);
-    lin_fwd(be, &m->x_emb, x0, NULL, m->patches, BT);
+    tz_linear_fwd(be, &m->x_emb, x0, NULL, m->patches, BT);
     for (int64_t b = 0; b < n; b++) be->axpy(be, x0 + b * T * Hd, 1.0f, m->pos_embed, T * Hd);
     tz_layer_stack_put(st, be, 0);
     /* conditioning c = t_embedder(t) + y_embedder(y); every adaLN reads silu(c) */
-    lin_fwd(be, &m->t_fc1, m->t_h, NULL, m->tfreq, n);
+    tz_linear_fwd(be, &m->t_fc1, m->t_h, NULL, m->tfreq, n);
     be->silu_fwd(be, m->t_s, m->t_h, n * Hd);
-    lin_fwd(be, &m->t_fc2, m->temb, NULL, m->t_s, n);
+    tz_linear_fwd(be, &m->t_fc2, m->temb, NULL, m->t_s, n);
     tz_embedding_w(be, m->c, m->labels, m->y_table, n, Hd);
     be->axpy(be, m->c, 1.0f, m->temb, n * Hd);
     be->silu_fwd(be, m->sc, m->c, n * Hd);
@@ -107,11 +93,11 @@ void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *
         tz_layer_stack_put(st, be, i + 1);
     }
     /* final layer: shift, scale = chunk(2); LN, modulate, linear, unpatchify */
-    lin_fwd(be, &m->f_ada, m->fmod, m->f_lh, m->sc, n);
+    tz_linear_fwd(be, &m->f_ada, m->fmod, m->f_lh, m->sc, n);
     be->layernorm_fwd(be, m->fln, m->fmean, m->frstd, tz_layer_stack_in(st, be, d->depth), BT,
                       Hd, 1e-6f);
     be->modulate_fwd(be, m->fh, m->fln, m->fmod, m->fmod + Hd, 2 * Hd, n, T, Hd);
-    lin_fwd(be, &m->f_lin, m->fo, NULL, m->fh, BT);
+    tz_linear_fwd(be, &m->f_lin, m->fo, NULL, m->fh, BT);
     be->unpatchify(be, m->out_img, m->fo, n, tz_dit_out_channels(d), S, S, p, 1);
 }
 
@@ -143,17 +129,17 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     const tz_dit_dims *d = &m->d;
     const int64_t n = m->n, T = tz_dit_tokens(d), BT = n * T, Hd = d->hidden, M = 6 * Hd;
     const int64_t F = tz_dit_mlp_hidden(d), nh = d->num_heads;
-    const tz_dit_linear *L = blk->lin;
+    const tz_linear *L = blk->lin;
     be->fill(be, m->dmod, 0.0f, n * M);
     /* MLP branch: out = x2 + gate_mlp * fc2(gelu(fc1(modulate(LN(x2))))) */
     be->fill(be, m->da, 0.0f, BT * Hd);
     be->gate_bwd(be, m->da, m->dmod + 5 * Hd, m->dres, a->mo, a->mod + 5 * Hd, M, n, T, Hd);
     be->fill(be, m->dg, 0.0f, BT * F);
-    lin_bwd(m, &L[TZ_DIT_FC2], m->dg, m->da, a->g, a->lh[TZ_DIT_FC2], BT);
+    tz_linear_bwd(m->be, &L[TZ_DIT_FC2], m->dg, m->da, a->g, a->lh[TZ_DIT_FC2], m->dlora, BT);
     be->fill(be, m->df, 0.0f, BT * F);
     be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F);
     be->fill(be, m->db, 0.0f, BT * Hd);
-    lin_bwd(m, &L[TZ_DIT_FC1], m->db, m->df, a->h2, a->lh[TZ_DIT_FC1], BT);
+    tz_linear_bwd(m->be, &L[TZ_DIT_FC1], m->db, m->df, a->h2, a->lh[TZ_DIT_FC1], m->dlora, BT);
     be->fill(be, m->da, 0.0f, BT * Hd);
     be->modulate_bwd(be, m->da, m->dmod + 3 * Hd, m->dmod + 4 * Hd, m->db, a->ln2,
                      a->mod + 4 * Hd, M, n, T, Hd);
@@ -162,7 +148,7 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->fill(be, m->da, 0.0f, BT * Hd);
     be->gate_bwd(be, m->da, m->dmod + 2 * Hd, m->dres, a->ao, a->mod + 2 * Hd, M, n, T, Hd);
     be->fill(be, m->db, 0.0f, BT * Hd);
-    lin_bwd(m, &L[TZ_DIT_PROJ], m->db, m->da, a->att, a->lh[TZ_DIT_PROJ], BT);
+    tz_linear_bwd(m->be, &L[TZ_DIT_PROJ], m->db, m->da, a->att, a->lh[TZ_DIT_PROJ], m->dlora, BT);
     be->fill(be, m->dq, 0.0f, BT * Hd);
     be->fill(be, m->dk, 0.0f, BT * Hd);
     be->fill(be, m->dv, 0.0f, BT * Hd);
@@ -173,13 +159,12 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->copy2d(be, m->dqkv + Hd, 3 * Hd, m->dk, Hd, BT, Hd);
     be->copy2d(be, m->dqkv + 2 * Hd, 3 * Hd, m->dv, Hd, BT, Hd);
     be->fill(be, m->da, 0.0f, BT * Hd);
-    lin_bwd(m, &L[TZ_DIT_QKV], m->da, m->dqkv, a->h1, a->lh[TZ_DIT_QKV], BT);
+    tz_linear_bwd(m->be, &L[TZ_DIT_QKV], m->da, m->dqkv, a->h1, a->lh[TZ_DIT_QKV], m->dlora, BT);
     be->fill(be, m->db, 0.0f, BT * Hd);
     be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, a->ln1, a->mod + Hd, M, n, T, Hd);
     be->layernorm_bwd(be, m->dres, m->db, x, a->mean1, a->rstd1, BT, Hd); /* now dL/dx */
     /* the modulation: mod = adaLN(silu(c)) */
-    lin_bwd(m, &L[TZ_DIT_ADALN], m->cond_trainable ? m->dsc : NULL, m->dmod, m->sc,
-            a->lh[TZ_DIT_ADALN], n);
+    tz_linear_bwd(m->be, &L[TZ_DIT_ADALN], m->cond_trainable ? m->dsc : NULL, m->dmod, m->sc, a->lh[TZ_DIT_ADALN], m->dlora, n);
 }
 
 double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, const int32_t *y,
@@ -198,7 +183,7 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     be->mse_bwd(be, m->dimg, m->out_img, ld, m->target, dloss, n, tz_dit_image_numel(d));
     be->patchify(be, m->dfo, m->dimg, n, Cout, S, S, p, 1);
     be->fill(be, m->da, 0.0f, BT * Hd);
-    lin_bwd(m, &m->f_lin, m->da, m->dfo, m->fh, NULL, BT);
+    tz_linear_bwd(m->be, &m->f_lin, m->da, m->dfo, m->fh, NULL, m->dlora, BT);
     be->fill(be, m->dmod, 0.0f, n * 2 * Hd);
     be->fill(be, m->db, 0.0f, BT * Hd);
     be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, m->fln, m->fmod + Hd, 2 * Hd, n,
@@ -207,7 +192,7 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     be->layernorm_bwd(be, m->dres, m->db, tz_layer_stack_in(&m->stack, be, L), m->fmean,
                       m->frstd, BT, Hd);
     be->fill(be, m->dsc, 0.0f, n * Hd);
-    lin_bwd(m, &m->f_ada, m->cond_trainable ? m->dsc : NULL, m->dmod, m->sc, m->f_lh, n);
+    tz_linear_bwd(m->be, &m->f_ada, m->cond_trainable ? m->dsc : NULL, m->dmod, m->sc, m->f_lh, m->dlora, n);
     tz_params_stage_done(&m->params, 0);
     for (int64_t i = L - 1; i >= 0; i--) {
         tz_dit_acts *a = acts_of(m, i);
@@ -224,12 +209,12 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
         be->silu_bwd(be, m->dc, m->dsc, m->c, n * Hd);
         if (m->y_table->g) be->embedding_bwd(be, m->y_table->g, m->labels, m->dc, n, Hd);
         be->fill(be, m->dt, 0.0f, n * Hd);
-        lin_bwd(m, &m->t_fc2, m->dt, m->dc, m->t_s, NULL, n);
+        tz_linear_bwd(m->be, &m->t_fc2, m->dt, m->dc, m->t_s, NULL, m->dlora, n);
         be->fill(be, m->dsc, 0.0f, n * Hd); /* reused: d t_h */
         be->silu_bwd(be, m->dsc, m->dt, m->t_h, n * Hd);
-        lin_bwd(m, &m->t_fc1, NULL, m->dsc, m->tfreq, NULL, n);
+        tz_linear_bwd(m->be, &m->t_fc1, NULL, m->dsc, m->tfreq, NULL, m->dlora, n);
     }
-    lin_bwd(m, &m->x_emb, NULL, m->dres, m->patches, NULL, BT);
+    tz_linear_bwd(m->be, &m->x_emb, NULL, m->dres, m->patches, NULL, m->dlora, BT);
     tz_params_stage_done(&m->params, (int)L + 1);
     return loss;
 }

@@ -60,6 +60,7 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
         qmatmul(be, l, y, x, n, 1, 0.0f);
     }
     if (l->a) lora_fwd(be, l, y, h, x, n);
+    if (l->bias) be->bias_add_fwd(be, y, l->bias->w, n, l->out);
 }
 
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
@@ -84,6 +85,7 @@ void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *d
         if (dx) /* dx[n,in] += dy[n,out] W[out,in] */
             tz_matmul_w(be, dx, dy, l->w, n, l->in, l->out, 0, 1.0f, 1.0f);
     }
+    if (l->bias && l->bias->g) be->bias_bwd(be, l->bias->g, dy, n, l->out); /* db += sum dy */
     if (!l->a) return;
     if (l->b->g) /* dB[out,r] += s dy^T h */
         be->matmul(be, l->b->g, dy, h, l->out, l->r, n, 1, 0, l->scale, 1.0f);

@@ -1,4 +1,4 @@
-/* Linear layers: y = x W^T (+ LoRA: scale * (x A^T) B^T), forward and backward through the
+/* Linear layers: y = x W^T (+ LoRA: scale * (x A^T) B^T) (+ bias), forward and backward through the
  * backend, with W dense or quantized (frozen codes + scales, decoded per use into a scratch
  * tile). The one place where weights meet quantization and adapters; no storage owned here. */
 #ifndef TZ_LINEAR_H
@@ -29,6 +29,7 @@ typedef struct tz_linear {
     int64_t r;
     float scale;   /* alpha / r */
     const tz_tq_scratch *tq; /* the model's scratch; used when w is quantized */
+    tz_param *bias; /* [out], NULL without bias */
 } tz_linear;
 
 /* C = alpha * A op(W) + beta * C for a dense weight W as the second operand (matmul with
@@ -39,14 +40,15 @@ void tz_matmul_w(tz_backend *be, float *C, const float *A, const tz_param *W, in
 void tz_embedding_w(tz_backend *be, float *out, const int32_t *tok, const tz_param *W,
                     int64_t n, int64_t C);
 
-/* y[n, out] = x[n, in] W^T (+ LoRA). h[n, r] receives x A^T when adapted (saved for
- * backward); h may be NULL without adapter.
+/* y[n, out] = x[n, in] W^T (+ LoRA) (+ bias, added last). h[n, r] receives x A^T when adapted
+ * (saved for backward); h may be NULL without adapter.
  * Quantized W, TurboQuant: x_rot = tq_rotate(x) into tq->act, W_rot decoded into tq->tile,
  * y = x_rot W_rot^T (= x W_hat^T, quant/turboquant.h). Absmax: W_hat decoded, y = x W_hat^T.
  * The LoRA path always reads the un-rotated x. */
 void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
                    int64_t n);
-/* Accumulates dx += dy W (+ LoRA path), and the weight / adapter gradients where trainable.
+/* Accumulates dx += dy W (+ LoRA path), and the weight / adapter / bias gradients where
+ * trainable.
  * dx may be NULL (input gradient not needed). scratch: n * r floats when adapted.
  * Quantized W: the tile is decoded again, tq->act = dy W_rot, and dx += tq_rotate_bwd(tq->act)
  * (TurboQuant), or dx += dy W_hat (absmax). A trainable quantized W (full fine-tuning: the

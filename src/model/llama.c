@@ -81,7 +81,7 @@ static void add_linear(tz_llama *m, tz_linear *l, int layer, int which, int64_t 
     } else {
         l->w = add_param(m, name, 2, out, in, m->o.full, 1, 0, stage);
     }
-    l->a = l->b = NULL;
+    l->a = l->b = l->bias = NULL;
     l->r = 0;
     if (m->o.lora.targets & (1 << which)) {
         if (m->o.lora.rank > (in < out ? in : out))
@@ -366,22 +366,40 @@ static void mlp_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, floa
     }
 }
 
-/* One layer: x -> out, saving its activations in a. mlp 0 (backward's recomputation with MLP
- * chunks, which makes the MLP's activations chunk by chunk itself): stop at h2, out unused. */
+/* Generation's key/value cache of one layer: keys and values of positions < pos0 written, cap
+ * positions in all. */
+typedef struct layer_kv {
+    float *k, *v;
+    int64_t cap, pos0;
+} layer_kv;
+
+/* One layer on B sequences of T rows: x -> out, saving its activations in a. kv NULL
+ * (training): positions 0.., causal attention over the T rows. kv (generation, B = 1):
+ * positions kv->pos0.., the new keys and values written into the cache, attention reading it.
+ * mlp 0 (backward's recomputation with MLP chunks, which makes the MLP's activations chunk by
+ * chunk itself): stop at h2, out unused. */
 static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, const float *x,
-                      float *out, int mlp) {
+                      float *out, int64_t B, int64_t T, const layer_kv *kv, int mlp) {
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
-    const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim;
+    const int64_t BT = B * T, C = d->dim, pos0 = kv ? kv->pos0 : 0;
     be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
     tz_linear_fwd(be, &L->lin[TZ_LIN_Q], a->q, a->lh[TZ_LIN_Q], a->h1, BT);
     tz_linear_fwd(be, &L->lin[TZ_LIN_K], a->k, a->lh[TZ_LIN_K], a->h1, BT);
     tz_linear_fwd(be, &L->lin[TZ_LIN_V], a->v, a->lh[TZ_LIN_V], a->h1, BT);
-    rope(m, a->q, B, T, d->n_heads, 0, 0);
-    rope(m, a->k, B, T, d->n_kv_heads, 0, 0);
-    be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, B, T, d->n_heads, d->n_kv_heads,
-                      d->head_dim, 1);
+    rope(m, a->q, B, T, d->n_heads, pos0, 0);
+    rope(m, a->k, B, T, d->n_kv_heads, pos0, 0);
+    if (kv) {
+        const int64_t kvd = d->n_kv_heads * d->head_dim;
+        be->copy(be, kv->k + pos0 * kvd, a->k, (size_t)(T * kvd) * sizeof(float));
+        be->copy(be, kv->v + pos0 * kvd, a->v, (size_t)(T * kvd) * sizeof(float));
+        be->attention_cache_fwd(be, a->att, a->q, kv->k, kv->v, 1, T, kv->cap, pos0,
+                                d->n_heads, d->n_kv_heads, d->head_dim);
+    } else {
+        be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
+        be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, B, T, d->n_heads,
+                          d->n_kv_heads, d->head_dim, 1);
+    }
     tz_linear_fwd(be, &L->lin[TZ_LIN_O], a->x2, a->lh[TZ_LIN_O], a->att, BT);
     be->axpy(be, a->x2, 1.0f, x, BT * C); /* x2 = x + attn */
     /* (with MLP chunks h2 overwrites h1, read for the last time above) */
@@ -408,7 +426,7 @@ static void forward_body(tz_llama *m, const int32_t *inputs, const int32_t *targ
     tz_layer_stack_put(st, be, 0);
     for (int64_t l = 0; l < d->n_layers; l++) {
         layer_fwd(m, &m->layers[l], acts_of(m, l), tz_layer_stack_in(st, be, l),
-                  tz_layer_stack_out(st, l + 1), 1);
+                  tz_layer_stack_out(st, l + 1), m->B, m->T, NULL, 1);
         tz_layer_stack_put(st, be, l + 1);
     }
     be->rmsnorm_fwd(be, m->hf, m->rstdf, tz_layer_stack_in(st, be, d->n_layers),
@@ -444,11 +462,41 @@ double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targe
 
 /* ---- backward ---- */
 
+/* The attention half's backward, from m->dres = dL/dx2 (the MLP's norm path added): the
+ * output projection, attention, RoPE, q, k, v and the input norm; dres becomes dL/dx. datt,
+ * dq, dk, dv: where the gradients go. remake_h1: h1 is made again from x before q, k and v's
+ * backward (with MLP chunks its memory held datt). */
+static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, const float *x,
+                     float *datt, float *dq, float *dk, float *dv, int remake_h1) {
+    tz_backend *be = m->be;
+    const tz_llama_dims *d = &m->d;
+    const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim;
+    const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
+    be->fill(be, datt, 0.0f, BT * qd);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_O], datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
+    be->fill(be, dq, 0.0f, BT * qd);
+    be->fill(be, dk, 0.0f, BT * kvd);
+    be->fill(be, dv, 0.0f, BT * kvd);
+    be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
+    be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
+                      d->n_heads, d->n_kv_heads, d->head_dim, 1);
+    rope(m, dq, B, T, d->n_heads, 0, 1);
+    rope(m, dk, B, T, d->n_kv_heads, 0, 1);
+    if (remake_h1) /* h1 again, in its memory: the same op on the same x */
+        be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
+    be->fill(be, m->dh, 0.0f, BT * C);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_Q], m->dh, dq, a->h1, a->lh[TZ_LIN_Q], m->dlora, BT);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_K], m->dh, dk, a->h1, a->lh[TZ_LIN_K], m->dlora, BT);
+    tz_linear_bwd(be, &L->lin[TZ_LIN_V], m->dh, dv, a->h1, a->lh[TZ_LIN_V], m->dlora, BT);
+    /* dres += norm path: now dL/dx */
+    be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C);
+}
+
 static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, const float *x) {
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
-    const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim, F = d->hidden;
-    const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
+    const int64_t BT = m->B * m->T, C = d->dim, F = d->hidden;
+    const int64_t kvd = d->n_kv_heads * d->head_dim;
     /* m->dres holds dL/d(layer output). Where the sizes allow (tz_llama.bwd_in_set), the
      * gradients below take the memory of activations already read for the last time:
      * dg that of s (read by the down projection's backward), datt and dq those of g and u
@@ -467,22 +515,7 @@ static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     tz_linear_bwd(be, &L->lin[TZ_LIN_UP], m->dh, m->du, a->h2, a->lh[TZ_LIN_UP], m->dlora, BT);
     /* dres += norm path: now dL/dx2 */
     be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C);
-    be->fill(be, datt, 0.0f, BT * qd);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_O], datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
-    be->fill(be, dq, 0.0f, BT * qd);
-    be->fill(be, dk, 0.0f, BT * kvd);
-    be->fill(be, dv, 0.0f, BT * kvd);
-    be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
-                      d->n_heads, d->n_kv_heads, d->head_dim, 1);
-    rope(m, dq, B, T, d->n_heads, 0, 1);
-    rope(m, dk, B, T, d->n_kv_heads, 0, 1);
-    be->fill(be, m->dh, 0.0f, BT * C);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_Q], m->dh, dq, a->h1, a->lh[TZ_LIN_Q], m->dlora, BT);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_K], m->dh, dk, a->h1, a->lh[TZ_LIN_K], m->dlora, BT);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_V], m->dh, dv, a->h1, a->lh[TZ_LIN_V], m->dlora, BT);
-    /* dres += norm path: now dL/dx */
-    be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C);
+    attn_bwd(m, L, a, x, datt, dq, dk, dv, 0);
 }
 
 /* layer_bwd with MLP chunks (tz_llama.mlp_chunked): a holds the layer's activations up to
@@ -493,8 +526,7 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
                               const float *x) {
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
-    const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim, F = d->hidden;
-    const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
+    const int64_t BT = m->B * m->T, C = d->dim, F = d->hidden;
     const int64_t R = m->mlp_rows, r = m->o.lora.rank;
     const tz_linear *down = &L->lin[TZ_LIN_DOWN];
     be->fill(be, m->dh, 0.0f, BT * C);
@@ -520,25 +552,7 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
     /* dres += norm path: now dL/dx2 */
     be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C);
     /* datt in h2's memory, dq in x2's (both read for the last time), dk, dv in the pool */
-    float *datt = m->datt, *dq = m->dq, *dk = m->dk, *dv = m->dv;
-    be->fill(be, datt, 0.0f, BT * qd);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_O], datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
-    be->fill(be, dq, 0.0f, BT * qd);
-    be->fill(be, dk, 0.0f, BT * kvd);
-    be->fill(be, dv, 0.0f, BT * kvd);
-    be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
-                      d->n_heads, d->n_kv_heads, d->head_dim, 1);
-    rope(m, dq, B, T, d->n_heads, 0, 1);
-    rope(m, dk, B, T, d->n_kv_heads, 0, 1);
-    /* h1 again, in its memory (datt's until now): the same op on the same x */
-    be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
-    be->fill(be, m->dh, 0.0f, BT * C);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_Q], m->dh, dq, a->h1, a->lh[TZ_LIN_Q], m->dlora, BT);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_K], m->dh, dk, a->h1, a->lh[TZ_LIN_K], m->dlora, BT);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_V], m->dh, dv, a->h1, a->lh[TZ_LIN_V], m->dlora, BT);
-    /* dres += norm path: now dL/dx */
-    be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C);
+    attn_bwd(m, L, a, x, m->datt, m->dq, m->dk, m->dv, 1);
 }
 
 double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32_t *targets,
@@ -560,7 +574,7 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
          * its output goes to dh, free until layer_bwd fills it */
         const float *x = tz_layer_stack_in(&m->stack, be, l);
         if (tz_layer_stack_recompute(&m->stack, l))
-            layer_fwd(m, &m->layers[l], a, x, m->dh, !m->mlp_chunked);
+            layer_fwd(m, &m->layers[l], a, x, m->dh, m->B, m->T, NULL, !m->mlp_chunked);
         if (m->mlp_chunked) layer_bwd_chunked(m, &m->layers[l], a, x);
         else layer_bwd(m, &m->layers[l], a, x);
         tz_params_stage_done(&m->params, (int)(d->n_layers - l));
@@ -594,31 +608,6 @@ void tz_llama_cache_free(tz_llama *m, tz_llama_cache *c) {
     memset(c, 0, sizeof *c);
 }
 
-/* One layer for n new tokens at positions pos0..: layer_fwd with the offset RoPE and the
- * keys and values written into the cache, attention reading the cache. */
-static void layer_decode(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, float *kc,
-                         float *vc, int64_t cap, int64_t pos0, const float *x, float *out,
-                         int64_t n) {
-    tz_backend *be = m->be;
-    const tz_llama_dims *d = &m->d;
-    const int64_t C = d->dim, kvd = d->n_kv_heads * d->head_dim;
-    be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, n, C, (float)d->eps);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_Q], a->q, a->lh[TZ_LIN_Q], a->h1, n);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_K], a->k, a->lh[TZ_LIN_K], a->h1, n);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_V], a->v, a->lh[TZ_LIN_V], a->h1, n);
-    rope(m, a->q, 1, n, d->n_heads, pos0, 0);
-    rope(m, a->k, 1, n, d->n_kv_heads, pos0, 0);
-    be->copy(be, kc + pos0 * kvd, a->k, (size_t)(n * kvd) * sizeof(float));
-    be->copy(be, vc + pos0 * kvd, a->v, (size_t)(n * kvd) * sizeof(float));
-    be->attention_cache_fwd(be, a->att, a->q, kc, vc, 1, n, cap, pos0, d->n_heads,
-                            d->n_kv_heads, d->head_dim);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_O], a->x2, a->lh[TZ_LIN_O], a->att, n);
-    be->axpy(be, a->x2, 1.0f, x, n * C);
-    be->rmsnorm_fwd(be, a->h2, a->rstd2, a->x2, L->mlp_norm->w, n, C, (float)d->eps);
-    mlp_fwd(m, L, a, out, n);
-    be->axpy(be, out, 1.0f, a->x2, n * C);
-}
-
 const float *tz_llama_decode(tz_llama *m, tz_llama_cache *c, const int32_t *tok, int64_t n) {
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
@@ -636,8 +625,9 @@ const float *tz_llama_decode(tz_llama *m, tz_llama_cache *c, const int32_t *tok,
     tz_embedding_w(be, tz_layer_stack_out(st, 0), m->tok, m->embed, n, C);
     tz_layer_stack_put(st, be, 0);
     for (int64_t l = 0; l < d->n_layers; l++) {
-        layer_decode(m, &m->layers[l], acts_of(m, 0), c->k[l], c->v[l], c->cap, c->len,
-                     tz_layer_stack_in(st, be, l), tz_layer_stack_out(st, l + 1), n);
+        const layer_kv kv = {c->k[l], c->v[l], c->cap, c->len};
+        layer_fwd(m, &m->layers[l], acts_of(m, 0), tz_layer_stack_in(st, be, l),
+                  tz_layer_stack_out(st, l + 1), 1, n, &kv, 1);
         tz_layer_stack_put(st, be, l + 1);
     }
     c->len += n;

@@ -44,7 +44,7 @@ static tz_dit *make(tz_backend *be, const tz_quant_opts *q, int checkpointing) {
 static int is_block_weight(const tz_dit *m, const tz_param *p) {
     for (int64_t i = 0; i < m->d.depth; i++)
         for (int j = 0; j < TZ_DIT_LIN_N; j++)
-            if (m->blocks[i].lin[j].lin.w == p) return 1;
+            if (m->blocks[i].lin[j].w == p) return 1;
     return 0;
 }
 
@@ -98,7 +98,7 @@ int main(void) {
           d->arena.cap, extra);
     int shared = 1;
     for (int64_t i = 0; i < k_dims.depth; i++)
-        for (int j = 0; j < TZ_DIT_LIN_N; j++) shared &= q->blocks[i].lin[j].lin.tq == &q->tq;
+        for (int j = 0; j < TZ_DIT_LIN_N; j++) shared &= q->blocks[i].lin[j].tq == &q->tq;
     check(shared, "every quantized weight decodes into the model's one tile");
 
     float *x = malloc((size_t)(B * N) * sizeof *x), *tg = malloc((size_t)(B * N) * sizeof *tg);

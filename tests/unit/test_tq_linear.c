@@ -163,7 +163,8 @@ static void test_layer(const lcase *c) {
     float *av = frand(r * in, 0.2f), *bv = frand(out * r, 0.2f);
     tz_tq_scratch s = {g_be->alloc(g_be, (size_t)(out * in) * 4), out * in,
                        g_be->alloc(g_be, (size_t)(n * in) * 4), n * in};
-    tz_linear lq = {in, out, pq, NULL, NULL, r, 0.75f, &s}, ld = {in, out, pd, NULL, NULL, r, 0.75f, NULL};
+    tz_linear lq = {.in = in, .out = out, .w = pq, .r = r, .scale = 0.75f, .tq = &s};
+    tz_linear ld = {.in = in, .out = out, .w = pd, .r = r, .scale = 0.75f};
     if (r) {
         lq.a = lora_param(&ps, "aq", r, in, av), lq.b = lora_param(&ps, "bq", out, r, bv);
         ld.a = lora_param(&ps, "ad", r, in, av), ld.b = lora_param(&ps, "bd", out, r, bv);
