@@ -95,6 +95,12 @@ static int hf_str(hf_ctx *x, const char *key, char *buf, size_t len, int *found)
     return 0;
 }
 
+/* The model_types read here. */
+static int hf_known_type(const char *t) {
+    return !strcmp(t, "llama") || !strcmp(t, "mistral") || !strcmp(t, "qwen2") ||
+           !strcmp(t, "qwen3");
+}
+
 /* A Llama feature this program does not implement: absent, null or false is fine. */
 static int hf_unsupported_flag(hf_ctx *x, const char *key, const char *what) {
     int on = 0;
@@ -165,9 +171,13 @@ static int hf_parse(hf_ctx *x, tz_hf_llama *c) {
     tz_hf_llama_defaults(c);
     int found = 0;
     if (hf_str(x, "model_type", c->model_type, sizeof c->model_type, &found)) return 1;
-    if (found && strcmp(c->model_type, "llama") != 0 && strcmp(c->model_type, "mistral") != 0)
-        return HERR(x, "%s: key \"model_type\" is \"%s\", expected \"llama\" or \"mistral\" "
-                    "(only Llama-architecture configs are read here)", x->file, c->model_type);
+    if (found && !hf_known_type(c->model_type))
+        return HERR(x, "%s: key \"model_type\" is \"%s\", expected \"llama\", \"mistral\", "
+                    "\"qwen2\" or \"qwen3\" (the Llama architecture and its relatives)", x->file,
+                    c->model_type);
+    const int qwen = !strncmp(c->model_type, "qwen", 4);
+    c->qkv_bias = !strcmp(c->model_type, "qwen2");
+    c->qk_norm = !strcmp(c->model_type, "qwen3");
     if (hf_int(x, "vocab_size", 1, 0, &c->vocab_size) ||
         hf_int(x, "hidden_size", 1, 0, &c->hidden_size) ||
         hf_int(x, "intermediate_size", 1, 0, &c->intermediate_size) ||
@@ -185,7 +195,13 @@ static int hf_parse(hf_ctx *x, tz_hf_llama *c) {
     if (!found && hf_str(x, "dtype", c->torch_dtype, sizeof c->torch_dtype, NULL)) return 1;
 
     if (hf_rope_scaling(x, c)) return 1;
-    json_t *sw = json_object_get(x->root, "sliding_window");
+    /* Qwen's sliding_window only applies under use_sliding_window (false in every release) */
+    int use_sw = 0;
+    if (qwen && hf_bool(x, "use_sliding_window", &use_sw)) return 1;
+    if (use_sw)
+        return HERR(x, "%s: key \"use_sliding_window\" is true, expected false (sliding-window "
+                    "attention is not supported)", x->file);
+    json_t *sw = qwen ? NULL : json_object_get(x->root, "sliding_window");
     if (sw && !json_is_null(sw) &&
         !(json_is_integer(sw) && json_integer_value(sw) >= c->max_position_embeddings))
         return HERR(x, "%s: key \"sliding_window\" is %s, expected null or at least "
@@ -273,10 +289,9 @@ int tz_hf_llama_check(const tz_hf_llama *c, const char *file, char *err, size_t 
                 c->rope_theta);
         return 1;
     }
-    if (c->model_type[0] && strcmp(c->model_type, "llama") != 0 &&
-        strcmp(c->model_type, "mistral") != 0) {
-        tz_errf(err, errlen, "%s: key \"model_type\" is \"%.31s\", expected \"llama\"", file,
-                c->model_type);
+    if (c->model_type[0] && !hf_known_type(c->model_type)) {
+        tz_errf(err, errlen, "%s: key \"model_type\" is \"%.31s\", expected \"llama\", "
+                "\"mistral\", \"qwen2\" or \"qwen3\"", file, c->model_type);
         return 1;
     }
     size_t n = strnlen(c->torch_dtype, sizeof c->torch_dtype);
@@ -325,11 +340,19 @@ int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t 
                  "\"original_max_position_embeddings\": %" PRId64 "}", f, lo, hi,
                  c->rope_original_max_position_embeddings);
     }
+    /* Qwen2 and Qwen3 keep their type (their extra tensors need it); Mistral without a
+     * sliding window is written as the Llama it is */
+    const char *type = !strcmp(c->model_type, "qwen2")   ? "qwen2"
+                       : !strcmp(c->model_type, "qwen3") ? "qwen3"
+                                                         : "llama";
+    const char *arch = !strcmp(type, "qwen2")   ? "Qwen2ForCausalLM"
+                       : !strcmp(type, "qwen3") ? "Qwen3ForCausalLM"
+                                                : "LlamaForCausalLM";
     char text[2400];
     int n = snprintf(text, sizeof text,
         "{\n"
-        "  \"architectures\": [\"LlamaForCausalLM\"],\n"
-        "  \"model_type\": \"llama\",\n"
+        "  \"architectures\": [\"%s\"],\n"
+        "  \"model_type\": \"%s\",\n"
         "  \"vocab_size\": %" PRId64 ",\n"
         "  \"hidden_size\": %" PRId64 ",\n"
         "  \"intermediate_size\": %" PRId64 ",\n"
@@ -345,7 +368,7 @@ int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t 
         "  \"hidden_act\": \"silu\",\n"
         "  \"attention_bias\": false,\n"
         "  \"attention_dropout\": 0.0,\n"
-        "  \"mlp_bias\": false,\n"
+        "  \"mlp_bias\": false,\n%s"
         "  \"initializer_range\": 0.02,\n"
         "  \"pretraining_tp\": 1,\n"
         "  \"use_cache\": true,\n"
@@ -353,9 +376,10 @@ int tz_hf_llama_write(const tz_hf_llama *c, const char *path, char *err, size_t 
         "  \"eos_token_id\": null,\n"
         "  \"torch_dtype\": %s\n"
         "}\n",
-        c->vocab_size, c->hidden_size, c->intermediate_size, c->num_hidden_layers,
+        arch, type, c->vocab_size, c->hidden_size, c->intermediate_size, c->num_hidden_layers,
         c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->max_position_embeddings,
-        eps, theta, rope, c->tie_word_embeddings ? "true" : "false", dtype);
+        eps, theta, rope, c->tie_word_embeddings ? "true" : "false",
+        strcmp(type, "llama") ? "  \"use_sliding_window\": false,\n" : "", dtype);
     if (n < 0 || (size_t)n >= sizeof text) {
         tz_errf(err, errlen, "%s: config text does not fit its buffer", path);
         return 1;

@@ -1,4 +1,5 @@
-/* HF transformers Llama config.json: a checked parser into a pointer-free struct (HF
+/* HF transformers config.json of the Llama architecture and its relatives (Mistral without a
+ * sliding window, Qwen2/Qwen2.5, Qwen3): a checked parser into a pointer-free struct (HF
  * defaults applied) and an atomic writer transformers can load. No weights, no training. */
 #ifndef TZ_HF_CONFIG_H
 #define TZ_HF_CONFIG_H
@@ -14,7 +15,10 @@ typedef struct tz_hf_llama {
     char rope_type[16];
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int64_t rope_original_max_position_embeddings;
-    char model_type[32];  /* "llama" or "mistral" */
+    char model_type[32];  /* "llama", "mistral", "qwen2" or "qwen3" */
+    /* what the model_type implies beyond Llama: qwen2, biases on the q, k and v projections;
+     * qwen3, an RMSNorm over each head of q and of k (q_norm, k_norm) before RoPE */
+    int qkv_bias, qk_norm;
     char torch_dtype[16]; /* "bfloat16", "float16", "float32"; "" when the file has none */
 } tz_hf_llama;
 
@@ -28,9 +32,10 @@ void tz_hf_llama_defaults(tz_hf_llama *c);
  * max_position_embeddings 2048. Rejected: wrong JSON types, non-positive sizes, heads that
  * do not divide, rope_scaling other than null or {"rope_type": "llama3" (or "default"), factor,
  * low_freq_factor < high_freq_factor, original_max_position_embeddings} (Llama 3.1, 3.2;
- * older files say "type"), model_type other than "llama" or "mistral" (the same architecture
- * when its sliding_window is null or not below max_position_embeddings), attention_bias or
- * mlp_bias true, hidden_act other than "silu". An explicit head_dim need not equal
+ * older files say "type"), model_type other than "llama", "mistral" (the same architecture
+ * when its sliding_window is null or not below max_position_embeddings), "qwen2" or "qwen3"
+ * (when use_sliding_window is false), attention_bias or mlp_bias true, hidden_act other than
+ * "silu". An explicit head_dim need not equal
  * hidden_size / num_attention_heads (as in HF). 0, or non-zero with "file: key \"k\" is X,
  * expected Y" (c then holds partial values: do not use it). */
 int tz_hf_llama_read(tz_hf_llama *c, const char *path, char *err, size_t errlen);

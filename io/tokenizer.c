@@ -14,10 +14,11 @@
 
 #include "core/error.h"
 #include "io/fsutil.h"
+#include "io/nfc.h"
 #include "io/unicode_classes.h"
 
 enum { KIND_BYTES, KIND_BYTELEVEL, KIND_SPM };
-enum { RE_NONE, RE_LLAMA3, RE_GPT2 };
+enum { RE_NONE, RE_LLAMA3, RE_GPT2, RE_QWEN2 }; /* RE_QWEN2: RE_LLAMA3 with single digits */
 
 typedef struct piece {
     uint32_t off, len; /* bytes in t->pool */
@@ -61,6 +62,7 @@ struct tz_tokenizer {
     int regex, add_prefix_space, ignore_merges, byte_fallback, fuse_unk;
     int spm_prepend;   /* 0 never, 1 every segment (Prepend normalizer, Metaspace "always"), 2 first */
     int spm_split_ok;  /* no token has "▁" after other text: words may be cut before "▁" runs */
+    int nfc;           /* normalizer NFC (Qwen2, Qwen3): each segment in NFC first */
     int strip_lead;    /* decoder removes one leading space */
     /* the word cache */
     cache_slot *cslot;
@@ -159,11 +161,14 @@ static size_t ws_run(const uint8_t *s, size_t n, size_t i) {
 /* The length of the next piece at s[i..n) under the Llama 3 pattern
  *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*
  *   |\s*[\r\n]+|\s+(?!\S)|\s+
+ * or Qwen2's (Qwen2, Qwen2.5, Qwen3), the same with \p{N} in place of \p{N}{1,3},
  * or the GPT-2 pattern
  *   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  * both with leftmost-first alternation, as a backtracking regex engine matches them. */
 static size_t next_piece(int re, const uint8_t *s, size_t n, size_t i) {
     cp_t c0 = cp_at(s, n, i);
+    const int digits = re == RE_QWEN2 ? 1 : 3; /* \p{N}{1,digits} */
+    if (re == RE_QWEN2) re = RE_LLAMA3;
     if (s[i] == '\'' && i + 1 < n) {
         cp_t c1 = cp_at(s, n, i + 1), c2 = cp_at(s, n, i + 2);
         if (re == RE_LLAMA3) {
@@ -187,10 +192,10 @@ static size_t next_piece(int re, const uint8_t *s, size_t n, size_t i) {
             for (cp_t c; (c = cp_at(s, n, j)).cl == CL_L;) j += (size_t)c.k;
             return j - i;
         }
-        /* \p{N}{1,3} */
+        /* \p{N}{1,3} (Qwen2: \p{N}) */
         if (c0.cl == CL_N) {
             j = i;
-            for (int m = 0; m < 3; m++) {
+            for (int m = 0; m < digits; m++) {
                 cp_t c = cp_at(s, n, j);
                 if (c.cl != CL_N) break;
                 j += (size_t)c.k;
@@ -327,6 +332,9 @@ static int jtrue(json_t *o, const char *key) { return json_is_true(json_object_g
 static const char *const LLAMA3_RE =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char *const QWEN2_RE =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char *const GPT2_RE =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
@@ -353,8 +361,12 @@ static int load_normalizer(tz_tokenizer *t, json_t *n, const char *file, char *e
             FAIL("%s: normalizer Replace other than \" \" -> \"\u2581\" is not supported", file);
         return 0;
     }
-    FAIL("%s: normalizer %s is not supported (supported: Sequence, Prepend, Replace of \" \" by "
-         "\"\u2581\")", file, type ? type : "(no type)");
+    if (type && !strcmp(type, "NFC")) { /* Qwen2, Qwen2.5, Qwen3 */
+        t->nfc = 1;
+        return 0;
+    }
+    FAIL("%s: normalizer %s is not supported (supported: Sequence, NFC, Prepend, Replace of \" \" "
+         "by \"\u2581\")", file, type ? type : "(no type)");
 }
 
 static int load_pretok(tz_tokenizer *t, json_t *p, const char *file, char *err, size_t errlen) {
@@ -371,9 +383,10 @@ static int load_pretok(tz_tokenizer *t, json_t *p, const char *file, char *err, 
         const char *beh = jstr(p, "behavior");
         if (!re) FAIL("%s: pre_tokenizer Split with a String pattern is not supported", file);
         if (!strcmp(re, LLAMA3_RE)) t->regex = RE_LLAMA3;
+        else if (!strcmp(re, QWEN2_RE)) t->regex = RE_QWEN2;
         else if (!strcmp(re, GPT2_RE)) t->regex = RE_GPT2;
-        else FAIL("%s: pre_tokenizer Split with the regex %.200s is not supported (only the Llama 3 "
-                  "and GPT-2 patterns)", file, re);
+        else FAIL("%s: pre_tokenizer Split with the regex %.200s is not supported (only the Llama 3, "
+                  "Qwen2 and GPT-2 patterns)", file, re);
         if (!beh || strcmp(beh, "Isolated") || jtrue(p, "invert"))
             FAIL("%s: pre_tokenizer Split with behavior %s%s is not supported (only Isolated)", file,
                  beh ? beh : "?", jtrue(p, "invert") ? " and invert" : "");
@@ -384,7 +397,7 @@ static int load_pretok(tz_tokenizer *t, json_t *p, const char *file, char *err, 
         if (jtrue(p, "add_prefix_space")) t->add_prefix_space = 1;
         json_t *ur = json_object_get(p, "use_regex");
         if (!ur || json_is_true(ur)) {
-            if (t->regex == RE_LLAMA3)
+            if (t->regex == RE_LLAMA3 || t->regex == RE_QWEN2)
                 FAIL("%s: pre_tokenizer ByteLevel with use_regex after a Split is not supported", file);
             t->regex = RE_GPT2;
         }
@@ -399,8 +412,8 @@ static int load_pretok(tz_tokenizer *t, json_t *p, const char *file, char *err, 
         else t->spm_prepend = !aps || json_is_true(aps);
         return 0; /* split or not, words are cut before "▁" runs only when that is exact */
     }
-    FAIL("%s: pre_tokenizer %s is not supported (supported: Sequence, Split with the Llama 3 or "
-         "GPT-2 regex, ByteLevel, Metaspace)", file, type ? type : "(no type)");
+    FAIL("%s: pre_tokenizer %s is not supported (supported: Sequence, Split with the Llama 3, "
+         "Qwen2 or GPT-2 regex, ByteLevel, Metaspace)", file, type ? type : "(no type)");
 }
 
 static int load_decoder(tz_tokenizer *t, json_t *d, const char *file, char *err, size_t errlen) {
@@ -1024,8 +1037,10 @@ static void word_out(tz_tokenizer *t, bpe_buf *b, const uint8_t *s, size_t n, id
 
 /* A run of text with no added token in it. first: the segment starts the text. */
 static void encode_segment(tz_tokenizer *t, bpe_buf *b, const uint8_t *s, size_t n, int first,
-                           ids_out *o, uint8_t **norm, size_t *norm_cap) {
+                           ids_out *o, uint8_t **norm, size_t *norm_cap, uint8_t **nfc,
+                           size_t *nfc_cap) {
     if (n == 0) return;
+    if (t->nfc) s = tz_nfc(s, n, nfc, nfc_cap, &n);
     if (t->kind == KIND_BYTELEVEL) {
         if (t->add_prefix_space && s[0] != ' ') {
             if (n + 1 > *norm_cap) *norm = tz_xrealloc(*norm, *norm_cap = 2 * n + 16);
@@ -1080,8 +1095,8 @@ int64_t tz_tokenizer_encode(const tz_tokenizer *tc, const char *text, size_t len
         for (size_t i = 0; i < len; i++) emit(&o, s[i]);
     } else {
         bpe_buf b = {0};
-        uint8_t *norm = NULL;
-        size_t norm_cap = 0, seg = 0;
+        uint8_t *norm = NULL, *nfc = NULL;
+        size_t norm_cap = 0, nfc_cap = 0, seg = 0;
         for (size_t i = 0; i < len;) {
             int32_t hit = -1;
             uint32_t hitlen = 0;
@@ -1097,13 +1112,13 @@ int64_t tz_tokenizer_encode(const tz_tokenizer *tc, const char *text, size_t len
                 i++;
                 continue;
             }
-            encode_segment(t, &b, s + seg, i - seg, seg == 0, &o, &norm, &norm_cap);
+            encode_segment(t, &b, s + seg, i - seg, seg == 0, &o, &norm, &norm_cap, &nfc, &nfc_cap);
             emit(&o, hit);
             i += hitlen;
             seg = i;
         }
-        encode_segment(t, &b, s + seg, len - seg, seg == 0, &o, &norm, &norm_cap);
-        free(norm);
+        encode_segment(t, &b, s + seg, len - seg, seg == 0, &o, &norm, &norm_cap, &nfc, &nfc_cap);
+        free(norm), free(nfc);
         free(b.id), free(b.prev), free(b.next), free(b.heap);
         for (int64_t i = 0; i < o.n && i < o.cap; i++)
             if (out[i] < 0) {

@@ -15,3 +15,17 @@ add_test(NAME tokenizer_mask
           ${CMAKE_SOURCE_DIR} ${MPIEXEC_EXECUTABLE})
 set_tests_properties(tokenizer_mask PROPERTIES TIMEOUT 600
   ENVIRONMENT "${TZ_TEST_ENV}" LABELS "e2e;mpi")
+# NFC (io/nfc.c, the normalizer of Qwen's tokenizer.json) against Python's unicodedata over
+# every code point that decomposes or has a combining class and 6000 random strings (the unit
+# test test_nfc runs its fixed cases alone as well).
+add_test(NAME nfc_vs_python
+  COMMAND sh -c "python3 '${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/nfc_cases.py' 1 > nfc_cases.txt && '$<TARGET_FILE:test_nfc>' nfc_cases.txt"
+  WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+set_tests_properties(nfc_vs_python PROPERTIES TIMEOUT 120 ENVIRONMENT "${TZ_TEST_ENV}"
+  LABELS "quick")
+# A Qwen2-shaped tokenizer.json (NFC, Qwen2's regex: single digits) made by the test, against
+# a plain Python encoder of it (needs no download).
+add_test(NAME tokenizer_qwen
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/qwen_test.sh $<TARGET_FILE:tz_tokenize>)
+set_tests_properties(tokenizer_qwen PROPERTIES TIMEOUT 120 ENVIRONMENT "${TZ_TEST_ENV}"
+  LABELS "quick")

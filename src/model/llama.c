@@ -124,6 +124,17 @@ tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_model
         add_linear(m, &L->lin[TZ_LIN_Q], i, TZ_LIN_Q, C, qd);
         add_linear(m, &L->lin[TZ_LIN_K], i, TZ_LIN_K, C, kvd);
         add_linear(m, &L->lin[TZ_LIN_V], i, TZ_LIN_V, C, kvd);
+        for (int j = TZ_LIN_Q; d->qkv_bias && j <= TZ_LIN_V; j++) {
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.bias", i,
+                     tz_llama_lin_names[j]);
+            L->lin[j].bias = add_param(m, name, 1, L->lin[j].out, 1, full, 0, 0, d->n_layers - i);
+        }
+        if (d->qk_norm) {
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.q_norm.weight", i);
+            L->q_norm = add_param(m, name, 1, d->head_dim, 1, full, 0, 0, d->n_layers - i);
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.k_norm.weight", i);
+            L->k_norm = add_param(m, name, 1, d->head_dim, 1, full, 0, 0, d->n_layers - i);
+        }
         add_linear(m, &L->lin[TZ_LIN_O], i, TZ_LIN_O, qd, C);
         snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", i);
         L->mlp_norm = add_param(m, name, 1, C, 1, full, 0, 0, d->n_layers - i);
@@ -149,10 +160,13 @@ void tz_llama_free(tz_llama *m) {
     free(m);
 }
 
-/* HF's rule: norms ones, matrices (embeddings included) normal(0, 0.02). */
+/* HF's rule: norms ones, biases zeros, matrices (embeddings included) normal(0, 0.02). */
 static void fill_init(void *ctx, int i, const tz_param *p, tz_rng *r, float *h) {
+    (void)ctx, (void)i;
+    const size_t n = strlen(p->name);
+    const int bias = n > 5 && !strcmp(p->name + n - 5, ".bias");
     for (int64_t k = 0; k < p->numel; k++)
-        h[k] = p->ndim == 1 ? 1.0f : (float)(0.02 * tz_rng_normal(r));
+        h[k] = p->ndim == 1 ? (bias ? 0.0f : 1.0f) : (float)(0.02 * tz_rng_normal(r));
 }
 
 void tz_llama_init_random(tz_llama *m, uint64_t seed) {
@@ -197,6 +211,10 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         tz_llama_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
 #define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
         ACT(h1, BT * C); ACT(rstd1, BT); ACT(q, BT * qd); ACT(k, BT * kvd); ACT(v, BT * kvd);
+        if (d->qk_norm) {
+            ACT(qn, BT * qd); ACT(kn, BT * kvd);
+            ACT(rq, BT * d->n_heads); ACT(rk, BT * d->n_kv_heads);
+        }
         ACT(att, BT * qd); ACT(lse, BT * d->n_heads); ACT(x2, BT * C);
         if (chunked) { /* h2 in h1; g, u, s in the pool below */
             if (a) s->h2 = s->h1;
@@ -237,6 +255,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     TAKE(m->tok, BT, "tokens"); TAKE(m->tgt, BT, "targets");
     if (!m->o.forward_only) { /* backward buffers */
         TAKE(m->dres, BT * C, "dres"); TAKE(m->dh, BT * C, "dh");
+        if (d->qk_norm) { TAKE(m->dqn, BT * qd, "dq before q_norm"); TAKE(m->dkn, BT * kvd, "dk before k_norm"); }
         if (a && xb_dh && m->stack.x16) m->stack.xb = m->dh;
         if (chunked) { /* layer_bwd_chunked: dg in the chunk's s */
             m->bwd_in_set = 0;
@@ -384,9 +403,16 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     const tz_llama_dims *d = &m->d;
     const int64_t BT = B * T, C = d->dim, pos0 = kv ? kv->pos0 : 0;
     be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_Q], a->q, a->lh[TZ_LIN_Q], a->h1, BT);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_K], a->k, a->lh[TZ_LIN_K], a->h1, BT);
+    const int qkn = d->qk_norm;
+    tz_linear_fwd(be, &L->lin[TZ_LIN_Q], qkn ? a->qn : a->q, a->lh[TZ_LIN_Q], a->h1, BT);
+    tz_linear_fwd(be, &L->lin[TZ_LIN_K], qkn ? a->kn : a->k, a->lh[TZ_LIN_K], a->h1, BT);
     tz_linear_fwd(be, &L->lin[TZ_LIN_V], a->v, a->lh[TZ_LIN_V], a->h1, BT);
+    if (qkn) { /* Qwen3: each head of q and k through its RMSNorm */
+        be->rmsnorm_fwd(be, a->q, a->rq, a->qn, L->q_norm->w, BT * d->n_heads, d->head_dim,
+                        (float)d->eps);
+        be->rmsnorm_fwd(be, a->k, a->rk, a->kn, L->k_norm->w, BT * d->n_kv_heads, d->head_dim,
+                        (float)d->eps);
+    }
     rope(m, a->q, B, T, d->n_heads, pos0, 0);
     rope(m, a->k, B, T, d->n_kv_heads, pos0, 0);
     if (kv) {
@@ -482,6 +508,15 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
                       d->n_heads, d->n_kv_heads, d->head_dim, 1);
     rope(m, dq, B, T, d->n_heads, 0, 1);
     rope(m, dk, B, T, d->n_kv_heads, 0, 1);
+    if (d->qk_norm) { /* through each head's RMSNorm: the gradients of q and k before it */
+        be->fill(be, m->dqn, 0.0f, BT * qd);
+        be->fill(be, m->dkn, 0.0f, BT * kvd);
+        be->rmsnorm_bwd(be, m->dqn, L->q_norm->g, dq, a->qn, L->q_norm->w, a->rq,
+                        BT * d->n_heads, d->head_dim);
+        be->rmsnorm_bwd(be, m->dkn, L->k_norm->g, dk, a->kn, L->k_norm->w, a->rk,
+                        BT * d->n_kv_heads, d->head_dim);
+        dq = m->dqn, dk = m->dkn;
+    }
     if (remake_h1) /* h1 again, in its memory: the same op on the same x */
         be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
     be->fill(be, m->dh, 0.0f, BT * C);

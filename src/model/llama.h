@@ -24,6 +24,10 @@ typedef struct tz_llama_dims {
     int rope_type;
     double rope_factor, rope_low_freq, rope_high_freq;
     int64_t rope_orig_max;
+    /* Qwen2/Qwen2.5 (HF model_type "qwen2"): biases on the q, k and v projections; Qwen3
+     * ("qwen3"): q_norm and k_norm, an RMSNorm over each head of q and of k before RoPE. Both
+     * 0: Llama (and Mistral without a sliding window). */
+    int qkv_bias, qk_norm;
 } tz_llama_dims;
 enum { TZ_ROPE_DEFAULT = 0, TZ_ROPE_LLAMA3 = 1 };
 
@@ -48,7 +52,8 @@ int tz_llama_preset(const char *name, int64_t vocab, tz_llama_dims *d, char *err
 
 typedef struct tz_llama_layer {
     tz_param *attn_norm, *mlp_norm;
-    tz_linear lin[TZ_LIN_N];
+    tz_param *q_norm, *k_norm; /* [head_dim] each, with dims.qk_norm; else NULL */
+    tz_linear lin[TZ_LIN_N];   /* q, k, v with a bias where dims.qkv_bias */
 } tz_llama_layer;
 
 /* Saved activations of one layer for one batch ([B*T, ...] rows). */
@@ -65,6 +70,7 @@ typedef struct tz_llama_layer {
 
 typedef struct tz_llama_acts {
     float *h1, *rstd1, *q, *k, *v, *att, *lse, *x2, *h2, *rstd2, *g, *u, *s;
+    float *qn, *kn, *rq, *rk; /* dims.qk_norm: q and k before their norm, its 1/rms per head */
     float *lh[TZ_LIN_N]; /* LoRA hidden x A^T per projection (NULL if not adapted) */
 } tz_llama_acts;
 
@@ -93,6 +99,7 @@ typedef struct tz_llama {
     int64_t head_rows_max;    /* 0: by TZ_LLAMA_HEAD_FLOATS alone */
     int32_t *tok, *tgt;
     float *dres, *dh, *dq, *dk, *dv, *datt, *dg, *du, *ds, *dlora;
+    float *dqn, *dkn;         /* dims.qk_norm: the gradients of q and k before their norm */
     int bwd_in_set;           /* dq, dk, dv, datt, dg live in activations already read (then
                                * those five pointers are NULL: llama.c's layer_bwd) */
     /* MLP chunks (checkpointing, training): mlp_rows < B*T rows at a time. The set's g, u, s

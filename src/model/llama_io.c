@@ -31,6 +31,8 @@ void tz_llama_read_dims(const char *dir, tz_llama_dims *d) {
     d->eps = c.rms_norm_eps;
     d->theta = c.rope_theta;
     d->tied = c.tie_word_embeddings;
+    d->qkv_bias = c.qkv_bias;
+    d->qk_norm = c.qk_norm;
     if (!strcmp(c.rope_type, "llama3")) {
         d->rope_type = TZ_ROPE_LLAMA3;
         d->rope_factor = c.rope_factor;
@@ -98,6 +100,16 @@ static void check_shapes(const tz_llama_dims *d, const tz_safetensors *st, const
             snprintf(name, sizeof name, "model.layers.%lld.%s.%s.weight", (long long)i, blk[j],
                      lin[j]);
             expect_tensor(st, qf, dir, name, 2, out[j], in[j], key[j], keyv[j]);
+            if (d->qkv_bias && j < 3) { /* model_type qwen2 */
+                snprintf(name, sizeof name, "model.layers.%lld.self_attn.%s.bias", (long long)i,
+                         lin[j]);
+                expect_tensor(st, qf, dir, name, 1, out[j], 1, key[j], keyv[j]);
+            }
+        }
+        for (int j = 0; d->qk_norm && j < 2; j++) { /* model_type qwen3 */
+            snprintf(name, sizeof name, "model.layers.%lld.self_attn.%s_norm.weight",
+                     (long long)i, j ? "k" : "q");
+            expect_tensor(st, qf, dir, name, 1, d->head_dim, 1, "head_dim", d->head_dim);
         }
     }
 }
@@ -147,7 +159,9 @@ void tz_llama_save(tz_llama *m, const char *dir, int bf16) {
         c.rope_high_freq_factor = m->d.rope_high_freq;
         c.rope_original_max_position_embeddings = m->d.rope_orig_max;
     }
-    snprintf(c.model_type, sizeof c.model_type, "llama");
+    snprintf(c.model_type, sizeof c.model_type, "%s",
+             m->d.qk_norm ? "qwen3" : m->d.qkv_bias ? "qwen2" : "llama");
+    c.qkv_bias = m->d.qkv_bias, c.qk_norm = m->d.qk_norm;
     snprintf(c.torch_dtype, sizeof c.torch_dtype, bf16 ? "bfloat16" : "float32");
     tz_path_join(path, sizeof path, dir, "model.safetensors");
     /* quantized weights (full fine-tuning of a quantized model) keep the quantized layout */

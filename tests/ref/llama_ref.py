@@ -100,6 +100,9 @@ def main():
     def linear(x, layer, blk, proj):
         name = f"model.layers.{layer}.{blk}.{proj}.weight"
         y = x @ W[name].t()
+        bias = name[:-len("weight")] + "bias"  # Qwen2's q, k and v projections
+        if bias in W:
+            y = y + W[bias]
         a = f"base_model.model.model.layers.{layer}.{blk}.{proj}.lora_A.weight"
         if a in lora:
             b = a.replace("lora_A", "lora_B")
@@ -111,8 +114,12 @@ def main():
     mask = torch.full((T, T), float("-inf")).triu(1)
     for i in range(L):
         h = rms_norm(x, W[f"model.layers.{i}.input_layernorm.weight"], eps)
-        q = linear(h, i, "self_attn", "q_proj").view(B, T, H, D).transpose(1, 2)
-        k = linear(h, i, "self_attn", "k_proj").view(B, T, KV, D).transpose(1, 2)
+        q = linear(h, i, "self_attn", "q_proj").view(B, T, H, D)
+        k = linear(h, i, "self_attn", "k_proj").view(B, T, KV, D)
+        if cfg.get("model_type") == "qwen3":  # Qwen3: each head through its RMSNorm
+            q = rms_norm(q, W[f"model.layers.{i}.self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, W[f"model.layers.{i}.self_attn.k_norm.weight"], eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = linear(h, i, "self_attn", "v_proj").view(B, T, KV, D).transpose(1, 2)
         q, k = rope(q, theta, rs), rope(k, theta, rs)
         k = k.repeat_interleave(H // KV, dim=1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Drives tests/ref/llama_ref.py over tiny random models: tied/untied x lora/full (+ checkpointing),
-# and a Llama 3.1-style copy (llama3 rope_scaling, F16 shards).
+# a Llama 3.1-style copy (llama3 rope_scaling, F16 shards), and Qwen2 and Qwen3 models.
 # usage: llama_ref.sh TURBOZERO TZ_GRAD_DUMP REF_DIR
 set -u
 tz=$1 dump=$2 ref=$3
@@ -42,5 +42,23 @@ for mode in lora full; do
   else
     fail=$((fail + 1)); echo "FAIL $name"; cat "$work/log"
   fi
+done
+# Qwen2/Qwen2.5 (q, k, v biases, tied) and Qwen3 (q_norm, k_norm, head_dim 24 with hidden 64
+# and 4 heads, untied): random models in the HF layout, written by qwen_model.py
+for arch in qwen2 qwen3; do
+  $py "$ref/qwen_model.py" "$work/$arch" $arch 11 || exit 1
+  for cfg in "lora 0" "full 0" "full 1"; do
+    set -- $cfg
+    mode=$1 ckpt=$2
+    name="$arch mode=$mode checkpointing=$ckpt"
+    out="$work/d-$arch-$mode-$ckpt.safetensors"
+    if "$dump" --model "$work/$arch" --mode $mode --ckpt $ckpt --B 2 --T 13 --rank 4 --alpha 8 \
+         --targets 127 --seed 3 --out "$out" >/dev/null &&
+       $py "$ref/llama_ref.py" "$work/$arch" "$out" $mode 8 1e-4 > "$work/log" 2>&1; then
+      pass=$((pass + 1)); echo "ok   $name: $(grep 'worst' "$work/log")"
+    else
+      fail=$((fail + 1)); echo "FAIL $name"; cat "$work/log"
+    fi
+  done
 done
 finish llama_ref

@@ -54,9 +54,16 @@ static void fill_random(tz_params *ps, tz_backend *be, uint64_t seed) {
         if (p->q) continue;
         tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_TEST, 0);
         float *h = malloc((size_t)p->numel * sizeof *h);
+        /* norm weights 1 +- 0.2, biases (Qwen2's q, k, v) +- 0.2 around zero: a key bias near 1
+         * for every element would add a large q.b to every score of a query, which bf16
+         * operands then round at 2^-9 of that size (the k projection's LoRA gradients of a
+         * bf16 run err by 5.4e-2 there, against 1.4e-5 in fp32) */
+        const size_t nl = strlen(p->name);
+        const int bias = nl > 5 && !strcmp(p->name + nl - 5, ".bias");
         for (int64_t k = 0; k < p->numel; k++)
-            h[k] = p->ndim == 1 ? 1.0f + 0.2f * (2.0f * tz_rng_uniform(&r) - 1.0f)
-                                : 0.08f * (2.0f * tz_rng_uniform(&r) - 1.0f);
+            h[k] = bias            ? 0.2f * (2.0f * tz_rng_uniform(&r) - 1.0f)
+                   : p->ndim == 1 ? 1.0f + 0.2f * (2.0f * tz_rng_uniform(&r) - 1.0f)
+                                  : 0.08f * (2.0f * tz_rng_uniform(&r) - 1.0f);
         tz_param_upload(be, p, h, 0, p->numel); /* bf16 where the GPU stores it so */
         free(h);
     }
@@ -103,11 +110,14 @@ static void compare(const char *what, double la, double lb, tz_params *a, tz_par
           n, zero, worst, wname, TOL_GRAD);
 }
 
-static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lora_bits) {
+/* arch: 0 Llama, 2 Qwen2 (q, k, v biases), 3 Qwen3 (q_norm, k_norm; head_dim 24, not 64 / 4) */
+static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lora_bits,
+                       int arch) {
     tz_llama_dims d;
     memset(&d, 0, sizeof d);
     d.vocab = 97, d.dim = 64, d.hidden = 192, d.n_layers = 2, d.n_heads = 4, d.n_kv_heads = kv;
-    d.head_dim = 16, d.max_pos = 128, d.eps = 1e-5, d.theta = 10000.0, d.tied = tied;
+    d.head_dim = arch == 3 ? 24 : 16, d.max_pos = 128, d.eps = 1e-5, d.theta = 10000.0;
+    d.tied = tied, d.qkv_bias = arch == 2, d.qk_norm = arch == 3;
     tz_model_opts o;
     memset(&o, 0, sizeof o);
     o.checkpointing = ckpt;
@@ -186,16 +196,20 @@ int main(void) {
     }
     g_cpu = tz_backend_create("cpu", 0, 2);
     g_gpu = tz_backend_create("cuda", 0, 0);
-    llama_case("llama tied, GQA 4/2, full", 1, 2, 0, 0);
-    llama_case("llama untied, 4/4 heads, full, checkpointing", 0, 4, 1, 0);
-    llama_case("llama untied, GQA 4/2, LoRA on 4-bit TurboQuant, checkpointing", 0, 2, 1, 4);
+    llama_case("llama tied, GQA 4/2, full", 1, 2, 0, 0, 0);
+    llama_case("llama untied, 4/4 heads, full, checkpointing", 0, 4, 1, 0, 0);
+    llama_case("llama untied, GQA 4/2, LoRA on 4-bit TurboQuant, checkpointing", 0, 2, 1, 4, 0);
+    llama_case("qwen2 tied, GQA 4/2, full, checkpointing", 1, 2, 1, 0, 2);
+    llama_case("qwen3 untied, GQA 4/2, head_dim 24, full, checkpointing", 0, 2, 1, 0, 3);
     dit_case("dit 8x8x4, patch 2, learned sigma, full");
     /* bf16 GEMM operands and bf16 storage on the GPU, against the fp32 CPU */
     g_gpu->matmul_dtype = TZ_DT_BF16;
     TOL_LOSS = 2e-3, TOL_GRAD = 5e-2;
-    llama_case("bf16: llama tied, GQA 4/2, full", 1, 2, 0, 0);
-    llama_case("bf16: llama untied, GQA 4/2, LoRA on a dense base, checkpointing", 0, 2, 1, -1);
-    llama_case("bf16: llama untied, GQA 4/2, LoRA on 4-bit TurboQuant, checkpointing", 0, 2, 1, 4);
+    llama_case("bf16: llama tied, GQA 4/2, full", 1, 2, 0, 0, 0);
+    llama_case("bf16: llama untied, GQA 4/2, LoRA on a dense base, checkpointing", 0, 2, 1, -1, 0);
+    llama_case("bf16: llama untied, GQA 4/2, LoRA on 4-bit TurboQuant, checkpointing", 0, 2, 1, 4, 0);
+    llama_case("bf16: qwen2 tied, LoRA on 4-bit TurboQuant, checkpointing", 1, 2, 1, 4, 2);
+    llama_case("bf16: qwen3 untied, head_dim 24, full, checkpointing", 0, 2, 1, 0, 3);
     dit_case("bf16: dit 8x8x4, patch 2, learned sigma, full");
     tz_backend_destroy(g_gpu);
     tz_backend_destroy(g_cpu);

@@ -128,6 +128,16 @@ static void test_good(void) {
                                        "null"), err, sizeof err);
     check(rc == 0 && !strcmp(c.model_type, "mistral"),
           "Mistral config without a sliding window read%s%s", rc ? ": " : "", rc ? err : "");
+    rc = tz_hf_llama_read(&c, make_cfg("qwen2", "model_type", "\"qwen2\"", "sliding_window",
+                                       "64"), err, sizeof err);
+    check(rc == 0 && !strcmp(c.model_type, "qwen2") && c.qkv_bias && !c.qk_norm,
+          "Qwen2 config read: q, k, v biases; its sliding_window ignored without "
+          "use_sliding_window%s%s", rc ? ": " : "", rc ? err : "");
+    rc = tz_hf_llama_read(&c, make_cfg("qwen3", "model_type", "\"qwen3\"", "head_dim", "24"),
+                          err, sizeof err);
+    check(rc == 0 && c.qk_norm && !c.qkv_bias && c.head_dim == 24,
+          "Qwen3 config read: q_norm and k_norm, an explicit head_dim%s%s", rc ? ": " : "",
+          rc ? err : "");
     rc = tz_hf_llama_read(&c, make_cfg("dtype_new", "dtype", "\"float16\"", "rope_theta", "10000"),
                           err, sizeof err);
     check(rc == 0 && strcmp(c.torch_dtype, "float16") == 0 && c.rope_theta == 10000.0,
@@ -176,6 +186,23 @@ static void test_write(void) {
     int has = 1;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) has &= strstr(text, keys[i]) != NULL;
     check(has, "written file has the keys transformers needs");
+
+    /* Qwen3 keeps its type and architecture (its q_norm and k_norm need them) */
+    tz_hf_llama q = c;
+    snprintf(q.model_type, sizeof q.model_type, "qwen3");
+    q.qk_norm = 1;
+    rc = tz_hf_llama_write(&q, TMP "/out_qwen3.json", err, sizeof err);
+    rc |= tz_hf_llama_read(&d, TMP "/out_qwen3.json", err, sizeof err);
+    f = fopen(TMP "/out_qwen3.json", "r");
+    n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = '\0';
+    if (f) fclose(f);
+    check(rc == 0 && memcmp(&q, &d, sizeof q) == 0 &&
+              strstr(text, "\"architectures\": [\"Qwen3ForCausalLM\"]") &&
+              strstr(text, "\"model_type\": \"qwen3\"") &&
+              strstr(text, "\"use_sliding_window\": false"),
+          "Qwen3 written as Qwen3ForCausalLM, read back the same%s%s", rc ? ": " : "",
+          rc ? err : "");
 
     memset(c.torch_dtype, 0, sizeof c.torch_dtype);
     c.tie_word_embeddings = 0;
@@ -238,7 +265,9 @@ static void test_bad(void) {
          "\"rope_scaling.high_freq_factor\""},
         {"mistral with a sliding window", "model_type", "\"mistral\"", "sliding_window", "1024",
          "\"sliding_window\""},
-        {"model_type qwen2", "model_type", "\"qwen2\"", NULL, NULL, "\"model_type\""},
+        {"model_type gemma", "model_type", "\"gemma\"", NULL, NULL, "\"model_type\""},
+        {"qwen2 with use_sliding_window", "model_type", "\"qwen2\"", "use_sliding_window",
+         "true", "\"use_sliding_window\""},
         {"attention_bias true", "attention_bias", "true", NULL, NULL, "\"attention_bias\""},
         {"mlp_bias true", "mlp_bias", "true", NULL, NULL, "\"mlp_bias\""},
         {"hidden_act gelu", "hidden_act", "\"gelu\"", NULL, NULL, "\"hidden_act\""},

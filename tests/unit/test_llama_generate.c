@@ -90,10 +90,14 @@ static void check_model(tz_backend *be, const tz_llama_dims *d, const tz_model_o
     tz_llama_init_random(m, 11);
     for (int i = 0; i < m->params.n; i++) { /* non-zero LoRA B: the adapters count */
         tz_param *p = m->params.p[i];
-        if (!p->adapter) continue;
+        /* Qwen2's biases and Qwen3's q/k norms: random too, not zeros and ones */
+        const int extra = strstr(p->name, ".bias") || strstr(p->name, "q_norm") ||
+                          strstr(p->name, "k_norm");
+        if (!p->adapter && !extra) continue;
         float *h = malloc((size_t)p->numel * sizeof *h);
         fill(h, p->numel, 20 + (uint64_t)i);
-        for (int64_t j = 0; j < p->numel; j++) h[j] *= 0.05f;
+        for (int64_t j = 0; j < p->numel; j++)
+            h[j] = strstr(p->name, "_norm") ? 1.0f + 0.3f * h[j] : h[j] * 0.05f;
         be->upload(be, p->w, h, (size_t)p->numel * sizeof *h);
         free(h);
     }
@@ -228,6 +232,11 @@ int main(int argc, char **argv) {
     d.rope_factor = 8, d.rope_low_freq = 1, d.rope_high_freq = 4, d.rope_orig_max = 16;
     check_model(be, &d, &o, 7, "llama3 rope, tied, LoRA");
     check_model(be, &d, &o, 2, "llama3 rope, tied, LoRA, prefill in chunks of 2");
+    d.qkv_bias = 1; /* Qwen2 */
+    check_model(be, &d, &o, 3, "qwen2 biases, LoRA, prefill in chunks of 3");
+    d.qkv_bias = 0, d.qk_norm = 1, d.head_dim = 16; /* Qwen3: head_dim 16 with dim 48, 4 heads */
+    d.rope_type = TZ_ROPE_DEFAULT;
+    check_model(be, &d, &o, 3, "qwen3 q/k norms, head_dim 16, LoRA, prefill in chunks of 3");
     check_long_tokens(be);
     tz_cpu_backend_destroy(be);
     MPI_Finalize();
