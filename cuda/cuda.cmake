@@ -25,5 +25,5 @@ set_property(SOURCE ${CMAKE_SOURCE_DIR}/src/core/backend.c APPEND PROPERTY COMPI
   TZ_HAVE_CUDA_BACKEND=1 TZ_CUDA_MODULE_BUILT="$<TARGET_FILE:tzcuda>")
 target_link_libraries(tzcore PUBLIC ${CMAKE_DL_LIBS})
 message(STATUS "turbozero: CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}")
-# The same sources emulated on the CPU, for the tests (cuda/emu/emu.cmake).
-include(${CMAKE_SOURCE_DIR}/cuda/emu/emu.cmake)
+# The same sources emulated on the CPU, for the tests (tests/cuda_emu/emu/emu.cmake).
+include(${CMAKE_SOURCE_DIR}/tests/cuda_emu/emu/emu.cmake)

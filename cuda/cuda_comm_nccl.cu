@@ -1,9 +1,9 @@
-/* The NCCL side of the comm table (mpi/comm_nccl.h): libnccl.so.2 loaded with dlopen when a
+/* The NCCL side of the comm table (comm/comm_nccl.h): libnccl.so.2 loaded with dlopen when a
  * comm is created (so this module loads, and every other backend op works, where NCCL is
  * absent), the few NCCL types declared here (their values are NCCL's ABI; checked against
  * nccl.h where the header is present), collectives queued on the backend's copy stream after
  * the compute stream's work, one event per operation (test = cudaEventQuery, wait = event
- * sync). The communicator is bootstrapped by mpi/comm_nccl.c, on the run's MPI communicator.
+ * sync). The communicator is bootstrapped by comm/comm_nccl.c, on the run's MPI communicator.
  * Under TZ_CUDA_SYNC_DEBUG each collective is synchronised and checked like an op. */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include "cuda/cuda_internal.cuh"
 extern "C" {
 #include "core/dtype.h"
-#include "mpi/comm_nccl.h"
+#include "comm/comm_nccl.h"
 }
 
 /* ---- NCCL's ABI, as used here ---- */

@@ -1,7 +1,7 @@
 /* One warp-level tensor-core product, D = A B + C for a 16 x 8 tile with K = 16: the PTX
  * instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (sm_80 and later), and the
  * same product written with shuffles for everything else that compiles this file (the CPU
- * emulation, cuda/emu/; a build for an older GPU). Both follow the fragment layouts of the PTX
+ * emulation, tests/cuda_emu/emu/; a build for an older GPU). Both follow the fragment layouts of the PTX
  * ISA ("Matrix Fragments for mma.m16n8k16 with floating point type"), which is what the
  * kernels that call it rely on. With g = lane / 4 (groupID) and t = lane % 4
  * (threadID_in_group), each .b32 register holding two bf16 values, the lower half the

@@ -1,4 +1,4 @@
-# The CUDA backend's own code run on the CPU (cuda/emu/: libtzcuda_emu.so, built with the CUDA
+# The CUDA backend's own code run on the CPU (tests/cuda_emu/emu/: libtzcuda_emu.so, built with the CUDA
 # backend): every CUDA op against the CPU op (test_cuda_ops, loading the emulated module), in
 # the two thread orders of the emulation (ascending and descending: a missing barrier shows in
 # one or the other), and short trainings on the emulated device against the CPU's
@@ -30,7 +30,7 @@ if(TARGET tzcuda_emu_rt)
     ${TZ_EMU_DIR}/cuda/cuda_mma.cuh $<TARGET_OBJECTS:tzcuda_emu_rt>)
   set_target_properties(test_cuda_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON
     CXX_EXTENSIONS OFF)
-  target_include_directories(test_cuda_emu PRIVATE ${CMAKE_SOURCE_DIR}/cuda/emu/include
+  target_include_directories(test_cuda_emu PRIVATE ${CMAKE_SOURCE_DIR}/tests/cuda_emu/emu/include
     ${TZ_EMU_DIR})
   target_compile_options(test_cuda_emu PRIVATE ${TZ_EMU_FLAGS})
   target_link_libraries(test_cuda_emu PRIVATE ${CMAKE_DL_LIBS} Threads::Threads)

@@ -14,7 +14,7 @@ add_test(NAME bench_preset
           ${CMAKE_CURRENT_BINARY_DIR}/bench_preset)
 set_tests_properties(bench_preset PROPERTIES TIMEOUT 300 PROCESSORS 2
   ENVIRONMENT "${TZ_TEST_ENV}" LABELS "e2e;mpi")
-# The same checks against the CPU emulation of the CUDA backend (cuda/emu/, label emu), where
+# The same checks against the CPU emulation of the CUDA backend (tests/cuda_emu/emu/, label emu), where
 # it is built: the whole models, and the device path of bench (extra synchronised steps for
 # the split, cudaMemGetInfo) on the tiny preset.
 if(TARGET tzcuda_emu)

@@ -1,5 +1,5 @@
 # test_llama_memory's device cases (the saved residual streams in host memory, the MLP in
-# chunks) on the CPU emulation of the CUDA backend (cuda/emu/), where it is built.
+# chunks) on the CPU emulation of the CUDA backend (tests/cuda_emu/emu/), where it is built.
 if(TARGET tzcuda_emu)
   add_test(NAME test_llama_memory_emu COMMAND test_llama_memory
            WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})

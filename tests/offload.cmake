@@ -7,7 +7,7 @@ add_test(NAME offload_gpu
 set_tests_properties(offload_gpu PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77
   ENVIRONMENT "${TZ_TEST_ENV}" LABELS "gpu;mpi")
 
-# The same against the CPU emulation of the CUDA backend (cuda/emu), where it is built: the
+# The same against the CPU emulation of the CUDA backend (tests/cuda_emu/emu), where it is built: the
 # offload's copies, events and staging run here, without a GPU (label emu). comm nccl is not
 # emulated (the script says so and goes on).
 if(TARGET tzcuda_emu)

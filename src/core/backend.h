@@ -418,7 +418,7 @@ int tz_cuda_device_count(void);
 /* NULL when the CUDA module loads (opening it if not yet open), else why not (a build
  * without CUDA, a missing library, an unresolved symbol). */
 const char *tz_cuda_module_error(void);
-/* A symbol of the loaded CUDA module (dlsym), e.g. the NCCL comm's entry points (mpi/); NULL
+/* A symbol of the loaded CUDA module (dlsym), e.g. the NCCL comm's entry points (comm/); NULL
  * when the module is not loaded, lacks it, or the build has no CUDA backend. */
 void *tz_cuda_module_symbol(const char *name);
 

@@ -11,7 +11,7 @@
 #include "core/backend.h"
 #include "io/config.h"
 #include "model/params.h"
-#include "mpi/fwd.h"
+#include "comm/fwd.h"
 
 /* model.path of a preset's configuration: "preset:NAME" (no folder is read). */
 #define TZ_BENCH_PRESET_PREFIX "preset:"

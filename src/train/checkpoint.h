@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #include "io/config.h"
-#include "mpi/comm.h"
+#include "comm/comm.h"
 #include "train/run_record.h"
 #include "train/zero.h"
 

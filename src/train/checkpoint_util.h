@@ -9,8 +9,8 @@
 #include "core/error.h"
 #include "io/config.h"
 #include "model/params.h"
-#include "mpi/comm.h"
-#include "mpi/zero_plan.h"
+#include "comm/comm.h"
+#include "train/zero_plan.h"
 
 #define TZ_CKPT_FORMAT "turbozero-checkpoint"
 #define TZ_CKPT_VERSION 1

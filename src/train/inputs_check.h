@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "io/config.h"
-#include "mpi/comm.h"
+#include "comm/comm.h"
 
 /* Rank 0 lists the files (model.path and model.adapter: their *.json and *.safetensors;
  * data.train, data.val and the label files: the file, or such files of a folder); every rank

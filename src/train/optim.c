@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "mpi/world.h"
+#include "comm/world.h"
 #include "train/adamw.h"
 
 /* Every optimizer, one line each. */

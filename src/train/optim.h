@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "core/backend.h"
-#include "mpi/fwd.h"
+#include "comm/fwd.h"
 
 #define TZ_OPTIM_MAX_STATES 4
 

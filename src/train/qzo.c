@@ -9,7 +9,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "mpi/comm.h"
+#include "comm/comm.h"
 #include "quant/tq_layout.h"
 #include "train/optim.h"
 

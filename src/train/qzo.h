@@ -26,7 +26,7 @@
 #include "core/backend.h"
 #include "io/config.h"
 #include "model/params.h"
-#include "mpi/fwd.h"
+#include "comm/fwd.h"
 #include "train/task.h"
 
 #define TZ_QZO_BLOCK 1024       /* scales per random stream */

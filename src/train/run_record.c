@@ -21,8 +21,8 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/fsutil.h"
-#include "mpi/comm.h"
-#include "mpi/world.h"
+#include "comm/comm.h"
+#include "comm/world.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_util.h"
 

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "io/run_dir.h"
-#include "mpi/fwd.h"
+#include "comm/fwd.h"
 
 struct tz_run_out;
 

@@ -3,7 +3,7 @@
 #ifndef TZ_TRAINER_H
 #define TZ_TRAINER_H
 #include "io/config.h"
-#include "mpi/fwd.h"
+#include "comm/fwd.h"
 
 /* Train as configured; rank 0 writes run.dir (config.used.cfg, metrics.jsonl, the trained
  * weights). Returns 0; every error is fatal with its place. Collective. */

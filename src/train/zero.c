@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "mpi/comm.h"
-#include "mpi/world.h"
+#include "comm/comm.h"
+#include "comm/world.h"
 
 static int own_rank(const tz_zero *z) { return z->stage == 0 ? 0 : z->comm->rank; }
 

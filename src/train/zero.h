@@ -1,14 +1,14 @@
 /* ZeRO stages 0/1/2 at run time: the partition plan applied to one model's flat gradient
  * and weight buffers, the rank's host shard, the bucketed collectives (overlapped with
- * backward in stage 2) and the sharded optimizer step. The plan itself is mpi/zero_plan. */
+ * backward in stage 2) and the sharded optimizer step. The plan itself is train/zero_plan. */
 #ifndef TZ_ZERO_H
 #define TZ_ZERO_H
 #include <stdint.h>
 
 #include "core/backend.h"
 #include "model/params.h"
-#include "mpi/fwd.h"
-#include "mpi/zero_plan.h"
+#include "comm/fwd.h"
+#include "train/zero_plan.h"
 #include "train/optim.h"
 #include "train/zero_weights.h"
 

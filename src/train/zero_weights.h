@@ -11,7 +11,7 @@
 
 #include "core/backend.h"
 #include "model/params.h"
-#include "mpi/zero_plan.h"
+#include "train/zero_plan.h"
 #include "quant/codebook.h"
 #include "quant/tq_layout.h"
 

@@ -1,5 +1,5 @@
-/* The CUDA emulation itself (cuda/emu/), against what CUDA specifies: written as CUDA and
- * built like the backend (cuda/emu/rewrite.py, then the host C++ compiler against the
+/* The CUDA emulation itself (tests/cuda_emu/emu/), against what CUDA specifies: written as CUDA and
+ * built like the backend (tests/cuda_emu/emu/rewrite.py, then the host C++ compiler against the
  * emulated runtime), so the same source would run under nvcc. Checks:
  *   - thread and block coordinates of 3-D launches; __syncthreads with static shared memory;
  *     __syncthreads_count; the shuffles (idx, up, down, xor, with widths 32 and 8),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training on the emulated CUDA device (cuda/emu/, libtzcuda_emu.so) against the CPU: the same
+# Training on the emulated CUDA device (tests/cuda_emu/emu/, libtzcuda_emu.so) against the CPU: the same
 # short runs with run.device = "cuda" (the CUDA backend's own host code and kernels, run on
 # the CPU) and run.device = "cpu", which must agree:
 #  1. a Llama LoRA run on a 4-bit TurboQuant base (tests/zero/make_model.py: vocab 97, MLP 171,

@@ -21,7 +21,7 @@
 # Exit 77 (skipped) when run.device = "cuda" cannot be created here (no CUDA backend in the
 # build, no GPU visible, or TZ_CUDA_MODULE naming a module that does not load).
 # With a 4th argument "emu" (ctest offload_emu: TZ_CUDA_MODULE names the CPU emulation of
-# the CUDA backend, cuda/emu) the runs are shorter (3 steps of 16 tokens: the emulation is
+# the CUDA backend, tests/cuda_emu/emu) the runs are shorter (3 steps of 16 tokens: the emulation is
 # slow) and full fine-tuning runs at N = 2 only; the emulated runtime has no NCCL, which is
 # then reported as skipped.
 # usage: offload_test.sh TURBOZERO SOURCE_DIR MPIEXEC [emu]

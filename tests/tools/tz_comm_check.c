@@ -10,9 +10,9 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/dtype.h"
-#include "mpi/comm.h"
-#include "mpi/comm_nccl.h"
-#include "mpi/world.h"
+#include "comm/comm.h"
+#include "comm/comm_nccl.h"
+#include "comm/world.h"
 
 static int g_rank, g_size, g_pass, g_fail;
 

@@ -10,8 +10,8 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/params.h"
-#include "mpi/comm.h"
-#include "mpi/world.h"
+#include "comm/comm.h"
+#include "comm/world.h"
 #include "train/zero.h"
 
 static const char *arg(int argc, char **argv, const char *name, const char *def) {

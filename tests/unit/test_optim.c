@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "mpi/world.h"
+#include "comm/world.h"
 #include "train/adamw.h"
 #include "train/optim.h"
 #include "tz_check.h"

@@ -12,7 +12,7 @@
 #include "core/backend.h"
 #include "core/rng.h"
 #include "model/params.h"
-#include "mpi/zero_plan.h"
+#include "train/zero_plan.h"
 #include "quant/turboquant.h"
 #include "train/zero_weights.h"
 #include "tz_check.h"

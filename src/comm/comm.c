@@ -1,14 +1,14 @@
 /* The comm table's checked front door (tz_comm_*) and its MPI implementation: dtype mapping,
  * 16-bit float sum ops, calls split at the count limit, requests. No GPU memory, no NCCL. */
-#include "mpi/comm.h"
+#include "comm/comm.h"
 
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
-#include "mpi/watchdog.h"
-#include "mpi/world.h"
+#include "comm/watchdog.h"
+#include "comm/world.h"
 
 /* ======================= checked dispatch ======================= */
 
@@ -19,7 +19,7 @@ struct tz_comm_req {
     const char *op;
 };
 
-/* A blocking collective starts: counted, and its wait watched (see mpi/watchdog.h). */
+/* A blocking collective starts: counted, and its wait watched (see comm/watchdog.h). */
 static void watch_begin(const char *op) { tz_watch_block(tz_watch_enter(op), op); }
 
 size_t tz_comm_dtype_size(enum tz_dtype dt) {

@@ -2,7 +2,7 @@
  * in the module core/backend.c loaded), broadcasts rank 0's ncclUniqueId over the run's host
  * comm, and wraps the module's operations into the comm table (buffers: device memory;
  * stream: the backend's copy queue). NCCL headers stay in cuda/. */
-#include "mpi/comm_nccl.h"
+#include "comm/comm_nccl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "mpi/comm.h"
+#include "comm/comm.h"
 
 typedef struct nccl_fns {
     tz_nccl_load_fn load;

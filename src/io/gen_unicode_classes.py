@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes io/unicode_classes.h: the code point ranges of the Unicode general categories
 L (letters) and N (numbers), from Python's unicodedata, for the pre-tokenizer scanners of
-io/tokenizer.c. Run: python3 io/gen_unicode_classes.py > io/unicode_classes.h"""
+io/tokenizer.c. Run: python3 src/io/gen_unicode_classes.py > src/io/unicode_classes.h"""
 import sys
 import unicodedata
 

@@ -1,6 +1,6 @@
 /* The collective watchdog (see watchdog.h): the record the comm front door keeps, the thread
  * that answers the other ranks' questions and, past the timeout, asks them and aborts. */
-#include "mpi/watchdog.h"
+#include "comm/watchdog.h"
 
 #include <mpi.h>
 #include <pthread.h>

@@ -1,4 +1,4 @@
-/* Between the CUDA emulation's own files (cuda/emu/): the device-memory checks cuBLAS needs
+/* Between the CUDA emulation's own files (tests/cuda_emu/emu/): the device-memory checks cuBLAS needs
  * and the one error path. */
 #ifndef TZ_EMU_INTERNAL_H
 #define TZ_EMU_INTERNAL_H

@@ -1,5 +1,5 @@
-/* NCCL in the CUDA emulation (cuda/emu/): not there. The emulated module leaves out
- * the NCCL sources of cuda/ (file names containing "nccl": cuda/emu/emu.cmake); this header
+/* NCCL in the CUDA emulation (tests/cuda_emu/emu/): not there. The emulated module leaves out
+ * the NCCL sources of cuda/ (file names containing "nccl": tests/cuda_emu/emu/emu.cmake); this header
  * only lets other sources that include <nccl.h> compile, and every call reports NCCL
  * unavailable (ncclInvalidUsage; ncclGetErrorString says why). */
 #ifndef TZ_EMU_NCCL_H

@@ -1,6 +1,6 @@
-/* The names of the mpi/ types, without <mpi.h>: headers above mpi/ (src/train) declare
+/* The names of the comm/ types, without <mpi.h>: headers above comm/ (src/train) declare
  * functions taking tz_world, tz_comm and tz_comm_req pointers through this file, so only
- * the .c files that use MPI or the types' members include mpi/world.h, mpi/comm.h (and so
+ * the .c files that use MPI or the types' members include comm/world.h, comm/comm.h (and so
  * <mpi.h>). */
 #ifndef TZ_MPI_FWD_H
 #define TZ_MPI_FWD_H

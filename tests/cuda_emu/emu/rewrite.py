@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rewrites one CUDA source of cuda/ into C++ for the CPU emulation (cuda/emu/).
+"""Rewrites one CUDA source of cuda/ into C++ for the CPU emulation (tests/cuda_emu/emu/).
 
     rewrite.py IN OUT
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Writes io/unicode_nfc.h: the tables of Unicode Normalization Form C (UAX #15) from Python's
-unicodedata, for io/unicode_nfc.c (the NFC normalizer of Qwen's tokenizer.json): canonical
+unicodedata, for io/nfc.c (the NFC normalizer of Qwen's tokenizer.json): canonical
 combining classes, full canonical decompositions, and the primary composites by the pair of
 code points they compose from (composition exclusions left out: a composite is primary when
 NFC gives it back). Hangul syllables are algorithmic and not in the tables.
-Run: python3 io/gen_unicode_nfc.py > io/unicode_nfc.h"""
+Run: python3 src/io/gen_unicode_nfc.py > src/io/unicode_nfc.h"""
 import sys
 import unicodedata as ud
 

@@ -1,4 +1,4 @@
-/* bf16 of the CUDA emulation (cuda/emu/): __nv_bfloat16 is the top half of an fp32, converted
+/* bf16 of the CUDA emulation (tests/cuda_emu/emu/): __nv_bfloat16 is the top half of an fp32, converted
  * from fp32 to nearest, ties to even (NaN stays a quiet NaN), widened exactly; arithmetic
  * goes through fp32 and rounds once, as the device's bf16 operations do. */
 #ifndef TZ_EMU_CUDA_BF16_H

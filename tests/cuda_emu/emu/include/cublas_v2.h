@@ -1,4 +1,4 @@
-/* cuBLAS of the CUDA emulation (cuda/emu/): a handle, its stream and math mode, and the GEMMs
+/* cuBLAS of the CUDA emulation (tests/cuda_emu/emu/): a handle, its stream and math mode, and the GEMMs
  * cuda/ calls (SGEMM, GemmEx with fp32 or bf16 inputs and fp32 output, their strided batched
  * forms), computed by plain loops in fp32 with BLAS semantics (column-major; beta == 0 never
  * reads C; alpha == 0 or k == 0 never reads A and B). Operands are checked against the

@@ -1,7 +1,7 @@
 /* World set-up: ranks from MPI, local rank from MPI_Comm_split_type(SHARED), NUMA binding of
  * memory policy and CPU affinity with libnuma. Does not pick GPUs or create communicators. */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
-#include "mpi/world.h"
+#include "comm/world.h"
 
 #include <errno.h>
 #include <sched.h>

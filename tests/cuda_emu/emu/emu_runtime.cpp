@@ -1,4 +1,4 @@
-/* The CUDA runtime of the CPU emulation (cuda/emu/): device memory, streams, events, the
+/* The CUDA runtime of the CPU emulation (tests/cuda_emu/emu/): device memory, streams, events, the
  * device's description, and kernel execution with cooperative fibers.
  *
  * Kernels: the blocks of a launch run one after another on the calling thread. A block's

@@ -1,10 +1,10 @@
-/* The CUDA runtime as the CPU emulation of the CUDA backend sees it (cuda/emu/): the types,
- * the runtime API, the device built-ins and the launch entry that cuda/emu/rewrite.py puts in
+/* The CUDA runtime as the CPU emulation of the CUDA backend sees it (tests/cuda_emu/emu/): the types,
+ * the runtime API, the device built-ins and the launch entry that tests/cuda_emu/emu/rewrite.py puts in
  * place of `kernel<<<grid, block, smem, stream>>>(args)`. Compiled by the host C++ compiler,
  * never by nvcc. Only what cuda/ uses (and a little around it): not a general CUDA.
  *
  * Execution model: a kernel's blocks run one after another on the calling thread; a block's
- * threads are cooperative fibers (cuda/emu/emu_runtime.cpp) switched at __syncthreads and at
+ * threads are cooperative fibers (tests/cuda_emu/emu/emu_runtime.cpp) switched at __syncthreads and at
  * the warp collectives (__shfl_*_sync, __ballot_sync, __syncwarp), so barriers and shuffles
  * have their CUDA meaning and a barrier some thread never reaches is reported by name.
  * Streams run every operation at once (synchronous). */
@@ -33,7 +33,7 @@
 #define __align__(n) __attribute__((aligned(n)))
 /* Blocks run one at a time, so a block's shared variables can be static storage (never
  * cleared between blocks, as on a GPU nothing promises their contents). Dynamic shared memory
- * (`extern __shared__ T x[];`) is rewritten by cuda/emu/rewrite.py into tz_emu_dyn_smem(). */
+ * (`extern __shared__ T x[];`) is rewritten by tests/cuda_emu/emu/rewrite.py into tz_emu_dyn_smem(). */
 #define __shared__ static
 
 /* ---- vector types and the launch geometry ---- */
@@ -253,7 +253,7 @@ static inline void tz_emu_launch(const char *name, tz_emu_cfg c, const K &k, A..
 #define TZ_EMU_STR(...) #__VA_ARGS__
 /* The launch's dynamic shared memory (filled with NaN bytes at each block). */
 void *tz_emu_dyn_smem(void);
-/* Called where a static __shared__ variable is declared (cuda/emu/rewrite.py): the first
+/* Called where a static __shared__ variable is declared (tests/cuda_emu/emu/rewrite.py): the first
  * thread of a block to pass there fills it with NaN bytes, so a block reads only what it
  * wrote, never what the previous block left. */
 void tz_emu_shared_fresh(void *p, size_t bytes);

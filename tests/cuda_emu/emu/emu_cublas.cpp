@@ -1,4 +1,4 @@
-/* cuBLAS of the CPU emulation (cuda/emu/): the handle and the GEMMs, by plain loops.
+/* cuBLAS of the CPU emulation (tests/cuda_emu/emu/): the handle and the GEMMs, by plain loops.
  *
  * C = alpha * op(A) * op(B) + beta * C, column-major, with the reference BLAS rules: beta == 0
  * writes C without reading it, alpha == 0 or k == 0 reads neither A nor B. Each element is one

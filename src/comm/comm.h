@@ -1,4 +1,4 @@
-/* Collectives as a table of function pointers (MPI here, NCCL in mpi/comm_nccl.h): sums,
+/* Collectives as a table of function pointers (MPI here, NCCL in comm/comm_nccl.h): sums,
  * gathers, broadcasts, non-blocking reduce-scatter. Knows nothing of parameters or plans. */
 #ifndef TZ_COMM_H
 #define TZ_COMM_H
@@ -7,7 +7,7 @@
 
 #include "core/backend.h"
 #include "core/dtype.h"
-#include "mpi/fwd.h"
+#include "comm/fwd.h"
 
 /* Element types a comm moves: F32, F64, BF16, F16, I32, I64, U8. Sums of F32/F64/I32/I64/U8
  * are MPI_SUM; MPI has no 16-bit floats, so BF16 and F16 are summed by a user-defined op that
@@ -27,7 +27,7 @@
  * table will define them as ordered on its stream, which is all a caller may assume. */
 
 /* tz_comm, and tz_comm_req (a non-blocking operation in flight; finished, and freed, by
- * tz_comm_wait), are named in mpi/fwd.h. */
+ * tz_comm_wait), are named in comm/fwd.h. */
 
 struct tz_comm {
     const char *name; /* "mpi", "nccl" */

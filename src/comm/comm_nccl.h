@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "core/backend.h"
-#include "mpi/fwd.h"
+#include "comm/fwd.h"
 
 /* 1 when `be` is a CUDA backend whose module has the NCCL entry points and libnccl.so.2 (or
  * $TZ_NCCL_LIBRARY) loads; else 0 with the reason in why. Not collective. */

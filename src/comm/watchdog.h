@@ -3,7 +3,7 @@
  * that did not arrive, instead of leaving every rank blocked forever behind one that stopped
  * (SIGSTOP, a dead link, a stuck file system).
  *
- * The comm front door (mpi/comm.c) records each collective: tz_watch_enter when it starts
+ * The comm front door (comm/comm.c) records each collective: tz_watch_enter when it starts
  * (counted: collective #k of this rank), tz_watch_block / tz_watch_unblock around the time
  * the rank waits in it (a blocking call, or tz_comm_wait of a non-blocking one). Only waiting
  * counts towards the timeout, never the computing between a non-blocking start and its wait.

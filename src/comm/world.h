@@ -5,7 +5,7 @@
 #include <mpi.h>
 
 #include "core/error.h" /* MPI_CHECK */
-#include "mpi/fwd.h"
+#include "comm/fwd.h"
 
 #define TZ_HOST_MAX 256
 #define TZ_REASON_MAX 160
