@@ -2,6 +2,7 @@
  * in the module core/backend.c loaded), broadcasts rank 0's ncclUniqueId over the run's host
  * comm, and wraps the module's operations into the comm table (buffers: device memory;
  * stream: the backend's copy queue). NCCL headers stay in cuda/. */
+#include "backend/registry.h"
 #include "comm/comm_nccl.h"
 
 #include <stdio.h>

@@ -387,40 +387,16 @@ static inline size_t tz_attention_ws_bytes(const tz_backend *be, int64_t B, int6
            (backward ? tz_attention_delta_bytes(B, T, Hq) : 0);
 }
 
-/* A backend by name: "cpu", "cuda", or "auto" (cuda when this build has the CUDA backend and
- * a GPU is visible, else cpu); the run.device key. device: the GPU ordinal hint (taken
- * modulo the visible GPUs; < 0: 0), ignored by cpu. threads: CPU threads (<= 0: OpenMP
- * default), used by cpu. Fatal, with a hint, when the backend named cannot be created
- * (a build without CUDA, no GPU), or when the table it fills has a NULL op. */
-tz_backend *tz_backend_create(const char *name, int device, int threads);
 /* run.precision: "fp32", "bf16", or "auto" (bf16 on a device backend that supports it, else
  * fp32): sets be->matmul_dtype. Fatal, with a hint, when the backend lacks the type asked
  * for (the CPU computes in fp32 only). Returns the type chosen. */
 enum tz_dtype tz_backend_set_precision(tz_backend *be, const char *precision);
 /* Frees a backend made by any create function (NULL: nothing). */
 void tz_backend_destroy(tz_backend *be);
-/* Names of the backends built in, e.g. "cpu, cuda" (a static string). */
-const char *tz_backend_names(void);
-/* Fatal, naming the op, when a slot of be's table is NULL (tz_backend_create calls it). */
+/* Fatal, naming the op, when a slot of be's table is NULL (tz_backend_create, in
+ * backend/registry.h, calls it). */
 void tz_backend_check(const tz_backend *be);
 
-/* The CPU backend (always available). threads <= 0: OpenMP default. */
-tz_backend *tz_cpu_backend_create(int threads);
-void tz_cpu_backend_destroy(tz_backend *be);
-
-/* The CUDA backend (cuda/, built as the module libtzcuda.so and loaded on first need; present
- * in builds configured with it, see tz_cuda_device_count). Creating it without a GPU, or
- * where the module cannot be loaded, is fatal. */
-tz_backend *tz_cuda_backend_create(int device);
-/* Visible CUDA devices; 0 when none (no NVIDIA device node, no driver, or the module cannot
- * be loaded); -1 in a build without CUDA. */
-int tz_cuda_device_count(void);
-/* NULL when the CUDA module loads (opening it if not yet open), else why not (a build
- * without CUDA, a missing library, an unresolved symbol). */
-const char *tz_cuda_module_error(void);
-/* A symbol of the loaded CUDA module (dlsym), e.g. the NCCL comm's entry points (comm/); NULL
- * when the module is not loaded, lacks it, or the build has no CUDA backend. */
-void *tz_cuda_module_symbol(const char *name);
 
 /* The CPU kernel, i.e. the instruction set the CPU ops were compiled for, that a backend
  * created now uses: "avx512", "avx2" or "portable" ("native" alone in a TZ_NATIVE build), the

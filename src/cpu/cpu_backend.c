@@ -9,6 +9,7 @@
 
 #include "core/backend.h"
 #include "core/error.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_internal.h"
 
 static tz_cpu_ctx *ctx_of(tz_backend *be) { return (tz_cpu_ctx *)be->ctx; }

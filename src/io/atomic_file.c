@@ -15,7 +15,31 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "io/run_dir.h"
+
+/* ---- test hook ------------------------------------------------------------------------ */
+
+static long fault_target = -2, fault_count = 0;
+
+void tz_write_fault_arm(long nth) {
+    fault_target = nth;
+    fault_count = 0;
+}
+
+int tz_write_fault(const char *what, char *err, size_t n) {
+    long target = fault_target, count;
+    if (target == -2) {
+        const char *s = getenv("TZ_TEST_FAIL_WRITE");
+        target = fault_target = s && *s ? strtol(s, NULL, 10) : -1;
+    }
+    if (target <= 0) return 0;
+    count = ++fault_count;
+    if (count != target) return 0;
+    errno = EIO;
+    tz_errf(err, n, "%s: write failed: %s (injected by TZ_TEST_FAIL_WRITE=%ld)", what,
+            strerror(EIO), target);
+    errno = EIO;
+    return 1;
+}
 
 static void af_release(tz_atomic_file *f) {
     free(f->path);

@@ -24,4 +24,13 @@ int tz_atomic_file_commit(tz_atomic_file *f, char *err, size_t errlen);
 /* Gives up: closes and removes the temporary, frees f. Safe on a file that failed to open. */
 void tz_atomic_file_abort(tz_atomic_file *f);
 
+/* ---- test hook (every checked write of src/io: atomic files, run_dir's logs and commits) */
+/* With TZ_TEST_FAIL_WRITE=N in the environment, the N-th call in this process (counting
+ * every checked write: atomic file commits, log flushes, folder commits, the moves of a run
+ * commit) returns non-zero with errno = EIO and "WHAT: injected write failure (EIO)" in err;
+ * all other calls return 0. For tests of what a failure between two outputs leaves. */
+int tz_write_fault(const char *what, char *err, size_t n);
+/* Unit tests: the nth call from now fails (0: none), whatever the environment says. */
+void tz_write_fault_arm(long nth);
+
 #endif

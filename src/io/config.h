@@ -114,7 +114,8 @@ void tz_config_defaults(tz_config *cfg);
 void tz_config_write(const tz_config *cfg, const tz_config_names *names, FILE *f);
 /* Name for printing. */
 const char *tz_mode_name(int mode);
-/* run.device as a backend name for tz_backend_create: "auto", "cpu" or "cuda". */
+/* run.device as a backend name for tz_backend_create (backend/registry.h): "auto", "cpu" or
+ * "cuda". */
 const char *tz_device_name(int device);
 /* comm.backend: which comm moves the gradients and weights of ZeRO (train/trainer.c). */
 enum tz_comm_backend { TZ_COMM_AUTO = 0, TZ_COMM_MPI = 1, TZ_COMM_NCCL = 2 };

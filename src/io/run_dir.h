@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stddef.h>
 
+#include "io/atomic_file.h" /* tz_write_fault, tz_write_fault_arm */
+
 /* ---- lock ---------------------------------------------------------------------------- */
 /* DIR/.lock, held with flock(LOCK_EX) for the life of the process (the kernel drops it when
  * the process ends, however it ends); the file names the holder (host, pid, start time) and
@@ -70,14 +72,7 @@ int tz_line_log_flush(tz_line_log *l, char *err, size_t n);
 /* Flushes, fsyncs and closes; 0 or non-zero with err. The log is closed either way. */
 int tz_line_log_close(tz_line_log *l, char *err, size_t n);
 
-/* ---- test hook ------------------------------------------------------------------------ */
-/* With TZ_TEST_FAIL_WRITE=N in the environment, the N-th call in this process (counting
- * every checked write: atomic file commits, log flushes, folder commits, the moves of a run
- * commit) returns non-zero with errno = EIO and "WHAT: injected write failure (EIO)" in err;
- * all other calls return 0. For tests of what a failure between two outputs leaves. */
-int tz_write_fault(const char *what, char *err, size_t n);
-/* Unit tests: the nth call from now fails (0: none), whatever the environment says. */
-void tz_write_fault_arm(long nth);
+/* ---- test hooks (and tz_write_fault, io/atomic_file.h) ------------------------------ */
 /* Unit tests: off = 1 commits folders as on a file system without an atomic exchange. */
 void tz_dir_exchange_off(int off);
 

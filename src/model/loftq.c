@@ -1,5 +1,6 @@
 /* LoftQ on the host: per adapted weight, alternate quantizing W - s B A and factorising the
  * residual W - Q by a randomized SVD; and the walk that applies it to a parameter table. */
+#include "backend/registry.h"
 #include "model/loftq.h"
 
 #include <math.h>

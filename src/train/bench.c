@@ -2,6 +2,7 @@
  * data), the planning backend, the memory plan and dry run of any configuration, and the
  * phase clock of a step. */
 #define _GNU_SOURCE /* MAP_NORESERVE */
+#include "backend/registry.h"
 #include "train/bench.h"
 #include "train/step_model.h"
 

@@ -1,5 +1,6 @@
 /* The one-process commands: init-model and sample through the family registry (each family
  * brings its own code, train/task_<name>.c), quantize and export onto model/llama_quant.c. */
+#include "backend/registry.h"
 #include "train/commands.h"
 
 #include <dirent.h>
@@ -16,6 +17,7 @@
 #include "io/hf_config.h"
 #include "io/peft.h"
 #include "model/adapter_io.h"
+#include "model/llama_convert.h"
 #include "model/llama_quant.h"
 #include "quant/turboquant.h"
 #include "train/checkpoint.h"

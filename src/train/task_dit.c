@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "io/idx.h"
 #include "io/images_h5.h"

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/fsutil.h"

@@ -1,5 +1,6 @@
 /* The training loop (micro-batches, accumulation, ZeRO step, eval, logs, final save), the
  * eval driver and the benchmark driver, over N data-parallel ranks (N = 1 included). */
+#include "backend/registry.h"
 #include "train/trainer.h"
 
 #include <errno.h>

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/safetensors.h"

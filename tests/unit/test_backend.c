@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend/registry.h"
 #include "core/backend.h"
 #include "core/dtype.h"
 #include "tz_check.h"

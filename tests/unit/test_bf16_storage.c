@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/registry.h"
 #include "core/dtype.h"
 #include "model/llama.h"
 #include "tz_check.h"

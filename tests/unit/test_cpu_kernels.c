@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend/registry.h"
 #include "tz_optest.h"
 
 /* Preference order of tz_cpu_kernel_name when TZ_CPU_KERNEL is unset. */

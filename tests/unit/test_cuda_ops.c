@@ -34,6 +34,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend/registry.h"
 #include "core/backend.h"
 #include "core/dtype.h"
 #include "core/rng.h"

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/adapter_io.h"

@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/registry.h"
 #include "core/backend.h"
 #include "core/dtype.h"
 #include "core/rng.h"

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/llama.h"

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/registry.h"
 #include "core/rng.h"
 #include "model/llama.h"
 #include "tz_check.h"

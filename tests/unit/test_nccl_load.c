@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/registry.h"
 #include "core/backend.h"
 #include "tz_check.h"
 

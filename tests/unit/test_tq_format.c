@@ -9,10 +9,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "io/tq_format.h"
 #include "model/llama_io.h"
+#include "model/llama_convert.h"
 #include "model/llama_quant.h"
 #include "quant/turboquant.h"
 #include "tz_check.h"
