@@ -98,17 +98,10 @@ static void add_linear(tz_dit *m, tz_linear *L, const char *module, int64_t in, 
     L->a = L->b = NULL;
     L->r = 0;
     if (lora_bit >= 0 && (m->o.lora.targets & (1 << lora_bit))) {
-        if (m->o.lora.rank > (in < out ? in : out))
-            TZ_FATAL_HINT("lower lora.rank (or use an adapter of a smaller r)",
-                          "LoRA rank %lld exceeds the smaller dimension of %s (%lld x %lld): "
-                          "B A would have more parameters than the update can use",
-                          (long long)m->o.lora.rank, module, (long long)out, (long long)in);
-        L->r = m->o.lora.rank;
-        L->scale = (float)(m->o.lora.alpha / (double)m->o.lora.rank);
-        snprintf(name, sizeof name, "base_model.model.%s.lora_A.weight", module);
-        L->a = add_param(m, name, 2, L->r, in, 1, 1, 1, stage, INIT_ZERO);
-        snprintf(name, sizeof name, "base_model.model.%s.lora_B.weight", module);
-        L->b = add_param(m, name, 2, out, L->r, 1, 1, 1, stage, INIT_ZERO);
+        tz_linear_add_lora(L, &m->params, m->be, module, m->o.lora.rank, m->o.lora.alpha, stage);
+        /* A and B start at zero (the init rule of the two tensors just added) */
+        m->init_rule = tz_xrealloc(m->init_rule, (size_t)m->params.n * sizeof *m->init_rule);
+        m->init_rule[m->params.n - 2] = m->init_rule[m->params.n - 1] = INIT_ZERO;
     }
 }
 

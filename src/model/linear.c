@@ -3,6 +3,8 @@
  * tq_matmul), never kept. */
 #include "model/linear.h"
 
+#include <stdio.h>
+
 #include "core/error.h"
 #include "quant/turboquant.h"
 
@@ -12,6 +14,24 @@ void tz_matmul_w(tz_backend *be, float *C, const float *A, const tz_param *W, in
         be->matmul_bw16(be, C, A, (const uint16_t *)(const void *)W->w, M, N, K, 0, transW,
                         alpha, beta);
     else be->matmul(be, C, A, W->w, M, N, K, 0, transW, alpha, beta);
+}
+
+void tz_linear_add_lora(tz_linear *l, tz_params *ps, tz_backend *be, const char *module,
+                        int64_t r, double alpha, int stage) {
+    char name[TZ_NAME_MAX];
+    if (r > (l->in < l->out ? l->in : l->out))
+        TZ_FATAL_HINT("lower lora.rank (or use an adapter of a smaller r)",
+                      "LoRA rank %lld exceeds the smaller dimension of %s.weight (%lld x %lld): "
+                      "B A would have more parameters than the update can use",
+                      (long long)r, module, (long long)l->out, (long long)l->in);
+    l->r = r;
+    l->scale = (float)(alpha / (double)r);
+    snprintf(name, sizeof name, "base_model.model.%s.lora_A.weight", module);
+    l->a = tz_params_add(ps, be, name, 2, r, l->in, 1, 1, 1);
+    l->a->stage = stage;
+    snprintf(name, sizeof name, "base_model.model.%s.lora_B.weight", module);
+    l->b = tz_params_add(ps, be, name, 2, l->out, r, 1, 1, 1);
+    l->b->stage = stage;
 }
 
 void tz_embedding_w(tz_backend *be, float *out, const int32_t *tok, const tz_param *W,

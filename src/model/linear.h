@@ -32,6 +32,14 @@ typedef struct tz_linear {
     tz_param *bias; /* [out], NULL without bias */
 } tz_linear;
 
+/* LoRA on l for the module named `module` (e.g. "model.layers.3.self_attn.q_proj"): registers
+ * base_model.model.MODULE.lora_A.weight [r, in] and .lora_B.weight [out, r] in ps (trainable
+ * adapters with weight decay, zero until the model's init or an adapter file fills them) at
+ * backward stage `stage`, and sets l->r and l->scale = alpha / r. Fatal, with a hint, when r
+ * exceeds the smaller dimension of l. l->in and l->out must be set. */
+void tz_linear_add_lora(tz_linear *l, tz_params *ps, tz_backend *be, const char *module,
+                        int64_t r, double alpha, int stage);
+
 /* C = alpha * A op(W) + beta * C for a dense weight W as the second operand (matmul with
  * transA = 0, B = W), whether W holds fp32 or bf16 (w16); and the embedding lookup from a
  * table W likewise. Every op that reads a dense weight goes through these two. */

@@ -84,19 +84,9 @@ static void add_linear(tz_llama *m, tz_linear *l, int layer, int which, int64_t 
     l->a = l->b = l->bias = NULL;
     l->r = 0;
     if (m->o.lora.targets & (1 << which)) {
-        if (m->o.lora.rank > (in < out ? in : out))
-            TZ_FATAL_HINT("lower lora.rank (or use an adapter of a smaller r)",
-                          "LoRA rank %lld exceeds the smaller dimension of %s (%lld x %lld): "
-                          "B A would have more parameters than the update can use",
-                          (long long)m->o.lora.rank, name, (long long)out, (long long)in);
-        l->r = m->o.lora.rank;
-        l->scale = (float)(m->o.lora.alpha / (double)m->o.lora.rank);
-        snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", layer,
-                 blk, tz_llama_lin_names[which]);
-        l->a = add_param(m, name, 2, l->r, in, 1, 1, 1, stage);
-        snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", layer,
-                 blk, tz_llama_lin_names[which]);
-        l->b = add_param(m, name, 2, out, l->r, 1, 1, 1, stage);
+        snprintf(name, sizeof name, "model.layers.%d.%s.%s", layer, blk, tz_llama_lin_names[which]);
+        tz_linear_add_lora(l, &m->params, m->be, name, m->o.lora.rank, m->o.lora.alpha,
+                           (int)stage);
     }
 }
 
