@@ -1,4 +1,4 @@
-/* Choosing a backend by name (run.device) and loading the CUDA module (libtzcuda.so): the
+/* Making a backend of a kind (run.device) and loading the CUDA module (libtzcuda.so): the
  * floor above core that knows every backend built in (src/cpu, cuda/). */
 #include "backend/registry.h"
 
@@ -129,14 +129,13 @@ tz_backend *tz_cuda_backend_create(int device) {
 }
 #endif
 
-tz_backend *tz_backend_create(const char *name, int device, int threads) {
-    if (!name || !*name || !strcmp(name, "auto"))
-        name = tz_cuda_device_count() > 0 ? "cuda" : "cpu";
+tz_backend *tz_backend_create(enum tz_device_kind kind, int device, int threads) {
+    if (kind == TZ_DEVICE_AUTO) kind = tz_cuda_device_count() > 0 ? TZ_DEVICE_CUDA : TZ_DEVICE_CPU;
     tz_backend *be;
-    if (!strcmp(name, "cpu")) be = tz_cpu_backend_create(threads);
-    else if (!strcmp(name, "cuda")) be = tz_cuda_backend_create(device < 0 ? 0 : device);
+    if (kind == TZ_DEVICE_CPU) be = tz_cpu_backend_create(threads);
+    else if (kind == TZ_DEVICE_CUDA) be = tz_cuda_backend_create(device < 0 ? 0 : device);
     else
-        TZ_FATAL("no backend named \"%s\" (expected auto, or one built in: %s)", name,
+        TZ_FATAL("no backend of kind %d (expected auto, or one built in: %s)", (int)kind,
                  tz_backend_names());
     tz_backend_check(be);
     return be;

@@ -1,4 +1,4 @@
-/* The backends built in, by name (run.device), and the CUDA module (cuda/, libtzcuda.so,
+/* The backends built in, by kind (run.device), and the CUDA module (cuda/, libtzcuda.so,
  * loaded on first need): the floor above core/ that knows them all. core/backend.h is the op
  * table every backend fills; this is where one is made. */
 #ifndef TZ_BACKEND_REGISTRY_H
@@ -6,12 +6,12 @@
 #include "core/backend.h"
 #include "cpu/cpu_backend.h"
 
-/* A backend by name: "cpu", "cuda", or "auto" (cuda when this build has the CUDA backend and
- * a GPU is visible, else cpu); the run.device key. device: the GPU ordinal hint (taken
+/* A backend of a kind: TZ_DEVICE_CPU, TZ_DEVICE_CUDA, or TZ_DEVICE_AUTO (cuda when this build
+ * has the CUDA backend and a GPU is visible, else cpu); the run.device key. device: the GPU ordinal hint (taken
  * modulo the visible GPUs; < 0: 0), ignored by cpu. threads: CPU threads (<= 0: OpenMP
  * default), used by cpu. Fatal, with a hint, when the backend named cannot be created
  * (a build without CUDA, no GPU), or when the table it fills has a NULL op. */
-tz_backend *tz_backend_create(const char *name, int device, int threads);
+tz_backend *tz_backend_create(enum tz_device_kind kind, int device, int threads);
 /* Names of the backends built in, e.g. "cpu, cuda" (a static string). */
 const char *tz_backend_names(void);
 

@@ -26,21 +26,20 @@ void tz_backend_check(const tz_backend *be) {
                  be->name ? be->name : "?");
 }
 
-enum tz_dtype tz_backend_set_precision(tz_backend *be, const char *precision) {
+enum tz_dtype tz_backend_set_precision(tz_backend *be, enum tz_precision precision) {
     const int bf16 = (be->matmul_dtypes & (1u << TZ_DT_BF16)) != 0;
-    if (!precision || !*precision || !strcmp(precision, "auto"))
+    if (precision == TZ_PRECISION_AUTO)
         be->matmul_dtype = be->device && bf16 ? TZ_DT_BF16 : TZ_DT_F32;
-    else if (!strcmp(precision, "fp32"))
+    else if (precision == TZ_PRECISION_FP32)
         be->matmul_dtype = TZ_DT_F32;
-    else if (!strcmp(precision, "bf16")) {
+    else if (precision == TZ_PRECISION_BF16) {
         if (!bf16)
             TZ_FATAL_HINT("set run.precision = \"auto\" or \"fp32\", or run.device = \"cuda\"",
                           "run.precision = \"bf16\": the %s backend computes in fp32 only",
                           be->name);
         be->matmul_dtype = TZ_DT_BF16;
     } else
-        TZ_FATAL("run.precision: no precision named \"%s\" (expected auto, fp32 or bf16)",
-                 precision);
+        TZ_FATAL("run.precision: no precision %d (expected auto, fp32 or bf16)", (int)precision);
     return be->matmul_dtype;
 }
 

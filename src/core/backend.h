@@ -387,10 +387,15 @@ static inline size_t tz_attention_ws_bytes(const tz_backend *be, int64_t B, int6
            (backward ? tz_attention_delta_bytes(B, T, Hq) : 0);
 }
 
-/* run.precision: "fp32", "bf16", or "auto" (bf16 on a device backend that supports it, else
- * fp32): sets be->matmul_dtype. Fatal, with a hint, when the backend lacks the type asked
- * for (the CPU computes in fp32 only). Returns the type chosen. */
-enum tz_dtype tz_backend_set_precision(tz_backend *be, const char *precision);
+/* run.device and run.precision, as the config holds them (io/config.c parses the names, in
+ * this order). */
+enum tz_device_kind { TZ_DEVICE_AUTO = 0, TZ_DEVICE_CPU = 1, TZ_DEVICE_CUDA = 2 };
+enum tz_precision { TZ_PRECISION_AUTO = 0, TZ_PRECISION_FP32 = 1, TZ_PRECISION_BF16 = 2 };
+
+/* run.precision: fp32, bf16, or auto (bf16 on a device backend that supports it, else fp32):
+ * sets be->matmul_dtype. Fatal, with a hint, when the backend lacks the type asked for (the
+ * CPU computes in fp32 only). Returns the type chosen. */
+enum tz_dtype tz_backend_set_precision(tz_backend *be, enum tz_precision precision);
 /* Frees a backend made by any create function (NULL: nothing). */
 void tz_backend_destroy(tz_backend *be);
 /* Fatal, naming the op, when a slot of be's table is NULL (tz_backend_create, in

@@ -44,6 +44,13 @@ enum { FAMILY_NONE = 0, FAMILY_ARCHS = 1, FAMILY_TARGETS = 2 };
 static const char *const mode_names[] = {"lora", "full", "qzo", NULL};
 static const char *const qzo_schedules[] = {"constant", "cosine", NULL};
 static const char *const dtype_names[] = {"f32", "bf16", NULL};
+/* in the order of enum tz_device_kind and enum tz_precision (core/backend.h); the fields are
+ * written as ints */
+_Static_assert(sizeof(enum tz_device_kind) == sizeof(int) &&
+                   sizeof(enum tz_precision) == sizeof(int) &&
+                   sizeof(enum tz_comm_backend) == sizeof(int) && TZ_DEVICE_CUDA == 2 &&
+                   TZ_PRECISION_BF16 == 2 && TZ_COMM_NCCL == 2,
+               "run.device, run.precision and comm.backend are stored through int pointers");
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const precision_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const quant_methods[] = {"turboquant", "absmax", NULL};
@@ -647,7 +654,7 @@ void tz_config_load(tz_config *cfg, const tz_config_names *names, const char *fi
         cfg->optim.lr = cfg->train.mode == TZ_MODE_FULL  ? 2e-5
                         : cfg->train.mode == TZ_MODE_QZO ? 1e-6
                                                          : 2e-4;
-    if (cfg->comm.backend == TZ_COMM_NCCL && cfg->run.device == 1 /* cpu */)
+    if (cfg->comm.backend == TZ_COMM_NCCL && cfg->run.device == TZ_DEVICE_CPU)
         TZ_FATAL_HINT("set run.device = \"cuda\" (or \"auto\" where GPUs are visible), or "
                       "comm.backend = \"mpi\" (or \"auto\")",
                       "%s: comm.backend = \"nccl\" needs GPU memory, but run.device = \"cpu\"",

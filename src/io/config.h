@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/backend.h" /* enum tz_device_kind, enum tz_precision */
+
 #define TZ_PATH_MAX 512
 
 enum tz_mode { TZ_MODE_LORA = 0, TZ_MODE_FULL = 1, TZ_MODE_QZO = 2 };
@@ -21,6 +23,9 @@ enum tz_quant_rounding { TZ_ROUND_NEAREST = 0, TZ_ROUND_STOCHASTIC = 1 };
  * caller passes them in (src/train/family.c, tz_family_names), NULL-terminated. model.arch is
  * stored as an index into archs (0 is the default); lora.targets as the names given. */
 #define TZ_CONFIG_NAMES_MAX 64
+/* comm.backend: which comm moves the gradients and weights of ZeRO (train/trainer.c). */
+enum tz_comm_backend { TZ_COMM_AUTO = 0, TZ_COMM_MPI = 1, TZ_COMM_NCCL = 2 };
+
 typedef struct tz_config_names {
     const char *archs[TZ_CONFIG_NAMES_MAX + 1];   /* the families */
     const char *targets[TZ_CONFIG_NAMES_MAX + 1]; /* every family's LoRA targets, each once */
@@ -94,12 +99,12 @@ typedef struct tz_config {
         int64_t seed;
         int overwrite;                /* replace an existing run in run.dir */
         int save_dtype;               /* full-mode model output: "f32" (0) | "bf16" (1) */
-        int device;                   /* compute backend: "auto" (0) | "cpu" (1) | "cuda" (2) */
-        int precision;                /* GEMM operands: "auto" (0) | "fp32" (1) | "bf16" (2) */
+        enum tz_device_kind device;   /* compute backend: "auto" | "cpu" | "cuda" */
+        enum tz_precision precision;  /* GEMM operands: "auto" | "fp32" | "bf16" */
         double collective_timeout;    /* seconds a collective may wait; 0 = no watchdog */
     } run;
     struct {
-        int backend;                  /* enum tz_comm_backend: "auto" | "mpi" | "nccl" */
+        enum tz_comm_backend backend; /* "auto" | "mpi" | "nccl" */
     } comm;
 } tz_config;
 
@@ -114,13 +119,10 @@ void tz_config_defaults(tz_config *cfg);
 void tz_config_write(const tz_config *cfg, const tz_config_names *names, FILE *f);
 /* Name for printing. */
 const char *tz_mode_name(int mode);
-/* run.device as a backend name for tz_backend_create (backend/registry.h): "auto", "cpu" or
- * "cuda". */
+/* The name of a run.device value ("auto", "cpu" or "cuda"), for messages. */
 const char *tz_device_name(int device);
-/* comm.backend: which comm moves the gradients and weights of ZeRO (train/trainer.c). */
-enum tz_comm_backend { TZ_COMM_AUTO = 0, TZ_COMM_MPI = 1, TZ_COMM_NCCL = 2 };
+/* The names of comm.backend and run.precision values, for messages. */
 const char *tz_comm_backend_name(int backend);
-/* run.precision by name for tz_backend_set_precision: "auto", "fp32" or "bf16". */
 const char *tz_precision_name(int precision);
 
 #endif

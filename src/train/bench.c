@@ -338,7 +338,7 @@ static int plan_open(plan_run *p, const tz_config *cfg, unsigned dtypes, int tra
     }
     p->be = tz_bench_plan_backend();
     p->be->matmul_dtypes = dtypes;
-    tz_backend_set_precision(p->be, tz_precision_name(c->run.precision));
+    tz_backend_set_precision(p->be, c->run.precision);
     p->t = tz_task_create(c, p->be, training);
     return 0;
 }
@@ -513,8 +513,8 @@ static int64_t patches_per_row(const tz_config *cfg) {
 static unsigned dry_run_dtypes(const tz_config *cfg) {
     const unsigned gpu = (1u << TZ_DT_F32) | (1u << TZ_DT_BF16), cpu = 1u << TZ_DT_F32;
     const tz_bench_preset *bp = tz_bench_preset_of(cfg);
-    if (cfg->run.device == 1) return cpu;
-    if (cfg->run.device == 2 || (bp && bp->gpu_only) || tz_cuda_device_count() > 0) return gpu;
+    if (cfg->run.device == TZ_DEVICE_CPU) return cpu;
+    if (cfg->run.device == TZ_DEVICE_CUDA || (bp && bp->gpu_only) || tz_cuda_device_count() > 0) return gpu;
     return bp ? gpu : cpu; /* a preset plans a GPU's run unless run.device says cpu */
 }
 
@@ -572,7 +572,7 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     /* this machine, for a rank of this dry run: the host, and the GPU where one is visible
      * (one is created only to be asked; a CPU build has none) */
     tz_mem_room room;
-    tz_backend *dev = m.gpu && tz_cuda_device_count() > 0 ? tz_backend_create("cuda", w->local_rank, 0)
+    tz_backend *dev = m.gpu && tz_cuda_device_count() > 0 ? tz_backend_create(TZ_DEVICE_CUDA, w->local_rank, 0)
                                                            : NULL;
     tz_mem_room_of(&room, dev, w);
     if (dev) tz_backend_destroy(dev);

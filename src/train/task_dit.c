@@ -237,8 +237,8 @@ static void close_task(tz_task *t) {
 
 /* sample: DDIM (DDPM) or Euler (flow) with classifier-free guidance, as a PNG grid. */
 static int sample(const tz_config *cfg, const tz_sample_args *a) {
-    tz_backend *be = tz_backend_create(tz_device_name(cfg->run.device), 0, (int)cfg->train.threads);
-    tz_backend_set_precision(be, tz_precision_name(cfg->run.precision));
+    tz_backend *be = tz_backend_create(cfg->run.device, 0, (int)cfg->train.threads);
+    tz_backend_set_precision(be, cfg->run.precision);
     tz_model_opts o = tz_task_model_opts(&tz_family_dit, cfg, 0);
     o.checkpointing = 0; /* forward only: nothing to keep for a backward pass */
     tz_dit *m = tz_dit_load(be, cfg->model.path, &o);

@@ -151,9 +151,9 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     r->comm = comm;
     r->training = training;
     if (cfg->train.threads > 0) omp_set_num_threads((int)cfg->train.threads); /* AdamW too */
-    r->be = tz_backend_create(tz_device_name(cfg->run.device), w->local_rank,
+    r->be = tz_backend_create(cfg->run.device, w->local_rank,
                               (int)cfg->train.threads);
-    tz_backend_set_precision(r->be, tz_precision_name(cfg->run.precision));
+    tz_backend_set_precision(r->be, cfg->run.precision);
     if (!strcmp(r->be->name, "cpu")) tz_info("cpu kernel: %s", tz_cpu_kernel_name());
     else
         tz_info("backend: %s, GEMM operands %s (fp32 accumulation)", r->be->name,
@@ -726,8 +726,8 @@ static void bench_grads_ready(void *z, int64_t ready_flat) {
 
 /* Whether run.device will give a GPU backend. */
 static int bench_on_gpu(const tz_config *cfg) {
-    const char *d = tz_device_name(cfg->run.device);
-    return !strcmp(d, "cuda") || (!strcmp(d, "auto") && tz_cuda_device_count() > 0);
+    return cfg->run.device == TZ_DEVICE_CUDA ||
+           (cfg->run.device == TZ_DEVICE_AUTO && tz_cuda_device_count() > 0);
 }
 
 int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {

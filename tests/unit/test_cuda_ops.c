@@ -1006,7 +1006,7 @@ static int in_child(void (*fn)(void), const char *const *env, char *err, size_t 
 
 /* A rotation whose kernel faults (the emulation's TZ_CUDA_EMU_FAULT), then a sync. */
 static void child_fault(void) {
-    tz_backend *be = tz_backend_create("cuda", 0, 0);
+    tz_backend *be = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
     float *x = be->alloc(be, 3 * 128 * 4), *y = be->alloc(be, 3 * 128 * 4);
     be->fill(be, x, 1.0f, 3 * 128);
     be->tq_rotate(be, y, x, 3, 128, 64, 1);
@@ -1016,13 +1016,13 @@ static void child_fault(void) {
 
 static void child_old_driver(void) {
     fprintf(stderr, "device count %d\n", tz_cuda_device_count());
-    tz_backend_create("cuda", 0, 0);
+    tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
 }
 
 /* The child of test_op_times: three fp32 matmuls and an rmsnorm; the output's sum of
  * squares (as a hex float) on stderr before the backend's end. */
 static void child_op_times(void) {
-    tz_backend *be = tz_backend_create("cuda", 0, 0);
+    tz_backend *be = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
     const int64_t M = 19, N = 23, K = 31;
     float *a = be->alloc(be, (size_t)(M * K) * 4), *b = be->alloc(be, (size_t)(K * N) * 4);
     float *c = be->alloc(be, (size_t)(M * N) * 4), *w = be->alloc(be, (size_t)N * 4);
@@ -1075,7 +1075,7 @@ static void test_checked_mode(void) {
         return;
     }
     setenv("TZ_CUDA_SYNC_DEBUG", "1", 1);
-    tz_backend *dbg = tz_backend_create("cuda", 0, 0);
+    tz_backend *dbg = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
     unsetenv("TZ_CUDA_SYNC_DEBUG");
     const int64_t M = 21, N = 33, K = 40;
     pair A = mk(M * K, 1.0f), B = mk(K * N, 1.0f), w = mk(N, 1.0f);
@@ -1128,8 +1128,8 @@ int main(void) {
         return 77;
     }
     g_rng = tz_rng_make(2024, 0, TZ_RNG_TEST, 0);
-    g_cpu = tz_backend_create("cpu", 0, 2);
-    g_gpu = tz_backend_create("cuda", 0, 0);
+    g_cpu = tz_backend_create(TZ_DEVICE_CPU, 0, 2);
+    g_gpu = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
     test_memory();
     test_elementwise();
     test_matmul();

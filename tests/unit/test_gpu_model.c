@@ -195,8 +195,8 @@ int main(void) {
         printf("skip: %s\n", n < 0 ? "this build has no CUDA backend" : "no CUDA device");
         return 77;
     }
-    g_cpu = tz_backend_create("cpu", 0, 2);
-    g_gpu = tz_backend_create("cuda", 0, 0);
+    g_cpu = tz_backend_create(TZ_DEVICE_CPU, 0, 2);
+    g_gpu = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
     llama_case("llama tied, GQA 4/2, full", 1, 2, 0, 0, 0);
     llama_case("llama untied, 4/4 heads, full, checkpointing", 0, 4, 1, 0, 0);
     llama_case("llama untied, GQA 4/2, LoRA on 4-bit TurboQuant, checkpointing", 0, 2, 1, 4, 0);

@@ -183,8 +183,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nc; i++) chunks_case(cpu16, &cases[i], in, tg, "bf16 storage: ");
     const int ndev = tz_cuda_device_count();
     if (ndev > 0) {
-        tz_backend *dev = tz_backend_create("cuda", 0, 0);
-        tz_backend_set_precision(dev, "bf16");
+        tz_backend *dev = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
+        tz_backend_set_precision(dev, TZ_PRECISION_BF16);
         for (int i = 0; i < nc; i++) device_case(cpu16, dev, &cases[i], in, tg);
         tz_backend_destroy(dev);
     } else {

@@ -128,7 +128,7 @@ static void register_refused(tz_backend *be) {
 }
 
 int main(void) {
-    tz_backend *cpu = tz_backend_create("cpu", 0, 1);
+    tz_backend *cpu = tz_backend_create(TZ_DEVICE_CPU, 0, 1);
     tz_device_info di;
     cpu->device_info(cpu, &di);
     check(di.ordinal == -1 && di.bus_id[0] == 0 && di.name[0],
@@ -137,7 +137,7 @@ int main(void) {
     tz_backend_destroy(cpu);
 
     if (tz_cuda_device_count() > 0) {
-        tz_backend *gpu = tz_backend_create("cuda", 0, 0);
+        tz_backend *gpu = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
         gpu->device_info(gpu, &di);
         check(di.ordinal == 0 && strlen(di.bus_id) >= 7 && di.total_bytes > 0 &&
                   di.free_bytes <= di.total_bytes,
@@ -160,7 +160,7 @@ int main(void) {
         }
         tz_backend_destroy(gpu);
         setenv("TZ_CUDA_SYNC_DEBUG", "1", 1); /* every op synchronised and checked */
-        gpu = tz_backend_create("cuda", 0, 0);
+        gpu = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
         unsetenv("TZ_CUDA_SYNC_DEBUG");
         roundtrip(gpu, 333);
         fresh_alloc_copy_first(gpu, 999);
