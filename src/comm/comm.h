@@ -36,7 +36,7 @@ struct tz_comm {
     /* Where the buffers of every call live, and where the calls are ordered:
      *   device 0, queue TZ_QUEUE_HOST (MPI): host memory; a call is done when it returns
      *     (blocking) or at wait (non-blocking). Device memory must be staged through host
-     *     buffers by the caller (train/zero.c does: pinned, on the backend's copy queue).
+     *     buffers by the caller (optim/zero.c does: pinned, on the backend's copy queue).
      *   device 1, queue TZ_QUEUE_COPY (NCCL): device memory of the backend the comm was made
      *     with; each call is queued on that backend's copy queue after the work queued so far
      *     on its compute queue, so later copies on the copy queue see its result without

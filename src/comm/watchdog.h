@@ -13,7 +13,7 @@
  * whether and where it waits, its step) every tick, whatever its main thread is doing. A rank
  * that answers with a count below k has not reached the collective; one that does not answer
  * within the grace time is stopped, dead or unreachable. The waiting rank prints one message
- * and calls MPI_Abort. Asking needs MPI_THREAD_MULTIPLE (src/main.c asks for it); with less
+ * and calls MPI_Abort. Asking needs MPI_THREAD_MULTIPLE (src/cli/main.c asks for it); with less
  * the watchdog still stops the job, without asking. */
 #ifndef TZ_WATCHDOG_H
 #define TZ_WATCHDOG_H

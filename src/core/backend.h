@@ -36,7 +36,7 @@ typedef struct tz_adamw_args {
 #define TZ_ADAMW_HD
 #endif
 /* AdamW on one element, the one arithmetic of every AdamW here (the host shard's,
- * train/adamw.c, and each backend's be->adamw): g scaled by grad_scale, the moments updated,
+ * optim/adamw.c, and each backend's be->adamw): g scaled by grad_scale, the moments updated,
  * w -= lr (m c1 / (sqrt(v c2) + eps) + wd w), wd only where decay. */
 static inline TZ_ADAMW_HD void tz_adamw_elem(float *w, float *m, float *v, float g, int decay,
                                             const tz_adamw_args *a) {
@@ -97,7 +97,7 @@ struct tz_backend {
     void (*from_bf16)(tz_backend *be, float *dst, const uint16_t *src, int64_t n);
     /* sum of squares, accumulated in double, returned to the host */
     double (*sumsq)(tz_backend *be, const float *x, int64_t n);
-    /* AdamW over n elements in place, the host optimizer's arithmetic (train/adamw.c) on the
+    /* AdamW over n elements in place, the host optimizer's arithmetic (optim/adamw.c) on the
      * backend (optim.offload = false): with g' = g * grad_scale, m = b1 m + (1 - b1) g',
      * v = b2 v + (1 - b2) g'^2, w -= lr (m c1 / (sqrt(v c2) + eps) + wd w), wd only where
      * decay[i] != 0; c1, c2 the bias corrections 1 / (1 - b^t). */
@@ -294,7 +294,7 @@ struct tz_backend {
                       int64_t rows, int64_t cols, int bits, int group, int64_t M, int transW,
                       float alpha, float beta);
 
-    /* ---- the offload: pinned host memory, asynchronous copies, events (train/zero.c) ----
+    /* ---- the offload: pinned host memory, asynchronous copies, events (optim/zero.c) ----
      * A backend has two queues: TZ_QUEUE_COMPUTE, where every op above runs, and
      * TZ_QUEUE_COPY, where the async copies run (a device backend's second stream, so copies
      * overlap the ops). Work on one queue runs in order; the queues are ordered against each

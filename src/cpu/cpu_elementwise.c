@@ -70,7 +70,7 @@ static double cpu_sumsq(tz_backend *be, const float *x, int64_t n) {
     return s;
 }
 
-/* AdamW: tz_adamw_elem, the host shard's arithmetic (train/adamw.c), so the two agree (the
+/* AdamW: tz_adamw_elem, the host shard's arithmetic (optim/adamw.c), so the two agree (the
  * threads' split does not change an element). */
 static void cpu_adamw(tz_backend *be, float *restrict w, float *restrict m, float *restrict v,
                       const float *restrict g, const uint8_t *restrict decay, int64_t n,

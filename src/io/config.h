@@ -20,7 +20,7 @@ enum tz_quant_method { TZ_QUANT_TURBOQUANT = 0, TZ_QUANT_ABSMAX = 1 };
 enum tz_quant_rounding { TZ_ROUND_NEAREST = 0, TZ_ROUND_STOCHASTIC = 1 };
 
 /* The values of the keys that belong to the model families, which io/ does not know: the
- * caller passes them in (src/train/family.c, tz_family_names), NULL-terminated. model.arch is
+ * caller passes them in (src/task/family.c, tz_family_names), NULL-terminated. model.arch is
  * stored as an index into archs (0 is the default); lora.targets as the names given. */
 #define TZ_CONFIG_NAMES_MAX 64
 /* comm.backend: which comm moves the gradients and weights of ZeRO (train/trainer.c). */

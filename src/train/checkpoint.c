@@ -21,7 +21,7 @@
 #include "io/ckpt_h5.h"
 #include "io/fsutil.h"
 #include "train/checkpoint_util.h"
-#include "train/family.h"
+#include "task/family.h"
 
 
 /* ---------------------------------------------------------------- signals */

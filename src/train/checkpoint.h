@@ -12,7 +12,7 @@
 #include "io/config.h"
 #include "comm/comm.h"
 #include "train/run_record.h"
-#include "train/zero.h"
+#include "optim/zero.h"
 
 /* Exit status of a run stopped by SIGUSR1, SIGTERM or SIGINT after writing a checkpoint:
  * EX_TEMPFAIL, "try again"; slurm/train.sbatch requeues the job on it. */

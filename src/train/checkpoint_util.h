@@ -10,7 +10,7 @@
 #include "io/config.h"
 #include "model/params.h"
 #include "comm/comm.h"
-#include "train/zero_plan.h"
+#include "optim/zero_plan.h"
 
 #define TZ_CKPT_FORMAT "turbozero-checkpoint"
 #define TZ_CKPT_VERSION 1

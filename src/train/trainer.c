@@ -22,13 +22,13 @@
 #include "io/tfevents.h"
 #include "train/checkpoint.h"
 #include "comm/watchdog.h"
-#include "train/bench.h"
-#include "train/family.h"
-#include "train/optim.h"
-#include "train/qzo.h"
+#include "bench/bench.h"
+#include "task/family.h"
+#include "optim/optim.h"
+#include "optim/qzo.h"
 #include "train/run_record.h"
-#include "train/task.h"
-#include "train/zero.h"
+#include "task/task.h"
+#include "optim/zero.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -116,7 +116,7 @@ static void check_cpus(const tz_world *w) {
 }
 
 /* Before anything large is allocated: the run's memory on one rank, planned without
- * allocating it (train/bench.h: the model's shapes on a planning backend), against what this
+ * allocating it (bench/bench.h: the model's shapes on a planning backend), against what this
  * rank's GPU and this node's host can give. A run that cannot fit stops here with the plan's
  * figures and a hint, instead of failing to allocate or being killed later. */
 static void check_memory(run *r) {

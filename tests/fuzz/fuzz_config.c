@@ -4,7 +4,7 @@
  * load again to the same values. */
 #include "fuzz_common.h"
 #include "io/config.h"
-#include "train/family.h"
+#include "task/family.h"
 
 static tz_config_names names;
 static tz_config cfg, back;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training on the GPU with the optimizer on the host (ZeRO stage 2, the offload path of
-# train/zero.c) against the CPU backend: a tiny Llama (tests/zero/make_model.py: vocab 97,
+# optim/zero.c) against the CPU backend: a tiny Llama (tests/zero/make_model.py: vocab 97,
 # MLP 171, 2 layers), 10 steps of LoRA and of full fine-tuning, 2 micro-batches per step,
 # buckets of 0.004 MiB (1024 elements: 4 buckets for LoRA, about 100 for full; more buckets
 # than staging slots, tensors cut across buckets, padding in the last slices).

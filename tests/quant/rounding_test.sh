@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Full fine-tuning of a 3-bit TurboQuant base with quant.count_changes (train/zero_weights.c):
+# Full fine-tuning of a 3-bit TurboQuant base with quant.count_changes (optim/zero_weights.c):
 #  - nearest re-quantization: every step after the first logs codes_changed, a small share (0 < x < 5%);
 #  - stochastic (quant.rounding): each step redraws every code between its two centroids, so
 #    it changes a larger share (more than 5x nearest's), the run still trains (validation

@@ -4,7 +4,7 @@
 #include <stdio.h>
 
 #include "io/config.h"
-#include "train/family.h"
+#include "task/family.h"
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);

@@ -13,7 +13,7 @@
 #include "model/params.h"
 #include "comm/comm.h"
 #include "comm/world.h"
-#include "train/zero.h"
+#include "optim/zero.h"
 
 static const char *arg(int argc, char **argv, const char *name, const char *def) {
     for (int i = 1; i + 1 < argc; i++)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# optim.offload = false (the optimizer on the backend, train/zero.c) on the CPU backend,
+# optim.offload = false (the optimizer on the backend, optim/zero.c) on the CPU backend,
 # against the default host optimizer:
 #  - the bundled LoRA job, 10 steps of 2 accumulated micro-batches: every step's loss within
 #    1e-6 (relative) of the host optimizer's, and the gradient norms too (the same AdamW

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The step model of `bench --dry-run` (train/step_model.c) against the arithmetic of the
+# The step model of `bench --dry-run` (bench/step_model.c) against the arithmetic of the
 # llama-tiny recipe written out here from its shape (dim 128, MLP 352, 2 layers, 4/2 heads of
 # 32, vocab 256; LoRA r16 on all seven projections of a 4-bit base; checkpointing):
 #  - GEMM: the base projections forward, again when backward recomputes a layer (every layer

@@ -16,7 +16,7 @@
 
 #include "core/error.h"
 #include "io/config.h"
-#include "train/family.h"
+#include "task/family.h"
 
 #ifndef TZ_SOURCE_DIR
 #define TZ_SOURCE_DIR "../.."

@@ -20,7 +20,7 @@
 #include "core/rng.h"
 #include "model/llama.h"
 #include "model/llama_io.h"
-#include "train/family.h"
+#include "task/family.h"
 #include "tz_check.h"
 #include "tz_files.h"
 

@@ -10,8 +10,8 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "comm/world.h"
-#include "train/adamw.h"
-#include "train/optim.h"
+#include "optim/adamw.h"
+#include "optim/optim.h"
 #include "tz_check.h"
 
 static tz_world g_world; /* no NUMA node: plain aligned host memory */

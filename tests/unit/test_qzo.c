@@ -1,4 +1,4 @@
-/* qzo (train/qzo.h) on a tiny 4-bit TurboQuant Llama:
+/* qzo (optim/qzo.h) on a tiny 4-bit TurboQuant Llama:
  *  1. a forward-only model computes the same loss, bit for bit, as one built for training,
  *     in a smaller arena (one activation set, two residual streams, no backward buffers);
  *  2. the perturbation is undone exactly: after steps with lr = 0 the scales are the same
@@ -30,7 +30,7 @@
 #include "core/dtype.h"
 #include "model/llama.h"
 #include "quant/turboquant.h"
-#include "train/qzo.h"
+#include "optim/qzo.h"
 #include "tz_check.h"
 
 static const tz_llama_dims k_dims = {.vocab = 64, .dim = 128, .hidden = 192, .n_layers = 2,

@@ -14,8 +14,8 @@
 #include "model/params.h"
 #include "comm/comm.h"
 #include "comm/world.h"
-#include "train/adamw.h"
-#include "train/zero.h"
+#include "optim/adamw.h"
+#include "optim/zero.h"
 #include "tz_check.h"
 
 /* odd sizes: tensors not multiples of the alignment, one larger than a bucket and than

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "train/zero_plan.h"
+#include "optim/zero_plan.h"
 #include "tz_check.h"
 
 #define MAX_T 64

@@ -13,9 +13,9 @@
 #include "core/backend.h"
 #include "core/rng.h"
 #include "model/params.h"
-#include "train/zero_plan.h"
+#include "optim/zero_plan.h"
 #include "quant/turboquant.h"
-#include "train/zero_weights.h"
+#include "optim/zero_weights.h"
 #include "tz_check.h"
 
 static tz_backend *g_be;

@@ -1,7 +1,7 @@
 /* The one-process commands: init-model and sample through the family registry (each family
  * brings its own code, train/task_<name>.c), quantize and export onto model/llama_quant.c. */
 #include "backend/registry.h"
-#include "train/commands.h"
+#include "cli/commands.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -21,7 +21,7 @@
 #include "model/llama_quant.h"
 #include "quant/turboquant.h"
 #include "train/checkpoint.h"
-#include "train/task.h"
+#include "task/task.h"
 
 int64_t tz_command_int(const char *s, const char *what) {
     char *end;

@@ -13,9 +13,9 @@
 #include "io/png.h"
 #include "model/diffusion.h"
 #include "model/dit_io.h"
-#include "train/bench.h"
+#include "bench/bench.h"
 #include "train/data.h"
-#include "train/task.h"
+#include "task/task.h"
 #include "io/fsutil.h"
 
 /* lora.targets names of the projections, in the order of TZ_DIT_* ("adaln": every block's
@@ -40,7 +40,7 @@ typedef struct dit_task {
     int32_t *y;
 } dit_task;
 
-/* A bench preset's model (train/bench.h): its shape, random weights made in memory. */
+/* A bench preset's model (bench/bench.h): its shape, random weights made in memory. */
 static tz_dit *preset_model(tz_task *t, const tz_bench_preset *bp) {
     tz_dit_dims d;
     char err[128];
@@ -298,7 +298,7 @@ static int64_t init_model(const tz_init_args *a, char *about, size_t n) {
 
 static const tz_task_ops ops = {sizeof(dit_task), load, open_task, train_rows, eval_rows,
                                 save_model, close_task, train_loss};
-/* The registry entry (train/family.h): name, LoRA targets, PEFT modules, task, init-model,
+/* The registry entry (task/family.h): name, LoRA targets, PEFT modules, task, init-model,
  * sampler. */
 const tz_family tz_family_dit = {"dit", targets, tz_dit_lin_names, &ops, init_flags, init_model,
                                  sample, NULL, NULL};

@@ -1,6 +1,6 @@
 /* CPU AdamW over a range of a shard, written as one flat loop the compiler vectorises. Knows
- * nothing of parameters, ranks or threads: the shard (train/optim.c) hands it the ranges. */
-#include "train/adamw.h"
+ * nothing of parameters, ranks or threads: the shard (optim/optim.c) hands it the ranges. */
+#include "optim/adamw.h"
 
 #include <math.h>
 #include <stddef.h>

@@ -1,6 +1,6 @@
 /* The ZeRO partition plan: greedy bucketing of the flat space, N-way slicing, shard offsets,
  * look-ups both ways, and the start-up table. Pure arithmetic: no MPI, no I/O but the print. */
-#include "train/zero_plan.h"
+#include "optim/zero_plan.h"
 
 #include <stdio.h>
 #include <stdlib.h>

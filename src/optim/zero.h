@@ -8,9 +8,9 @@
 #include "core/backend.h"
 #include "model/params.h"
 #include "comm/fwd.h"
-#include "train/zero_plan.h"
-#include "train/optim.h"
-#include "train/zero_weights.h"
+#include "optim/zero_plan.h"
+#include "optim/optim.h"
+#include "optim/zero_weights.h"
 
 #define TZ_ZERO_SLOTS 2 /* buckets in flight at once in stage 2 */
 

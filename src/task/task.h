@@ -9,7 +9,7 @@
 #include "io/config.h"
 #include "model/model_base.h"
 #include "model/params.h"
-#include "train/family.h"
+#include "task/family.h"
 
 struct tz_task {
     const tz_family *family;

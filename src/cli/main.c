@@ -17,10 +17,10 @@
 #include "comm/comm.h"
 #include "comm/watchdog.h"
 #include "comm/world.h"
-#include "train/bench.h"
+#include "bench/bench.h"
 #include "train/checkpoint.h"
-#include "train/commands.h"
-#include "train/family.h"
+#include "cli/commands.h"
+#include "task/family.h"
 #include "train/inputs_check.h"
 #include "train/trainer.h"
 

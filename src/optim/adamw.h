@@ -1,10 +1,10 @@
-/* AdamW, the first optimizer behind the tz_optim interface (train/optim.h): decoupled weight
+/* AdamW, the first optimizer behind the tz_optim interface (optim/optim.h): decoupled weight
  * decay, bias-corrected moments, over a range of a host shard. No parameters, no ranks. */
 #ifndef TZ_ADAMW_H
 #define TZ_ADAMW_H
 #include <stdint.h>
 
-#include "train/optim.h"
+#include "optim/optim.h"
 
 /* "adamw", states "exp_avg" (m) and "exp_avg_sq" (v), as torch.optim.AdamW names them.
  * Reads lr, beta1, beta2, eps, weight_decay. */

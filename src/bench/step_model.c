@@ -2,7 +2,7 @@
  * operations and bytes of the operands as stored, 4 per fp32 element), and the estimate of a
  * step's time from peak rates. The formulas count what an op must read and write once; what
  * an implementation adds (casts to bf16, re-reads) is not in them. */
-#include "train/step_model.h"
+#include "bench/step_model.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* The optimizer registry, the LR schedule, and the host shard: its named arrays, the sum of
- * squares of its gradient and the threaded step. No communication here (train/zero.c). */
-#include "train/optim.h"
+ * squares of its gradient and the threaded step. No communication here (optim/zero.c). */
+#include "optim/optim.h"
 
 #include <math.h>
 #include <omp.h>
@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "comm/world.h"
-#include "train/adamw.h"
+#include "optim/adamw.h"
 
 /* Every optimizer, one line each. */
 static const tz_optim *const optims[] = {&tz_optim_adamw};

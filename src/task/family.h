@@ -57,7 +57,7 @@ typedef struct tz_family {
      * their lora.targets names, NULL-terminated, and their PEFT target_modules names. */
     const char *const *targets;
     const char *const *modules;
-    /* Its task: the model with its data behind the trainer's calls (train/task.h). */
+    /* Its task: the model with its data behind the trainer's calls (task/task.h). */
     const tz_task_ops *task;
     /* init-model: the family's own flags (NULL-terminated) and the preset-driven writer of a
      * random model into a->out (fatal on a bad preset or flag); returns the model's number of

@@ -1,7 +1,7 @@
 /* What every family's task does the same way: the model options from the config (mode,
  * adapters, quantization), the adapters' loading or initialisation, saving the result. The
  * data and the model are each family's (task_<name>.c). */
-#include "train/task.h"
+#include "task/task.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +16,8 @@
 #include "model/adapter_io.h"
 #include "model/loftq.h"
 #include "quant/turboquant.h"
-#include "train/bench.h"
-#include "train/qzo.h"
+#include "bench/bench.h"
+#include "optim/qzo.h"
 
 tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int training) {
     tz_model_opts o;

@@ -1,13 +1,13 @@
 /* Pieces of the ranks' slices, the master's first values, and packing (re-quantizing) and
- * unpacking the updated weights of one bucket slice. Communication is train/zero.c's. */
-#include "train/zero_weights.h"
+ * unpacking the updated weights of one bucket slice. Communication is optim/zero.c's. */
+#include "optim/zero_weights.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "quant/turboquant.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 
 static int64_t piece_bytes(const tz_param *p, int64_t n) {
     if (!p->q) return 4 * n;

@@ -1,6 +1,6 @@
 /* QZO: the per-group scales of the quantized weights trained from pairs of forward passes
- * (train/qzo.h has the algorithm, the random streams and the summation rule). */
-#include "train/qzo.h"
+ * (optim/qzo.h has the algorithm, the random streams and the summation rule). */
+#include "optim/qzo.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -11,7 +11,7 @@
 #include "core/rng.h"
 #include "comm/comm.h"
 #include "quant/tq_layout.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 
 #define FIXED_ONE 16777216.0 /* 2^24: the fixed-point unit of loss sums is 2^-24 */
 #define FIXED_MAX 1073741824.0 /* 2^30: the largest loss sum of one rank (2^54 units) */

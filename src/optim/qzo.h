@@ -27,7 +27,7 @@
 #include "io/config.h"
 #include "model/params.h"
 #include "comm/fwd.h"
-#include "train/task.h"
+#include "task/task.h"
 
 #define TZ_QZO_BLOCK 1024       /* scales per random stream */
 #define TZ_QZO_MIN_SCALE 1e-7f  /* the floor of an updated scale */

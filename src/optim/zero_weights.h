@@ -4,14 +4,14 @@
  * tensor it touches: a dense piece travels as fp32, a quantized one as the packed codes and
  * bf16 scales the owner re-quantizes from its fp32 master (full fine-tuning of a quantized
  * model), so what crosses the network is bits/8 + 2/group bytes per quantized weight.
- * No optimizer math and no communication here (train/zero.c drives both). */
+ * No optimizer math and no communication here (optim/zero.c drives both). */
 #ifndef TZ_ZERO_WEIGHTS_H
 #define TZ_ZERO_WEIGHTS_H
 #include <stdint.h>
 
 #include "core/backend.h"
 #include "model/params.h"
-#include "train/zero_plan.h"
+#include "optim/zero_plan.h"
 #include "quant/codebook.h"
 #include "quant/tq_layout.h"
 

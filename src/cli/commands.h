@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "io/config.h"
-#include "train/family.h"
+#include "task/family.h"
 
 /* s as an integer; fatal naming the flag (what) otherwise. */
 int64_t tz_command_int(const char *s, const char *what);

@@ -1,6 +1,6 @@
 /* ZeRO at run time: buckets of the flat gradients communicated as backward produces them
  * (reduce-scatter in stage 2, all-reduce in stages 0/1), the host shard, the sharded step. */
-#include "train/zero.h"
+#include "optim/zero.h"
 
 #include <math.h>
 #include <omp.h>

@@ -3,8 +3,8 @@
  * phase clock of a step. */
 #define _GNU_SOURCE /* MAP_NORESERVE */
 #include "backend/registry.h"
-#include "train/bench.h"
-#include "train/step_model.h"
+#include "bench/bench.h"
+#include "bench/step_model.h"
 
 #include <math.h>
 #include <omp.h>
@@ -22,13 +22,13 @@
 #include "model/llama_io.h"
 #include "comm/comm.h"
 #include "comm/world.h"
-#include "train/zero_plan.h"
+#include "optim/zero_plan.h"
 #include "quant/tq_layout.h"
-#include "train/family.h"
-#include "train/optim.h"
-#include "train/qzo.h"
-#include "train/task.h"
-#include "train/zero.h"
+#include "task/family.h"
+#include "optim/optim.h"
+#include "optim/qzo.h"
+#include "task/task.h"
+#include "optim/zero.h"
 
 /* ---- presets ---- */
 
@@ -67,7 +67,7 @@ static const tz_bench_preset presets[] = {
 
 /* The shapes of a model folder as a preset, while tz_bench_plan_memory plans it: a Llama
  * folder is planned from its config.json alone, through the preset path of the family's
- * task (train/task_llama.c), which reads no weight. One plan at a time per process; the name
+ * task (task/task_llama.c), which reads no weight. One plan at a time per process; the name
  * is one no configuration gives, and it is found only while a plan is being made. */
 #define FOLDER_PRESET "(shapes of model.path)"
 static tz_bench_preset folder_preset;
@@ -186,7 +186,7 @@ typedef struct plan_block {
     size_t bytes, mapped;
 } plan_block;
 typedef struct plan_ctx {
-    tz_step_model model; /* first: the step model's counters (train/step_model.h) */
+    tz_step_model model; /* first: the step model's counters (bench/step_model.h) */
     plan_block *b;
     int n, cap;
 } plan_ctx;
@@ -382,7 +382,7 @@ static void plan_figures(const plan_run *p, int64_t N, tz_mem_plan *m) {
         m->n_trainable = ps->n_trainable;
         m->grads = (size_t)ps->flat_numel * sizeof(float);
         if (!cfg->optim.offload) m->optim = (size_t)ps->flat_numel * (3 * sizeof(float) + 1);
-        /* the ZeRO plan train/zero.c makes: trainable tensors in flat order */
+        /* the ZeRO plan optim/zero.c makes: trainable tensors in flat order */
         int64_t *off = tz_xmalloc((size_t)(ps->n + 1) * sizeof *off);
         int64_t *num = tz_xmalloc((size_t)(ps->n + 1) * sizeof *num);
         int nt = 0;
@@ -400,7 +400,7 @@ static void plan_figures(const plan_run *p, int64_t N, tz_mem_plan *m) {
         const tz_optim *opt = tz_optim_find("adamw");
         m->shard_numel = zp.shard_numel;
         m->shard = (size_t)zp.shard_numel * (4 + 4 + 1 + 4 * (size_t)opt->n_states);
-        /* stage 2 on several ranks stages two buckets on the backend (train/zero.c); on one
+        /* stage 2 on several ranks stages two buckets on the backend (optim/zero.c); on one
          * rank of a GPU the buckets are downloaded straight into the received slices, host
          * memory like every slot's received slice */
         const size_t bucket = (size_t)zp.bucket_elems * sizeof(float);

@@ -14,10 +14,10 @@
 #include "io/tokenizer.h"
 #include "io/tokens.h"
 #include "model/llama_io.h"
-#include "train/bench.h"
-#include "train/commands.h"
+#include "bench/bench.h"
+#include "cli/commands.h"
 #include "train/data.h"
-#include "train/task.h"
+#include "task/task.h"
 
 /* lora.targets names of the projections, in the order of TZ_LIN_* */
 static const char *const targets[] = {"q", "k", "v", "o", "gate", "up", "down", NULL};
@@ -33,7 +33,7 @@ typedef struct llama_task {
     uint32_t *random_tok; /* a bench preset's random tokens (tz_tokens over host memory) */
 } llama_task;
 
-/* A bench preset's model (train/bench.h): its shape, random weights made in memory. */
+/* A bench preset's model (bench/bench.h): its shape, random weights made in memory. */
 static tz_llama *preset_model(tz_task *t, const tz_bench_preset *bp) {
     tz_llama_dims d;
     memset(&d, 0, sizeof d);
@@ -471,7 +471,7 @@ static int generate(const tz_config *cfg, const tz_generate_args *a) {
 
 static const tz_task_ops ops = {sizeof(llama_task), load, open_task, train_rows, eval_rows,
                                 save_model, close_task, train_loss};
-/* The registry entry (train/family.h): name, LoRA targets, PEFT modules, task, init-model;
+/* The registry entry (task/family.h): name, LoRA targets, PEFT modules, task, init-model;
  * no image sampler; the text generator. */
 const tz_family tz_family_llama = {"llama",    targets,    tz_llama_lin_names, &ops,
                                    init_flags, init_model, NULL,      "CAUSAL_LM", generate};

@@ -1,7 +1,7 @@
 /* The registry of model families and the lookups over it: model.arch, the config's names, the
  * init-model flags, lora.targets. Adding a family adds one line to `families` (and its extern
  * in family.h); nothing here knows what a family does. */
-#include "train/family.h"
+#include "task/family.h"
 
 #include <stdio.h>
 #include <string.h>
