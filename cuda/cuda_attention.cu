@@ -12,7 +12,7 @@
  *     the GEMMs. Memory O(chunk * T) for the scores, O(B H T) for lse and delta.
  *   fp32: flash style on CUDA cores with the CPU's arithmetic (fp32 products): keys streamed
  *     through shared memory with an online softmax, no workspace; head dimension <= 128.
- * Why these, the tiles, the chunk size and the GQA batching: docs/architecture.md ("Attention
+ * Why these, the tiles, the chunk size and the GQA batching: docs/design/cuda.md ("Attention
  * on tensor cores", "Flash attention on the tensor cores", under "The CUDA backend"). */
 #include <limits.h>
 #include <math.h>

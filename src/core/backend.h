@@ -351,7 +351,7 @@ struct tz_backend {
     X(event_done) X(event_free) X(device_info)
 
 /* Attention's workspace (be->att_ws). On a device backend with bf16 GEMM operands (a GPU)
- * attention runs on the tensor cores (cuda/cuda_attention.cu, docs/architecture.md): for a head
+ * attention runs on the tensor cores (cuda/cuda_attention.cu, docs/design/cuda.md): for a head
  * dimension up to TZ_ATTENTION_FLASH_MAXD flash style, the scores never leaving the chip, so
  * the forward wants no workspace and the backward only delta (B*Hq*T floats); above it through
  * tensor-core GEMMs over chunks of query rows, whose scores live in the workspace: the forward
