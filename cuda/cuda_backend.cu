@@ -7,6 +7,9 @@
 #include <time.h>
 
 #include "cuda/cuda_internal.cuh"
+extern "C" {
+#include "backend/cuda_module.h"
+}
 
 /* ---- pointer sizes (for live_bytes) ---- */
 
@@ -387,11 +390,9 @@ static void sync_debug_install(tz_backend *be, int sync_debug, int op_times) {
 
 /* ---- the table ---- */
 
-/* The module's two entry points, found by name (dlsym) by core/backend.c, which loads this
- * library (libtzcuda.so) only when a run may use a GPU: the program itself never links the
- * CUDA runtime or cuBLAS. */
-extern "C" int tz_cuda_module_device_count(char *why, size_t n);
-extern "C" tz_backend *tz_cuda_module_create(int device);
+/* The module's two entry points, found by name (dlsym) by backend/registry.c, which loads
+ * this library (libtzcuda.so) only when a run may use a GPU: the program itself never links
+ * the CUDA runtime or cuBLAS. Their types: backend/cuda_module.h. */
 
 /* The visible devices; 0 with CUDA's error, named, in why (when not NULL) where
  * cudaGetDeviceCount fails: no driver, an old one, no device, ... ("" when it says 0). */

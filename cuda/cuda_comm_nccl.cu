@@ -13,7 +13,7 @@
 #include "cuda/cuda_internal.cuh"
 extern "C" {
 #include "core/dtype.h"
-#include "comm/comm_nccl.h"
+#include "backend/cuda_module.h"
 }
 
 /* ---- NCCL's ABI, as used here ---- */
@@ -61,15 +61,7 @@ const char *tz_nccl_error_string(tz_nccl_result rc) {
     return g_nc.get_error_string ? g_nc.get_error_string(rc) : "NCCL not loaded";
 }
 
-extern "C" int tz_cuda_module_nccl_load(char *why, size_t n);
-extern "C" int tz_cuda_module_nccl_unique_id(void *id, char *why, size_t n);
-extern "C" void *tz_cuda_module_nccl_init(tz_backend *be, const void *id, int rank, int size);
-extern "C" void *tz_cuda_module_nccl_start(void *h, int op, const void *send, void *recv,
-                                           int64_t count, const int64_t *counts, int dtype,
-                                           int root);
-extern "C" int tz_cuda_module_nccl_test(void *h, void *ev);
-extern "C" void tz_cuda_module_nccl_wait(void *h, void *ev);
-extern "C" void tz_cuda_module_nccl_destroy(void *h);
+/* The entry points below are declared, with their types, in backend/cuda_module.h. */
 
 /* Loads the library once: $TZ_NCCL_LIBRARY when set, else libnccl.so.2 on the loader's path. */
 int tz_cuda_module_nccl_load(char *why, size_t n) {

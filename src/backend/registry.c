@@ -16,20 +16,22 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "backend/cuda_module.h"
 #include "quant/fwht.h"
 
 const char *tz_backend_names(void) { return "cpu, cuda"; }
 
 /* What the module calls back in the program (besides the error path and allocators every
- * program has): named here so that every program linking core has them to export. */
+ * program has): named here so that every program linking core has them to export
+ * (backend/cuda_module.h). */
 void *tz_cuda_module_needs[] = {(void *)tz_tq_signs_row, (void *)tz_tq_check_shape,
                                 (void *)tz_info_all, (void *)tz_xcalloc};
 
 static struct {
     int tried;
     void *handle;
-    int (*count)(char *why, size_t n); /* the visible devices; 0 with CUDA's error in why */
-    tz_backend *(*create)(int);
+    tz_cuda_device_count_fn *count; /* the module's entry points (backend/cuda_module.h) */
+    tz_cuda_create_fn *create;
     char why[1536];
     int count_warned; /* a failing cudaGetDeviceCount was reported */
 } g_mod;
@@ -62,8 +64,8 @@ static int module_load(void) {
         }
     }
     if (!g_mod.handle) return 0;
-    g_mod.count = (int (*)(char *, size_t))dlsym(g_mod.handle, "tz_cuda_module_device_count");
-    g_mod.create = (tz_backend * (*)(int)) dlsym(g_mod.handle, "tz_cuda_module_create");
+    g_mod.count = (tz_cuda_device_count_fn *)dlsym(g_mod.handle, TZ_CUDA_SYM_DEVICE_COUNT);
+    g_mod.create = (tz_cuda_create_fn *)dlsym(g_mod.handle, TZ_CUDA_SYM_CREATE);
     if (!g_mod.count || !g_mod.create) {
         snprintf(g_mod.why, sizeof g_mod.why, "the CUDA module lacks its entry points (%s)",
                  dlerror());

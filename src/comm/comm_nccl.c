@@ -1,5 +1,5 @@
 /* The NCCL comm's MPI side: finds the CUDA module's NCCL entry points (tz_cuda_module_symbol,
- * in the module core/backend.c loaded), broadcasts rank 0's ncclUniqueId over the run's host
+ * in the module backend/registry.c loaded), broadcasts rank 0's ncclUniqueId over the run's host
  * comm, and wraps the module's operations into the comm table (buffers: device memory;
  * stream: the backend's copy queue). NCCL headers stay in cuda/. */
 #include "backend/registry.h"
@@ -14,16 +14,16 @@
 #include "comm/comm.h"
 
 typedef struct nccl_fns {
-    tz_nccl_load_fn load;
-    tz_nccl_unique_id_fn unique_id;
-    tz_nccl_init_fn init;
-    tz_nccl_start_fn start;
-    tz_nccl_test_fn test;
-    tz_nccl_wait_fn wait;
-    tz_nccl_destroy_fn destroy;
+    tz_nccl_load_fn *load;
+    tz_nccl_unique_id_fn *unique_id;
+    tz_nccl_init_fn *init;
+    tz_nccl_start_fn *start;
+    tz_nccl_test_fn *test;
+    tz_nccl_wait_fn *wait;
+    tz_nccl_destroy_fn *destroy;
 } nccl_fns;
 
-/* The NCCL entry points of the CUDA module that made `be` (core/backend.c loaded it): 0, or
+/* The NCCL entry points of the CUDA module that made `be` (backend/registry.c loaded it): 0, or
  * 1 with why. */
 static int find_fns(tz_backend *be, nccl_fns *f, char *why, size_t n) {
     memset(f, 0, sizeof *f);
@@ -35,13 +35,13 @@ static int find_fns(tz_backend *be, nccl_fns *f, char *why, size_t n) {
     const char *missing = NULL;
 #define TZ_FN(field, sym)                                                                      \
     if (!missing && !(*(void **)&f->field = tz_cuda_module_symbol(sym))) missing = sym;
-    TZ_FN(load, "tz_cuda_module_nccl_load")
-    TZ_FN(unique_id, "tz_cuda_module_nccl_unique_id")
-    TZ_FN(init, "tz_cuda_module_nccl_init")
-    TZ_FN(start, "tz_cuda_module_nccl_start")
-    TZ_FN(test, "tz_cuda_module_nccl_test")
-    TZ_FN(wait, "tz_cuda_module_nccl_wait")
-    TZ_FN(destroy, "tz_cuda_module_nccl_destroy")
+    TZ_FN(load, TZ_NCCL_SYM_LOAD)
+    TZ_FN(unique_id, TZ_NCCL_SYM_UNIQUE_ID)
+    TZ_FN(init, TZ_NCCL_SYM_INIT)
+    TZ_FN(start, TZ_NCCL_SYM_START)
+    TZ_FN(test, TZ_NCCL_SYM_TEST)
+    TZ_FN(wait, TZ_NCCL_SYM_WAIT)
+    TZ_FN(destroy, TZ_NCCL_SYM_DESTROY)
 #undef TZ_FN
     if (missing) {
         snprintf(why, n, "the CUDA module has no NCCL support (no %s)", missing);

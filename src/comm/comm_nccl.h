@@ -3,15 +3,15 @@
  * lives in the CUDA module (cuda/cuda_comm_nccl.cu), which loads libnccl.so.2 with dlopen
  * when a comm is created; this side bootstraps it over the run's host comm (rank 0's
  * ncclUniqueId broadcast) and wraps the module's entry points, found by dlsym, into the comm
- * table. No MPI types in this header: src/train may include it. The module includes it too,
- * for the entry points' names and the operation codes. */
+ * table. No MPI types in this header: src/train may include it. */
 #ifndef TZ_COMM_NCCL_H
 #define TZ_COMM_NCCL_H
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/backend.h"
+#include "backend/cuda_module.h"
 #include "comm/fwd.h"
+#include "core/backend.h"
 
 /* 1 when `be` is a CUDA backend whose module has the NCCL entry points and libnccl.so.2 (or
  * $TZ_NCCL_LIBRARY) loads; else 0 with the reason in why. Not collective. */
@@ -30,26 +30,6 @@ tz_comm *tz_comm_nccl_create(tz_backend *be, tz_comm *host);
  * comm). */
 tz_comm *tz_comm_select(int want, tz_backend *be, tz_comm *host);
 
-/* ---- the module's side (cuda/cuda_comm_nccl.cu), found by name ---- */
-#define TZ_NCCL_ID_BYTES 128 /* ncclUniqueId */
-enum { TZ_NCCL_REDUCE_SCATTER, TZ_NCCL_ALL_GATHER, TZ_NCCL_ALL_GATHERV, TZ_NCCL_ALL_REDUCE,
-       TZ_NCCL_BCAST };
-/* "tz_cuda_module_nccl_load": int (char *why, size_t n): 0 when libnccl loads (once).
- * "tz_cuda_module_nccl_unique_id": int (void *id, char *why, size_t n): 0 on success.
- * "tz_cuda_module_nccl_init": void *(tz_backend *be, const void *id, int rank, int size).
- * "tz_cuda_module_nccl_start": void *(void *h, int op, const void *send, void *recv,
- *     int64_t count, const int64_t *counts, int dtype, int root): the operation queued on
- *     the copy stream after the work queued so far on the compute stream; returns an event.
- * "tz_cuda_module_nccl_test": int (void *h, void *ev): 1 when done (cudaEventQuery).
- * "tz_cuda_module_nccl_wait": void (void *h, void *ev): host waits (event sync), frees ev.
- * "tz_cuda_module_nccl_destroy": void (void *h). */
-typedef int (*tz_nccl_load_fn)(char *why, size_t n);
-typedef int (*tz_nccl_unique_id_fn)(void *id, char *why, size_t n);
-typedef void *(*tz_nccl_init_fn)(tz_backend *be, const void *id, int rank, int size);
-typedef void *(*tz_nccl_start_fn)(void *h, int op, const void *send, void *recv, int64_t count,
-                                  const int64_t *counts, int dtype, int root);
-typedef int (*tz_nccl_test_fn)(void *h, void *ev);
-typedef void (*tz_nccl_wait_fn)(void *h, void *ev);
-typedef void (*tz_nccl_destroy_fn)(void *h);
+/* The module's side of the comm (its entry points, the operation codes): backend/cuda_module.h. */
 
 #endif

@@ -28,7 +28,7 @@ int main(void) {
         printf("skip: %s does not exist here\n", lib);
         return 77;
     }
-    /* links core/backend.c, and with it what the module calls back (error path, allocators) */
+    /* links backend/registry.c, and with it what the module calls back (error path, allocators) */
     printf("backends built in: %s\n", tz_backend_names());
     void *h = dlopen(mod, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
