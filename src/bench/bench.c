@@ -397,7 +397,7 @@ static void plan_figures(const plan_run *p, int64_t N, tz_mem_plan *m) {
         tz_zero_plan zp;
         char err[512];
         if (tz_zero_plan_init(&zp, &d, err, sizeof err)) TZ_FATAL("zero plan: %s", err);
-        const tz_optim *opt = tz_optim_find("adamw");
+        const tz_optim *opt = tz_optim_at(cfg->optim.name);
         m->shard_numel = zp.shard_numel;
         m->shard = (size_t)zp.shard_numel * (4 + 4 + 1 + 4 * (size_t)opt->n_states);
         /* stage 2 on several ranks stages two buckets on the backend (optim/zero.c); on one

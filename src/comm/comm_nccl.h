@@ -22,13 +22,6 @@ int tz_comm_nccl_available(tz_backend *be, char *why, size_t n);
  * NCCL cannot be loaded or initialised. */
 tz_comm *tz_comm_nccl_create(tz_backend *be, tz_comm *host);
 
-/* comm.backend (want: 0 "auto", 1 "mpi", 2 "nccl"): NULL when the gradients go through
- * the host comm (MPI), else a new NCCL comm. auto picks nccl only on more than one rank, when
- * every rank's backend is a GPU of its own (no two ranks of a host with the same PCI bus id)
- * and NCCL loads on every rank; "nccl" where that does not hold is fatal, saying why (on one
- * rank it is made as asked). Rank 0 prints the choice. Collective over host (the run's MPI
- * comm). */
-tz_comm *tz_comm_select(int want, tz_backend *be, tz_comm *host);
 
 /* The module's side of the comm (its entry points, the operation codes): backend/cuda_module.h. */
 

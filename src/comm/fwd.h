@@ -9,4 +9,7 @@ typedef struct tz_world tz_world;
 typedef struct tz_comm tz_comm;
 typedef struct tz_comm_req tz_comm_req;
 
+/* comm.backend: which comm moves the gradients and weights of ZeRO (comm/comm_select.h). */
+enum tz_comm_backend { TZ_COMM_AUTO = 0, TZ_COMM_MPI = 1, TZ_COMM_NCCL = 2 };
+
 #endif

@@ -36,10 +36,10 @@ typedef struct {
     int fmin_open, fmax_open;      /* OPEN: the bound itself is excluded */
     const char *sdef;              /* T_STRING, T_TARGETS */
     const char *const *names;      /* T_ENUM, T_TARGETS: allowed names, NULL-terminated */
-    int family;                    /* the names are the caller's: FAMILY_ARCHS or _TARGETS */
+    int family;                    /* the names are the caller's: FAMILY_ARCHS, _TARGETS, _OPTIMS */
     const char *doc;
 } tz_key;
-enum { FAMILY_NONE = 0, FAMILY_ARCHS = 1, FAMILY_TARGETS = 2 };
+enum { FAMILY_NONE = 0, FAMILY_ARCHS = 1, FAMILY_TARGETS = 2, FAMILY_OPTIMS = 3 };
 
 static const char *const mode_names[] = {"lora", "full", "qzo", NULL};
 static const char *const qzo_schedules[] = {"constant", "cosine", NULL};
@@ -73,6 +73,7 @@ static const char *const section_names[] = {"model", "data", "train", "optim", "
 #define REQ_STR(s, k, d) {ROW(s, k), .type = T_STRING, .required = 1, .sdef = "", .doc = d}
 #define ENUM(s, k, def, nm, d) {ROW(s, k), .type = T_ENUM, .idef = def, .names = nm, .doc = d}
 #define FAMILY_ENUM(s, k, d) {ROW(s, k), .type = T_ENUM, .family = FAMILY_ARCHS, .doc = d}
+#define OPTIM_ENUM(s, k, d) {ROW(s, k), .type = T_ENUM, .family = FAMILY_OPTIMS, .doc = d}
 #define TARGETS(s, k, def, d) {ROW(s, k), .type = T_TARGETS, .sdef = def, .family = FAMILY_TARGETS, .doc = d}
 
 static const tz_key schema[] = {
@@ -98,6 +99,7 @@ static const tz_key schema[] = {
     INT(train, checkpoint_every, 0, 0, 1000000000, "steps between checkpoints in run.dir/checkpoints (0 = only on SIGUSR1/SIGTERM/SIGINT)"),
     INT(train, keep_checkpoints, 2, 0, 1000000, "newest complete checkpoints kept (0 = all)"),
     BOOL(train, keep_best, 0, "with data.val: checkpoint every new best eval, keep it past keep_checkpoints, save run.dir/best"),
+    OPTIM_ENUM(optim, name, "the optimizer, by name (adamw)"),
     FLT(optim, lr, 2e-4, OPEN, 0.0, 10.0, CLOSED, "peak learning rate (unset: by train.mode, lora 2e-4, full 2e-5, qzo 1e-6)"),
     FLT(optim, min_lr_ratio, 0.1, CLOSED, 0.0, 1.0, CLOSED, "cosine floor as a fraction of lr"),
     INT(optim, warmup, 10, 0, 1000000000, "linear warmup steps"),
@@ -185,6 +187,7 @@ static tz_key with_names(const tz_key *k, const tz_config_names *nm) {
     tz_key r = *k;
     if (k->family == FAMILY_ARCHS) r.names = nm->archs;
     else if (k->family == FAMILY_TARGETS) r.names = nm->targets;
+    else if (k->family == FAMILY_OPTIMS) r.names = nm->optims;
     return r;
 }
 

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "comm/fwd.h"     /* enum tz_comm_backend */
 #include "core/backend.h" /* enum tz_device_kind, enum tz_precision */
 
 #define TZ_PATH_MAX 512
@@ -23,12 +24,10 @@ enum tz_quant_rounding { TZ_ROUND_NEAREST = 0, TZ_ROUND_STOCHASTIC = 1 };
  * caller passes them in (src/task/family.c, tz_family_names), NULL-terminated. model.arch is
  * stored as an index into archs (0 is the default); lora.targets as the names given. */
 #define TZ_CONFIG_NAMES_MAX 64
-/* comm.backend: which comm moves the gradients and weights of ZeRO (train/trainer.c). */
-enum tz_comm_backend { TZ_COMM_AUTO = 0, TZ_COMM_MPI = 1, TZ_COMM_NCCL = 2 };
-
 typedef struct tz_config_names {
     const char *archs[TZ_CONFIG_NAMES_MAX + 1];   /* the families */
     const char *targets[TZ_CONFIG_NAMES_MAX + 1]; /* every family's LoRA targets, each once */
+    const char *optims[TZ_CONFIG_NAMES_MAX + 1];  /* the optimizers (optim/optim.c) */
 } tz_config_names;
 
 typedef struct tz_config {
@@ -62,6 +61,7 @@ typedef struct tz_config {
         int keep_best;                /* checkpoint at each new best eval, kept; run.dir/best */
     } train;
     struct {
+        int name;                     /* index into tz_config_names.optims: "adamw" */
         double lr;
         double min_lr_ratio;          /* cosine floor as a fraction of lr */
         int64_t warmup;               /* steps */

@@ -15,6 +15,10 @@
 /* Every optimizer, one line each. */
 static const tz_optim *const optims[] = {&tz_optim_adamw};
 
+const tz_optim *tz_optim_at(int i) {
+    return i >= 0 && (size_t)i < sizeof optims / sizeof optims[0] ? optims[i] : NULL;
+}
+
 const tz_optim *tz_optim_find(const char *name) {
     for (size_t i = 0; i < sizeof optims / sizeof optims[0]; i++)
         if (strcmp(optims[i]->name, name) == 0) return optims[i];

@@ -46,6 +46,8 @@ tz_adamw_args tz_adamw_args_of(const tz_optim_hparams *h, int64_t t, float grad_
 
 /* The registered optimizer called name, or NULL. */
 const tz_optim *tz_optim_find(const char *name);
+/* The i-th optimizer of the registry (optim.name's index, in order), NULL past the last. */
+const tz_optim *tz_optim_at(int i);
 
 /* Learning rate at step (0-based) of total: linear warmup over `warmup` steps to lr, then
  * cosine from lr down to lr * min_ratio at the last step. */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "optim/optim.h"
 
 /* One line per family; the order is model.arch's (index 0, the first, is the default). */
 static const tz_family *const families[] = {&tz_family_llama, &tz_family_dit};
@@ -42,6 +43,8 @@ void tz_family_names(tz_config_names *n) {
             add_once(n->targets, TZ_CONFIG_NAMES_MAX + 1, families[i]->targets[j],
                      "LoRA target names");
     }
+    for (int i = 0; tz_optim_at(i); i++)
+        add_once(n->optims, TZ_CONFIG_NAMES_MAX + 1, tz_optim_at(i)->name, "optimizer names");
 }
 
 const char *tz_family_list(char *buf, size_t n, int samplers, int quote) {

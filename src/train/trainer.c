@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "comm/comm.h"
-#include "comm/comm_nccl.h"
+#include "comm/comm_select.h"
 #include "comm/world.h"
 #include "io/fsutil.h"
 #include "io/run_dir.h"
@@ -174,7 +174,7 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     } else if (training) {
         r->gcomm = tz_comm_select(cfg->comm.backend, r->be, comm);
         tz_zero_init_comms(&r->z, (int)cfg->zero.stage, cfg->zero.bucket_mb,
-                           tz_optim_find("adamw"), r->task->params, r->be, comm,
+                           tz_optim_at(cfg->optim.name), r->task->params, r->be, comm,
                            r->gcomm ? r->gcomm : comm, w);
         tz_params_set_grad_hook(r->task->params, tz_zero_grads_ready, &r->z);
         if (!cfg->optim.offload) tz_zero_device_optimizer(&r->z);

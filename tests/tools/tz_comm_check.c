@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "comm/comm.h"
 #include "comm/comm_nccl.h"
+#include "comm/comm_select.h"
 #include "comm/world.h"
 
 static int g_rank, g_size, g_pass, g_fail;
@@ -324,7 +325,7 @@ static void check_select_one_rank(tz_comm *c) {
     fake.device = 1;
     fake.device_info = fake_device_info;
     const char *why = tz_cuda_module_error();
-    tz_comm *g = tz_comm_select(0, &fake, c);
+    tz_comm *g = tz_comm_select(TZ_COMM_AUTO, &fake, c);
     agree(g == NULL && g_info_calls == 0,
           "comm.backend = auto on one rank, a GPU backend: the host comm, no GPU or NCCL asked "
           "(CUDA module: %s)", why ? why : "loaded");

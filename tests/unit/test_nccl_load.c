@@ -54,7 +54,7 @@ int main(void) {
                                "tz_cuda_module_nccl_wait", "tz_cuda_module_nccl_destroy"};
         int all = 1;
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) all &= dlsym(h, names[i]) != NULL;
-        check(all, "the module exports the comm's other entry points (comm/comm_nccl.h)");
+        check(all, "the module exports the comm's other entry points (backend/cuda_module.h)");
     }
     dlclose(h);
     return tz_check_done("test_nccl_load");
