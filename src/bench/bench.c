@@ -241,6 +241,17 @@ static void plan_device_info(tz_backend *be, tz_device_info *out) {
     snprintf(out->name, sizeof out->name, "memory plan (nothing allocated)");
 }
 
+/* Host memory is the host's (the models' small pinned buffers, such as the losses): not
+ * part of the device plan. */
+static void *plan_host_alloc(tz_backend *be, size_t bytes) {
+    (void)be;
+    return tz_xcalloc(1, bytes ? bytes : 1);
+}
+static void plan_host_free(tz_backend *be, void *p) {
+    (void)be;
+    free(p);
+}
+
 static void plan_destroy(tz_backend *be) {
     plan_ctx *c = be->ctx;
     while (c->n) plan_release(be, c->b[c->n - 1].p);
@@ -264,6 +275,8 @@ tz_backend *tz_bench_plan_backend(void) {
     be->sync = plan_sync;
     be->fill = plan_fill;
     be->device_info = plan_device_info;
+    be->host_alloc = plan_host_alloc;
+    be->host_free = plan_host_free;
     return be;
 }
 

@@ -146,7 +146,7 @@ void tz_llama_free(tz_llama *m) {
     if (m->inv_freq) m->be->release(m->be, m->inv_freq);
     free(m->layers);
     tz_layer_stack_free(&m->stack);
-    free(m->loss_host);
+    if (m->loss_host) m->be->host_free(m->be, m->loss_host);
     free(m);
 }
 
@@ -316,12 +316,13 @@ void tz_llama_setup(tz_llama *m, int64_t B, int64_t T) {
         tz_warn("sequence length %lld exceeds the model's max_position_embeddings %lld",
                 (long long)T, (long long)m->d.max_pos);
     tz_arena_free(&m->arena);
-    free(m->loss_host);
+    if (m->loss_host) m->be->host_free(m->be, m->loss_host);
     m->B = B;
     m->T = T;
     tz_arena_init(&m->arena, m->be, tz_llama_arena_bytes(m, B, T));
     acts_walk(m, &m->arena, B, T);
-    m->loss_host = tz_xmalloc((size_t)(B * T) * sizeof *m->loss_host);
+    /* pinned: the losses come down on the copy queue while backward runs (head) */
+    m->loss_host = m->be->host_alloc(m->be, (size_t)(B * T) * sizeof *m->loss_host);
 }
 
 /* ---- forward ---- */
@@ -450,8 +451,10 @@ static void forward_body(tz_llama *m, const int32_t *inputs, const int32_t *targ
 }
 
 /* The head, head_rows rows at a time: logits, per-row losses, and with backward the gradients
- * (dlogits in place, dh = dlogits W_head, dW_head += dlogits^T hf). Returns the loss sum. */
-static double head(tz_llama *m, int backward, float dloss) {
+ * (dlogits in place, dh = dlogits W_head, dW_head += dlogits^T hf). The per-row losses then go
+ * to the host on the copy queue, after the head's work, without the host waiting for them:
+ * losses_sum waits and adds them (so backward is queued behind the head at once). */
+static void *head(tz_llama *m, int backward, float dloss) {
     tz_backend *be = m->be;
     const int64_t BT = m->B * m->T, C = m->d.dim, V = m->d.vocab;
     for (int64_t r0 = 0; r0 < BT; r0 += m->head_rows) {
@@ -465,15 +468,26 @@ static double head(tz_llama *m, int backward, float dloss) {
         if (m->lm_head->g)
             be->matmul(be, m->lm_head->g, m->logits, hf, V, C, n, 1, 0, 1.0f, 1.0f);
     }
-    be->download(be, m->loss_host, m->losses, (size_t)BT * sizeof(float));
+    void *ev = be->event_mark(be, TZ_QUEUE_COMPUTE);
+    be->event_wait(be, ev, TZ_QUEUE_COPY);
+    be->event_free(be, ev);
+    be->download_async(be, m->loss_host, m->losses, (size_t)BT * sizeof(float));
+    return be->event_mark(be, TZ_QUEUE_COPY);
+}
+
+/* The sum of the per-row losses head sent, once they are on the host (done: head's event). */
+static double losses_sum(tz_llama *m, void *done) {
+    tz_backend *be = m->be;
+    be->event_wait(be, done, TZ_QUEUE_HOST);
+    be->event_free(be, done);
     double sum = 0.0;
-    for (int64_t i = 0; i < BT; i++) sum += m->loss_host[i];
+    for (int64_t i = 0; i < m->B * m->T; i++) sum += m->loss_host[i];
     return sum;
 }
 
 double tz_llama_forward(tz_llama *m, const int32_t *inputs, const int32_t *targets) {
     forward_body(m, inputs, targets);
-    return head(m, 0, 0.0f);
+    return losses_sum(m, head(m, 0, 0.0f));
 }
 
 /* ---- backward ---- */
@@ -588,7 +602,7 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     if (m->o.forward_only) TZ_FATAL("llama: built for forward passes only (no backward buffers)");
     forward_body(m, inputs, targets);
     tz_params_backward_begins(&m->params); /* (the head's chunks interleave both ways) */
-    const double loss = head(m, 1, dloss); /* dh = d(loss)/d(hf) */
+    void *loss_done = head(m, 1, dloss); /* dh = d(loss)/d(hf); the losses on their way */
     be->fill(be, m->dres, 0.0f, BT * C);
     be->rmsnorm_bwd(be, m->dres, m->final_norm->g, m->dh, tz_layer_stack_in(&m->stack, be, d->n_layers),
                     m->final_norm->w, m->rstdf, BT, C);
@@ -606,7 +620,7 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     }
     if (m->embed->g) be->embedding_bwd(be, m->embed->g, m->tok, m->dres, BT, C);
     tz_params_stage_done(&m->params, (int)d->n_layers + 1);
-    return loss;
+    return losses_sum(m, loss_done);
 }
 
 /* ---- generation ---- */
