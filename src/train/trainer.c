@@ -56,6 +56,7 @@ typedef struct run {
     tz_qzo *qzo;      /* train.mode = "qzo": the scales' trainer, in place of ZeRO */
     int training;
     int64_t B, accum, N;
+    tz_bench_clock *clock; /* bench's phase clock (train_step's marks); NULL but under bench */
 } run;
 
 /* A GPU backend: the rank's GPU (local rank modulo the visible GPUs, chosen at creation), its
@@ -237,8 +238,6 @@ typedef struct step_result {
     double codes; /* share of the quantized weights' codes the step changed; < 0: not counted */
 } step_result;
 
-static tz_bench_clock *g_clock; /* bench's phase clock (train_step's marks; NULL elsewhere) */
-
 /* One optimizer step over the global batch: rank r's rows of micro-batch k of step s are
  * samples ((s * accum + k) * N + r) * B ... + B - 1 of the shared order. */
 static step_result train_step(run *r, int64_t step) {
@@ -261,19 +260,19 @@ static step_result train_step(run *r, int64_t step) {
     double lsum = 0.0;
     for (int64_t k = 0; k < A; k++) {
         tz_zero_begin_micro(&r->z, k == A - 1);
-        tz_bench_phase(g_clock, TZ_PH_FORWARD); /* the model's hook starts backward */
+        tz_bench_phase(r->clock, TZ_PH_FORWARD); /* the model's hook starts backward */
         lsum += r->task->train_rows(r->task, ((step * A + k) * N + rank) * B, (float)(1.0 / total));
-        tz_bench_phase(g_clock, TZ_PH_COPY);
+        tz_bench_phase(r->clock, TZ_PH_COPY);
         tz_zero_end_micro(&r->z);
     }
-    tz_bench_phase(g_clock, TZ_PH_OTHER);
+    tz_bench_phase(r->clock, TZ_PH_OTHER);
     if (N > 1) tz_comm_all_reduce(r->comm, &lsum, &lsum, 1, TZ_DT_F64);
     step_result s;
     s.loss = lsum / total;
     s.lr = tz_lr_at(step, cfg->train.steps, cfg->optim.warmup, cfg->optim.lr, cfg->optim.min_lr_ratio);
     tz_optim_hparams hp = {s.lr, cfg->optim.beta1, cfg->optim.beta2, cfg->optim.eps,
                            cfg->optim.weight_decay};
-    tz_bench_phase(g_clock, TZ_PH_OPTIM);
+    tz_bench_phase(r->clock, TZ_PH_OPTIM);
     /* the re-quantization's rounding: stochastic draws a new seed each step (never 0) */
     tz_rng rr = tz_rng_make((uint64_t)cfg->run.seed, (uint64_t)step, TZ_RNG_ROUND, 0);
     r->z.zw.sr = cfg->quant.rounding == TZ_ROUND_STOCHASTIC ? (tz_rng_u64(&rr) | 1) : 0;
@@ -285,7 +284,7 @@ static step_result train_step(run *r, int64_t step) {
         if (r->N > 1) tz_comm_all_reduce(r->comm, c, c, 2, TZ_DT_F64);
         s.codes = c[1] > 0 ? c[0] / c[1] : -1.0; /* the first step has nothing to compare */
     }
-    tz_bench_phase(g_clock, TZ_PH_OTHER);
+    tz_bench_phase(r->clock, TZ_PH_OTHER);
     if (!isfinite(s.loss) || !isfinite(s.gnorm))
         TZ_FATAL_HINT("lower optim.lr or check the data",
                       "step %lld: loss %g, gradient norm %g are not finite", (long long)step + 1,
@@ -717,11 +716,12 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* The gradient hook under bench: ZeRO's, inside a copies phase (its host copies; its
- * collectives and transfers nest their own phases). */
-static void bench_grads_ready(void *z, int64_t ready_flat) {
-    tz_bench_push(g_clock, TZ_PH_COPY);
-    tz_zero_grads_ready(z, ready_flat);
-    tz_bench_pop(g_clock);
+ * collectives and transfers nest their own phases). ctx: the run. */
+static void bench_grads_ready(void *ctx, int64_t ready_flat) {
+    run *r = ctx;
+    tz_bench_push(r->clock, TZ_PH_COPY);
+    tz_zero_grads_ready(&r->z, ready_flat);
+    tz_bench_pop(r->clock);
 }
 
 /* Whether run.device will give a GPU backend. */
@@ -738,7 +738,7 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
                       "bench --preset %s needs a GPU: a step is about 100 TFLOP, hours on a "
                       "CPU (run.device = \"%s\"%s)", bp->name, tz_device_name(cfg->run.device),
                       tz_cuda_device_count() > 0 ? "" : ", no GPU visible");
-    static tz_bench_clock clk;
+    tz_bench_clock clk; /* the run's phase clock, for this bench alone */
     memset(&clk, 0, sizeof clk);
     tz_comm *tc = tz_bench_comm_wrap(comm, &clk);
     run r;
@@ -748,9 +748,9 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     if (!r.qzo) {
         r.task->params->backward_hook = tz_bench_backward_begins;
         r.task->params->backward_hook_ctx = &clk;
-        tz_params_set_grad_hook(r.task->params, bench_grads_ready, &r.z);
+        tz_params_set_grad_hook(r.task->params, bench_grads_ready, &r);
     }
-    g_clock = &clk;
+    r.clock = &clk;
     print_start(&r);
     const int64_t steps = cfg->train.steps, units = r.N * r.B * r.accum * r.task->row_count;
     const int64_t warm = steps > 3 ? 2 : 0;
@@ -823,7 +823,7 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     }
     if (!r.qzo) tz_zero_clock_print(&r.z);
     free(dt);
-    g_clock = NULL;
+    r.clock = NULL;
     run_close(&r);
     tz_bench_comm_unwrap(tc);
     return 0;
