@@ -39,6 +39,11 @@ typedef struct {
 } att_shape;
 
 
+/* Whether query t sees key s: both within the sequence, and s <= t when causal. */
+__device__ __forceinline__ bool visible(const att_shape &sh, int64_t t, int64_t s) {
+    return t < sh.T && s < sh.T && (!sh.causal || s <= t);
+}
+
 /* Row (b, t, head) of a [B, T, H, D] tensor. */
 __device__ __forceinline__ int64_t row_of(int64_t b, int64_t t, int64_t h, int64_t T,
                                           int64_t H) {
@@ -89,7 +94,7 @@ __global__ void k_att_fwd(float *out, float *lse, const float *q, const float *k
         __syncthreads();
         if (!active) continue;
         const int64_t s = s0 + lane;
-        const bool valid = s < T && (!sh.causal || s <= t);
+        const bool valid = visible(sh, t, s);
         float sc = valid ? sh.scale * dot_row(qs, Ks + lane * ldt, D) : -INFINITY;
         float mt = tz_warp_max_f(sc), mn = fmaxf(m, mt);
         if (mn == -INFINITY) continue; /* nothing visible yet (not reached for s0 = 0) */
@@ -175,7 +180,7 @@ __global__ void k_att_dq(float *dq, const float *dout, const float *lse, const f
         __syncthreads();
         if (!active) continue;
         const int64_t s = s0 + lane;
-        const bool valid = s < T && (!sh.causal || s <= t);
+        const bool valid = visible(sh, t, s);
         float ds = 0.0f;
         if (valid) {
             float p = expf(sh.scale * dot_row(qs, Ks + lane * ldt, D) - l);
@@ -241,7 +246,7 @@ __global__ void k_att_dkv(float *dk, float *dv, const float *dout, const float *
             __syncthreads();
             if (!active) continue;
             const int64_t t = t0 + lane;
-            const bool valid = t < T && (!sh.causal || t >= s);
+            const bool valid = visible(sh, t, s);
             float p = 0.0f, ds = 0.0f;
             if (valid) {
                 p = expf(sh.scale * dot_row(ks, Qt + lane * ldt, D) - Lt[lane]);
@@ -717,7 +722,7 @@ __global__ void __launch_bounds__(FA_THREADS)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int64_t key = s0 + nt * 8 + 2 * t4 + (i & 1), t = rows[i >> 1];
-                const bool valid = key < T && (!sh.causal || key <= t);
+                const bool valid = visible(sh, t, key);
                 s[nt][i] = valid ? sh.scale * s[nt][i] : -INFINITY;
                 mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
             }
@@ -804,7 +809,7 @@ __global__ void __launch_bounds__(FA_THREADS)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int64_t key = s0 + nt * 8 + 2 * t4 + (i & 1), t = rows[i >> 1];
-                const bool valid = t < T && key < T && (!sh.causal || key <= t);
+                const bool valid = visible(sh, t, key);
                 const float p = valid ? expf(sh.scale * s[nt][i] - lr[i >> 1]) : 0.0f;
                 s[nt][i] = p * (dp[nt][i] - dl[i >> 1]); /* dS */
             }
@@ -873,7 +878,7 @@ __global__ void __launch_bounds__(FA_THREADS)
                 for (int i = 0; i < 4; i++) {
                     const int j = nt * 8 + 2 * t4 + (i & 1);
                     const int64_t t = t0 + j, key = keys[i >> 1];
-                    const bool valid = t < T && key < T && (!sh.causal || t >= key);
+                    const bool valid = visible(sh, t, key);
                     const float p = valid ? expf(sh.scale * s[nt][i] - Ls[j]) : 0.0f;
                     s[nt][i] = p;                    /* P^T */
                     dp[nt][i] = p * (dp[nt][i] - Ds[j]); /* dS^T */
