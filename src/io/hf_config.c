@@ -176,8 +176,6 @@ static int hf_parse(hf_ctx *x, tz_hf_llama *c) {
                     "\"qwen2\" or \"qwen3\" (the Llama architecture and its relatives)", x->file,
                     c->model_type);
     const int qwen = !strncmp(c->model_type, "qwen", 4);
-    c->qkv_bias = !strcmp(c->model_type, "qwen2");
-    c->qk_norm = !strcmp(c->model_type, "qwen3");
     if (hf_int(x, "vocab_size", 1, 0, &c->vocab_size) ||
         hf_int(x, "hidden_size", 1, 0, &c->hidden_size) ||
         hf_int(x, "intermediate_size", 1, 0, &c->intermediate_size) ||

@@ -15,10 +15,8 @@ typedef struct tz_hf_llama {
     char rope_type[16];
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int64_t rope_original_max_position_embeddings;
-    char model_type[32];  /* "llama", "mistral", "qwen2" or "qwen3" */
-    /* what the model_type implies beyond Llama: qwen2, biases on the q, k and v projections;
-     * qwen3, an RMSNorm over each head of q and of k (q_norm, k_norm) before RoPE */
-    int qkv_bias, qk_norm;
+    char model_type[32];  /* "llama", "mistral", "qwen2" or "qwen3" (what a type adds to the
+                           * Llama layer is the model's to know: model/llama_io.c) */
     char torch_dtype[16]; /* "bfloat16", "float16", "float32"; "" when the file has none */
 } tz_hf_llama;
 

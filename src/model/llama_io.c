@@ -31,8 +31,8 @@ void tz_llama_read_dims(const char *dir, tz_llama_dims *d) {
     d->eps = c.rms_norm_eps;
     d->theta = c.rope_theta;
     d->tied = c.tie_word_embeddings;
-    d->qkv_bias = c.qkv_bias;
-    d->qk_norm = c.qk_norm;
+    d->qkv_bias = !strcmp(c.model_type, "qwen2"); /* q, k, v biases */
+    d->qk_norm = !strcmp(c.model_type, "qwen3");  /* per-head q/k RMSNorm */
     if (!strcmp(c.rope_type, "llama3")) {
         d->rope_type = TZ_ROPE_LLAMA3;
         d->rope_factor = c.rope_factor;
@@ -161,7 +161,6 @@ void tz_llama_save(tz_llama *m, const char *dir, int bf16) {
     }
     snprintf(c.model_type, sizeof c.model_type, "%s",
              m->d.qk_norm ? "qwen3" : m->d.qkv_bias ? "qwen2" : "llama");
-    c.qkv_bias = m->d.qkv_bias, c.qk_norm = m->d.qk_norm;
     snprintf(c.torch_dtype, sizeof c.torch_dtype, bf16 ? "bfloat16" : "float32");
     tz_path_join(path, sizeof path, dir, "model.safetensors");
     /* quantized weights (full fine-tuning of a quantized model) keep the quantized layout */
