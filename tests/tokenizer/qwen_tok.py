@@ -11,14 +11,10 @@ import re
 import sys
 import unicodedata
 
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, k = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b)
-        cs.append(256 + k)
-        k += 1
-byte_char = {b: chr(c) for b, c in zip(bs, cs)}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bytelevel import bpe, byte_char  # noqa: E402
+
+
 # Qwen2's regex in Python's re: \p{L} is [^\W\d_] (str.isalpha) and \p{N} is \d on the texts
 # used here (ASCII digits); "neither letter nor number" is (?:[^\w]|_)
 L, NOT_LN = r"[^\W\d_]", r"(?:[^\r\n\w]|_)"
@@ -96,14 +92,7 @@ def encode(path):
     for line in sys.stdin:
         ids = []
         for w in words(json.loads(line)):
-            s = list(w)
-            while len(s) > 1:
-                r = [(ranks.get((a, b), 1 << 30), i) for i, (a, b) in enumerate(zip(s, s[1:]))]
-                best, i = min(r)
-                if best == 1 << 30:
-                    break
-                s[i:i + 2] = [s[i] + s[i + 1]]
-            ids += [vocab[x] for x in s]
+            ids += [vocab[x] for x in bpe(w, ranks)]
         print(json.dumps(ids))
 
 
