@@ -54,6 +54,7 @@ for cp, full in decomp:
     idx.append((cp, len(pool), len(full)))
     pool += full
 out.write("#define TZ_NFC_NDEC %d\n" % len(idx))
+out.write("#define TZ_NFC_MAXDEC %d /* the longest decomposition */\n" % max(n for _, _, n in idx))
 out.write("static const uint32_t tz_nfc_dec[TZ_NFC_NDEC][3] = { /* cp, offset, length */\n")
 for i in range(0, len(idx), 5):
     out.write("    " + " ".join("{0x%X, %d, %d}," % r for r in idx[i:i + 5]) + "\n")

@@ -12,6 +12,7 @@
 enum { SB = 0xAC00, LB = 0x1100, VB = 0x1161, TB = 0x11A7, LC = 19, VC = 21, TC = 28 };
 enum { NC = VC * TC, SC = LC * NC };
 #define RAW 0x80000000u /* a byte that is not UTF-8, kept as it is */
+#define MAXD (TZ_NFC_MAXDEC > 3 ? TZ_NFC_MAXDEC : 3)
 
 static int ccc_of(uint32_t c) {
     if (c < TZ_NFC_QUICK || (c & RAW)) return 0;
@@ -95,12 +96,12 @@ const uint8_t *tz_nfc(const uint8_t *s, size_t n, uint8_t **out, size_t *cap, si
         *len = n;
         return s;
     }
-    /* decomposed: at most 18 code points per character (the longest decomposition; Hangul 3) */
+    /* decomposed: at most MAXD code points per character (a table's longest, Hangul's 3) */
     size_t m = 0, ccap = n + 16;
     uint32_t *cp = tz_xmalloc(ccap * sizeof *cp);
     for (size_t j = 0, k; j < n; j += k) {
         const uint32_t c = utf8_at(s, n, j, &k);
-        if (m + 18 > ccap) cp = tz_xrealloc(cp, (ccap = 2 * ccap + 18) * sizeof *cp);
+        if (m + MAXD > ccap) cp = tz_xrealloc(cp, (ccap = 2 * ccap + MAXD) * sizeof *cp);
         uint32_t dl;
         const uint32_t *d;
         if (c >= SB && c < SB + SC) {

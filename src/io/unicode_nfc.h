@@ -82,6 +82,7 @@ static const uint32_t tz_nfc_ccc[TZ_NFC_NCCC][3] = {
     {0x1E944, 0x1E949, 230}, {0x1E94A, 0x1E94A, 7},
 };
 #define TZ_NFC_NDEC 2061
+#define TZ_NFC_MAXDEC 4 /* the longest decomposition */
 static const uint32_t tz_nfc_dec[TZ_NFC_NDEC][3] = { /* cp, offset, length */
     {0xC0, 0, 2}, {0xC1, 2, 2}, {0xC2, 4, 2}, {0xC3, 6, 2}, {0xC4, 8, 2},
     {0xC5, 10, 2}, {0xC7, 12, 2}, {0xC8, 14, 2}, {0xC9, 16, 2}, {0xCA, 18, 2},

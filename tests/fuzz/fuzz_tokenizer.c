@@ -10,6 +10,10 @@ static const char *const texts[] = {
     ("<|begin_of_text|>h\xc3\xa9llo \xe2\x96\x81w\xc3\xb6rld \xe6\x97\xa5\xe6\x9c\xac "
      "\xf0\x9f\x99\x82<|eot_id|><s></s>"),
     "\xff\xfe bad \xc3 utf-8 \xed\xa0\x80 \xf4\x90\x80\x80",
+    /* NFC's slow path (Qwen's normalizer): marks out of order, a blocked mark, Hangul jamo,
+     * a singleton, a mark first, a lone lead byte after a mark */
+    "e\xcc\x81 q\xcc\x87\xcc\xa3 a\xcc\x80\xcc\x81 \xe1\x84\x8f\xe1\x85\xa1\xe1\x86\xae "
+    "\xef\xa4\x80 \xcc\x81x \xcc\x81\xcc",
     "",
 };
 

@@ -77,6 +77,13 @@ gpt2["model"]["merges"] = gpt2.pop("merges")
 out("tokenizer", "gpt2_pairs.json", dump(gpt2))
 small2 = trim(l2, 420, ["<unk>", "<s>", "</s>"])
 out("tokenizer", "llama2.json", dump(small2))
+# Qwen2-shaped (NFC normalizer, Qwen2's Split regex): tests/tokenizer/qwen_tok.py's, no download
+sys.path.insert(0, os.path.join(root, "tests/tokenizer"))
+import qwen_tok  # noqa: E402
+qdir = tempfile.mkdtemp()
+qwen_tok.make(qdir)
+out("tokenizer", "qwen2.json", open(os.path.join(qdir, "tokenizer.json"), encoding="utf-8").read())
+shutil.rmtree(qdir)
 
 # jsonl: its tokenizer (Llama 3 cut to 300 ids, with the ChatML tokens) and the records
 data = os.path.join(here, "jsonl")
