@@ -15,9 +15,8 @@ if(TARGET tzcuda_emu)
       "${TZ_TEST_ENV};TZ_CUDA_MODULE=$<TARGET_FILE:tzcuda_emu>;TZ_CUDA_EMU_ORDER=${order}")
   endforeach()
   add_test(NAME cuda_op_coverage
-    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu/op_coverage.sh $<TARGET_FILE:test_cuda_ops>
-            $<TARGET_FILE:test_offload_ops> ${CMAKE_SOURCE_DIR}/src/core/backend.h
-            $<TARGET_FILE:tzcuda_emu>)
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu/op_coverage.sh $<TARGET_FILE:test_op_table>
+            ${CMAKE_SOURCE_DIR}/src/core/backend.h $<TARGET_FILE:tzcuda_emu>)
   set_tests_properties(cuda_op_coverage PROPERTIES TIMEOUT 300 LABELS "emu;unit"
     ENVIRONMENT "${TZ_TEST_ENV}")
   add_test(NAME train_cuda_emu

@@ -5,12 +5,12 @@
 # after free, a leak of ours) or UBSan report (which aborts: -fno-sanitize-recover) fails
 # the test. OpenMPI's own leaks are suppressed by tests/sanitize/lsan.supp; its libraries
 # have no frame pointers, so stacks are unwound slowly (fast_unwind_on_malloc=0) for the
-# suppressions to see their frames. test_ops_grad (the op gradients: pure arithmetic,
-# about 40% of the run under ASan) runs in the ordinary build only, to keep this test short.
+# suppressions to see their frames. The op-case table (tests/ops/) runs once, on the CPU
+# backend (its copies per CPU kernel would run the same portable kernel again).
 # usage: sanitize_test.sh SOURCE_DIR TREE
 set -u
 src=$1 tree=$2
-names=$(cd "$src/tests/unit" && ls test_*.c | sed 's/\.c$//')
+names="$(cd "$src/tests/unit" && ls test_*.c | sed 's/\.c$//') test_op_table"
 if ! cmake -S "$src" -B "$tree" -DTZ_SANITIZE=ON -DTZ_CUDA=OFF -DTZ_NATIVE=OFF \
     -DCMAKE_BUILD_TYPE=Release > "$tree.configure.log" 2>&1; then
   tail -20 "$tree.configure.log"; echo "FAIL configuring the sanitizer tree"; exit 1
@@ -22,4 +22,4 @@ fi
 export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$src/tests/sanitize/lsan.supp:print_suppressions=0
-ctest --test-dir "$tree" -L unit -E '^test_ops_grad$' -j "${TZ_SANITIZE_JOBS:-2}" --output-on-failure
+ctest --test-dir "$tree" -L unit -E '^op_table_cpu_' -j "${TZ_SANITIZE_JOBS:-2}" --output-on-failure

@@ -1,0 +1,387 @@
+/* Rows of the op-case table (op_case.h): the DiT ops (layernorm, adaLN modulate and the gated
+ * residual, GELU-tanh and SiLU, bias, squared error, patches and strided copies). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ops/op_case.h"
+
+/* ---- layernorm: out = (x - mean) * rstd, mean and rstd saved ----
+ * tensors: 0 x, 1 out, 2 mean, 3 rstd, 4 dout, 5 dx; p: rows, C; s: eps */
+
+static void ln_fwd(oc_run *r) {
+    r->be->layernorm_fwd(r->be, OCF(r, 1), OCF(r, 2), OCF(r, 3), OCF(r, 0), OCP(r, 0),
+                         OCP(r, 1), (float)OCS(r, 0));
+}
+static void ln_bwd(oc_run *r) {
+    r->be->layernorm_bwd(r->be, OCF(r, 5), OCF(r, 4), OCF(r, 0), OCF(r, 2), OCF(r, 3),
+                         OCP(r, 0), OCP(r, 1));
+}
+static void ln_ref(oc_ref *r) {
+    const int64_t rows = r->c->p[0], C = r->c->p[1];
+    /* eps as the backend gets it: a float */
+    const double eps = (double)(float)r->c->s[0];
+    for (int64_t i = 0; i < rows; i++) {
+        const double *x = r->v[0] + i * C;
+        double m = 0.0, v = 0.0;
+        for (int64_t c = 0; c < C; c++) m += x[c];
+        m /= (double)C;
+        for (int64_t c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        double rs = 1.0 / sqrt(v / (double)C + eps);
+        r->v[2][i] = m, r->v[3][i] = rs;
+        for (int64_t c = 0; c < C; c++) r->v[1][i * C + c] = (x[c] - m) * rs;
+    }
+}
+
+static void add_layernorm(oc_list *l, int64_t rows, int64_t C, float mid, float amp, double eps) {
+    oc_case c = {.ops = "layernorm_fwd layernorm_bwd", .nt = 6, .p = {rows, C}, .s = {eps},
+                 .fwd = ln_fwd, .ref = ln_ref, .bwd = ln_bwd,
+                 /* sums in double; mean, rstd rounded to float, then (x - mean) * rstd */
+                 .tol_fwd = 1e-6,
+                 /* the same, plus the two row means as floats and 4 fp32 operations */
+                 .tol_bwd = 1e-6};
+    c.t[0] = (oc_tensor)OC_T_INA("x", rows * C, amp);
+    c.t[0].mid = mid;
+    c.t[1] = (oc_tensor)OC_T_OUT("out", rows * C);
+    c.t[2] = (oc_tensor)OC_T_OUT("mean", rows);
+    c.t[3] = (oc_tensor)OC_T_OUT("rstd", rows);
+    c.t[4] = (oc_tensor)OC_T_DOUT("dout", 1);
+    c.t[5] = (oc_tensor)OC_T_DIN("dx", 0);
+    snprintf(c.name, sizeof c.name, "layernorm rows %lld C %lld (x in %g +-%g) eps %g",
+             (long long)rows, (long long)C, mid, amp, eps);
+    oc_add(l, &c);
+}
+
+/* ---- modulate (out = x (1 + scale) + shift) and gate (out = x + gate y) ----
+ * tensors: 0 x, 1 shift | y, 2 scale | gate, 3 out (absent where out aliases x: x is then
+ * INOUT), then dout, then the gradients of the inputs whose bit in p[5] is clear, in input
+ * order (gate: never x's, the identity left to the caller). The conditioning rows are the
+ * [B, ld] matrices of tensors 1, 2 (modulate) or 2 (gate) from column p[4].
+ * p: B, T, C, ld, column, mask of NULL gradients, out aliases x */
+
+enum { MG_X = 0, MG_A = 1, MG_B = 2 };
+
+static int mg_out(const oc_case *c) { return c->p[6] ? 0 : 3; }
+static int mg_dout(const oc_case *c) { return c->p[6] ? 3 : 4; }
+/* tensor of the gradient of input `in`, or -1 (NULL) */
+static int mg_grad(const oc_case *c, int in) {
+    if ((c->p[5] >> in) & 1) return -1;
+    int k = mg_dout(c) + 1;
+    for (int j = 0; j < in; j++) k += !((c->p[5] >> j) & 1);
+    return k;
+}
+/* the gradient's pointer at the conditioning column (cond: a [B, ld] input), or NULL */
+static float *mg_gptr(oc_run *r, int in, int cond) {
+    int k = mg_grad(r->c, in);
+    return k < 0 ? NULL : OCF(r, k) + (cond ? OCP(r, 4) : 0);
+}
+
+static void mod_fwd(oc_run *r) {
+    int64_t o = OCP(r, 4);
+    r->be->modulate_fwd(r->be, OCF(r, mg_out(r->c)), OCF(r, 0), OCF(r, 1) + o, OCF(r, 2) + o,
+                        OCP(r, 3), OCP(r, 0), OCP(r, 1), OCP(r, 2));
+}
+static void mod_bwd(oc_run *r) {
+    r->be->modulate_bwd(r->be, mg_gptr(r, MG_X, 0), mg_gptr(r, MG_A, 1), mg_gptr(r, MG_B, 1),
+                        OCF(r, mg_dout(r->c)), OCF(r, 0), OCF(r, 2) + OCP(r, 4), OCP(r, 3),
+                        OCP(r, 0), OCP(r, 1), OCP(r, 2));
+}
+static void gate_fwd(oc_run *r) {
+    r->be->gate_fwd(r->be, OCF(r, mg_out(r->c)), OCF(r, 0), OCF(r, 1), OCF(r, 2) + OCP(r, 4),
+                    OCP(r, 3), OCP(r, 0), OCP(r, 1), OCP(r, 2));
+}
+static void gate_bwd(oc_run *r) {
+    r->be->gate_bwd(r->be, mg_gptr(r, MG_A, 0), mg_gptr(r, MG_B, 1), OCF(r, mg_dout(r->c)),
+                    OCF(r, 1), OCF(r, 2) + OCP(r, 4), OCP(r, 3), OCP(r, 0), OCP(r, 1), OCP(r, 2));
+}
+/* both: elementwise, so in place is safe (out[k] reads only x[k]) */
+static void mg_ref(oc_ref *r, int gate) {
+    const int64_t B = r->c->p[0], T = r->c->p[1], C = r->c->p[2], ld = r->c->p[3];
+    const int64_t col = r->c->p[4];
+    const double *x = r->v[0], *a = r->v[1], *b = r->v[2] + col; /* b: scale | gate rows */
+    double *out = r->v[mg_out(r->c)];
+    for (int64_t i = 0; i < B * T; i++)
+        for (int64_t c = 0; c < C; c++) {
+            int64_t k = i * C + c, m = (i / T) * ld + c;
+            out[k] = gate ? x[k] + b[m] * a[k] : x[k] * (1.0 + b[m]) + a[col + m];
+        }
+}
+static void mod_ref(oc_ref *r) { mg_ref(r, 0); }
+static void gate_ref(oc_ref *r) { mg_ref(r, 1); }
+
+static void add_modgate(oc_list *l, int gate, int64_t B, int64_t T, int64_t C, int64_t ld,
+                        int64_t col, int nullmask, int alias) {
+    if (gate) nullmask |= 1 << MG_X;
+    oc_case c = {.ops = gate ? "gate_fwd gate_bwd" : "modulate_fwd modulate_bwd",
+                 .p = {B, T, C, ld, col, nullmask, alias},
+                 .fwd = gate ? gate_fwd : mod_fwd, .ref = gate ? gate_ref : mod_ref,
+                 .bwd = gate ? gate_bwd : mod_bwd,
+                 /* two or three fp32 roundings (each <= 6e-8 of the scale) */
+                 .tol_fwd = 5e-7,
+                 /* one product; the conditioning: double sums over T of fp32 products */
+                 .tol_bwd = 1e-6};
+    const int64_t n = B * T * C;
+    int nt = 0;
+    c.t[nt++] = alias ? (oc_tensor)OC_T_INOUT("x", n) : (oc_tensor)OC_T_IN("x", n);
+    c.t[0].amp = 1.5f;
+    c.t[nt++] = gate ? (oc_tensor)OC_T_INA("y", n, 1.5f) : (oc_tensor)OC_T_IN("shift", B * ld);
+    c.t[nt++] = (oc_tensor)OC_T_IN(gate ? "gate" : "scale", B * ld);
+    if (!alias) c.t[nt++] = (oc_tensor)OC_T_OUT("out", n);
+    c.t[nt++] = (oc_tensor)OC_T_DOUT("dout", mg_out(&c));
+    static const char *const gname[2][3] = {{"dx", "dshift", "dscale"}, {"", "dy", "dgate"}};
+    for (int in = 0; in < 3; in++)
+        if (!((nullmask >> in) & 1)) c.t[nt++] = (oc_tensor)OC_T_DIN(gname[gate][in], in);
+    c.nt = nt;
+    char extra[64] = "";
+    for (int in = 0; in < 3; in++)
+        if (((nullmask >> in) & 1) && !(gate && in == MG_X))
+            snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", %s NULL",
+                     gname[gate][in]);
+    snprintf(c.name, sizeof c.name, "%s B %lld T %lld C %lld, rows of ld %lld from column %lld%s%s",
+             gate ? "gate" : "modulate", (long long)B, (long long)T, (long long)C, (long long)ld,
+             (long long)col, alias ? ", out aliases x" : "", extra);
+    oc_add(l, &c);
+}
+
+/* ---- GELU (tanh approximation) and SiLU, elementwise ----
+ * tensors: 0 x, 1 out, 2 dout, 3 dx (in place: 0 x INOUT, forward only); p: n, silu */
+
+static double act(double x, int silu) {
+    if (silu) return x / (1.0 + exp(-x));
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+static void act_fwd(oc_run *r) {
+    float *out = OCF(r, r->c->nt == 1 ? 0 : 1);
+    if (OCP(r, 1)) r->be->silu_fwd(r->be, out, OCF(r, 0), OCP(r, 0));
+    else r->be->gelu_tanh_fwd(r->be, out, OCF(r, 0), OCP(r, 0));
+}
+static void act_bwd(oc_run *r) {
+    if (OCP(r, 1)) r->be->silu_bwd(r->be, OCF(r, 3), OCF(r, 2), OCF(r, 0), OCP(r, 0));
+    else r->be->gelu_tanh_bwd(r->be, OCF(r, 3), OCF(r, 2), OCF(r, 0), OCP(r, 0));
+}
+static void act_ref(oc_ref *r) {
+    double *out = r->v[r->c->nt == 1 ? 0 : 1];
+    for (int64_t i = 0; i < r->c->p[0]; i++) out[i] = act(r->v[0][i], (int)r->c->p[1]);
+}
+
+static void add_act(oc_list *l, int silu, int64_t n, float amp, int inplace) {
+    oc_case c = {.p = {n, silu}, .fwd = act_fwd, .ref = act_ref, .bwd = inplace ? NULL : act_bwd,
+                 /* expf (<= 2 ulp) and 3-5 fp32 operations after it */
+                 .tol_fwd = 5e-7,
+                 /* sigmoid, tanh round to 1 within 3e-8 and x * (1 - sig), the gelu factor
+                  * 0.5 x sqrt(2/pi) (1 + 3a x^2) multiply that by up to ~17 or ~9: ~5e-7 */
+                 .tol_bwd = 5e-6};
+    if (inplace) {
+        c.ops = silu ? "silu_fwd" : "gelu_tanh_fwd";
+        c.nt = 1;
+        c.t[0] = (oc_tensor)OC_T_INOUT("x", n);
+        c.t[0].amp = amp;
+    } else {
+        c.ops = silu ? "silu_fwd silu_bwd" : "gelu_tanh_fwd gelu_tanh_bwd";
+        c.nt = 4;
+        c.t[0] = (oc_tensor)OC_T_INA("x", n, amp);
+        c.t[1] = (oc_tensor)OC_T_OUT("out", n);
+        c.t[2] = (oc_tensor)OC_T_DOUT("dout", 1);
+        c.t[3] = (oc_tensor)OC_T_DIN("dx", 0);
+    }
+    snprintf(c.name, sizeof c.name, "%s n %lld (x in +-%g)%s", silu ? "silu" : "gelu_tanh",
+             (long long)n, amp, inplace ? ", in place" : "");
+    oc_add(l, &c);
+}
+
+/* ---- bias: y += bias per row; dbias = column sums of dy ----
+ * tensors: 0 y (INOUT), 1 bias, 2 dy, 3 dbias; p: rows, C */
+
+static void bias_fwd(oc_run *r) {
+    r->be->bias_add_fwd(r->be, OCF(r, 0), OCF(r, 1), OCP(r, 0), OCP(r, 1));
+}
+static void bias_bwd(oc_run *r) {
+    r->be->bias_bwd(r->be, OCF(r, 3), OCF(r, 2), OCP(r, 0), OCP(r, 1));
+}
+static void bias_ref(oc_ref *r) {
+    const int64_t rows = r->c->p[0], C = r->c->p[1];
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t c = 0; c < C; c++) r->v[0][i * C + c] += r->v[1][c];
+}
+
+static void add_bias(oc_list *l, int64_t rows, int64_t C) {
+    oc_case c = {.ops = "bias_add_fwd bias_bwd", .nt = 4, .p = {rows, C}, .fwd = bias_fwd,
+                 .ref = bias_ref, .bwd = bias_bwd,
+                 /* one fp32 addition: half an ulp (6e-8) */
+                 .tol_fwd = 1e-7,
+                 /* a double column sum rounded to float, then added to the start: ~1.2e-7 */
+                 .tol_bwd = 5e-7};
+    c.t[0] = (oc_tensor)OC_T_INOUT("y", rows * C);
+    c.t[1] = (oc_tensor)OC_T_IN("bias", C);
+    c.t[2] = (oc_tensor)OC_T_DOUT("dy", 0);
+    c.t[3] = (oc_tensor)OC_T_DIN("dbias", 1);
+    snprintf(c.name, sizeof c.name, "bias_add rows %lld C %lld", (long long)rows, (long long)C);
+    oc_add(l, &c);
+}
+
+/* ---- squared error per row: sse[r] = sum_{i<n} (pred[r*ld+i] - target[r*n+i])^2 ----
+ * tensors: 0 pred [rows, ld], 1 target [rows, n], 2 sse, 3 dsse (one scalar: dloss),
+ * 4 dpred; p: rows, n, ld */
+
+static void mse_fwd(oc_run *r) {
+    r->be->mse_fwd(r->be, OCF(r, 2), OCF(r, 0), OCP(r, 2), OCF(r, 1), OCP(r, 0), OCP(r, 1));
+}
+static void mse_bwd(oc_run *r) {
+    r->be->mse_bwd(r->be, OCF(r, 4), OCF(r, 0), OCP(r, 2), OCF(r, 1), r->dscal, OCP(r, 0),
+                   OCP(r, 1));
+}
+static void mse_ref(oc_ref *r) {
+    const int64_t rows = r->c->p[0], n = r->c->p[1], ld = r->c->p[2];
+    for (int64_t i = 0; i < rows; i++) {
+        double s = 0.0;
+        for (int64_t k = 0; k < n; k++) {
+            double d = r->v[0][i * ld + k] - r->v[1][i * n + k];
+            s += d * d;
+        }
+        r->v[2][i] = s;
+    }
+}
+
+static void add_mse(oc_list *l, int64_t rows, int64_t n, int64_t ld) {
+    oc_case c = {.ops = "mse_fwd mse_bwd", .nt = 5, .p = {rows, n, ld}, .fwd = mse_fwd,
+                 .ref = mse_ref, .bwd = mse_bwd,
+                 /* a double sum of squares stored as float: half an ulp (6e-8) */
+                 .tol_fwd = 3e-7,
+                 /* 2 dloss (p - t) in fp32, added to the start: 2-3 roundings (~1.5e-7) */
+                 .tol_bwd = 5e-7};
+    c.t[0] = (oc_tensor)OC_T_IN("pred", rows * ld);
+    c.t[1] = (oc_tensor)OC_T_IN("target", rows * n);
+    c.t[2] = (oc_tensor)OC_T_OUT("sse", rows);
+    c.t[3] = (oc_tensor){.name = "dsse", .kind = OC_DOUT, .of = 2, .flags = OC_UNIFORM};
+    c.t[4] = (oc_tensor)OC_T_DIN("dpred", 0);
+    snprintf(c.name, sizeof c.name, "mse rows %lld n %lld, pred rows of ld %lld", (long long)rows,
+             (long long)n, (long long)ld);
+    oc_add(l, &c);
+}
+
+/* ---- patchify / unpatchify: each the other's backward, both write ----
+ * tensors: 0 the input, 1 the output, 2 its upstream gradient, 3 the input's gradient
+ * (written); p: B, C, H, W, p, chan_last, unpatchify (the forward is unpatchify) */
+
+/* index in tok [B, T, C*p*p] of img [B, C, H, W]'s element (b, c, y, x) */
+static int64_t tok_index(const int64_t *p, int64_t b, int64_t c, int64_t y, int64_t x) {
+    const int64_t C = p[1], W = p[3], ps = p[4], gw = W / ps, T = (p[2] / ps) * gw;
+    const int64_t t = (y / ps) * gw + x / ps, i = y % ps, j = x % ps;
+    const int64_t k = p[5] ? (i * ps + j) * C + c : (c * ps + i) * ps + j;
+    return (b * T + t) * C * ps * ps + k;
+}
+static void patch_call(oc_run *r, int unpatch, float *dst, const float *src) {
+    const int64_t *p = r->c->p;
+    if (unpatch) r->be->unpatchify(r->be, dst, src, p[0], p[1], p[2], p[3], p[4], (int)p[5]);
+    else r->be->patchify(r->be, dst, src, p[0], p[1], p[2], p[3], p[4], (int)p[5]);
+}
+static void patch_fwd(oc_run *r) { patch_call(r, (int)OCP(r, 6), OCF(r, 1), OCF(r, 0)); }
+static void patch_bwd(oc_run *r) { patch_call(r, !OCP(r, 6), OCF(r, 3), OCF(r, 2)); }
+static void patch_ref(oc_ref *r) {
+    const int64_t *p = r->c->p;
+    for (int64_t b = 0, e = 0; b < p[0]; b++)
+        for (int64_t c = 0; c < p[1]; c++)
+            for (int64_t y = 0; y < p[2]; y++)
+                for (int64_t x = 0; x < p[3]; x++, e++) {
+                    int64_t t = tok_index(p, b, c, y, x);
+                    if (p[6]) r->v[1][e] = r->v[0][t];
+                    else r->v[1][t] = r->v[0][e];
+                }
+}
+
+static void add_patch(oc_list *l, int64_t B, int64_t C, int64_t H, int64_t W, int64_t ps,
+                      int chan_last, int unpatch) {
+    const int64_t n = B * C * H * W;
+    oc_case c = {.ops = "patchify unpatchify", .nt = 4, .p = {B, C, H, W, ps, chan_last, unpatch},
+                 .fwd = patch_fwd, .ref = patch_ref, .bwd = patch_bwd,
+                 /* a permutation: exact */
+                 .tol_fwd = 0.0,
+                 /* the differences' rounding only: ~sqrt(n) 1e-16 over 2h = 2e-4, ~1e-11
+                  * (a wrong or missed element: O(1), or NaN) */
+                 .tol_bwd = 1e-9};
+    c.t[0] = (oc_tensor)OC_T_IN(unpatch ? "tok" : "img", n);
+    c.t[1] = (oc_tensor)OC_T_OUT(unpatch ? "img" : "tok", n);
+    c.t[2] = (oc_tensor)OC_T_DOUT(unpatch ? "dimg" : "dtok", 1);
+    c.t[3] = (oc_tensor){.name = unpatch ? "dtok" : "dimg", .kind = OC_DIN, .of = 0,
+                         .flags = OC_WRITES};
+    snprintf(c.name, sizeof c.name, "%s B %lld C %lld H %lld W %lld p %lld chan_last %d",
+             unpatch ? "unpatchify" : "patchify", (long long)B, (long long)C, (long long)H,
+             (long long)W, (long long)ps, chan_last);
+    oc_add(l, &c);
+}
+
+/* ---- copy2d: dst[r*ldd + c] = src[r*lds + c], c < cols ----
+ * tensors: 0 src [rows, lds], 1 dst [rows, ldd] (INOUT where it has gaps: they must stay;
+ * OUT where it is dense: every element written), 2 ddst, 3 dsrc (written: copy2d back, after
+ * fill 0 where src has gaps); p: rows, cols, lds, ldd, column of src, column of dst */
+
+static void c2_fwd(oc_run *r) {
+    r->be->copy2d(r->be, OCF(r, 1) + OCP(r, 5), OCP(r, 3), OCF(r, 0) + OCP(r, 4), OCP(r, 2),
+                  OCP(r, 0), OCP(r, 1));
+}
+static void c2_bwd(oc_run *r) {
+    if (OCP(r, 2) > OCP(r, 1)) r->be->fill(r->be, OCF(r, 3), 0.0f, OCP(r, 0) * OCP(r, 2));
+    r->be->copy2d(r->be, OCF(r, 3) + OCP(r, 4), OCP(r, 2), OCF(r, 2) + OCP(r, 5), OCP(r, 3),
+                  OCP(r, 0), OCP(r, 1));
+}
+static void c2_ref(oc_ref *r) {
+    const int64_t *p = r->c->p;
+    for (int64_t i = 0; i < p[0]; i++)
+        for (int64_t c = 0; c < p[1]; c++)
+            r->v[1][i * p[3] + p[5] + c] = r->v[0][i * p[2] + p[4] + c];
+}
+
+static void add_copy2d(oc_list *l, int64_t rows, int64_t cols, int64_t lds, int64_t ldd,
+                       int64_t cs, int64_t cd) {
+    oc_case c = {.ops = lds > cols ? "copy2d fill" : "copy2d", .nt = 4,
+                 .p = {rows, cols, lds, ldd, cs, cd}, .fwd = c2_fwd, .ref = c2_ref, .bwd = c2_bwd,
+                 /* a copy: exact */
+                 .tol_fwd = 0.0,
+                 /* the differences' rounding, as for the patches */
+                 .tol_bwd = 1e-9};
+    c.t[0] = (oc_tensor)OC_T_IN("src", rows * lds);
+    c.t[1] = ldd > cols ? (oc_tensor)OC_T_INOUT("dst", rows * ldd)
+                        : (oc_tensor)OC_T_OUT("dst", rows * ldd);
+    c.t[2] = (oc_tensor)OC_T_DOUT("ddst", 1);
+    c.t[3] = (oc_tensor){.name = "dsrc", .kind = OC_DIN, .of = 0, .flags = OC_WRITES};
+    snprintf(c.name, sizeof c.name,
+             "copy2d rows %lld cols %lld, src ld %lld from column %lld, dst ld %lld from column "
+             "%lld", (long long)rows, (long long)cols, (long long)lds, (long long)cs,
+             (long long)ldd, (long long)cd);
+    oc_add(l, &c);
+}
+
+/* Shapes are chosen so that the runner's differences (every ceil(n/96)-th element) reach
+ * each gradient's last element. */
+void oc_cases_dit(oc_list *l) {
+    add_layernorm(l, 13, 37, 0.0f, 2.0f, 1e-6);
+    add_layernorm(l, 3, 297, 0.0f, 0.05f, 1e-3); /* variance near eps */
+    add_layernorm(l, 5, 37, 3.0f, 2.0f, 1e-6);   /* a large mean: the variance is not E x^2 - m^2 */
+    for (int gate = 0; gate < 2; gate++) {
+        add_modgate(l, gate, 2, 9, 37, 3 * 37 + 5, 41, 0, 0); /* slices of a wider matrix */
+        add_modgate(l, gate, 2, 8, 16, 16, 0, 0, 0);          /* dense conditioning rows */
+        /* each optional gradient NULL in turn */
+        for (int in = gate ? MG_A : MG_X; in <= MG_B; in++)
+            add_modgate(l, gate, 2, 9, 37, 40, 3, 1 << in, 0);
+        /* out aliases x (modulate: x is overwritten, so no dscale) */
+        add_modgate(l, gate, 3, 3, 37, 37, 0, gate ? 0 : 1 << MG_B, 1);
+    }
+    for (int silu = 0; silu < 2; silu++) {
+        add_act(l, silu, 193, 4.0f, 0);
+        add_act(l, silu, 95, 100.0f, 0); /* saturation, exp overflow */
+        add_act(l, silu, 61, 4.0f, 1);
+    }
+    add_bias(l, 13, 37);
+    add_bias(l, 130, 19);
+    add_mse(l, 13, 37, 37);
+    add_mse(l, 13, 24, 48); /* learned-sigma channels past n */
+    for (int unpatch = 0; unpatch < 2; unpatch++)
+        for (int cl = 0; cl < 2; cl++) {
+            add_patch(l, 3, 5, 9, 15, 3, cl, unpatch);
+            add_patch(l, 2, 2, 4, 6, 2, cl, unpatch);
+            add_patch(l, 1, 3, 5, 7, 1, cl, unpatch);
+        }
+    add_copy2d(l, 13, 37, 37, 41, 0, 0);      /* dense to strided: the gaps stay */
+    add_copy2d(l, 6, 37, 3 * 37, 37, 37, 0);  /* a slice of a wider matrix to dense */
+    add_copy2d(l, 6, 5, 11, 8, 4, 2);         /* strided to strided */
+}

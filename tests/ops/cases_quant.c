@@ -1,0 +1,231 @@
+/* Rows of the op-case table (op_case.h): the quantized-weight ops (rotation, its inverse,
+ * decoding, the GEMM with a quantized weight). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/rng.h"
+#include "ops/op_case.h"
+#include "quant/tq_layout.h"
+
+/* Largest tensor (elements) a row's reference keeps on the stack. */
+#define QMAX 4096
+
+/* ---- fp64 helpers: the format's definitions, written out ---- */
+
+/* Sign of element i (< group) of group column j: the rule of tq_layout.h (word i/64 is the
+ * (i/64 + 1)-th output of the column's stream; bit i%64 set: negative). */
+static double ref_sign(uint64_t seed, int64_t j, int i) {
+    tz_rng st = tz_rng_make(seed, (uint64_t)j, TZ_RNG_QUANT, 0);
+    uint64_t w = 0;
+    for (int m = 0; m <= i / 64; m++) w = tz_rng_u64(&st);
+    return (w >> (i % 64)) & 1u ? -1.0 : 1.0;
+}
+
+/* Code i of a group's packed bytes: bits [i*b, i*b + b) of the group's bit stream, bit n of
+ * the stream being bit n%8 of byte n/8. */
+static unsigned ref_code(const uint8_t *grp, int64_t i, int bits) {
+    unsigned c = 0;
+    for (int k = 0; k < bits; k++) {
+        int64_t n = i * bits + k;
+        c |= (unsigned)((grp[n / 8] >> (n % 8)) & 1u) << k;
+    }
+    return c;
+}
+
+/* w[rows, cols] = scale_k * levels[code] (tq_dequant) in double. */
+static void ref_decode(double *w, const uint8_t *codes, const double *scales,
+                       const double *levels, int64_t rows, int64_t cols, int bits, int g) {
+    const int64_t ng = rows * cols / g, gb = (int64_t)g * bits / 8;
+    for (int64_t k = 0; k < ng; k++)
+        for (int64_t i = 0; i < g; i++)
+            w[k * g + i] = scales[k] * levels[ref_code(codes + k * gb, i, bits)];
+}
+
+/* Parity of the set bits of v. */
+static int parity(unsigned v) {
+    int p = 0;
+    for (; v; v &= v - 1) p ^= 1;
+    return p;
+}
+
+/* y[r, group j] = R_j x[r, group j] (inv = 0) or R_j^T x (inv = 1), R_j = H diag(s_j)/sqrt(g)
+ * with H[i][k] = (-1)^popcount(i & k), as an explicit matrix. y and x distinct. */
+static void ref_rotate(double *y, const double *x, int64_t rows, int64_t cols, int g,
+                       uint64_t seed, int inv) {
+    double s[256];
+    const double nrm = 1.0 / sqrt((double)g);
+    for (int64_t j = 0; j < cols / g; j++) {
+        for (int i = 0; i < g; i++) s[i] = ref_sign(seed, j, i);
+        for (int64_t r = 0; r < rows; r++) {
+            const double *xg = x + r * cols + j * g;
+            double *yg = y + r * cols + j * g;
+            for (int i = 0; i < g; i++) {
+                double acc = 0.0;
+                for (int k = 0; k < g; k++) {
+                    double h = parity((unsigned)(i & k)) ? -1.0 : 1.0;
+                    /* R[i][k] = H[i][k] s_k; R^T[i][k] = s_i H[k][i] = s_i H[i][k] */
+                    acc += h * (inv ? s[i] : s[k]) * xg[k];
+                }
+                yg[i] = acc * nrm;
+            }
+        }
+    }
+}
+
+/* ---- tq_rotate forward, tq_rotate_bwd backward ----
+ * p: rows, cols, group, seed, in place. tensors: out of place 0 x, 1 y, 2 dy, 3 dx;
+ * in place 0 x (INOUT), 1 dy, 2 dx. */
+
+static void rot_fwd(oc_run *r) {
+    float *x = OCF(r, 0), *y = OCP(r, 4) ? x : OCF(r, 1);
+    r->be->tq_rotate(r->be, y, x, OCP(r, 0), OCP(r, 1), (int)OCP(r, 2), (uint64_t)OCP(r, 3));
+}
+static void rot_bwd(oc_run *r) {
+    int ip = (int)OCP(r, 4);
+    r->be->tq_rotate_bwd(r->be, OCF(r, ip ? 2 : 3), OCF(r, ip ? 1 : 2), OCP(r, 0), OCP(r, 1),
+                         (int)OCP(r, 2), (uint64_t)OCP(r, 3));
+}
+static void rot_ref(oc_ref *r) {
+    const oc_case *c = r->c;
+    const int64_t n = c->p[0] * c->p[1];
+    if (c->p[4]) { /* in place: rotate a copy of the start */
+        double tmp[QMAX];
+        for (int64_t k = 0; k < n; k++) tmp[k] = r->v[0][k];
+        ref_rotate(r->v[0], tmp, c->p[0], c->p[1], (int)c->p[2], (uint64_t)c->p[3], 0);
+    } else {
+        ref_rotate(r->v[1], r->v[0], c->p[0], c->p[1], (int)c->p[2], (uint64_t)c->p[3], 0);
+    }
+}
+
+static void add_rotate(oc_list *l, int64_t rows, int64_t cols, int g, uint64_t seed, int inplace) {
+    if (rows * cols > QMAX) abort();
+    oc_case c = {.ops = "tq_rotate tq_rotate_bwd", .p = {rows, cols, g, (int64_t)seed, inplace},
+                 .fwd = rot_fwd, .ref = rot_ref, .bwd = rot_bwd,
+                 /* an orthogonal g x g transform in fp32: up to log2(g) butterfly levels of
+                  * roundings of 2^-24 each, relative to the largest output (2e-7 seen) */
+                 .tol_fwd = 1e-6, .tol_bwd = 1e-6};
+    if (inplace) {
+        c.nt = 3;
+        c.t[0] = (oc_tensor)OC_T_INOUT("x", rows * cols);
+        c.t[1] = (oc_tensor)OC_T_DOUT("dy", 0);
+        c.t[2] = (oc_tensor)OC_T_DIN("dx", 0);
+    } else {
+        c.nt = 4;
+        c.t[0] = (oc_tensor)OC_T_IN("x", rows * cols);
+        c.t[1] = (oc_tensor)OC_T_OUT("y", rows * cols);
+        c.t[2] = (oc_tensor)OC_T_DOUT("dy", 1);
+        c.t[3] = (oc_tensor)OC_T_DIN("dx", 0);
+    }
+    snprintf(c.name, sizeof c.name, "tq_rotate rows %lld cols %lld group %d seed %llu%s",
+             (long long)rows, (long long)cols, g, (unsigned long long)seed,
+             inplace ? " in place" : "");
+    oc_add(l, &c);
+}
+
+/* ---- tq_dequant ----
+ * p: rows, cols, bits, group. tensors: 0 codes, 1 scales, 2 levels, 3 w. */
+
+static void dq_fwd(oc_run *r) {
+    r->be->tq_dequant(r->be, OCF(r, 3), OCB(r, 0), OCH(r, 1), OCF(r, 2), OCP(r, 0), OCP(r, 1),
+                      (int)OCP(r, 2), (int)OCP(r, 3));
+}
+static void dq_ref(oc_ref *r) {
+    const oc_case *c = r->c;
+    ref_decode(r->v[3], r->raw[0], r->v[1], r->v[2], c->p[0], c->p[1], (int)c->p[2],
+               (int)c->p[3]);
+}
+
+static void add_dequant(oc_list *l, int64_t rows, int64_t cols, int bits, int g) {
+    oc_case c = {.ops = "tq_dequant", .nt = 4, .p = {rows, cols, bits, g}, .fwd = dq_fwd,
+                 .ref = dq_ref,
+                 /* one fp32 product of a bf16 scale and an fp32 level: at most half an ulp,
+                  * 2^-24 of the element; five times that (a wrong code is off by a level) */
+                 .tol_fwd = 3e-7};
+    c.t[0] = (oc_tensor)OC_T_U8("codes", rows * cols * bits / 8, 0, 0);
+    c.t[1] = (oc_tensor)OC_T_BF16("scales", rows * cols / g, 0.5f);
+    c.t[2] = (oc_tensor)OC_T_INA("levels", 1 << bits, 2.0f);
+    c.t[3] = (oc_tensor)OC_T_OUT("w", rows * cols);
+    snprintf(c.name, sizeof c.name, "tq_dequant rows %lld cols %lld bits %d group %d",
+             (long long)rows, (long long)cols, bits, g);
+    oc_add(l, &c);
+}
+
+/* ---- tq_matmul: forward one way round, backward (A's gradient) the other ----
+ * p: rows, cols, bits, group, M, transW; s: alpha, beta. tensors: 0 A, 1 codes, 2 scales,
+ * 3 levels, 4 C (OUT when beta = 0: it may hold NaN), 5 tile (scratch, fp32-sized), 6 dC,
+ * 7 dA. */
+
+static void tqm_fwd(oc_run *r) {
+    r->be->tq_matmul(r->be, OCF(r, 4), OCF(r, 0), OCF(r, 5), OCB(r, 1), OCH(r, 2), OCF(r, 3),
+                     OCP(r, 0), OCP(r, 1), (int)OCP(r, 2), (int)OCP(r, 3), OCP(r, 4),
+                     (int)OCP(r, 5), (float)OCS(r, 0), (float)OCS(r, 1));
+}
+/* transW = 1: dA[M, cols] += alpha dC W; transW = 0: dA[M, rows] += alpha dC W^T */
+static void tqm_bwd(oc_run *r) {
+    r->be->tq_matmul(r->be, OCF(r, 7), OCF(r, 6), OCF(r, 5), OCB(r, 1), OCH(r, 2), OCF(r, 3),
+                     OCP(r, 0), OCP(r, 1), (int)OCP(r, 2), (int)OCP(r, 3), OCP(r, 4),
+                     !(int)OCP(r, 5), (float)OCS(r, 0), 1.0f);
+}
+static void tqm_ref(oc_ref *r) {
+    const oc_case *c = r->c;
+    const int64_t rows = c->p[0], cols = c->p[1], M = c->p[4];
+    const int tw = (int)c->p[5];
+    double w[QMAX];
+    ref_decode(w, r->raw[1], r->v[2], r->v[3], rows, cols, (int)c->p[2], (int)c->p[3]);
+    if (tw) oc_ref_matmul(r->v[4], r->v[0], w, M, rows, cols, 0, 1, c->s[0], c->s[1]);
+    else oc_ref_matmul(r->v[4], r->v[0], w, M, cols, rows, 0, 0, c->s[0], c->s[1]);
+}
+
+static void add_tq_matmul(oc_list *l, int64_t rows, int64_t cols, int bits, int g, int64_t M,
+                          int tw, double alpha, double beta) {
+    const int64_t K = tw ? cols : rows, N = tw ? rows : cols;
+    if (rows * cols > QMAX) abort();
+    oc_case c = {.ops = "tq_matmul", .nt = 8, .p = {rows, cols, bits, g, M, tw},
+                 .s = {alpha, beta}, .flags = OC_GEMM, .fwd = tqm_fwd, .ref = tqm_ref,
+                 .bwd = tqm_bwd,
+                 /* fp32: the decode's one rounding per weight, then sums of K <= 512 products
+                  * in another order (up to 2e-6 of the result's scale) */
+                 .tol_fwd = 1e-5, .tol_bwd = 1e-5,
+                 /* bf16 (A, levels, C bf16 values): each decoded weight rounded once to bf16
+                  * (up to 2^-9 relative), those errors summed over K random-signed products,
+                  * ~2^-9 of the result's scale and up to ~3x that at the largest element;
+                  * 15 x 2^-9. A wrong code or group moves many outputs by a level: >> this */
+                 .tol_fwd_bf16 = 3e-2, .tol_bwd_bf16 = 3e-2};
+    c.t[0] = (oc_tensor)OC_T_IN("A", M * K);
+    c.t[1] = (oc_tensor)OC_T_U8("codes", rows * cols * bits / 8, 0, 0);
+    c.t[2] = (oc_tensor)OC_T_BF16("scales", rows * cols / g, 0.5f);
+    c.t[3] = (oc_tensor)OC_T_INA("levels", 1 << bits, 2.0f);
+    if (beta != 0.0) c.t[4] = (oc_tensor)OC_T_INOUT("C", M * N);
+    else c.t[4] = (oc_tensor)OC_T_OUT("C", M * N);
+    c.t[5] = (oc_tensor)OC_T_OUT("tile", rows * cols);
+    c.t[5].flags = OC_NOCHECK;
+    c.t[6] = (oc_tensor)OC_T_DOUT("dC", 4);
+    c.t[7] = (oc_tensor)OC_T_DIN("dA", 0);
+    snprintf(c.name, sizeof c.name,
+             "tq_matmul rows %lld cols %lld bits %d group %d M %lld transW %d alpha %g beta %g",
+             (long long)rows, (long long)cols, bits, g, (long long)M, tw, alpha, beta);
+    oc_add(l, &c);
+}
+
+void oc_cases_quant(oc_list *l) {
+    /* three, two and one group columns (distinct signs per column), several rows */
+    add_rotate(l, 3, 192, 64, 7, 0);
+    add_rotate(l, 2, 256, 128, 0x9E3779B97F4A7C15ull, 0);
+    add_rotate(l, 2, 512, 256, 12345, 0);
+    add_rotate(l, 1, 256, 256, 3, 1);
+    add_rotate(l, 3, 128, 64, 0xFFFFFFFFFFFFFFFFull, 1);
+    /* every bit width at every group; 3 bits: codes straddle bytes */
+    for (int bits = 1; bits <= 4; bits++)
+        for (int g = 64; g <= 256; g *= 2) add_dequant(l, 3, 2 * (int64_t)g, bits, g);
+    add_dequant(l, 5, 192, 3, 64);
+    /* both ways round, beta 0 (C may be NaN) and beta != 0, every bit width and group */
+    add_tq_matmul(l, 5, 128, 4, 64, 3, 1, 1.0, 0.0);
+    add_tq_matmul(l, 4, 256, 3, 128, 2, 1, 0.75, 0.5);
+    add_tq_matmul(l, 3, 512, 2, 256, 2, 1, 1.0, -1.0);
+    add_tq_matmul(l, 6, 192, 1, 64, 3, 1, 0.5, 0.0);
+    add_tq_matmul(l, 6, 128, 4, 128, 3, 0, 1.0, 0.0);
+    add_tq_matmul(l, 3, 256, 2, 256, 2, 0, 0.75, 0.5);
+    add_tq_matmul(l, 5, 192, 3, 64, 4, 0, 1.0, 0.0);
+    add_tq_matmul(l, 4, 128, 1, 64, 3, 0, 2.0, -0.5);
+}
