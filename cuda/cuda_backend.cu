@@ -411,6 +411,7 @@ static int device_count(char *why, size_t n, cudaError_t *err) {
     return count;
 }
 
+uint64_t tz_cuda_module_abi(void) { return TZ_CUDA_ABI_STAMP; }
 int tz_cuda_module_device_count(char *why, size_t n) { return device_count(why, n, NULL); }
 
 static void cuda_destroy(tz_backend *be) {

@@ -10,6 +10,14 @@
 
 #include "core/backend.h"
 
+/* ---- the layout both sides were built with ---- */
+/* A stamp of the structs that cross the boundary (today the op table, struct tz_backend):
+ * its size and the offset of its last member. A module built from another tree (a stale
+ * libtzcuda.so beside a new binary) gives another stamp and is refused at load. */
+#define TZ_CUDA_ABI_STAMP ((uint64_t)sizeof(tz_backend) << 32 | (uint64_t)offsetof(tz_backend, device_info))
+typedef uint64_t tz_cuda_abi_fn(void);
+#define TZ_CUDA_SYM_ABI "tz_cuda_module_abi"
+
 /* ---- the backend (cuda/cuda_backend.cu) ---- */
 /* The visible devices; 0 with CUDA's error, named, in why (when not NULL) where
  * cudaGetDeviceCount fails. */
@@ -49,6 +57,7 @@ typedef void tz_nccl_destroy_fn(void *h);
 
 /* The module's definitions, declared with their types (only the module defines them; the
  * program reaches them through dlsym by the names above). */
+tz_cuda_abi_fn tz_cuda_module_abi;
 tz_cuda_device_count_fn tz_cuda_module_device_count;
 tz_cuda_create_fn tz_cuda_module_create;
 tz_nccl_load_fn tz_cuda_module_nccl_load;

@@ -66,14 +66,20 @@ static int module_load(void) {
     if (!g_mod.handle) return 0;
     g_mod.count = (tz_cuda_device_count_fn *)dlsym(g_mod.handle, TZ_CUDA_SYM_DEVICE_COUNT);
     g_mod.create = (tz_cuda_create_fn *)dlsym(g_mod.handle, TZ_CUDA_SYM_CREATE);
-    if (!g_mod.count || !g_mod.create) {
+    tz_cuda_abi_fn *abi = (tz_cuda_abi_fn *)dlsym(g_mod.handle, TZ_CUDA_SYM_ABI);
+    if (!g_mod.count || !g_mod.create || !abi) {
         snprintf(g_mod.why, sizeof g_mod.why, "the CUDA module lacks its entry points (%s)",
                  dlerror());
-        dlclose(g_mod.handle);
-        g_mod.handle = NULL;
-        return 0;
+    } else if (abi() != TZ_CUDA_ABI_STAMP) {
+        snprintf(g_mod.why, sizeof g_mod.why, "the CUDA module was built from another version "
+                 "of turbozero (layout stamp %llx, this program's %llx): rebuild both together",
+                 (unsigned long long)abi(), (unsigned long long)TZ_CUDA_ABI_STAMP);
+    } else {
+        return 1;
     }
-    return 1;
+    dlclose(g_mod.handle);
+    g_mod.handle = NULL;
+    return 0;
 }
 
 const char *tz_cuda_module_error(void) { return module_load() ? NULL : g_mod.why; }

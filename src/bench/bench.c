@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/dit_config.h"
+#include "model/dit.h"
 #include "io/safetensors.h"
 #include "io/tq_format.h"
 #include "model/llama_io.h"
@@ -39,43 +40,35 @@ static const tz_bench_preset presets[] = {
      "Llama-2-7B shape (dim 4096, MLP 11008, 32 layers, 32 heads, vocab 32000, untied): "
      "LoRA r16 on all 7 projections, 4-bit TurboQuant base, seq 2048, micro-batch 1, "
      "checkpointing",
-     1, {32000, 4096, 11008, 32, 32, 32, 0, 4096},
+     1,
      {LORA_7B, "quant.bits=4", "quant.group=128", "data.seq_len=2048", "train.micro_batch=1",
       "train.checkpointing=true", "train.steps=8", "optim.warmup=0", NULL}},
     {"llama-tiny", "llama",
      "the same recipe on a tiny untied Llama (dim 128, MLP 352, 2 layers, 4/2 heads, vocab "
      "256), seq 128, micro-batch 4: the CPU-sized stand-in",
-     0, {256, 128, 352, 2, 4, 2, 0, 2048},
+     0,
      {LORA_7B, "quant.bits=4", "quant.group=64", "data.seq_len=128", "train.micro_batch=4",
       "train.checkpointing=true", "train.steps=4", "optim.warmup=0", NULL}},
     {"dit-xl-2", "dit",
      "DiT-XL/2 shape (4x32x32 latents, patch 2, hidden 1152, depth 28, 16 heads, 1000 "
      "classes, learned sigma): full fine-tuning, batch 32",
-     1, {32, 2, 4, 1152, 28, 16, 1000, 0},
+     1,
      {"train.mode=full", "quant.bits=0", "train.micro_batch=32", "train.checkpointing=false",
       "train.steps=8", "optim.warmup=0", "lora.rank=16", "lora.alpha=32", "lora.targets=all",
       NULL}},
     {"dit-tiny", "dit",
      "the same recipe on a tiny DiT (4x8x8 latents, patch 2, hidden 64, depth 2, 4 heads, 10 "
      "classes), batch 8: the CPU-sized stand-in",
-     0, {8, 2, 4, 64, 2, 4, 10, 0},
+     0,
      {"train.mode=full", "quant.bits=0", "train.micro_batch=8", "train.checkpointing=false",
       "train.steps=4", "optim.warmup=0", "lora.rank=16", "lora.alpha=32", "lora.targets=all",
       NULL}},
 };
 #define NPRESETS ((int)(sizeof presets / sizeof presets[0]))
 
-/* The shapes of a model folder as a preset, while tz_bench_plan_memory plans it: a Llama
- * folder is planned from its config.json alone, through the preset path of the family's
- * task (task/task_llama.c), which reads no weight. One plan at a time per process; the name
- * is one no configuration gives, and it is found only while a plan is being made. */
-#define FOLDER_PRESET "(shapes of model.path)"
-static tz_bench_preset folder_preset;
-
 const tz_bench_preset *tz_bench_preset_find(const char *name) {
     for (int i = 0; i < NPRESETS; i++)
         if (!strcmp(presets[i].name, name)) return &presets[i];
-    if (folder_preset.name && !strcmp(folder_preset.name, name)) return &folder_preset;
     return NULL;
 }
 
@@ -89,15 +82,8 @@ const char *tz_bench_preset_list(char *buf, size_t n) {
 }
 
 const tz_bench_preset *tz_bench_preset_of(const tz_config *cfg) {
-    const size_t k = strlen(TZ_BENCH_PRESET_PREFIX);
-    if (strncmp(cfg->model.path, TZ_BENCH_PRESET_PREFIX, k)) return NULL;
-    const tz_bench_preset *p = tz_bench_preset_find(cfg->model.path + k);
-    if (!p) {
-        char names[256];
-        TZ_FATAL("model.path %s: no such bench preset (expected %s)", cfg->model.path,
-                 tz_bench_preset_list(names, sizeof names));
-    }
-    return p;
+    const char *shape = tz_model_preset_name(cfg->model.path);
+    return shape ? tz_bench_preset_find(shape) : NULL;
 }
 
 void tz_bench_preset_config(tz_config *cfg, const tz_config_names *names, const char *preset,
@@ -109,7 +95,7 @@ void tz_bench_preset_config(tz_config *cfg, const tz_config_names *names, const 
                       preset, tz_bench_preset_list(list, sizeof list));
     static char arch[64], path[TZ_PATH_MAX], train[64];
     snprintf(arch, sizeof arch, "model.arch=%s", p->arch);
-    snprintf(path, sizeof path, "model.path=%s%s", TZ_BENCH_PRESET_PREFIX, p->name);
+    snprintf(path, sizeof path, "model.path=%s%s", TZ_MODEL_PRESET_PREFIX, p->name);
     snprintf(train, sizeof train, "data.train=(random %s)",
              strcmp(p->arch, "dit") ? "tokens" : "images");
     const char **all = tz_xcalloc((size_t)nset + 24, sizeof *all);
@@ -120,63 +106,8 @@ void tz_bench_preset_config(tz_config *cfg, const tz_config_names *names, const 
     tz_config_load(cfg, names, NULL, all, n);
     free(all);
     snprintf(cfg->source, sizeof cfg->source, "bench --preset %s", p->name);
-    if (strcmp(cfg->model.path + strlen(TZ_BENCH_PRESET_PREFIX), p->name))
+    if (strcmp(cfg->model.path + strlen(TZ_MODEL_PRESET_PREFIX), p->name))
         TZ_FATAL("bench --preset %s: model.path is the preset's (do not --set it)", p->name);
-}
-
-/* ---- random weights and data ---- */
-
-#define FILL_CHUNK ((int64_t)1 << 22) /* elements generated and uploaded at a time */
-
-void tz_bench_fill_params(tz_params *ps, tz_backend *be, const float *levels, uint64_t seed) {
-    if (tz_bench_is_plan(be)) return;
-    float *buf = tz_xmalloc((size_t)FILL_CHUNK * sizeof(float));
-    const float a = 0.02f * sqrtf(3.0f); /* uniform(-a, a): deviation 0.02 */
-    for (int i = 0; i < ps->n; i++) {
-        tz_param *p = ps->p[i];
-        if (p->adapter) continue;
-        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_INIT, 0);
-        if (!p->q) {
-            for (int64_t at = 0; at < p->numel; at += FILL_CHUNK) {
-                int64_t n = p->numel - at < FILL_CHUNK ? p->numel - at : FILL_CHUNK;
-                for (int64_t k = 0; k < n; k++)
-                    buf[k] = p->ndim == 1 ? 1.0f : a * (2.0f * tz_rng_uniform(&r) - 1.0f);
-                tz_param_upload(be, p, buf, at, n);
-            }
-            continue;
-        }
-        const tz_qweight *q = p->q;
-        /* uniform codes: the decoded values' mean square is scale^2 * mean(levels^2) */
-        double ms = 0.0;
-        const int nl = 1 << q->bits;
-        for (int k = 0; k < nl; k++) ms += (double)levels[k] * levels[k] / nl;
-        const uint16_t s = tz_f32_to_bf16((float)(0.02 / sqrt(ms > 0 ? ms : 1.0)));
-        const int64_t cb = tz_tq_codes_bytes(p->shape[0], p->shape[1], q->bits);
-        const int64_t ns = tz_tq_scales_count(p->shape[0], p->shape[1], q->group);
-        const int64_t chunk = FILL_CHUNK * (int64_t)sizeof(float);
-        uint8_t *bytes = (uint8_t *)buf;
-        for (int64_t at = 0; at < cb; at += chunk) {
-            int64_t n = cb - at < chunk ? cb - at : chunk;
-            for (int64_t k = 0; k < n; k += 8) {
-                uint64_t x = tz_rng_u64(&r);
-                memcpy(bytes + k, &x, (size_t)(n - k < 8 ? n - k : 8));
-            }
-            be->upload(be, q->codes + at, bytes, (size_t)n);
-        }
-        uint16_t *sc = (uint16_t *)buf;
-        const int64_t sch = chunk / 2;
-        for (int64_t at = 0; at < ns; at += sch) {
-            int64_t n = ns - at < sch ? ns - at : sch;
-            for (int64_t k = 0; k < n; k++) sc[k] = s;
-            be->upload(be, q->scales + at, sc, (size_t)n * sizeof *sc);
-        }
-    }
-    free(buf);
-}
-
-void tz_bench_random_tokens(uint32_t *tok, int64_t n, int64_t vocab, uint64_t seed) {
-    tz_rng r = tz_rng_make(seed, 0, TZ_RNG_DATA, 1);
-    for (int64_t i = 0; i < n; i++) tok[i] = (uint32_t)tz_rng_below(&r, (uint64_t)vocab);
 }
 
 /* ---- the planning backend ---- */
@@ -263,6 +194,7 @@ static void plan_destroy(tz_backend *be) {
 tz_backend *tz_bench_plan_backend(void) {
     tz_backend *be = tz_xcalloc(1, sizeof *be);
     be->name = plan_name;
+    be->plan = 1;
     be->device = 1; /* nothing it hands out may be read on the host */
     be->matmul_dtypes = (1u << TZ_DT_F32) | (1u << TZ_DT_BF16); /* a GPU's, for run.precision */
     be->ctx = tz_xcalloc(1, sizeof(plan_ctx));
@@ -280,7 +212,7 @@ tz_backend *tz_bench_plan_backend(void) {
     return be;
 }
 
-int tz_bench_is_plan(const tz_backend *be) { return be && be->name == plan_name; }
+int tz_bench_is_plan(const tz_backend *be) { return be && be->plan; }
 
 /* ---- the memory plan and the dry run ---- */
 
@@ -294,15 +226,14 @@ typedef struct plan_run {
     int shapes_only; /* a model folder built from its config.json alone */
 } plan_run;
 
-/* c's Llama folder as the folder preset, when the preset path builds exactly its shapes (the
- * head dimension dim / heads): its config.json, and for a quantized folder the quantization
- * its safetensors header names. 1 when c now names the preset, else 0 (c unchanged). */
-static int folder_as_preset(tz_config *c) {
-    static char about[TZ_PATH_MAX + 32];
+/* Whether c's model folder can be planned from its shapes alone (a Llama folder: its
+ * config.json, and for a quantized folder the quantization its safetensors header names,
+ * which c then takes): 1, or 0 with c unchanged. The family's task builds those shapes with
+ * random weights (tz_task_create's shapes), reading no weight. */
+static int folder_shapes(tz_config *c) {
     if (strcmp(tz_family_of(c)->name, "llama")) return 0;
     tz_llama_dims d;
     tz_llama_read_dims(c->model.path, &d); /* fatal as the load would be */
-    if (d.n_heads < 1 || d.dim % d.n_heads || d.head_dim != d.dim / d.n_heads) return 0;
     tz_safetensors st;
     tz_tqf qf;
     char err[1024];
@@ -322,11 +253,6 @@ static int folder_as_preset(tz_config *c) {
         c->quant.seed = (int64_t)qf.seed;
     tz_tqf_free(&qf);
     tz_st_close(&st);
-    snprintf(about, sizeof about, "the shapes of %s", c->model.path);
-    folder_preset = (tz_bench_preset){FOLDER_PRESET, "llama", about, 0,
-                                      {d.vocab, d.dim, d.hidden, d.n_layers, d.n_heads,
-                                       d.n_kv_heads, d.tied, d.max_pos}, {NULL}};
-    snprintf(c->model.path, sizeof c->model.path, "%s%s", TZ_BENCH_PRESET_PREFIX, FOLDER_PRESET);
     return 1;
 }
 
@@ -340,9 +266,9 @@ static int plan_open(plan_run *p, const tz_config *cfg, unsigned dtypes, int tra
     *p->cfg = *cfg;
     tz_config *c = p->cfg;
     c->lora.init = TZ_LORA_INIT_DEFAULT; /* the same memory; loftq would read the weights */
-    if (!tz_bench_preset_of(c)) {
-        p->shapes_only = folder_as_preset(c);
-        if (p->shapes_only) /* the preset path's data: random, in memory */
+    if (!tz_model_preset_name(c->model.path)) {
+        p->shapes_only = folder_shapes(c);
+        if (p->shapes_only) /* random data, in memory, as for a preset */
             c->data.val[0] = 0, snprintf(c->data.train, sizeof c->data.train, "(random tokens)");
         else if (!read_weights) {
             free(p->cfg);
@@ -352,7 +278,7 @@ static int plan_open(plan_run *p, const tz_config *cfg, unsigned dtypes, int tra
     p->be = tz_bench_plan_backend();
     p->be->matmul_dtypes = dtypes;
     tz_backend_set_precision(p->be, c->run.precision);
-    p->t = tz_task_create(c, p->be, training);
+    p->t = tz_task_create(c, p->be, training, p->shapes_only);
     return 0;
 }
 
@@ -360,7 +286,6 @@ static void plan_close(plan_run *p) {
     tz_task_free(p->t);
     tz_backend_destroy(p->be);
     free(p->cfg);
-    folder_preset.name = NULL;
 }
 
 /* The figures of the built plan p for one of N ranks. */
@@ -388,7 +313,7 @@ static void plan_figures(const plan_run *p, int64_t N, tz_mem_plan *m) {
         }
         if (!q->adapter && q->numel > largest) largest = q->numel;
     }
-    if (!tz_bench_preset_of(cfg) || p->shapes_only) /* a folder: one weight at a time, fp32 */
+    if (!tz_model_preset_name(cfg->model.path)) /* a folder: one weight at a time, fp32 */
         m->load = (size_t)largest * sizeof(float);
     size_t buffers = 0;
     if (zero) {
@@ -412,7 +337,7 @@ static void plan_figures(const plan_run *p, int64_t N, tz_mem_plan *m) {
         if (tz_zero_plan_init(&zp, &d, err, sizeof err)) TZ_FATAL("zero plan: %s", err);
         const tz_optim *opt = tz_optim_at(cfg->optim.name);
         m->shard_numel = zp.shard_numel;
-        m->shard = (size_t)zp.shard_numel * (4 + 4 + 1 + 4 * (size_t)opt->n_states);
+        m->shard = (size_t)zp.shard_numel * tz_optim_elem_bytes(opt);
         /* stage 2 on several ranks stages two buckets on the backend (optim/zero.c); on one
          * rank of a GPU the buckets are downloaded straight into the received slices, host
          * memory like every slot's received slice */
@@ -510,12 +435,14 @@ int tz_mem_plan_check(const tz_mem_plan *m, const tz_config *cfg, const tz_mem_r
 /* Positions a row (a token, an image) shows the weights: 1, or a DiT image's patches. */
 static int64_t patches_per_row(const tz_config *cfg) {
     if (strcmp(tz_family_of(cfg)->name, "dit")) return 1;
-    const tz_bench_preset *bp = tz_bench_preset_of(cfg);
+    const char *shape = tz_model_preset_name(cfg->model.path);
     int64_t side = 0, patch = 1;
     tz_dit_config c;
+    tz_dit_dims d;
     char err[1200];
-    if (bp) side = bp->v[0], patch = bp->v[1];
-    else if (!tz_dit_config_read(&c, cfg->model.path, err, sizeof err))
+    if (shape) {
+        if (!tz_dit_preset(shape, &d, err, sizeof err)) side = d.input_size, patch = d.patch_size;
+    } else if (!tz_dit_config_read(&c, cfg->model.path, err, sizeof err))
         side = c.input_size, patch = c.patch_size;
     return patch > 0 ? (side / patch) * (side / patch) : 1;
 }
@@ -542,18 +469,11 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     tz_backend *be = p.be;
     const tz_params *ps = t->params;
     const int qzo = cfg->train.mode == TZ_MODE_QZO, full = cfg->train.mode == TZ_MODE_FULL;
-    /* the model line names the folder, not the preset that stood for its shapes */
-    char desc[sizeof t->describe + TZ_PATH_MAX];
-    const char *at = strstr(t->describe, p.cfg->model.path);
-    if (p.shapes_only && at)
-        snprintf(desc, sizeof desc, "%.*s%s%s", (int)(at - t->describe), t->describe,
-                 cfg->model.path, at + strlen(p.cfg->model.path));
-    else
-        snprintf(desc, sizeof desc, "%s", t->describe);
     tz_info("dry run (nothing allocated): %s | %s | GEMM operands %s (as on %s)%s", cfg->source,
-            desc, be->matmul_dtype == TZ_DT_BF16 ? "bf16" : "fp32", m.gpu ? "a GPU" : "the CPU",
+            t->describe, be->matmul_dtype == TZ_DT_BF16 ? "bf16" : "fp32", m.gpu ? "a GPU" : "the CPU",
             p.shapes_only ? " | planned from config.json, no weight read"
-            : tz_bench_preset_of(cfg) ? "" : " | planned from the weights (read, not allocated)");
+            : tz_model_preset_name(cfg->model.path) ? ""
+                                                    : " | planned from the weights (read, not allocated)");
     char optim[64] = "";
     if (m.optim) snprintf(optim, sizeof optim, " + optimizer %.3f", gib((double)m.optim));
     tz_info("planned backend memory per rank: %.3f GiB (%zu bytes) %s = weights %.3f (codes + "

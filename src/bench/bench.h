@@ -13,24 +13,20 @@
 #include "model/params.h"
 #include "comm/fwd.h"
 
-/* model.path of a preset's configuration: "preset:NAME" (no folder is read). */
-#define TZ_BENCH_PRESET_PREFIX "preset:"
-
+/* A preset: a named shape of a family (model.path "preset:NAME", model/model_base.h: the
+ * family builds it with random weights and random data) and the recipe timed on it. */
 typedef struct tz_bench_preset {
-    const char *name;    /* --preset NAME */
+    const char *name;    /* --preset NAME: the family's shape of that name */
     const char *arch;    /* model.arch: "llama" or "dit" */
     const char *about;   /* one line for --help and the log */
     int gpu_only;        /* too large for a CPU step: bench refuses it there (--dry-run plans it) */
-    /* llama: vocab, dim, MLP hidden, layers, heads, kv heads, tied embeddings, positions;
-     * dit: input side, patch, channels, hidden, depth, heads, classes */
-    int64_t v[8];
     const char *sets[16]; /* the configuration it stands for, as --set arguments */
 } tz_bench_preset;
 
 /* The preset called name, or NULL. */
 const tz_bench_preset *tz_bench_preset_find(const char *name);
-/* The preset cfg stands for (model.path "preset:NAME"), or NULL for a model folder; fatal
- * for "preset:" with an unknown name. */
+/* The bench preset cfg stands for (model.path "preset:NAME" with a preset's NAME), or NULL
+ * (a model folder, or another shape of a family). */
 const tz_bench_preset *tz_bench_preset_of(const tz_config *cfg);
 /* The presets' names as "a, b or c" into buf. */
 const char *tz_bench_preset_list(char *buf, size_t n);
@@ -39,14 +35,6 @@ const char *tz_bench_preset_list(char *buf, size_t n);
  * preset. */
 void tz_bench_preset_config(tz_config *cfg, const tz_config_names *names, const char *preset,
                             const char *const *sets, int nset);
-
-/* Random base weights for a timing run, fast at any size: dense matrices uniform with
- * standard deviation 0.02, norms 1, and a quantized weight random codes with the scale
- * that gives its decoded values the same deviation (levels: the 2^bits code values of the
- * model's quantization, host memory). No quantizer runs. Adapters are left alone. */
-void tz_bench_fill_params(tz_params *ps, tz_backend *be, const float *levels, uint64_t seed);
-/* n random token ids below vocab (host memory, from seed). */
-void tz_bench_random_tokens(uint32_t *tok, int64_t n, int64_t vocab, uint64_t seed);
 
 /* A backend that only plans: alloc reserves address space (never touched, counted in
  * live/peak bytes), upload/download/copy/fill do nothing, every compute op is absent. Built

@@ -22,6 +22,7 @@
 #include "cli/commands.h"
 #include "task/family.h"
 #include "train/inputs_check.h"
+#include "train/run_record.h"
 #include "train/trainer.h"
 
 /* Value of --name in argv[from..argc), or NULL; every other argument must be a known flag. */
@@ -205,7 +206,7 @@ static int cmd_plot(int argc, char **argv) {
     }
     if (!n || !out) TZ_FATAL("plot: expected 'plot RUN_DIR [RUN_DIR ...] --out FILE.png'");
     char err[1024];
-    if (tz_loss_plot_write(dirs, NULL, n, out, err, sizeof err)) TZ_FATAL("plot: %s", err);
+    if (tz_loss_plot_write(&tz_metrics_keys, dirs, NULL, n, out, err, sizeof err)) TZ_FATAL("plot: %s", err);
     tz_info("wrote %s: loss curves of %d run%s", out, n, n > 1 ? "s" : "");
     free(dirs);
     return 0;

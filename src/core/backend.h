@@ -60,6 +60,8 @@ typedef struct tz_device_info {
 struct tz_backend {
     const char *name;
     int device;        /* 1: memory is not host-addressable (copy with upload/download) */
+    int plan;          /* 1: a planning backend (bench --dry-run): memory reserved, never
+                        * touched; no op runs, so nothing need be computed for it */
     void *ctx;         /* implementation state */
     /* The operand type of matmul: TZ_DT_F32 (fp32 products, the CPU's and every backend's
      * default) or TZ_DT_BF16 (A and B rounded to bf16 to nearest even, products summed in

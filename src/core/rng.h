@@ -51,6 +51,13 @@ static inline uint64_t tz_rng_below(tz_rng *r, uint64_t n) {
     return x % n;
 }
 
+/* n ids uniform below bound from seed (purpose TZ_RNG_DATA): the random data of a model
+ * built from a named shape (model.path "preset:NAME"). */
+static inline void tz_rng_ids(uint32_t *out, int64_t n, uint64_t bound, uint64_t seed) {
+    tz_rng r = tz_rng_make(seed, 0, TZ_RNG_DATA, 1);
+    for (int64_t i = 0; i < n; i++) out[i] = (uint32_t)tz_rng_below(&r, bound);
+}
+
 /* Standard normal (Box-Muller in double, one value per call). */
 double tz_rng_normal(tz_rng *r);
 

@@ -298,9 +298,32 @@ static hid_t group(hid_t f, const char *name) {
     return g;
 }
 
-int tz_h5_shard_write(tz_h5_shard *s, const char *gname, const char *name, const float *data,
-                      int64_t n, const int64_t *shape, int ndim, int64_t flat_offset,
-                      const int64_t *pieces, int64_t npieces, char *err, size_t errlen) {
+/* The file and memory types of an element type; 0 for one a shard does not store. */
+static int h5_types(enum tz_dtype dt, hid_t *file, hid_t *mem) {
+    switch (dt) {
+    case TZ_DT_F32: *file = H5T_IEEE_F32LE, *mem = H5T_NATIVE_FLOAT; return 1;
+    case TZ_DT_BF16: *file = H5T_STD_U16LE, *mem = H5T_NATIVE_UINT16; return 1;
+    case TZ_DT_U8: *file = H5T_STD_U8LE, *mem = H5T_NATIVE_UINT8; return 1;
+    default: return 0;
+    }
+}
+
+/* What a dataset's type is, in words: "4-byte floats", "2-byte integers". */
+static void type_words(hid_t t, char *buf, size_t n) {
+    H5T_class_t c = t >= 0 ? H5Tget_class(t) : H5T_NO_CLASS;
+    snprintf(buf, n, "%zu-byte %s", t >= 0 ? H5Tget_size(t) : 0,
+             c == H5T_FLOAT ? "floats" : c == H5T_INTEGER ? "integers" : "values");
+}
+
+int tz_h5_shard_write(tz_h5_shard *s, const char *gname, const char *name, enum tz_dtype dt,
+                      const void *data, int64_t n, const int64_t *shape, int ndim,
+                      int64_t flat_offset, const int64_t *pieces, int64_t npieces, char *err,
+                      size_t errlen) {
+    hid_t ftype, mtype;
+    if (!h5_types(dt, &ftype, &mtype))
+        return tz_errf(err, errlen, "%s: dataset %s/%s: element type %s is not stored", s->path,
+                       gname, name, tz_dtype_name(dt));
+    const size_t es = tz_dtype_size(dt);
     quiet q = quiet_on();
     hsize_t dims[1] = {(hsize_t)n}, chunk[1] = {(hsize_t)n < CHUNK_ELEMS ? (hsize_t)n : CHUNK_ELEMS};
     if (chunk[0] == 0) chunk[0] = 1;
@@ -309,14 +332,14 @@ int tz_h5_shard_write(tz_h5_shard *s, const char *gname, const char *name, const
     hid_t pl = H5Pcreate(H5P_DATASET_CREATE);
     int ok = g >= 0 && sp >= 0 && pl >= 0 && H5Pset_chunk(pl, 1, chunk) >= 0 &&
              H5Pset_fletcher32(pl) >= 0 && H5Pset_obj_track_times(pl, 0) >= 0;
-    hid_t d = ok ? H5Dcreate2(g, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, pl, H5P_DEFAULT) : -1;
+    hid_t d = ok ? H5Dcreate2(g, name, ftype, sp, H5P_DEFAULT, pl, H5P_DEFAULT) : -1;
     ok = ok && d >= 0;
     for (hsize_t at = 0; ok && at < (hsize_t)n; at += BLOCK_ELEMS) {
         hsize_t cnt[1] = {(hsize_t)n - at < BLOCK_ELEMS ? (hsize_t)n - at : BLOCK_ELEMS}, off[1] = {at};
         hid_t ms = H5Screate_simple(1, cnt, NULL), fs = H5Dget_space(d);
         ok = ms >= 0 && fs >= 0 &&
              H5Sselect_hyperslab(fs, H5S_SELECT_SET, off, NULL, cnt, NULL) >= 0 &&
-             H5Dwrite(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, data + at) >= 0;
+             H5Dwrite(d, mtype, ms, fs, H5P_DEFAULT, (const char *)data + at * es) >= 0;
         if (ms >= 0) H5Sclose(ms);
         if (fs >= 0) H5Sclose(fs);
     }
@@ -328,23 +351,37 @@ int tz_h5_shard_write(tz_h5_shard *s, const char *gname, const char *name, const
     if (g >= 0) H5Gclose(g);
     quiet_off(q);
     if (io_error(s, err, errlen)) return -1;
-    return ok ? 0 : tz_errf(err, errlen, "%s: cannot write dataset %s/%s (%lld floats)", s->path,
-                            gname, name, (long long)n);
+    return ok ? 0 : tz_errf(err, errlen, "%s: cannot write dataset %s/%s (%lld %s values)",
+                            s->path, gname, name, (long long)n, tz_dtype_name(dt));
 }
 
-int tz_h5_shard_read(tz_h5_shard *s, const char *gname, const char *name, int64_t total, int64_t at,
-                     int64_t n, float *dst, char *err, size_t errlen) {
+int tz_h5_shard_read(tz_h5_shard *s, const char *gname, const char *name, enum tz_dtype dt,
+                     int64_t total, int64_t at, int64_t n, void *dst, char *err,
+                     size_t errlen) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", gname, name);
+    hid_t ftype, mtype;
+    if (!h5_types(dt, &ftype, &mtype))
+        return tz_errf(err, errlen, "%s: dataset %s: element type %s is not stored", s->path,
+                       path, tz_dtype_name(dt));
+    const size_t es = tz_dtype_size(dt);
     quiet q = quiet_on();
     int rc = 0;
     hid_t d = H5Lexists(s->f, gname, H5P_DEFAULT) > 0 && H5Lexists(s->f, path, H5P_DEFAULT) > 0
                   ? H5Dopen2(s->f, path, H5P_DEFAULT)
                   : -1;
     hid_t fs = d >= 0 ? H5Dget_space(d) : -1;
+    hid_t dty = d >= 0 ? H5Dget_type(d) : -1;
     hsize_t dims[1] = {0};
     if (d < 0) {
         rc = tz_errf(err, errlen, "%s: no dataset %s", s->path, path);
+    } else if (dty < 0 || H5Tget_class(dty) != H5Tget_class(ftype) ||
+               H5Tget_size(dty) != H5Tget_size(ftype)) {
+        char have[64], want[64];
+        type_words(dty, have, sizeof have);
+        type_words(ftype, want, sizeof want);
+        rc = tz_errf(err, errlen, "%s: dataset %s holds %s, this run keeps it as %s (%s)",
+                     s->path, path, have, want, tz_dtype_name(dt));
     } else if (fs < 0 || H5Sget_simple_extent_ndims(fs) != 1 ||
                H5Sget_simple_extent_dims(fs, dims, NULL) < 0 || (int64_t)dims[0] != total) {
         rc = tz_errf(err, errlen, "%s: dataset %s holds %lld values, expected %lld", s->path, path,
@@ -358,12 +395,13 @@ int tz_h5_shard_read(tz_h5_shard *s, const char *gname, const char *name, int64_
         hsize_t off[1] = {(hsize_t)(at + done)};
         hid_t ms = H5Screate_simple(1, cnt, NULL);
         int ok = ms >= 0 && H5Sselect_hyperslab(fs, H5S_SELECT_SET, off, NULL, cnt, NULL) >= 0 &&
-                 H5Dread(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, dst + done) >= 0;
+                 H5Dread(d, mtype, ms, fs, H5P_DEFAULT, (char *)dst + done * es) >= 0;
         if (ms >= 0) H5Sclose(ms);
         if (!ok)
             rc = tz_errf(err, errlen, "%s: reading %s failed (checksum mismatch: the file is "
                          "damaged)", s->path, path);
     }
+    if (dty >= 0) H5Tclose(dty);
     if (fs >= 0) H5Sclose(fs);
     if (d >= 0) H5Dclose(d);
     quiet_off(q);

@@ -37,18 +37,20 @@ static void series_add(series *s, double x, double y) {
     s->y[s->n++] = y;
 }
 
-/* The train and eval points of dir/metrics.jsonl (the summary record and nulls skipped). */
-static int read_metrics(const char *dir, series *tr, series *ev, char *err, size_t errlen) {
+/* The train and eval points of the records in dir (records without a step, and nulls,
+ * skipped). */
+static int read_metrics(const tz_loss_plot_keys *k, const char *dir, series *tr, series *ev,
+                        char *err, size_t errlen) {
     char path[1100];
-    tz_path_join(path, sizeof path, dir, "metrics.jsonl");
+    tz_path_join(path, sizeof path, dir, k->file);
     FILE *f = fopen(path, "r");
     if (!f) return tz_errf(err, errlen, "%s: cannot open (is %s a run folder?)", path, dir);
     char line[8192];
     while (fgets(line, sizeof line, f)) {
         json_t *o = json_loads(line, 0, NULL);
         if (!o) continue;
-        json_t *step = json_object_get(o, "step"), *l = json_object_get(o, "loss"),
-               *e = json_object_get(o, "eval_loss");
+        json_t *step = json_object_get(o, k->step), *l = json_object_get(o, k->loss),
+               *e = json_object_get(o, k->eval_loss);
         if (json_is_integer(step)) {
             double x = (double)json_integer_value(step);
             if (json_is_number(l)) series_add(tr, x, json_number_value(l));
@@ -169,13 +171,13 @@ static void smooth(const series *s, int64_t h, double *m) {
     }
 }
 
-int tz_loss_plot_write(const char *const *dirs, const char *const *names, int n, const char *out,
-                       char *err, size_t errlen) {
+int tz_loss_plot_write(const tz_loss_plot_keys *keys, const char *const *dirs,
+                       const char *const *names, int n, const char *out, char *err, size_t errlen) {
     series *tr = tz_xcalloc((size_t)n, sizeof *tr), *ev = tz_xcalloc((size_t)n, sizeof *ev);
     int rc = 0;
     double x0 = 0, x1 = 1, y0 = INFINITY, y1 = -INFINITY;
     for (int i = 0; i < n && !rc; i++) {
-        rc = read_metrics(dirs[i], &tr[i], &ev[i], err, errlen);
+        rc = read_metrics(keys, dirs[i], &tr[i], &ev[i], err, errlen);
         for (int k = 0; k < 2 && !rc; k++) {
             const series *s = k ? &ev[i] : &tr[i];
             for (int64_t j = 0; j < s->n; j++) {

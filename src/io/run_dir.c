@@ -220,27 +220,19 @@ void tz_run_lock_release(tz_run_lock *l) {
 
 /* ---- staging and commit ---------------------------------------------------------------- */
 
-/* What a run leaves in its folder, in the order of the commit (the result first, the log
- * that says a run is there last); DIR/checkpoints and DIR/.lock are not among them. The
- * last, never in a staging folder, is where a run that replaces another sets the earlier
- * run's checkpoints aside (train/run_record.c): the commit removes it with the rest. */
-static const char *const outputs[] = {"adapter",  "model",         "loss.png",
-                                      "config.used.cfg", "run.json", "metrics.jsonl",
-                                      "checkpoints.replaced"};
-static int output_is_dir(int i) { return i < 2 || i == 6; }
-#define N_OUTPUTS ((int)(sizeof outputs / sizeof outputs[0]))
-
-int tz_run_dir_holds_run(const char *dir, char *what, size_t n) {
-    static const char *const marks[] = {"metrics.jsonl", "run.json", "adapter", "model"};
+int tz_run_dir_holds_run(const char *dir, const tz_run_outputs *outs, char *what, size_t n) {
     char path[1100];
-    for (int i = 0; i < 4; i++) {
-        if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, marks[i]) >= sizeof path) continue;
-        struct stat st;
-        if (lstat(path, &st) == 0) {
-            snprintf(what, n, "%s", path);
-            return 1;
+    for (int k = 1; k <= outs->n; k++)
+        for (int i = 0; i < outs->n; i++) {
+            if (outs->o[i].mark != k) continue;
+            if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, outs->o[i].name) >= sizeof path)
+                continue;
+            struct stat st;
+            if (lstat(path, &st) == 0) {
+                snprintf(what, n, "%s", path);
+                return 1;
+            }
         }
-    }
     return 0;
 }
 
@@ -317,8 +309,8 @@ static int roll_forward(const char *dir, char *err, size_t n) {
     return sync_path(dir, 1, err, n);
 }
 
-int tz_run_stage_open(const char *dir, char *stage, size_t stage_n, char *note, size_t note_n,
-                      char *err, size_t n) {
+int tz_run_stage_open(const char *dir, const tz_run_outputs *outs, char *stage, size_t stage_n,
+                      char *note, size_t note_n, char *err, size_t n) {
     char rec[1200];
     if (note_n) note[0] = 0;
     if (join(stage, stage_n, dir, TZ_STAGE_NAME, err, n) ||
@@ -334,10 +326,10 @@ int tz_run_stage_open(const char *dir, char *stage, size_t stage_n, char *note, 
         snprintf(note, note_n, "%s: removed %s, the partial outputs of a previous run that did "
                  "not finish", dir, stage);
     }
-    for (int i = 0; i < N_OUTPUTS; i++) { /* an output's name taken by the wrong kind */
+    for (int i = 0; i < outs->n; i++) { /* an output's name taken by the wrong kind */
         char p[1400];
-        int want_dir = output_is_dir(i);
-        if (join(p, sizeof p, dir, outputs[i], err, n)) return 1;
+        int want_dir = outs->o[i].is_dir;
+        if (join(p, sizeof p, dir, outs->o[i].name, err, n)) return 1;
         if (lstat(p, &st) == 0 && !S_ISDIR(st.st_mode) != !want_dir)
             return tz_errf(err, n, "cannot write %s: %s", p, strerror(want_dir ? ENOTDIR : EISDIR));
     }
@@ -346,9 +338,9 @@ int tz_run_stage_open(const char *dir, char *stage, size_t stage_n, char *note, 
     return 0;
 }
 
-static int is_output(const char *name) {
-    for (int i = 0; i < N_OUTPUTS; i++)
-        if (!strcmp(name, outputs[i])) return 1;
+static int is_output(const tz_run_outputs *outs, const char *name) {
+    for (int i = 0; i < outs->n; i++)
+        if (!strcmp(name, outs->o[i].name)) return 1;
     return 0;
 }
 
@@ -372,7 +364,7 @@ static int record_line(const char *dir, const char *stage, const char *name, cha
     return 0;
 }
 
-int tz_run_stage_commit(const char *dir, char *err, size_t n) {
+int tz_run_stage_commit(const char *dir, const tz_run_outputs *outs, char *err, size_t n) {
     char stage[1100], rec[1200], buf[8192];
     size_t len = 0;
     if (join(stage, sizeof stage, dir, TZ_STAGE_NAME, err, n) ||
@@ -384,14 +376,14 @@ int tz_run_stage_commit(const char *dir, char *err, size_t n) {
     struct dirent *e;
     int rc = 0;
     while (!rc && (e = readdir(d))) {
-        if (e->d_name[0] == '.' || strstr(e->d_name, ".tmp.") || is_output(e->d_name) ||
-            !strcmp(e->d_name, "checkpoints")) /* never replaces run.dir/checkpoints */
+        if (e->d_name[0] == '.' || strstr(e->d_name, ".tmp.") || is_output(outs, e->d_name) ||
+            (outs->keep && !strcmp(e->d_name, outs->keep))) /* never replaced */
             continue;
         rc = record_line(dir, stage, e->d_name, buf, sizeof buf, &len, err, n);
     }
     closedir(d);
-    for (int i = 0; !rc && i < N_OUTPUTS; i++)
-        rc = record_line(dir, stage, outputs[i], buf, sizeof buf, &len, err, n);
+    for (int i = 0; !rc && i < outs->n; i++)
+        rc = record_line(dir, stage, outs->o[i].name, buf, sizeof buf, &len, err, n);
     if (rc) return rc;
     tz_atomic_file f;
     if (tz_atomic_file_open(&f, rec, err, n)) return 1;

@@ -30,20 +30,36 @@ void tz_run_lock_release(tz_run_lock *l);
 /* ---- staging and commit of a run folder ---------------------------------------------- */
 #define TZ_STAGE_NAME "staging" /* DIR/staging: the outputs of the run in progress */
 
-/* Whether DIR holds the outputs of a finished run (metrics.jsonl, run.json, adapter/ or
- * model/); 1 with the first one found in what, else 0. */
-int tz_run_dir_holds_run(const char *dir, char *what, size_t n);
+/* What a run leaves in its folder, as the caller (the trainer: train/run_record.h) lists it:
+ * its outputs in the order of the commit (the result first, the log that says a run is there
+ * last), which are folders, which say a finished run is there (mark k > 0: looked for k-th),
+ * and the one name a commit never replaces (the checkpoints). */
+typedef struct tz_run_output {
+    const char *name;
+    int is_dir;
+    int mark;
+} tz_run_output;
+typedef struct tz_run_outputs {
+    const tz_run_output *o;
+    int n;
+    const char *keep;
+} tz_run_outputs;
+
+/* Whether DIR holds the outputs of a finished run (an output with a mark); 1 with the first
+ * one found in what, else 0. */
+int tz_run_dir_holds_run(const char *dir, const tz_run_outputs *outs, char *what, size_t n);
 /* With the lock held: completes a commit that a previous process left half done, or removes
- * the staging folder of a run that did not finish (note says which, else ""), and creates
- * an empty DIR/staging (its path in stage). 0, or non-zero with err. */
-int tz_run_stage_open(const char *dir, char *stage, size_t stage_n, char *note, size_t note_n,
-                      char *err, size_t n);
+ * the staging folder of a run that did not finish (note says which, else ""), checks that no
+ * output's name is taken by the wrong kind (a file where a folder goes), and creates an empty
+ * DIR/staging (its path in stage). 0, or non-zero with err. */
+int tz_run_stage_open(const char *dir, const tz_run_outputs *outs, char *stage, size_t stage_n,
+                      char *note, size_t note_n, char *err, size_t n);
 /* Moves everything in DIR/staging into DIR, replacing the outputs of a previous run (the
- * outputs it had that this one lacks are removed; DIR/checkpoints and the lock are never
- * touched, nor is a staging/checkpoints moved), then removes DIR/staging. A commit record
- * written first makes the moves complete on the next tz_run_stage_open if this process
- * stops half-way. 0, or non-zero with err. */
-int tz_run_stage_commit(const char *dir, char *err, size_t n);
+ * outputs it had that this one lacks are removed; DIR/<keep> and the lock are never touched,
+ * nor is a staging/<keep> moved), then removes DIR/staging. A commit record written first
+ * makes the moves complete on the next tz_run_stage_open if this process stops half-way. 0,
+ * or non-zero with err. */
+int tz_run_stage_commit(const char *dir, const tz_run_outputs *outs, char *err, size_t n);
 
 /* ---- one folder as one unit ---------------------------------------------------------- */
 /* Creates an empty folder FINAL.tmp.<random> beside final_dir; its path in out. 0 or

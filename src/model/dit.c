@@ -42,19 +42,36 @@ int tz_dit_check_dims(const tz_dit_dims *d, char *err, size_t errlen) {
     return why != NULL;
 }
 
+/* The family's named shapes: input side, patch, channels, hidden, depth, heads, classes,
+ * learned sigma; every one with MLP ratio 4, class dropout 0.1, 256 frequencies, DDPM. */
+static const struct {
+    const char *name;
+    int64_t side, patch, channels, hidden, depth, heads, classes, learn_sigma;
+} shapes[] = {
+    {"tiny", 28, 4, 1, 64, 2, 4, 10, 0},
+    {"small", 28, 2, 1, 128, 4, 4, 10, 0},
+    {"dit-xl-2", 32, 2, 4, 1152, 28, 16, 1000, 1},
+    {"dit-tiny", 8, 2, 4, 64, 2, 4, 10, 1},
+};
+
 int tz_dit_preset(const char *name, tz_dit_dims *d, char *err, size_t errlen) {
-    memset(d, 0, sizeof *d);
-    d->input_size = 28, d->in_channels = 1, d->num_heads = 4, d->mlp_ratio = 4.0;
-    d->num_classes = 10, d->class_dropout_prob = 0.1, d->learn_sigma = 0, d->freq_dim = 256;
-    d->diffusion = TZ_DIFF_DDPM;
-    if (!strcmp(name, "tiny")) {
-        d->patch_size = 4, d->hidden = 64, d->depth = 2;
-    } else if (!strcmp(name, "small")) {
-        d->patch_size = 2, d->hidden = 128, d->depth = 4;
-    } else {
-        snprintf(err, errlen, "dit: preset \"%s\": expected tiny or small", name);
+    const int n = (int)(sizeof shapes / sizeof *shapes);
+    int i = 0;
+    while (i < n && strcmp(shapes[i].name, name)) i++;
+    if (i == n) {
+        size_t used = (size_t)snprintf(err, errlen, "dit: preset \"%s\": expected ", name);
+        for (int k = 0; k < n && used < errlen; k++)
+            used += (size_t)snprintf(err + used, errlen - used, "%s%s",
+                                     k == 0 ? "" : k + 1 < n ? ", " : " or ", shapes[k].name);
         return 1;
     }
+    memset(d, 0, sizeof *d);
+    d->input_size = shapes[i].side, d->patch_size = shapes[i].patch;
+    d->in_channels = shapes[i].channels, d->hidden = shapes[i].hidden;
+    d->depth = shapes[i].depth, d->num_heads = shapes[i].heads;
+    d->num_classes = shapes[i].classes, d->learn_sigma = (int)shapes[i].learn_sigma;
+    d->mlp_ratio = 4.0, d->class_dropout_prob = 0.1, d->freq_dim = 256;
+    d->diffusion = TZ_DIFF_DDPM;
     return 0;
 }
 

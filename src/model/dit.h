@@ -63,9 +63,12 @@ static inline int64_t tz_dit_image_numel(const tz_dit_dims *d) {
 
 /* 0, or non-zero with the first inconsistency in err. */
 int tz_dit_check_dims(const tz_dit_dims *d, char *err, size_t errlen);
-/* Presets for `init-model --arch dit`: "tiny" (28x28x1, patch 4, hidden 64, depth 2, 4 heads,
- * 10 classes) and "small" (28x28x1, patch 2, hidden 128, depth 4, 4 heads, 10 classes).
- * 0, or non-zero with a message. */
+/* The family's named shapes, for `init-model --arch dit --preset NAME` and for model.path
+ * "preset:NAME" (random weights built in memory: bench --preset): "tiny" (28x28x1, patch 4,
+ * hidden 64, depth 2, 4 heads, 10 classes) and "small" (28x28x1, patch 2, hidden 128, depth
+ * 4, 4 heads, 10 classes); "dit-xl-2" (DiT-XL/2: 4x32x32 latents, patch 2, hidden 1152,
+ * depth 28, 16 heads, 1000 classes, learned sigma) and "dit-tiny" (4x8x8, patch 2, hidden 64,
+ * depth 2, 4 heads, 10 classes, learned sigma). 0, or non-zero with a message. */
 int tz_dit_preset(const char *name, tz_dit_dims *d, char *err, size_t errlen);
 
 /* Options: model/model_base.h (tz_model_opts); lora.targets bits are 1 << TZ_DIT_x. A

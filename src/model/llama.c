@@ -14,24 +14,42 @@
 const char *const tz_llama_lin_names[TZ_LIN_N] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                   "gate_proj", "up_proj", "down_proj"};
 
+/* The family's named shapes: vocab (0: the caller's), dim, MLP hidden, layers, heads, kv
+ * heads, tied embeddings, positions. */
+static const struct {
+    const char *name;
+    int64_t vocab, dim, hidden, layers, heads, kv, tied, max_pos;
+} shapes[] = {
+    {"tiny", 0, 128, 352, 2, 4, 2, 1, 2048},
+    {"mini", 0, 192, 512, 4, 6, 2, 1, 2048},
+    {"small", 0, 256, 688, 6, 8, 4, 1, 2048},
+    {"llama2-7b", 32000, 4096, 11008, 32, 32, 32, 0, 4096},
+    {"llama-tiny", 256, 128, 352, 2, 4, 2, 0, 2048},
+};
+
 int tz_llama_preset(const char *name, int64_t vocab, tz_llama_dims *d, char *err, size_t errlen) {
-    memset(d, 0, sizeof *d);
-    d->vocab = vocab;
-    d->max_pos = 2048;
-    d->eps = 1e-5;
-    d->theta = 10000.0;
-    d->tied = 1;
-    if (!strcmp(name, "tiny")) {
-        d->dim = 128, d->n_layers = 2, d->n_heads = 4, d->n_kv_heads = 2, d->hidden = 352;
-    } else if (!strcmp(name, "mini")) {
-        d->dim = 192, d->n_layers = 4, d->n_heads = 6, d->n_kv_heads = 2, d->hidden = 512;
-    } else if (!strcmp(name, "small")) {
-        d->dim = 256, d->n_layers = 6, d->n_heads = 8, d->n_kv_heads = 4, d->hidden = 688;
-    } else {
-        snprintf(err, errlen, "expected tiny, mini or small");
+    const int n = (int)(sizeof shapes / sizeof *shapes);
+    int i = 0;
+    while (i < n && strcmp(shapes[i].name, name)) i++;
+    if (i == n) {
+        size_t used = (size_t)snprintf(err, errlen, "expected ");
+        for (int k = 0; k < n && used < errlen; k++)
+            used += (size_t)snprintf(err + used, errlen - used, "%s%s",
+                                     k == 0 ? "" : k + 1 < n ? ", " : " or ", shapes[k].name);
         return 1;
     }
+    memset(d, 0, sizeof *d);
+    d->vocab = vocab > 0 ? vocab : shapes[i].vocab;
+    d->dim = shapes[i].dim, d->hidden = shapes[i].hidden, d->n_layers = shapes[i].layers;
+    d->n_heads = shapes[i].heads, d->n_kv_heads = shapes[i].kv, d->tied = (int)shapes[i].tied;
+    d->max_pos = shapes[i].max_pos;
+    d->eps = 1e-5;
+    d->theta = 10000.0;
     d->head_dim = d->dim / d->n_heads;
+    if (d->vocab <= 0) {
+        snprintf(err, errlen, "shape %s takes its vocabulary size from the caller", name);
+        return 1;
+    }
     return 0;
 }
 

@@ -38,10 +38,13 @@ enum { TZ_ROPE_DEFAULT = 0, TZ_ROPE_LLAMA3 = 1 };
  * s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor). */
 void tz_llama_inv_freq(const tz_llama_dims *d, float *inv);
 
-/* Presets for `init-model --arch llama`, every one with tied embeddings, 2048 positions, eps
- * 1e-5 and theta 1e4: "tiny" (dim 128, 2 layers, 4 heads / 2 kv, MLP 352), "mini" (192, 4,
- * 6 / 2, 512) and "small" (256, 6, 8 / 4, 688); vocab is the caller's. 0, or non-zero with
- * what was expected in err. */
+/* The family's named shapes, for `init-model --arch llama --preset NAME` and for model.path
+ * "preset:NAME" (random weights built in memory: bench --preset), every one with eps 1e-5 and
+ * theta 1e4: "tiny" (dim 128, 2 layers, 4 heads / 2 kv, MLP 352), "mini" (192, 4, 6 / 2,
+ * 512) and "small" (256, 6, 8 / 4, 688), tied, 2048 positions, vocab the caller's;
+ * "llama2-7b" (Llama-2-7B: 4096, 32, 32 / 32, 11008, untied, vocab 32000, 4096 positions)
+ * and "llama-tiny" (tiny untied, vocab 256). vocab > 0 replaces the shape's. 0, or non-zero
+ * with what was expected in err. */
 int tz_llama_preset(const char *name, int64_t vocab, tz_llama_dims *d, char *err, size_t errlen);
 
 /* Options: model/model_base.h (tz_model_opts); lora.targets bits are 1 << TZ_LIN_x. A

@@ -6,6 +6,7 @@
 #define TZ_MODEL_BASE_H
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/arena.h"
 #include "core/backend.h"
@@ -35,6 +36,16 @@ typedef struct tz_lora_spec {
 
 /* How a model is built: what trains, its adapters, checkpointing, and how the quantizable
  * weights are stored. One struct for every family. */
+/* model.path "preset:NAME": a model of the family's named shape NAME (tz_llama_preset,
+ * tz_dit_preset) with random weights made in memory (tz_params_fill_random) and random data;
+ * no folder is read. bench --preset uses them. */
+#define TZ_MODEL_PRESET_PREFIX "preset:"
+static inline const char *tz_model_preset_name(const char *path) {
+    return strncmp(path, TZ_MODEL_PRESET_PREFIX, sizeof TZ_MODEL_PRESET_PREFIX - 1)
+               ? NULL
+               : path + sizeof TZ_MODEL_PRESET_PREFIX - 1;
+}
+
 typedef struct tz_model_opts {
     int full;          /* 1: every weight trainable; 0: frozen base (adapters only) */
     tz_lora_spec lora;
@@ -42,6 +53,9 @@ typedef struct tz_model_opts {
     int forward_only;  /* forward passes only (eval, qzo): the arena holds one layer's
                         * activations and two residual streams, no backward buffers */
     tz_quant_opts quant;
+    /* 1: the base has random weights: a named shape (model.path "preset:NAME"), or the
+     * shapes of model.path's config.json alone (a plan: no weight is read). Random data. */
+    int random_base;
 } tz_model_opts;
 
 /* What a stack of layers keeps for backward: the residual stream into each layer (and out of

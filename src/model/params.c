@@ -2,12 +2,14 @@
  * flat layout of trainables. Owns the weight allocations; the gradients are the trainer's. */
 #include "model/params.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "quant/tq_layout.h"
 
 void tz_params_init(tz_params *ps) { memset(ps, 0, sizeof *ps); }
@@ -195,4 +197,54 @@ void tz_param_download(tz_backend *be, const tz_param *p, float *host) {
     be->download(be, h, p->w, (size_t)p->numel * sizeof *h);
     tz_dtype_to_f32(TZ_DT_BF16, h, host, p->numel);
     free(h);
+}
+
+/* ---- random weights (model.path "preset:NAME") ---- */
+
+#define FILL_CHUNK ((int64_t)1 << 22) /* elements generated and uploaded at a time */
+
+void tz_params_fill_random(tz_params *ps, tz_backend *be, const float *levels, uint64_t seed) {
+    if (be->plan) return;
+    float *buf = tz_xmalloc((size_t)FILL_CHUNK * sizeof(float));
+    const float a = 0.02f * sqrtf(3.0f); /* uniform(-a, a): deviation 0.02 */
+    for (int i = 0; i < ps->n; i++) {
+        tz_param *p = ps->p[i];
+        if (p->adapter) continue;
+        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_INIT, 0);
+        if (!p->q) {
+            for (int64_t at = 0; at < p->numel; at += FILL_CHUNK) {
+                int64_t n = p->numel - at < FILL_CHUNK ? p->numel - at : FILL_CHUNK;
+                for (int64_t k = 0; k < n; k++)
+                    buf[k] = p->ndim == 1 ? 1.0f : a * (2.0f * tz_rng_uniform(&r) - 1.0f);
+                tz_param_upload(be, p, buf, at, n);
+            }
+            continue;
+        }
+        const tz_qweight *q = p->q;
+        /* uniform codes: the decoded values' mean square is scale^2 * mean(levels^2) */
+        double ms = 0.0;
+        const int nl = 1 << q->bits;
+        for (int k = 0; k < nl; k++) ms += (double)levels[k] * levels[k] / nl;
+        const uint16_t s = tz_f32_to_bf16((float)(0.02 / sqrt(ms > 0 ? ms : 1.0)));
+        const int64_t cb = tz_tq_codes_bytes(p->shape[0], p->shape[1], q->bits);
+        const int64_t ns = tz_tq_scales_count(p->shape[0], p->shape[1], q->group);
+        const int64_t chunk = FILL_CHUNK * (int64_t)sizeof(float);
+        uint8_t *bytes = (uint8_t *)buf;
+        for (int64_t at = 0; at < cb; at += chunk) {
+            int64_t n = cb - at < chunk ? cb - at : chunk;
+            for (int64_t k = 0; k < n; k += 8) {
+                uint64_t x = tz_rng_u64(&r);
+                memcpy(bytes + k, &x, (size_t)(n - k < 8 ? n - k : 8));
+            }
+            be->upload(be, q->codes + at, bytes, (size_t)n);
+        }
+        uint16_t *sc = (uint16_t *)buf;
+        const int64_t sch = chunk / 2;
+        for (int64_t at = 0; at < ns; at += sch) {
+            int64_t n = ns - at < sch ? ns - at : sch;
+            for (int64_t k = 0; k < n; k++) sc[k] = s;
+            be->upload(be, q->scales + at, sc, (size_t)n * sizeof *sc);
+        }
+    }
+    free(buf);
 }

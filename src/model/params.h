@@ -117,4 +117,11 @@ static inline void tz_params_backward_begins(const tz_params *ps) {
     if (ps->backward_hook) ps->backward_hook(ps->backward_hook_ctx);
 }
 
+/* Random base weights for a model built from a named shape (model.path "preset:NAME"), fast
+ * at any size: dense matrices uniform with standard deviation 0.02, norms 1, and a quantized
+ * weight random codes with the scale that gives its decoded values the same deviation
+ * (levels: the 2^bits code values of the model's quantization, host memory). No quantizer
+ * runs. Adapters are left alone; nothing is done on a planning backend (be->plan). */
+void tz_params_fill_random(tz_params *ps, tz_backend *be, const float *levels, uint64_t seed);
+
 #endif

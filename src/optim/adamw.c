@@ -34,6 +34,6 @@ static void adamw_range(float *restrict w, float *restrict m, float *restrict v,
 void tz_adamw_step(const tz_optim_arrays *a, int64_t lo, int64_t hi, int64_t t,
                    const tz_optim_hparams *h, float grad_scale) {
     if (hi <= lo) return;
-    adamw_range(a->w + lo, a->state[0] + lo, a->state[1] + lo, a->g + lo,
+    adamw_range(a->w + lo, (float *)a->state[0] + lo, (float *)a->state[1] + lo, a->g + lo,
                 a->decay ? a->decay + lo : NULL, hi - lo, h, t, grad_scale);
 }

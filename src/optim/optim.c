@@ -34,9 +34,11 @@ double tz_lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double m
     return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + cos(M_PI * p)));
 }
 
-static void add_array(tz_shard *s, const char *name, size_t elem_bytes, int saved) {
+static void add_array(tz_shard *s, const char *name, enum tz_dtype dt, int saved) {
     tz_shard_array *a = &s->a[s->n_arrays++];
+    const size_t elem_bytes = tz_dtype_size(dt);
     a->name = name;
+    a->dtype = dt;
     a->elem_bytes = elem_bytes;
     a->saved = saved;
     a->data = tz_world_host_alloc(s->world, (size_t)s->n * elem_bytes);
@@ -48,14 +50,19 @@ void tz_shard_init(tz_shard *s, const tz_optim *opt, int64_t n, const tz_world *
     if (!opt || !opt->step || opt->n_states < 0 || opt->n_states > TZ_OPTIM_MAX_STATES)
         TZ_FATAL("optimizer %s: needs a step function and 0..%d states",
                  opt && opt->name ? opt->name : "(null)", TZ_OPTIM_MAX_STATES);
+    for (int i = 0; i < opt->n_states; i++)
+        if (!tz_shard_dtype_ok(opt->state_types[i]))
+            TZ_FATAL("optimizer %s: state %s of element type %s (expected F32, BF16 or U8)",
+                     opt->name, opt->state_names[i], tz_dtype_name(opt->state_types[i]));
     if (n < 0) TZ_FATAL("shard of %lld elements", (long long)n);
     s->opt = opt;
     s->world = world;
     s->n = n;
-    add_array(s, "master", sizeof(float), 1);
-    add_array(s, "grad_acc", sizeof(float), 0);
-    add_array(s, "decay", sizeof(uint8_t), 0);
-    for (int i = 0; i < opt->n_states; i++) add_array(s, opt->state_names[i], sizeof(float), 1);
+    add_array(s, "master", TZ_DT_F32, 1);
+    add_array(s, "grad_acc", TZ_DT_F32, 0);
+    add_array(s, "decay", TZ_DT_U8, 0);
+    for (int i = 0; i < opt->n_states; i++)
+        add_array(s, opt->state_names[i], opt->state_types[i], 1);
     s->master = s->a[TZ_SHARD_MASTER].data;
     s->acc = s->a[TZ_SHARD_ACC].data;
     s->decay = s->a[TZ_SHARD_DECAY].data;
@@ -69,7 +76,7 @@ void tz_shard_free(tz_shard *s) {
     memset(s, 0, sizeof *s);
 }
 
-float *tz_shard_state(const tz_shard *s, int i) {
+void *tz_shard_state(const tz_shard *s, int i) {
     if (i < 0 || i >= s->opt->n_states) TZ_FATAL("%s has no state %d", s->opt->name, i);
     return s->a[TZ_SHARD_STATE0 + i].data;
 }
@@ -119,9 +126,18 @@ void tz_host_copy(void *dst, const void *src, size_t bytes) {
     }
 }
 
+size_t tz_optim_elem_bytes(const tz_optim *opt) {
+    size_t b = 2 * sizeof(float) + 1; /* master, accumulator, decay flag */
+    for (int i = 0; i < opt->n_states; i++) b += tz_dtype_size(opt->state_types[i]);
+    return b;
+}
+
+size_t tz_shard_elem_bytes(const tz_shard *s) { return tz_optim_elem_bytes(s->opt); }
+
 size_t tz_shard_step_bytes(const tz_shard *s) {
     /* read master, gradient, decay flag and states; write master and states */
-    return 2 * sizeof(float) + 1 + (size_t)s->opt->n_states * 2 * sizeof(float) + sizeof(float);
+    size_t states = tz_shard_elem_bytes(s) - (2 * sizeof(float) + 1);
+    return 2 * sizeof(float) + 1 + 2 * states + sizeof(float);
 }
 
 void tz_shard_update(tz_shard *s, const tz_optim_hparams *h, int64_t t, float grad_scale) {
@@ -141,7 +157,10 @@ void tz_shard_describe(const tz_shard *s, char *buf, size_t len) {
     size_t at = 0;
     buf[0] = 0;
     for (int i = 0; i < s->n_arrays && at < len; i++) {
-        int k = snprintf(buf + at, len - at, "%s%s", i ? ", " : "", s->a[i].name);
+        const int typed = i >= TZ_SHARD_STATE0 && s->a[i].dtype != TZ_DT_F32;
+        int k = snprintf(buf + at, len - at, "%s%s%s%s%s", i ? ", " : "", s->a[i].name,
+                         typed ? " (" : "", typed ? tz_dtype_name(s->a[i].dtype) : "",
+                         typed ? ")" : "");
         if (k < 0) break;
         at += (size_t)k;
     }

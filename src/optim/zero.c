@@ -442,7 +442,8 @@ void tz_zero_device_optimizer(tz_zero *z) {
         TZ_FATAL_HINT("keep optim.offload = true (the default) with several ranks",
                       "optim.offload = false: the optimizer on the backend runs on one rank "
                       "only; this run has %d", z->comm->size);
-    if (strcmp(z->sh.opt->name, "adamw") || z->sh.opt->n_states != 2)
+    if (strcmp(z->sh.opt->name, "adamw") || z->sh.opt->n_states != 2 ||
+        z->sh.opt->state_types[0] != TZ_DT_F32 || z->sh.opt->state_types[1] != TZ_DT_F32)
         TZ_FATAL("optim.offload = false: the backend's optimizer is AdamW, not %s",
                  z->sh.opt->name);
     for (int i = 0; i < ps->n; i++)
@@ -483,7 +484,7 @@ void tz_zero_sync_host(tz_zero *z) {
         const size_t bytes = (size_t)bk->len * sizeof(float);
         be->download(be, z->sh.master + bk->shard_off, z->d_master + bk->start, bytes);
         for (int i = 0; i < z->sh.opt->n_states; i++)
-            be->download(be, tz_shard_state(&z->sh, i) + bk->shard_off, z->d_state[i] + bk->start,
+            be->download(be, (float *)tz_shard_state(&z->sh, i) + bk->shard_off, z->d_state[i] + bk->start,
                          bytes);
     }
 }
@@ -496,7 +497,7 @@ void tz_zero_host_loaded(tz_zero *z) {
             const size_t bytes = (size_t)bk->len * sizeof(float);
             be->upload(be, z->d_master + bk->start, z->sh.master + bk->shard_off, bytes);
             for (int i = 0; i < z->sh.opt->n_states; i++)
-                be->upload(be, z->d_state[i] + bk->start, tz_shard_state(&z->sh, i) + bk->shard_off,
+                be->upload(be, z->d_state[i] + bk->start, (float *)tz_shard_state(&z->sh, i) + bk->shard_off,
                            bytes);
         }
     }

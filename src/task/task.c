@@ -16,7 +16,6 @@
 #include "model/adapter_io.h"
 #include "model/loftq.h"
 #include "quant/turboquant.h"
-#include "bench/bench.h"
 #include "optim/qzo.h"
 
 tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int training) {
@@ -96,7 +95,7 @@ static void init_loftq(const tz_config *cfg, const tz_model_opts *o, tz_params *
                        "quant.method, quant.seed) to quantize it at load, or set lora.init = "
                        "\"default\"";
     tz_model_init_lora(ps, be, seed);
-    if (tz_bench_preset_of(cfg))
+    if (o->random_base)
         TZ_FATAL_HINT(hint, "lora.init = \"loftq\" needs the dense weights of a model folder; "
                       "model.path %s is a preset built in memory", cfg->model.path);
     tz_safetensors st;
@@ -136,7 +135,7 @@ void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_para
     if (cfg->model.adapter[0]) {
         int loftq = o->lora.loftq;
         uint64_t seed = o->lora.init_seed;
-        const int shapes = tz_bench_preset_of(cfg) != NULL; /* a plan of the shapes only */
+        const int shapes = o->random_base; /* no weights to re-quantize */
         if (loftq < 0) loftq = want, seed = (uint64_t)cfg->run.seed; /* not recorded */
         else if (loftq != want && o->lora.targets && !shapes)
             tz_warn("model.adapter %s was trained with lora.init = \"%s\" (its "
@@ -170,7 +169,7 @@ void tz_task_save(tz_task *t, const char *dir, char *out, size_t outlen) {
     if (tz_dir_commit(tmp, out, err, sizeof err)) TZ_FATAL("%s", err);
 }
 
-tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training) {
+tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training, int shapes) {
     const tz_family *f = tz_family_of(cfg);
     const tz_task_ops *ops = f->task;
     tz_task *t = tz_xcalloc(1, ops->size);
@@ -179,6 +178,7 @@ tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training) {
     t->be = be;
     t->training = training;
     t->opts = tz_task_model_opts(f, cfg, training);
+    t->opts.random_base = shapes || tz_model_preset_name(cfg->model.path) != NULL;
     t->params = ops->load(t);
     tz_task_load_adapters(cfg, &t->opts, t->params, be);
     t->B = cfg->train.micro_batch;

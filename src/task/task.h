@@ -63,8 +63,10 @@ typedef struct tz_task_ops {
 } tz_task_ops;
 
 /* The task of cfg's model.arch: options, the model, its adapters (model.adapter, or a fresh
- * LoRA init), the family's data. training = 0: evaluation only. */
-tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training);
+ * LoRA init), the family's data. training = 0: evaluation only. shapes = 1: the model of the
+ * shapes model.path's config.json gives, with random weights and random data (a memory plan
+ * that reads no weight; the Llama family); model.path "preset:NAME" is always so. */
+tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training, int shapes);
 void tz_task_free(tz_task *t);
 /* Rank 0 after training: the model (full, qzo) or the adapter (LoRA, PEFT layout) into
  * dir/model or dir/adapter, committed as one folder (fatal on failure); out gets its path. */

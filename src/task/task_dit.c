@@ -13,7 +13,6 @@
 #include "io/png.h"
 #include "model/diffusion.h"
 #include "model/dit_io.h"
-#include "bench/bench.h"
 #include "train/data.h"
 #include "task/task.h"
 #include "io/fsutil.h"
@@ -40,28 +39,28 @@ typedef struct dit_task {
     int32_t *y;
 } dit_task;
 
-/* A bench preset's model (bench/bench.h): its shape, random weights made in memory. */
-static tz_dit *preset_model(tz_task *t, const tz_bench_preset *bp) {
+/* A model of random weights: a named shape of the family (model.path "preset:NAME"). */
+static tz_dit *random_model(tz_task *t) {
+    const char *path = t->cfg->model.path, *shape = tz_model_preset_name(path);
     tz_dit_dims d;
-    char err[128];
-    if (tz_dit_preset("tiny", &d, err, sizeof err)) TZ_FATAL("%s", err); /* the defaults */
-    d.input_size = bp->v[0], d.patch_size = bp->v[1], d.in_channels = bp->v[2];
-    d.hidden = bp->v[3], d.depth = bp->v[4], d.num_heads = bp->v[5], d.num_classes = bp->v[6];
-    d.learn_sigma = 1; /* DiT's own models predict the variance too */
+    char err[256];
+    if (!shape) TZ_FATAL("model.path %s: a DiT is planned from its weights", path);
+    if (tz_dit_preset(shape, &d, err, sizeof err))
+        TZ_FATAL("model.path %s: no such shape of the dit family (%s)", path, err);
     tz_dit *m = tz_dit_create(t->be, &d, &t->opts);
-    tz_bench_fill_params(&m->params, t->be, m->levels, (uint64_t)t->cfg->run.seed);
+    tz_params_fill_random(&m->params, t->be, m->levels, (uint64_t)t->cfg->run.seed);
     return m;
 }
 
 /* The model, built with the options task.c derived from the config. */
 static tz_params *load(tz_task *t) {
     dit_task *k = (dit_task *)t;
-    const tz_bench_preset *bp = tz_bench_preset_of(t->cfg);
-    k->m = bp ? preset_model(t, bp) : tz_dit_load(t->be, t->cfg->model.path, &t->opts);
+    k->m = t->opts.random_base ? random_model(t)
+                               : tz_dit_load(t->be, t->cfg->model.path, &t->opts);
     return &k->m->params;
 }
 
-/* A bench preset's training data: 64 images of normal noise with random labels. */
+/* A random model's training data: 64 images of normal noise with random labels. */
 static void random_images(images *im, const tz_dit_dims *d, uint64_t seed) {
     memset(im, 0, sizeof *im);
     im->s.n = im->n = 64, im->s.C = d->in_channels, im->s.H = im->s.W = d->input_size;
@@ -71,7 +70,7 @@ static void random_images(images *im, const tz_dit_dims *d, uint64_t seed) {
     im->s.y = tz_xmalloc((size_t)im->n * sizeof *im->s.y);
     im->idx = tz_xmalloc((size_t)im->n * sizeof *im->idx);
     uint32_t *u = tz_xmalloc((size_t)(im->n * numel + im->n) * sizeof *u);
-    tz_bench_random_tokens(u, im->n * numel + im->n, 1 << 24, seed);
+    tz_rng_ids(u, im->n * numel + im->n, 1 << 24, seed);
     for (int64_t i = 0; i < im->n * numel; i++) /* uniform with unit variance */
         im->s.x[i] = ((float)u[i] / 16777216.0f - 0.5f) * 3.4641016f;
     for (int64_t i = 0; i < im->n; i++) {
@@ -177,7 +176,7 @@ static void open_task(tz_task *t) {
              (long long)m->d.depth, (long long)m->d.num_heads, (long long)m->d.num_classes,
              m->d.diffusion == TZ_DIFF_FLOW ? "rectified flow" : "DDPM");
     if (t->training) {
-        if (tz_bench_preset_of(cfg)) random_images(&k->train, &m->d, (uint64_t)cfg->run.seed);
+        if (t->opts.random_base) random_images(&k->train, &m->d, (uint64_t)cfg->run.seed);
         else load_images(&k->train, cfg, &m->d, cfg->data.train, cfg->data.train_labels, "data.train");
         tz_order_init(&k->order, k->train.n, (uint64_t)cfg->run.seed);
         t->n_train = k->train.n;

@@ -14,7 +14,6 @@
 #include "io/tokenizer.h"
 #include "io/tokens.h"
 #include "model/llama_io.h"
-#include "bench/bench.h"
 #include "cli/commands.h"
 #include "train/data.h"
 #include "task/task.h"
@@ -33,31 +32,33 @@ typedef struct llama_task {
     uint32_t *random_tok; /* a bench preset's random tokens (tz_tokens over host memory) */
 } llama_task;
 
-/* A bench preset's model (bench/bench.h): its shape, random weights made in memory. */
-static tz_llama *preset_model(tz_task *t, const tz_bench_preset *bp) {
+/* A model of random weights (t->opts.random_base): a named shape of the family (model.path
+ * "preset:NAME"), or the shapes model.path's config.json gives (no weight read). */
+static tz_llama *random_model(tz_task *t) {
+    const char *path = t->cfg->model.path, *shape = tz_model_preset_name(path);
     tz_llama_dims d;
-    memset(&d, 0, sizeof d);
-    d.vocab = bp->v[0], d.dim = bp->v[1], d.hidden = bp->v[2], d.n_layers = bp->v[3];
-    d.n_heads = bp->v[4], d.n_kv_heads = bp->v[5], d.tied = (int)bp->v[6], d.max_pos = bp->v[7];
-    d.head_dim = d.dim / d.n_heads, d.eps = 1e-5, d.theta = 10000.0;
+    char err[256];
+    if (!shape) tz_llama_read_dims(path, &d);
+    else if (tz_llama_preset(shape, 0, &d, err, sizeof err))
+        TZ_FATAL("model.path %s: no such shape of the llama family (%s)", path, err);
     tz_llama *m = tz_llama_create(t->be, &d, &t->opts);
-    tz_bench_fill_params(&m->params, t->be, m->levels, (uint64_t)t->cfg->run.seed);
+    tz_params_fill_random(&m->params, t->be, m->levels, (uint64_t)t->cfg->run.seed);
     return m;
 }
 
 /* The model, built with the options task.c derived from the config. */
 static tz_params *load(tz_task *t) {
     llama_task *k = (llama_task *)t;
-    const tz_bench_preset *bp = tz_bench_preset_of(t->cfg);
-    k->m = bp ? preset_model(t, bp) : tz_llama_load(t->be, t->cfg->model.path, &t->opts);
+    k->m = t->opts.random_base ? random_model(t)
+                               : tz_llama_load(t->be, t->cfg->model.path, &t->opts);
     return &k->m->params;
 }
 
-/* A bench preset's training data: 64 windows of random tokens in memory. */
+/* A random model's training data: 64 windows of random tokens in memory. */
 static void random_tokens(llama_task *k, int64_t T, int64_t vocab, uint64_t seed) {
     const int64_t n = 64 * T + 1;
     k->random_tok = tz_xmalloc((size_t)n * sizeof *k->random_tok);
-    tz_bench_random_tokens(k->random_tok, n, vocab, seed);
+    tz_rng_ids(k->random_tok, n, (uint64_t)vocab, seed);
     tz_tokens *tk = &k->train_tok;
     memset(tk, 0, sizeof *tk);
     snprintf(tk->path, sizeof tk->path, "(random tokens)");
@@ -123,7 +124,7 @@ static void open_task(tz_task *t) {
                       "config.json's max_position_embeddings, with its rope_scaling)",
                       "data.seq_len %lld exceeds the model's max_position_embeddings %lld",
                       (long long)T, (long long)m->d.max_pos);
-    const int preset = tz_bench_preset_of(cfg) != NULL;
+    const int preset = t->opts.random_base;
     const uint64_t digest = preset ? 0 : model_tokenizer(cfg->model.path, m->d.vocab);
     snprintf(t->describe, sizeof t->describe,
              "llama %s | %lld layers, dim %lld, %lld/%lld heads, vocab %lld", cfg->model.path,

@@ -290,7 +290,10 @@ static int write_shard(const char *file, const tz_zero *z, const tz_ckpt_tensor 
     const int64_t np = tz_ckpt_pieces(b, z->plan.n_buckets, rank, t, nt, &pc, count);
     int64_t most = 1;
     for (int i = 0; i < nt; i++) most = count[i] > most ? count[i] : most;
-    float *buf = tz_xmalloc((size_t)most * sizeof *buf);
+    size_t widest = 1; /* bytes of the widest element of a saved array */
+    for (int a = 0; a < z->sh.n_arrays; a++)
+        if (z->sh.a[a].saved && z->sh.a[a].elem_bytes > widest) widest = z->sh.a[a].elem_bytes;
+    char *buf = tz_xmalloc((size_t)most * widest);
     int64_t *pairs = tz_xmalloc((size_t)(2 * np + 2) * sizeof *pairs);
     int rc = 0;
     tz_h5_shard *f = tz_h5_shard_create(file, err, errlen);
@@ -306,12 +309,13 @@ static int write_shard(const char *file, const tz_zero *z, const tz_ckpt_tensor 
             int64_t at = 0, k = 0;
             for (int64_t q = 0; q < np; q++) {
                 if (pc[q].t != i) continue;
-                memcpy(buf + at, (const float *)arr->data + pc[q].shard, (size_t)pc[q].n * sizeof(float));
+                const size_t es = arr->elem_bytes;
+                memcpy(buf + at * es, (const char *)arr->data + pc[q].shard * es, (size_t)pc[q].n * es);
                 pairs[2 * k] = pc[q].lo, pairs[2 * k + 1] = pc[q].n;
                 at += pc[q].n, k++;
             }
-            rc = tz_h5_shard_write(f, arr->name, t[i].name, buf, at, t[i].shape, t[i].ndim,
-                                   t[i].flat_off, pairs, k, err, errlen);
+            rc = tz_h5_shard_write(f, arr->name, t[i].name, arr->dtype, buf, at, t[i].shape,
+                                   t[i].ndim, t[i].flat_off, pairs, k, err, errlen);
         }
     }
     if (f && tz_h5_shard_close(f, rc ? NULL : err, rc ? 0 : errlen)) rc = -1;

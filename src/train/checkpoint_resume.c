@@ -333,8 +333,10 @@ static int load_shards(const ck_meta *m, const char *folder, tz_zero *z, const t
             for (int a = 0; !rc && a < z->sh.n_arrays; a++) {
                 if (!z->sh.a[a].saved) continue;
                 const ck_read *o = &rd[j];
-                rc = tz_h5_shard_read(f, z->sh.a[a].name, m->t[o->s].name, total[q * m->nt + o->s],
-                                      o->pos, o->n, (float *)z->sh.a[a].data + o->shard, err, errlen);
+                const tz_shard_array *arr = &z->sh.a[a];
+                rc = tz_h5_shard_read(f, arr->name, m->t[o->s].name, arr->dtype,
+                                      total[q * m->nt + o->s], o->pos, o->n,
+                                      (char *)arr->data + o->shard * arr->elem_bytes, err, errlen);
             }
         tz_h5_shard_close(f, NULL, 0);
         i = j;

@@ -317,11 +317,18 @@ static void write_run_id(const char *dir, const char *id) {
 
 /* ---- what run.dir holds -------------------------------------------------------------------- */
 
+static const tz_run_output train_outputs[] = {
+    {"adapter", 1, 3}, {"model", 1, 4}, {"loss.png", 0, 0}, {"config.used.cfg", 0, 0},
+    {"run.json", 0, 2}, {TZ_METRICS_FILE, 0, 1}, {TZ_CKPT_ASIDE, 1, 0}};
+const tz_run_outputs tz_train_outputs = {
+    train_outputs, (int)(sizeof train_outputs / sizeof *train_outputs), "checkpoints"};
+const tz_loss_plot_keys tz_metrics_keys = {TZ_METRICS_FILE, "step", "loss", "eval_loss"};
+
 /* Names a run puts in run.dir (besides outputs' temporaries, "*.tmp.*"). */
 static int ours(const char *name) {
     static const char *const names[] = {".lock", ".run", TZ_STAGE_NAME, "checkpoints",
                                         TZ_CKPT_ASIDE, TZ_RESUME_LOG, "adapter", "model",
-                                        "loss.png", "config.used.cfg", "run.json", "metrics.jsonl",
+                                        "loss.png", "config.used.cfg", "run.json", TZ_METRICS_FILE,
                                         "tb"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(name, names[i])) return 1;
@@ -371,7 +378,7 @@ static int run_finished(const char *dir, const char *run_id) {
     char p[1200], id[TZ_RUN_ID_MAX];
     tz_path_join(p, sizeof p, dir, TZ_STAGE_NAME "/.commit");
     if (tz_path_exists(p)) return 1; /* the next lock completes the commit */
-    tz_path_join(p, sizeof p, dir, TZ_STAGE_NAME "/metrics.jsonl");
+    tz_path_join(p, sizeof p, dir, TZ_STAGE_NAME "/" TZ_METRICS_FILE);
     if (tz_path_exists(p)) return 0; /* a run stopped or was killed */
     tz_path_join(p, sizeof p, dir, "run.json");
     if (!tz_path_exists(p)) return 0;
@@ -415,7 +422,7 @@ void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume)
         tz_path_join(b, sizeof b, dir, "run.json");
         o->prior = read_small(tz_path_exists(a) ? a : b);
     }
-    tz_path_join(a, sizeof a, dir, TZ_STAGE_NAME "/metrics.jsonl");
+    tz_path_join(a, sizeof a, dir, TZ_STAGE_NAME "/" TZ_METRICS_FILE);
     tz_path_join(b, sizeof b, dir, TZ_RESUME_LOG);
     tz_path_join(c, sizeof c, dir, TZ_STAGE_NAME "/.commit");
     /* the stopped run's log survives the clearing of staging (unless an earlier resume set
@@ -433,7 +440,8 @@ void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume)
                       "run.dir %s already holds a run (%s/checkpoints); not overwriting it", dir,
                       dir);
     }
-    if (tz_run_stage_open(dir, o->stage, sizeof o->stage, note, sizeof note, err, sizeof err))
+    if (tz_run_stage_open(dir, &tz_train_outputs, o->stage, sizeof o->stage, note, sizeof note,
+                          err, sizeof err))
         TZ_FATAL_HINT("fix the cause; or delete run.dir/staging by hand to discard what a "
                       "previous run left there", "run.dir: %s", err);
     if (note[0]) tz_warn("%s", note);
@@ -442,7 +450,7 @@ void tz_run_out_begin(tz_run_out *o, const char *dir, int overwrite, int resume)
                 "moved into run.dir when it ends", dir, o->stage, o->stage);
         return;
     }
-    if (!overwrite && tz_run_dir_holds_run(dir, what, sizeof what)) {
+    if (!overwrite && tz_run_dir_holds_run(dir, &tz_train_outputs, what, sizeof what)) {
         (void)rmdir(o->stage);
         tz_run_lock_release(&o->lock); /* refused: this process never ran here */
         TZ_FATAL_HINT("continue it with --resume, choose another run.dir, or --set "
@@ -516,7 +524,7 @@ void tz_run_out_resumed(tz_run_out *o, const char *folder, int64_t step, const c
 void tz_run_out_resume_log(tz_run_out *o, tz_line_log *l, int64_t step) {
     char aside[1200], path[1200], err[2400];
     tz_path_join(aside, sizeof aside, o->dir, TZ_RESUME_LOG);
-    tz_path_join(path, sizeof path, o->dir, "metrics.jsonl");
+    tz_path_join(path, sizeof path, o->dir, TZ_METRICS_FILE);
     const char *src = tz_path_exists(aside) ? aside : path;
     FILE *in = step >= 0 ? fopen(src, "re") : NULL;
     if (in) {
@@ -546,7 +554,7 @@ void tz_run_out_resume_log(tz_run_out *o, tz_line_log *l, int64_t step) {
 
 void tz_run_out_commit(tz_run_out *o) {
     char err[2400];
-    if (tz_run_stage_commit(o->dir, err, sizeof err))
+    if (tz_run_stage_commit(o->dir, &tz_train_outputs, err, sizeof err))
         TZ_FATAL_HINT("fix the cause; the next run in this run.dir completes the commit or "
                       "discards the outputs, which are in its staging folder until then",
                       "run.dir %s: committing the outputs failed: %s", o->dir, err);

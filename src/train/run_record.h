@@ -7,8 +7,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "io/loss_plot.h"
 #include "io/run_dir.h"
 #include "comm/fwd.h"
+
+/* What a training run leaves in run.dir, in the order its staging folder is committed: the
+ * adapter/ or model/, loss.png, config.used.cfg, run.json, metrics.jsonl, and where an
+ * earlier run's checkpoints are set aside (removed with the commit); run.dir/checkpoints
+ * itself is never replaced. metrics.jsonl, run.json, adapter/ and model/ say a run is there.
+ * io/run_dir.c's staging and commit take it. */
+extern const tz_run_outputs tz_train_outputs;
+/* The log of a run, one JSON record per line: its file in run.dir and the keys the loss
+ * curves are drawn from (io/loss_plot.h): "step", "loss", "eval_loss". */
+#define TZ_METRICS_FILE "metrics.jsonl"
+extern const tz_loss_plot_keys tz_metrics_keys;
 
 struct tz_run_out;
 

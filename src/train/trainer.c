@@ -164,7 +164,7 @@ static void run_open(run *r, const tz_config *cfg, tz_world *w, tz_comm *comm, i
     tz_world_gather_cpus(w);
     check_cpus(w);
     check_memory(r);
-    r->task = tz_task_create(cfg, r->be, training);
+    r->task = tz_task_create(cfg, r->be, training, 0);
     r->B = r->task->B;
     r->accum = cfg->train.grad_accum;
     r->N = comm->size;
@@ -517,7 +517,7 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         if (tz_line_log_open(&f, path, err, sizeof err)) TZ_FATAL("%s", err);
         tz_config_write(cfg, &names, f.f);
         if (tz_line_log_close(&f, err, sizeof err)) TZ_FATAL("cannot write %s", err);
-        tz_path_join(path, sizeof path, out_dir.stage, "metrics.jsonl");
+        tz_path_join(path, sizeof path, out_dir.stage, TZ_METRICS_FILE);
         if (tz_line_log_open(&mlog, path, err, sizeof err)) TZ_FATAL("%s", err);
     }
     FILE *metrics = mlog.f;
@@ -670,7 +670,7 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         for (size_t k = strlen(name); k > 1 && name[k - 1] == '/'; k--) name[k - 1] = 0;
         if (strrchr(name, '/')) memmove(name, strrchr(name, '/') + 1, strlen(strrchr(name, '/')));
         tz_path_join(png, sizeof png, out_dir.stage, "loss.png");
-        if (steps > 0 && tz_loss_plot_write(dirs, names, 1, png, err, sizeof err)) /* a picture only */
+        if (steps > 0 && tz_loss_plot_write(&tz_metrics_keys, dirs, names, 1, png, err, sizeof err)) /* a picture only */
             tz_warn("no loss curve: %s", err);
     }
     if (cfg->train.keep_best && have_val) save_best(&r, out_dir.stage, best_step);

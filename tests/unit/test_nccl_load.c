@@ -13,6 +13,7 @@
 
 #include "backend/registry.h"
 #include "core/backend.h"
+#include "backend/cuda_module.h"
 #include "tz_check.h"
 
 int main(void) {
@@ -56,6 +57,10 @@ int main(void) {
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) all &= dlsym(h, names[i]) != NULL;
         check(all, "the module exports the comm's other entry points (backend/cuda_module.h)");
     }
+    uint64_t (*abi)(void) = (uint64_t (*)(void))dlsym(h, TZ_CUDA_SYM_ABI);
+    check(abi && abi() == TZ_CUDA_ABI_STAMP,
+          "the module's layout stamp is this program's (%llx): a module of another build is "
+          "refused at load", (unsigned long long)TZ_CUDA_ABI_STAMP);
     dlclose(h);
     return tz_check_done("test_nccl_load");
 }

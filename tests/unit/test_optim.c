@@ -1,14 +1,18 @@
 /* The optimizer interface and the host shard: the registry and AdamW's state names, AdamW
  * against a double-precision scalar reference, the same bits for any range split or thread
- * count, a shard built for optimizers with 0, 1 and 3 states, the blocked sum of squares. */
+ * count, a shard built for optimizers with 0 and 3 states (bytes, fp32, bf16), a checkpoint
+ * shard file keeping each state in its element type, the blocked sum of squares. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/ckpt_h5.h"
 #include "comm/world.h"
 #include "optim/adamw.h"
 #include "optim/optim.h"
@@ -107,26 +111,33 @@ static void test_adamw_split(void) {
     free(x), free(g);
 }
 
-/* ---- the shard over optimizers with 0, 1 and 3 states ---- */
+/* ---- the shard over optimizers with 0 and 3 states, of three element types ---- */
 
-/* Counts how often each element is stepped, and checks the arrays it is handed. */
+/* Counts how often each element is stepped (a byte), and checks the arrays it is handed: the
+ * scaled gradient (fp32) and the step with the decay flag (bf16). */
 static void count_step(const tz_optim_arrays *a, int64_t lo, int64_t hi, int64_t t,
                        const tz_optim_hparams *h, float grad_scale) {
+    uint8_t *visits = a->state[0];
+    float *sg = a->state[1];
+    uint16_t *sd = a->state[2];
     for (int64_t i = lo; i < hi; i++) {
-        a->state[0][i] += 1.0f;
-        a->state[1][i] = a->g[i] * grad_scale;
-        a->state[2][i] = (float)t + (a->decay[i] ? 0.5f : 0.0f);
+        visits[i] += 1;
+        sg[i] = a->g[i] * grad_scale;
+        sd[i] = tz_f32_to_bf16((float)t + (a->decay[i] ? 0.5f : 0.0f));
         a->w[i] -= (float)h->lr;
     }
 }
-static const tz_optim counter = {"counter", 3, {"visits", "scaled_grad", "step_decay"}, count_step};
+static const tz_optim counter = {.name = "counter", .n_states = 3,
+                                 .state_names = {"visits", "scaled_grad", "step_decay"},
+                                 .state_types = {TZ_DT_U8, TZ_DT_F32, TZ_DT_BF16},
+                                 .step = count_step};
 
 /* Plain SGD: no state. */
 static void sgd_step(const tz_optim_arrays *a, int64_t lo, int64_t hi, int64_t t,
                      const tz_optim_hparams *h, float grad_scale) {
     for (int64_t i = lo; i < hi; i++) a->w[i] -= (float)h->lr * a->g[i] * grad_scale;
 }
-static const tz_optim sgd = {"sgd", 0, {NULL}, sgd_step};
+static const tz_optim sgd = {.name = "sgd", .step = sgd_step};
 
 static void test_shard_generic(void) {
     const int64_t sizes[] = {0, 1, 15, 17, 40000, 100003};
@@ -141,24 +152,32 @@ static void test_shard_generic(void) {
                     strcmp(s.a[TZ_SHARD_STATE0 + 2].name, "step_decay") == 0 &&
                     s.a[TZ_SHARD_MASTER].saved && !s.a[TZ_SHARD_ACC].saved &&
                     !s.a[TZ_SHARD_DECAY].saved && s.a[TZ_SHARD_STATE0].saved;
-        check(names && s.bytes == (size_t)n * (3 * 4 + 4 + 4 + 1),
-              "n=%lld, 3 states: arrays master, grad_acc, decay + the optimizer's, %zu bytes",
-              (long long)n, s.bytes);
+        int types = s.a[TZ_SHARD_STATE0].dtype == TZ_DT_U8 &&
+                    s.a[TZ_SHARD_STATE0].elem_bytes == 1 &&
+                    s.a[TZ_SHARD_STATE0 + 2].dtype == TZ_DT_BF16 &&
+                    s.a[TZ_SHARD_STATE0 + 2].elem_bytes == 2 && tz_shard_elem_bytes(&s) == 16;
+        check(names && types && s.bytes == (size_t)n * (1 + 4 + 2 + 4 + 4 + 1),
+              "n=%lld, 3 states (u8, f32, bf16): arrays master, grad_acc, decay + the "
+              "optimizer's, %zu bytes", (long long)n, s.bytes);
         for (int64_t i = 0; i < n; i++) s.acc[i] = (float)i, s.decay[i] = (uint8_t)(i & 1);
         const tz_optim_hparams h = {.lr = 0.25};
         int ok = 1;
         for (int nt = 1; nt <= 4; nt++) {
             omp_set_num_threads(nt);
             tz_shard_update(&s, &h, 7, 0.5f);
-            const float *vis = tz_shard_state(&s, 0), *sg = tz_shard_state(&s, 1), *sd = tz_shard_state(&s, 2);
+            const uint8_t *vis = tz_shard_state(&s, 0);
+            const float *sg = tz_shard_state(&s, 1);
+            const uint16_t *sd = tz_shard_state(&s, 2);
             for (int64_t i = 0; i < n; i++)
-                ok &= vis[i] == (float)nt && sg[i] == 0.5f * (float)i &&
-                      sd[i] == 7.0f + (i & 1 ? 0.5f : 0.0f) && s.master[i] == -0.25f * (float)nt;
+                ok &= vis[i] == nt && sg[i] == 0.5f * (float)i &&
+                      tz_bf16_to_f32(sd[i]) == 7.0f + (i & 1 ? 0.5f : 0.0f) &&
+                      s.master[i] == -0.25f * (float)nt;
         }
         check(ok, "n=%lld: 1-4 threads step every element exactly once with its own arrays", (long long)n);
         char buf[128];
         tz_shard_describe(&s, buf, sizeof buf);
-        check(strcmp(buf, "master, grad_acc, decay, visits, scaled_grad, step_decay") == 0, "describe: %s", buf);
+        check(strcmp(buf, "master, grad_acc, decay, visits (U8), scaled_grad, step_decay (BF16)") == 0,
+              "describe: %s", buf);
         tz_shard_free(&s);
 
         /* no state */
@@ -197,6 +216,47 @@ static void test_shard_generic(void) {
     omp_set_num_threads(omp_get_num_procs());
     check(same, "adamw shard of %lld elements: master, exp_avg, exp_avg_sq bit-identical for 1, 2, 3 threads", (long long)n);
     free(ref);
+}
+
+/* ---- a checkpoint shard file keeps each state in its own element type ---- */
+
+static void test_checkpoint_types(void) {
+    char dir[] = "/tmp/tzoptimXXXXXX", path[64], err[512] = "";
+    if (!mkdtemp(dir)) {
+        check(0, "mkdtemp");
+        return;
+    }
+    snprintf(path, sizeof path, "%s/rank-00000.h5", dir);
+    enum { N = 1000 };
+    static float f[N], f2[N];
+    static uint16_t h[N], h2[N];
+    static uint8_t b[N], b2[N];
+    for (int i = 0; i < N; i++)
+        f[i] = (float)i * 0.37f - 11.0f, h[i] = tz_f32_to_bf16(f[i]), b[i] = (uint8_t)(i * 7);
+    const int64_t shape[1] = {N}, pieces[2] = {0, N};
+    tz_h5_shard *w = tz_h5_shard_create(path, err, sizeof err);
+    int rc = !w || tz_h5_shard_write(w, "master", "t", TZ_DT_F32, f, N, shape, 1, 0, pieces, 1, err, sizeof err) ||
+             tz_h5_shard_write(w, "exp_avg", "t", TZ_DT_BF16, h, N, shape, 1, 0, pieces, 1, err, sizeof err) ||
+             tz_h5_shard_write(w, "codes", "t", TZ_DT_U8, b, N, shape, 1, 0, pieces, 1, err, sizeof err);
+    if (w && tz_h5_shard_close(w, rc ? NULL : err, rc ? 0 : sizeof err)) rc = 1;
+    check(!rc, "a shard file with fp32, bf16 and byte datasets written%s%s", rc ? ": " : "", err);
+    tz_h5_shard *r = tz_h5_shard_open(path, err, sizeof err);
+    /* a slice of each, read back as its type */
+    rc = !r || tz_h5_shard_read(r, "master", "t", TZ_DT_F32, N, 100, 800, f2, err, sizeof err) ||
+         tz_h5_shard_read(r, "exp_avg", "t", TZ_DT_BF16, N, 100, 800, h2, err, sizeof err) ||
+         tz_h5_shard_read(r, "codes", "t", TZ_DT_U8, N, 100, 800, b2, err, sizeof err);
+    check(!rc && !memcmp(f2, f + 100, 800 * sizeof *f) && !memcmp(h2, h + 100, 800 * sizeof *h) &&
+              !memcmp(b2, b + 100, 800),
+          "elements 100..899 of each read back bit for bit%s%s", rc ? ": " : "", rc ? err : "");
+    /* a state kept in another type than the file's: refused, both named */
+    err[0] = 0;
+    rc = r ? tz_h5_shard_read(r, "exp_avg", "t", TZ_DT_F32, N, 0, 10, f2, err, sizeof err) : 0;
+    check(rc && strstr(err, "dataset exp_avg/t holds 2-byte integers, this run keeps it as "
+                            "4-byte floats (F32)"),
+          "a bf16 state read as fp32 is refused: %s", err);
+    if (r) tz_h5_shard_close(r, NULL, 0);
+    unlink(path);
+    rmdir(dir);
 }
 
 /* ---- the blocked sum of squares ---- */
@@ -239,6 +299,7 @@ int main(void) {
     test_adamw_reference();
     test_adamw_split();
     test_shard_generic();
+    test_checkpoint_types();
     test_sumsq();
     return tz_check_done("optim");
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "io/run_dir.h"
+#include "train/run_record.h" /* the trainer's outputs: tz_train_outputs */
 #include "tz_check.h"
 #include "tz_files.h"
 
@@ -101,7 +102,7 @@ static void old_and_new(void) {
     mkdir(at("r/checkpoints"), 0755);
     mkdir(at("r/checkpoints/step-1"), 0755);
     tz_put(at("r/checkpoints/step-1/s"), "ckpt");
-    if (tz_run_stage_open(at("r"), stage, sizeof stage, note, sizeof note, err, sizeof err))
+    if (tz_run_stage_open(at("r"), &tz_train_outputs, stage, sizeof stage, note, sizeof note, err, sizeof err))
         printf("stage_open: %s\n", err);
     tz_put(at("r/staging/metrics.jsonl"), "new");
     tz_put(at("r/staging/config.used.cfg"), "new cfg");
@@ -123,7 +124,7 @@ static int is_new(void) {
 
 static void test_stage(void) {
     char err[2400], stage[700], note[2400], what[700];
-    check(!tz_run_dir_holds_run(at("none"), what, sizeof what), "an absent folder holds no run");
+    check(!tz_run_dir_holds_run(at("none"), &tz_train_outputs, what, sizeof what), "an absent folder holds no run");
     char cmd[800];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", at("r"));
     if (system(cmd) != 0) return;
@@ -133,7 +134,7 @@ static void test_stage(void) {
         tz_run_lock_take(&l, at("r"), note, sizeof note, err, sizeof err);
         old_and_new();
         tz_write_fault_arm(k);
-        int rc = tz_run_stage_commit(at("r"), err, sizeof err);
+        int rc = tz_run_stage_commit(at("r"), &tz_train_outputs, err, sizeof err);
         tz_write_fault_arm(0);
         if (rc == 0) {
             check(is_new() && !exists(at("r/staging")) &&
@@ -145,7 +146,7 @@ static void test_stage(void) {
         }
         int was_old = is_old();
         /* the next holder finishes or discards what the failed commit left */
-        if (tz_run_stage_open(at("r"), stage, sizeof stage, note, sizeof note, err, sizeof err))
+        if (tz_run_stage_open(at("r"), &tz_train_outputs, stage, sizeof stage, note, sizeof note, err, sizeof err))
             printf("stage_open after failure %d: %s\n", k, err);
         if (was_old && is_old()) kept++;
         else if (is_new() && strstr(note, "completed the commit")) completed++;
