@@ -27,7 +27,6 @@
 #include "quant/tq_layout.h"
 #include "task/family.h"
 #include "optim/optim.h"
-#include "optim/qzo.h"
 #include "task/task.h"
 #include "optim/zero.h"
 
@@ -350,7 +349,7 @@ static void plan_figures(const plan_run *p, int64_t N, tz_mem_plan *m) {
         free(off);
         free(num);
     } else if (qzo) { /* fp32 copies of the scales and one tensor's bf16 staging */
-        m->n_trainable = tz_qzo_count_scales(ps);
+        m->n_trainable = tz_params_count_scales(ps);
         m->shard = (size_t)m->n_trainable * sizeof(float) + (size_t)scales_max * sizeof(uint16_t);
     }
     m->shard += buffers;

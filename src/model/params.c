@@ -248,3 +248,11 @@ void tz_params_fill_random(tz_params *ps, tz_backend *be, const float *levels, u
     }
     free(buf);
 }
+
+int64_t tz_params_count_scales(const tz_params *ps) {
+    int64_t n = 0;
+    for (int i = 0; i < ps->n; i++)
+        if (ps->p[i]->q)
+            n += tz_tq_scales_count(ps->p[i]->shape[0], ps->p[i]->shape[1], ps->p[i]->q->group);
+    return n;
+}

@@ -124,4 +124,7 @@ static inline void tz_params_backward_begins(const tz_params *ps) {
  * runs. Adapters are left alone; nothing is done on a planning backend (be->plan). */
 void tz_params_fill_random(tz_params *ps, tz_backend *be, const float *levels, uint64_t seed);
 
+/* The scales of the quantized weights of ps (what train.mode = "qzo" trains). */
+int64_t tz_params_count_scales(const tz_params *ps);
+
 #endif

@@ -1,5 +1,6 @@
-/* The optimizer registry, the LR schedule, and the host shard: its named arrays, the sum of
- * squares of its gradient and the threaded step. No communication here (optim/zero.c). */
+/* The LR schedule and the host shard: its named arrays, the sum of squares of its gradient
+ * and the threaded step. No communication here (optim/zero.c); the registry of optimizers is
+ * optim_registry.c. */
 #include "optim/optim.h"
 
 #include <math.h>
@@ -10,20 +11,6 @@
 
 #include "core/error.h"
 #include "comm/world.h"
-#include "optim/adamw.h"
-
-/* Every optimizer, one line each. */
-static const tz_optim *const optims[] = {&tz_optim_adamw};
-
-const tz_optim *tz_optim_at(int i) {
-    return i >= 0 && (size_t)i < sizeof optims / sizeof optims[0] ? optims[i] : NULL;
-}
-
-const tz_optim *tz_optim_find(const char *name) {
-    for (size_t i = 0; i < sizeof optims / sizeof optims[0]; i++)
-        if (strcmp(optims[i]->name, name) == 0) return optims[i];
-    return NULL;
-}
 
 double tz_lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double min_ratio) {
     if (warmup > 0 && step < warmup) return lr * (double)(step + 1) / (double)warmup;

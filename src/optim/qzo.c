@@ -20,12 +20,6 @@ static int64_t scales_of(const tz_param *p) {
     return tz_tq_scales_count(p->shape[0], p->shape[1], p->q->group);
 }
 
-int64_t tz_qzo_count_scales(const tz_params *ps) {
-    int64_t n = 0;
-    for (int i = 0; i < ps->n; i++)
-        if (ps->p[i]->q) n += scales_of(ps->p[i]);
-    return n;
-}
 
 void tz_qzo_init(tz_qzo *q, tz_params *ps, tz_backend *be, uint64_t seed) {
     memset(q, 0, sizeof *q);

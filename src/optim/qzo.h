@@ -86,7 +86,5 @@ void tz_qzo_destroy(tz_qzo *q);
 tz_qzo_stats tz_qzo_train_step(tz_qzo *q, int64_t step, double total);
 /* The start-up lines: what trains and the memory per rank. */
 void tz_qzo_print(const tz_qzo *q);
-/* Trainable scales in the quantized weights of ps. */
-int64_t tz_qzo_count_scales(const tz_params *ps);
 
 #endif

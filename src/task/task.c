@@ -16,7 +16,6 @@
 #include "model/adapter_io.h"
 #include "model/loftq.h"
 #include "quant/turboquant.h"
-#include "optim/qzo.h"
 
 tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int training) {
     tz_model_opts o;
@@ -187,7 +186,7 @@ tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training, int 
     const int qzo = training && cfg->train.mode == TZ_MODE_QZO; /* the scales train */
     snprintf(t->describe + used, sizeof t->describe - used,
              " | %lld params, %lld trainable (%s)", (long long)t->params->n_total,
-             (long long)(qzo ? tz_qzo_count_scales(t->params) : t->params->n_trainable),
+             (long long)(qzo ? tz_params_count_scales(t->params) : t->params->n_trainable),
              training ? tz_mode_name(cfg->train.mode) : "eval");
     t->train_rows = ops->train_rows;
     t->eval_rows = ops->eval_rows;

@@ -73,16 +73,6 @@ void tz_ckpt_load(const tz_config *cfg, tz_zero *z, const char *folder, tz_ckpt_
  * and its step, after the marker and checkpoint.json are checked; NULL with a message. */
 char *tz_ckpt_config_read(const char *folder, int64_t *step, char *err, size_t n);
 
-/* Test hook: TZ_CKPT_FAULT="rank=R,at=POINT,step=S,do=ACTION" makes rank R, at POINT of
- * the checkpoint of step S (0: any), either die (kill: SIGKILL), pause (pause: sleep up to
- * 1 h, ended by a signal; hold: 1 h whatever comes) or fail as a full disk would (fail:
- * "shard" and "meta"). POINT: "step" (after the
- * step, before any checkpoint), "begin", "shard" (shard written), "meta" (rank 0, before
- * the marker), "rename" (rank 0, before the rename); or a start-up stage, its step the one
- * the run starts from: "load" (the model loaded), "resume" (the checkpoint read, or none
- * found), "start" (before the first step); "aside" (rank 0, step 0: a new run with
- * run.overwrite about to set the earlier run's checkpoints aside). Returns 1 for a simulated
- * failure. */
-int tz_ckpt_fault(const char *point, int64_t step, int rank);
+
 
 #endif

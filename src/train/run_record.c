@@ -23,7 +23,6 @@
 #include "io/fsutil.h"
 #include "comm/comm.h"
 #include "comm/world.h"
-#include "train/checkpoint.h"
 #include "train/checkpoint_util.h"
 
 static double mono_s(void) {

@@ -21,6 +21,7 @@
 #include "io/loss_plot.h"
 #include "io/tfevents.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_util.h"
 #include "comm/watchdog.h"
 #include "bench/bench.h"
 #include "task/family.h"
