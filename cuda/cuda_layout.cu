@@ -173,6 +173,41 @@ static void cuda_rope_tab_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, i
     rope_tab_apply(be, dx, B, T, H, D, inv_freq, pos0, -1.0f);
 }
 
+/* RoPE of adjacent pairs from a (cos, sin) table per position; one thread per pair. The
+ * products rounded apart (__fmul_rn), as the CPU rounds them. */
+static __global__ void k_rope_pairs(float *x, const float *cs, int64_t T, int64_t H, int64_t D,
+                                    float dir, int64_t total) {
+    const int64_t half = D / 2;
+    TZ_CUDA_FOR(p, total) {
+        const int64_t i = p % half, r = p / half, t = (r / H) % T;
+        float *v = x + r * D;
+        const float c = cs[t * D + 2 * i], s = dir * cs[t * D + 2 * i + 1];
+        const float a = v[2 * i], b = v[2 * i + 1];
+        v[2 * i] = __fmul_rn(a, c) - __fmul_rn(b, s);
+        v[2 * i + 1] = __fmul_rn(b, c) + __fmul_rn(a, s);
+    }
+}
+
+static void rope_pairs_apply(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H,
+                             int64_t D, const float *cs, float dir) {
+    if (D % 2 != 0) TZ_FATAL("rope needs an even head dimension, got D=%lld", (long long)D);
+    if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
+    const int64_t total = B * T * H * (D / 2);
+    k_rope_pairs<<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
+                   tz_cuda_stream(be)>>>(x, cs, T, H, D, dir, total);
+    CUDA_LAUNCHED();
+}
+
+static void cuda_rope_pairs_fwd(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H,
+                                int64_t D, const float *cs) {
+    rope_pairs_apply(be, x, B, T, H, D, cs, 1.0f);
+}
+
+static void cuda_rope_pairs_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H,
+                                int64_t D, const float *cs) {
+    rope_pairs_apply(be, dx, B, T, H, D, cs, -1.0f);
+}
+
 /* ---- patches ---- */
 
 /* One thread per token element (bt, k); to_tok = 1: tok <- img, 0: img <- tok. */
@@ -235,6 +270,8 @@ void tz_cuda_install_layout(tz_backend *be) {
     be->rope_bwd = cuda_rope_bwd;
     be->rope_tab_fwd = cuda_rope_tab_fwd;
     be->rope_tab_bwd = cuda_rope_tab_bwd;
+    be->rope_pairs_fwd = cuda_rope_pairs_fwd;
+    be->rope_pairs_bwd = cuda_rope_pairs_bwd;
     be->patchify = cuda_patchify;
     be->unpatchify = cuda_unpatchify;
     be->copy2d = cuda_copy2d;

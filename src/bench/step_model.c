@@ -69,6 +69,10 @@ static void s_rope_tab(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H
     (void)x, (void)f, (void)p;
     add(be, TZ_SM_ELEMENT, 3.0 * B * T * H * D, 2 * F * B * T * H * D);
 }
+static void s_rope_pairs(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D, cf *cs) {
+    (void)x, (void)cs; /* the table is read per position: small beside x */
+    add(be, TZ_SM_ELEMENT, 3.0 * B * T * H * D, 2 * F * B * T * H * D);
+}
 
 /* ---- attention: query-key pairs visible (causal: the lower triangle) ---- */
 static double pairs(int64_t T, int64_t S, int causal) { return causal ? (double)T * (T + 1) / 2 : (double)T * S; }
@@ -160,7 +164,8 @@ void tz_step_model_install(tz_backend *be) {
     be->matmul_bw16 = s_matmul_bw16, be->embedding_fwd = s_emb_fwd, be->embedding_bwd = s_emb_bwd;
     be->embedding_fwd_w16 = s_emb_w16, be->rmsnorm_fwd = s_rms_fwd, be->rmsnorm_bwd = s_rms_bwd;
     be->rope_fwd = s_rope, be->rope_bwd = s_rope, be->rope_tab_fwd = s_rope_tab;
-    be->rope_tab_bwd = s_rope_tab, be->attention_fwd = s_att_fwd, be->attention_bwd = s_att_bwd;
+    be->rope_tab_bwd = s_rope_tab, be->rope_pairs_fwd = s_rope_pairs, be->rope_pairs_bwd = s_rope_pairs;
+    be->attention_fwd = s_att_fwd, be->attention_bwd = s_att_bwd;
     be->attention_cache_fwd = s_att_cache, be->swiglu_fwd = s_swiglu_fwd;
     be->swiglu_bwd = s_swiglu_bwd, be->xent_fwd = s_xent_fwd, be->xent_bwd = s_xent_bwd;
     be->layernorm_fwd = s_ln_fwd, be->layernorm_bwd = s_ln_bwd, be->modulate_fwd = s_mod_fwd;

@@ -154,6 +154,16 @@ struct tz_backend {
                          const float *inv_freq, int64_t pos0);
     void (*rope_tab_bwd)(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H, int64_t D,
                          const float *inv_freq, int64_t pos0);
+    /* RoPE of adjacent pairs with a per-position table (Flux: three axes of positions per
+     * token, the angles computed by the caller), in place on x [B, T, H, D]: cs holds
+     * T * D/2 (cos, sin) pairs, backend memory, cs[2 (t D/2 + i)] = cos and + 1 = sin of the
+     * angle of pair i at position t, the same for every sequence and head;
+     * (x[2i], x[2i+1]) -> (x[2i] cos - x[2i+1] sin, x[2i+1] cos + x[2i] sin).
+     * bwd: the inverse rotation, in place on the gradient. */
+    void (*rope_pairs_fwd)(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                           const float *cs);
+    void (*rope_pairs_bwd)(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H,
+                           int64_t D, const float *cs);
 
     /* ---- scaled dot-product attention with grouped-query heads ----
      * q [B,T,Hq,D], k, v [B,T,Hkv,D], Hq % Hkv == 0, query head h reads kv head h/(Hq/Hkv).
@@ -342,7 +352,7 @@ struct tz_backend {
     X(destroy) X(alloc) X(release) X(upload) X(download) X(copy) X(sync) X(fill) X(scale)    \
     X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(adamw) X(matmul) X(matmul_bw16) X(embedding_fwd)        \
     X(embedding_bwd) X(embedding_fwd_w16) X(rmsnorm_fwd)                                      \
-    X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_tab_fwd) X(rope_tab_bwd) X(attention_fwd)   \
+    X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_tab_fwd) X(rope_tab_bwd) X(rope_pairs_fwd) X(rope_pairs_bwd) X(attention_fwd)   \
     X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \
     X(swiglu_bwd) X(xent_fwd) X(xent_bwd) X(layernorm_fwd) X(layernorm_bwd)                 \
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \

@@ -129,6 +129,35 @@ static void cpu_rope_tab_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, in
     rope_apply(be, dx, B, T, H, D, inv_freq, pos0, -1.0f);
 }
 
+/* Pairs (2i, 2i+1) rotated by the table's angle (dir -1: the inverse); one writer per
+ * element. */
+static void rope_pairs(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                       const float *cs, float dir) {
+    if (D % 2 != 0) TZ_FATAL("rope needs an even head dimension, got D=%lld", (long long)D);
+    const int64_t half = D / 2, rows = B * T * H;
+    int nt = tz_cpu_threads(be);
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * D >= TZ_CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *t = cs + ((r / H) % T) * D; /* D = 2 * half floats per position */
+        float *v = x + r * D;
+        for (int64_t i = 0; i < half; i++) {
+            const float c = t[2 * i], s = dir * t[2 * i + 1], a = v[2 * i], b = v[2 * i + 1];
+            v[2 * i] = a * c - b * s;
+            v[2 * i + 1] = b * c + a * s;
+        }
+    }
+}
+
+static void cpu_rope_pairs_fwd(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H,
+                               int64_t D, const float *cs) {
+    rope_pairs(be, x, B, T, H, D, cs, 1.0f);
+}
+
+static void cpu_rope_pairs_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H,
+                               int64_t D, const float *cs) {
+    rope_pairs(be, dx, B, T, H, D, cs, -1.0f);
+}
+
 /* ---- patches ---- */
 
 /* to_tok = 1: tok <- img; 0: img <- tok. One work item per (b, token); every element has one
@@ -182,6 +211,8 @@ void TZ_CPU_K(tz_cpu_install_layout)(tz_backend *be) {
     be->rope_bwd = cpu_rope_bwd;
     be->rope_tab_fwd = cpu_rope_tab_fwd;
     be->rope_tab_bwd = cpu_rope_tab_bwd;
+    be->rope_pairs_fwd = cpu_rope_pairs_fwd;
+    be->rope_pairs_bwd = cpu_rope_pairs_bwd;
     be->patchify = cpu_patchify;
     be->unpatchify = cpu_unpatchify;
     be->copy2d = cpu_copy2d;

@@ -428,17 +428,24 @@ int tz_st_open(tz_safetensors *st, const char *path, char *err, size_t errlen) {
     if (stat(path, &sb) != 0) {
         rc = LERR(&L, "%s: cannot open: %s", path, strerror(errno));
     } else if (S_ISDIR(sb.st_mode)) {
-        char *single = st_join(path, "model.safetensors");
-        char *index = st_join(path, "model.safetensors.index.json");
-        if (stat(single, &sb) == 0)
-            rc = st_open_single(&L, single);
-        else if (stat(index, &sb) == 0)
-            rc = st_open_index(&L, index);
-        else
+        /* transformers' names, then diffusers' (a pipeline component's folder) */
+        static const char *const base[2] = {"model", "diffusion_pytorch_model"};
+        rc = -2;
+        for (int k = 0; k < 2 && rc == -2; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s.safetensors", base[k]);
+            char *single = st_join(path, name);
+            snprintf(name, sizeof name, "%s.safetensors.index.json", base[k]);
+            char *index = st_join(path, name);
+            if (stat(single, &sb) == 0) rc = st_open_single(&L, single);
+            else if (stat(index, &sb) == 0) rc = st_open_index(&L, index);
+            free(single);
+            free(index);
+        }
+        if (rc == -2)
             rc = LERR(&L, "%s: folder has neither model.safetensors nor "
-                      "model.safetensors.index.json", path);
-        free(single);
-        free(index);
+                      "model.safetensors.index.json (nor diffusers' "
+                      "diffusion_pytorch_model.safetensors or its index)", path);
     } else if (st_ends_with(path, ".json")) {
         rc = st_open_index(&L, path);
     } else {

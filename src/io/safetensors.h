@@ -42,7 +42,8 @@ typedef struct tz_safetensors {
 } tz_safetensors;
 
 /* Opens path: a .safetensors file, a model.safetensors.index.json, or a folder holding
- * model.safetensors or (else) model.safetensors.index.json. Every file is mapped and
+ * model.safetensors or (else) model.safetensors.index.json, or else diffusers'
+ * diffusion_pytorch_model.safetensors or its index. Every file is mapped and
  * every header entry checked before success (two tensors of one file whose data_offsets
  * overlap are refused). 0 on success; non-zero with a message in err
  * naming the file and, where there is one, the tensor, and st left empty (safe to close). */

@@ -353,7 +353,46 @@ static void add_copy2d(oc_list *l, int64_t rows, int64_t cols, int64_t lds, int6
 
 /* Shapes are chosen so that the runner's differences (every ceil(n/96)-th element) reach
  * each gradient's last element. */
+/* ---- RoPE of adjacent pairs with a per-position (cos, sin) table (Flux) ----
+ * tensors: 0 x [B, T, H, D] (in place), 1 the table [T, D/2, 2], 2 the gradient (in place).
+ * The table is any pair of numbers per position and pair: the op is linear in x, and its
+ * backward, the rotation by (c, -s), is the transpose for any (c, s). */
+static void rp_fwd(oc_run *r) {
+    r->be->rope_pairs_fwd(r->be, OCF(r, 0), OCP(r, 0), OCP(r, 1), OCP(r, 2), OCP(r, 3), OCF(r, 1));
+}
+static void rp_bwd(oc_run *r) {
+    r->be->rope_pairs_bwd(r->be, OCF(r, 2), OCP(r, 0), OCP(r, 1), OCP(r, 2), OCP(r, 3), OCF(r, 1));
+}
+static void rp_ref(oc_ref *r) {
+    const int64_t B = r->c->p[0], T = r->c->p[1], H = r->c->p[2], D = r->c->p[3];
+    double *x = r->v[0];
+    const double *cs = r->v[1];
+    for (int64_t row = 0; row < B * T * H; row++) {
+        const double *t = cs + ((row / H) % T) * D;
+        double *v = x + row * D;
+        for (int64_t i = 0; i < D / 2; i++) {
+            const double c = t[2 * i], s = t[2 * i + 1], a = v[2 * i], b = v[2 * i + 1];
+            v[2 * i] = a * c - b * s;
+            v[2 * i + 1] = b * c + a * s;
+        }
+    }
+}
+static void add_rope_pairs(oc_list *l, int64_t B, int64_t T, int64_t H, int64_t D) {
+    oc_case c = {.ops = "rope_pairs_fwd rope_pairs_bwd", .nt = 3, .p = {B, T, H, D},
+                 .fwd = rp_fwd, .ref = rp_ref, .bwd = rp_bwd,
+                 /* two rounded products and a sum per element (u each) */
+                 .tol_fwd = 5e-7, .tol_bwd = 5e-7};
+    c.t[0] = (oc_tensor)OC_T_INOUT("x", B * T * H * D);
+    c.t[1] = (oc_tensor)OC_T_IN("cos, sin", T * D);
+    c.t[2] = (oc_tensor)OC_T_DIO("dx", 0);
+    snprintf(c.name, sizeof c.name, "rope_pairs B %lld T %lld H %lld D %lld", (long long)B,
+             (long long)T, (long long)H, (long long)D);
+    oc_add(l, &c);
+}
+
 void oc_cases_dit(oc_list *l) {
+    add_rope_pairs(l, 2, 7, 3, 16);
+    add_rope_pairs(l, 1, 1, 1, 2);
     add_layernorm(l, 13, 37, 0.0f, 2.0f, 1e-6);
     add_layernorm(l, 3, 297, 0.0f, 0.05f, 1e-3); /* variance near eps */
     add_layernorm(l, 5, 37, 3.0f, 2.0f, 1e-6);   /* a large mean: the variance is not E x^2 - m^2 */

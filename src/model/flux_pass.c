@@ -1,0 +1,456 @@
+/* Flux forward and backward on the backend op table: the embedders, double-stream blocks
+ * (two streams, one joint attention), single-stream blocks, the final layer and the squared
+ * error. The residual stream of every block is [n, Tt + Ti, inner], text tokens first in each
+ * sample (the order of diffusers' joint attention); a double block splits it into its two
+ * streams and merges its outputs back. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "model/flux.h"
+
+#define EPS 1e-6f
+
+/* diffusers' Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0) of 1000 t, in
+ * double: [cos(1000 t f_k), sin(1000 t f_k)], f_k = exp(-ln(10000) k / 128). */
+static void timestep_features(float *out, const float *t, int64_t n) {
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t k = 0; k < 128; k++) {
+            const double a = 1000.0 * (double)t[b] * exp(-log(10000.0) * (double)k / 128.0);
+            out[b * 256 + k] = (float)cos(a);
+            out[b * 256 + 128 + k] = (float)sin(a);
+        }
+}
+
+/* The RoPE table of the T = Tt + Ti positions (text first): per position, for each axis a
+ * and k < axes[a] / 2, the angle id[a] / theta^(2k / axes[a]) (double) as (cos, sin). */
+static void rope_table(float *cs, const tz_flux_dims *d, const float *txt_ids,
+                       const float *img_ids, int64_t Tt, int64_t Ti) {
+    for (int64_t p = 0; p < Tt + Ti; p++) {
+        const float *id = p < Tt ? txt_ids + p * 3 : img_ids + (p - Tt) * 3;
+        float *row = cs + p * d->head_dim;
+        int64_t j = 0;
+        for (int a = 0; a < 3; a++)
+            for (int64_t k = 0; k < d->axes[a] / 2; k++, j++) {
+                const double f = 1.0 / pow(d->theta, (double)(2 * k) / (double)d->axes[a]);
+                const double ang = (double)id[a] * f;
+                row[2 * j] = (float)cos(ang);
+                row[2 * j + 1] = (float)sin(ang);
+            }
+    }
+}
+
+/* ---- the two streams in the joint token order ---- */
+
+/* src [n, T, I] -> text rows c [n*Tt, I] and image rows i [n*Ti, I] */
+static void split(tz_backend *be, float *c, float *i, const float *src, int64_t n, int64_t Tt,
+                  int64_t Ti, int64_t I) {
+    const int64_t T = Tt + Ti;
+    for (int64_t b = 0; b < n; b++) {
+        if (c) be->copy2d(be, c + b * Tt * I, I, src + b * T * I, I, Tt, I);
+        if (i) be->copy2d(be, i + b * Ti * I, I, src + (b * T + Tt) * I, I, Ti, I);
+    }
+}
+
+/* text rows c and image rows i -> dst [n, T, I] */
+static void merge(tz_backend *be, float *dst, const float *c, const float *i, int64_t n,
+                  int64_t Tt, int64_t Ti, int64_t I) {
+    const int64_t T = Tt + Ti;
+    for (int64_t b = 0; b < n; b++) {
+        be->copy2d(be, dst + b * T * I, I, c + b * Tt * I, I, Tt, I);
+        be->copy2d(be, dst + (b * T + Tt) * I, I, i + b * Ti * I, I, Ti, I);
+    }
+}
+
+/* Per-head RMSNorm of one stream's projection x [n*Ts, I] into its rows of the joint Q (or K)
+ * [n, T, I] at token offset off; r: 1/rms per (token, head). */
+static void rms_into(tz_backend *be, float *Q, float *r, const float *x, const tz_param *w,
+                     int64_t n, int64_t Ts, int64_t off, int64_t T, int64_t H, int64_t D) {
+    const int64_t I = H * D;
+    for (int64_t b = 0; b < n; b++)
+        be->rmsnorm_fwd(be, Q + (b * T + off) * I, r + b * Ts * H, x + b * Ts * I, w->w, Ts * H,
+                        D, EPS);
+}
+
+/* Its backward: dx += from the rows of dQ; dw += where the weight trains. */
+static void rms_back(tz_backend *be, float *dx, const float *dQ, const float *x, const float *r,
+                     const tz_param *w, int64_t n, int64_t Ts, int64_t off, int64_t T, int64_t H,
+                     int64_t D) {
+    const int64_t I = H * D;
+    for (int64_t b = 0; b < n; b++)
+        be->rmsnorm_bwd(be, dx + b * Ts * I, w->trainable ? w->g : NULL, dQ + (b * T + off) * I,
+                        x + b * Ts * I, w->w, r + b * Ts * H, Ts * H, D);
+}
+
+static tz_flux_acts *acts_of(tz_flux *m, int64_t k) { return tz_layer_stack_set(&m->stack, k); }
+
+static void attend(tz_flux *m, tz_flux_acts *a, const float *V, int64_t n, int64_t T) {
+    tz_backend *be = m->be;
+    be->rope_pairs_fwd(be, a->Q, n, T, m->d.heads, m->d.head_dim, m->cs);
+    be->rope_pairs_fwd(be, a->K, n, T, m->d.heads, m->d.head_dim, m->cs);
+    be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
+    be->attention_fwd(be, a->att, a->lse, a->Q, a->K, V, n, T, m->d.heads, m->d.heads,
+                      m->d.head_dim, 0);
+}
+
+/* ---- forward ---- */
+
+/* One stream's half of a double block after the attention: x2 = x + gate_msa * ao, then
+ * y = x2 + gate_mlp * ff(modulate(LN(x2))). mod: the stream's six chunks. */
+static void stream_mlp_fwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff2, float **lh1,
+                           float **lh2, const float *mod, const float *x, const float *ao,
+                           float *x2, float *ln2, float *mean2, float *rstd2, float *h2, float *f,
+                           float *g, float *mo, float *y, int64_t Ts) {
+    tz_backend *be = m->be;
+    const int64_t n = m->n, I = tz_flux_inner(&m->d), M = 6 * I, R = n * Ts;
+    be->gate_fwd(be, x2, x, ao, mod + 2 * I, M, n, Ts, I);
+    be->layernorm_fwd(be, ln2, mean2, rstd2, x2, R, I, EPS);
+    be->modulate_fwd(be, h2, ln2, mod + 3 * I, mod + 4 * I, M, n, Ts, I);
+    tz_linear_fwd(be, ff1, f, *lh1, h2, R);
+    be->gelu_tanh_fwd(be, g, f, R * tz_flux_mlp(&m->d));
+    tz_linear_fwd(be, ff2, mo, *lh2, g, R);
+    be->gate_fwd(be, y, x2, mo, mod + 5 * I, M, n, Ts, I);
+}
+
+static void double_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, const float *x,
+                       float *out) {
+    tz_backend *be = m->be;
+    const tz_flux_dims *d = &m->d;
+    const int64_t n = m->n, Ti = m->Ti, Tt = m->Tt, T = Ti + Tt, I = tz_flux_inner(d);
+    const int64_t H = d->heads, D = d->head_dim, M = 6 * I, Bi = n * Ti, Bc = n * Tt;
+    const tz_linear *L = blk->lin;
+    split(be, a->xc, a->xi, x, n, Tt, Ti, I);
+    tz_linear_fwd(be, &L[TZ_FLUX_NORM1], a->modi, a->lh[TZ_FLUX_NORM1], m->sc, n);
+    tz_linear_fwd(be, &L[TZ_FLUX_NORM1C], a->modc, a->lh[TZ_FLUX_NORM1C], m->sc, n);
+    be->layernorm_fwd(be, a->ln1i, a->mean1i, a->rstd1i, a->xi, Bi, I, EPS);
+    be->modulate_fwd(be, a->h1i, a->ln1i, a->modi, a->modi + I, M, n, Ti, I);
+    be->layernorm_fwd(be, a->ln1c, a->mean1c, a->rstd1c, a->xc, Bc, I, EPS);
+    be->modulate_fwd(be, a->h1c, a->ln1c, a->modc, a->modc + I, M, n, Tt, I);
+    tz_linear_fwd(be, &L[TZ_FLUX_Q], a->qi, a->lh[TZ_FLUX_Q], a->h1i, Bi);
+    tz_linear_fwd(be, &L[TZ_FLUX_K], a->ki, a->lh[TZ_FLUX_K], a->h1i, Bi);
+    tz_linear_fwd(be, &L[TZ_FLUX_V], a->vi, a->lh[TZ_FLUX_V], a->h1i, Bi);
+    tz_linear_fwd(be, &L[TZ_FLUX_AQ], a->qc, a->lh[TZ_FLUX_AQ], a->h1c, Bc);
+    tz_linear_fwd(be, &L[TZ_FLUX_AK], a->kc, a->lh[TZ_FLUX_AK], a->h1c, Bc);
+    tz_linear_fwd(be, &L[TZ_FLUX_AV], a->vc, a->lh[TZ_FLUX_AV], a->h1c, Bc);
+    rms_into(be, a->Q, a->rqc, a->qc, blk->naq, n, Tt, 0, T, H, D);
+    rms_into(be, a->Q, a->rqi, a->qi, blk->nq, n, Ti, Tt, T, H, D);
+    rms_into(be, a->K, a->rkc, a->kc, blk->nak, n, Tt, 0, T, H, D);
+    rms_into(be, a->K, a->rki, a->ki, blk->nk, n, Ti, Tt, T, H, D);
+    merge(be, a->V, a->vc, a->vi, n, Tt, Ti, I);
+    attend(m, a, a->V, n, T);
+    split(be, a->attc, a->atti, a->att, n, Tt, Ti, I);
+    tz_linear_fwd(be, &L[TZ_FLUX_OUT], a->aoi, a->lh[TZ_FLUX_OUT], a->atti, Bi);
+    tz_linear_fwd(be, &L[TZ_FLUX_AOUT], a->aoc, a->lh[TZ_FLUX_AOUT], a->attc, Bc);
+    stream_mlp_fwd(m, &L[TZ_FLUX_FF1], &L[TZ_FLUX_FF2], &a->lh[TZ_FLUX_FF1], &a->lh[TZ_FLUX_FF2],
+                   a->modi, a->xi, a->aoi, a->x2i, a->ln2i, a->mean2i, a->rstd2i, a->h2i, a->fi,
+                   a->gi, a->moi, m->yi, Ti);
+    stream_mlp_fwd(m, &L[TZ_FLUX_CFF1], &L[TZ_FLUX_CFF2], &a->lh[TZ_FLUX_CFF1],
+                   &a->lh[TZ_FLUX_CFF2], a->modc, a->xc, a->aoc, a->x2c, a->ln2c, a->mean2c,
+                   a->rstd2c, a->h2c, a->fc, a->gc, a->moc, m->yc, Tt);
+    merge(be, out, m->yc, m->yi, n, Tt, Ti, I);
+}
+
+static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, const float *x,
+                       float *out) {
+    tz_backend *be = m->be;
+    const tz_flux_dims *d = &m->d;
+    const int64_t n = m->n, T = m->Ti + m->Tt, BT = n * T, I = tz_flux_inner(d);
+    const int64_t F = tz_flux_mlp(d), H = d->heads, D = d->head_dim, M = 3 * I;
+    const tz_linear *L = blk->lin;
+    tz_linear_fwd(be, &L[TZ_FLUX_NORM], a->modi, a->lh[TZ_FLUX_NORM], m->sc, n);
+    be->layernorm_fwd(be, a->ln1i, a->mean1i, a->rstd1i, x, BT, I, EPS);
+    be->modulate_fwd(be, a->h1i, a->ln1i, a->modi, a->modi + I, M, n, T, I);
+    tz_linear_fwd(be, &L[TZ_FLUX_MLP], a->fi, a->lh[TZ_FLUX_MLP], a->h1i, BT);
+    be->gelu_tanh_fwd(be, a->gi, a->fi, BT * F);
+    tz_linear_fwd(be, &L[TZ_FLUX_Q], a->qi, a->lh[TZ_FLUX_Q], a->h1i, BT);
+    tz_linear_fwd(be, &L[TZ_FLUX_K], a->ki, a->lh[TZ_FLUX_K], a->h1i, BT);
+    tz_linear_fwd(be, &L[TZ_FLUX_V], a->vi, a->lh[TZ_FLUX_V], a->h1i, BT);
+    be->rmsnorm_fwd(be, a->Q, a->rqi, a->qi, blk->nq->w, BT * H, D, EPS);
+    be->rmsnorm_fwd(be, a->K, a->rki, a->ki, blk->nk->w, BT * H, D, EPS);
+    attend(m, a, a->vi, n, T);
+    be->copy2d(be, a->cat, I + F, a->att, I, BT, I);
+    be->copy2d(be, a->cat + I, I + F, a->gi, F, BT, F);
+    tz_linear_fwd(be, &L[TZ_FLUX_POUT], a->o, a->lh[TZ_FLUX_POUT], a->cat, BT);
+    be->gate_fwd(be, out, x, a->o, a->modi + 2 * I, M, n, T, I);
+}
+
+static void block_fwd(tz_flux *m, int64_t k, const float *x, float *out) {
+    if (k < m->d.layers) double_fwd(m, &m->blocks[k], acts_of(m, k), x, out);
+    else single_fwd(m, &m->blocks[k], acts_of(m, k), x, out);
+}
+
+/* One embedder: out = lin2(silu(lin1(in))) (+= when add), hidden h, its silu s. */
+static void embed(tz_flux *m, const tz_linear *l1, const tz_linear *l2, const float *in, float *h,
+                  float *s, float *out, int add) {
+    tz_backend *be = m->be;
+    const int64_t n = m->n, I = tz_flux_inner(&m->d);
+    tz_linear_fwd(be, l1, h, NULL, in, n);
+    be->silu_fwd(be, s, h, n * I);
+    if (!add) {
+        tz_linear_fwd(be, l2, out, NULL, s, n);
+        return;
+    }
+    tz_linear_fwd(be, l2, m->fmod, NULL, s, n); /* fmod is free until the final layer */
+    be->axpy(be, out, 1.0f, m->fmod, n * I);
+}
+
+void tz_flux_forward(tz_flux *m, const tz_flux_batch *in) {
+    tz_backend *be = m->be;
+    const tz_flux_dims *d = &m->d;
+    if (!m->arena.base) TZ_FATAL("flux: tz_flux_setup was not called");
+    const int64_t n = m->n, Ti = m->Ti, Tt = m->Tt, T = Ti + Tt, I = tz_flux_inner(d);
+    const int64_t Bi = n * Ti, Bc = n * Tt, L = d->layers + d->single_layers;
+    be->upload(be, m->xt, in->x_t, (size_t)(Bi * d->in_channels) * sizeof(float));
+    be->upload(be, m->txt, in->txt, (size_t)(Bc * d->joint_dim) * sizeof(float));
+    be->upload(be, m->pooled, in->pooled, (size_t)(n * d->pooled_dim) * sizeof(float));
+    timestep_features(m->feat_host, in->sigma, n);
+    be->upload(be, m->tfeat, m->feat_host, (size_t)(n * 256) * sizeof(float));
+    if (d->guidance) {
+        timestep_features(m->feat_host + n * 256, in->guidance, n);
+        be->upload(be, m->gfeat, m->feat_host + n * 256, (size_t)(n * 256) * sizeof(float));
+    }
+    rope_table(m->cs_host, d, in->txt_ids, in->img_ids, Tt, Ti);
+    be->upload(be, m->cs, m->cs_host, (size_t)(T * d->head_dim) * sizeof(float));
+    /* the two streams, merged into the first residual stream */
+    tz_linear_fwd(be, &m->x_emb, m->hi, NULL, m->xt, Bi);
+    tz_linear_fwd(be, &m->ctx_emb, m->hc, NULL, m->txt, Bc);
+    tz_layer_stack *st = &m->stack;
+    merge(be, tz_layer_stack_out(st, 0), m->hc, m->hi, n, Tt, Ti, I);
+    tz_layer_stack_put(st, be, 0);
+    /* conditioning: timestep + guidance + pooled text; every adaLN reads silu of it */
+    embed(m, &m->t1, &m->t2, m->tfeat, m->th, m->ts, m->temb, 0);
+    if (d->guidance) embed(m, &m->g1, &m->g2, m->gfeat, m->gh, m->gs, m->temb, 1);
+    embed(m, &m->p1, &m->p2, m->pooled, m->ph, m->pss, m->temb, 1);
+    be->silu_fwd(be, m->sc, m->temb, n * I);
+    for (int64_t k = 0; k < L; k++) {
+        block_fwd(m, k, tz_layer_stack_in(st, be, k), tz_layer_stack_out(st, k + 1));
+        tz_layer_stack_put(st, be, k + 1);
+    }
+    /* the final layer on the image tokens: scale, shift = chunk(2) (scale first) */
+    split(be, NULL, m->fx, tz_layer_stack_in(st, be, L), n, Tt, Ti, I);
+    tz_linear_fwd(be, &m->norm_out, m->fmod, m->f_lh, m->sc, n);
+    be->layernorm_fwd(be, m->fln, m->fmean, m->frstd, m->fx, Bi, I, EPS);
+    be->modulate_fwd(be, m->fh, m->fln, m->fmod + I, m->fmod, 2 * I, n, Ti, I);
+    tz_linear_fwd(be, &m->proj_out, m->pred, NULL, m->fh, Bi);
+}
+
+static double loss_of(tz_flux *m, const float *target) {
+    tz_backend *be = m->be;
+    const int64_t n = m->n, per = m->Ti * m->d.out_channels;
+    be->upload(be, m->target, target, (size_t)(n * per) * sizeof(float));
+    be->mse_fwd(be, m->sse, m->pred, per, m->target, n, per);
+    be->download(be, m->sse_host, m->sse, (size_t)n * sizeof(float));
+    double s = 0.0;
+    for (int64_t b = 0; b < n; b++) s += m->sse_host[b];
+    return s;
+}
+
+double tz_flux_forward_loss(tz_flux *m, const tz_flux_batch *in, const float *target) {
+    tz_flux_forward(m, in);
+    return loss_of(m, target);
+}
+
+/* ---- backward ---- */
+
+/* One stream's half of a double block backward, from dy = dL/dy (the stream's output); on
+ * return dy holds dL/dx2 and d_att its attention output's gradient (written). */
+static void stream_mlp_bwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff2,
+                           const tz_linear *out_proj, float *const *lh1, float *const *lh2,
+                           float *const *lho, const float *mod, float *dmod, float *dy,
+                           const float *att, const float *ao, const float *x2, const float *ln2,
+                           const float *mean2, const float *rstd2, const float *h2, const float *f,
+                           const float *g, const float *mo, float *dg, float *df, float *d_att,
+                           int64_t Ts) {
+    tz_backend *be = m->be;
+    const int64_t n = m->n, I = tz_flux_inner(&m->d), F = tz_flux_mlp(&m->d), M = 6 * I;
+    const int64_t R = n * Ts;
+    /* y = x2 + gate_mlp * mo */
+    be->fill(be, m->dc, 0.0f, R * I);
+    be->gate_bwd(be, m->dc, dmod + 5 * I, dy, mo, mod + 5 * I, M, n, Ts, I);
+    be->fill(be, dg, 0.0f, R * F);
+    tz_linear_bwd(be, ff2, dg, m->dc, g, *lh2, m->dlora, R);
+    be->fill(be, df, 0.0f, R * F);
+    be->gelu_tanh_bwd(be, df, dg, f, R * F);
+    be->fill(be, m->da, 0.0f, R * I);
+    tz_linear_bwd(be, ff1, m->da, df, h2, *lh1, m->dlora, R);
+    be->fill(be, m->db, 0.0f, R * I);
+    be->modulate_bwd(be, m->db, dmod + 3 * I, dmod + 4 * I, m->da, ln2, mod + 4 * I, M, n, Ts, I);
+    be->layernorm_bwd(be, dy, m->db, x2, mean2, rstd2, R, I); /* dy: now dL/dx2 */
+    /* x2 = x + gate_msa * ao, ao = out_proj(att) */
+    be->fill(be, m->dc, 0.0f, R * I);
+    be->gate_bwd(be, m->dc, dmod + 2 * I, dy, ao, mod + 2 * I, M, n, Ts, I);
+    be->fill(be, d_att, 0.0f, R * I);
+    tz_linear_bwd(be, out_proj, d_att, m->dc, att, *lho, m->dlora, R);
+}
+
+/* One stream's input side backward: dL/dh1 from its q, k, v gradients, then through the
+ * modulation and LN into dy (dL/dx2 on entry: the residual), dmod's first two chunks. */
+static void stream_in_bwd(tz_flux *m, const tz_linear *lq, const tz_linear *lk,
+                          const tz_linear *lv, float *const *lhq, float *const *lhk,
+                          float *const *lhv, const float *dq, const float *dk, const float *dv,
+                          const float *h1, const float *ln1, const float *mean1,
+                          const float *rstd1, const float *x, const float *mod, float *dmod,
+                          float *dy, int64_t Ts) {
+    tz_backend *be = m->be;
+    const int64_t n = m->n, I = tz_flux_inner(&m->d), R = n * Ts, M = 6 * I;
+    be->fill(be, m->da, 0.0f, R * I);
+    tz_linear_bwd(be, lq, m->da, dq, h1, *lhq, m->dlora, R);
+    tz_linear_bwd(be, lk, m->da, dk, h1, *lhk, m->dlora, R);
+    tz_linear_bwd(be, lv, m->da, dv, h1, *lhv, m->dlora, R);
+    be->fill(be, m->db, 0.0f, R * I);
+    be->modulate_bwd(be, m->db, dmod, dmod + I, m->da, ln1, mod + I, M, n, Ts, I);
+    be->layernorm_bwd(be, dy, m->db, x, mean1, rstd1, R, I); /* dy: now dL/dx */
+}
+
+static void attend_bwd(tz_flux *m, tz_flux_acts *a, const float *V, int64_t n, int64_t T) {
+    tz_backend *be = m->be;
+    const int64_t I = tz_flux_inner(&m->d), H = m->d.heads, D = m->d.head_dim;
+    be->fill(be, m->dQ, 0.0f, n * T * I);
+    be->fill(be, m->dK, 0.0f, n * T * I);
+    be->fill(be, m->dV, 0.0f, n * T * I);
+    be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
+    be->attention_bwd(be, m->dQ, m->dK, m->dV, m->datt, a->att, a->lse, a->Q, a->K, V, n, T, H,
+                      H, D, 0);
+    be->rope_pairs_bwd(be, m->dQ, n, T, H, D, m->cs);
+    be->rope_pairs_bwd(be, m->dK, n, T, H, D, m->cs);
+}
+
+/* m->dres: dL/d(block output) on entry, dL/d(block input) on return. */
+static void double_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a) {
+    tz_backend *be = m->be;
+    const tz_flux_dims *d = &m->d;
+    const int64_t n = m->n, Ti = m->Ti, Tt = m->Tt, T = Ti + Tt, I = tz_flux_inner(d);
+    const int64_t H = d->heads, D = d->head_dim, M = 6 * I;
+    const tz_linear *L = blk->lin;
+    split(be, m->dyc, m->dyi, m->dres, n, Tt, Ti, I);
+    be->fill(be, m->dmodi, 0.0f, n * M);
+    be->fill(be, m->dmodc, 0.0f, n * M);
+    stream_mlp_bwd(m, &L[TZ_FLUX_FF1], &L[TZ_FLUX_FF2], &L[TZ_FLUX_OUT], &a->lh[TZ_FLUX_FF1],
+                   &a->lh[TZ_FLUX_FF2], &a->lh[TZ_FLUX_OUT], a->modi, m->dmodi, m->dyi, a->atti,
+                   a->aoi, a->x2i, a->ln2i, a->mean2i, a->rstd2i, a->h2i, a->fi, a->gi, a->moi,
+                   m->dgi, m->dfi, m->dd, Ti);
+    stream_mlp_bwd(m, &L[TZ_FLUX_CFF1], &L[TZ_FLUX_CFF2], &L[TZ_FLUX_AOUT],
+                   &a->lh[TZ_FLUX_CFF1], &a->lh[TZ_FLUX_CFF2], &a->lh[TZ_FLUX_AOUT], a->modc,
+                   m->dmodc, m->dyc, a->attc, a->aoc, a->x2c, a->ln2c, a->mean2c, a->rstd2c,
+                   a->h2c, a->fc, a->gc, a->moc, m->dgc, m->dfc, m->dqc, Tt);
+    merge(be, m->datt, m->dqc, m->dd, n, Tt, Ti, I);
+    attend_bwd(m, a, a->V, n, T);
+    split(be, m->dvc, m->dvi, m->dV, n, Tt, Ti, I);
+    be->fill(be, m->dqi, 0.0f, n * Ti * I);
+    be->fill(be, m->dki, 0.0f, n * Ti * I);
+    be->fill(be, m->dqc, 0.0f, n * Tt * I);
+    be->fill(be, m->dkc, 0.0f, n * Tt * I);
+    rms_back(be, m->dqc, m->dQ, a->qc, a->rqc, blk->naq, n, Tt, 0, T, H, D);
+    rms_back(be, m->dqi, m->dQ, a->qi, a->rqi, blk->nq, n, Ti, Tt, T, H, D);
+    rms_back(be, m->dkc, m->dK, a->kc, a->rkc, blk->nak, n, Tt, 0, T, H, D);
+    rms_back(be, m->dki, m->dK, a->ki, a->rki, blk->nk, n, Ti, Tt, T, H, D);
+    stream_in_bwd(m, &L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V], &a->lh[TZ_FLUX_Q],
+                  &a->lh[TZ_FLUX_K], &a->lh[TZ_FLUX_V], m->dqi, m->dki, m->dvi, a->h1i, a->ln1i,
+                  a->mean1i, a->rstd1i, a->xi, a->modi, m->dmodi, m->dyi, Ti);
+    stream_in_bwd(m, &L[TZ_FLUX_AQ], &L[TZ_FLUX_AK], &L[TZ_FLUX_AV], &a->lh[TZ_FLUX_AQ],
+                  &a->lh[TZ_FLUX_AK], &a->lh[TZ_FLUX_AV], m->dqc, m->dkc, m->dvc, a->h1c,
+                  a->ln1c, a->mean1c, a->rstd1c, a->xc, a->modc, m->dmodc, m->dyc, Tt);
+    float *dsc = m->cond_trainable ? m->dsc : NULL;
+    tz_linear_bwd(be, &L[TZ_FLUX_NORM1], dsc, m->dmodi, m->sc, a->lh[TZ_FLUX_NORM1], m->dlora, n);
+    tz_linear_bwd(be, &L[TZ_FLUX_NORM1C], dsc, m->dmodc, m->sc, a->lh[TZ_FLUX_NORM1C], m->dlora,
+                  n);
+    merge(be, m->dres, m->dyc, m->dyi, n, Tt, Ti, I);
+}
+
+static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, const float *x) {
+    tz_backend *be = m->be;
+    const tz_flux_dims *d = &m->d;
+    const int64_t n = m->n, T = m->Ti + m->Tt, BT = n * T, I = tz_flux_inner(d);
+    const int64_t F = tz_flux_mlp(d), H = d->heads, D = d->head_dim, M = 3 * I;
+    const tz_linear *L = blk->lin;
+    be->fill(be, m->dmodi, 0.0f, n * M);
+    /* out = x + gate * proj_out([att, gelu(proj_mlp(h))]) */
+    be->fill(be, m->dc, 0.0f, BT * I);
+    be->gate_bwd(be, m->dc, m->dmodi + 2 * I, m->dres, a->o, a->modi + 2 * I, M, n, T, I);
+    be->fill(be, m->dcat, 0.0f, BT * (I + F));
+    tz_linear_bwd(be, &L[TZ_FLUX_POUT], m->dcat, m->dc, a->cat, a->lh[TZ_FLUX_POUT], m->dlora, BT);
+    be->copy2d(be, m->datt, I, m->dcat, I + F, BT, I);
+    be->copy2d(be, m->dgi, F, m->dcat + I, I + F, BT, F);
+    be->fill(be, m->dfi, 0.0f, BT * F);
+    be->gelu_tanh_bwd(be, m->dfi, m->dgi, a->fi, BT * F);
+    be->fill(be, m->da, 0.0f, BT * I);
+    tz_linear_bwd(be, &L[TZ_FLUX_MLP], m->da, m->dfi, a->h1i, a->lh[TZ_FLUX_MLP], m->dlora, BT);
+    attend_bwd(m, a, a->vi, n, T);
+    be->fill(be, m->dqi, 0.0f, BT * I);
+    be->fill(be, m->dki, 0.0f, BT * I);
+    be->rmsnorm_bwd(be, m->dqi, blk->nq->trainable ? blk->nq->g : NULL, m->dQ, a->qi, blk->nq->w,
+                    a->rqi, BT * H, D);
+    be->rmsnorm_bwd(be, m->dki, blk->nk->trainable ? blk->nk->g : NULL, m->dK, a->ki, blk->nk->w,
+                    a->rki, BT * H, D);
+    tz_linear_bwd(be, &L[TZ_FLUX_Q], m->da, m->dqi, a->h1i, a->lh[TZ_FLUX_Q], m->dlora, BT);
+    tz_linear_bwd(be, &L[TZ_FLUX_K], m->da, m->dki, a->h1i, a->lh[TZ_FLUX_K], m->dlora, BT);
+    tz_linear_bwd(be, &L[TZ_FLUX_V], m->da, m->dV, a->h1i, a->lh[TZ_FLUX_V], m->dlora, BT);
+    be->fill(be, m->db, 0.0f, BT * I);
+    be->modulate_bwd(be, m->db, m->dmodi, m->dmodi + I, m->da, a->ln1i, a->modi + I, M, n, T, I);
+    be->layernorm_bwd(be, m->dres, m->db, x, a->mean1i, a->rstd1i, BT, I);
+    tz_linear_bwd(be, &L[TZ_FLUX_NORM], m->cond_trainable ? m->dsc : NULL, m->dmodi, m->sc,
+                  a->lh[TZ_FLUX_NORM], m->dlora, n);
+}
+
+/* One embedder backward from dout: dL/d its weights (where they train). */
+static void embed_bwd(tz_flux *m, const tz_linear *l1, const tz_linear *l2, const float *in,
+                      const float *h, const float *s, const float *dout) {
+    tz_backend *be = m->be;
+    const int64_t n = m->n, I = tz_flux_inner(&m->d);
+    be->fill(be, m->dts, 0.0f, n * I);
+    tz_linear_bwd(be, l2, m->dts, dout, s, NULL, m->dlora, n);
+    be->fill(be, m->dth, 0.0f, n * I);
+    be->silu_bwd(be, m->dth, m->dts, h, n * I);
+    tz_linear_bwd(be, l1, NULL, m->dth, in, NULL, m->dlora, n);
+}
+
+double tz_flux_forward_backward(tz_flux *m, const tz_flux_batch *in, const float *target,
+                                float dloss) {
+    tz_backend *be = m->be;
+    const tz_flux_dims *d = &m->d;
+    const int64_t n = m->n, Ti = m->Ti, Tt = m->Tt, T = Ti + Tt, I = tz_flux_inner(d);
+    const int64_t Bi = n * Ti, Bc = n * Tt, L = d->layers + d->single_layers;
+    const int64_t per = Ti * d->out_channels;
+    if (m->o.forward_only) TZ_FATAL("flux: built for forward passes only (no backward buffers)");
+    tz_flux_forward(m, in);
+    const double loss = loss_of(m, target);
+    tz_params_backward_begins(&m->params);
+    /* the final layer */
+    be->fill(be, m->dpred, 0.0f, n * per);
+    be->mse_bwd(be, m->dpred, m->pred, per, m->target, dloss, n, per);
+    be->fill(be, m->da, 0.0f, Bi * I);
+    tz_linear_bwd(be, &m->proj_out, m->da, m->dpred, m->fh, NULL, m->dlora, Bi);
+    be->fill(be, m->dmodi, 0.0f, n * 2 * I);
+    be->fill(be, m->db, 0.0f, Bi * I);
+    be->modulate_bwd(be, m->db, m->dmodi + I, m->dmodi, m->da, m->fln, m->fmod, 2 * I, n, Ti, I);
+    be->fill(be, m->dyi, 0.0f, Bi * I);
+    be->layernorm_bwd(be, m->dyi, m->db, m->fx, m->fmean, m->frstd, Bi, I);
+    be->fill(be, m->dres, 0.0f, n * T * I);
+    for (int64_t b = 0; b < n; b++)
+        be->copy2d(be, m->dres + (b * T + Tt) * I, I, m->dyi + b * Ti * I, I, Ti, I);
+    be->fill(be, m->dsc, 0.0f, n * I);
+    tz_linear_bwd(be, &m->norm_out, m->cond_trainable ? m->dsc : NULL, m->dmodi, m->sc, m->f_lh,
+                  m->dlora, n);
+    tz_params_stage_done(&m->params, 0);
+    for (int64_t k = L - 1; k >= 0; k--) {
+        const float *x = tz_layer_stack_in(&m->stack, be, k);
+        if (tz_layer_stack_recompute(&m->stack, k)) block_fwd(m, k, x, m->dc);
+        if (k < d->layers) double_bwd(m, &m->blocks[k], acts_of(m, k));
+        else single_bwd(m, &m->blocks[k], acts_of(m, k), x);
+        tz_params_stage_done(&m->params, (int)(L - k));
+    }
+    /* the embedders */
+    split(be, m->dyc, m->dyi, m->dres, n, Tt, Ti, I);
+    tz_linear_bwd(be, &m->x_emb, NULL, m->dyi, m->xt, NULL, m->dlora, Bi);
+    tz_linear_bwd(be, &m->ctx_emb, NULL, m->dyc, m->txt, NULL, m->dlora, Bc);
+    if (m->cond_trainable) {
+        be->fill(be, m->dtemb, 0.0f, n * I);
+        be->silu_bwd(be, m->dtemb, m->dsc, m->temb, n * I);
+        embed_bwd(m, &m->t1, &m->t2, m->tfeat, m->th, m->ts, m->dtemb);
+        if (d->guidance) embed_bwd(m, &m->g1, &m->g2, m->gfeat, m->gh, m->gs, m->dtemb);
+        embed_bwd(m, &m->p1, &m->p2, m->pooled, m->ph, m->pss, m->dtemb);
+    }
+    tz_params_stage_done(&m->params, (int)L + 1);
+    return loss;
+}
