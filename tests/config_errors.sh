@@ -126,7 +126,7 @@ fails bool_for_float "$F:2: optim.lr: expected a number in (0, 10] (got a boolea
 cfg int_for_enum <<'EOF'
 model = { path = "m"; arch = 1; };
 EOF
-fails int_for_enum "$F:1: model.arch: expected one of \"llama\", \"dit\" (got an integer (1))" "" "$F"
+fails int_for_enum "$F:1: model.arch: expected one of \"llama\", \"dit\", \"flux\" (got an integer (1))" "" "$F"
 
 # ---- file: ranges ----
 cfg int_range <<'EOF'
@@ -204,7 +204,7 @@ model = { path = "m"; };
 lora = { targets = ["q",
                     "x"]; };
 EOF
-fails bad_target "$F:3: lora.targets: expected a non-empty list of names from \"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\", \"qkv\", \"proj\", \"fc1\", \"fc2\", \"adaln\" or \"all\" (got \"x\")" "" "$F"
+fails bad_target "$F:3: lora.targets: expected a non-empty list of names from \"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\", \"qkv\", \"proj\", \"fc1\", \"fc2\", \"adaln\", \"to_q\", \"to_k\", \"to_v\", \"to_out.0\", \"add_q_proj\", \"add_k_proj\", \"add_v_proj\", \"to_add_out\", \"ff.net.0.proj\", \"ff.net.2\", \"ff_context.net.0.proj\", \"ff_context.net.2\", \"norm1.linear\", \"norm1_context.linear\", \"proj_mlp\", \"proj_out\", \"norm.linear\" or \"all\" (got \"x\")" "" "$F"
 
 cfg target_not_string <<'EOF'
 model = { path = "m"; };
@@ -272,7 +272,7 @@ fails set_nan "--set optim.lr=nan: expected a number in (0, 10] (got nan)" "" "$
 fails set_bad_bool "--set train.checkpointing=yes: expected a boolean (true or false)" "" "$GOOD" train.checkpointing=yes
 fails set_int_for_bool "--set run.overwrite=1: expected a boolean (true or false)" \
     "HINT: write true or false" "$GOOD" run.overwrite=1
-fails set_bad_enum "--set model.arch=gpt: expected one of \"llama\", \"dit\" (got \"gpt\")" "" "$GOOD" model.arch=gpt
+fails set_bad_enum "--set model.arch=gpt: expected one of \"llama\", \"dit\", \"flux\" (got \"gpt\")" "" "$GOOD" model.arch=gpt
 fails set_bad_target "--set lora.targets=q,x: expected a non-empty list" "(got \"x\")" "$GOOD" lora.targets=q,x
 fails set_empty_targets "--set lora.targets=: expected a non-empty list" "(got an empty list)" "$GOOD" lora.targets=
 fails set_empty_target_name "--set lora.targets=q,,v: expected a non-empty list" "(got an empty name)" "$GOOD" lora.targets=q,,v

@@ -203,7 +203,7 @@ static void join_names(char *buf, size_t n, const char *const *names, const char
 }
 
 static void describe_expected(const tz_key *k, char *buf, size_t n) {
-    char names[256];
+    char names[1024];
     switch (k->type) {
     case T_INT:
         snprintf(buf, n, "%s in %lld..%lld", k->pow2 ? "a power of two" : "an integer",
@@ -246,7 +246,7 @@ static void describe_setting(const config_setting_t *s, char *buf, size_t n) {
 }
 
 static int fail(const tz_origin *o, const tz_key *k, const char *got) {
-    char want[400];
+    char want[1200];
     describe_expected(k, want, sizeof want);
     /* One rule for booleans in the file and in --set: true or false, as libconfig spells them
      * (any case); 1 and 0 are integers in the file, so they are refused in --set too. */
@@ -732,7 +732,7 @@ static void format_value(const tz_key *k, const void *p, char *buf, size_t n) {
 
 void tz_config_write(const tz_config *cfg, const tz_config_names *names, FILE *f) {
     size_t vn = 4 * TZ_PATH_MAX + 8; /* room for a fully escaped string */
-    char want[400], *value = tz_xmalloc(vn), *def = tz_xmalloc(vn);
+    char want[1200], *value = tz_xmalloc(vn), *def = tz_xmalloc(vn);
     tz_config d;
     tz_config_defaults(&d);
     fprintf(f, "# turbozero %s configuration%s%s\n", TZ_VERSION, cfg->source[0] ? " from " : "",

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/fsutil.h"
 
 typedef struct {
@@ -87,4 +88,38 @@ int tz_flux_config_read(tz_flux_config *c, const char *path, char *err, size_t e
     }
     json_decref(root);
     return rc;
+}
+
+int tz_flux_config_write(const tz_flux_config *c, const char *path, char *err, size_t errlen) {
+    char text[1200];
+    const int n = snprintf(text, sizeof text,
+        "{\n"
+        "  \"_class_name\": \"FluxTransformer2DModel\",\n"
+        "  \"patch_size\": %lld,\n"
+        "  \"in_channels\": %lld,\n"
+        "  \"out_channels\": %lld,\n"
+        "  \"num_layers\": %lld,\n"
+        "  \"num_single_layers\": %lld,\n"
+        "  \"attention_head_dim\": %lld,\n"
+        "  \"num_attention_heads\": %lld,\n"
+        "  \"joint_attention_dim\": %lld,\n"
+        "  \"pooled_projection_dim\": %lld,\n"
+        "  \"guidance_embeds\": %s,\n"
+        "  \"axes_dims_rope\": [%lld, %lld, %lld]\n"
+        "}\n",
+        (long long)c->patch_size, (long long)c->in_channels, (long long)c->out_channels,
+        (long long)c->num_layers, (long long)c->num_single_layers,
+        (long long)c->attention_head_dim, (long long)c->num_attention_heads,
+        (long long)c->joint_attention_dim, (long long)c->pooled_projection_dim,
+        c->guidance_embeds ? "true" : "false", (long long)c->axes_dims_rope[0],
+        (long long)c->axes_dims_rope[1], (long long)c->axes_dims_rope[2]);
+    if (n < 0 || (size_t)n >= sizeof text)
+        return tz_errf(err, errlen, "%s: config text does not fit its buffer", path);
+    tz_atomic_file f;
+    if (tz_atomic_file_open(&f, path, err, errlen)) return 1;
+    if (tz_atomic_file_write(&f, text, (size_t)n, err, errlen)) {
+        tz_atomic_file_abort(&f);
+        return 1;
+    }
+    return tz_atomic_file_commit(&f, err, errlen);
 }

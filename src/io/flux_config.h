@@ -20,5 +20,7 @@ typedef struct tz_flux_config {
  * guidance_embeds (false). "_class_name", when present, must be "FluxTransformer2DModel".
  * 0, or non-zero with "file: key \"k\" is X, expected Y". */
 int tz_flux_config_read(tz_flux_config *c, const char *path, char *err, size_t errlen);
+/* Writes path atomically, in diffusers' layout (with "_class_name"). 0 or non-zero. */
+int tz_flux_config_write(const tz_flux_config *c, const char *path, char *err, size_t errlen);
 
 #endif

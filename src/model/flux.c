@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "quant/turboquant.h"
 
 const char *const tz_flux_lin_names[TZ_FLUX_LIN_N] = {
     "to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
@@ -39,7 +40,7 @@ static const struct {
 } shapes[] = {
     {"flux-dev", 64, 19, 38, 24, 128, 4096, 768, 1, 16, 56, 56},
     {"flux-schnell", 64, 19, 38, 24, 128, 4096, 768, 0, 16, 56, 56},
-    {"flux-tiny", 16, 2, 2, 2, 16, 32, 24, 1, 4, 6, 6},
+    {"flux-tiny", 16, 2, 2, 4, 16, 32, 24, 1, 4, 6, 6},
 };
 
 int tz_flux_preset(const char *name, tz_flux_dims *d, char *err, size_t errlen) {
@@ -226,6 +227,13 @@ tz_flux *tz_flux_create(tz_backend *be, const tz_flux_dims *d, const tz_model_op
     add_linear(&r, &m->norm_out, "norm_out.linear", I, 2 * I, -1, 0, 0, INIT_ZERO);
     add_linear(&r, &m->proj_out, "proj_out", I, d->out_channels, -1, 0, 0, INIT_ZERO);
     tz_params_layout(&m->params);
+    if (o->quant.bits) {
+        int nq = 0;
+        for (int i = 0; i < m->params.n; i++) nq += m->params.p[i]->q != NULL;
+        tz_info("flux: %d block weights quantized (%s, %d bits, group %lld); the embedders, "
+                "the output layer, biases and norms dense", nq, tz_tq_method_name(o->quant.method),
+                o->quant.bits, (long long)o->quant.group);
+    }
     m->cond_trainable = m->o.full; /* the conditioning embedders train in full mode only */
     m->init_rule = r.rule;
     return m;
@@ -273,9 +281,11 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
     TAKE(m->ph, B * I, "pooled hidden"); TAKE(m->pss, B * I, "pooled silu");
     TAKE(m->temb, B * I, "conditioning"); TAKE(m->sc, B * I, "silu(conditioning)");
     TAKE(m->hi, Bi * I, "image tokens"); TAKE(m->hc, Bc * I, "text tokens");
-    const int n_sets = tz_layer_stack_walk(&m->stack, a, &total, L, m->o.checkpointing,
-                                           m->o.forward_only, sizeof(tz_flux_acts), BT * I,
-                                           m->be->matmul_dtype == TZ_DT_BF16);
+    /* on a device backend the bf16 streams live on the host, one on the device at a time */
+    const int n_sets = tz_layer_stack_walk_ex(&m->stack, m->be, a, &total, L, m->o.checkpointing,
+                                              m->o.forward_only, sizeof(tz_flux_acts), BT * I,
+                                              m->be->matmul_dtype == TZ_DT_BF16,
+                                              m->be->device ? TZ_STACK_HOST : 0);
     const int single_only = d->layers == 0, double_only = d->single_layers == 0;
     for (int s = 0; s < n_sets; s++) {
         tz_flux_acts *x = a ? tz_layer_stack_set(&m->stack, s) : NULL;
@@ -290,6 +300,9 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
         ACT(ln1i, Ni * I); ACT(mean1i, Ni); ACT(rstd1i, Ni); ACT(h1i, Ni * I);
         ACT(qi, Ni * I); ACT(ki, Ni * I); ACT(vi, Ni * I); ACT(rqi, Ni * H); ACT(rki, Ni * H);
         ACT(fi, Ni * F); ACT(gi, Ni * F);
+        /* with one set for both kinds, the double-only and the single-only fields share
+         * memory (a block uses one kind's): the walk lays both from the same mark */
+        const size_t t0 = total, m0 = a ? tz_arena_mark(a) : 0;
         if (dbl) {
             ACT(modc, B * 6 * I); ACT(xi, Bi * I); ACT(xc, Bc * I);
             ACT(ln1c, Bc * I); ACT(mean1c, Bc); ACT(rstd1c, Bc); ACT(h1c, Bc * I);
@@ -300,7 +313,12 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
             ACT(ln2c, Bc * I); ACT(mean2c, Bc); ACT(rstd2c, Bc); ACT(h2c, Bc * I);
             ACT(fc, Bc * F); ACT(gc, Bc * F); ACT(moi, Bi * I); ACT(moc, Bc * I);
         }
+        const size_t t_d = total, m_d = a ? tz_arena_mark(a) : 0;
+        total = t0;
+        if (a) tz_arena_reset(a, m0);
         if (sgl) { ACT(cat, BT * (I + F)); ACT(o, BT * I); }
+        if (t_d > total) total = t_d;
+        if (a && m_d > tz_arena_mark(a)) tz_arena_reset(a, m_d);
         for (int j = 0; j < TZ_FLUX_LIN_N; j++)
             if (m->o.lora.targets & (1u << j)) {
                 const int cond = j == TZ_FLUX_NORM1 || j == TZ_FLUX_NORM1C || j == TZ_FLUX_NORM;
@@ -316,7 +334,7 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
     if (m->norm_out.a) TAKE(m->f_lh, B * r, "final adaLN lora");
     if (!m->o.forward_only) {
         TAKE(m->dres, BT * I, "dres"); TAKE(m->dyi, Bi * I, "dyi"); TAKE(m->dyc, Bc * I, "dyc");
-        TAKE(m->da, BT * (I + F), "da"); TAKE(m->db, BT * (I + F), "db");
+        TAKE(m->da, BT * I, "da"); TAKE(m->db, BT * I, "db");
         TAKE(m->dc, BT * I, "dc"); TAKE(m->dd, BT * I, "dd");
         TAKE(m->dQ, BT * I, "dQ"); TAKE(m->dK, BT * I, "dK"); TAKE(m->dV, BT * I, "dV");
         TAKE(m->dqi, BT * I, "dqi"); TAKE(m->dki, BT * I, "dki"); TAKE(m->dvi, BT * I, "dvi");

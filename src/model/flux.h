@@ -141,6 +141,9 @@ double tz_flux_forward_backward(tz_flux *m, const tz_flux_batch *in, const float
 /* From and to a diffusers folder: config.json and diffusion_pytorch_model*.safetensors
  * (one file or shards with their index). Fatal, naming the file and key, on a mismatch. */
 tz_flux *tz_flux_load(tz_backend *be, const char *dir, const tz_model_opts *o);
+/* The whole model into dir (config.json and diffusion_pytorch_model.safetensors, F32 or
+ * BF16); a quantized block weight is written dequantized. */
+void tz_flux_save(tz_flux *m, const char *dir, int bf16);
 void tz_flux_read_dims(const char *dir, tz_flux_dims *d);
 
 #endif

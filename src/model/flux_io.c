@@ -8,6 +8,8 @@
 
 #include "core/error.h"
 #include "io/flux_config.h"
+#include "io/fsutil.h"
+#include "model/adapter_io.h"
 #include "io/safetensors.h"
 #include "io/tq_format.h"
 #include "model/flux.h"
@@ -71,4 +73,22 @@ tz_flux *tz_flux_load(tz_backend *be, const char *dir, const tz_model_opts *o) {
     free(buf);
     tz_st_close(&st);
     return m;
+}
+
+void tz_flux_save(tz_flux *m, const char *dir, int bf16) {
+    char path[1100], err[1200];
+    if (tz_mkdir_p(dir, err, sizeof err)) TZ_FATAL("%s", err);
+    const tz_flux_dims *d = &m->d;
+    const tz_flux_config c = {.patch_size = 1, .in_channels = d->in_channels,
+                              .out_channels = d->out_channels, .num_layers = d->layers,
+                              .num_single_layers = d->single_layers,
+                              .attention_head_dim = d->head_dim, .num_attention_heads = d->heads,
+                              .joint_attention_dim = d->joint_dim,
+                              .pooled_projection_dim = d->pooled_dim,
+                              .guidance_embeds = d->guidance,
+                              .axes_dims_rope = {d->axes[0], d->axes[1], d->axes[2]}};
+    tz_path_join(path, sizeof path, dir, "diffusion_pytorch_model.safetensors");
+    tz_params_save(&m->params, m->be, path, 0, bf16, NULL, 0, NULL, NULL);
+    tz_path_join(path, sizeof path, dir, "config.json");
+    if (tz_flux_config_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }

@@ -10,7 +10,7 @@
 #include "optim/optim.h"
 
 /* One line per family; the order is model.arch's (index 0, the first, is the default). */
-static const tz_family *const families[] = {&tz_family_llama, &tz_family_dit};
+static const tz_family *const families[] = {&tz_family_llama, &tz_family_dit, &tz_family_flux};
 #define NFAM ((int)(sizeof families / sizeof families[0]))
 
 const tz_family *tz_family_of(const tz_config *cfg) {

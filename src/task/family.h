@@ -73,7 +73,7 @@ typedef struct tz_family {
 } tz_family;
 
 /* The registry's entries, each defined in its family's task file. */
-extern const tz_family tz_family_llama, tz_family_dit;
+extern const tz_family tz_family_llama, tz_family_dit, tz_family_flux;
 
 /* The family of model.arch (registry order is the config's index), or of a name (NULL when
  * there is none). */

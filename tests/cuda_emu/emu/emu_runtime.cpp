@@ -148,10 +148,18 @@ struct Alloc {
     int kind;
     char *map; /* device memory: its guarded mapping */
     size_t maplen;
-    /* device memory: the last copy or set that wrote it (stream order, below) */
-    const char *w_fn;
-    int w_sid;
-    uint64_t w_t; /* 0: none since the allocation */
+    /* device memory: the latest copies and sets that wrote it, with the bytes each wrote
+     * (stream order, below): a ring of ALLOC_WRITES, so an access is checked against the
+     * writes of the ranges it touches (an allocation shared by many buffers, e.g. an arena,
+     * is written by one stream in one place while another reads elsewhere) */
+#define ALLOC_WRITES 16
+    struct Write {
+        const char *fn;
+        int sid;
+        uint64_t t; /* 0: none */
+        const char *lo, *hi;
+    } w[ALLOC_WRITES];
+    int w_next;
 };
 pthread_mutex_t g_mem_mu = PTHREAD_MUTEX_INITIALIZER;
 Alloc *g_alloc;
@@ -182,7 +190,7 @@ void add_alloc(char *base, size_t size, int kind, char *map = NULL, size_t maple
     }
     size_t i = upper(base);
     memmove(&g_alloc[i + 1], &g_alloc[i], (g_nalloc - i) * sizeof *g_alloc);
-    g_alloc[i] = Alloc{base, size, kind, map, maplen, NULL, 0, 0};
+    g_alloc[i] = Alloc{base, size, kind, map, maplen, {}, 0};
     g_nalloc++;
 }
 void remove_alloc(Alloc *a) {
@@ -230,7 +238,8 @@ cudaError_t check_side(const char *fn, const char *side, const void *p, size_t b
     return cudaSuccess;
 }
 
-cudaError_t order_access(const char *fn, cudaStream_t s, void *dst, const void *src);
+cudaError_t order_access(const char *fn, cudaStream_t s, void *dst, size_t dspan,
+                         const void *src, size_t sspan);
 
 cudaError_t do_copy(const char *fn, void *dst, size_t dpitch, const void *src, size_t spitch,
                     size_t width, size_t height, cudaMemcpyKind k, cudaStream_t s) {
@@ -261,7 +270,7 @@ cudaError_t do_copy(const char *fn, void *dst, size_t dpitch, const void *src, s
                     kind_name(k), dst, dspan, src, sspan);
         return fail(cudaErrorInvalidValue);
     }
-    if ((e = order_access(fn, s, dst, src)) != cudaSuccess) return fail(e);
+    if ((e = order_access(fn, s, dst, dspan, src, sspan)) != cudaSuccess) return fail(e);
     for (size_t r = 0; r < height; r++)
         memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return cudaSuccess;
@@ -361,31 +370,42 @@ void host_joins_all(void) {
     pthread_mutex_unlock(&g_order_mu);
 }
 
-/* One access of a copy or set on stream s (g_mem_mu held): the allocation's last write must be
- * ordered before it; a write then becomes the last. */
-cudaError_t order_check(const char *fn, int sid, Alloc *a, const char *side, uint64_t now,
-                        int writes) {
+/* One access of a copy or set on stream s to bytes [p, p + span) (g_mem_mu held): every
+ * recorded write of those bytes by another stream must be ordered before it; a write is then
+ * recorded. */
+cudaError_t order_check(const char *fn, int sid, Alloc *a, const char *side, const void *p,
+                        size_t span, uint64_t now, int writes) {
     if (!a || a->kind != MEM_DEVICE) return cudaSuccess;
-    if (a->w_t && a->w_sid != sid && g_stream_clock[sid].t[a->w_sid] < a->w_t) {
-        tz_emu_note("%s on stream %d: its %s %p was written by %s on stream %d, and nothing "
-                    "orders the two (an event recorded after that write and waited for by this "
-                    "stream, or the host waiting for it before queueing this)", fn, sid, side,
-                    (void *)a->base, a->w_fn, a->w_sid);
-        return cudaErrorInvalidValue;
+    const char *lo = (const char *)p, *hi = lo + span;
+    for (int k = 0; k < ALLOC_WRITES; k++) {
+        const Alloc::Write &w = a->w[k];
+        if (w.t && w.sid != sid && w.lo < hi && lo < w.hi && g_stream_clock[sid].t[w.sid] < w.t) {
+            tz_emu_note("%s on stream %d: its %s %p (+%zu bytes) was written by %s on stream "
+                        "%d, and nothing orders the two (an event recorded after that write and "
+                        "waited for by this stream, or the host waiting for it before queueing "
+                        "this)", fn, sid, side, p, span, w.fn, w.sid);
+            return cudaErrorInvalidValue;
+        }
     }
-    if (writes) a->w_fn = fn, a->w_sid = sid, a->w_t = now;
+    if (writes) {
+        Alloc::Write &w = a->w[a->w_next];
+        a->w_next = (a->w_next + 1) % ALLOC_WRITES;
+        w.fn = fn, w.sid = sid, w.t = now, w.lo = lo, w.hi = hi;
+    }
     return cudaSuccess;
 }
 
-cudaError_t order_access(const char *fn, cudaStream_t s, void *dst, const void *src) {
+cudaError_t order_access(const char *fn, cudaStream_t s, void *dst, size_t dspan,
+                         const void *src, size_t sspan) {
     const int sid = sid_of(s);
     pthread_mutex_lock(&g_mem_mu);
     pthread_mutex_lock(&g_order_mu);
     Clock &c = g_stream_clock[sid];
     c.join(g_host_clock);
     const uint64_t now = ++c.t[sid];
-    cudaError_t e = src ? order_check(fn, sid, holding(src), "source", now, 0) : cudaSuccess;
-    if (e == cudaSuccess) e = order_check(fn, sid, holding(dst), "destination", now, 1);
+    cudaError_t e =
+        src ? order_check(fn, sid, holding(src), "source", src, sspan, now, 0) : cudaSuccess;
+    if (e == cudaSuccess) e = order_check(fn, sid, holding(dst), "destination", dst, dspan, now, 1);
     pthread_mutex_unlock(&g_order_mu);
     pthread_mutex_unlock(&g_mem_mu);
     return e;
@@ -1352,7 +1372,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
                     st ? "runs past the end of its device allocation" : "not device memory");
         return fail(cudaErrorInvalidValue);
     }
-    cudaError_t e = order_access("cudaMemsetAsync", s, p, NULL);
+    cudaError_t e = order_access("cudaMemsetAsync", s, p, bytes, NULL, 0);
     if (e != cudaSuccess) return fail(e);
     memset(p, v, bytes);
     return cudaSuccess;

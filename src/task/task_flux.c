@@ -1,0 +1,256 @@
+/* The Flux family: cached latents and text embeddings (io/latents_h5.h) into a Flux.1
+ * transformer with the flow-matching loss Flux trainers use (the shifted timestep sampling of
+ * diffusers' FlowMatchEulerDiscreteScheduler, shift 3: sigma = 3u / (1 + 2u), u uniform); its
+ * registry entry (LoRA targets by diffusers module names, init-model presets). The trainer's
+ * rows are samples; a loss term is one squared error of the velocity. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "io/latents_h5.h"
+#include "model/flux.h"
+#include "task/task.h"
+#include "train/data.h"
+
+/* lora.targets names: the diffusers module names (model/flux.h) */
+static const char *const targets[] = {
+    "to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
+    "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2", "norm1.linear",
+    "norm1_context.linear", "proj_mlp", "proj_out", "norm.linear", NULL};
+_Static_assert(sizeof targets / sizeof targets[0] == TZ_FLUX_LIN_N + 1, "one name per projection");
+
+#define FLUX_SHIFT 3.0    /* the timestep shift of Flux.1's scheduler */
+#define FLUX_GUIDANCE 3.5f /* the guidance a guidance-distilled model (dev) is trained at */
+#define EVAL_STEP 0x5EEDull
+
+/* The data of a named shape (model.path "preset:NAME"): image and text tokens per sample. */
+static void preset_tokens(const char *shape, int64_t *Ti, int64_t *Tt) {
+    const int tiny = !strcmp(shape, "flux-tiny");
+    *Ti = tiny ? 16 : 4096; /* 1024 x 1024: 128 x 128 latents packed 2 x 2 */
+    *Tt = tiny ? 8 : 512;   /* T5's 512 tokens */
+}
+
+typedef struct rows {
+    tz_latents f;  /* a file, or (random) nothing */
+    int random;
+    int64_t n;
+} rows;
+
+typedef struct flux_task {
+    tz_task t;
+    tz_flux *m;
+    rows train, val;
+    int have_val;
+    tz_order order;
+    int64_t Ti, Tt;
+    float *img_ids, *txt_ids; /* the positions of every sample */
+    float *lat, *noise, *xt, *target, *txt, *pooled, *sigma, *guidance;
+} flux_task;
+
+static tz_params *load(tz_task *t) {
+    flux_task *k = (flux_task *)t;
+    const char *shape = tz_model_preset_name(t->cfg->model.path);
+    if (shape) {
+        tz_flux_dims d;
+        char err[256];
+        if (tz_flux_preset(shape, &d, err, sizeof err))
+            TZ_FATAL("model.path %s: no such shape of the flux family (%s)", t->cfg->model.path, err);
+        k->m = tz_flux_create(t->be, &d, &t->opts);
+        tz_params_fill_random(&k->m->params, t->be, k->m->levels, (uint64_t)t->cfg->run.seed);
+    } else {
+        if (t->opts.random_base)
+            TZ_FATAL("model.path %s: a Flux folder is planned from its weights", t->cfg->model.path);
+        k->m = tz_flux_load(t->be, t->cfg->model.path, &t->opts);
+    }
+    return &k->m->params;
+}
+
+static void open_rows(flux_task *k, rows *r, const char *path, const char *key) {
+    char err[1200];
+    const tz_flux_dims *d = &k->m->d;
+    if (!path[0]) TZ_FATAL_HINT("set it in the config or with --set", "%s is not set", key);
+    if (tz_latents_open(&r->f, path, err, sizeof err))
+        TZ_FATAL_HINT("make the cache with tools/flux_cache.py (docs/dit.md, \"Flux\")", "%s: %s",
+                      key, err);
+    if (r->f.C != d->in_channels || r->f.J != d->joint_dim || r->f.P != d->pooled_dim)
+        TZ_FATAL("%s: %s holds latent tokens of %lld, text embeddings of %lld and pooled "
+                 "embeddings of %lld; the model takes %lld, %lld and %lld (in_channels, "
+                 "joint_attention_dim, pooled_projection_dim)", key, path, (long long)r->f.C,
+                 (long long)r->f.J, (long long)r->f.P, (long long)d->in_channels,
+                 (long long)d->joint_dim, (long long)d->pooled_dim);
+    if (k->Ti && (r->f.Ti != k->Ti || r->f.Tt != k->Tt))
+        TZ_FATAL("%s: %s has %lld image and %lld text tokens per sample, data.train %lld and "
+                 "%lld: one size per run", key, path, (long long)r->f.Ti, (long long)r->f.Tt,
+                 (long long)k->Ti, (long long)k->Tt);
+    if (!k->Ti) {
+        k->Ti = r->f.Ti, k->Tt = r->f.Tt;
+        k->img_ids = tz_xmalloc((size_t)(k->Ti * 3) * sizeof(float));
+        k->txt_ids = tz_xmalloc((size_t)(k->Tt * 3) * sizeof(float));
+        memcpy(k->img_ids, r->f.img_ids, (size_t)(k->Ti * 3) * sizeof(float));
+        memcpy(k->txt_ids, r->f.txt_ids, (size_t)(k->Tt * 3) * sizeof(float));
+    }
+    r->n = r->f.n;
+}
+
+/* A named shape's data: 64 samples drawn from the seed, positions on a square grid. */
+static void random_rows(flux_task *k, rows *r, const char *shape) {
+    preset_tokens(shape, &k->Ti, &k->Tt);
+    r->random = 1;
+    r->n = 64;
+    const int64_t side = (int64_t)sqrt((double)k->Ti);
+    k->img_ids = tz_xcalloc((size_t)(k->Ti * 3), sizeof(float));
+    k->txt_ids = tz_xcalloc((size_t)(k->Tt * 3), sizeof(float));
+    for (int64_t i = 0; i < k->Ti; i++)
+        k->img_ids[i * 3 + 1] = (float)(i / side), k->img_ids[i * 3 + 2] = (float)(i % side);
+}
+
+static void open_task(tz_task *t) {
+    flux_task *k = (flux_task *)t;
+    const tz_config *cfg = t->cfg;
+    tz_flux *m = k->m;
+    const tz_flux_dims *d = &m->d;
+    const char *shape = tz_model_preset_name(cfg->model.path);
+    if (t->training) {
+        if (shape) random_rows(k, &k->train, shape);
+        else open_rows(k, &k->train, cfg->data.train, "data.train");
+        tz_order_init(&k->order, k->train.n, (uint64_t)cfg->run.seed);
+        t->n_train = k->train.n;
+        snprintf(t->data_line, sizeof t->data_line, "%s: %lld samples of %lld image and %lld "
+                 "text tokens", cfg->data.train, (long long)k->train.n, (long long)k->Ti,
+                 (long long)k->Tt);
+    }
+    k->have_val = cfg->data.val[0] != 0 && !shape;
+    if (k->have_val) {
+        open_rows(k, &k->val, cfg->data.val, "data.val");
+        t->n_val = k->val.n;
+    }
+    if (!k->Ti) TZ_FATAL_HINT("set data.val (cached latents) to evaluate", "flux: no data");
+    const int64_t B = t->B, Ti = k->Ti, Tt = k->Tt, per = Ti * d->in_channels;
+    tz_flux_setup(m, B, Ti, Tt);
+    t->unit = "samples";
+    t->row_name = "samples";
+    t->arena_bytes = m->arena.cap;
+    t->row_elems = Ti * d->out_channels;
+    t->row_count = 1;
+    snprintf(t->describe, sizeof t->describe,
+             "flux %s | %lld double + %lld single blocks, %lld heads of %lld, %s, %lld image + "
+             "%lld text tokens", cfg->model.path, (long long)d->layers,
+             (long long)d->single_layers, (long long)d->heads, (long long)d->head_dim,
+             d->guidance ? "guidance-distilled" : "no guidance embedder", (long long)Ti,
+             (long long)Tt);
+    k->lat = tz_xmalloc((size_t)(B * per) * sizeof(float));
+    k->noise = tz_xmalloc((size_t)per * sizeof(float));
+    k->xt = tz_xmalloc((size_t)(B * per) * sizeof(float));
+    k->target = tz_xmalloc((size_t)(B * per) * sizeof(float));
+    k->txt = tz_xmalloc((size_t)(B * Tt * d->joint_dim) * sizeof(float));
+    k->pooled = tz_xmalloc((size_t)(B * d->pooled_dim) * sizeof(float));
+    k->sigma = tz_xmalloc((size_t)B * sizeof(float));
+    k->guidance = tz_xmalloc((size_t)B * sizeof(float));
+}
+
+/* Samples [first, first + n) (through the order when given): the cached inputs, then each
+ * sample's draws from (seed, step, its index): u uniform, sigma = shift u / (1 + (shift-1) u),
+ * the noise; x_t = (1 - sigma) x0 + sigma noise, target = noise - x0. */
+static void gather(flux_task *k, rows *r, tz_order *order, int64_t first, int64_t n,
+                   uint64_t seed, uint64_t step) {
+    const tz_flux_dims *d = &k->m->d;
+    const int64_t Ti = k->Ti, Tt = k->Tt, per = Ti * d->in_channels;
+    char err[1200];
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t row = order ? tz_order_at(order, first + i) : first + i;
+        float *lat = k->lat + i * per, *txt = k->txt + i * Tt * d->joint_dim;
+        float *pooled = k->pooled + i * d->pooled_dim;
+        if (r->random) {
+            tz_rng g = tz_rng_make(seed, (uint64_t)row, TZ_RNG_DATA, 2);
+            for (int64_t j = 0; j < per; j++) lat[j] = (float)tz_rng_normal(&g);
+            for (int64_t j = 0; j < Tt * d->joint_dim; j++) txt[j] = (float)tz_rng_normal(&g);
+            for (int64_t j = 0; j < d->pooled_dim; j++) pooled[j] = (float)tz_rng_normal(&g);
+        } else if (tz_latents_read(&r->f, row, lat, txt, pooled, err, sizeof err)) {
+            TZ_FATAL("%s", err);
+        }
+        tz_rng g = tz_rng_make(seed, step, TZ_RNG_NOISE, (uint64_t)(first + i));
+        const double u = (double)tz_rng_uniform(&g);
+        const double s = FLUX_SHIFT * u / (1.0 + (FLUX_SHIFT - 1.0) * u);
+        for (int64_t j = 0; j < per; j++) k->noise[j] = (float)tz_rng_normal(&g);
+        for (int64_t j = 0; j < per; j++) {
+            k->xt[i * per + j] = (float)((1.0 - s) * lat[j] + s * k->noise[j]);
+            k->target[i * per + j] = (float)((double)k->noise[j] - (double)lat[j]);
+        }
+        k->sigma[i] = (float)s;
+        k->guidance[i] = FLUX_GUIDANCE;
+    }
+}
+
+static tz_flux_batch batch_of(const flux_task *k) {
+    return (tz_flux_batch){k->xt, k->txt, k->pooled, k->sigma, k->guidance, k->img_ids,
+                           k->txt_ids};
+}
+
+static double train_rows(tz_task *t, int64_t first, float dloss) {
+    flux_task *k = (flux_task *)t;
+    gather(k, &k->train, &k->order, first, t->B, (uint64_t)t->cfg->run.seed, 0);
+    tz_flux_set_batch(k->m, t->B);
+    const tz_flux_batch in = batch_of(k);
+    return tz_flux_forward_backward(k->m, &in, k->target, dloss);
+}
+
+static double train_loss(tz_task *t, int64_t first) {
+    flux_task *k = (flux_task *)t;
+    gather(k, &k->train, &k->order, first, t->B, (uint64_t)t->cfg->run.seed, 0);
+    tz_flux_set_batch(k->m, t->B);
+    const tz_flux_batch in = batch_of(k);
+    return tz_flux_forward_loss(k->m, &in, k->target);
+}
+
+static double eval_rows(tz_task *t, int64_t first, int64_t n) {
+    flux_task *k = (flux_task *)t;
+    gather(k, &k->val, NULL, first, n, (uint64_t)t->cfg->train.eval_seed, EVAL_STEP);
+    tz_flux_set_batch(k->m, n);
+    const tz_flux_batch in = batch_of(k);
+    return tz_flux_forward_loss(k->m, &in, k->target);
+}
+
+static void save_model(tz_task *t, const char *dir, int bf16) {
+    tz_flux_save(((flux_task *)t)->m, dir, bf16);
+}
+
+static void close_task(tz_task *t) {
+    flux_task *k = (flux_task *)t;
+    if (t->training) {
+        if (!k->train.random) tz_latents_close(&k->train.f);
+        tz_order_free(&k->order);
+    }
+    if (k->have_val) tz_latents_close(&k->val.f);
+    free(k->img_ids), free(k->txt_ids), free(k->lat), free(k->noise), free(k->xt);
+    free(k->target), free(k->txt), free(k->pooled), free(k->sigma), free(k->guidance);
+    tz_flux_free(k->m);
+}
+
+/* init-model --arch flux --preset P: a random Flux transformer in the diffusers layout, every
+ * weight drawn (the adaLN and output projections included, so it predicts something). */
+static int64_t init_model(const tz_init_args *a, char *about, size_t n) {
+    tz_flux_dims d;
+    char err[512];
+    if (tz_flux_preset(a->preset, &d, err, sizeof err))
+        TZ_FATAL("init-model: --preset %s: %s", a->preset, err);
+    tz_model_opts o = {0};
+    tz_flux *m = tz_flux_create(a->be, &d, &o);
+    tz_params_fill_random(&m->params, a->be, m->levels, a->seed);
+    tz_flux_save(m, a->out, 0);
+    snprintf(about, n, "%lld double + %lld single blocks, %lld heads of %lld, latent tokens of "
+             "%lld, text %lld, pooled %lld%s", (long long)d.layers, (long long)d.single_layers,
+             (long long)d.heads, (long long)d.head_dim, (long long)d.in_channels,
+             (long long)d.joint_dim, (long long)d.pooled_dim, d.guidance ? ", guidance" : "");
+    const int64_t count = m->params.n_total;
+    tz_flux_free(m);
+    return count;
+}
+
+static const char *const init_flags[] = {NULL};
+static const tz_task_ops ops = {sizeof(flux_task), load, open_task, train_rows, eval_rows,
+                                save_model, close_task, train_loss};
+const tz_family tz_family_flux = {"flux", targets, tz_flux_lin_names, &ops, init_flags,
+                                  init_model, NULL, NULL, NULL};
