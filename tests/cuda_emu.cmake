@@ -1,8 +1,10 @@
 # The CUDA backend's own code run on the CPU (tests/cuda_emu/emu/: libtzcuda_emu.so, built with the CUDA
 # backend): every CUDA op against the CPU op (test_cuda_ops, loading the emulated module), in
 # the two thread orders of the emulation (ascending and descending: a missing barrier shows in
-# one or the other), and short trainings on the emulated device against the CPU's
-# (tests/cuda_emu/train_emu.sh). Not a GPU result: see docs/gpu.md for what this proves.
+# one or the other), the op-case table in the forward order with every op called
+# (cuda_op_coverage; the reverse order is op_table_emu_reverse, tests/ops.cmake), and short
+# trainings on the emulated device against the CPU's (tests/cuda_emu/train_emu.sh). Not a GPU
+# result: see docs/gpu.md for what this proves.
 if(TARGET tzcuda_emu)
   foreach(order forward reverse)
     set(name cuda_ops_emu)

@@ -14,7 +14,7 @@ if(TZ_FUZZ)
   endforeach()
 elseif(NOT TZ_SANITIZE)
   # the ordinary tree: one test that builds the fuzz tree, fuzz/, and runs every target for
-  # TZ_FUZZ_SECONDS (12 by default), two at a time; skipped (77) without clang and libFuzzer.
+  # TZ_FUZZ_SECONDS (8 by default), two at a time; skipped (77) without clang and libFuzzer.
   # ctest stops it after 30 minutes: for longer runs call tests/fuzz/fuzz_test.sh directly.
   add_test(NAME fuzz
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_test.sh ${CMAKE_SOURCE_DIR}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every op of the backend table (TZ_BACKEND_OPS, src/core/backend.h) is run by the op-case
-# table (tests/ops/): test_op_table runs on the emulated CUDA backend with TZ_CUDA_OP_TIMES=1,
+# The op-case table (tests/ops/) on the emulated CUDA backend, in its forward thread order: every
+# row must pass, and every op of the backend table (TZ_BACKEND_OPS, src/core/backend.h) must be
+# called by one: test_op_table runs with TZ_CUDA_OP_TIMES=1,
 # whose table at the backend's end counts every op called; each op of the list but destroy
 # (the table's own end) must have been called. test_op_table checks by name that a row names
 # every op; this checks that the rows call them. A new op without a row fails here, named.
@@ -10,8 +11,12 @@ ops=$1 header=$2 module=$3
 work=$(mktemp -d "${TMPDIR:-/tmp}/tzcov.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 TZ_CUDA_OP_TIMES=1 TZ_CUDA_MODULE=$module "$ops" cuda > "$work/a.out" 2> "$work/a.err"
+rc=$?
 grep -q "^test_op_table: " "$work/a.out" ||
   { echo "FAIL the op table did not run to its end"; tail -5 "$work/a.out" "$work/a.err"; exit 1; }
+# the table's own verdict on the emulation (forward thread order): its lines, then the counts
+grep -v '^ok' "$work/a.out"
+[ $rc -eq 0 ] || { echo "FAIL the op table on the emulation (exit $rc)"; exit 1; }
 python3 - "$header" "$work/a.err" <<'PY'
 import re, sys
 h = open(sys.argv[1]).read()

@@ -282,7 +282,10 @@ static void mm_bwd(oc_run *r) {
 static void add_matmul(oc_list *l, int64_t M, int64_t N, int64_t K, int ta, int tb, double alpha,
                        double beta, int with_bwd) {
     oc_case c = {.ops = "matmul", .nt = 6, .p = {M, N, K, ta, tb}, .s = {alpha, beta},
-                 .flags = OC_GEMM, .fwd = mm_fwd, .ref = mm_ref, .bwd = with_bwd ? mm_bwd : NULL,
+                 /* the CPU's cache-blocking shapes (over a million products) stay on the CPU */
+                 .flags = OC_GEMM | ((double)M * N * K > 1e6 ? OC_HOST_ONLY : 0), .fwd = mm_fwd,
+                 .ref = mm_ref,
+                 .bwd = with_bwd ? mm_bwd : NULL,
                  /* K <= 96 products summed in another order; bf16: the operands are bf16
                   * values, so only the fp32 sums differ */
                  .tol_fwd = 1e-5, .tol_bwd = 1e-5};

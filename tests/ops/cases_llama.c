@@ -268,10 +268,10 @@ static void att_ref(oc_ref *r) {
 }
 
 static void add_attention(oc_list *l, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
-                          int causal) {
+                          int causal, int host_only) {
     const int64_t nq = B * T * Hq * D, nk = B * T * Hkv * D;
     oc_case c = {.ops = "alloc attention_fwd attention_bwd sync release", .nt = 9,
-                 .p = {B, T, Hq, Hkv, D, causal}, .flags = OC_GEMM, .fwd = att_fwd,
+                 .p = {B, T, Hq, Hkv, D, causal}, .flags = OC_GEMM | (host_only ? OC_HOST_ONLY : 0), .fwd = att_fwd,
                  .ref = att_ref, .bwd = att_bwd,
                  /* fp32: chained reductions over D <= 72 and T <= 70 in another order, an
                   * online softmax against a two-pass one, exp of the difference: ~(D + T) u
@@ -304,6 +304,7 @@ static void add_attention(oc_list *l, int64_t B, int64_t T, int64_t Hq, int64_t 
         c.t[6].flags = c.t[7].flags = OC_NOCHECK;
     }
     c.t[8] = (oc_tensor)OC_T_DIN("dv", 2);
+    if (T >= 150) c.fd_points = 24; /* the reference is O(T^2) per difference */
     snprintf(c.name, sizeof c.name, "attention B %lld T %lld Hq %lld Hkv %lld D %lld %s",
              (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D,
              causal ? "causal" : "full");
@@ -473,18 +474,18 @@ void oc_cases_llama(oc_list *l) {
     add_rope(l, 1, 2, 9, 3, 18, 23, 10000.0);
     add_rope(l, 1, 1, 1, 4, 64, 1000, 500000.0); /* a decode step far into the sequence */
     add_rope(l, 1, 1, 6, 2, 10, 0, 10000.0);
-    add_attention(l, 2, 45, 4, 2, 40, 1); /* grouped query heads */
-    add_attention(l, 1, 33, 4, 1, 72, 1); /* one kv head */
-    add_attention(l, 2, 21, 2, 2, 24, 0); /* not causal */
-    add_attention(l, 2, 1, 4, 2, 16, 1);  /* one position */
-    add_attention(l, 1, 70, 2, 1, 16, 1);  /* two blocks of 64 query and key rows */
-    add_attention(l, 1, 20, 2, 1, 136, 1); /* above the device's flash head dimension */
-    /* the CPU's blocking: several 64-row query blocks with a partial last one; more than 256
-     * keys (several GEMM tiles and K blocks) */
-    add_attention(l, 1, 150, 4, 2, 10, 1);
-    add_attention(l, 1, 150, 4, 2, 10, 0);
-    add_attention(l, 1, 300, 2, 1, 4, 1);
-    add_attention(l, 1, 300, 2, 1, 4, 0);
+    add_attention(l, 2, 45, 4, 2, 40, 1, 0); /* grouped query heads */
+    add_attention(l, 1, 33, 4, 1, 72, 1, 0); /* one kv head */
+    add_attention(l, 2, 21, 2, 2, 24, 0, 0); /* not causal */
+    add_attention(l, 2, 1, 4, 2, 16, 1, 0);  /* one position */
+    add_attention(l, 1, 70, 2, 1, 16, 1, 0);  /* two blocks of 64 query and key rows */
+    add_attention(l, 1, 20, 2, 1, 136, 1, 0); /* above the device's flash head dimension */
+    /* the CPU's blocking: several 64-row query blocks with a partial last one (the device's
+     * 64-row tiles too); more than 256 keys (several GEMM tiles and K blocks: the CPU's only) */
+    add_attention(l, 1, 150, 4, 2, 10, 1, 0);
+    add_attention(l, 1, 150, 4, 2, 10, 0, 0);
+    add_attention(l, 1, 300, 2, 1, 4, 1, 1);
+    add_attention(l, 1, 300, 2, 1, 4, 0, 1);
     add_attention_cache(l, 2, 1, 40, 37, 4, 2, 40); /* a decode step */
     add_attention_cache(l, 1, 7, 90, 60, 4, 1, 72); /* a prefill chunk at an offset */
     add_attention_cache(l, 1, 12, 12, 0, 2, 2, 32); /* pos0 0, S = T: attention_fwd's */

@@ -66,6 +66,9 @@ enum {
     OC_RET = 2,  /* the forward returns a double (r->ret) checked against the reference's */
     OC_DEVICE_BF16 = 4, /* (with OC_GEMM) a shape a device backend runs with bf16 operands
                          * only: its fp32 pass leaves the row out */
+    OC_HOST_ONLY = 8,   /* a shape chosen for the CPU's blocking: device backends leave it out
+                         * (their tiles are covered by smaller rows; on the emulation it is the
+                         * slowest of all) */
 };
 
 typedef struct oc_case oc_case;
@@ -100,6 +103,8 @@ struct oc_case {
     void (*bwd)(oc_run *r);  /* NULL: no backward */
     double tol_fwd, tol_bwd;           /* fp32 GEMM operands */
     double tol_fwd_bf16, tol_bwd_bf16; /* bf16 GEMM operands (OC_GEMM rows; 0: the fp32 ones) */
+    int fd_points;        /* elements differenced per input (0: OC_FD_POINTS): fewer for rows
+                           * whose reference is costly */
     /* Instead of all of the above: a row that checks itself (memory, queues, events). 0 when
      * it passes; else a message in msg. */
     int (*custom)(tz_backend *be, const oc_case *c, char *msg, size_t len);

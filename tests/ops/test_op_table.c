@@ -214,7 +214,8 @@ static void run_case(tz_backend *be, const char *tag, const oc_case *c, int bf16
             const oc_tensor *t = &c->t[i];
             if (t->kind != OC_DIN && t->kind != OC_DIO) continue;
             int j = t->of;
-            int64_t n = c->t[j].n, stride = (n + OC_FD_POINTS - 1) / OC_FD_POINTS;
+            const int64_t pts = c->fd_points > 0 ? c->fd_points : OC_FD_POINTS;
+            int64_t n = c->t[j].n, stride = (n + pts - 1) / pts;
             float *g = malloc((size_t)(n > 0 ? n : 1) * 4);
             double *got = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
             double *fd = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
@@ -330,13 +331,15 @@ int main(int argc, char **argv) {
 
     tz_backend_set_precision(be, TZ_PRECISION_FP32);
     for (int i = 0; i < l.n; i++)
-        if ((!only || strstr(l.c[i].name, only)) && !(be->device && (l.c[i].flags & OC_DEVICE_BF16)))
+        if ((!only || strstr(l.c[i].name, only)) &&
+            !(be->device && (l.c[i].flags & (OC_DEVICE_BF16 | OC_HOST_ONLY))))
             run_case(be, tag, &l.c[i], 0);
     if (be->device && (be->matmul_dtypes & (1u << TZ_DT_BF16))) {
         tz_backend_set_precision(be, TZ_PRECISION_BF16);
         snprintf(tag, sizeof tag, "%s bf16", be->name);
         for (int i = 0; i < l.n; i++)
-            if ((l.c[i].flags & OC_GEMM) && (!only || strstr(l.c[i].name, only)))
+            if ((l.c[i].flags & OC_GEMM) && !(l.c[i].flags & OC_HOST_ONLY) &&
+                (!only || strstr(l.c[i].name, only)))
                 run_case(be, tag, &l.c[i], 1);
     }
     tz_backend_destroy(be);

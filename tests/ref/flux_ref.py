@@ -7,6 +7,8 @@ usage: flux_ref.py make DIR --seed S [--layers Ld] [--single Ls] [--heads H] [--
                         [--axes a0,a1,a2] [--in C] [--joint J] [--pooled P] [--no-guidance]
        flux_ref.py inputs DIR OUT.safetensors --seed S [--batch B] [--txt Tt] [--grid h,w]
        flux_ref.py run DIR INPUTS.safetensors OUT.safetensors
+       flux_ref.py prepare DIR INPUTS.safetensors OUT.safetensors --seed S [make's and
+                           inputs' options]   (make, inputs and run in one process)
        flux_ref.py compare REF.safetensors GOT.safetensors [--tol 1e-4]
        flux_ref.py selftest
 
@@ -289,6 +291,14 @@ def cmd_run(a):
     print(f"loss {loss:.10g}, {len(grads)} gradients")
 
 
+def cmd_prepare(a):
+    """make, inputs and run in one process (the test runs many models: one torch start each)"""
+    cmd_make(a)
+    cmd_inputs(argparse.Namespace(dir=a.dir, out=a.inputs, seed=a.seed, batch=a.batch,
+                                  txt=a.txt, grid=a.grid))
+    cmd_run(argparse.Namespace(dir=a.dir, inputs=a.inputs, out=a.out))
+
+
 def cmd_compare(a):
     ref, got = st.load(a.ref), st.load(a.got)
     fails, worst = 0, 0.0
@@ -391,18 +401,28 @@ def cmd_selftest(_):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    def model_args(m):
+        m.add_argument("--seed", type=int, required=True)
+        m.add_argument("--layers", type=int, default=2)
+        m.add_argument("--single", type=int, default=2)
+        m.add_argument("--heads", type=int, default=2)
+        m.add_argument("--head-dim", type=int, default=16)
+        m.add_argument("--axes", default="4,6,6")
+        m.add_argument("--in", dest="in_ch", type=int, default=8)
+        m.add_argument("--joint", type=int, default=12)
+        m.add_argument("--pooled", type=int, default=10)
+        m.add_argument("--no-guidance", action="store_true")
     m = sub.add_parser("make")
     m.add_argument("dir")
-    m.add_argument("--seed", type=int, required=True)
-    m.add_argument("--layers", type=int, default=2)
-    m.add_argument("--single", type=int, default=2)
-    m.add_argument("--heads", type=int, default=2)
-    m.add_argument("--head-dim", type=int, default=16)
-    m.add_argument("--axes", default="4,6,6")
-    m.add_argument("--in", dest="in_ch", type=int, default=8)
-    m.add_argument("--joint", type=int, default=12)
-    m.add_argument("--pooled", type=int, default=10)
-    m.add_argument("--no-guidance", action="store_true")
+    model_args(m)
+    p = sub.add_parser("prepare")
+    p.add_argument("dir")
+    p.add_argument("inputs")
+    p.add_argument("out")
+    model_args(p)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--txt", type=int, default=5)
+    p.add_argument("--grid", default="3,4")
     i = sub.add_parser("inputs")
     i.add_argument("dir")
     i.add_argument("out")
@@ -420,8 +440,8 @@ def main():
     c.add_argument("--tol", type=float, default=1e-4)
     sub.add_parser("selftest")
     a = ap.parse_args()
-    {"make": cmd_make, "inputs": cmd_inputs, "run": cmd_run, "compare": cmd_compare,
-     "selftest": cmd_selftest}[a.cmd](a)
+    {"make": cmd_make, "prepare": cmd_prepare, "inputs": cmd_inputs, "run": cmd_run,
+     "compare": cmd_compare, "selftest": cmd_selftest}[a.cmd](a)
 
 
 if __name__ == "__main__":

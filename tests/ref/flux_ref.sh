@@ -19,9 +19,7 @@ check() { # name, make args, inputs args, dump args
   local name=$1 margs=$2 iargs=$3 dargs=$4
   i=$((i + 1))
   local m="$work/m$i" in="$work/in$i.safetensors" r="$work/ref$i.safetensors" g="$work/got$i.safetensors"
-  if $py "$ref/flux_ref.py" make "$m" --seed $i $margs > "$work/log" 2>&1 &&
-     $py "$ref/flux_ref.py" inputs "$m" "$in" --seed $i $iargs >> "$work/log" 2>&1 &&
-     $py "$ref/flux_ref.py" run "$m" "$in" "$r" >> "$work/log" 2>&1 &&
+  if $py "$ref/flux_ref.py" prepare "$m" "$in" "$r" --seed $i $margs $iargs > "$work/log" 2>&1 &&
      "$dump" "$m" "$in" "$g" $dargs >> "$work/log" 2>&1 &&
      $py "$ref/flux_ref.py" compare "$r" "$g" --tol 1e-4 > "$work/cmp" 2>&1; then
     pass=$((pass + 1)); echo "ok   $name: $(grep -E 'worst' "$work/cmp" | tail -1)"
