@@ -278,3 +278,33 @@ int tz_params_merge_lora(tz_params *ps, tz_backend *be, const tz_lora_spec *s) {
     }
     return merged;
 }
+
+void tz_adapter_save_diffusers(tz_params *ps, tz_backend *be, const char *path,
+                               const char *prefix, const tz_lora_spec *s) {
+    static const char peft[] = "base_model.model.";
+    const float scale = s->rank > 0 ? (float)(s->alpha / (double)s->rank) : 1.0f;
+    tz_st_writer w;
+    tz_st_writer_init(&w);
+    char err[1200];
+    int n = 0;
+    char (*names)[TZ_NAME_MAX + 64] = tz_xcalloc((size_t)(ps->n > 0 ? ps->n : 1), sizeof *names);
+    float **bufs = tz_xcalloc((size_t)(ps->n > 0 ? ps->n : 1), sizeof *bufs);
+    for (int i = 0; i < ps->n; i++) {
+        const tz_param *p = ps->p[i];
+        if (!p->adapter || strncmp(p->name, peft, sizeof peft - 1)) continue;
+        bufs[n] = tz_xmalloc((size_t)p->numel * sizeof(float));
+        tz_param_download(be, p, bufs[n]);
+        const size_t len = strlen(p->name);
+        if (len > 14 && !strcmp(p->name + len - 14, ".lora_B.weight"))
+            for (int64_t k = 0; k < p->numel; k++) bufs[n][k] *= scale;
+        snprintf(names[n], sizeof names[n], "%s.%s", prefix, p->name + sizeof peft - 1);
+        if (tz_st_writer_add(&w, names[n], TZ_DT_F32, p->ndim, p->shape, bufs[n], err, sizeof err))
+            TZ_FATAL("%s", err);
+        n++;
+    }
+    if (tz_st_writer_save(&w, path, err, sizeof err)) TZ_FATAL("%s", err);
+    tz_st_writer_free(&w);
+    for (int i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    free(names);
+}

@@ -22,6 +22,12 @@ void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir, const char 
 void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char *const *names,
                      int n, const tz_lora_spec *s, const char *base_model_path,
                      const char *task_type);
+/* The adapters of ps as diffusers' LoRA file of a pipeline component (its
+ * pytorch_lora_weights.safetensors, which load_lora_weights reads): PREFIX.MODULE.lora_A.weight
+ * and .lora_B.weight, F32, with B scaled by alpha / r (diffusers takes alpha = r where a file
+ * states none, so the product means what it means here). Written atomically to path. */
+void tz_adapter_save_diffusers(tz_params *ps, tz_backend *be, const char *path,
+                               const char *prefix, const tz_lora_spec *s);
 /* The quantization of the base ps holds into c's quant_* fields: bits, method and seed of its
  * quantized weights, the largest group among them (quant.group; rows it does not divide
  * use a smaller one); bits 0: dense. */

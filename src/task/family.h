@@ -70,6 +70,9 @@ typedef struct tz_family {
     const char *peft_task_type;
     /* generate: a continuation of a->prompt on stdout (one process); NULL: no generator. */
     int (*generate)(const tz_config *cfg, const tz_generate_args *a);
+    /* A pipeline component's name ("transformer"): the adapter folder also holds diffusers'
+     * LoRA file, pytorch_lora_weights.safetensors, with keys under it; NULL: none. */
+    const char *diffusers_component;
 } tz_family;
 
 /* The registry's entries, each defined in its family's task file. */

@@ -164,6 +164,11 @@ void tz_task_save(tz_task *t, const char *dir, char *out, size_t outlen) {
         const tz_family *f = t->family;
         tz_adapter_save(t->params, t->be, tmp, f->modules, tz_family_n_targets(f), &t->opts.lora,
                         cfg->model.path, f->peft_task_type);
+        if (f->diffusers_component) {
+            char p[1300];
+            tz_path_join(p, sizeof p, tmp, "pytorch_lora_weights.safetensors");
+            tz_adapter_save_diffusers(t->params, t->be, p, f->diffusers_component, &t->opts.lora);
+        }
     }
     if (tz_dir_commit(tmp, out, err, sizeof err)) TZ_FATAL("%s", err);
 }

@@ -2,8 +2,9 @@
 # The Flux family end to end on the CPU with a tiny model (init-model --preset flux-tiny) and
 # cached latents written by tests/flux/make_cache.py:
 #  1. init-model writes a diffusers folder (config.json, diffusion_pytorch_model.safetensors);
-#  2. LoRA on to_q, to_k, to_v, to_out.0 lowers the validation loss by at least DROP, and eval
-#     with its adapter reproduces the run's final validation loss;
+#  2. LoRA on to_q, to_k, to_v, to_out.0 lowers the validation loss by at least DROP, eval
+#     with its adapter reproduces the run's final validation loss, and the adapter folder also
+#     holds diffusers' LoRA file (transformer.* keys);
 #  3. two ranks (ZeRO-2) give the one-rank run's losses (to float rounding of the sums);
 #  4. LoRA on a 4-bit TurboQuant base trains;
 #  5. full fine-tuning saves a diffusers folder that eval reads back to the same loss;
@@ -50,6 +51,25 @@ awk -v a="$e" -v b="$l1" 'BEGIN {d = a - b; exit !(a != "" && d < 1e-5 && d > -1
 grep -q '"to_out.0"' "$work/lora/adapter/adapter_config.json" &&
   ok "the adapter names diffusers' modules (adapter_config.json target_modules)" ||
   bad "adapter_config.json lacks to_out.0"
+# diffusers' LoRA file beside the PEFT one: transformer.MODULE.lora_{A,B}.weight, B x alpha/r
+if $py - "$work/lora/adapter" <<'PY'
+import sys
+sys.path.insert(0, "tests/ref")
+import numpy as np
+import st
+peft = st.load(sys.argv[1] + "/adapter_model.safetensors")
+dif = st.load(sys.argv[1] + "/pytorch_lora_weights.safetensors")
+pre = "base_model.model."
+assert len(dif) == len(peft) and len(dif) >= 8, (len(dif), len(peft))
+for k, v in peft.items():
+    d = dif["transformer." + k[len(pre):]]
+    want = v * (8.0 / 4.0) if k.endswith("lora_B.weight") else v  # alpha 8, rank 4
+    assert d.shape == v.shape and np.array_equal(d.astype(np.float32), want.astype(np.float32)), k
+assert "transformer.transformer_blocks.0.attn.to_out.0.lora_A.weight" in dif
+print(len(dif))
+PY
+then ok "pytorch_lora_weights.safetensors: diffusers' keys (transformer.*), B scaled by alpha/r"
+else bad "pytorch_lora_weights.safetensors"; fi
 # ZeRO-2 over two ranks: the same global batch, the same losses
 timeout 300 "$mpiexec" -np 2 "$tz" train "$work/run.cfg" --set train.micro_batch=2 \
   --set run.dir="$work/np2" > "$work/np2.log" 2>&1 || { bad "2 ranks"; tail -5 "$work/np2.log"; }
