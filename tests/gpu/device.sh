@@ -97,7 +97,7 @@ record() {
 # ours: "<units>/s peak_GiB used_GiB" from a bench log, or "-" fields
 ours() {
   local f=$1 r p u
-  r=$(grep -o 'bench: .*' "$f" 2>/dev/null | grep -oE '[0-9.]+ (tokens|images)/s \|' | awk '{print $1}')
+  r=$(grep -o 'bench: .*' "$f" 2>/dev/null | grep -oE '[0-9.]+ (tokens|images|samples)/s \|' | awk '{print $1}')
   p=$(grep -m1 -o 'allocator peak [0-9.]* GiB' "$f" 2>/dev/null | awk '{print $3}')
   # a run stopped before its summary: the last step's time, the memory after set-up
   [ -z "$r" ] && r=$(grep -oE 'bench step [0-9]+/[0-9]+ .* [0-9.]+ s$' "$f" 2>/dev/null | tail -1 | awk '{print "step:" $(NF-1) "s"}')
@@ -141,6 +141,16 @@ run_bench() {
     fi
   else
     echo "== DiT-XL/2: not run (out of time)"
+  fi
+  if [ "$(left 20)" -gt 120 ]; then
+    "$tz" bench --preset flux-dev --dry-run > "$out/plan-flux-dev.log" 2>&1
+    grep -m1 'planned backend memory' "$out/plan-flux-dev.log" | sed 's/^/   /'
+    echo "== turbozero bench --preset flux-dev (LoRA r16 on a 4-bit TurboQuant base, 1024x1024)"
+    timeout "$(cap 100)" "$tz" bench --preset flux-dev --set train.steps=4 > "$out/bench-flux-dev.log" 2>&1 ||
+      echo "   (exit $?: see bench-flux-dev.log)"
+    grep -E 'bench:|bench memory|step split' "$out/bench-flux-dev.log" | sed 's/^/   /'
+  else
+    echo "== Flux.1-dev: not run (out of time)"
   fi
 }
 anchor_full() {
