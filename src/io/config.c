@@ -113,6 +113,7 @@ static const tz_key schema[] = {
     FLT(lora, alpha, 16.0, OPEN, 0.0, 1e6, CLOSED, "LoRA scale: the update is alpha/rank * B A"),
     TARGETS(lora, targets, "all", "projections that get adapters"),
     ENUM(lora, init, TZ_LORA_INIT_DEFAULT, lora_inits, "adapter init: default (B = 0), or loftq (Q + s B A fitted to the dense weight of a quantized base)"),
+    BOOL(lora, train_embeddings, 0, "also train the conditioning embeddings (DiT: the class table), saved with the adapter (PEFT modules_to_save)"),
     INT(quant, bits, 0, 0, 4, "bits per weight of the quantized base projections (0 = dense)"),
     POW2(quant, group, 128, 64, 256, "weights per quantization group (one bf16 scale each)"),
     ENUM(quant, method, TZ_QUANT_TURBOQUANT, quant_methods, "quantizer (absmax: the baseline)"),

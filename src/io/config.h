@@ -76,6 +76,8 @@ typedef struct tz_config {
         char targets[TZ_PATH_MAX];    /* "all", or names of tz_config_names.targets joined
                                        * by ',' in that order, each once: "q,v" */
         int init;                     /* enum tz_lora_init: "default" | "loftq" */
+        int train_embeddings;         /* also train the conditioning embeddings (DiT's class
+                                       * table), saved with the adapter */
     } lora;
     struct {
         double eps;                   /* perturbation size of the scales */

@@ -103,6 +103,9 @@ int tz_peft_write(const tz_peft_config *c, const char *path, char *err, size_t e
     json_object_set_new(root, "use_dora", json_false());
     json_object_set_new(root, "inference_mode", json_true());
     json_object_set_new(root, "target_modules", t);
+    json_t *ms = c->nsave ? json_array() : json_null();
+    for (int i = 0; i < c->nsave; i++) json_array_append_new(ms, json_string(c->save[i]));
+    json_object_set_new(root, "modules_to_save", ms);
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(root);
     tz_atomic_file f;

@@ -24,6 +24,10 @@ typedef struct tz_peft_config {
      * be made again wherever the adapter is used. "" for the default init. */
     char lora_init[16];
     uint64_t init_seed;
+    /* modules trained whole beside the adapters and saved with them (PEFT modules_to_save,
+     * e.g. "y_embedder.embedding_table"); written, not read (the adapter file says it) */
+    int nsave;
+    char save[4][96];
 } tz_peft_config;
 
 /* Reads path (an adapter_config.json). 0, or non-zero with a message naming the file and key. */

@@ -65,6 +65,18 @@ void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir, const char 
         be->upload(be, p->w, buf, (size_t)p->numel * sizeof *buf);
         free(buf);
     }
+    /* base weights the adapter trained whole (PEFT modules_to_save): they replace the base's */
+    for (int i = 0; i < ps->n; i++) {
+        tz_param *p = ps->p[i];
+        char name[TZ_NAME_MAX + 24];
+        snprintf(name, sizeof name, "base_model.model.%s", p->name);
+        if (p->adapter || p->q || !tz_st_find(&st, name)) continue;
+        float *buf = tz_xmalloc((size_t)p->numel * sizeof *buf);
+        if (tz_st_read_f32(&st, name, buf, p->ndim, p->shape, err, sizeof err))
+            TZ_FATAL("model.adapter: %s", err);
+        tz_param_upload(be, p, buf, 0, p->numel);
+        free(buf);
+    }
     tz_st_close(&st);
 }
 
@@ -222,7 +234,24 @@ void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char 
         snprintf(hex, sizeof hex, "%016llx", (unsigned long long)id);
         meta[0] = TZ_ST_BASE_KEY, meta[1] = hex;
     }
-    tz_params_save(ps, be, path, 1, 0, NULL, 0, NULL, meta);
+    /* weights trained whole beside the adapters (lora.train_embeddings), under PEFT's names
+     * for modules_to_save: base_model.model.NAME */
+    tz_tensor_view views[4];
+    char vnames[4][TZ_NAME_MAX + 24];
+    int nv = 0;
+    for (int i = 0; i < ps->n; i++) {
+        const tz_param *p = ps->p[i];
+        if (p->adapter || !p->trainable || p->q) continue;
+        if (nv == 4) TZ_FATAL("adapter: more than 4 weights trained beside the adapters");
+        if (p->w16) TZ_FATAL("adapter: %s is stored in bf16 on this backend", p->name);
+        snprintf(vnames[nv], sizeof vnames[nv], "base_model.model.%s", p->name);
+        views[nv] = (tz_tensor_view){vnames[nv], p->ndim, {p->shape[0], p->shape[1], 0, 0}, p->w};
+        const size_t len = strlen(p->name);
+        snprintf(c.save[c.nsave++], sizeof c.save[0], "%.*s",
+                 (int)(len > 7 && !strcmp(p->name + len - 7, ".weight") ? len - 7 : len), p->name);
+        nv++;
+    }
+    tz_params_save(ps, be, path, 1, 0, views, nv, NULL, meta);
     tz_path_join(path, sizeof path, dir, "adapter_config.json");
     if (tz_peft_write(&c, path, err, sizeof err)) TZ_FATAL("%s", err);
 }

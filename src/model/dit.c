@@ -172,7 +172,8 @@ tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_model_opts 
     add_linear(m, &m->t_fc1, "t_embedder.mlp.0", d->freq_dim, Hd, -1, emb, INIT_NORMAL);
     add_linear(m, &m->t_fc2, "t_embedder.mlp.2", Hd, Hd, -1, emb, INIT_NORMAL);
     m->y_table = add_param(m, "y_embedder.embedding_table.weight", 2, tz_dit_label_rows(d), Hd,
-                           o->full, 1, 0, emb, INIT_NORMAL);
+                           o->full || (o->lora.targets && o->lora.embeddings), 1, 0, emb,
+                           INIT_NORMAL);
     m->blocks = tz_xcalloc((size_t)L, sizeof *m->blocks);
     for (int i = 0; i < L; i++) {
         tz_linear *B = m->blocks[i].lin;

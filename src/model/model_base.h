@@ -32,6 +32,8 @@ typedef struct tz_lora_spec {
                         * "loftq"): 1; 0 the default init; -1 not recorded (an adapter
                         * written before adapters recorded it: the config's lora.init) */
     uint64_t init_seed; /* the seed of those first adapters (run.seed) */
+    int embeddings;     /* the family's conditioning embeddings train too (DiT's class table;
+                         * lora.train_embeddings): saved with the adapter */
 } tz_lora_spec;
 
 /* How a model is built: what trains, its adapters, checkpointing, and how the quantizable

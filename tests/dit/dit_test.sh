@@ -61,6 +61,36 @@ lb=$(evals "$work/lora" | head -1) la=$(evals "$work/lora" | tail -1)
 # measured: 0.1015 -> 0.0880 after 60 steps of 64 images; required: a drop of more than 0.008
 [ -n "$lb" ] && awk -v b="$lb" -v a="$la" 'BEGIN {exit !(a < b - 0.008)}' &&
   ok "LoRA on classes 5-9: validation loss $lb -> $la" || bad "LoRA on classes 5-9: $lb -> $la"
+# lora.train_embeddings: the class table trains too, saved with the adapter (PEFT
+# modules_to_save); rows of the classes trained (5-9, and the null class through label
+# dropout) move, the others stay the base's bit for bit; eval with the adapter reproduces the
+# run's final loss (the table read back from the adapter); a plain adapter holds no table
+"$tz" train inputs/dit/finetune.cfg "${data[@]}" --set train.steps=20 --set train.eval_every=0 \
+  --set train.eval_windows=256 --set train.threads=2 --set lora.train_embeddings=true \
+  --set run.dir="$work/emb" > "$work/emb.log" 2>&1 || { bad "LoRA with train_embeddings failed"; tail -5 "$work/emb.log"; }
+ea=$(evals "$work/emb" | tail -1)
+if $py - "$work/emb/adapter" "$work/lora/adapter" inputs/dit/model/model.safetensors <<'PY'
+import json, sys
+sys.path.insert(0, "tests/ref")
+import numpy as np
+import st
+name = "y_embedder.embedding_table.weight"
+a = st.load(sys.argv[1] + "/adapter_model.safetensors")
+cfg = json.load(open(sys.argv[1] + "/adapter_config.json"))
+assert cfg["modules_to_save"] == ["y_embedder.embedding_table"], cfg["modules_to_save"]
+plain = st.load(sys.argv[2] + "/adapter_model.safetensors")
+assert "base_model.model." + name not in plain
+assert json.load(open(sys.argv[2] + "/adapter_config.json"))["modules_to_save"] is None
+t, base = a["base_model.model." + name].astype(np.float32), st.load(sys.argv[3])[name].astype(np.float32)
+moved = [int(c) for c in range(t.shape[0]) if not np.array_equal(t[c], base[c])]
+assert moved == [5, 6, 7, 8, 9, 10], moved  # 10: the null class
+PY
+then ok "lora.train_embeddings: the rows of classes 5-9 and the null class trained, saved as modules_to_save"
+else bad "lora.train_embeddings: the saved table"; fi
+e=$("$tz" eval inputs/dit/finetune.cfg "${data[@]}" --set train.eval_windows=256 --set train.threads=2 \
+  --set model.adapter="$work/emb/adapter" 2>&1 | tail -1 | sed -n 's/^eval_loss=\([0-9.]*\) .*/\1/p')
+awk -v a="$e" -v b="$ea" 'BEGIN {d = a - b; exit !(a != "" && d < 1e-6 && d > -1e-6)}' &&
+  ok "eval with that adapter (its table read back) reproduces $ea" || bad "eval with the table: $e vs $ea"
 # the same on a TurboQuant base (block weights quantized at load)
 "$tz" train inputs/dit/finetune.cfg "${data[@]}" --set train.steps=60 --set train.eval_every=0 \
   --set train.eval_windows=256 --set train.threads=2 --set quant.bits=4 --set quant.group=64 \

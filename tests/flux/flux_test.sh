@@ -104,4 +104,9 @@ expect_refusal "a cache of 8-channel tokens" "bad.h5 holds latent tokens of 8" -
 expect_refusal "a cache without txt" "bad.h5: no dataset \"txt\"" --broken no-txt
 expect_refusal "ids of another length" "img_ids is [15, 3]" --broken ids
 expect_refusal "float64 latents" "dataset \"latents\" is not float32" --broken latents-f64
+"$tz" train "$work/run.cfg" --set lora.train_embeddings=true --set run.dir="$work/emb" \
+  > "$work/err.log" 2>&1 && bad "lora.train_embeddings accepted for flux" ||
+  { grep -q "lora.train_embeddings: the flux family has no conditioning embeddings" "$work/err.log" &&
+    ok "lora.train_embeddings is refused for a family without a class table" ||
+    { bad "lora.train_embeddings: message"; cat "$work/err.log"; }; }
 finish flux
