@@ -68,15 +68,15 @@ static const tz_bench_preset presets[] = {
     {"flux-dev", "flux",
      "Flux.1-dev transformer (19 double + 38 single blocks, 24 heads of 128, guidance): LoRA "
      "r16 on to_q, to_k, to_v, to_out.0, 4-bit TurboQuant base, 1024x1024 (4,096 image + 512 "
-     "text tokens), micro-batch 1, checkpointing",
+     "text tokens; data.seq_len=1536: 512x768), micro-batch 1, checkpointing",
      1,
-     {FLUX_LORA, "quant.bits=4", "quant.group=128", "train.micro_batch=1",
+     {FLUX_LORA, "data.seq_len=4096", "quant.bits=4", "quant.group=128", "train.micro_batch=1",
       "train.checkpointing=true", "train.steps=8", "optim.warmup=0", NULL}},
     {"flux-tiny", "flux",
      "the same recipe on a tiny Flux (2 double + 2 single blocks, 4 heads of 16; 16 image + 8 "
      "text tokens), micro-batch 4: the CPU-sized stand-in",
      0,
-     {FLUX_LORA, "quant.bits=4", "quant.group=64", "train.micro_batch=4",
+     {FLUX_LORA, "data.seq_len=16", "quant.bits=4", "quant.group=64", "train.micro_batch=4",
       "train.checkpointing=true", "train.steps=4", "optim.warmup=0", NULL}},
 };
 #define NPRESETS ((int)(sizeof presets / sizeof presets[0]))

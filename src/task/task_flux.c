@@ -26,11 +26,12 @@ _Static_assert(sizeof targets / sizeof targets[0] == TZ_FLUX_LIN_N + 1, "one nam
 #define FLUX_GUIDANCE 3.5f /* the guidance a guidance-distilled model (dev) is trained at */
 #define EVAL_STEP 0x5EEDull
 
-/* The data of a named shape (model.path "preset:NAME"): image and text tokens per sample. */
-static void preset_tokens(const char *shape, int64_t *Ti, int64_t *Tt) {
-    const int tiny = !strcmp(shape, "flux-tiny");
-    *Ti = tiny ? 16 : 4096; /* 1024 x 1024: 128 x 128 latents packed 2 x 2 */
-    *Tt = tiny ? 8 : 512;   /* T5's 512 tokens */
+/* The data of a named shape (model.path "preset:NAME"): image tokens per sample from
+ * data.seq_len (bench presets set it: 4,096 for 1024 x 1024, 128 x 128 latents packed 2 x 2;
+ * 1,536 for 512 x 768), text tokens T5's 512 (8 for the tiny shape). */
+static void preset_tokens(const char *shape, int64_t seq_len, int64_t *Ti, int64_t *Tt) {
+    *Ti = seq_len;
+    *Tt = !strcmp(shape, "flux-tiny") ? 8 : 512;
 }
 
 typedef struct rows {
@@ -96,15 +97,18 @@ static void open_rows(flux_task *k, rows *r, const char *path, const char *key) 
 }
 
 /* A named shape's data: 64 samples drawn from the seed, positions on a square grid. */
-static void random_rows(flux_task *k, rows *r, const char *shape) {
-    preset_tokens(shape, &k->Ti, &k->Tt);
+static void random_rows(flux_task *k, rows *r, const char *shape, int64_t seq_len) {
+    preset_tokens(shape, seq_len, &k->Ti, &k->Tt);
     r->random = 1;
     r->n = 64;
-    const int64_t side = (int64_t)sqrt((double)k->Ti);
+    /* the grid: the most nearly square h x w of Ti tokens (64 x 64, 32 x 48, 4 x 4) */
+    int64_t h = (int64_t)sqrt((double)k->Ti);
+    while (h > 1 && k->Ti % h) h--;
+    const int64_t w = k->Ti / (h > 0 ? h : 1);
     k->img_ids = tz_xcalloc((size_t)(k->Ti * 3), sizeof(float));
     k->txt_ids = tz_xcalloc((size_t)(k->Tt * 3), sizeof(float));
     for (int64_t i = 0; i < k->Ti; i++)
-        k->img_ids[i * 3 + 1] = (float)(i / side), k->img_ids[i * 3 + 2] = (float)(i % side);
+        k->img_ids[i * 3 + 1] = (float)(i / w), k->img_ids[i * 3 + 2] = (float)(i % w);
 }
 
 static void open_task(tz_task *t) {
@@ -114,7 +118,7 @@ static void open_task(tz_task *t) {
     const tz_flux_dims *d = &m->d;
     const char *shape = tz_model_preset_name(cfg->model.path);
     if (t->training) {
-        if (shape) random_rows(k, &k->train, shape);
+        if (shape) random_rows(k, &k->train, shape, cfg->data.seq_len);
         else open_rows(k, &k->train, cfg->data.train, "data.train");
         tz_order_init(&k->order, k->train.n, (uint64_t)cfg->run.seed);
         t->n_train = k->train.n;
