@@ -170,3 +170,13 @@ void tz_atomic_file_abort(tz_atomic_file *f) {
     if (f->tmp_path) unlink(f->tmp_path);
     af_release(f);
 }
+
+int tz_atomic_file_put(const char *path, const void *buf, size_t n, char *err, size_t errlen) {
+    tz_atomic_file f;
+    if (tz_atomic_file_open(&f, path, err, errlen)) return 1;
+    if (tz_atomic_file_write(&f, buf, n, err, errlen)) {
+        tz_atomic_file_abort(&f);
+        return 1;
+    }
+    return tz_atomic_file_commit(&f, err, errlen);
+}

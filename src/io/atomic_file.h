@@ -23,6 +23,9 @@ int tz_atomic_file_write(tz_atomic_file *f, const void *buf, size_t n, char *err
 int tz_atomic_file_commit(tz_atomic_file *f, char *err, size_t errlen);
 /* Gives up: closes and removes the temporary, frees f. Safe on a file that failed to open. */
 void tz_atomic_file_abort(tz_atomic_file *f);
+/* The whole of buf (n bytes) as path: open, write, commit, aborting on a failure. 0, or
+ * non-zero with a message. */
+int tz_atomic_file_put(const char *path, const void *buf, size_t n, char *err, size_t errlen);
 
 /* ---- test hook (every checked write of src/io: atomic files, run_dir's logs and commits) */
 /* With TZ_TEST_FAIL_WRITE=N in the environment, the N-th call in this process (counting

@@ -157,11 +157,5 @@ int tz_dit_config_write(const tz_dit_config *c, const char *path, char *err, siz
         snprintf(err, errlen, "%s: config text does not fit its buffer", path);
         return 1;
     }
-    tz_atomic_file f;
-    if (tz_atomic_file_open(&f, path, err, errlen)) return 1;
-    if (tz_atomic_file_write(&f, text, (size_t)n, err, errlen)) {
-        tz_atomic_file_abort(&f);
-        return 1;
-    }
-    return tz_atomic_file_commit(&f, err, errlen);
+    return tz_atomic_file_put(path, text, (size_t)n, err, errlen);
 }

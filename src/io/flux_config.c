@@ -115,11 +115,5 @@ int tz_flux_config_write(const tz_flux_config *c, const char *path, char *err, s
         (long long)c->axes_dims_rope[1], (long long)c->axes_dims_rope[2]);
     if (n < 0 || (size_t)n >= sizeof text)
         return tz_errf(err, errlen, "%s: config text does not fit its buffer", path);
-    tz_atomic_file f;
-    if (tz_atomic_file_open(&f, path, err, errlen)) return 1;
-    if (tz_atomic_file_write(&f, text, (size_t)n, err, errlen)) {
-        tz_atomic_file_abort(&f);
-        return 1;
-    }
-    return tz_atomic_file_commit(&f, err, errlen);
+    return tz_atomic_file_put(path, text, (size_t)n, err, errlen);
 }

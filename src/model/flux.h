@@ -59,8 +59,8 @@ typedef struct tz_flux_block {
 } tz_flux_block;
 
 /* Saved activations of one block. Double blocks: the image stream's (i) and the text
- * stream's (c) tensors; single blocks use the i set over all tokens. Token rows [n*T?, ...],
- * conditioning rows [n, ...]. */
+ * stream's (c) tensors; single blocks use the i set over all tokens. Token rows [n*Ts, ...]
+ * for a stream of Ts tokens, conditioning rows [n, ...]. */
 typedef struct tz_flux_acts {
     float *modi, *modc;                   /* adaLN outputs [n, 6 inner] (single: [n, 3 inner]) */
     float *xi, *xc;                       /* the block input, split by stream */

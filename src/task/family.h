@@ -73,6 +73,9 @@ typedef struct tz_family {
     /* A pipeline component's name ("transformer"): the adapter folder also holds diffusers'
      * LoRA file, pytorch_lora_weights.safetensors, with keys under it; NULL: none. */
     const char *diffusers_component;
+    /* The conditioning embeddings lora.train_embeddings trains beside the adapters (DiT: its
+     * class table), for messages; NULL: the family has none, and the key is refused. */
+    const char *embeddings;
 } tz_family;
 
 /* The registry's entries, each defined in its family's task file. */

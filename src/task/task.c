@@ -37,7 +37,7 @@ tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int t
         o.lora.loftq = cfg->lora.init == TZ_LORA_INIT_LOFTQ;
         o.lora.init_seed = (uint64_t)cfg->run.seed;
         o.lora.embeddings = cfg->lora.train_embeddings;
-        if (o.lora.embeddings && strcmp(f->name, "dit"))
+        if (o.lora.embeddings && !f->embeddings)
             TZ_FATAL_HINT("unset lora.train_embeddings", "%s: lora.train_embeddings: the %s "
                           "family has no conditioning embeddings to train (DiT's class table "
                           "is the one there is)", cfg->source, f->name);

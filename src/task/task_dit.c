@@ -300,4 +300,4 @@ static const tz_task_ops ops = {sizeof(dit_task), load, open_task, train_rows, e
 /* The registry entry (task/family.h): name, LoRA targets, PEFT modules, task, init-model,
  * sampler. */
 const tz_family tz_family_dit = {"dit", targets, tz_dit_lin_names, &ops, init_flags, init_model,
-                                 sample, NULL, NULL, NULL};
+                                 sample, NULL, NULL, NULL, "y_embedder.embedding_table"};

@@ -257,4 +257,4 @@ static const char *const init_flags[] = {NULL};
 static const tz_task_ops ops = {sizeof(flux_task), load, open_task, train_rows, eval_rows,
                                 save_model, close_task, train_loss};
 const tz_family tz_family_flux = {"flux", targets, tz_flux_lin_names, &ops, init_flags,
-                                  init_model, NULL, NULL, NULL, "transformer"};
+                                  init_model, NULL, NULL, NULL, "transformer", NULL};
