@@ -51,6 +51,15 @@ const char *tz_nccl_error_string(tz_nccl_result rc);
 /* After a kernel launch: launch errors (bad configuration) at once. Faults inside kernels
  * surface at the next synchronising call (download, sync, sumsq). */
 #define CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
+/* A kernel about to be launched on be's compute stream reads [p, p + bytes) of memory another
+ * stream may have written (a weight streamed in on the copy stream): on the CPU emulation the
+ * read is checked for stream order, as copies are; on a GPU nothing is done. */
+#ifdef TZ_CUDA_EMULATION
+#define TZ_CUDA_KERNEL_READS(be, p, bytes, kernel)                                            \
+    CUDA_CHECK(tz_emu_kernel_reads(tz_cuda_stream(be), (p), (bytes), (kernel)))
+#else
+#define TZ_CUDA_KERNEL_READS(be, p, bytes, kernel) ((void)0)
+#endif
 
 /* A table of pointer -> size for live_bytes (cudaMalloc does not say a block's size). Open
  * addressing, linear probing, tombstones; grown when 3/4 full. */

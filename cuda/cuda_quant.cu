@@ -275,6 +275,7 @@ static void dequant(tz_backend *be, T *w, const uint8_t *codes, const uint16_t *
     if (bits < 1 || bits > TZ_TQ_MAX_BITS) TZ_FATAL("%s: bits %d out of range", op, bits);
     if (rows == 0) return;
     const int64_t n_oct = rows * (cols / 8); /* cols is a multiple of the group */
+    TZ_CUDA_KERNEL_READS(be, codes, (size_t)(n_oct * bits), op); /* codes may be streamed in */
     switch (bits) {
     case 1: dequant_bits<1>(be, w, codes, scales, levels, n_oct, group); break;
     case 2: dequant_bits<2>(be, w, codes, scales, levels, n_oct, group); break;

@@ -2,7 +2,8 @@
 # tests/fuzz/fuzz_NAME.c, starts from the seeds in tests/fuzz/corpus/NAME/ and first replays
 # tests/fuzz/regress/NAME/ (inputs that once failed). Adding a target: its source file and its
 # name in this list.
-set(TZ_FUZZ_TARGETS tokenizer jsonl tokens safetensors hf_config config checkpoint)
+set(TZ_FUZZ_TARGETS tokenizer jsonl tokens safetensors hf_config config checkpoint flux_config
+    latents_h5)
 if(TZ_FUZZ)
   # the fuzz tree (TZ_FUZZ=ON, clang): the targets, each linked with libFuzzer's main
   foreach(t ${TZ_FUZZ_TARGETS})
@@ -14,7 +15,7 @@ if(TZ_FUZZ)
   endforeach()
 elseif(NOT TZ_SANITIZE)
   # the ordinary tree: one test that builds the fuzz tree, fuzz/, and runs every target for
-  # TZ_FUZZ_SECONDS (8 by default), two at a time; skipped (77) without clang and libFuzzer.
+  # TZ_FUZZ_SECONDS (6 by default), two at a time; skipped (77) without clang and libFuzzer.
   # ctest stops it after 30 minutes: for longer runs call tests/fuzz/fuzz_test.sh directly.
   add_test(NAME fuzz
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_test.sh ${CMAKE_SOURCE_DIR}

@@ -67,17 +67,20 @@ static const tz_bench_preset presets[] = {
       NULL}},
     {"flux-dev", "flux",
      "Flux.1-dev transformer (19 double + 38 single blocks, 24 heads of 128, guidance): LoRA "
-     "r16 on to_q, to_k, to_v, to_out.0, 4-bit TurboQuant base, 1024x1024 (4,096 image + 512 "
-     "text tokens; data.seq_len=1536: 512x768), micro-batch 1, checkpointing",
+     "r16 on to_q, to_k, to_v, to_out.0, 4-bit TurboQuant base, the last 18 blocks' codes "
+     "streamed from the host, 1024x1024 (4,096 image + 512 text tokens; data.seq_len=1536: "
+     "512x768), micro-batch 1, checkpointing",
      1,
-     {FLUX_LORA, "data.seq_len=4096", "quant.bits=4", "quant.group=128", "train.micro_batch=1",
-      "train.checkpointing=true", "train.steps=8", "optim.warmup=0", NULL}},
+     {FLUX_LORA, "data.seq_len=4096", "quant.bits=4", "quant.group=128",
+      "quant.offload_blocks=18", "train.micro_batch=1", "train.checkpointing=true",
+      "train.steps=8", "optim.warmup=0", NULL}},
     {"flux-tiny", "flux",
      "the same recipe on a tiny Flux (2 double + 2 single blocks, 4 heads of 16; 16 image + 8 "
-     "text tokens), micro-batch 4: the CPU-sized stand-in",
+     "text tokens; the last 3 blocks streamed), micro-batch 4: the CPU-sized stand-in",
      0,
-     {FLUX_LORA, "data.seq_len=16", "quant.bits=4", "quant.group=64", "train.micro_batch=4",
-      "train.checkpointing=true", "train.steps=4", "optim.warmup=0", NULL}},
+     {FLUX_LORA, "data.seq_len=16", "quant.bits=4", "quant.group=64", "quant.offload_blocks=3",
+      "train.micro_batch=4", "train.checkpointing=true", "train.steps=4", "optim.warmup=0",
+      NULL}},
 };
 #define NPRESETS ((int)(sizeof presets / sizeof presets[0]))
 
@@ -370,6 +373,8 @@ static void plan_figures(const plan_run *p, int64_t N, tz_mem_plan *m) {
     }
     m->shard += buffers;
     m->host = dense_src + m->shard > m->load ? dense_src + m->shard : m->load;
+    m->host_codes = tz_params_host_codes_bytes(ps);
+    m->host += m->host_codes;
     m->dense_src = dense_src;
     m->backend = p->be->peak_bytes + m->grads + m->staging + m->optim;
     m->other = (double)p->be->peak_bytes - (double)m->weights - (double)m->arena;
@@ -510,12 +515,18 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         if (m.load > m.dense_src + m.shard)
             snprintf(extra, sizeof extra, "; the load's one-weight buffer, %.3f, is the peak",
                      gib((double)m.load));
+        char codes[160] = "";
+        if (m.host_codes)
+            snprintf(codes, sizeof codes, " + the codes of the last %lld blocks %.3f (pinned; "
+                     "each block copied to the GPU as it runs, through two slots in the "
+                     "activations)", (long long)cfg->quant.offload_blocks,
+                     gib((double)m.host_codes));
         tz_info("host memory per rank: %.3f GiB (%zu bytes) = host shard %.3f (%lld elements for "
                 "%lld trainable of %lld parameters: fp32 master, accumulator, adamw states, decay "
-                "flag; %lld ranks, zero stage %lld; with the step's buffers)%s",
+                "flag; %lld ranks, zero stage %lld; with the step's buffers)%s%s",
                 gib((double)m.host), m.host, gib((double)m.shard), (long long)m.shard_numel,
                 (long long)m.n_trainable, (long long)m.n_total, (long long)N,
-                (long long)cfg->zero.stage, extra);
+                (long long)cfg->zero.stage, codes, extra);
     }
     /* this machine, for a rank of this dry run: the host, and the GPU where one is visible
      * (one is created only to be asked; a CPU build has none) */

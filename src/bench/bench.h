@@ -58,7 +58,8 @@ typedef struct tz_mem_plan {
     size_t dense_src;     /* host, full mode of a quantized base: the dense weights the
                            * master starts from, held until the shard has read them */
     size_t load;          /* host, loading a folder: one weight as fp32 */
-    size_t host;          /* the host's peak of these: max(load, dense_src + shard) */
+    size_t host_codes;    /* host, pinned: the codes of streamed blocks (quant.offload_blocks) */
+    size_t host;          /* the host's peak of these: max(load, dense_src + shard) + host_codes */
     int64_t n_total, n_trainable, shard_numel;
     int shapes_only;      /* a model folder planned from its config.json alone */
     int training;         /* planned for training (else evaluation: forward passes only) */

@@ -65,14 +65,22 @@ static const tz_help_page pages[] = {
      "backward, communication, copies and optimizer (on a GPU measured on 2 extra steps that\n"
      "synchronise at every phase boundary).\n",
      "turbozero bench --preset llama2-7b --set train.steps=6"},
-    {"sample", "a PNG grid of images of one class from a DiT (+ model.adapter)",
-     "turbozero sample CONFIG --out grid.png [--class C] [--n N] [--steps S] [--guidance W]\n"
-     "                 [--seed S] [--scale K] [--set section.key=value ...]",
-     "  --out FILE.png   the grid to write (required)\n"
-     "  --class C        the class label (default 0)\n"
-     "  --n N            images, 1..4096 (default 16)\n"
-     "  --steps S        sampler steps, 1..1000 (default 50)\n"
-     "  --guidance W     classifier-free guidance weight (default 4.0)\n"
+    {"sample", "images of one class from a DiT, or latents from a Flux model (+ model.adapter)",
+     "turbozero sample CONFIG --out grid.png|samples.h5 [--class C] [--n N] [--steps S]\n"
+     "                 [--guidance W] [--seed S] [--scale K] [--set section.key=value ...]\n"
+     "turbozero sample CONFIG --prompts P.h5 --out samples.h5 [--n N] [--steps S]\n"
+     "                 [--guidance W] [--shift X] [--seed S] [--set ...]   (model.arch flux)",
+     "  --out FILE       .png: a grid of the images (1 or 3 channels); .h5: the samples as\n"
+     "                   values (latents, for tools/latents.py to decode) (required)\n"
+     "  --class C        DiT: the class label (default 0)\n"
+     "  --prompts P.h5   Flux: a cache whose text embeddings condition (sample i takes row\n"
+     "                   i mod N; tools/latents.py flux-prompts makes one)\n"
+     "  --n N            samples, 1..4096 (default 16)\n"
+     "  --steps S        sampler steps, 1..1000 (default 50; Flux 28, 4 without guidance)\n"
+     "  --guidance W     DiT: classifier-free guidance weight (default 4.0); Flux: the\n"
+     "                   distilled guidance (default 3.5)\n"
+     "  --shift X        Flux: a static timestep shift (default: by image size with guidance,\n"
+     "                   none without)\n"
      "  --seed S         noise seed (default 0)\n"
      "  --scale K        enlarge every pixel to K x K (nearest neighbour), 1..16 (default 1)\n"
      SET_FLAG,

@@ -241,8 +241,8 @@ static void load_config(tz_config *cfg, int argc, char **argv, tz_comm *comm) {
 /* sample CONFIG --class C --n N --steps S --guidance W --out FILE [--seed S] [--set k=v ...]:
  * one process (rank 0 samples, the others wait). */
 static int cmd_sample(int argc, char **argv) {
-    static const char *const known[] = {"--class", "--n",    "--steps", "--guidance",
-                                        "--out",   "--seed", "--scale", NULL};
+    static const char *const known[] = {"--class", "--n",     "--steps", "--guidance", "--out",
+                                        "--seed",  "--scale", "--prompts", "--shift", NULL};
     tz_sample_args a = {.cls = 0, .n = 16, .steps = 50, .guidance = 4.0, .seed = 0, .scale = 1};
     char **rest = tz_xcalloc((size_t)argc + 1, sizeof *rest);
     int nrest = 0;
@@ -253,18 +253,27 @@ static int cmd_sample(int argc, char **argv) {
         if (i < 3 || !known[k]) { rest[nrest++] = argv[i]; continue; }
         if (i + 1 >= argc) TZ_FATAL("sample: %s needs a value", argv[i]);
         const char *v = argv[++i];
-        if (k == 0) a.cls = tz_command_int(v, "--class");
+        if (k == 0) a.cls = tz_command_int(v, "--class"), a.given |= TZ_SAMPLE_CLASS;
         else if (k == 1) a.n = tz_command_int(v, "--n");
-        else if (k == 2) a.steps = tz_command_int(v, "--steps");
+        else if (k == 2) a.steps = tz_command_int(v, "--steps"), a.given |= TZ_SAMPLE_STEPS;
         else if (k == 3) {
             char *end;
             a.guidance = strtod(v, &end);
-            if (!*v || *end) TZ_FATAL("sample: --guidance %s: expected a number", v);
+            if (!*v || *end || !isfinite(a.guidance))
+                TZ_FATAL("sample: --guidance %s: expected a number", v);
+            a.given |= TZ_SAMPLE_GUIDANCE;
         } else if (k == 4) out = v;
         else if (k == 5) a.seed = tz_command_int(v, "--seed");
-        else a.scale = tz_command_int(v, "--scale");
+        else if (k == 6) a.scale = tz_command_int(v, "--scale");
+        else if (k == 7) snprintf(a.prompts, sizeof a.prompts, "%s", v);
+        else {
+            char *end;
+            a.shift = strtod(v, &end);
+            if (!*v || *end || !(a.shift > 0 && a.shift <= 100))
+                TZ_FATAL("sample: --shift %s: expected a number in (0, 100]", v);
+        }
     }
-    if (!out) TZ_FATAL("sample: --out FILE.png is required");
+    if (!out) TZ_FATAL("sample: --out FILE is required (.png: an image grid; .h5: latents)");
     if (a.n < 1 || a.n > 4096 || a.steps < 1 || a.steps > 1000)
         TZ_FATAL("sample: --n must be in 1..4096 and --steps in 1..1000");
     if (a.scale < 1 || a.scale > 16) TZ_FATAL("sample: --scale must be in 1..16");

@@ -119,6 +119,7 @@ static const tz_key schema[] = {
     ENUM(quant, method, TZ_QUANT_TURBOQUANT, quant_methods, "quantizer (absmax: the baseline)"),
     INT(quant, seed, 0, 0, INT64_C(1) << 62, "seed of the TurboQuant random signs"),
     ENUM(quant, rounding, TZ_ROUND_NEAREST, quant_roundings, "full fine-tuning of quantized weights: how each step re-quantizes the fp32 master (nearest, or stochastic: unbiased, a new draw each step)"),
+    INT(quant, offload_blocks, 0, 0, 1 << 20, "keep the quantized codes of the model's last N blocks in pinned host memory and copy each block to the GPU as it runs, while the block before it computes (frozen bases: lora, eval, sample; flux)"),
     BOOL(quant, count_changes, 0, "full fine-tuning of quantized weights: log the share of codes each step's re-quantization changes (keeps a copy of the codes on the host)"),
     FLT(qzo, eps, 1e-3, OPEN, 0.0, 1.0, CLOSED, "qzo: perturbation size of the scales"),
     FLT(qzo, clip, 100.0, OPEN, 0.0, 1e12, CLOSED, "qzo: bound on the estimated directional derivative"),

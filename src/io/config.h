@@ -95,6 +95,7 @@ typedef struct tz_config {
         int rounding;                 /* enum tz_quant_rounding: "nearest" | "stochastic" */
         int count_changes;            /* log the share of codes each re-quantization changes */
         int64_t seed;                 /* TurboQuant sign seed */
+        int64_t offload_blocks;       /* the last N blocks' codes on the host, streamed in */
     } quant;
     struct {
         char dir[TZ_PATH_MAX];

@@ -74,7 +74,9 @@ int tz_flux_config_read(tz_flux_config *c, const char *path, char *err, size_t e
     if (!rc && g && !json_is_boolean(g)) rc = bad(&x, "guidance_embeds", g, "true or false");
     c->guidance_embeds = g && json_is_true(g);
     json_t *ax = rc ? NULL : json_object_get(root, "axes_dims_rope");
-    if (!rc) {
+    /* absent in the first Flux.1 configs: diffusers' default then, Flux.1's own axes */
+    c->axes_dims_rope[0] = 16, c->axes_dims_rope[1] = 56, c->axes_dims_rope[2] = 56;
+    if (!rc && ax) {
         if (!json_is_array(ax) || json_array_size(ax) != 3) {
             rc = bad(&x, "axes_dims_rope", ax, "an array of three integers");
         } else {

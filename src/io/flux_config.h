@@ -15,9 +15,9 @@ typedef struct tz_flux_config {
 
 /* Reads path (a config.json, or a folder holding one). Required: in_channels, num_layers,
  * num_single_layers, attention_head_dim, num_attention_heads, joint_attention_dim,
- * pooled_projection_dim (non-negative integers; the layer counts may be 0), axes_dims_rope
- * (three integers). Optional: patch_size (1, the only value supported), out_channels,
- * guidance_embeds (false). "_class_name", when present, must be "FluxTransformer2DModel".
+ * pooled_projection_dim (non-negative integers; the layer counts may be 0). Optional:
+ * axes_dims_rope (three integers; absent in the first Flux.1 configs: [16, 56, 56], diffusers'
+ * default), patch_size (1, the only value supported), out_channels, guidance_embeds (false). "_class_name", when present, must be "FluxTransformer2DModel".
  * 0, or non-zero with "file: key \"k\" is X, expected Y". */
 int tz_flux_config_read(tz_flux_config *c, const char *path, char *err, size_t errlen);
 /* Writes path atomically, in diffusers' layout (with "_class_name"). 0 or non-zero. */

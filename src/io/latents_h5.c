@@ -2,17 +2,26 @@
  * checked at open, rows read by hyperslab, HDF5's own error printing silenced. */
 #include "io/latents_h5.h"
 
+#include <errno.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/fsutil.h"
 
 static const char *const k_layout = "expected \"latents\" [N, Ti, C], \"txt\" [N, Tt, J], "
                                     "\"pooled\" [N, P], \"img_ids\" [Ti, 3] and \"txt_ids\" "
                                     "[Tt, 3], all float32";
+
+/* The largest Ti, C, Tt, J and P (config.json's sizes are bounded alike, io/flux_config.c). */
+static const hsize_t k_max = (hsize_t)1 << 24;
+/* The most values of one sample's latents or text embeddings (1 GiB of float32; Flux at
+ * 1024 x 1024: 4,096 x 64 and 512 x 4,096). */
+static const hsize_t k_row = (hsize_t)1 << 28;
 
 /* Dataset name, float32 of rank `rank`, dims into d; -1 with err. */
 static hid_t open_f32(hid_t f, const char *path, const char *name, int rank, hsize_t *d,
@@ -77,6 +86,21 @@ int tz_latents_open(tz_latents *l, const char *path, char *err, size_t errlen) {
                      (long long)dt[1]);
     } else if (dl[1] == 0 || dl[2] == 0 || dt[1] == 0 || dt[2] == 0 || dp[1] == 0) {
         rc = tz_errf(err, errlen, "%s: a dataset has an empty dimension", path);
+    } else if (dl[1] > k_max || dl[2] > k_max || dt[1] > k_max || dt[2] > k_max || dp[1] > k_max ||
+               dl[0] > (hsize_t)INT64_MAX) {
+        /* the sizes bound what is allocated here (the ids) and by the caller (a row) */
+        rc = tz_errf(err, errlen, "%s: latents [%llu, %llu, %llu], txt [., %llu, %llu], pooled "
+                     "[., %llu]: expected Ti, C, Tt, J and P at most %llu", path,
+                     (unsigned long long)dl[0], (unsigned long long)dl[1],
+                     (unsigned long long)dl[2], (unsigned long long)dt[1],
+                     (unsigned long long)dt[2], (unsigned long long)dp[1],
+                     (unsigned long long)k_max);
+    } else if (dl[1] * dl[2] > k_row || dt[1] * dt[2] > k_row) {
+        rc = tz_errf(err, errlen, "%s: a sample of %llu x %llu latent and %llu x %llu text values: "
+                     "expected at most %llu of each (one sample is read into memory at a time)",
+                     path, (unsigned long long)dl[1], (unsigned long long)dl[2],
+                     (unsigned long long)dt[1], (unsigned long long)dt[2],
+                     (unsigned long long)k_row);
     } else {
         l->n = (int64_t)dl[0], l->Ti = (int64_t)dl[1], l->C = (int64_t)dl[2];
         l->Tt = (int64_t)dt[1], l->J = (int64_t)dt[2], l->P = (int64_t)dp[1];
@@ -129,4 +153,57 @@ void tz_latents_close(tz_latents *l) {
     free(l->img_ids), free(l->txt_ids);
     l->img_ids = l->txt_ids = NULL;
     l->f = l->ds[0] = l->ds[1] = l->ds[2] = -1;
+}
+
+static int attr_i64(hid_t f, const char *name, const int64_t *v, hsize_t n) {
+    hid_t s = H5Screate_simple(1, &n, NULL);
+    hid_t a = H5Acreate2(f, name, H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT);
+    const int ok = a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, v) >= 0;
+    if (a >= 0) H5Aclose(a);
+    H5Sclose(s);
+    return ok;
+}
+
+int tz_latents_write(const char *path, const tz_latents_out *o, char *err, size_t errlen) {
+    char *tmp;
+    int fd = tz_atomic_file_make_temp(path, &tmp, err, errlen); /* exclusive, random name */
+    if (fd < 0) return 1;
+    close(fd);
+    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0) {
+        tz_errf(err, errlen, "%s: cannot create", tmp);
+        remove(tmp);
+        free(tmp);
+        return 1;
+    }
+    hsize_t dl[3] = {(hsize_t)o->n, (hsize_t)o->Ti, (hsize_t)o->C}, di[2] = {(hsize_t)o->Ti, 3};
+    hsize_t one = 1;
+    hid_t sl = H5Screate_simple(3, dl, NULL), si = H5Screate_simple(2, di, NULL);
+    hid_t lat = H5Dcreate2(f, "latents", H5T_IEEE_F32LE, sl, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t noi = H5Dcreate2(f, "noise", H5T_IEEE_F32LE, sl, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t ids = H5Dcreate2(f, "img_ids", H5T_IEEE_F32LE, si, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    int ok = lat >= 0 && noi >= 0 && ids >= 0 &&
+             H5Dwrite(lat, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, o->lat) >= 0 &&
+             H5Dwrite(noi, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, o->noise) >= 0 &&
+             H5Dwrite(ids, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, o->img_ids) >= 0;
+    ok = ok && attr_i64(f, "rows", o->rows, (hsize_t)o->n) && attr_i64(f, "steps", &o->steps, 1) &&
+         attr_i64(f, "seed", &o->seed, 1);
+    hid_t sa = H5Screate_simple(1, &one, NULL);
+    hid_t a = H5Acreate2(f, "guidance", H5T_IEEE_F64LE, sa, H5P_DEFAULT, H5P_DEFAULT);
+    ok = ok && a >= 0 && H5Awrite(a, H5T_NATIVE_DOUBLE, &o->guidance) >= 0;
+    if (a >= 0) H5Aclose(a);
+    if (lat >= 0) H5Dclose(lat);
+    if (noi >= 0) H5Dclose(noi);
+    if (ids >= 0) H5Dclose(ids);
+    H5Sclose(sl), H5Sclose(si), H5Sclose(sa);
+    ok = H5Fclose(f) >= 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        tz_errf(err, errlen, "%s: writing failed%s%s", path, ok ? ": " : "",
+                ok ? strerror(errno) : "");
+        remove(tmp);
+        free(tmp);
+        return 1;
+    }
+    free(tmp);
+    return 0;
 }

@@ -24,5 +24,17 @@ int tz_latents_open(tz_latents *l, const char *path, char *err, size_t errlen);
 int tz_latents_read(tz_latents *l, int64_t i, float *lat, float *txt, float *pooled, char *err,
                     size_t errlen);
 void tz_latents_close(tz_latents *l);
+/* Sampled latents (what `sample` makes of a cache's prompts): "latents" float32 [n, Ti, C],
+ * "noise" float32 [n, Ti, C] (where each sample started) and "img_ids" float32 [Ti, 3], with
+ * root attributes "rows" int64 [n] (the prompt row of each
+ * sample), "steps", "seed" (int64) and "guidance" (float64); to path.tmp, then renamed over
+ * path. 0, or non-zero with a message naming the file. */
+typedef struct tz_latents_out {
+    int64_t n, Ti, C, steps, seed;
+    double guidance;
+    const float *lat, *noise, *img_ids;
+    const int64_t *rows;
+} tz_latents_out;
+int tz_latents_write(const char *path, const tz_latents_out *o, char *err, size_t errlen);
 
 #endif

@@ -118,7 +118,7 @@ static void download_quant(tz_backend *be, const tz_param *p, tz_tq_tensor *t, c
     char err[256];
     if (tz_tq_tensor_init(t, q->bits, q->group, p->shape[0], p->shape[1], q->seed, err, sizeof err))
         TZ_FATAL("%s: %s: %s", path, p->name, err);
-    be->download(be, t->codes, q->codes, (size_t)tz_tq_codes_bytes(t->rows, t->cols, t->bits));
+    tz_qweight_codes_get(be, q, t->codes, 0, (size_t)tz_tq_codes_bytes(t->rows, t->cols, t->bits));
     be->download(be, t->scales, q->scales,
                  (size_t)tz_tq_scales_count(t->rows, t->cols, t->group) * sizeof *t->scales);
 }

@@ -95,8 +95,14 @@ static void add_linear(reg *r, tz_linear *L, const char *module, int64_t in, int
     snprintf(name, sizeof name, "%s.weight", module);
     const tz_quant_opts *q = &m->o.quant;
     if (q->bits && in_block) {
+        /* block k's backward stage is L - k: streamed blocks keep their codes on the host */
+        const int64_t k = m->d.layers + m->d.single_layers - stage;
+        m->params.codes_on_host = tz_wstream_has(&m->ws, k);
         L->w = note(r, tz_params_add_quant(&m->params, m->be, name, out, in, q->method, q->bits,
                                            q->group, q->seed, m->levels), stage, rule);
+        m->params.codes_on_host = 0;
+        if (L->w->q->host)
+            tz_wstream_add(&m->ws, k, L->w->q, (size_t)tz_tq_codes_bytes(out, in, q->bits));
         L->w->trainable = full;
     } else {
         L->w = note(r, tz_params_add(&m->params, m->be, name, 2, out, in, full, 1, 0), stage, rule);
@@ -203,6 +209,9 @@ tz_flux *tz_flux_create(tz_backend *be, const tz_flux_dims *d, const tz_model_op
                      "%lld (the inputs of the quantized block weights)", (long long)g,
                      (long long)I, (long long)F);
     }
+    if (o->quant.offload_blocks && (!o->quant.bits || o->full))
+        TZ_FATAL("flux: quant.offload_blocks streams the codes of a frozen quantized base");
+    tz_wstream_init(&m->ws, Ld + Ls, o->quant.offload_blocks);
     reg r = {m, NULL, 0};
     const int emb = (int)(Ld + Ls + 1);
     add_linear(&r, &m->x_emb, "x_embedder", d->in_channels, I, -1, emb, 0, INIT_NORMAL);
@@ -246,6 +255,7 @@ void tz_flux_free(tz_flux *m) {
     free(m->blocks);
     free(m->init_rule);
     tz_layer_stack_free(&m->stack);
+    tz_wstream_free(&m->ws);
     free(m->feat_host), free(m->cs_host), free(m->sse_host);
     free(m);
 }
@@ -299,7 +309,7 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
         ACT(lse, BT * H); ACT(att, BT * I);
         ACT(ln1i, Ni * I); ACT(mean1i, Ni); ACT(rstd1i, Ni); ACT(h1i, Ni * I);
         ACT(qi, Ni * I); ACT(ki, Ni * I); ACT(vi, Ni * I); ACT(rqi, Ni * H); ACT(rki, Ni * H);
-        ACT(fi, Ni * F); ACT(gi, Ni * F);
+        ACT(fi, Ni * F);
         /* with one set for both kinds, the double-only and the single-only fields share
          * memory (a block uses one kind's): the walk lays both from the same mark */
         const size_t t0 = total, m0 = a ? tz_arena_mark(a) : 0;
@@ -311,7 +321,7 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
             ACT(x2i, Bi * I); ACT(x2c, Bc * I);
             ACT(ln2i, Bi * I); ACT(mean2i, Bi); ACT(rstd2i, Bi); ACT(h2i, Bi * I);
             ACT(ln2c, Bc * I); ACT(mean2c, Bc); ACT(rstd2c, Bc); ACT(h2c, Bc * I);
-            ACT(fc, Bc * F); ACT(gc, Bc * F); ACT(moi, Bi * I); ACT(moc, Bc * I);
+            ACT(fc, Bc * F); ACT(moi, Bi * I); ACT(moc, Bc * I);
         }
         const size_t t_d = total, m_d = a ? tz_arena_mark(a) : 0;
         total = t0;
@@ -332,6 +342,7 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
     TAKE(m->fln, Bi * I, "final norm"); TAKE(m->fh, Bi * I, "final modulated");
     TAKE(m->pred, Bi * Cout, "prediction"); TAKE(m->sse, B, "squared errors");
     if (m->norm_out.a) TAKE(m->f_lh, B * r, "final adaLN lora");
+    TAKE(m->wide1, BT * F, "wide scratch 1 (GELU output, its gradient)");
     if (!m->o.forward_only) {
         TAKE(m->dres, BT * I, "dres"); TAKE(m->dyi, Bi * I, "dyi"); TAKE(m->dyc, Bc * I, "dyc");
         TAKE(m->da, BT * I, "da"); TAKE(m->db, BT * I, "db");
@@ -339,9 +350,8 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
         TAKE(m->dQ, BT * I, "dQ"); TAKE(m->dK, BT * I, "dK"); TAKE(m->dV, BT * I, "dV");
         TAKE(m->dqi, BT * I, "dqi"); TAKE(m->dki, BT * I, "dki"); TAKE(m->dvi, BT * I, "dvi");
         TAKE(m->dqc, Bc * I, "dqc"); TAKE(m->dkc, Bc * I, "dkc"); TAKE(m->dvc, Bc * I, "dvc");
-        TAKE(m->datt, BT * I, "datt"); TAKE(m->dfi, BT * F, "dfi"); TAKE(m->dgi, BT * F, "dgi");
-        TAKE(m->dfc, Bc * F, "dfc"); TAKE(m->dgc, Bc * F, "dgc");
-        TAKE(m->dcat, BT * (I + F), "dcat");
+        TAKE(m->datt, BT * I, "datt");
+        TAKE(m->wide0, BT * (I + F), "wide scratch 0 (d[attention, MLP], dMLP hidden)");
         TAKE(m->dmodi, B * 6 * I, "dmodi"); TAKE(m->dmodc, B * 6 * I, "dmodc");
         TAKE(m->dsc, B * I, "dsilu(c)"); TAKE(m->dtemb, B * I, "dtemb");
         TAKE(m->dth, B * I, "dth"); TAKE(m->dts, B * I, "dts");
@@ -352,6 +362,7 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
     if (a) m->att_ws = NULL, m->att_ws_bytes = att_ws;
     if (att_ws) TAKE(m->att_ws, (int64_t)(att_ws / sizeof(float)), "attention workspace");
     total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT, tz_dtype_size(m->be->matmul_dtype));
+    tz_wstream_walk(&m->ws, m->be, a, &total);
 #undef TAKE
     return total;
 }

@@ -16,6 +16,7 @@
 #include "model/linear.h"
 #include "model/model_base.h"
 #include "model/params.h"
+#include "model/wstream.h"
 
 /* The projections LoRA can adapt (bit 1 << TZ_FLUX_x in tz_model_opts.lora.targets), by their
  * diffusers module names (tz_flux_lin_names): in both kinds of block to_q, to_k, to_v; in the
@@ -72,7 +73,7 @@ typedef struct tz_flux_acts {
     float *atti, *attc, *aoi, *aoc;       /* its output split, and projected */
     float *x2i, *x2c;                     /* after the attention residual */
     float *ln2i, *mean2i, *rstd2i, *h2i, *ln2c, *mean2c, *rstd2c, *h2c;
-    float *fi, *gi, *fc, *gc;             /* MLP hidden before and after GELU */
+    float *fi, *fc;                       /* MLP hidden before the GELU (after it: a scratch) */
     float *moi, *moc;                     /* MLP output */
     float *cat, *o;                       /* single: [attention, MLP] and proj_out of it */
     float *lh[TZ_FLUX_LIN_N];             /* LoRA hidden x A^T per projection */
@@ -99,11 +100,16 @@ typedef struct tz_flux {
     float *th, *ts, *gh, *gs, *ph, *pss, *temb, *sc;
     float *hi, *hc;                       /* embedded streams, before the first merge */
     tz_layer_stack stack;                 /* residual streams [n, Tt + Ti, inner] */
+    tz_wstream ws;                        /* the streamed blocks (quant.offload_blocks) */
     float *yi, *yc;                       /* a block's outputs before the merge */
     float *fx, *fmod, *fmean, *frstd, *fln, *fh, *pred, *sse, *f_lh;
     float *dres, *dyi, *dyc, *da, *db, *dc, *dd, *dQ, *dK, *dV, *dqi, *dki, *dvi, *dqc,
-          *dkc, *dvc, *datt, *dfi, *dgi, *dfc, *dgc, *dcat, *dmodi, *dmodc, *dsc, *dtemb,
-          *dth, *dts, *dpred, *dlora;
+          *dkc, *dvc, *datt, *dmodi, *dmodc, *dsc, *dtemb, *dth, *dts, *dpred, *dlora;
+    /* two wide scratches, live within one block: wide1 [n T, mlp] holds the GELU output in the
+     * forward (it is recomputed from the saved pre-GELU hidden when the backward needs it) and
+     * its gradient in the backward; wide0 [n T, inner + mlp] the single block's gradient of
+     * [attention, MLP], then the pre-GELU gradient (absent when built forward-only) */
+    float *wide0, *wide1;
     float *feat_host, *cs_host, *sse_host;
 } tz_flux;
 

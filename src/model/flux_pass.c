@@ -101,8 +101,9 @@ static void attend(tz_flux *m, tz_flux_acts *a, const float *V, int64_t n, int64
 static void stream_mlp_fwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff2, float **lh1,
                            float **lh2, const float *mod, const float *x, const float *ao,
                            float *x2, float *ln2, float *mean2, float *rstd2, float *h2, float *f,
-                           float *g, float *mo, float *y, int64_t Ts) {
+                           float *mo, float *y, int64_t Ts) {
     tz_backend *be = m->be;
+    float *g = m->wide1; /* the GELU output: recomputed from f by the backward */
     const int64_t n = m->n, I = tz_flux_inner(&m->d), M = 6 * I, R = n * Ts;
     be->gate_fwd(be, x2, x, ao, mod + 2 * I, M, n, Ts, I);
     be->layernorm_fwd(be, ln2, mean2, rstd2, x2, R, I, EPS);
@@ -144,10 +145,10 @@ static void double_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     tz_linear_fwd(be, &L[TZ_FLUX_AOUT], a->aoc, a->lh[TZ_FLUX_AOUT], a->attc, Bc);
     stream_mlp_fwd(m, &L[TZ_FLUX_FF1], &L[TZ_FLUX_FF2], &a->lh[TZ_FLUX_FF1], &a->lh[TZ_FLUX_FF2],
                    a->modi, a->xi, a->aoi, a->x2i, a->ln2i, a->mean2i, a->rstd2i, a->h2i, a->fi,
-                   a->gi, a->moi, m->yi, Ti);
+                   a->moi, m->yi, Ti);
     stream_mlp_fwd(m, &L[TZ_FLUX_CFF1], &L[TZ_FLUX_CFF2], &a->lh[TZ_FLUX_CFF1],
                    &a->lh[TZ_FLUX_CFF2], a->modc, a->xc, a->aoc, a->x2c, a->ln2c, a->mean2c,
-                   a->rstd2c, a->h2c, a->fc, a->gc, a->moc, m->yc, Tt);
+                   a->rstd2c, a->h2c, a->fc, a->moc, m->yc, Tt);
     merge(be, out, m->yc, m->yi, n, Tt, Ti, I);
 }
 
@@ -162,7 +163,7 @@ static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     be->layernorm_fwd(be, a->ln1i, a->mean1i, a->rstd1i, x, BT, I, EPS);
     be->modulate_fwd(be, a->h1i, a->ln1i, a->modi, a->modi + I, M, n, T, I);
     tz_linear_fwd(be, &L[TZ_FLUX_MLP], a->fi, a->lh[TZ_FLUX_MLP], a->h1i, BT);
-    be->gelu_tanh_fwd(be, a->gi, a->fi, BT * F);
+    be->gelu_tanh_fwd(be, m->wide1, a->fi, BT * F); /* only for cat: not kept */
     tz_linear_fwd(be, &L[TZ_FLUX_Q], a->qi, a->lh[TZ_FLUX_Q], a->h1i, BT);
     tz_linear_fwd(be, &L[TZ_FLUX_K], a->ki, a->lh[TZ_FLUX_K], a->h1i, BT);
     tz_linear_fwd(be, &L[TZ_FLUX_V], a->vi, a->lh[TZ_FLUX_V], a->h1i, BT);
@@ -170,7 +171,7 @@ static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     be->rmsnorm_fwd(be, a->K, a->rki, a->ki, blk->nk->w, BT * H, D, EPS);
     attend(m, a, a->vi, n, T);
     be->copy2d(be, a->cat, I + F, a->att, I, BT, I);
-    be->copy2d(be, a->cat + I, I + F, a->gi, F, BT, F);
+    be->copy2d(be, a->cat + I, I + F, m->wide1, F, BT, F);
     tz_linear_fwd(be, &L[TZ_FLUX_POUT], a->o, a->lh[TZ_FLUX_POUT], a->cat, BT);
     be->gate_fwd(be, out, x, a->o, a->modi + 2 * I, M, n, T, I);
 }
@@ -224,7 +225,9 @@ void tz_flux_forward(tz_flux *m, const tz_flux_batch *in) {
     embed(m, &m->p1, &m->p2, m->pooled, m->ph, m->pss, m->temb, 1);
     be->silu_fwd(be, m->sc, m->temb, n * I);
     for (int64_t k = 0; k < L; k++) {
+        tz_wstream_use(&m->ws, k, k + 1 < L ? k + 1 : -1);
         block_fwd(m, k, tz_layer_stack_in(st, be, k), tz_layer_stack_out(st, k + 1));
+        tz_wstream_done(&m->ws, k);
         tz_layer_stack_put(st, be, k + 1);
     }
     /* the final layer on the image tokens: scale, shift = chunk(2) (scale first) */
@@ -260,11 +263,14 @@ static void stream_mlp_bwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
                            float *const *lho, const float *mod, float *dmod, float *dy,
                            const float *att, const float *ao, const float *x2, const float *ln2,
                            const float *mean2, const float *rstd2, const float *h2, const float *f,
-                           const float *g, const float *mo, float *dg, float *df, float *d_att,
-                           int64_t Ts) {
+                           const float *mo, float *d_att, int64_t Ts) {
     tz_backend *be = m->be;
     const int64_t n = m->n, I = tz_flux_inner(&m->d), F = tz_flux_mlp(&m->d), M = 6 * I;
     const int64_t R = n * Ts;
+    /* the GELU output again (the forward's op on the same f: the same values), then its
+     * gradient; the pre-GELU gradient takes the GELU output's place once that is read */
+    float *g = m->wide0, *dg = m->wide1, *df = m->wide0;
+    be->gelu_tanh_fwd(be, g, f, R * F);
     /* y = x2 + gate_mlp * mo */
     be->fill(be, m->dc, 0.0f, R * I);
     be->gate_bwd(be, m->dc, dmod + 5 * I, dy, mo, mod + 5 * I, M, n, Ts, I);
@@ -328,12 +334,12 @@ static void double_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a) {
     be->fill(be, m->dmodc, 0.0f, n * M);
     stream_mlp_bwd(m, &L[TZ_FLUX_FF1], &L[TZ_FLUX_FF2], &L[TZ_FLUX_OUT], &a->lh[TZ_FLUX_FF1],
                    &a->lh[TZ_FLUX_FF2], &a->lh[TZ_FLUX_OUT], a->modi, m->dmodi, m->dyi, a->atti,
-                   a->aoi, a->x2i, a->ln2i, a->mean2i, a->rstd2i, a->h2i, a->fi, a->gi, a->moi,
-                   m->dgi, m->dfi, m->dd, Ti);
+                   a->aoi, a->x2i, a->ln2i, a->mean2i, a->rstd2i, a->h2i, a->fi, a->moi, m->dd,
+                   Ti);
     stream_mlp_bwd(m, &L[TZ_FLUX_CFF1], &L[TZ_FLUX_CFF2], &L[TZ_FLUX_AOUT],
                    &a->lh[TZ_FLUX_CFF1], &a->lh[TZ_FLUX_CFF2], &a->lh[TZ_FLUX_AOUT], a->modc,
                    m->dmodc, m->dyc, a->attc, a->aoc, a->x2c, a->ln2c, a->mean2c, a->rstd2c,
-                   a->h2c, a->fc, a->gc, a->moc, m->dgc, m->dfc, m->dqc, Tt);
+                   a->h2c, a->fc, a->moc, m->dqc, Tt);
     merge(be, m->datt, m->dqc, m->dd, n, Tt, Ti, I);
     attend_bwd(m, a, a->V, n, T);
     split(be, m->dvc, m->dvi, m->dV, n, Tt, Ti, I);
@@ -368,14 +374,16 @@ static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     /* out = x + gate * proj_out([att, gelu(proj_mlp(h))]) */
     be->fill(be, m->dc, 0.0f, BT * I);
     be->gate_bwd(be, m->dc, m->dmodi + 2 * I, m->dres, a->o, a->modi + 2 * I, M, n, T, I);
-    be->fill(be, m->dcat, 0.0f, BT * (I + F));
-    tz_linear_bwd(be, &L[TZ_FLUX_POUT], m->dcat, m->dc, a->cat, a->lh[TZ_FLUX_POUT], m->dlora, BT);
-    be->copy2d(be, m->datt, I, m->dcat, I + F, BT, I);
-    be->copy2d(be, m->dgi, F, m->dcat + I, I + F, BT, F);
-    be->fill(be, m->dfi, 0.0f, BT * F);
-    be->gelu_tanh_bwd(be, m->dfi, m->dgi, a->fi, BT * F);
+    /* d[att, gelu] in wide0, split into datt and dgelu (wide1); then wide0 takes dMLP hidden */
+    float *dcat = m->wide0, *dg = m->wide1, *df = m->wide0;
+    be->fill(be, dcat, 0.0f, BT * (I + F));
+    tz_linear_bwd(be, &L[TZ_FLUX_POUT], dcat, m->dc, a->cat, a->lh[TZ_FLUX_POUT], m->dlora, BT);
+    be->copy2d(be, m->datt, I, dcat, I + F, BT, I);
+    be->copy2d(be, dg, F, dcat + I, I + F, BT, F);
+    be->fill(be, df, 0.0f, BT * F);
+    be->gelu_tanh_bwd(be, df, dg, a->fi, BT * F);
     be->fill(be, m->da, 0.0f, BT * I);
-    tz_linear_bwd(be, &L[TZ_FLUX_MLP], m->da, m->dfi, a->h1i, a->lh[TZ_FLUX_MLP], m->dlora, BT);
+    tz_linear_bwd(be, &L[TZ_FLUX_MLP], m->da, df, a->h1i, a->lh[TZ_FLUX_MLP], m->dlora, BT);
     attend_bwd(m, a, a->vi, n, T);
     be->fill(be, m->dqi, 0.0f, BT * I);
     be->fill(be, m->dki, 0.0f, BT * I);
@@ -435,9 +443,11 @@ double tz_flux_forward_backward(tz_flux *m, const tz_flux_batch *in, const float
     tz_params_stage_done(&m->params, 0);
     for (int64_t k = L - 1; k >= 0; k--) {
         const float *x = tz_layer_stack_in(&m->stack, be, k);
+        tz_wstream_use(&m->ws, k, k - 1);
         if (tz_layer_stack_recompute(&m->stack, k)) block_fwd(m, k, x, m->dc);
         if (k < d->layers) double_bwd(m, &m->blocks[k], acts_of(m, k));
         else single_bwd(m, &m->blocks[k], acts_of(m, k), x);
+        tz_wstream_done(&m->ws, k);
         tz_params_stage_done(&m->params, (int)(L - k));
     }
     /* the embedders */

@@ -46,6 +46,7 @@ void tz_embedding_w(tz_backend *be, float *out, const int32_t *tok, const tz_par
 static void qmatmul(tz_backend *be, const tz_linear *l, float *y, const float *x, int64_t n,
                     int transW, float beta) {
     const tz_qweight *q = l->w->q;
+    if (!q->codes) TZ_FATAL("%s: a streamed weight used while its block is not loaded", l->w->name);
     if (!l->tq || !l->tq->tile || l->out * l->in > l->tq->tile_elems)
         TZ_FATAL("%s: no scratch tile of %lld elements for the quantized weight", l->w->name,
                  (long long)(l->out * l->in));

@@ -141,7 +141,7 @@ static void describe_quant(tz_st_writer *w, const qrow *rows, int64_t nq, int me
     for (int64_t k = 0; k < nq; k++) names[k] = rows[k].name, ts[k] = &rows[k].t;
     char *meta = tz_tqf_meta_json(method, bits, group, seed, names, ts, nq);
     tz_st_writer_set_metadata(w, TZ_TQF_META_KEY, meta);
-    tz_quant_opts o = {method, bits, group, seed};
+    tz_quant_opts o = {method, bits, group, seed, 0};
     tz_llama_quant_config_json(&o, qc, n);
     free(meta);
     free(names);

@@ -55,7 +55,7 @@ static void load_stored(tz_llama *m, const tz_safetensors *st, const tz_tqf *qf,
     }
     tz_tq_tensor t;
     if (tz_tqf_load(qf, e, &t, err, sizeof err)) TZ_FATAL("%s: tensor %s: %s", file, p->name, err);
-    m->be->upload(m->be, p->q->codes, t.codes, e->codes->nbytes);
+    tz_qweight_codes_put(m->be, p->q, 0, t.codes, e->codes->nbytes);
     m->be->upload(m->be, p->q->scales, t.scales, e->scales->nbytes);
     tz_tq_tensor_free(&t);
 }

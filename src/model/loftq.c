@@ -177,7 +177,7 @@ tz_loftq_stats tz_loftq_init_params(tz_params *ps, tz_backend *be, double alpha,
             b->shape[1] != rank || a->shape[1] != w->shape[1])
             TZ_FATAL("lora.init = \"loftq\": adapter %s has no matching %s and %s", a->name,
                      bname, wname);
-        const tz_qweight *q = w->q;
+        tz_qweight *q = w->q;
         if (!q) continue; /* a dense weight: nothing to recover, the default init stays */
         if (!cpu) cpu = tz_cpu_backend_create(threads);
         if (q->method == TZ_TQ_TURBOQUANT && cbs[q->bits].bits != q->bits &&
@@ -194,7 +194,7 @@ tz_loftq_stats tz_loftq_init_params(tz_params *ps, tz_backend *be, double alpha,
         tz_rng rng = tz_rng_make(seed, (uint64_t)i, TZ_RNG_LORA, 0);
         tz_loftq_weight(cpu, q->method, &cbs[q->bits], &t, wd, rank, s, TZ_LOFTQ_ITERS, &rng, ha,
                         hb, &st, NULL);
-        be->upload(be, q->codes, t.codes, (size_t)tz_tq_codes_bytes(t.rows, t.cols, t.bits));
+        tz_qweight_codes_put(be, q, 0, t.codes, (size_t)tz_tq_codes_bytes(t.rows, t.cols, t.bits));
         be->upload(be, q->scales, t.scales,
                    (size_t)tz_tq_scales_count(t.rows, t.cols, t.group) * sizeof *t.scales);
         tz_param_upload(be, a, ha, 0, a->numel);

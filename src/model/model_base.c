@@ -203,7 +203,7 @@ const tz_tq_codebook *tz_quant_codebook(const tz_tq_codebook *cb, int method, in
 }
 
 void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, const float *w) {
-    const tz_qweight *q = p->q;
+    tz_qweight *q = p->q;
     tz_tq_codebook local;
     const tz_tq_codebook *c = tz_quant_codebook(cb, q->method, q->bits, &local);
     tz_tq_tensor t;
@@ -212,7 +212,7 @@ void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, cons
                           sizeof err))
         TZ_FATAL("%s: %s", p->name, err);
     tz_tq_quantize_as(&t, q->method, c, w);
-    be->upload(be, q->codes, t.codes, (size_t)tz_tq_codes_bytes(t.rows, t.cols, t.bits));
+    tz_qweight_codes_put(be, q, 0, t.codes, (size_t)tz_tq_codes_bytes(t.rows, t.cols, t.bits));
     be->upload(be, q->scales, t.scales,
                (size_t)tz_tq_scales_count(t.rows, t.cols, t.group) * sizeof *t.scales);
     tz_tq_tensor_free(&t);

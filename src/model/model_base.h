@@ -21,6 +21,7 @@ typedef struct tz_quant_opts {
     int bits;          /* 0 (dense), 1..4 */
     int group;         /* 64, 128 or 256 */
     uint64_t seed;     /* sign seed (TurboQuant) */
+    int64_t offload_blocks; /* the last N blocks' codes on the host (model/wstream.h) */
 } tz_quant_opts;
 
 /* The LoRA adapters of a model (what PEFT's adapter_config.json says, model/adapter_io.h). */

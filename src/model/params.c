@@ -12,12 +12,16 @@
 #include "core/rng.h"
 #include "quant/tq_layout.h"
 
+static void make_quant(tz_param *p, tz_backend *be, int method, int bits, int group,
+                       uint64_t seed, const float *levels, int on_host);
+
 void tz_params_init(tz_params *ps) { memset(ps, 0, sizeof *ps); }
 
 static void release_storage(tz_param *p, tz_backend *be) {
     if (p->w) be->release(be, p->w);
     if (p->q) {
-        be->release(be, p->q->codes);
+        if (p->q->host) be->host_free(be, p->q->host);
+        else be->release(be, p->q->codes);
         be->release(be, p->q->scales);
         be->release(be, p->q->levels);
         free(p->q);
@@ -74,12 +78,17 @@ tz_param *tz_params_add_quant(tz_params *ps, tz_backend *be, const char *name, i
                               int64_t d1, int method, int bits, int group, uint64_t seed,
                               const float *levels) {
     tz_param *p = add_entry(ps, name, 2, d0, d1, 0, 1, 0);
-    tz_param_make_quant(p, be, method, bits, group, seed, levels);
+    make_quant(p, be, method, bits, group, seed, levels, ps->codes_on_host);
     return p;
 }
 
 void tz_param_make_quant(tz_param *p, tz_backend *be, int method, int bits, int group,
                          uint64_t seed, const float *levels) {
+    make_quant(p, be, method, bits, group, seed, levels, 0);
+}
+
+static void make_quant(tz_param *p, tz_backend *be, int method, int bits, int group,
+                       uint64_t seed, const float *levels, int on_host) {
     if (p->ndim != 2 || p->adapter)
         TZ_FATAL("%s: only a weight matrix can be quantized", p->name);
     if (bits < 1 || bits > TZ_TQ_MAX_BITS || (group != 64 && group != 128 && group != 256) ||
@@ -95,12 +104,32 @@ void tz_param_make_quant(tz_param *p, tz_backend *be, int method, int bits, int 
     size_t cb = (size_t)tz_tq_codes_bytes(p->shape[0], p->shape[1], bits);
     size_t sb = (size_t)tz_tq_scales_count(p->shape[0], p->shape[1], group) * sizeof(uint16_t);
     size_t lb = ((size_t)1 << bits) * sizeof(float);
-    q->codes = be->alloc(be, cb);
+    if (on_host) q->host = be->host_alloc(be, cb); /* zeroed; q->codes set by tz_wstream */
+    else q->codes = be->alloc(be, cb);
     q->scales = be->alloc(be, sb);
     q->levels = be->alloc(be, lb);
     be->upload(be, q->levels, levels, lb);
     p->q = q;
-    p->bytes = cb + sb + lb;
+    p->bytes = (on_host ? 0 : cb) + sb + lb;
+}
+
+void tz_qweight_codes_put(tz_backend *be, tz_qweight *q, size_t off, const void *src, size_t n) {
+    if (be->plan) return; /* nothing moves on a planning backend */
+    if (q->host) memcpy(q->host + off, src, n);
+    else be->upload(be, q->codes + off, src, n);
+}
+
+void tz_qweight_codes_get(tz_backend *be, const tz_qweight *q, void *dst, size_t off, size_t n) {
+    if (q->host && !be->plan) memcpy(dst, q->host + off, n);
+    else be->download(be, dst, q->codes + off, n);
+}
+
+size_t tz_params_host_codes_bytes(const tz_params *ps) {
+    size_t b = 0;
+    for (int i = 0; i < ps->n; i++)
+        if (ps->p[i]->q && ps->p[i]->q->host)
+            b += (size_t)tz_tq_codes_bytes(ps->p[i]->shape[0], ps->p[i]->shape[1], ps->p[i]->q->bits);
+    return b;
 }
 
 void tz_param_make_dense(tz_param *p, tz_backend *be) {
@@ -236,7 +265,7 @@ void tz_params_fill_random(tz_params *ps, tz_backend *be, const float *levels, u
                 uint64_t x = tz_rng_u64(&r);
                 memcpy(bytes + k, &x, (size_t)(n - k < 8 ? n - k : 8));
             }
-            be->upload(be, q->codes + at, bytes, (size_t)n);
+            tz_qweight_codes_put(be, p->q, (size_t)at, bytes, (size_t)n);
         }
         uint16_t *sc = (uint16_t *)buf;
         const int64_t sch = chunk / 2;

@@ -19,7 +19,10 @@
 typedef struct tz_qweight {
     int method, bits, group;
     uint64_t seed;
-    uint8_t *codes;    /* rows * cols * bits / 8 bytes */
+    uint8_t *codes;    /* rows * cols * bits / 8 bytes of backend memory; for a weight whose
+                        * codes live on the host (host != NULL) a place in a device slot
+                        * while its block is loaded (tz_wstream), else NULL */
+    uint8_t *host;     /* the codes in pinned host memory (streamed weights), else NULL */
     uint16_t *scales;  /* rows * cols / group, bf16 bit patterns */
     float *levels;     /* 2^bits floats */
 } tz_qweight;
@@ -66,6 +69,9 @@ typedef struct tz_params {
      * benchmark's phase clock; NULL: none). */
     void (*backward_hook)(void *ctx);
     void *backward_hook_ctx;
+    /* Set by a model while it registers the weights of streamed blocks: the quantized weights
+     * registered meanwhile keep their codes in pinned host memory (tz_qweight.host). */
+    int codes_on_host;
 } tz_params;
 
 void tz_params_init(tz_params *ps);
@@ -96,6 +102,12 @@ tz_param *tz_params_add_quant(tz_params *ps, tz_backend *be, const char *name, i
 void tz_param_make_quant(tz_param *p, tz_backend *be, int method, int bits, int group,
                          uint64_t seed, const float *levels);
 void tz_param_make_dense(tz_param *p, tz_backend *be);
+/* n bytes of q's codes at byte offset off from (put) or into (get) host memory, wherever the
+ * codes live (backend memory, or pinned host memory for a streamed weight). */
+void tz_qweight_codes_put(tz_backend *be, tz_qweight *q, size_t off, const void *src, size_t n);
+void tz_qweight_codes_get(tz_backend *be, const tz_qweight *q, void *dst, size_t off, size_t n);
+/* Bytes of codes kept in host memory (streamed weights). */
+size_t tz_params_host_codes_bytes(const tz_params *ps);
 /* Frees every p->init (host copies of dense sources). */
 void tz_params_drop_init(tz_params *ps);
 /* Backend bytes held by all weights (dense and quantized), gradients excluded. */

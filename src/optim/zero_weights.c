@@ -113,7 +113,8 @@ void tz_zero_weights_read(const tz_zero_weights *zw, tz_backend *be, int b, int 
             const int64_t g0 = c->off / q->group, ng = c->n / q->group;
             uint8_t *codes = tz_xmalloc((size_t)(c->n * q->bits / 8));
             uint16_t *scales = tz_xmalloc((size_t)ng * sizeof *scales);
-            be->download(be, codes, q->codes + c->off * q->bits / 8, (size_t)(c->n * q->bits / 8));
+            tz_qweight_codes_get(be, q, codes, (size_t)(c->off * q->bits / 8),
+                                 (size_t)(c->n * q->bits / 8));
             be->download(be, scales, q->scales + g0, (size_t)ng * sizeof *scales);
             tz_tq_dequantize_range(q->method, codebook(zw, q), q->bits, q->group, p->shape[1],
                                    q->seed, codes, scales, g0, ng, dst);
@@ -186,9 +187,9 @@ void tz_zero_weights_unpack(const tz_zero_weights *zw, tz_backend *be, int b, in
             else tz_host_copy(p->w + c->off, src, (size_t)c->bytes); /* host memory: every thread */
             continue;
         }
-        const tz_qweight *q = p->q;
+        tz_qweight *q = p->q;
         const int64_t cbytes = c->n * q->bits / 8;
-        be->upload(be, q->codes + c->off * q->bits / 8, src, (size_t)cbytes);
+        tz_qweight_codes_put(be, q, (size_t)(c->off * q->bits / 8), src, (size_t)cbytes);
         be->upload(be, q->scales + c->off / q->group, src + cbytes,
                    (size_t)(c->n / q->group) * sizeof(uint16_t));
     }

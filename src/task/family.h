@@ -5,6 +5,7 @@
 #define TZ_FAMILY_H
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/backend.h"
 #include "io/config.h"
@@ -32,8 +33,17 @@ typedef struct tz_sample_args {
     int64_t cls, n, steps, seed;
     int64_t scale; /* each pixel enlarged to scale x scale (1: as sampled) */
     double guidance;
+    double shift;  /* --shift: a static timestep shift for Flux (0: the family's default) */
+    int given;     /* which of --class, --steps, --guidance were given (TZ_SAMPLE_*) */
     char out[1024];
+    char prompts[1024]; /* --prompts: a cache whose text embeddings condition (Flux) */
 } tz_sample_args;
+enum { TZ_SAMPLE_CLASS = 1, TZ_SAMPLE_STEPS = 2, TZ_SAMPLE_GUIDANCE = 4 };
+/* Whether sample's --out names an HDF5 file (.h5 or .hdf5): latents rather than a PNG grid. */
+static inline int tz_sample_out_h5(const char *out) {
+    const size_t n = strlen(out);
+    return (n > 3 && !strcmp(out + n - 3, ".h5")) || (n > 5 && !strcmp(out + n - 5, ".hdf5"));
+}
 
 /* What `turbozero generate` asks for. */
 typedef struct tz_generate_args {
@@ -76,6 +86,9 @@ typedef struct tz_family {
     /* The conditioning embeddings lora.train_embeddings trains beside the adapters (DiT: its
      * class table), for messages; NULL: the family has none, and the key is refused. */
     const char *embeddings;
+    /* 1: the family streams its last blocks' quantized codes from the host
+     * (quant.offload_blocks, model/wstream.h). */
+    int offload_blocks;
 } tz_family;
 
 /* The registry's entries, each defined in its family's task file. */

@@ -28,6 +28,19 @@ tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int t
     o.quant.bits = (int)cfg->quant.bits;
     o.quant.group = (int)cfg->quant.group;
     o.quant.seed = (uint64_t)cfg->quant.seed;
+    o.quant.offload_blocks = cfg->quant.offload_blocks;
+    if (o.quant.offload_blocks) {
+        if (!f->offload_blocks)
+            TZ_FATAL_HINT("unset quant.offload_blocks", "%s: quant.offload_blocks: the %s family "
+                          "does not stream block weights (flux does)", cfg->source, f->name);
+        if (!o.quant.bits)
+            TZ_FATAL_HINT("set quant.bits (4)", "%s: quant.offload_blocks streams quantized "
+                          "codes, and the base is dense (quant.bits = 0)", cfg->source);
+        if (o.full)
+            TZ_FATAL_HINT("train with train.mode = \"lora\", or unset quant.offload_blocks",
+                          "%s: quant.offload_blocks keeps frozen codes on the host; full "
+                          "fine-tuning rewrites them every step", cfg->source);
+    }
     if (cfg->model.adapter[0]) {
         tz_adapter_read_spec(cfg->model.adapter, f->modules, tz_family_n_targets(f), &o.lora);
     } else if (training && cfg->train.mode == TZ_MODE_LORA) {

@@ -236,6 +236,9 @@ static void close_task(tz_task *t) {
 
 /* sample: DDIM (DDPM) or Euler (flow) with classifier-free guidance, as a PNG grid. */
 static int sample(const tz_config *cfg, const tz_sample_args *a) {
+    if (a->prompts[0] || a->shift > 0)
+        TZ_FATAL("sample: %s is for Flux models; a DiT is conditioned on --class",
+                 a->prompts[0] ? "--prompts" : "--shift");
     tz_backend *be = tz_backend_create(cfg->run.device, 0, (int)cfg->train.threads);
     tz_backend_set_precision(be, cfg->run.precision);
     tz_model_opts o = tz_task_model_opts(&tz_family_dit, cfg, 0);
@@ -248,6 +251,12 @@ static int sample(const tz_config *cfg, const tz_sample_args *a) {
     if (a->guidance != 1.0 && m->d.class_dropout_prob <= 0)
         TZ_FATAL_HINT("use --guidance 1", "sample: guidance needs the null class, and %s was "
                       "trained without class dropout", cfg->model.path);
+    const int h5 = tz_sample_out_h5(a->out);
+    if (!h5 && m->d.in_channels != 1 && m->d.in_channels != 3)
+        TZ_FATAL_HINT("write them with --out samples.h5 and decode them with the VAE "
+                      "(tools/latents.py dit-decode, docs/dit.md)", "sample: %s makes %lld-channel "
+                      "latents, not images: a PNG takes 1 or 3 channels", cfg->model.path,
+                      (long long)m->d.in_channels);
     tz_diffusion diff;
     tz_diffusion_init(&diff, m->d.diffusion);
     const int64_t numel = tz_dit_image_numel(&m->d);
@@ -256,10 +265,15 @@ static int sample(const tz_config *cfg, const tz_sample_args *a) {
     for (int64_t i = 0; i < a->n; i++) y[i] = (int32_t)a->cls;
     tz_diffusion_sample(m, &diff, y, a->n, (int)a->steps, a->guidance, (uint64_t)a->seed, img);
     char err[1024];
-    if (tz_png_write_grid_scaled(a->out, img, a->n, m->d.in_channels, m->d.input_size,
-                                 m->d.input_size, 0, 2, a->scale > 1 ? a->scale : 1, err,
-                                 sizeof err))
+    if (h5) { /* the model's values as sampled: latents stay in the space they were trained in */
+        const tz_image_set set = {a->n, m->d.in_channels, m->d.input_size, m->d.input_size,
+                                  m->d.num_classes, img, y};
+        if (tz_h5_images_write(a->out, &set, 0.0, err, sizeof err)) TZ_FATAL("sample: %s", err);
+    } else if (tz_png_write_grid_scaled(a->out, img, a->n, m->d.in_channels, m->d.input_size,
+                                        m->d.input_size, 0, 2, a->scale > 1 ? a->scale : 1, err,
+                                        sizeof err)) {
         TZ_FATAL("sample: %s", err);
+    }
     tz_info("wrote %s: %lld samples of class %lld, %lld %s steps, guidance %g, seed %lld", a->out,
             (long long)a->n, (long long)a->cls, (long long)a->steps,
             m->d.diffusion == TZ_DIFF_FLOW ? "Euler" : "DDIM", a->guidance, (long long)a->seed);
@@ -300,4 +314,4 @@ static const tz_task_ops ops = {sizeof(dit_task), load, open_task, train_rows, e
 /* The registry entry (task/family.h): name, LoRA targets, PEFT modules, task, init-model,
  * sampler. */
 const tz_family tz_family_dit = {"dit", targets, tz_dit_lin_names, &ops, init_flags, init_model,
-                                 sample, NULL, NULL, NULL, "y_embedder.embedding_table"};
+                                 sample, NULL, NULL, NULL, "y_embedder.embedding_table", 0};

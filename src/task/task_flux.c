@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/latents_h5.h"
@@ -74,8 +75,8 @@ static void open_rows(flux_task *k, rows *r, const char *path, const char *key) 
     const tz_flux_dims *d = &k->m->d;
     if (!path[0]) TZ_FATAL_HINT("set it in the config or with --set", "%s is not set", key);
     if (tz_latents_open(&r->f, path, err, sizeof err))
-        TZ_FATAL_HINT("make the cache with tools/flux_cache.py (docs/dit.md, \"Flux\")", "%s: %s",
-                      key, err);
+        TZ_FATAL_HINT("make the cache with tools/latents.py flux-cache (docs/dit.md, \"Flux\")",
+                      "%s: %s", key, err);
     if (r->f.C != d->in_channels || r->f.J != d->joint_dim || r->f.P != d->pooled_dim)
         TZ_FATAL("%s: %s holds latent tokens of %lld, text embeddings of %lld and pooled "
                  "embeddings of %lld; the model takes %lld, %lld and %lld (in_channels, "
@@ -233,6 +234,107 @@ static void close_task(tz_task *t) {
     tz_flux_free(k->m);
 }
 
+/* The sigmas of diffusers' FluxPipeline (FlowMatchEulerDiscreteScheduler): linspace(1, 1/S, S),
+ * shifted, then 0. shift > 0: s' = shift s / (1 + (shift - 1) s); otherwise a
+ * guidance-distilled model (dev: use_dynamic_shifting) by its image tokens, mu = 0.5 + (1.15 -
+ * 0.5) (Ti - 256) / (4096 - 256), s' = e^mu / (e^mu + 1/s - 1), and one without (schnell) not
+ * at all. */
+static void flux_sigmas(double *sig, int64_t steps, int64_t Ti, int guidance, double shift) {
+    const double mu = 0.5 + (1.15 - 0.5) * (double)(Ti - 256) / (4096.0 - 256.0);
+    for (int64_t i = 0; i < steps; i++) {
+        double s = steps > 1 ? 1.0 + (double)i * (1.0 / (double)steps - 1.0) / (double)(steps - 1)
+                             : 1.0;
+        if (shift > 0) s = shift * s / (1.0 + (shift - 1.0) * s);
+        else if (guidance) s = exp(mu) / (exp(mu) + (1.0 / s - 1.0));
+        sig[i] = s;
+    }
+    sig[steps] = 0.0;
+}
+
+/* sample: Euler over the flow from noise to latents, conditioned on the text embeddings of a
+ * cache's rows (--prompts; sample i takes row i mod N), one sample at a time; the latents
+ * (packed tokens, in the space the cache holds) to an HDF5 file for tools/latents.py. */
+static int sample(const tz_config *cfg, const tz_sample_args *a) {
+    char err[1200];
+    if (a->given & TZ_SAMPLE_CLASS)
+        TZ_FATAL("sample: --class is for DiT models; a Flux model is conditioned on --prompts "
+                 "(cached text embeddings)");
+    if (!a->prompts[0])
+        TZ_FATAL_HINT("make one with tools/latents.py flux-prompts, or pass a training cache "
+                      "(docs/dit.md, \"Flux\")", "sample: a Flux model needs --prompts FILE.h5, "
+                      "the text embeddings of its prompts");
+    if (!tz_sample_out_h5(a->out))
+        TZ_FATAL_HINT("decode them with tools/latents.py flux-decode", "sample: --out %s: a Flux "
+                      "model writes latents, to an .h5 file", a->out);
+    if (tz_model_preset_name(cfg->model.path))
+        TZ_FATAL("sample: model.path %s: sampling needs a model folder", cfg->model.path);
+    tz_latents f;
+    if (tz_latents_open(&f, a->prompts, err, sizeof err))
+        TZ_FATAL_HINT("make it with tools/latents.py (docs/dit.md, \"Flux\")", "sample: --prompts "
+                      "%s", err);
+    tz_backend *be = tz_backend_create(cfg->run.device, 0, (int)cfg->train.threads);
+    tz_backend_set_precision(be, cfg->run.precision);
+    tz_model_opts o = tz_task_model_opts(&tz_family_flux, cfg, 0);
+    o.checkpointing = 0; /* forward only: nothing to keep for a backward pass */
+    tz_flux *m = tz_flux_load(be, cfg->model.path, &o);
+    tz_task_load_adapters(cfg, &o, &m->params, be);
+    const tz_flux_dims *d = &m->d;
+    if (f.C != d->in_channels || f.J != d->joint_dim || f.P != d->pooled_dim)
+        TZ_FATAL("sample: --prompts %s holds latent tokens of %lld, text embeddings of %lld and "
+                 "pooled embeddings of %lld; %s takes %lld, %lld and %lld", a->prompts,
+                 (long long)f.C, (long long)f.J, (long long)f.P, cfg->model.path,
+                 (long long)d->in_channels, (long long)d->joint_dim, (long long)d->pooled_dim);
+    if (d->out_channels != d->in_channels)
+        TZ_FATAL("sample: %s predicts %lld channels per token for latents of %lld",
+                 cfg->model.path, (long long)d->out_channels, (long long)d->in_channels);
+    if ((a->given & TZ_SAMPLE_GUIDANCE) && !d->guidance)
+        TZ_FATAL_HINT("leave --guidance out", "sample: %s has no guidance embedder (a model "
+                      "like schnell is sampled without guidance)", cfg->model.path);
+    const int64_t steps = (a->given & TZ_SAMPLE_STEPS) ? a->steps : d->guidance ? 28 : 4;
+    const float g = d->guidance ? (float)((a->given & TZ_SAMPLE_GUIDANCE) ? a->guidance
+                                                                          : FLUX_GUIDANCE)
+                                : 0.0f;
+    const int64_t Ti = f.Ti, Tt = f.Tt, per = Ti * d->in_channels, n = a->n;
+    tz_flux_setup(m, 1, Ti, Tt);
+    double *sig = tz_xmalloc((size_t)(steps + 1) * sizeof *sig);
+    flux_sigmas(sig, steps, Ti, d->guidance, a->shift);
+    float *x = tz_xmalloc((size_t)per * sizeof *x), *v = tz_xmalloc((size_t)per * sizeof *v);
+    float *txt = tz_xmalloc((size_t)(Tt * d->joint_dim) * sizeof *txt);
+    float *pooled = tz_xmalloc((size_t)d->pooled_dim * sizeof *pooled);
+    float *out = tz_xmalloc((size_t)(n * per) * sizeof *out);
+    float *noise = tz_xmalloc((size_t)(n * per) * sizeof *noise);
+    int64_t *prow = tz_xmalloc((size_t)n * sizeof *prow);
+    for (int64_t i = 0; i < n; i++) {
+        prow[i] = i % f.n;
+        if (tz_latents_read(&f, prow[i], v, txt, pooled, err, sizeof err))
+            TZ_FATAL("sample: %s", err);
+        tz_rng r = tz_rng_make((uint64_t)a->seed, 0, TZ_RNG_NOISE, (uint64_t)i);
+        for (int64_t j = 0; j < per; j++) x[j] = (float)tz_rng_normal(&r);
+        memcpy(noise + i * per, x, (size_t)per * sizeof *x);
+        for (int64_t k = 0; k < steps; k++) {
+            const float s = (float)sig[k];
+            const tz_flux_batch in = {x, txt, pooled, &s, &g, f.img_ids, f.txt_ids};
+            tz_flux_forward(m, &in);
+            be->download(be, v, tz_flux_output(m), (size_t)per * sizeof(float));
+            const double dt = sig[k + 1] - sig[k];
+            for (int64_t j = 0; j < per; j++) x[j] = (float)((double)x[j] + dt * (double)v[j]);
+        }
+        memcpy(out + i * per, x, (size_t)per * sizeof *x);
+        tz_info("sample %lld/%lld: prompt row %lld, %lld Euler steps", (long long)(i + 1),
+                (long long)n, (long long)prow[i], (long long)steps);
+    }
+    const tz_latents_out lo = {n, Ti, d->in_channels, steps, a->seed, g, out, noise, f.img_ids, prow};
+    if (tz_latents_write(a->out, &lo, err, sizeof err)) TZ_FATAL("sample: %s", err);
+    tz_info("wrote %s: %lld latents of %lld tokens from the prompts of %s, %lld steps, guidance "
+            "%g, seed %lld", a->out, (long long)n, (long long)Ti, a->prompts, (long long)steps,
+            (double)g, (long long)a->seed);
+    free(sig), free(x), free(v), free(txt), free(pooled), free(out), free(noise), free(prow);
+    tz_latents_close(&f);
+    tz_flux_free(m);
+    tz_backend_destroy(be);
+    return 0;
+}
+
 /* init-model --arch flux --preset P: a random Flux transformer in the diffusers layout, every
  * weight drawn (the adaLN and output projections included, so it predicts something). */
 static int64_t init_model(const tz_init_args *a, char *about, size_t n) {
@@ -257,4 +359,4 @@ static const char *const init_flags[] = {NULL};
 static const tz_task_ops ops = {sizeof(flux_task), load, open_task, train_rows, eval_rows,
                                 save_model, close_task, train_loss};
 const tz_family tz_family_flux = {"flux", targets, tz_flux_lin_names, &ops, init_flags,
-                                  init_model, NULL, NULL, NULL, "transformer", NULL};
+                                  init_model, sample, NULL, NULL, "transformer", NULL, 1};

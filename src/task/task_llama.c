@@ -475,4 +475,4 @@ static const tz_task_ops ops = {sizeof(llama_task), load, open_task, train_rows,
 /* The registry entry (task/family.h): name, LoRA targets, PEFT modules, task, init-model;
  * no image sampler; the text generator. */
 const tz_family tz_family_llama = {"llama",    targets,    tz_llama_lin_names, &ops,
-                                   init_flags, init_model, NULL,      "CAUSAL_LM", generate, NULL, NULL};
+                                   init_flags, init_model, NULL,      "CAUSAL_LM", generate, NULL, NULL, 0};

@@ -126,6 +126,22 @@ $py tests/dit/class_means.py $fm/t10k-images-idx3-ubyte.gz $fm/t10k-labels-idx1-
 "$tz" sample inputs/dit/pretrain.cfg --set model.path=inputs/dit/model --class 1 --n 16 --steps 25 \
   --guidance 4 --seed 7 --out "$work/again.png" > /dev/null 2>&1
 cmp -s "$work/c1.png" "$work/again.png" && ok "sampling is deterministic for a seed" || bad "sampling differs for one seed"
+# --out .h5: the same samples as values (what a latent DiT writes for its VAE to decode)
+"$tz" sample inputs/dit/pretrain.cfg --set model.path=inputs/dit/model --class 1 --n 16 --steps 25 \
+  --guidance 4 --seed 7 --out "$work/c1.h5" > /dev/null 2>&1 &&
+  $py - "$work/c1.h5" "$work/c1.png" <<'PY' && ok "sample --out .h5: the grid's samples as float32 [16, 1, 28, 28], labels 1" || bad "sample --out .h5"
+import sys
+import h5py
+import numpy as np
+sys.path.insert(0, "tests/dit")
+from class_means import read_png_gray, tiles
+f = h5py.File(sys.argv[1], "r")
+x, y = np.asarray(f["images"]), np.asarray(f["labels"])
+assert x.dtype == np.float32 and x.shape == (16, 1, 28, 28) and (y == 1).all(), (x.shape, y)
+px = np.clip(np.rint((x[:, 0].astype(np.float64) + 1) * 127.5), 0, 255)
+grid = tiles(read_png_gray(sys.argv[2]), 16, 28, 28)
+assert np.abs(grid.reshape(16, 28, 28) - px / 127.5 + 1).max() < 1.5 / 127.5, "pixels differ"
+PY
 
 expect_error() { # name, expected text, command...
   local name=$1 want=$2; shift 2

@@ -7,8 +7,13 @@
 #     holds diffusers' LoRA file (transformer.* keys);
 #  3. two ranks (ZeRO-2) give the one-rank run's losses (to float rounding of the sums);
 #  4. LoRA on a 4-bit TurboQuant base trains;
+#     with the last 3 blocks' codes streamed from the host (quant.offload_blocks), the same
+#     run bit for bit; the option refused for full fine-tuning and a dense base;
 #  5. full fine-tuning saves a diffusers folder that eval reads back to the same loss;
-#  6. a cache of another width, without a dataset, or with ids of another length is refused,
+#  6. sample writes latents as the fp64 reference of diffusers' Flux sampling loop makes them,
+#     with a static shift, with an adapter; bad sample arguments are refused;
+#  7. tools/latents.py's packing and writers, read by turbozero (tests/flux/latents_tool_test.py);
+#  8. a cache of another width, without a dataset, or with ids of another length is refused,
 #     naming the file and what was expected.
 # usage: flux_test.sh TURBOZERO SOURCE_DIR MPIEXEC
 set -u
@@ -83,6 +88,19 @@ q0=$(losses "$work/q4" | head -1) q1=$(losses "$work/q4" | tail -1)
 grep -q "flux: 40 block weights quantized (turboquant, 4 bits" "$work/q4.log" &&
   awk -v a="$q0" -v b="$q1" -v d=$DROP 'BEGIN {exit !(a != "" && b != "" && a - b >= d)}' &&
   ok "LoRA on a 4-bit base: $q0 -> $q1" || bad "4-bit base: $q0 -> $q1"
+# the last 3 of the 4 blocks' codes on the host, streamed in block by block: the same run
+"$tz" train "$work/run.cfg" --set quant.bits=4 --set quant.group=64 --set quant.offload_blocks=3 \
+  --set run.dir="$work/q4s" > "$work/q4s.log" 2>&1 || { bad "streamed 4-bit LoRA run"; tail -5 "$work/q4s.log"; }
+same_run "$work/q4" "$work/q4s" adapter/adapter_model.safetensors &&
+  ok "quant.offload_blocks=3: the losses and the adapter of the resident 4-bit run, bit for bit" ||
+  bad "quant.offload_blocks=3 differs from the resident run"
+for args in "quant.offload_blocks=2 --set train.mode=full|full fine-tuning rewrites them" \
+            "quant.offload_blocks=2 --set quant.bits=0|the base is dense"; do
+  "$tz" train "$work/run.cfg" --set quant.bits=4 --set quant.group=64 --set ${args%%|*} \
+    --set run.dir="$work/bad" > "$work/err.log" 2>&1 && bad "${args%%|*}: accepted" ||
+    { grep -qF -- "${args#*|}" "$work/err.log" && ok "${args%%|*}: refused" ||
+      { bad "${args%%|*}: message"; cat "$work/err.log"; }; }
+done
 # full fine-tuning, saved in the diffusers layout
 "$tz" train "$work/run.cfg" --set train.mode=full --set train.steps=10 --set optim.lr=5e-4 \
   --set run.dir="$work/full" > "$work/full.log" 2>&1 || { bad "full run"; tail -5 "$work/full.log"; }
@@ -91,6 +109,38 @@ e=$(ev --set model.path="$work/full/model")
 [ -s "$work/full/model/diffusion_pytorch_model.safetensors" ] &&
   awk -v a="$e" -v b="$f1" 'BEGIN {d = a - b; exit !(a != "" && d < 1e-5 && d > -1e-5)}' &&
   ok "full fine-tuning: the saved folder evaluates to its final loss $f1" || bad "full: $e vs $f1"
+# sampling: latents from the prompts of a cache, against diffusers' schedule and Euler loop in
+# the fp64 reference (tests/ref/flux_ref.py sample) from the noise the file records
+"$tz" sample "$work/run.cfg" --set model.path="$work/full/model" --prompts "$work/val.h5" \
+  --n 3 --steps 4 --seed 5 --out "$work/s.h5" > "$work/s.log" 2>&1 &&
+  ref=$($py tests/ref/flux_ref.py sample "$work/full/model" "$work/val.h5" "$work/s.h5" 2>&1) &&
+  ok "sample: latents as diffusers' FluxPipeline schedule makes them ($ref)" ||
+  { bad "sample against the reference: $ref"; tail -3 "$work/s.log"; }
+"$tz" sample "$work/run.cfg" --set model.path="$work/full/model" --prompts "$work/val.h5" \
+  --n 1 --steps 2 --shift 3 --out "$work/s3.h5" > "$work/s.log" 2>&1 &&
+  ref=$($py tests/ref/flux_ref.py sample "$work/full/model" "$work/val.h5" "$work/s3.h5" --shift 3 2>&1) &&
+  ok "sample --shift 3: a static shift ($ref)" || { bad "sample --shift: $ref"; tail -3 "$work/s.log"; }
+"$tz" sample "$work/run.cfg" --set model.adapter="$work/lora/adapter" --prompts "$work/val.h5" \
+  --n 1 --steps 2 --out "$work/sa.h5" > "$work/s.log" 2>&1 &&
+  "$tz" sample "$work/run.cfg" --prompts "$work/val.h5" --n 1 --steps 2 --out "$work/sb.h5" \
+    >> "$work/s.log" 2>&1 &&
+  $py -c "import h5py, numpy as np, sys
+a, b = (np.asarray(h5py.File(f, 'r')['latents']) for f in sys.argv[1:])
+sys.exit(not (a.shape == b.shape and a.shape[:2] == (1, 16) and np.abs(a - b).max() > 1e-3))" "$work/sa.h5" "$work/sb.h5" &&
+  ok "sample with model.adapter: the adapter changes the latents" ||
+  { bad "sample with an adapter"; tail -3 "$work/s.log"; }
+for args in "--class 1|--class is for DiT models" "--out $work/x.png|a Flux model writes latents" \
+            "--out $work/x.h5 --prompts $work/none.h5|none.h5"; do
+  "$tz" sample "$work/run.cfg" --prompts "$work/val.h5" --out "$work/x.h5" ${args%%|*} \
+    > "$work/err.log" 2>&1 && bad "sample ${args%%|*}: accepted" ||
+    { grep -qF -- "${args#*|}" "$work/err.log" && ok "sample ${args%%|*}: refused" ||
+      { bad "sample ${args%%|*}: message"; cat "$work/err.log"; }; }
+done
+# tools/latents.py's layout code (no models needed) and turbozero reading what it writes
+mkdir -p "$work/tool"
+$py tests/flux/latents_tool_test.py "$tz" "$work/tool" "$work/run.cfg" > "$work/tool.log" 2>&1 &&
+  ok "tools/latents.py: $(grep -c '^ok' "$work/tool.log") checks (packing, caches, prompts, images, refusals)" ||
+  { bad "tools/latents.py"; grep -v '^ok' "$work/tool.log"; }
 # refused caches
 expect_refusal() { # name, expected text, cache args
   local name=$1 want=$2; shift 2

@@ -4,7 +4,7 @@
 # the fuzz targets, then for each target
 #  1. replays every input in tests/fuzz/regress/TARGET/ (inputs that once failed: each must
 #     now pass);
-#  2. fuzzes it for TZ_FUZZ_SECONDS (8 by default) from its seeds, tests/fuzz/corpus/TARGET/,
+#  2. fuzzes it for TZ_FUZZ_SECONDS (6 by default) from its seeds, tests/fuzz/corpus/TARGET/,
 #     with the dictionary tests/fuzz/dict/TARGET.dict where there is one, two targets at a
 #     time (TZ_FUZZ_JOBS).
 # Any sanitizer report (ASan, UBSan, a leak), abort, timeout (TZ_FUZZ_TIMEOUT seconds for one
@@ -19,7 +19,7 @@ set -u
 src=$1 tree=$2
 shift 2
 targets=("$@")
-secs=${TZ_FUZZ_SECONDS:-8} jobs=${TZ_FUZZ_JOBS:-2} cc=${TZ_FUZZ_CC:-clang}
+secs=${TZ_FUZZ_SECONDS:-6} jobs=${TZ_FUZZ_JOBS:-2} cc=${TZ_FUZZ_CC:-clang}
 per_input=${TZ_FUZZ_TIMEOUT:-10}
 t0=$(date +%s)
 mkdir -p "$tree"

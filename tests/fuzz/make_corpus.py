@@ -213,4 +213,76 @@ shutil.rmtree(os.path.join(corpus, "config"), ignore_errors=True)
 for rel in ("reference.cfg", "llama/finetune.cfg", "llama/instruct.cfg", "llama/pretrain.cfg",
             "dit/finetune.cfg", "dit/pretrain.cfg"):
     out("config", rel.replace("/", "_"), open(os.path.join(root, "inputs", rel)).read())
+
+# flux_config: diffusers' FluxTransformer2DModel config.json of FLUX.1-dev as the hub has it now
+# (diffusers 0.34 added axes_dims_rope and out_channels), the same for FLUX.1-schnell (no
+# guidance embedder), the one of 2024 (diffusers 0.30: no axes_dims_rope, which the reader
+# requires: a refusal to start from) and the flux-tiny shape (src/model/flux.c) as
+# tests/ref/flux_ref.py writes it
+shutil.rmtree(os.path.join(corpus, "flux_config"), ignore_errors=True)
+flux_dev = {
+    "_class_name": "FluxTransformer2DModel", "_diffusers_version": "0.34.0.dev0",
+    "_name_or_path": "../checkpoints/flux-dev/transformer", "attention_head_dim": 128,
+    "axes_dims_rope": [16, 56, 56], "guidance_embeds": True, "in_channels": 64,
+    "joint_attention_dim": 4096, "num_attention_heads": 24, "num_layers": 19,
+    "num_single_layers": 38, "out_channels": None, "patch_size": 1, "pooled_projection_dim": 768}
+out("flux_config", "flux1_dev.json", json.dumps(flux_dev, indent=2) + "\n")
+schnell = dict(flux_dev, guidance_embeds=False, _name_or_path="../checkpoints/flux-schnell/transformer")
+out("flux_config", "flux1_schnell.json", json.dumps(schnell, indent=2) + "\n")
+dev_2024 = {k: v for k, v in flux_dev.items() if k not in ("axes_dims_rope", "out_channels")}
+out("flux_config", "flux1_dev_2024.json", json.dumps(dict(dev_2024, _diffusers_version="0.30.0.dev0"), indent=2) + "\n")
+tiny = {"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_channels": 16,
+        "out_channels": None, "num_layers": 2, "num_single_layers": 2, "attention_head_dim": 16,
+        "num_attention_heads": 4, "joint_attention_dim": 32, "pooled_projection_dim": 24,
+        "guidance_embeds": True, "axes_dims_rope": [4, 6, 6]}
+out("flux_config", "flux_tiny.json", json.dumps(tiny) + "\n")
+
+# latents_h5: descriptions of HDF5 files (tests/fuzz/fuzz_latents_h5.c: flags, seed, n Ti Tt C J
+# P, then kind, type and shape bytes per dataset latents txt pooled img_ids txt_ids)
+shutil.rmtree(os.path.join(corpus, "latents_h5"), ignore_errors=True)
+CONTIG, CHUNK, COMPACT, DEFLATE, NOWRITE, ATTR = 0x00, 0x10, 0x20, 0x30, 0x40, 0x80
+F32, F32BE, F64, I32, U8, STR = 0, 3, 4, 5, 6, 7
+GROUP, ABSENT, ALIAS, DANGLING, NAMED_TYPE = 12, 11, 13, 14, 15
+BIG_24, BIG_31 = 0xF8, 0xF9  # 2^24 + 1, 2^31
+
+
+def free(rank, dims=(), null=False):
+    """A shape byte of the given rank (0 with null: a null dataspace), then its sizes."""
+    b = next(c for c in range(0xC0, 0x100) if c % 5 == rank and bool(c & 8) == null)
+    return [b] + list(dims)
+
+
+def h5(flags, seed, sizes, sets):
+    b = bytes([flags, seed] + sizes)
+    for kind, typ, shape in sets:
+        b += bytes([kind, typ] + (shape if isinstance(shape, list) else [shape]))
+    return b
+
+
+doc = [(0, F32, 0)] * 5
+out("latents_h5", "valid_contiguous.bin", h5(0, 7, [2, 4, 3, 5, 2, 3], doc))
+out("latents_h5", "valid_mixed_storage.bin",
+    h5(0x1F, 200, [3, 2, 5, 4, 1, 2], [(CHUNK, F32, 0), (DEFLATE | ATTR, F32BE, 0),
+                                       (COMPACT, F32, 0), (CHUNK | NOWRITE, F32, 0),
+                                       (CONTIG | NOWRITE, F32BE, 0)]))
+out("latents_h5", "valid_2p31_rows.bin",
+    h5(0x08, 33, [BIG_31, 2, 1, 3, 2, 4], [(CHUNK, F32, 0)] * 3 + [(0, F32, 0)] * 2))
+out("latents_h5", "valid_txt_aliases_latents.bin",
+    h5(0, 99, [1, 3, 3, 2, 2, 5], [(0, F32, 0), (ALIAS, 0, 0), (0, F32, 0), (0, F32, 0), (ALIAS, 0, 0)]))
+out("latents_h5", "big_tokens.bin", h5(0, 5, [1, BIG_24, 2, 1, 1, 1], doc))
+out("latents_h5", "big_channels.bin", h5(0, 6, [1, 2, 2, BIG_31, 1, 1], [(CHUNK, F32, 0)] * 5))
+out("latents_h5", "wrong_types.bin",
+    h5(0x02, 11, [2, 2, 2, 2, 2, 2], [(0, F64, 0), (0, I32, 0), (0, U8, 0), (0, STR, 0), (0, F32, 0)]))
+out("latents_h5", "not_datasets.bin",
+    h5(0x01, 12, [1, 1, 1, 1, 1, 1], [(GROUP, 0, 0), (ALIAS, 0, 0), (DANGLING, 0, 0),
+                                      (NAMED_TYPE, 0, 0), (ABSENT, 0, 0)]))
+out("latents_h5", "free_shapes.bin",
+    h5(0x04, 13, [2, 2, 2, 2, 2, 2], [(0, F32, free(4, [1, 2, 3, 4])), (0, F32, free(0)),
+                                      (0, F32, free(0, null=True)), (CHUNK, F32, free(2, [2, 0])),
+                                      (0, F32, free(1, [3]))]))
+# the documented layout written through free shapes (ranks 3 3 2 2 2): accepted
+out("latents_h5", "valid_free_shapes.bin",
+    h5(0, 21, [0] * 6, [(DEFLATE, F32, free(3, [2, 1, 4])), (COMPACT, F32BE, free(3, [2, 3, 1])),
+                        (CHUNK | NOWRITE, F32, free(2, [2, 5])), (0, F32, free(2, [1, 3])),
+                        (0, F32, free(2, [3, 3]))]))
 print("corpora written under", corpus)

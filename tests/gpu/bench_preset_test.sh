@@ -48,14 +48,14 @@ done
 # 3. the CPU-sized presets run; the allocator's peak is the dry run's plan
 plan() { grep -o 'planned backend memory per rank: [0-9.]* GiB ([0-9]* bytes)' "$1" | grep -o '([0-9]*' | tr -d '('; }
 peak() { grep -m1 -o 'allocator peak [0-9.]* GiB ([0-9]* bytes' "$1" | awk '{print $5}' | tr -d '('; }
-for p in llama-tiny dit-tiny; do
+for p in llama-tiny dit-tiny flux-tiny; do
   "$tz" bench --preset $p --dry-run --set run.device=cpu > "$work/$p-plan.log" 2>&1
   "$tz" bench --preset $p --set train.threads=2 > "$work/$p.log" 2>&1 || { bad "bench $p failed"; tail -3 "$work/$p.log"; continue; }
   a=$(plan "$work/$p-plan.log") b=$(peak "$work/$p.log")
   [ -n "$a" ] && [ "$a" = "$b" ] && ok "$p: allocator peak $b bytes, as planned" || bad "$p: planned ${a:-?} bytes, allocator peak ${b:-?}"
   split=$(grep -o 'step split, .*' "$work/$p.log")
   echo "$split" | grep -qE 'forward [0-9.]+ s.*backward [0-9.]+ s.*communication.*copies.*optimizer.*other.*sum' &&
-    ok "$p: $(grep -o 'bench: .*' "$work/$p.log" | grep -oE '[0-9]+ (tokens|images)/s \|' | tr -d ' |'), ${split%%|*}" ||
+    ok "$p: $(grep -o 'bench: .*' "$work/$p.log" | grep -oE '[0-9]+ (tokens|images|samples)/s \|' | tr -d ' |'), ${split%%|*}" ||
     bad "$p: no step split line"
 done
 OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 2 "$tz" bench --preset llama-tiny --set train.threads=1 > "$work/np2.log" 2>&1
@@ -99,6 +99,19 @@ if [ -f "$emu" ]; then
   a=$(plan_bytes "$work/emu-plan.log") b=$(peak "$work/emu.log")
   [ -n "$a" ] && [ "$a" = "$b" ] && ok "llama-tiny on the emulated device: allocator peak $b bytes, as planned" ||
     bad "llama-tiny on the emulated device: planned ${a:-?} bytes, allocator peak ${b:-?}"
+  # flux-tiny streams 3 of its 4 blocks' codes through two slots: every copy into a slot and
+  # every kernel reading one is checked for stream order by the emulation (with the saved
+  # streams on the host, and without checkpointing, where nothing else orders the streams)
+  for ck in true false; do
+    fx="--set run.device=cuda --set train.steps=1 --set train.checkpointing=$ck"
+    TZ_CUDA_MODULE=$emu "$tz" bench --preset flux-tiny $fx --set train.threads=2 > "$work/emuf.log" 2>&1 ||
+      { bad "bench flux-tiny on the emulated device (checkpointing $ck) failed"; grep -m2 -i "emulation\|fatal" "$work/emuf.log"; continue; }
+    TZ_CUDA_MODULE=$emu "$tz" bench --preset flux-tiny $fx --dry-run > "$work/emuf-plan.log" 2>&1
+    a=$(plan_bytes "$work/emuf-plan.log") b=$(peak "$work/emuf.log")
+    [ -n "$a" ] && [ "$a" = "$b" ] &&
+      ok "flux-tiny on the emulated device, 3 blocks streamed, checkpointing $ck: stream order kept, allocator peak $b bytes, as planned" ||
+      bad "flux-tiny on the emulated device (checkpointing $ck): planned ${a:-?} bytes, allocator peak ${b:-?}"
+  done
 else
   echo "skip the emulated device: $emu not built"
 fi

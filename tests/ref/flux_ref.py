@@ -10,6 +10,7 @@ usage: flux_ref.py make DIR --seed S [--layers Ld] [--single Ls] [--heads H] [--
        flux_ref.py prepare DIR INPUTS.safetensors OUT.safetensors --seed S [make's and
                            inputs' options]   (make, inputs and run in one process)
        flux_ref.py compare REF.safetensors GOT.safetensors [--tol 1e-4]
+       flux_ref.py sample DIR PROMPTS.h5 SAMPLES.h5 [--shift X] [--tol 1e-4]
        flux_ref.py selftest
 
 make writes DIR/config.json and DIR/diffusion_pytorch_model.safetensors (F32, every weight,
@@ -398,6 +399,42 @@ def cmd_selftest(_):
     sys.exit(1 if fails else 0)
 
 
+def cmd_sample(a):
+    """diffusers' FluxPipeline sampling from the noise turbozero's sample started at (its file's
+    "noise"): sigmas linspace(1, 1/S, S), shifted (calculate_shift and time_shift, as with
+    use_dynamic_shifting, for a guidance model; none without guidance; or a static --shift),
+    then Euler steps to sigma 0; exits 1 unless the latents agree to TOL of their largest."""
+    import h5py
+    cfg, W = load_model(a.dir)
+    with h5py.File(a.prompts, "r") as f:
+        txt, pooled = np.asarray(f["txt"]), np.asarray(f["pooled"])
+        img_ids, txt_ids = np.asarray(f["img_ids"]), np.asarray(f["txt_ids"])
+    with h5py.File(a.samples, "r") as f:
+        got, noise = np.asarray(f["latents"]), np.asarray(f["noise"])
+        rows, S = np.asarray(f.attrs["rows"]), int(f.attrs["steps"][0])
+        guidance = float(f.attrs["guidance"][0])
+    n, Ti = noise.shape[0], noise.shape[1]
+    sig = np.linspace(1.0, 1.0 / S, S)
+    if a.shift:
+        sig = a.shift * sig / (1 + (a.shift - 1) * sig)
+    elif cfg["guidance_embeds"]:
+        m = (1.15 - 0.5) / (4096 - 256)
+        mu = Ti * m + 0.5 - m * 256
+        sig = math.exp(mu) / (math.exp(mu) + (1 / sig - 1))
+    sig = np.append(sig, 0.0)
+    t64 = lambda v: torch.tensor(np.asarray(v, dtype=np.float64))  # noqa: E731
+    x = t64(noise)
+    txt, pooled, img_ids, txt_ids = t64(txt[rows]), t64(pooled[rows]), t64(img_ids), t64(txt_ids)
+    g = torch.full((n,), guidance)
+    with torch.no_grad():
+        for i in range(S):
+            v = forward(W, cfg, x, txt, pooled, torch.full((n,), float(sig[i])), g, img_ids, txt_ids)
+            x = x + float(sig[i + 1] - sig[i]) * v
+    err = float((x - t64(got)).abs().max() / x.abs().max())
+    print(f"{n} samples of {Ti} tokens, {S} steps: max|got-ref|/max|ref| {err:.3g}")
+    sys.exit(0 if np.isfinite(err) and err <= a.tol else 1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -438,10 +475,16 @@ def main():
     c.add_argument("ref")
     c.add_argument("got")
     c.add_argument("--tol", type=float, default=1e-4)
+    sm = sub.add_parser("sample")
+    sm.add_argument("dir")
+    sm.add_argument("prompts")
+    sm.add_argument("samples")
+    sm.add_argument("--shift", type=float, default=0.0)
+    sm.add_argument("--tol", type=float, default=1e-4)
     sub.add_parser("selftest")
     a = ap.parse_args()
     {"make": cmd_make, "prepare": cmd_prepare, "inputs": cmd_inputs, "run": cmd_run,
-     "compare": cmd_compare, "selftest": cmd_selftest}[a.cmd](a)
+     "compare": cmd_compare, "sample": cmd_sample, "selftest": cmd_selftest}[a.cmd](a)
 
 
 if __name__ == "__main__":

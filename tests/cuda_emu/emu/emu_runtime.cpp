@@ -149,15 +149,17 @@ struct Alloc {
     char *map; /* device memory: its guarded mapping */
     size_t maplen;
     /* device memory: the latest copies and sets that wrote it, with the bytes each wrote
-     * (stream order, below): a ring of ALLOC_WRITES, so an access is checked against the
+     * (stream order, below): ALLOC_WRITES records (replaced as order_check says), so an access is checked against the
      * writes of the ranges it touches (an allocation shared by many buffers, e.g. an arena,
      * is written by one stream in one place while another reads elsewhere) */
-#define ALLOC_WRITES 16
+#define ALLOC_WRITES 32
     struct Write {
         const char *fn;
         int sid;
         uint64_t t; /* 0: none */
         const char *lo, *hi;
+        int read;   /* a kernel's declared read (tz_emu_kernel_reads): a later write by another
+                     * stream must be ordered after it */
     } w[ALLOC_WRITES];
     int w_next;
 };
@@ -370,27 +372,52 @@ void host_joins_all(void) {
     pthread_mutex_unlock(&g_order_mu);
 }
 
+/* Whether every stream in use and the host are ordered after write w (g_order_mu held). */
+int known_to_all(const Alloc::Write &w) {
+    if (g_host_clock.t[w.sid] < w.t || g_stream_clock[0].t[w.sid] < w.t) return 0;
+    for (int i = 1; i < MAX_SIDS; i++)
+        if ((g_sid_used >> i & 1) && g_stream_clock[i].t[w.sid] < w.t) return 0;
+    return 1;
+}
+
 /* One access of a copy or set on stream s to bytes [p, p + span) (g_mem_mu held): every
  * recorded write of those bytes by another stream must be ordered before it; a write is then
  * recorded. */
 cudaError_t order_check(const char *fn, int sid, Alloc *a, const char *side, const void *p,
-                        size_t span, uint64_t now, int writes) {
+                        size_t span, uint64_t now, int writes, int record_read = 0) {
     if (!a || a->kind != MEM_DEVICE) return cudaSuccess;
     const char *lo = (const char *)p, *hi = lo + span;
     for (int k = 0; k < ALLOC_WRITES; k++) {
         const Alloc::Write &w = a->w[k];
-        if (w.t && w.sid != sid && w.lo < hi && lo < w.hi && g_stream_clock[sid].t[w.sid] < w.t) {
-            tz_emu_note("%s on stream %d: its %s %p (+%zu bytes) was written by %s on stream "
-                        "%d, and nothing orders the two (an event recorded after that write and "
-                        "waited for by this stream, or the host waiting for it before queueing "
-                        "this)", fn, sid, side, p, span, w.fn, w.sid);
+        if (w.t && w.sid != sid && (writes || !w.read) && w.lo < hi && lo < w.hi &&
+            g_stream_clock[sid].t[w.sid] < w.t) {
+            tz_emu_note("%s on stream %d: its %s %p (+%zu bytes) was %s by %s on stream %d, and "
+                        "nothing orders the two (an event recorded after that %s and waited for "
+                        "by this stream, or the host waiting for it before queueing this)", fn,
+                        sid, side, p, span, w.read ? "read" : "written", w.fn, w.sid,
+                        w.read ? "read" : "write");
             return cudaErrorInvalidValue;
         }
     }
-    if (writes) {
-        Alloc::Write &w = a->w[a->w_next];
-        a->w_next = (a->w_next + 1) % ALLOC_WRITES;
-        w.fn = fn, w.sid = sid, w.t = now, w.lo = lo, w.hi = hi;
+    if (writes || record_read) {
+        /* the record replaced: a free one, else one this write supersedes (same stream, its
+         * bytes within these), else one every stream (and the host) is already ordered after,
+         * so that no later access can race with it, else the oldest */
+        int k = -1;
+        for (int i = 0; i < ALLOC_WRITES && k < 0; i++)
+            if (!a->w[i].t) k = i;
+        for (int i = 0; i < ALLOC_WRITES && k < 0; i++)
+            if (a->w[i].sid == sid && a->w[i].read == !writes && lo <= a->w[i].lo &&
+                a->w[i].hi <= hi)
+                k = i;
+        for (int i = 0; i < ALLOC_WRITES && k < 0; i++)
+            if (known_to_all(a->w[i])) k = i;
+        if (k < 0) {
+            k = a->w_next;
+            a->w_next = (a->w_next + 1) % ALLOC_WRITES;
+        }
+        Alloc::Write &w = a->w[k];
+        w.fn = fn, w.sid = sid, w.t = now, w.lo = lo, w.hi = hi, w.read = !writes;
     }
     return cudaSuccess;
 }
@@ -1358,6 +1385,22 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
                               size_t width, size_t height, enum cudaMemcpyKind k,
                               cudaStream_t s) {
     return do_copy("cudaMemcpy2DAsync", dst, dpitch, src, spitch, width, height, k, s);
+}
+
+/* A kernel on stream s is about to read [p, p + bytes): checked against other streams' copies
+ * into those bytes as a copy's source is (kernels do not say what they read; the backend
+ * declares the reads it wants checked: TZ_CUDA_KERNEL_READS). */
+cudaError_t tz_emu_kernel_reads(cudaStream_t s, const void *p, size_t bytes, const char *kernel) {
+    const int sid = sid_of(s);
+    pthread_mutex_lock(&g_mem_mu);
+    pthread_mutex_lock(&g_order_mu);
+    Clock &c = g_stream_clock[sid];
+    c.join(g_host_clock);
+    const uint64_t now = ++c.t[sid];
+    cudaError_t e = order_check(kernel, sid, holding(p), "source", p, bytes, now, 0, 1);
+    pthread_mutex_unlock(&g_order_mu);
+    pthread_mutex_unlock(&g_mem_mu);
+    return e == cudaSuccess ? e : fail(e);
 }
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {

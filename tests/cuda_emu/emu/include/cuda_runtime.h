@@ -193,6 +193,10 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v);
 typedef void (*cudaHostFn_t)(void *user);
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *user);
+/* Emulation only: a kernel on stream s about to read [p, p + bytes) of device memory, checked
+ * for stream order against the copies that wrote those bytes (cudaErrorInvalidValue and a note
+ * when nothing orders them). */
+cudaError_t tz_emu_kernel_reads(cudaStream_t s, const void *p, size_t bytes, const char *kernel);
 cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned flags);
 cudaError_t cudaSetDeviceFlags(unsigned flags);
 cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned *flags);
