@@ -264,8 +264,8 @@ def flux_text(a):
         with torch.no_grad():
             e, p, ids = pipe.encode_prompt(prompt=captions, prompt_2=None, device=dev,
                                            max_sequence_length=a.max_text)
-        return (e.float().cpu().numpy(), p.float().cpu().numpy(),
-                ids.float().cpu().numpy().reshape(-1, 3))
+        ids = ids.float().cpu().numpy()  # [Tt, 3]; [b, Tt, 3] in older diffusers
+        return e.float().cpu().numpy(), p.float().cpu().numpy(), ids[0] if ids.ndim == 3 else ids
     return encode
 
 

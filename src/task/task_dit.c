@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "backend/registry.h"
 #include "core/error.h"
@@ -116,10 +117,30 @@ static int is_hdf5(const char *path) {
     return yes;
 }
 
+/* Whether path ends in one of the extensions of model checkpoints. */
+static int is_checkpoint_name(const char *path) {
+    static const char *const ext[] = {".pt", ".pth", ".ckpt", ".bin", ".safetensors", NULL};
+    const size_t n = strlen(path);
+    for (int i = 0; ext[i]; i++) {
+        const size_t e = strlen(ext[i]);
+        if (n > e && !strcmp(path + n - e, ext[i])) return 1;
+    }
+    return 0;
+}
+
 static void load_images(images *im, const tz_config *cfg, const tz_dit_dims *d, const char *path,
                         const char *labels, const char *key) {
     char err[1024];
     if (!path[0]) TZ_FATAL_HINT("set it in the config or with --set", "%s is not set", key);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        TZ_FATAL_HINT("make one HDF5 file of the folder: python3 tools/latents.py images DIR "
+                      "OUT.h5 --size S (pixels), or dit-cache (VAE latents); docs/dit.md",
+                      "%s: %s is a folder; the DiT reads an IDX or HDF5 image file", key, path);
+    if (is_checkpoint_name(path) && !is_hdf5(path))
+        TZ_FATAL_HINT("a checkpoint is model.path's, after tools/convert_dit.py; data.* takes "
+                      "images (tools/latents.py makes them)", "%s: %s looks like a model "
+                      "checkpoint, not images (IDX or HDF5)", key, path);
     int rc = is_hdf5(path) ? tz_h5_images_read(&im->s, path, d->num_classes, err, sizeof err)
              : labels[0]   ? tz_idx_load(&im->s, path, labels, d->num_classes, err, sizeof err)
                            : (snprintf(err, sizeof err,
@@ -127,9 +148,14 @@ static void load_images(images *im, const tz_config *cfg, const tz_dit_dims *d, 
                                        "file in %s_labels", path, key), 1);
     if (rc) TZ_FATAL("%s: %s", key, err);
     if (im->s.C != d->in_channels || im->s.H != d->input_size || im->s.W != d->input_size)
-        TZ_FATAL("%s: %s holds %lldx%lldx%lld images, the model takes %lldx%lldx%lld", key, path,
-                 (long long)im->s.C, (long long)im->s.H, (long long)im->s.W,
-                 (long long)d->in_channels, (long long)d->input_size, (long long)d->input_size);
+        TZ_FATAL_HINT(im->s.C != d->in_channels && (im->s.C == 4 || d->in_channels == 4)
+                          ? "4 channels are SD-VAE latents (a latent DiT such as DiT-XL/2); 1 or 3 "
+                            "are pixels: the data and the model must be of the same kind"
+                          : "resize the images to the model's size (tools/latents.py --size)",
+                      "%s: %s holds %lldx%lldx%lld images, the model takes %lldx%lldx%lld", key,
+                      path, (long long)im->s.C, (long long)im->s.H, (long long)im->s.W,
+                      (long long)d->in_channels, (long long)d->input_size,
+                      (long long)d->input_size);
     uint8_t *keep = tz_xmalloc((size_t)d->num_classes);
     parse_classes(cfg->data.classes, d->num_classes, keep);
     im->idx = tz_xmalloc((size_t)(im->s.n > 0 ? im->s.n : 1) * sizeof *im->idx);

@@ -9,7 +9,9 @@
 #     the dense base and on the base quantized at load (4 bits, group 64);
 #  4. the bundled DiT's samples follow their class (tests/dit/class_means.py), and sampling
 #     is deterministic for a seed (byte-identical PNGs);
-#  5. bad image input stops with a message naming the key and file.
+#  5. a latent DiT (init-model --preset dit-tiny: 4x8x8 latents, learned sigma) trains on
+#     latents in HDF5 (two class patterns) and samples to .h5, a PNG being refused;
+#  6. bad image input stops with a message naming the key and file.
 # usage: dit_test.sh TURBOZERO SOURCE_DIR
 set -u
 tz=$1 src=$2
@@ -143,6 +145,36 @@ grid = tiles(read_png_gray(sys.argv[2]), 16, 28, 28)
 assert np.abs(grid.reshape(16, 28, 28) - px / 127.5 + 1).max() < 1.5 / 127.5, "pixels differ"
 PY
 
+# a latent DiT on cached latents (the layout tools/latents.py dit-cache writes)
+"$tz" init-model --arch dit --preset dit-tiny --seed 4 --out "$work/lat" > /dev/null &&
+  $py - "$work" <<'PY' || bad "latent caches"
+import sys
+import h5py
+import numpy as np
+rng = np.random.default_rng(5)
+pat = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
+for name, n in (("train", 64), ("val", 16)):
+    y = np.arange(n) % 2
+    with h5py.File(f"{sys.argv[1]}/lat-{name}.h5", "w") as f:
+        f["images"] = (pat[y] + 0.1 * rng.standard_normal((n, 4, 8, 8))).astype(np.float32)
+        f["labels"] = y.astype(np.int32)
+        f.attrs["num_classes"] = 10
+PY
+# (measured: 30 steps 1.0108 -> 0.2588; a fresh DiT's output layer is zero, so it trains in full)
+"$tz" train inputs/dit/pretrain.cfg --set model.path="$work/lat" --set data.train="$work/lat-train.h5" \
+  --set data.val="$work/lat-val.h5" --set data.train_labels= --set data.val_labels= --set data.classes= \
+  --set train.steps=30 --set train.micro_batch=16 --set train.eval_every=0 --set optim.lr=3e-3 \
+  --set optim.warmup=3 --set train.threads=2 --set run.dir="$work/latrun" > "$work/latrun.log" 2>&1 ||
+  { bad "latent DiT run"; tail -3 "$work/latrun.log"; }
+lb=$(evals "$work/latrun" | head -1) la=$(evals "$work/latrun" | tail -1)
+[ -n "$lb" ] && awk -v b="$lb" -v a="$la" 'BEGIN {exit !(a < 0.5 * b)}' &&
+  ok "a latent DiT (4x8x8, learned sigma) trains on HDF5 latents: $lb -> $la" ||
+  bad "latent DiT: $lb -> $la"
+"$tz" sample inputs/dit/pretrain.cfg --set model.path="$work/latrun/model" \
+  --class 1 --n 3 --steps 10 --guidance 1 --out "$work/lat-s.h5" > "$work/lats.log" 2>&1 &&
+  $py -c "import h5py, sys; f = h5py.File(sys.argv[1], 'r'); sys.exit(f['images'].shape != (3, 4, 8, 8))" "$work/lat-s.h5" &&
+  ok "a latent DiT samples to .h5: [3, 4, 8, 8]" || { bad "latent DiT sample"; tail -3 "$work/lats.log"; }
+
 expect_error() { # name, expected text, command...
   local name=$1 want=$2; shift 2
   if "$@" > "$work/err.log" 2>&1; then bad "$name: succeeded"; return; fi
@@ -154,6 +186,18 @@ expect_error "IDX images without labels" "needs its label file in data.train_lab
 printf 'not an idx file at all' > "$work/bad.gz"
 expect_error "malformed image file" "bad.gz" \
   "$tz" eval inputs/dit/pretrain.cfg --set model.path=inputs/dit/model "${data[@]}" --set data.val="$work/bad.gz"
+mkdir -p "$work/photos" && : > "$work/DiT-XL-2-256x256.pt"
+$py -c "import h5py, numpy as np, sys
+with h5py.File(sys.argv[1], 'w') as f:
+    f['images'] = np.zeros((2, 4, 28, 28), np.float32); f['labels'] = np.zeros(2, np.int32)" "$work/lat4.h5"
+expect_error "a folder of images: the tool to make a file of it" "tools/latents.py images" \
+  "$tz" eval inputs/dit/pretrain.cfg --set model.path=inputs/dit/model --set data.val="$work/photos"
+expect_error "a .pt file as data: a checkpoint, not images" "looks like a model checkpoint" \
+  "$tz" eval inputs/dit/pretrain.cfg --set model.path=inputs/dit/model --set data.val="$work/DiT-XL-2-256x256.pt"
+expect_error "4-channel latents for a pixel DiT" "4 channels are SD-VAE latents" \
+  "$tz" eval inputs/dit/pretrain.cfg --set model.path=inputs/dit/model --set data.val="$work/lat4.h5"
+expect_error "a latent DiT's samples as a PNG" "--out samples.h5" \
+  "$tz" sample inputs/dit/finetune.cfg --set model.path="$work/lat" --class 1 --n 1 --steps 2 --out "$work/x.png"
 expect_error "bad class list" "data.classes = \"3-x\"" \
   "$tz" eval inputs/dit/pretrain.cfg --set model.path=inputs/dit/model "${data[@]}" --set data.classes=3-x
 expect_error "quantized DiT: group must divide hidden_size" "must divide hidden_size 64" \
