@@ -55,7 +55,7 @@ static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const precision_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const quant_methods[] = {"turboquant", "absmax", NULL};
 static const char *const quant_roundings[] = {"nearest", "stochastic", NULL};
-static const char *const lora_inits[] = {"default", "loftq", NULL};
+static const char *const lora_inits[] = {"default", "loftq", "calibrated", "loftq_calibrated", NULL};
 static const char *const comm_names[] = {"auto", "mpi", "nccl", NULL};
 static const char *const section_names[] = {"model", "data", "train", "optim", "lora", "quant",
                                             "qzo", "zero", "run", "comm", NULL};
@@ -112,7 +112,8 @@ static const tz_key schema[] = {
     INT(lora, rank, 8, 1, 4096, "LoRA rank r"),
     FLT(lora, alpha, 16.0, OPEN, 0.0, 1e6, CLOSED, "LoRA scale: the update is alpha/rank * B A"),
     TARGETS(lora, targets, "all", "projections that get adapters"),
-    ENUM(lora, init, TZ_LORA_INIT_DEFAULT, lora_inits, "adapter init: default (B = 0), or loftq (Q + s B A fitted to the dense weight of a quantized base)"),
+    ENUM(lora, init, TZ_LORA_INIT_DEFAULT, lora_inits, "adapter init: default (B = 0), loftq (Q + s B A fitted to the dense weight of a quantized base), calibrated (the base quantize(W); s B A the best rank-r fit of W - Q for the inputs of lora.calibration training rows: min ||X (W - Q - s B A)^T||), or loftq_calibrated (loftq's base, the adapter then fitted so)"),
+    INT(lora, calibration, 32, 1, 65536, "lora.init = \"calibrated\": training rows (sequences, images, samples) whose inputs to each adapted quantized weight weigh its fit"),
     BOOL(lora, train_embeddings, 0, "also train the conditioning embeddings (DiT: the class table), saved with the adapter (PEFT modules_to_save)"),
     INT(quant, bits, 0, 0, 4, "bits per weight of the quantized base projections (0 = dense)"),
     POW2(quant, group, 128, 64, 256, "weights per quantization group (one bf16 scale each)"),

@@ -15,7 +15,12 @@ enum tz_mode { TZ_MODE_LORA = 0, TZ_MODE_FULL = 1, TZ_MODE_QZO = 2 };
 /* qzo.schedule */
 enum tz_qzo_schedule { TZ_QZO_CONSTANT = 0, TZ_QZO_COSINE = 1 };
 /* lora.init: how fresh adapters start (docs/guide.md, "Quantized models"). */
-enum tz_lora_init { TZ_LORA_INIT_DEFAULT = 0, TZ_LORA_INIT_LOFTQ = 1 };
+enum tz_lora_init {
+    TZ_LORA_INIT_DEFAULT = 0,
+    TZ_LORA_INIT_LOFTQ = 1,
+    TZ_LORA_INIT_CALIBRATED = 2,       /* base quantize(W), the adapter fitted on inputs */
+    TZ_LORA_INIT_LOFTQ_CALIBRATED = 3  /* loftq's base, the adapter then refitted on inputs */
+};
 /* quant.method; the values are quant/turboquant.h's enum tz_tq_method. */
 enum tz_quant_method { TZ_QUANT_TURBOQUANT = 0, TZ_QUANT_ABSMAX = 1 };
 enum tz_quant_rounding { TZ_ROUND_NEAREST = 0, TZ_ROUND_STOCHASTIC = 1 };
@@ -75,7 +80,9 @@ typedef struct tz_config {
         double alpha;
         char targets[TZ_PATH_MAX];    /* "all", or names of tz_config_names.targets joined
                                        * by ',' in that order, each once: "q,v" */
-        int init;                     /* enum tz_lora_init: "default" | "loftq" */
+        int init;                     /* enum tz_lora_init: "default" | "loftq" | "calibrated"
+                                       * | "loftq_calibrated" */
+        int64_t calibration;          /* lora.init = "calibrated": training rows of inputs */
         int train_embeddings;         /* also train the conditioning embeddings (DiT's class
                                        * table), saved with the adapter */
     } lora;

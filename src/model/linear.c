@@ -68,9 +68,18 @@ static void lora_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, con
     be->matmul(be, y, h, l->b->w, n, l->out, l->r, 0, 1, l->scale, 1.0f); /* y += s h B^T */
 }
 
+static tz_linear_probe g_probe;
+static void *g_probe_ctx;
+
+void tz_linear_set_probe(tz_linear_probe fn, void *ctx) {
+    g_probe = fn;
+    g_probe_ctx = ctx;
+}
+
 void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
                    int64_t n) {
     const tz_qweight *q = l->w->q;
+    if (g_probe && q && l->a) g_probe(g_probe_ctx, l, x, n);
     if (!q) { /* y[n,out] = x[n,in] . W[out,in]^T */
         tz_matmul_w(be, y, x, l->w, n, l->out, l->in, 1, 1.0f, 0.0f);
     } else if (q->method == TZ_TQ_TURBOQUANT) { /* y = x_rot . W_rot^T */

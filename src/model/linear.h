@@ -64,5 +64,10 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
  * dW += dy^T x, the gradient w.r.t. W_hat in the plain basis, as for a dense weight. */
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                    const float *x, const float *h, float *scratch, int64_t n);
+/* A probe that sees the input x [n, in] (backend memory) of every adapted quantized layer's
+ * forward (lora.init = "calibrated" gathers X^T X with it); NULL: none. One at a time, set
+ * and cleared around the forward passes that calibrate. */
+typedef void (*tz_linear_probe)(void *ctx, const tz_linear *l, const float *x, int64_t n);
+void tz_linear_set_probe(tz_linear_probe fn, void *ctx);
 
 #endif

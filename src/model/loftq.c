@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "model/linear.h"
 
 /* Orthonormalises the k rows of x [k, n] in place: modified Gram-Schmidt in double, each row
  * projected out twice (which keeps fp32 rows orthogonal to rounding). A row that is
@@ -153,9 +154,30 @@ void tz_loftq_weight(tz_backend *cpu, int method, const tz_tq_codebook *cb, tz_t
     free(qh);
 }
 
+/* When ps->p[i] is an adapter's A (PEFT: base_model.model.X.lora_A.weight), its base weight
+ * X.weight (returned) and B (*bp); NULL for any other tensor. Fatal when they do not match. */
+static tz_param *adapter_of(tz_params *ps, int i, int64_t rank, const char *init,
+                            tz_param **bp) {
+    static const char prefix[] = "base_model.model.", tail[] = ".lora_A.weight";
+    tz_param *a = ps->p[i];
+    const size_t len = strlen(a->name), np = sizeof prefix - 1, nt = sizeof tail - 1;
+    if (!a->adapter || len <= np + nt || strncmp(a->name, prefix, np) ||
+        strcmp(a->name + len - nt, tail))
+        return NULL;
+    char wname[TZ_NAME_MAX], bname[TZ_NAME_MAX];
+    snprintf(wname, sizeof wname, "%.*s.weight", (int)(len - np - nt), a->name + np);
+    snprintf(bname, sizeof bname, "%.*s.lora_B.weight", (int)(len - nt), a->name);
+    tz_param *w = tz_params_find(ps, wname), *b = tz_params_find(ps, bname);
+    if (!w || !b || w->ndim != 2 || a->shape[0] != rank || b->shape[0] != w->shape[0] ||
+        b->shape[1] != rank || a->shape[1] != w->shape[1])
+        TZ_FATAL("lora.init = \"%s\": adapter %s has no matching %s and %s", init, a->name,
+                 bname, wname);
+    *bp = b;
+    return w;
+}
+
 tz_loftq_stats tz_loftq_init_params(tz_params *ps, tz_backend *be, double alpha, int64_t rank,
                                     uint64_t seed, int threads, tz_loftq_source src, void *ctx) {
-    static const char prefix[] = "base_model.model.", tail[] = ".lora_A.weight";
     tz_loftq_stats st;
     memset(&st, 0, sizeof st);
     tz_backend *cpu = NULL;
@@ -164,19 +186,8 @@ tz_loftq_stats tz_loftq_init_params(tz_params *ps, tz_backend *be, double alpha,
     const float s = (float)(alpha / (double)rank);
     char err[256];
     for (int i = 0; i < ps->n; i++) {
-        tz_param *a = ps->p[i];
-        const size_t len = strlen(a->name), np = sizeof prefix - 1, nt = sizeof tail - 1;
-        if (!a->adapter || len <= np + nt || strncmp(a->name, prefix, np) ||
-            strcmp(a->name + len - nt, tail))
-            continue;
-        char wname[TZ_NAME_MAX], bname[TZ_NAME_MAX];
-        snprintf(wname, sizeof wname, "%.*s.weight", (int)(len - np - nt), a->name + np);
-        snprintf(bname, sizeof bname, "%.*s.lora_B.weight", (int)(len - nt), a->name);
-        tz_param *w = tz_params_find(ps, wname), *b = tz_params_find(ps, bname);
-        if (!w || !b || w->ndim != 2 || a->shape[0] != rank || b->shape[0] != w->shape[0] ||
-            b->shape[1] != rank || a->shape[1] != w->shape[1])
-            TZ_FATAL("lora.init = \"loftq\": adapter %s has no matching %s and %s", a->name,
-                     bname, wname);
+        tz_param *a = ps->p[i], *b = NULL, *w = adapter_of(ps, i, rank, "loftq", &b);
+        if (!w) continue;
         tz_qweight *q = w->q;
         if (!q) continue; /* a dense weight: nothing to recover, the default init stays */
         if (!cpu) cpu = tz_cpu_backend_create(threads);
@@ -203,5 +214,177 @@ tz_loftq_stats tz_loftq_init_params(tz_params *ps, tz_backend *be, double alpha,
         free(wd), free(ha), free(hb);
     }
     if (cpu) tz_cpu_backend_destroy(cpu);
+    return st;
+}
+
+/* ---- lora.init = "calibrated" ---- */
+
+static int calib_find(tz_calib *c, const tz_param *w) {
+    for (int i = 0; i < c->n; i++)
+        if (c->w[i] == w) return i;
+    return -1;
+}
+
+static void calib_probe(void *ctx, const tz_linear *l, const float *x, int64_t n) {
+    tz_calib *c = ctx;
+    const int64_t in = l->in;
+    int k = calib_find(c, l->w);
+    if (k < 0) {
+        if (c->n == c->cap) {
+            c->cap = c->cap ? 2 * c->cap : 64;
+            c->w = tz_xrealloc(c->w, (size_t)c->cap * sizeof *c->w);
+            c->H = tz_xrealloc(c->H, (size_t)c->cap * sizeof *c->H);
+            c->in = tz_xrealloc(c->in, (size_t)c->cap * sizeof *c->in);
+            c->rows = tz_xrealloc(c->rows, (size_t)c->cap * sizeof *c->rows);
+        }
+        k = c->n++;
+        c->w[k] = l->w;
+        c->H[k] = tz_xcalloc((size_t)(in * in), sizeof **c->H);
+        c->in[k] = in;
+        c->rows[k] = 0;
+    }
+    const size_t need = (size_t)(n * in + in * in);
+    if (need > c->xcap) {
+        free(c->x);
+        c->x = tz_xmalloc(need * sizeof *c->x);
+        c->xcap = need;
+    }
+    c->xtx = c->x + n * in;
+    c->be->download(c->be, c->x, x, (size_t)(n * in) * sizeof *c->x);
+    c->cpu->matmul(c->cpu, c->xtx, c->x, c->x, in, in, n, 1, 0, 1.0f, 0.0f); /* X^T X */
+    double *H = c->H[k];
+    for (int64_t e = 0; e < in * in; e++) H[e] += (double)c->xtx[e];
+    c->rows[k] += n;
+}
+
+void tz_calib_begin(tz_calib *c, tz_backend *be, int threads) {
+    memset(c, 0, sizeof *c);
+    c->be = be;
+    c->cpu = tz_cpu_backend_create(threads);
+    tz_linear_set_probe(calib_probe, c);
+}
+
+void tz_calib_end(tz_calib *c) {
+    (void)c;
+    tz_linear_set_probe(NULL, NULL);
+}
+
+void tz_calib_free(tz_calib *c) {
+    for (int i = 0; i < c->n; i++) free(c->H[i]);
+    free(c->w), free(c->H), free(c->in), free(c->rows), free(c->x);
+    if (c->cpu) tz_cpu_backend_destroy(c->cpu);
+    memset(c, 0, sizeof *c);
+}
+
+/* The lower Cholesky factor L [n, n] of the symmetric positive definite h (double); fatal
+ * when it is not (damping makes a Gram matrix so). */
+static void cholesky(const double *h, int64_t n, double *L) {
+    memset(L, 0, (size_t)(n * n) * sizeof *L);
+    for (int64_t j = 0; j < n; j++) {
+        double d = h[j * n + j];
+        for (int64_t k = 0; k < j; k++) d -= L[j * n + k] * L[j * n + k];
+        if (!(d > 0.0)) TZ_FATAL("lora.init = \"calibrated\": the inputs' Gram matrix is not "
+                                 "positive definite (column %lld)", (long long)j);
+        const double ljj = sqrt(d);
+        L[j * n + j] = ljj;
+        for (int64_t i = j + 1; i < n; i++) {
+            double v = h[i * n + j];
+            for (int64_t k = 0; k < j; k++) v -= L[i * n + k] * L[j * n + k];
+            L[i * n + j] = v / ljj;
+        }
+    }
+}
+
+void tz_calib_weight(tz_backend *cpu, const float *res, const double *H, int64_t m, int64_t n,
+                     int64_t r, float s, tz_rng *rng, float *a, float *b, double *err_plain,
+                     double *err_fit) {
+    double *h = tz_xmalloc((size_t)(n * n) * sizeof *h), *L = tz_xmalloc((size_t)(n * n) * sizeof *L);
+    double mean = 0.0;
+    for (int64_t i = 0; i < n; i++) mean += H[i * n + i] / (double)n;
+    const double damp = TZ_CALIB_DAMP * (mean > 0.0 ? mean : 1.0);
+    for (int64_t e = 0; e < n * n; e++) h[e] = H[e];
+    for (int64_t i = 0; i < n; i++) h[i * n + i] += damp;
+    cholesky(h, n, L);
+    float *Lf = tz_xmalloc((size_t)(n * n) * sizeof *Lf);
+    float *rl = tz_xmalloc((size_t)(m * n) * sizeof *rl);
+    float *ap = tz_xmalloc((size_t)(r * n) * sizeof *ap);
+    for (int64_t e = 0; e < n * n; e++) Lf[e] = (float)L[e];
+    cpu->matmul(cpu, rl, res, Lf, m, n, n, 0, 0, 1.0f, 0.0f); /* R L */
+    if (err_plain) *err_plain += sumsq(rl, m * n);
+    lowrank(cpu, rl, m, n, r, s, rng, ap, b); /* s b a' ~ R L */
+    if (err_fit) {
+        cpu->matmul(cpu, rl, b, ap, m, n, r, 0, 0, -s, 1.0f); /* (R - s b a) L */
+        *err_fit += sumsq(rl, m * n);
+    }
+    /* a = a' L^{-1}: each row x solves x L = a'_row, i.e. L^T x^T = a'_row^T (back
+     * substitution, L^T upper triangular) */
+    for (int64_t j = 0; j < r; j++) {
+        const float *y = ap + j * n;
+        float *x = a + j * n;
+        for (int64_t i = n - 1; i >= 0; i--) {
+            double v = y[i];
+            for (int64_t k = i + 1; k < n; k++) v -= L[k * n + i] * (double)x[k];
+            x[i] = (float)(v / L[i * n + i]);
+        }
+    }
+    free(h), free(L), free(Lf), free(rl), free(ap);
+}
+
+/* tr(W H W^T) = sum of W o (W H), W [m, n] host floats, H [n, n]. */
+static double quad_form(tz_backend *cpu, const float *w, const double *H, int64_t m, int64_t n) {
+    float *hf = tz_xmalloc((size_t)(n * n) * sizeof *hf), *wh = tz_xmalloc((size_t)(m * n) * sizeof *wh);
+    for (int64_t e = 0; e < n * n; e++) hf[e] = (float)H[e];
+    cpu->matmul(cpu, wh, w, hf, m, n, n, 0, 0, 1.0f, 0.0f);
+    double q = 0.0;
+    for (int64_t e = 0; e < m * n; e++) q += (double)w[e] * (double)wh[e];
+    free(hf), free(wh);
+    return q;
+}
+
+tz_loftq_stats tz_calib_init_params(tz_params *ps, tz_backend *be, const tz_calib *c,
+                                    double alpha, int64_t rank, uint64_t seed, int threads,
+                                    tz_loftq_source src, void *ctx) {
+    tz_loftq_stats st;
+    memset(&st, 0, sizeof st);
+    tz_backend *cpu = tz_cpu_backend_create(threads);
+    tz_tq_codebook cbs[TZ_TQ_MAX_BITS + 1];
+    memset(cbs, 0, sizeof cbs);
+    const float s = (float)(alpha / (double)rank);
+    char err[256];
+    for (int i = 0; i < ps->n; i++) {
+        tz_param *a = ps->p[i], *b = NULL, *w = adapter_of(ps, i, rank, "calibrated", &b);
+        if (!w || !w->q) continue;
+        const int k = calib_find((tz_calib *)c, w);
+        if (k < 0 || !c->rows[k]) continue; /* not reached by the calibration's forward */
+        const tz_qweight *q = w->q;
+        const int64_t m = w->shape[0], n = w->shape[1];
+        if (q->method == TZ_TQ_TURBOQUANT && cbs[q->bits].bits != q->bits &&
+            tz_tq_codebook_init(&cbs[q->bits], q->bits, err, sizeof err))
+            TZ_FATAL("%s", err);
+        tz_tq_tensor t;
+        if (tz_tq_tensor_init(&t, q->bits, q->group, m, n, q->seed, err, sizeof err))
+            TZ_FATAL("%s: %s", w->name, err);
+        tz_qweight_codes_get(be, q, t.codes, 0, (size_t)tz_tq_codes_bytes(m, n, q->bits));
+        be->download(be, t.scales, q->scales,
+                     (size_t)tz_tq_scales_count(m, n, q->group) * sizeof *t.scales);
+        float *wd = tz_xmalloc((size_t)w->numel * sizeof *wd);
+        float *qh = tz_xmalloc((size_t)w->numel * sizeof *qh);
+        float *ha = tz_xmalloc((size_t)a->numel * sizeof *ha);
+        float *hb = tz_xmalloc((size_t)b->numel * sizeof *hb);
+        double *H = tz_xmalloc((size_t)(n * n) * sizeof *H);
+        src(ctx, w, wd);
+        tz_tq_dequantize_as(&t, q->method, &cbs[q->bits], qh);
+        for (int64_t e = 0; e < w->numel; e++) qh[e] = wd[e] - qh[e]; /* R = W - Q */
+        for (int64_t e = 0; e < n * n; e++) H[e] = c->H[k][e] / (double)c->rows[k];
+        st.ref += quad_form(cpu, wd, H, m, n);
+        tz_rng rng = tz_rng_make(seed, (uint64_t)i, TZ_RNG_LORA, 0);
+        tz_calib_weight(cpu, qh, H, m, n, rank, s, &rng, ha, hb, &st.err_plain, &st.err_loftq);
+        st.n++;
+        tz_param_upload(be, a, ha, 0, a->numel);
+        tz_param_upload(be, b, hb, 0, b->numel);
+        tz_tq_tensor_free(&t);
+        free(wd), free(qh), free(ha), free(hb), free(H);
+    }
+    tz_cpu_backend_destroy(cpu);
     return st;
 }

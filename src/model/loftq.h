@@ -54,4 +54,45 @@ typedef void (*tz_loftq_source)(void *ctx, const tz_param *p, float *w);
 tz_loftq_stats tz_loftq_init_params(tz_params *ps, tz_backend *be, double alpha, int64_t rank,
                                     uint64_t seed, int threads, tz_loftq_source src, void *ctx);
 
+/* ---- lora.init = "calibrated": the adapter fitted in the norm of the layer's inputs ----
+ * The base stays quantize(W) (as with the default init, so an adapter needs nothing else to
+ * be used), and s B A is the rank-r fit of R = W - Q that is best for the outputs on inputs
+ * X: min ||X (R - s B A)^T||_F = ||(R - s B A) L||_F with H = X^T X / rows + damp I = L L^T
+ * (Cholesky, damp = TZ_CALIB_DAMP of H's mean diagonal): the truncated SVD of R L, then A
+ * times L^{-1}. */
+#define TZ_CALIB_DAMP 0.01
+
+/* H = X^T X of each adapted quantized weight's input, gathered through tz_linear's probe. */
+typedef struct tz_calib {
+    tz_backend *be, *cpu;
+    int n, cap;
+    const tz_param **w; /* the weights seen, and per weight: */
+    double **H;         /* [in, in], summed over rows */
+    int64_t *in, *rows;
+    float *x, *xtx;     /* host staging */
+    size_t xcap;
+} tz_calib;
+
+/* Starts gathering (the probe set) for the forward passes that follow, on backend be. */
+void tz_calib_begin(tz_calib *c, tz_backend *be, int threads);
+/* Stops gathering (the probe cleared); c keeps what it gathered until tz_calib_free. */
+void tz_calib_end(tz_calib *c);
+void tz_calib_free(tz_calib *c);
+
+/* One weight: a [r, in] and b [out, r] with s b a the rank-r fit of res [out, in] in the norm
+ * of H [in, in] (the rows' mean X^T X, damped as above). err_plain and err_fit (may be NULL)
+ * get tr(R H R^T) and tr(E H E^T), E = R - s b a: the outputs' squared error per row before
+ * and after. */
+void tz_calib_weight(tz_backend *cpu, const float *res, const double *H, int64_t m, int64_t n,
+                     int64_t r, float s, tz_rng *rng, float *a, float *b, double *err_plain,
+                     double *err_fit);
+
+/* For every adapter of ps whose base weight is quantized and was seen by c: R = W - Q (W
+ * through src, Q the stored codes decoded), tz_calib_weight with s = alpha / rank and the
+ * stream tz_rng_make(seed, i, TZ_RNG_LORA, 0), A and B uploaded; the base is untouched.
+ * Returns the totals, with ref = tr(W H W^T) and err_plain, err_loftq the two errors. */
+tz_loftq_stats tz_calib_init_params(tz_params *ps, tz_backend *be, const tz_calib *c,
+                                    double alpha, int64_t rank, uint64_t seed, int threads,
+                                    tz_loftq_source src, void *ctx);
+
 #endif

@@ -47,7 +47,8 @@ tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int t
         o.lora.targets = tz_family_lora_targets(f, cfg);
         o.lora.rank = cfg->lora.rank;
         o.lora.alpha = cfg->lora.alpha;
-        o.lora.loftq = cfg->lora.init == TZ_LORA_INIT_LOFTQ;
+        o.lora.loftq = cfg->lora.init == TZ_LORA_INIT_LOFTQ ||
+                       cfg->lora.init == TZ_LORA_INIT_LOFTQ_CALIBRATED;
         o.lora.init_seed = (uint64_t)cfg->run.seed;
         o.lora.embeddings = cfg->lora.train_embeddings;
         if (o.lora.embeddings && !f->embeddings)
@@ -99,7 +100,7 @@ static void check_adapter_base(const tz_config *cfg, const tz_params *ps) {
 static void read_dense(void *ctx, const tz_param *p, float *w) {
     char err[1200];
     if (tz_st_read_f32((const tz_safetensors *)ctx, p->name, w, p->ndim, p->shape, err, sizeof err))
-        TZ_FATAL("lora.init = \"loftq\": model.path: %s", err);
+        TZ_FATAL("lora.init: the dense weights of model.path: %s", err);
 }
 
 /* lora.init = "loftq": the default init first (adapters of dense weights keep it), then each
@@ -142,13 +143,63 @@ static void init_loftq(const tz_config *cfg, const tz_model_opts *o, tz_params *
             r.err_loftq > 0 ? r.err_plain / r.err_loftq : 0.0);
 }
 
+/* lora.init = "calibrated": forward passes over the first lora.calibration training rows (the
+ * same on every rank) gather each adapted quantized weight's input Gram matrix, then each
+ * adapter becomes the rank-r fit of W - Q in that norm (model/loftq.h); the base stays
+ * quantize(W). Before the optimizer reads the adapters. */
+static void init_calibrated(tz_task *t) {
+    const tz_config *cfg = t->cfg;
+    char err[1200];
+    const char *hint = "point model.path at the dense model and set quant.bits, or set "
+                       "lora.init = \"default\"";
+    if (t->opts.random_base)
+        TZ_FATAL_HINT(hint, "lora.init = \"calibrated\" needs the dense weights of a model "
+                      "folder; model.path %s is a preset built in memory", cfg->model.path);
+    if (!t->train_loss || t->n_train <= 0)
+        TZ_FATAL("lora.init = \"calibrated\": no training rows to calibrate on");
+    tz_safetensors st;
+    tz_tqf qf;
+    if (tz_st_open(&st, cfg->model.path, err, sizeof err) || tz_tqf_read(&qf, &st, err, sizeof err))
+        TZ_FATAL("lora.init = \"calibrated\": model.path: %s", err);
+    if (qf.present)
+        TZ_FATAL_HINT(hint, "lora.init = \"calibrated\" fits W - Q from the dense weights, but "
+                      "model.path %s is already quantized", cfg->model.path);
+    tz_tqf_free(&qf);
+    const int64_t want = cfg->lora.calibration < t->n_train ? cfg->lora.calibration : t->n_train;
+    tz_calib c;
+    tz_calib_begin(&c, t->be, (int)cfg->train.threads);
+    int64_t rows = 0;
+    for (int64_t first = 0; rows < want && first + t->B <= t->n_train; first += t->B, rows += t->B)
+        t->train_loss(t, first);
+    tz_calib_end(&c);
+    if (!rows)
+        TZ_FATAL("lora.init = \"calibrated\": %lld training rows, fewer than one micro-batch "
+                 "(%lld)", (long long)t->n_train, (long long)t->B);
+    tz_loftq_stats r = tz_calib_init_params(t->params, t->be, &c, t->opts.lora.alpha,
+                                            t->opts.lora.rank, t->opts.lora.init_seed,
+                                            (int)cfg->train.threads, read_dense, &st);
+    tz_calib_free(&c);
+    tz_st_close(&st);
+    if (!r.n) {
+        tz_warn("lora.init = \"calibrated\": no adapted weight is quantized (quant.bits = 0): "
+                "the adapters start as with lora.init = \"default\"");
+        return;
+    }
+    tz_info("lora.init = calibrated: %d quantized weights' adapters fitted on the inputs of %lld "
+            "training %s: output error ||X (W - Q - s B A)^T||^2 / ||X W^T||^2 = %.6f, "
+            "the base Q alone %.6f (%.2fx)", r.n, (long long)rows, t->row_name,
+            r.err_loftq / r.ref, r.err_plain / r.ref,
+            r.err_loftq > 0 ? r.err_plain / r.err_loftq : 0.0);
+}
+
 void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_params *ps,
                            tz_backend *be) {
     if (cfg->model.adapter[0]) check_adapter_base(cfg, ps);
     /* loftq changes the base as well: made again under model.adapter (the adapter's rank,
      * alpha and first adapters' seed, as its adapter_config.json records them), so an adapter
      * trained on a loftq base is used on that base whatever this config's lora.init says */
-    const int want = cfg->lora.init == TZ_LORA_INIT_LOFTQ;
+    const int want = cfg->lora.init == TZ_LORA_INIT_LOFTQ ||
+                     cfg->lora.init == TZ_LORA_INIT_LOFTQ_CALIBRATED;
     if (cfg->model.adapter[0]) {
         int loftq = o->lora.loftq;
         uint64_t seed = o->lora.init_seed;
@@ -205,6 +256,11 @@ tz_task *tz_task_create(const tz_config *cfg, tz_backend *be, int training, int 
     tz_task_load_adapters(cfg, &t->opts, t->params, be);
     t->B = cfg->train.micro_batch;
     ops->open(t);
+    t->train_loss = ops->train_loss;
+    if (training && cfg->train.mode == TZ_MODE_LORA && !cfg->model.adapter[0] && !be->plan &&
+        (cfg->lora.init == TZ_LORA_INIT_CALIBRATED ||
+         cfg->lora.init == TZ_LORA_INIT_LOFTQ_CALIBRATED))
+        init_calibrated(t);
     size_t used = strlen(t->describe);
     const int qzo = training && cfg->train.mode == TZ_MODE_QZO; /* the scales train */
     snprintf(t->describe + used, sizeof t->describe - used,

@@ -8,6 +8,8 @@
 #   loftq's gap at step 0 <= START x the plain gap         (measured 0.45)
 #   loftq's share of the plain gap closed at the end >= RECOVERY    (measured 0.59)
 #   loftq's final loss below the default init's final loss (measured 1.0852 vs 1.0905)
+#   loftq_calibrated's gap at step 0 <= CAL_START x loftq's   (measured 0.81, 2026-11-26)
+#   and its output error on the calibration inputs >= CAL_RATIO x below its base's (3.14)
 # Needs the KJV text: inputs/data/kjv.tok and kjv.val.tok (inputs/data/make_data.sh), or the
 # `bible` program (Debian bible-kjv) to make them here; exits 77 (skipped) with neither.
 # usage: loftq_quality.sh TURBOZERO SOURCE_DIR
@@ -17,7 +19,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/tzloftqq.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/../lib.sh"
 cd "$src"
-START=0.7 RECOVERY=0.45
+START=0.7 RECOVERY=0.45 CAL_START=0.9 CAL_RATIO=2.5
 val=inputs/data/kjv.val.tok train=inputs/data/kjv.tok
 if [ ! -s "$val" ] || [ ! -s "$train" ]; then
   if ! command -v bible > /dev/null; then
@@ -32,7 +34,8 @@ fi
 common=(--set data.train="$train" --set data.val="$val" --set data.seq_len=128 --set train.steps=40
         --set train.micro_batch=8 --set train.eval_every=0 --set train.eval_windows=256
         --set train.log_every=10 --set optim.warmup=5 --set optim.lr=5e-4 --set train.threads=2)
-for v in "dense" "plain --set quant.bits=3" "loftq --set quant.bits=3 --set lora.init=loftq"; do
+for v in "dense" "plain --set quant.bits=3" "loftq --set quant.bits=3 --set lora.init=loftq" \
+         "lcal --set quant.bits=3 --set lora.init=loftq_calibrated"; do
   set -- $v
   name=$1; shift
   "$tz" train inputs/llama/finetune.cfg "${common[@]}" --set run.dir="$work/$name" "$@" > "$work/$name.log" 2>&1 ||
@@ -58,4 +61,19 @@ awk -v r="$rec" -v m=$RECOVERY 'BEGIN {exit !(r >= m)}' &&
   bad "after 40 steps loftq has closed $rec of the 3-bit gap, less than $RECOVERY (default init: $recp)"
 awk -v l="$l1" -v p="$p1" 'BEGIN {exit !(l < p)}' &&
   ok "loftq ends below the default init: $l1 < $p1" || bad "loftq ends at $l1, the default init at $p1"
+# loftq_calibrated: the same base, the adapters refitted on the inputs of 32 training windows
+c0=$(ev lcal 1) c1=$(ev lcal 2)
+line=$(grep -o "lora.init = calibrated: .*" "$work/lcal.log")
+echo "     3-bit loftq_calibrated $c0 -> $c1; $line"
+ratio=$(echo "$line" | sed -n 's/.*(\([0-9.]*\)x).*/\1/p')
+awk -v c="$c0" -v l="$l0" -v d="$d0" -v f=$CAL_START 'BEGIN {exit !(c != "" && c - d <= f * (l - d))}' &&
+  awk -v r="$ratio" -v m=$CAL_RATIO 'BEGIN {exit !(r != "" && r >= m)}' &&
+  ok "step 0: loftq_calibrated's gap $(awk -v a="$c0" -v b="$d0" 'BEGIN {print a - b}') <= $CAL_START x loftq's; its output error ${ratio}x below its base's (at least $CAL_RATIO)" ||
+  bad "loftq_calibrated: step 0 $c0 (loftq $l0, dense $d0), output error ratio '$ratio'"
+# its adapter on its base, made again from what adapter_config.json records (lora_init loftq)
+e=$("$tz" eval inputs/llama/finetune.cfg "${common[@]}" --set quant.bits=3 \
+      --set model.adapter="$work/lcal/adapter" 2>&1 | tail -1 | sed -n 's/^eval_loss=\([0-9.]*\) .*/\1/p')
+awk -v a="$e" -v b="$c1" 'BEGIN {d = a - b; exit !(a != "" && d < 1e-5 && d > -1e-5)}' &&
+  ok "eval of the loftq_calibrated adapter (lora.init left at default) reproduces $c1" ||
+  bad "eval of the loftq_calibrated adapter: $e vs $c1"
 finish loftq_quality

@@ -159,6 +159,79 @@ static void test_svd(tz_backend *cpu) {
     run_free(&o);
 }
 
+/* tr(E H E^T) of E = res - s b a (double). */
+static double h_norm(const float *res, const float *a, const float *b, const double *H, int64_t m,
+                     int64_t n, int64_t r, float s) {
+    double tot = 0.0, *e = malloc((size_t)n * sizeof *e);
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            double v = res[i * n + j];
+            for (int64_t k = 0; k < r; k++) v -= (double)s * b[i * r + k] * a[k * n + j];
+            e[j] = v;
+        }
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t l = 0; l < n; l++) tot += e[j] * H[j * n + l] * e[l];
+    }
+    free(e);
+    return tot;
+}
+
+/* lora.init = "calibrated": the fit of res in the norm of the inputs' Gram matrix H. With
+ * H = I it is the truncated SVD (the error orthogonal to the fit); with the H of strongly
+ * unequal, correlated inputs its output error is below the plain SVD's (which minimises the
+ * weight error instead) by a clear factor, and the error it reports is the one it leaves. */
+static void test_calibrated(tz_backend *cpu) {
+    const int64_t m = 64, n = 128, r = 4, rows = 512;
+    tz_rng g = tz_rng_make(5, 0, TZ_RNG_TEST, 0);
+    float *res = malloc((size_t)(m * n) * sizeof *res), *a = malloc((size_t)(r * n) * sizeof *a);
+    float *b = malloc((size_t)(m * r) * sizeof *b), *a0 = malloc((size_t)(r * n) * sizeof *a0);
+    float *b0 = malloc((size_t)(m * r) * sizeof *b0), *x = malloc((size_t)(rows * n) * sizeof *x);
+    double *H = calloc((size_t)(n * n), sizeof *H), *I = calloc((size_t)(n * n), sizeof *I);
+    for (int64_t i = 0; i < m * n; i++) res[i] = (float)tz_rng_normal(&g);
+    /* inputs: a few strong directions and columns of very different scales */
+    for (int64_t t = 0; t < rows; t++) {
+        const double z0 = tz_rng_normal(&g), z1 = tz_rng_normal(&g);
+        for (int64_t j = 0; j < n; j++)
+            x[t * n + j] = (float)((0.1 + 3.0 * exp(-(double)j / 16.0)) * tz_rng_normal(&g) +
+                                   2.0 * z0 * sin(0.1 * (double)j) + z1 * (j % 7 == 0));
+    }
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t l = 0; l < n; l++) H[j * n + l] += (double)x[t * n + j] * x[t * n + l] / rows;
+    for (int64_t j = 0; j < n; j++) I[j * n + j] = 1.0;
+    /* H = I: the truncated SVD */
+    tz_rng g0 = tz_rng_make(6, 0, TZ_RNG_TEST, 0);
+    tz_calib_weight(cpu, res, I, m, n, r, SCALE, &g0, a0, b0, NULL, NULL);
+    double dot = 0, nl = 0, nres = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double l = 0;
+            for (int64_t k = 0; k < r; k++) l += (double)SCALE * b0[i * r + k] * a0[k * n + j];
+            const double e = res[i * n + j] - l;
+            dot += e * l, nl += l * l, nres += e * e;
+        }
+    const double cosang = fabs(dot) / sqrt(nl * nres);
+    check(cosang < 1e-3, "calibrated, H = I: the truncated SVD (cos of error and fit %.2e)", cosang);
+    /* the inputs' H: the output error against the plain SVD's */
+    tz_rng g1 = tz_rng_make(6, 0, TZ_RNG_TEST, 0);
+    double plain = 0, fit = 0;
+    tz_calib_weight(cpu, res, H, m, n, r, SCALE, &g1, a, b, &plain, &fit);
+    double *Hd = malloc((size_t)(n * n) * sizeof *Hd), mean = 0;
+    for (int64_t j = 0; j < n; j++) mean += H[j * n + j] / n;
+    for (int64_t e = 0; e < n * n; e++) Hd[e] = H[e];
+    for (int64_t j = 0; j < n; j++) Hd[j * n + j] += TZ_CALIB_DAMP * mean;
+    const double e_cal = h_norm(res, a, b, H, m, n, r, SCALE), e_svd = h_norm(res, a0, b0, H, m, n, r, SCALE);
+    const double e_zero = h_norm(res, a, b, H, m, n, 0, SCALE), e_cal_d = h_norm(res, a, b, Hd, m, n, r, SCALE);
+    printf("     calibrated: output error %.4g of %.4g with no adapter; the plain SVD's %.4g (%.2fx)\n",
+           e_cal, e_zero, e_svd, e_svd / e_cal);
+    check(e_cal < 0.8 * e_svd, "calibrated: output error %.4g below 0.8 x the plain SVD's %.4g",
+          e_cal, e_svd);
+    check(fabs(fit - e_cal_d) <= 1e-3 * e_cal_d && fabs(plain - h_norm(res, a, b, Hd, m, n, 0, SCALE)) <=
+              1e-3 * plain, "calibrated: the errors it reports are tr(E H E^T) of what it leaves "
+          "(%.6g vs %.6g)", fit, e_cal_d);
+    free(res), free(a), free(b), free(a0), free(b0), free(x), free(H), free(I), free(Hd);
+}
+
 static void test_determinism(const float *w) {
     tz_backend *one = tz_cpu_backend_create(1), *two = tz_cpu_backend_create(2);
     run x, y, z, other;
@@ -248,6 +321,7 @@ int main(int argc, char **argv) {
            "alternations\n", M, N, R, (double)SCALE, TZ_LOFTQ_ITERS);
     test_factors(cpu, w);
     test_svd(cpu);
+    test_calibrated(cpu);
     test_determinism(w);
     test_walk();
     free(w);
