@@ -184,9 +184,10 @@ if [ "$(id -u)" != 0 ] || ! mount -t tmpfs -o size=256k tmpfs "$small" 2> /dev/n
   finish run_dir || exit 1
   exit 77
 fi
-# fill it, then free 6 pages: the config, run.json and a few KiB of metrics fit
+# fill it, then free 16 pages: the config (about 8 KiB, 3 pages), run.json, the staging
+# files and a few dozen KiB of metrics fit; 2000 steps of metrics (about 200 KiB) do not
 dd if=/dev/zero of="$small/fill" bs=4k 2> /dev/null
-truncate -s -24k "$small/fill"
+truncate -s -64k "$small/fill"
 train "$small/run" 8 --set train.steps=2000 --set train.eval_windows=0 > "$work/full.log" 2>&1; rc=$?
 lines=$(wc -l < "$small/run/staging/metrics.jsonl" 2> /dev/null || echo 0)
 if [ $rc -ne 0 ] && grep -q "step [0-9]*: .*metrics.jsonl: write failed: No space left on device" "$work/full.log" &&
