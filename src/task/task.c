@@ -103,30 +103,37 @@ static void read_dense(void *ctx, const tz_param *p, float *w) {
         TZ_FATAL("lora.init: the dense weights of model.path: %s", err);
 }
 
+/* The dense weights of model.path for lora.init = `init` into st: fatal, with a hint, for a
+ * preset built in memory or a folder already quantized (there is no W to fit then). */
+static void open_dense(const tz_config *cfg, int random_base, const char *init,
+                       tz_safetensors *st) {
+    char err[1200];
+    const char *hint = "point model.path at the dense model and set quant.bits (quant.group, "
+                       "quant.method, quant.seed) to quantize it at load, or set lora.init = "
+                       "\"default\"";
+    if (random_base)
+        TZ_FATAL_HINT(hint, "lora.init = \"%s\" needs the dense weights of a model folder; "
+                      "model.path %s is a preset built in memory", init, cfg->model.path);
+    tz_tqf qf;
+    if (tz_st_open(st, cfg->model.path, err, sizeof err))
+        TZ_FATAL("lora.init = \"%s\": model.path: %s", init, err);
+    if (tz_tqf_read(&qf, st, err, sizeof err))
+        TZ_FATAL("lora.init = \"%s\": model.path: %s", init, err);
+    if (qf.present)
+        TZ_FATAL_HINT(hint, "lora.init = \"%s\" starts from the dense weights, but model.path "
+                      "%s is already quantized (%s, %d bits)", init, cfg->model.path,
+                      tz_tq_method_name(qf.method), qf.bits);
+    tz_tqf_free(&qf);
+}
+
 /* lora.init = "loftq": the default init first (adapters of dense weights keep it), then each
  * quantized adapted weight re-quantized as quantize(W - s B A) with its adapter (model/
  * loftq.h), from the dense weights of model.path. Every rank computes the same bits. */
 static void init_loftq(const tz_config *cfg, const tz_model_opts *o, tz_params *ps,
                        tz_backend *be, uint64_t seed) {
-    char err[1200];
-    const char *hint = "point model.path at the dense model and set quant.bits (quant.group, "
-                       "quant.method, quant.seed) to quantize it at load, or set lora.init = "
-                       "\"default\"";
     tz_model_init_lora(ps, be, seed);
-    if (o->random_base)
-        TZ_FATAL_HINT(hint, "lora.init = \"loftq\" needs the dense weights of a model folder; "
-                      "model.path %s is a preset built in memory", cfg->model.path);
     tz_safetensors st;
-    tz_tqf qf;
-    if (tz_st_open(&st, cfg->model.path, err, sizeof err))
-        TZ_FATAL("lora.init = \"loftq\": model.path: %s", err);
-    if (tz_tqf_read(&qf, &st, err, sizeof err))
-        TZ_FATAL("lora.init = \"loftq\": model.path: %s", err);
-    if (qf.present)
-        TZ_FATAL_HINT(hint, "lora.init = \"loftq\" re-quantizes the dense weights, but "
-                      "model.path %s is already quantized (%s, %d bits)", cfg->model.path,
-                      tz_tq_method_name(qf.method), qf.bits);
-    tz_tqf_free(&qf);
+    open_dense(cfg, o->random_base, "loftq", &st);
     tz_loftq_stats r = tz_loftq_init_params(ps, be, o->lora.alpha, o->lora.rank,
                                             seed, (int)cfg->train.threads,
                                             read_dense, &st);
@@ -149,22 +156,10 @@ static void init_loftq(const tz_config *cfg, const tz_model_opts *o, tz_params *
  * quantize(W). Before the optimizer reads the adapters. */
 static void init_calibrated(tz_task *t) {
     const tz_config *cfg = t->cfg;
-    char err[1200];
-    const char *hint = "point model.path at the dense model and set quant.bits, or set "
-                       "lora.init = \"default\"";
-    if (t->opts.random_base)
-        TZ_FATAL_HINT(hint, "lora.init = \"calibrated\" needs the dense weights of a model "
-                      "folder; model.path %s is a preset built in memory", cfg->model.path);
     if (!t->train_loss || t->n_train <= 0)
         TZ_FATAL("lora.init = \"calibrated\": no training rows to calibrate on");
     tz_safetensors st;
-    tz_tqf qf;
-    if (tz_st_open(&st, cfg->model.path, err, sizeof err) || tz_tqf_read(&qf, &st, err, sizeof err))
-        TZ_FATAL("lora.init = \"calibrated\": model.path: %s", err);
-    if (qf.present)
-        TZ_FATAL_HINT(hint, "lora.init = \"calibrated\" fits W - Q from the dense weights, but "
-                      "model.path %s is already quantized", cfg->model.path);
-    tz_tqf_free(&qf);
+    open_dense(cfg, t->opts.random_base, "calibrated", &st);
     const int64_t want = cfg->lora.calibration < t->n_train ? cfg->lora.calibration : t->n_train;
     tz_calib c;
     tz_calib_begin(&c, t->be, (int)cfg->train.threads);

@@ -138,7 +138,7 @@ fi
 "$tz" quantize --model "$work/model" --bits 3 --group 64 --out "$work/q3" > /dev/null 2>&1 || bad "quantize failed"
 train 1 "$work/refused" --set model.path="$work/q3" --set quant.bits=0
 rc=$?
-if [ $rc -ne 0 ] && grep -q 'lora.init = "loftq" re-quantizes the dense weights, but model.path .*q3 is already quantized (turboquant, 3 bits)' "$work/refused.log" &&
+if [ $rc -ne 0 ] && grep -q 'lora.init = "loftq" starts from the dense weights, but model.path .*q3 is already quantized (turboquant, 3 bits)' "$work/refused.log" &&
    grep -q "HINT: point model.path at the dense model" "$work/refused.log"; then
   ok "a quantized model.path is refused (exit $rc) with the reason and a hint"
 else
