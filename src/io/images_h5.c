@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "io/atomic_file.h"
+#include "io/h5_write.h"
 #include "io/fsutil.h"
 
 typedef struct {
@@ -173,16 +173,8 @@ int tz_h5_images_read(tz_image_set *s, const char *path, int64_t num_classes, ch
 int tz_h5_images_write(const char *path, const tz_image_set *s, double scale, char *err,
                        size_t errlen) {
     char *tmp;
-    int fd = tz_atomic_file_make_temp(path, &tmp, err, errlen); /* exclusive, random name */
-    if (fd < 0) return 1;
-    close(fd);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) {
-        snprintf(err, errlen, "%s: cannot create", tmp);
-        remove(tmp);
-        free(tmp);
-        return 1;
-    }
+    hid_t f = tz_h5_create_temp(path, &tmp, err, errlen);
+    if (f < 0) return 1;
     hsize_t di[4] = {(hsize_t)s->n, (hsize_t)s->C, (hsize_t)s->H, (hsize_t)s->W}, dl = (hsize_t)s->n;
     hsize_t one = 1;
     hid_t si = H5Screate_simple(4, di, NULL), sl = H5Screate_simple(1, &dl, NULL);
@@ -202,14 +194,5 @@ int tz_h5_images_write(const char *path, const tz_image_set *s, double scale, ch
         H5Aclose(a);
     }
     H5Dclose(im), H5Dclose(lb), H5Sclose(si), H5Sclose(sl), H5Sclose(sa);
-    ok = H5Fclose(f) >= 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "%s: writing failed%s%s", path, ok ? ": " : "",
-                 ok ? strerror(errno) : "");
-        remove(tmp);
-        free(tmp);
-        return 1;
-    }
-    free(tmp);
-    return 0;
+    return tz_h5_commit(f, tmp, path, ok, err, errlen);
 }

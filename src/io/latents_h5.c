@@ -2,16 +2,14 @@
  * checked at open, rows read by hyperslab, HDF5's own error printing silenced. */
 #include "io/latents_h5.h"
 
-#include <errno.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/error.h"
-#include "io/atomic_file.h"
 #include "io/fsutil.h"
+#include "io/h5_write.h"
 
 static const char *const k_layout = "expected \"latents\" [N, Ti, C], \"txt\" [N, Tt, J], "
                                     "\"pooled\" [N, P], \"img_ids\" [Ti, 3] and \"txt_ids\" "
@@ -166,16 +164,8 @@ static int attr_i64(hid_t f, const char *name, const int64_t *v, hsize_t n) {
 
 int tz_latents_write(const char *path, const tz_latents_out *o, char *err, size_t errlen) {
     char *tmp;
-    int fd = tz_atomic_file_make_temp(path, &tmp, err, errlen); /* exclusive, random name */
-    if (fd < 0) return 1;
-    close(fd);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) {
-        tz_errf(err, errlen, "%s: cannot create", tmp);
-        remove(tmp);
-        free(tmp);
-        return 1;
-    }
+    hid_t f = tz_h5_create_temp(path, &tmp, err, errlen);
+    if (f < 0) return 1;
     hsize_t dl[3] = {(hsize_t)o->n, (hsize_t)o->Ti, (hsize_t)o->C}, di[2] = {(hsize_t)o->Ti, 3};
     hsize_t one = 1;
     hid_t sl = H5Screate_simple(3, dl, NULL), si = H5Screate_simple(2, di, NULL);
@@ -196,14 +186,5 @@ int tz_latents_write(const char *path, const tz_latents_out *o, char *err, size_
     if (noi >= 0) H5Dclose(noi);
     if (ids >= 0) H5Dclose(ids);
     H5Sclose(sl), H5Sclose(si), H5Sclose(sa);
-    ok = H5Fclose(f) >= 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        tz_errf(err, errlen, "%s: writing failed%s%s", path, ok ? ": " : "",
-                ok ? strerror(errno) : "");
-        remove(tmp);
-        free(tmp);
-        return 1;
-    }
-    free(tmp);
-    return 0;
+    return tz_h5_commit(f, tmp, path, ok, err, errlen);
 }

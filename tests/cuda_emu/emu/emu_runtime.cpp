@@ -241,7 +241,7 @@ cudaError_t check_side(const char *fn, const char *side, const void *p, size_t b
 }
 
 cudaError_t order_access(const char *fn, cudaStream_t s, void *dst, size_t dspan,
-                         const void *src, size_t sspan);
+                         const void *src, size_t sspan, int record_read = 0);
 
 cudaError_t do_copy(const char *fn, void *dst, size_t dpitch, const void *src, size_t spitch,
                     size_t width, size_t height, cudaMemcpyKind k, cudaStream_t s) {
@@ -423,7 +423,7 @@ cudaError_t order_check(const char *fn, int sid, Alloc *a, const char *side, con
 }
 
 cudaError_t order_access(const char *fn, cudaStream_t s, void *dst, size_t dspan,
-                         const void *src, size_t sspan) {
+                         const void *src, size_t sspan, int record_read) {
     const int sid = sid_of(s);
     pthread_mutex_lock(&g_mem_mu);
     pthread_mutex_lock(&g_order_mu);
@@ -431,7 +431,8 @@ cudaError_t order_access(const char *fn, cudaStream_t s, void *dst, size_t dspan
     c.join(g_host_clock);
     const uint64_t now = ++c.t[sid];
     cudaError_t e =
-        src ? order_check(fn, sid, holding(src), "source", src, sspan, now, 0) : cudaSuccess;
+        src ? order_check(fn, sid, holding(src), "source", src, sspan, now, 0, record_read)
+            : cudaSuccess;
     if (e == cudaSuccess) e = order_check(fn, sid, holding(dst), "destination", dst, dspan, now, 1);
     pthread_mutex_unlock(&g_order_mu);
     pthread_mutex_unlock(&g_mem_mu);
@@ -1391,15 +1392,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
  * into those bytes as a copy's source is (kernels do not say what they read; the backend
  * declares the reads it wants checked: TZ_CUDA_KERNEL_READS). */
 cudaError_t tz_emu_kernel_reads(cudaStream_t s, const void *p, size_t bytes, const char *kernel) {
-    const int sid = sid_of(s);
-    pthread_mutex_lock(&g_mem_mu);
-    pthread_mutex_lock(&g_order_mu);
-    Clock &c = g_stream_clock[sid];
-    c.join(g_host_clock);
-    const uint64_t now = ++c.t[sid];
-    cudaError_t e = order_check(kernel, sid, holding(p), "source", p, bytes, now, 0, 1);
-    pthread_mutex_unlock(&g_order_mu);
-    pthread_mutex_unlock(&g_mem_mu);
+    const cudaError_t e = order_access(kernel, s, NULL, 0, p, bytes, 1);
     return e == cudaSuccess ? e : fail(e);
 }
 
