@@ -233,16 +233,22 @@ static void calib_probe(void *ctx, const tz_linear *l, const float *x, int64_t n
         if (c->n == c->cap) {
             c->cap = c->cap ? 2 * c->cap : 64;
             c->w = tz_xrealloc(c->w, (size_t)c->cap * sizeof *c->w);
+            c->root = tz_xrealloc(c->root, (size_t)c->cap * sizeof *c->root);
             c->H = tz_xrealloc(c->H, (size_t)c->cap * sizeof *c->H);
             c->in = tz_xrealloc(c->in, (size_t)c->cap * sizeof *c->in);
             c->rows = tz_xrealloc(c->rows, (size_t)c->cap * sizeof *c->rows);
         }
         k = c->n++;
         c->w[k] = l->w;
-        c->H[k] = tz_xcalloc((size_t)(in * in), sizeof **c->H);
         c->in[k] = in;
         c->rows[k] = 0;
+        /* the input the previous weight just read: share its Gram matrix */
+        const int same = c->last_k >= 0 && c->last_x == x && c->last_n == n && c->in[c->last_k] == in;
+        c->root[k] = same ? c->root[c->last_k] : k;
+        c->H[k] = same ? NULL : tz_xcalloc((size_t)(in * in), sizeof **c->H);
     }
+    c->last_x = x, c->last_n = n, c->last_k = k;
+    if (c->root[k] != k) return; /* gathered for its root */
     const size_t need = (size_t)(n * in + in * in);
     if (need > c->xcap) {
         free(c->x);
@@ -260,6 +266,7 @@ static void calib_probe(void *ctx, const tz_linear *l, const float *x, int64_t n
 void tz_calib_begin(tz_calib *c, tz_backend *be, int threads) {
     memset(c, 0, sizeof *c);
     c->be = be;
+    c->last_k = -1;
     c->cpu = tz_cpu_backend_create(threads);
     tz_linear_set_probe(calib_probe, c);
 }
@@ -271,7 +278,7 @@ void tz_calib_end(tz_calib *c) {
 
 void tz_calib_free(tz_calib *c) {
     for (int i = 0; i < c->n; i++) free(c->H[i]);
-    free(c->w), free(c->H), free(c->in), free(c->rows), free(c->x);
+    free(c->w), free(c->root), free(c->H), free(c->in), free(c->rows), free(c->x);
     if (c->cpu) tz_cpu_backend_destroy(c->cpu);
     memset(c, 0, sizeof *c);
 }
@@ -354,7 +361,8 @@ tz_loftq_stats tz_calib_init_params(tz_params *ps, tz_backend *be, const tz_cali
     for (int i = 0; i < ps->n; i++) {
         tz_param *a = ps->p[i], *b = NULL, *w = adapter_of(ps, i, rank, "calibrated", &b);
         if (!w || !w->q) continue;
-        const int k = calib_find((tz_calib *)c, w);
+        int k = calib_find((tz_calib *)c, w);
+        if (k >= 0) k = c->root[k];
         if (k < 0 || !c->rows[k]) continue; /* not reached by the calibration's forward */
         const tz_qweight *q = w->q;
         const int64_t m = w->shape[0], n = w->shape[1];

@@ -67,8 +67,13 @@ typedef struct tz_calib {
     tz_backend *be, *cpu;
     int n, cap;
     const tz_param **w; /* the weights seen, and per weight: */
-    double **H;         /* [in, in], summed over rows */
+    int *root;          /* the weight whose H it shares (weights fed the same input one after
+                         * another, as q, k and v are: one Gram matrix, gathered once) */
+    double **H;         /* [in, in], summed over rows (NULL where root is another) */
     int64_t *in, *rows;
+    const float *last_x; /* the previous call's input, rows and weight */
+    int64_t last_n;
+    int last_k;
     float *x, *xtx;     /* host staging */
     size_t xcap;
 } tz_calib;

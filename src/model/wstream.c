@@ -68,7 +68,6 @@ static void load(tz_wstream *s, int64_t k, int j) {
     bind(s, k, j);
     for (int w = 0; w < s->nq[i]; w++)
         be->upload_async(be, s->q[i][w]->codes, s->q[i][w]->host, s->size[i][w]);
-    s->copied += s->bytes[i];
     if (s->loaded[j]) be->event_free(be, s->loaded[j]);
     s->loaded[j] = be->event_mark(be, TZ_QUEUE_COPY);
     s->held[j] = k;

@@ -25,7 +25,6 @@ typedef struct tz_wstream {
     uint8_t *slot[2];         /* backend memory (the model's arena) */
     int64_t held[2];          /* the block whose codes a slot holds, -1 */
     void *loaded[2], *read[2]; /* events: the copy into a slot done; the compute reading it */
-    size_t copied;            /* bytes copied since tz_wstream_init (for figures) */
 } tz_wstream;
 
 /* n_blocks blocks, the last `streamed` of them streamed (0: none). */

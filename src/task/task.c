@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "io/fsutil.h"
 #include "io/peft.h"
@@ -185,6 +186,14 @@ static void init_calibrated(tz_task *t) {
             "the base Q alone %.6f (%.2fx)", r.n, (long long)rows, t->row_name,
             r.err_loftq / r.ref, r.err_plain / r.ref,
             r.err_loftq > 0 ? r.err_plain / r.err_loftq : 0.0);
+}
+
+tz_backend *tz_task_forward_setup(const tz_family *f, const tz_config *cfg, tz_model_opts *o) {
+    tz_backend *be = tz_backend_create(cfg->run.device, 0, (int)cfg->train.threads);
+    tz_backend_set_precision(be, cfg->run.precision);
+    *o = tz_task_model_opts(f, cfg, 0);
+    o->checkpointing = 0;
+    return be;
 }
 
 void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_params *ps,

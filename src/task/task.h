@@ -76,6 +76,10 @@ void tz_task_save(tz_task *t, const char *dir, char *out, size_t outlen);
  * quant.*, and adapters: model.adapter's settings, or lora.* when training LoRA (fatal for
  * full training with an adapter). */
 tz_model_opts tz_task_model_opts(const tz_family *f, const tz_config *cfg, int training);
+/* A one-process forward-only command (sample): the backend of run.device at run.precision,
+ * and in *o family f's evaluation options without checkpointing (nothing is kept for a
+ * backward pass). The caller loads its model with them, then tz_task_load_adapters. */
+tz_backend *tz_task_forward_setup(const tz_family *f, const tz_config *cfg, tz_model_opts *o);
 /* Once the model is loaded: model.adapter's tensors into ps, or a fresh LoRA init (run.seed)
  * when o asks for adapters. */
 void tz_task_load_adapters(const tz_config *cfg, const tz_model_opts *o, tz_params *ps,

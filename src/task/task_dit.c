@@ -265,10 +265,8 @@ static int sample(const tz_config *cfg, const tz_sample_args *a) {
     if (a->prompts[0] || a->shift > 0)
         TZ_FATAL("sample: %s is for Flux models; a DiT is conditioned on --class",
                  a->prompts[0] ? "--prompts" : "--shift");
-    tz_backend *be = tz_backend_create(cfg->run.device, 0, (int)cfg->train.threads);
-    tz_backend_set_precision(be, cfg->run.precision);
-    tz_model_opts o = tz_task_model_opts(&tz_family_dit, cfg, 0);
-    o.checkpointing = 0; /* forward only: nothing to keep for a backward pass */
+    tz_model_opts o;
+    tz_backend *be = tz_task_forward_setup(&tz_family_dit, cfg, &o);
     tz_dit *m = tz_dit_load(be, cfg->model.path, &o);
     tz_task_load_adapters(cfg, &o, &m->params, be);
     if (a->cls < 0 || a->cls >= m->d.num_classes)

@@ -272,10 +272,8 @@ static int sample(const tz_config *cfg, const tz_sample_args *a) {
     if (tz_latents_open(&f, a->prompts, err, sizeof err))
         TZ_FATAL_HINT("make it with tools/latents.py (docs/dit.md, \"Flux\")", "sample: --prompts "
                       "%s", err);
-    tz_backend *be = tz_backend_create(cfg->run.device, 0, (int)cfg->train.threads);
-    tz_backend_set_precision(be, cfg->run.precision);
-    tz_model_opts o = tz_task_model_opts(&tz_family_flux, cfg, 0);
-    o.checkpointing = 0; /* forward only: nothing to keep for a backward pass */
+    tz_model_opts o;
+    tz_backend *be = tz_task_forward_setup(&tz_family_flux, cfg, &o);
     tz_flux *m = tz_flux_load(be, cfg->model.path, &o);
     tz_task_load_adapters(cfg, &o, &m->params, be);
     const tz_flux_dims *d = &m->d;
