@@ -50,7 +50,7 @@ plan() { grep -o 'planned backend memory per rank: [0-9.]* GiB ([0-9]* bytes)' "
 peak() { grep -m1 -o 'allocator peak [0-9.]* GiB ([0-9]* bytes' "$1" | awk '{print $5}' | tr -d '('; }
 for p in llama-tiny dit-tiny flux-tiny; do
   "$tz" bench --preset $p --dry-run --set run.device=cpu > "$work/$p-plan.log" 2>&1
-  "$tz" bench --preset $p --set train.threads=2 > "$work/$p.log" 2>&1 || { bad "bench $p failed"; tail -3 "$work/$p.log"; continue; }
+  "$tz" bench --preset $p --set run.device=cpu --set train.threads=2 > "$work/$p.log" 2>&1 || { bad "bench $p failed"; tail -3 "$work/$p.log"; continue; }
   a=$(plan "$work/$p-plan.log") b=$(peak "$work/$p.log")
   [ -n "$a" ] && [ "$a" = "$b" ] && ok "$p: allocator peak $b bytes, as planned" || bad "$p: planned ${a:-?} bytes, allocator peak ${b:-?}"
   split=$(grep -o 'step split, .*' "$work/$p.log")
@@ -58,7 +58,7 @@ for p in llama-tiny dit-tiny flux-tiny; do
     ok "$p: $(grep -o 'bench: .*' "$work/$p.log" | grep -oE '[0-9]+ (tokens|images|samples)/s \|' | tr -d ' |'), ${split%%|*}" ||
     bad "$p: no step split line"
 done
-OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 2 "$tz" bench --preset llama-tiny --set train.threads=1 > "$work/np2.log" 2>&1
+OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 2 "$tz" bench --preset llama-tiny --set run.device=cpu --set train.threads=1 > "$work/np2.log" 2>&1
 OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np 2 "$tz" bench --preset llama-tiny --dry-run --set run.device=cpu > "$work/np2-plan.log" 2>&1
 a=$(plan "$work/np2-plan.log") b=$(peak "$work/np2.log")
 [ -n "$a" ] && [ "$a" = "$b" ] && ok "llama-tiny, 2 ranks: allocator peak $b bytes (with the stage-2 staging), as planned" ||
@@ -80,7 +80,7 @@ grep -qi 'bf16' "$work/7b-gpu.log" && [ -n "$a" ] && [ "$a" -le $limit ] &&
 chunked="--set data.seq_len=2048 --set train.micro_batch=9 --set train.steps=1"
 for np in 1 2; do
   run=("$tz") && [ $np -gt 1 ] && run=(mpirun -np $np "$tz")
-  "${run[@]}" bench --preset llama-tiny $chunked --set train.threads=$((2 / np)) > "$work/chunks$np.log" 2>&1 ||
+  "${run[@]}" bench --preset llama-tiny $chunked --set run.device=cpu --set train.threads=$((2 / np)) > "$work/chunks$np.log" 2>&1 ||
     { bad "bench llama-tiny with MLP chunks, $np ranks, failed"; tail -3 "$work/chunks$np.log"; continue; }
   "${run[@]}" bench --preset llama-tiny $chunked --dry-run --set run.device=cpu > "$work/chunks$np-plan.log" 2>&1
   a=$(plan_bytes "$work/chunks$np-plan.log") b=$(peak "$work/chunks$np.log")
@@ -89,28 +89,36 @@ for np in 1 2; do
 done
 
 # 6. on the CPU emulation of the CUDA backend, where built (bf16 operands: the saved residual
-#    streams in host memory, one slot of them on the device): the allocator's peak is the plan
-emu=$(dirname "$tz")/libtzcuda_emu.so
+#    streams in host memory, one slot of them on the device): the allocator's peak is the plan.
+#    TZ_BENCH_CUDA_MODULE=the real CUDA module runs the same checks on a GPU (device.sh).
+emu=${TZ_BENCH_CUDA_MODULE:-$(dirname "$tz")/libtzcuda_emu.so}
+where="the emulated device" && [ -n "${TZ_BENCH_CUDA_MODULE:-}" ] && where="the GPU"
 if [ -f "$emu" ]; then
   small="--set run.device=cuda --set data.seq_len=32 --set train.micro_batch=2 --set train.steps=1"
   TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --set train.threads=2 > "$work/emu.log" 2>&1 ||
-    { bad "bench llama-tiny on the emulated device failed"; tail -3 "$work/emu.log"; }
+    { bad "bench llama-tiny on $where failed"; tail -3 "$work/emu.log"; }
   TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --dry-run > "$work/emu-plan.log" 2>&1
   a=$(plan_bytes "$work/emu-plan.log") b=$(peak "$work/emu.log")
-  [ -n "$a" ] && [ "$a" = "$b" ] && ok "llama-tiny on the emulated device: allocator peak $b bytes, as planned" ||
-    bad "llama-tiny on the emulated device: planned ${a:-?} bytes, allocator peak ${b:-?}"
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok "llama-tiny on $where: allocator peak $b bytes, as planned" ||
+    bad "llama-tiny on $where: planned ${a:-?} bytes, allocator peak ${b:-?}"
   # flux-tiny streams 3 of its 4 blocks' codes through two slots: every copy into a slot and
   # every kernel reading one is checked for stream order by the emulation (with the saved
   # streams on the host, and without checkpointing, where nothing else orders the streams)
   for ck in true false; do
     fx="--set run.device=cuda --set train.steps=1 --set train.checkpointing=$ck"
     TZ_CUDA_MODULE=$emu "$tz" bench --preset flux-tiny $fx --set train.threads=2 > "$work/emuf.log" 2>&1 ||
-      { bad "bench flux-tiny on the emulated device (checkpointing $ck) failed"; grep -m2 -i "emulation\|fatal" "$work/emuf.log"; continue; }
+      { bad "bench flux-tiny on $where (checkpointing $ck) failed"; grep -m2 -i "emulation\|fatal" "$work/emuf.log"; continue; }
     TZ_CUDA_MODULE=$emu "$tz" bench --preset flux-tiny $fx --dry-run > "$work/emuf-plan.log" 2>&1
     a=$(plan_bytes "$work/emuf-plan.log") b=$(peak "$work/emuf.log")
     [ -n "$a" ] && [ "$a" = "$b" ] &&
-      ok "flux-tiny on the emulated device, 3 blocks streamed, checkpointing $ck: stream order kept, allocator peak $b bytes, as planned" ||
-      bad "flux-tiny on the emulated device (checkpointing $ck): planned ${a:-?} bytes, allocator peak ${b:-?}"
+      ok "flux-tiny on $where, 3 blocks streamed, checkpointing $ck: stream order kept, allocator peak $b bytes, as planned" ||
+      bad "flux-tiny on $where (checkpointing $ck): planned ${a:-?} bytes, allocator peak ${b:-?}"
+    # the streamed blocks compute what resident ones do: the same losses to the digits printed
+    TZ_CUDA_MODULE=$emu "$tz" bench --preset flux-tiny $fx --set quant.offload_blocks=0 \
+      --set train.threads=2 > "$work/emuf0.log" 2>&1
+    a=$(grep -oE 'step 1/1 \| loss [0-9.]+' "$work/emuf.log") b=$(grep -oE 'step 1/1 \| loss [0-9.]+' "$work/emuf0.log")
+    [ -n "$a" ] && [ "$a" = "$b" ] && ok "flux-tiny, checkpointing $ck: streamed and resident blocks give the same ${a#step 1/1 | }" ||
+      bad "flux-tiny, checkpointing $ck: streamed '${a:-?}', resident '${b:-?}'"
   done
 else
   echo "skip the emulated device: $emu not built"

@@ -17,6 +17,9 @@
 #                               when time allows; a table of both last.
 #   tests/gpu/device.sh optimes on the GPU machine: the 7B and DiT-XL/2 steps' GPU time op by
 #                               op (TZ_CUDA_OP_TIMES=1, two bench steps each).
+#   tests/gpu/device.sh speed   on the GPU machine, after a kernel change: test_cuda_ops, the
+#                               7B bench beside anchor_peft.py lora, DiT-XL/2 with AdamW on the
+#                               GPU, both presets' op times (TZ_DEVICE_BUDGET applies).
 #   tests/gpu/device.sh sanitize on the GPU machine: compute-sanitizer memcheck, racecheck and
 #                               synccheck over test_cuda_ops.
 #   tests/gpu/device.sh ncu     on the GPU machine: Nsight Compute on named kernels of the 7B
@@ -75,6 +78,12 @@ run_tests() {
   rc=$?
   cat "$out/lora_gpu.log"
   record gpu_lora_bundled $rc "$out/lora_gpu.log"
+  echo "== bench_preset_gpu (tests/gpu/bench_preset_test.sh on the GPU: plan = allocator peak, Flux streaming)"
+  TZ_BENCH_CUDA_MODULE=$TZ_CUDA_MODULE timeout "$(cap 120)" bash tests/gpu/bench_preset_test.sh "$tz" \
+    "$out/bench_preset" > "$out/bench_preset_gpu.log" 2>&1
+  rc=$?
+  grep -E 'FAIL|device|flux' "$out/bench_preset_gpu.log" | tail -12
+  record bench_preset_gpu $rc "$out/bench_preset_gpu.log"
   echo "== offload_gpu (tests/offload/offload_test.sh)"
   timeout "$(cap 200)" bash tests/offload/offload_test.sh "$tz" "$root" "$(command -v mpirun)" \
     > "$out/offload_gpu.log" 2>&1
@@ -131,6 +140,12 @@ run_bench() {
     timeout "$(cap 90)" "$tz" bench --preset dit-xl-2 --set train.steps=6 > "$out/bench-dit-xl-2.log" 2>&1 ||
       echo "   (exit $?: see bench-dit-xl-2.log)"
     grep -E 'bench:|bench memory|step split' "$out/bench-dit-xl-2.log" | sed 's/^/   /'
+    if [ "$(left 20)" -gt 120 ]; then
+      echo "== turbozero bench --preset dit-xl-2 --set optim.offload=false (AdamW on the GPU)"
+      timeout "$(cap 90)" "$tz" bench --preset dit-xl-2 --set train.steps=6 --set optim.offload=false \
+        > "$out/bench-dit-xl-2-gpuopt.log" 2>&1 || echo "   (exit $?: see bench-dit-xl-2-gpuopt.log)"
+      grep -E 'bench:|bench memory|step split' "$out/bench-dit-xl-2-gpuopt.log" | sed 's/^/   /'
+    fi
     if [ -e $dit_repo/models.py ] && [ "$(left 20)" -gt 45 ]; then
       echo "== dit_anchor.py full"
       timeout "$(cap 80)" python3 .device/anchor/dit_anchor.py $dit_repo full > "$out/anchor-dit-full.log" 2>&1 ||
@@ -213,6 +228,14 @@ table() {
       read -r a b c <<< "$(ours "$out/bench-dit-xl-2.log")"
       printf '%-44s %12s %14s %14s\n' "turbozero dit-xl-2 full, batch 32, bf16" "$a img" "$b alloc" "$c used"
     fi
+    if [ -e "$out/bench-dit-xl-2-gpuopt.log" ]; then
+      read -r a b c <<< "$(ours "$out/bench-dit-xl-2-gpuopt.log")"
+      printf '%-44s %12s %14s %14s\n' "turbozero dit-xl-2 full, optim.offload=false" "$a img" "$b alloc" "$c used"
+    fi
+    if [ -e "$out/bench-flux-dev.log" ]; then
+      read -r a b c <<< "$(ours "$out/bench-flux-dev.log")"
+      printf '%-44s %12s %14s %14s\n' "turbozero flux-dev LoRA r16, 4-bit, 1024^2" "$a smp" "$b alloc" "$c used"
+    fi
     if [ -e "$out/anchor-dit-full.log" ]; then
       read -r a b c <<< "$(anchor "$out/anchor-dit-full.log")"
       printf '%-44s %12s %14s %14s\n' "anchor DiT-XL/2 full, batch 32, bf16 autocast" "$a img" "$b alloc" "-"
@@ -255,6 +278,26 @@ bench)
   anchor_full
   table
   ;;
+speed)
+  # after a kernel change: its op checks on the GPU, then the 7B beside the anchor (same call)
+  # and both presets' op times; a short table last
+  setup
+  : > "$out/tests.txt"
+  timeout "$(cap 90)" ".device/$build/tests/test_cuda_ops" > "$out/test_cuda_ops.log" 2>&1
+  rc=$?
+  grep FAIL "$out/test_cuda_ops.log" | head -5
+  record test_cuda_ops $rc "$out/test_cuda_ops.log"
+  echo "== turbozero bench --preset llama2-7b"
+  timeout "$(cap 60)" "$tz" bench --preset llama2-7b --set train.steps=6 > "$out/bench-llama2-7b.log" 2>&1
+  grep -E 'bench:|step split' "$out/bench-llama2-7b.log" | sed 's/^/   /'
+  anchor_run lora
+  echo "== turbozero bench --preset dit-xl-2 --set optim.offload=false"
+  timeout "$(cap 60)" "$tz" bench --preset dit-xl-2 --set train.steps=6 --set optim.offload=false \
+    > "$out/bench-dit-xl-2-gpuopt.log" 2>&1
+  grep -E 'bench:|step split' "$out/bench-dit-xl-2-gpuopt.log" | sed 's/^/   /'
+  run_optimes
+  table
+  ;;
 optimes)
   setup
   run_optimes
@@ -273,8 +316,8 @@ all)
   run_tests
   rc=$?
   run_bench
-  run_optimes
   run_sanitize
+  run_optimes
   anchor_full
   table
   exit $rc

@@ -978,9 +978,12 @@ static void test_matmul_operands(void) {
     drop(&X), drop(&Y);
 }
 
-/* Runs fn in a child process with env ("NAME=value" strings, NULL ended) added; its stderr in
- * err. Returns its exit status (-1: killed by a signal). */
-static int in_child(void (*fn)(void), const char *const *env, char *err, size_t n) {
+/* Runs the child named `name` (a CHILDREN entry) in a child process with env ("NAME=value"
+ * strings, NULL ended) added; its stderr in err. Returns its exit status (-1: killed by a
+ * signal). The child is a fresh exec of this program, not a bare fork: a fork of a process
+ * that has initialised CUDA cannot use CUDA (on a GPU every call fails), only the emulation
+ * allowed it. */
+static int in_child(const char *name, const char *const *env, char *err, size_t n) {
     int fd[2];
     if (pipe(fd)) return -1;
     fflush(stdout), fflush(stderr);
@@ -988,8 +991,9 @@ static int in_child(void (*fn)(void), const char *const *env, char *err, size_t 
     if (pid == 0) {
         dup2(fd[1], 2), close(fd[0]), close(fd[1]);
         for (int i = 0; env[i]; i++) putenv((char *)env[i]);
-        fn();
-        exit(0);
+        execl("/proc/self/exe", "test_cuda_ops", "--child", name, (char *)NULL);
+        fprintf(stderr, "exec /proc/self/exe failed\n");
+        _exit(126);
     }
     close(fd[1]);
     size_t got = 0;
@@ -1049,8 +1053,8 @@ static long op_calls(const char *table, const char *op) {
 static void test_op_times(void) {
     char plain[4096], timed[8192];
     const char *none[] = {NULL}, *env[] = {"TZ_CUDA_OP_TIMES=1", NULL};
-    int rc0 = in_child(child_op_times, none, plain, sizeof plain);
-    int rc1 = in_child(child_op_times, env, timed, sizeof timed);
+    int rc0 = in_child("op_times", none, plain, sizeof plain);
+    int rc1 = in_child("op_times", env, timed, sizeof timed);
     const char *s0 = strstr(plain, "sumsq "), *s1 = strstr(timed, "sumsq ");
     check(rc0 == 0 && rc1 == 0 && s0 && s1 && strcspn(s0, "\n") == strcspn(s1, "\n") &&
               !strncmp(s0, s1, strcspn(s0, "\n")),
@@ -1101,18 +1105,18 @@ static void test_checked_mode(void) {
 
     char err[4096];
     const char *fault_dbg[] = {"TZ_CUDA_SYNC_DEBUG=1", "TZ_CUDA_EMU_FAULT=k_rotate", NULL};
-    int rc = in_child(child_fault, fault_dbg, err, sizeof err);
+    int rc = in_child("fault", fault_dbg, err, sizeof err);
     check(rc != 0 && strstr(err, "TZ_CUDA_SYNC_DEBUG: op tq_rotate failed") &&
               strstr(err, "cudaErrorIllegalAddress"),
           "TZ_CUDA_SYNC_DEBUG=1, a kernel fault: the op is named (exit %d): %.*s", rc,
           (int)strcspn(err, "\n"), err);
     const char *fault[] = {"TZ_CUDA_EMU_FAULT=k_rotate", NULL};
-    rc = in_child(child_fault, fault, err, sizeof err);
+    rc = in_child("fault", fault, err, sizeof err);
     check(rc != 0 && !strstr(err, "tq_rotate") && strstr(err, "cudaStreamSynchronize") &&
               strstr(err, "cudaErrorIllegalAddress"),
           "without it: the fault surfaces at the next synchronising call (exit %d)", rc);
     const char *old[] = {"TZ_CUDA_EMU_DRIVER=old", NULL};
-    rc = in_child(child_old_driver, old, err, sizeof err);
+    rc = in_child("old_driver", old, err, sizeof err);
     check(rc != 0 && strstr(err, "device count 0") &&
               strstr(err, "no usable CUDA device (cudaGetDeviceCount: cudaErrorInsufficientDriver"
                           ": CUDA driver version is insufficient") &&
@@ -1121,7 +1125,15 @@ static void test_checked_mode(void) {
           "an old driver: named as such, not as \"no device\" (exit %d)", rc);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--child")) { /* in_child's children */
+        static const struct { const char *name; void (*fn)(void); } children[] = {
+            {"op_times", child_op_times}, {"fault", child_fault}, {"old_driver", child_old_driver}};
+        for (size_t i = 0; i < sizeof children / sizeof *children; i++)
+            if (!strcmp(argv[2], children[i].name)) return children[i].fn(), 0;
+        fprintf(stderr, "no child named %s\n", argv[2]);
+        return 2;
+    }
     int n = tz_cuda_device_count();
     if (n <= 0) {
         printf("skip: %s\n", n < 0 ? "this build has no CUDA backend" : "no CUDA device");
