@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# lora.init = "loftq" on the bundled model at 3 bits, in its own domain (KJV): LoRA from the
-# dense base, from the plain 3-bit TurboQuant base and from the loftq base, 40 steps of 8 x 128
-# tokens at lr 5e-4 (docs/benchmarks.md, "LoftQ init": at the fine-tuning recipe's 2e-3 the
+# lora.init = "loftq" and "loftq_calibrated" on the bundled model at 3 bits, in its own domain
+# (KJV), with LoRA rank 64 (alpha 128): LoRA from the dense base, from the plain 3-bit
+# TurboQuant base, from the loftq base and from loftq_calibrated's, 40 steps of 8 x 128 tokens
+# at lr 5e-4 (docs/benchmarks.md, "LoftQ init": at the fine-tuning recipe's 2e-3 the
 # optimizer's noise over 40 steps swamps either start), validation on the first 256 windows of
 # 128 tokens. gap = loss - the dense run's at the same step; the plain base's gap at step 0 is
-# the quantization's. Requires, against the measured figures (2026-11-25, cpu-2c-epyc):
-#   loftq's gap at step 0 <= START x the plain gap         (measured 0.45)
-#   loftq's share of the plain gap closed at the end >= RECOVERY    (measured 0.59)
-#   loftq's final loss below the default init's final loss (measured 1.0852 vs 1.0905)
-#   loftq_calibrated's gap at step 0 <= CAL_START x loftq's   (measured 0.81, 2026-11-26)
-#   and its output error on the calibration inputs >= CAL_RATIO x below its base's (3.14)
+# the quantization's. Requires, against the measured figures (2026-11-26, cpu-2c-epyc):
+#   loftq's gap at step 0 <= START x the plain gap                   (measured 0.17)
+#   loftq's share of the plain gap closed at the end >= RECOVERY      (measured 0.77)
+#   loftq's final loss below the default init's final loss (measured 1.0862 vs 1.0939)
+#   loftq_calibrated's gap at step 0 <= CAL_START x loftq's           (measured 0.19)
+#   and its output error on the calibration inputs >= CAL_RATIO x below its base's (12.3)
+#   loftq_calibrated's share of the plain gap closed at the end >= CAL_RECOVERY (measured
+#   0.915: the issue's aim at 3 bits is 0.85; 300 steps of the study close 0.94)
 # Needs the KJV text: inputs/data/kjv.tok and kjv.val.tok (inputs/data/make_data.sh), or the
 # `bible` program (Debian bible-kjv) to make them here; exits 77 (skipped) with neither.
 # usage: loftq_quality.sh TURBOZERO SOURCE_DIR
@@ -19,7 +22,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/tzloftqq.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/../lib.sh"
 cd "$src"
-START=0.7 RECOVERY=0.45 CAL_START=0.9 CAL_RATIO=2.5
+START=0.35 RECOVERY=0.6 CAL_START=0.5 CAL_RATIO=6 CAL_RECOVERY=0.85
 val=inputs/data/kjv.val.tok train=inputs/data/kjv.tok
 if [ ! -s "$val" ] || [ ! -s "$train" ]; then
   if ! command -v bible > /dev/null; then
@@ -33,7 +36,8 @@ if [ ! -s "$val" ] || [ ! -s "$train" ]; then
 fi
 common=(--set data.train="$train" --set data.val="$val" --set data.seq_len=128 --set train.steps=40
         --set train.micro_batch=8 --set train.eval_every=0 --set train.eval_windows=256
-        --set train.log_every=10 --set optim.warmup=5 --set optim.lr=5e-4 --set train.threads=2)
+        --set train.log_every=10 --set optim.warmup=5 --set optim.lr=5e-4 --set train.threads=2
+        --set lora.rank=64 --set lora.alpha=128)
 for v in "dense" "plain --set quant.bits=3" "loftq --set quant.bits=3 --set lora.init=loftq" \
          "lcal --set quant.bits=3 --set lora.init=loftq_calibrated"; do
   set -- $v
@@ -70,6 +74,10 @@ awk -v c="$c0" -v l="$l0" -v d="$d0" -v f=$CAL_START 'BEGIN {exit !(c != "" && c
   awk -v r="$ratio" -v m=$CAL_RATIO 'BEGIN {exit !(r != "" && r >= m)}' &&
   ok "step 0: loftq_calibrated's gap $(awk -v a="$c0" -v b="$d0" 'BEGIN {print a - b}') <= $CAL_START x loftq's; its output error ${ratio}x below its base's (at least $CAL_RATIO)" ||
   bad "loftq_calibrated: step 0 $c0 (loftq $l0, dense $d0), output error ratio '$ratio'"
+crec=$(awk -v l="$c1" -v d="$d1" -v g="$gap" 'BEGIN {if (l == "") print "none"; else printf "%.3f", 1 - (l - d) / g}')
+awk -v r="$crec" -v m=$CAL_RECOVERY 'BEGIN {exit !(r != "none" && r >= m)}' &&
+  ok "after 40 steps loftq_calibrated has closed $crec of the 3-bit gap (at least $CAL_RECOVERY)" ||
+  bad "after 40 steps loftq_calibrated has closed $crec of the 3-bit gap, less than $CAL_RECOVERY"
 # its adapter on its base, made again from what adapter_config.json records (lora_init loftq)
 e=$("$tz" eval inputs/llama/finetune.cfg "${common[@]}" --set quant.bits=3 \
       --set model.adapter="$work/lcal/adapter" 2>&1 | tail -1 | sed -n 's/^eval_loss=\([0-9.]*\) .*/\1/p')
