@@ -204,7 +204,7 @@ model = { path = "m"; };
 lora = { targets = ["q",
                     "x"]; };
 EOF
-fails bad_target "$F:3: lora.targets: expected a non-empty list of names from \"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\", \"qkv\", \"proj\", \"fc1\", \"fc2\", \"adaln\", \"to_q\", \"to_k\", \"to_v\", \"to_out.0\", \"add_q_proj\", \"add_k_proj\", \"add_v_proj\", \"to_add_out\", \"ff.net.0.proj\", \"ff.net.2\", \"ff_context.net.0.proj\", \"ff_context.net.2\", \"norm1.linear\", \"norm1_context.linear\", \"proj_mlp\", \"proj_out\", \"norm.linear\" or \"all\" (got \"x\")" "" "$F"
+fails bad_target "$F:3: lora.targets: expected a non-empty list of names from \"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\", \"qkv\", \"proj\", \"fc1\", \"fc2\", \"adaln\", \"to_q\", \"to_k\", \"to_v\", \"to_out.0\", \"add_q_proj\", \"add_k_proj\", \"add_v_proj\", \"to_add_out\", \"ff.net.0.proj\", \"ff.net.2\", \"ff_context.net.0.proj\", \"ff_context.net.2\", \"norm1.linear\", \"norm1_context.linear\", \"proj_mlp\", \"proj_out\", \"norm.linear\" or \"all\" (or one name as a string) (got \"x\")" "" "$F"
 
 cfg target_not_string <<'EOF'
 model = { path = "m"; };
@@ -218,11 +218,13 @@ lora = { targets = []; };
 EOF
 fails empty_targets "$F:2: lora.targets: expected a non-empty list" "(got an empty list)" "$F"
 
+# one name as a string is a list of one ("all", the default's spelling, or "q"); a wrong one
+# is named
 cfg targets_string <<'EOF'
 model = { path = "m"; };
-lora = { targets = "q"; };
+lora = { targets = "qq"; };
 EOF
-fails targets_string "$F:2: lora.targets: expected a non-empty list" "(got a string (\"q\"))" "$F"
+fails targets_string "$F:2: lora.targets: expected a non-empty list" "(got \"qq\")" "$F"
 
 # ---- file: required, strings, syntax ----
 cfg missing_path <<'EOF'

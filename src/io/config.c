@@ -224,7 +224,7 @@ static void describe_expected(const tz_key *k, char *buf, size_t n) {
         break;
     case T_TARGETS:
         join_names(names, sizeof names, k->names, "all");
-        snprintf(buf, n, "a non-empty list of names from %s", names);
+        snprintf(buf, n, "a non-empty list of names from %s (or one name as a string)", names);
         break;
     }
 }
@@ -458,9 +458,14 @@ static int apply_setting(tz_config *cfg, const tz_key *k, const config_setting_t
         if (type != CONFIG_TYPE_STRING) return fail(&o, k, got);
         return store_enum(cfg, k, &o, config_setting_get_string(s));
     case T_TARGETS: {
+        uint64_t bits = 0;
+        if (type == CONFIG_TYPE_STRING) { /* one name, or "all" (the default's spelling) */
+            if (target_bits(k, &o, config_setting_get_string(s), &bits)) return -1;
+            store_targets(cfg, k, bits);
+            return 0;
+        }
         if (type != CONFIG_TYPE_ARRAY && type != CONFIG_TYPE_LIST) return fail(&o, k, got);
         int n = config_setting_length(s);
-        uint64_t bits = 0;
         if (n == 0) return fail(&o, k, "an empty list");
         for (int i = 0; i < n; i++) {
             const config_setting_t *el = config_setting_get_elem(s, (unsigned)i);

@@ -194,6 +194,13 @@ static void test_sets(void) {
         CHECK(!strcmp(cfg.lora.targets, t[i].want));
         check_round_trip(&cfg, t[i].set);
     }
+    /* in a file, one name as a string: "all" (the default's spelling, inputs/reference.cfg) */
+    const char *fs[][2] = {{"model = { path = \"m\"; };\nlora = { targets = \"all\"; };\n", "all"},
+                           {"model = { path = \"m\"; };\nlora = { targets = \"down\"; };\n", "down"}};
+    for (size_t i = 0; i < 2; i++) {
+        tz_config_load(&cfg, &g_names, write_temp(fs[i][0]), NULL, 0);
+        CHECK(!strcmp(cfg.lora.targets, fs[i][1]));
+    }
     /* no file at all: defaults and --set */
     const char *only[] = {"model.path=/m", "train.steps=3"};
     tz_config_load(&cfg, &g_names, NULL, only, 2);
@@ -345,6 +352,8 @@ static void test_fatal(void) {
                      "write 5000000000L"));
     f = write_temp("model = { path = \"m\"; };\nlora = { targets = (\"q\", 5); };\n");
     CHECK(fatal_with(f, NULL, "lora.targets: expected a non-empty list of names", "(got an integer (5))"));
+    f = write_temp("model = { path = \"m\"; };\nlora = { targets = \"x\"; };\n");
+    CHECK(fatal_with(f, NULL, ":2: lora.targets: expected a non-empty list of names", "(got \"x\")"));
     f = write_temp("model = { path = \"m\" };\ntrain = { steps = ; };\n");
     CHECK(fatal_with(f, NULL, ":2: syntax error", NULL));
     f = write_temp("modle = { path = \"m\"; };\n");
