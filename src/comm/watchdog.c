@@ -21,7 +21,7 @@ typedef struct watch_state {
     int64_t started;     /* collectives started so far */
     int64_t blocked;     /* 1: waiting in a collective */
     int64_t blocked_seq; /* which one */
-    int64_t step;        /* training step, 0 outside */
+    int64_t step;        /* tz_watchdog_set_step's mark */
     double waited;       /* seconds waited so far */
     char op[OP_MAX];
 } watch_state;
@@ -75,6 +75,17 @@ void tz_watch_unblock(void) {
     pthread_mutex_lock(&S.mu);
     S.blocked = 0;
     pthread_mutex_unlock(&S.mu);
+}
+
+/* Where a rank is, from its step mark (tz_watchdog_set_step): "at step 7", "after step 7
+ * (between steps: ...)" or before the first step. */
+static const char *step_words(int64_t step, char *buf, size_t n) {
+    if (step > 0) snprintf(buf, n, "at step %lld", (long long)step);
+    else if (step < 0)
+        snprintf(buf, n, "after step %lld (between steps: logging, evaluation or saving)",
+                 (long long)-step);
+    else snprintf(buf, n, "before the first training step (start-up or the first evaluation)");
+    return buf;
 }
 
 void tz_watchdog_set_step(int64_t step) {
@@ -152,8 +163,8 @@ TZ_NORETURN static void report_and_abort(const watch_state *me) {
     size_t n = 0;
     APPEND("[rank %d] collective timeout: %s (collective #%lld of the run) ", g_rank, me->op,
            (long long)me->blocked_seq);
-    if (me->step > 0) APPEND("at step %lld ", (long long)me->step);
-    else APPEND("outside the training steps (start-up, evaluation or saving) ");
+    char where[96];
+    APPEND("%s ", step_words(me->step, where, sizeof where));
     APPEND("has not completed after %.0f s (run.collective_timeout = %g s)", me->waited, g_timeout);
     if (!g_multi || !rep || !req || !got) {
         APPEND("; the other ranks were not asked (the MPI library gives no MPI_THREAD_MULTIPLE)");
@@ -168,11 +179,11 @@ TZ_NORETURN static void report_and_abort(const watch_state *me) {
                 if (!got[p])
                     APPEND("rank %d (no answer in %.0f s: stopped, dead or unreachable)", p, g_grace);
                 else if (w->blocked)
-                    APPEND("rank %d (waiting %.0f s in collective #%lld, %s, at step %lld)", p,
-                           w->waited, (long long)w->blocked_seq, w->op, (long long)w->step);
+                    APPEND("rank %d (waiting %.0f s in collective #%lld, %s, %s)", p, w->waited,
+                           (long long)w->blocked_seq, w->op, step_words(w->step, where, sizeof where));
                 else
                     APPEND("rank %d (alive, busy outside collectives after collective #%lld, "
-                           "at step %lld)", p, (long long)w->started, (long long)w->step);
+                           "%s)", p, (long long)w->started, step_words(w->step, where, sizeof where));
                 listed++;
             }
             missing++;

@@ -24,7 +24,8 @@
 void tz_watchdog_start(double timeout_s);
 /* Stops and joins the thread, frees the duplicate. Collective; a no-op when not started. */
 void tz_watchdog_stop(void);
-/* The training step the rank is in (1-based; 0: outside the steps), for the message. */
+/* Where the rank is, for the message: in training step `step` (1-based), after step -step
+ * (between steps: logging, evaluation, saving) when negative, 0 before the first step. */
 void tz_watchdog_set_step(int64_t step);
 
 /* ---- for the comm front door ---- */

@@ -290,7 +290,7 @@ static step_result train_step(run *r, int64_t step) {
         TZ_FATAL_HINT("lower optim.lr or check the data",
                       "step %lld: loss %g, gradient norm %g are not finite", (long long)step + 1,
                       s.loss, s.gnorm);
-    tz_watchdog_set_step(0);
+    tz_watchdog_set_step(-(step + 1)); /* between steps until the next one begins */
     return s;
 }
 

@@ -192,15 +192,18 @@ run_optimes() {
   done
 }
 
-# compute-sanitizer over test_cuda_ops: memcheck, then racecheck and synccheck while time is left
+# compute-sanitizer over test_cuda_ops: memcheck of the flash attention kernels (memcheck of
+# every kernel did not finish in 120 s on an H200), then racecheck and synccheck of every
+# kernel while time is left
 run_sanitize() {
-  local san tool rc
+  local san tool rc only
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   [ -x "$san" ] || { echo "== compute-sanitizer: not found"; return; }
   for tool in memcheck racecheck synccheck; do
     [ "$(left 20)" -gt 45 ] || { echo "== compute-sanitizer $tool: not run (out of time)"; continue; }
-    echo "== compute-sanitizer --tool $tool test_cuda_ops"
-    timeout "$(cap 120)" "$san" --tool $tool --error-exitcode 9 ".device/$build/tests/test_cuda_ops" \
+    only=() && [ $tool = memcheck ] && only=(--kernel-name kns=k_fa_)
+    echo "== compute-sanitizer --tool $tool ${only[*]} test_cuda_ops"
+    timeout "$(cap 120)" "$san" --tool $tool "${only[@]}" --error-exitcode 9 ".device/$build/tests/test_cuda_ops" \
       > "$out/sanitize-$tool.log" 2>&1
     rc=$?
     grep -m5 -E 'ERROR SUMMARY|Invalid|Race|Barrier|hazard' "$out/sanitize-$tool.log" | sed 's/^/   /'

@@ -5,6 +5,7 @@
 #  2. LoRA training agrees across ranks as every LoRA run does (tests/zero/zero_test.sh): N = 2
 #     and 3, stage 2, within TOL of N = 1 (losses and adapter), and N = 2 stage 2 equals N = 1
 #     with grad_accum 2 bit for bit, which needs both ranks to hold the same loftq base;
+#     loftq_calibrated likewise at N = 2 against N = 1 with grad_accum 2, and resumed at N = 2;
 #  3. resume: from the step-5 checkpoint of a 2-rank run, at N = 2 bit for bit as the
 #     uninterrupted run, at N = 1 within TOL (the base is made again, the adapter read back);
 #  4. eval of the saved adapter gives the training's final validation loss exactly, with the
@@ -74,6 +75,29 @@ if same_run "$work/acc2" "$work/n2" adapter/adapter_model.safetensors; then
   ok "N=2 stage 2 = N=1 with grad_accum 2, bit for bit (losses and adapter): the ranks' bases are the same"
 else
   bad "N=2 stage 2 differs from N=1 with grad_accum 2"
+fi
+
+# 2b: loftq_calibrated (loftq's base, the adapters refitted on the inputs of the first training
+# rows, the same rows on every rank): N = 2 stage 2 = N = 1 with grad_accum 2 bit for bit, not
+# loftq's adapter, and a resume at N = 2 from step 5 bit for bit
+cal=(--set lora.init=loftq_calibrated --set lora.calibration=8)
+if train 2 "$work/c2" "${cal[@]}" && train 1 "$work/cacc2" "${cal[@]}" --set train.micro_batch=6 \
+     --set train.grad_accum=2; then
+  line=$(grep -o "lora.init = calibrated: 4 quantized weights.*" "$work/c2.log")
+  [ -n "$line" ] && ok "logged: $line" || bad "no calibrated line for 4 weights in c2.log"
+  same_run "$work/cacc2" "$work/c2" adapter/adapter_model.safetensors &&
+    ! cmp -s "$work/c2/adapter/adapter_model.safetensors" "$work/n2/adapter/adapter_model.safetensors" &&
+    ok "loftq_calibrated: N=2 stage 2 = N=1 with grad_accum 2, bit for bit, and not loftq's adapter" ||
+    bad "loftq_calibrated: N=2 differs from N=1 with grad_accum 2, or equals loftq's adapter"
+  if train 2 "$work/cres2" "${cal[@]}" --resume "$work/c2/checkpoints/step-5" &&
+     [ -n "$(losses_after 5 "$work/cres2")" ] && cmp -s <(losses_after 5 "$work/c2") <(losses_after 5 "$work/cres2") &&
+     cmp -s "$work/c2/adapter/adapter_model.safetensors" "$work/cres2/adapter/adapter_model.safetensors"; then
+    ok "loftq_calibrated resumed at N=2 from step 5: losses and adapter bit for bit"
+  else
+    bad "loftq_calibrated: resume at N=2 differs from the uninterrupted run"; tail -3 "$work/cres2.log"
+  fi
+else
+  bad "loftq_calibrated runs failed"; tail -5 "$work/c2.log" "$work/cacc2.log"
 fi
 
 # 3: resume from the 2-rank run's step-5 checkpoint
