@@ -619,9 +619,9 @@ __device__ void fa_stage(uint16_t *dst, const float *x, int64_t b, int64_t r0, i
 
 /* fa_stage for N rows with D a multiple of 4 and x 16-byte aligned (sh.vec4): each thread
  * issues a batch of up to 8 float4 loads before it converts and stores any, so a tile costs
- * a few memory round trips instead of one per element pair (on an H200 the per-pair loop,
- * latency-bound, made the 7B's attention 1.7x slower than the cuBLAS chunks). Rows past T
- * and columns past D are zeros, as in fa_stage. */
+ * a few memory round trips instead of one per element pair (the per-pair loop, latency-bound,
+ * took 1,940 us a 7B forward on an H200, this 653; docs/benchmarks.md). Rows past T and
+ * columns past D are zeros, as in fa_stage. */
 template <int DP, int N>
 __device__ void fa_stage4(uint16_t *dst, const float *x, int64_t b, int64_t r0, int64_t h,
                           int64_t T, int64_t H, int64_t D) {

@@ -978,7 +978,7 @@ static void test_matmul_operands(void) {
     drop(&X), drop(&Y);
 }
 
-/* Runs the child named `name` (a CHILDREN entry) in a child process with env ("NAME=value"
+/* Runs the child named `name` (main's `children` table) in a child process with env ("NAME=value"
  * strings, NULL ended) added; its stderr in err. Returns its exit status (-1: killed by a
  * signal). The child is a fresh exec of this program, not a bare fork: a fork of a process
  * that has initialised CUDA cannot use CUDA (on a GPU every call fails), only the emulation
