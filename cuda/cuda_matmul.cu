@@ -121,7 +121,26 @@ static void cuda_matmul_bw16(tz_backend *be, float *C, const float *A, const uin
     tz_cuda_gemm(be, C, A, 0, b, 0, M, N, K, transA, transB, alpha, beta);
 }
 
+/* Either operand in bf16: read by the bf16 GEMM as stored; with fp32 GEMMs widened first
+ * (exact), A's part first in the scratch, B's after it at a 256-byte boundary. */
+static void cuda_matmul16(tz_backend *be, float *C, const void *A, int a_bf16, const void *B,
+                          int b_bf16, int64_t M, int64_t N, int64_t K, int transA, int transB,
+                          float alpha, float beta) {
+    if (be->matmul_dtype == TZ_DT_BF16 || !(a_bf16 || b_bf16)) {
+        tz_cuda_gemm(be, C, A, a_bf16, B, b_bf16, M, N, K, transA, transB, alpha, beta);
+        return;
+    }
+    const int64_t na = a_bf16 ? M * K : 0, nb = b_bf16 ? K * N : 0;
+    const int64_t na_pad = (na + 63) / 64 * 64;
+    float *w = (float *)tz_cuda_scratch(be, (size_t)(na_pad + nb > 0 ? na_pad + nb : 1) *
+                                                sizeof(float));
+    if (na) tz_cuda_from_bf16(be, w, (const uint16_t *)A, na), A = w;
+    if (nb) tz_cuda_from_bf16(be, w + na_pad, (const uint16_t *)B, nb), B = w + na_pad;
+    tz_cuda_gemm(be, C, A, 0, B, 0, M, N, K, transA, transB, alpha, beta);
+}
+
 void tz_cuda_install_matmul(tz_backend *be) {
     be->matmul = cuda_matmul;
     be->matmul_bw16 = cuda_matmul_bw16;
+    be->matmul16 = cuda_matmul16;
 }

@@ -81,10 +81,35 @@ template <bool VEC> static __device__ __forceinline__ void store8(float *p, cons
     }
 }
 
-/* inverse = 0: y = (H (s*x)) * inv, written; inverse = 1: dx += (H dy) * (s * inv).
+/* Two floats as one word of two bf16 (nearest even: the lower address from lo). */
+static __device__ __forceinline__ unsigned bf16x2_bits(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    unsigned u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
+/* 8 floats rounded to bf16 at p: one 16-byte store when VEC (p 16-byte aligned). */
+template <bool VEC> static __device__ __forceinline__ void store8(uint16_t *p, const float *v) {
+    if (VEC) {
+        uint4 u;
+        u.x = bf16x2_bits(v[0], v[1]), u.y = bf16x2_bits(v[2], v[3]);
+        u.z = bf16x2_bits(v[4], v[5]), u.w = bf16x2_bits(v[6], v[7]);
+        reinterpret_cast<uint4 *>(p)[0] = u;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const __nv_bfloat16 h = __float2bfloat16_rn(v[i]);
+            memcpy(p + i, &h, sizeof h);
+        }
+    }
+}
+
+/* inverse = 0: y = (H (s*x)) * inv, written (as fp32, or rounded to bf16 where O is
+ * uint16_t); inverse = 1 (O float only): dx += (H dy) * (s * inv).
  * lanes = g / 8. VEC: in, out (and signs, from cudaMalloc) 16-byte aligned. */
-template <bool VEC>
-static __global__ void k_rotate(float *out, const float *in, const float *signs, int cols,
+template <bool VEC, class O>
+static __global__ void k_rotate(O *out, const float *in, const float *signs, int cols,
                                 int lanes, float inv, int inverse) {
     const int c = (blockIdx.x * ROT_THREADS + threadIdx.x) * 8, lane = threadIdx.x & 31;
     const bool live = c < cols;
@@ -117,13 +142,13 @@ static __global__ void k_rotate(float *out, const float *in, const float *signs,
             v[i] = (lane & m) ? o - v[i] : v[i] + o;
         }
     if (!live) return;
-    float *orow = out + row + c;
+    O *orow = out + row + c;
     if (inverse) {
-        float d[8];
-        load8<VEC>(d, orow);
+        float d[8], *fo = reinterpret_cast<float *>(orow); /* O is float here */
+        load8<VEC>(d, fo);
 #pragma unroll
         for (int i = 0; i < 8; i++) d[i] += v[i] * (s[i] * inv);
-        store8<VEC>(orow, d);
+        store8<VEC>(fo, d);
     } else {
 #pragma unroll
         for (int i = 0; i < 8; i++) v[i] *= inv;
@@ -131,7 +156,8 @@ static __global__ void k_rotate(float *out, const float *in, const float *signs,
     }
 }
 
-static void rotate(tz_backend *be, float *out, const float *in, int64_t rows, int64_t cols,
+template <class O>
+static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_t cols,
                    int group, uint64_t seed, int inverse, const char *op) {
     const float *s = row_signs(be, rows, cols, group, seed, op);
     if (rows <= 0) return;
@@ -149,14 +175,19 @@ static void rotate(tz_backend *be, float *out, const float *in, int64_t rows, in
     dim3 grid((unsigned)((cols + ROT_SPAN - 1) / ROT_SPAN), (unsigned)rows);
     cudaStream_t st = tz_cuda_stream(be);
     if (!(((uintptr_t)out | (uintptr_t)in) & 15))
-        k_rotate<true><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, lanes, inv, inverse);
-    else k_rotate<false><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, lanes, inv, inverse);
+        k_rotate<true, O><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, lanes, inv, inverse);
+    else k_rotate<false, O><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, lanes, inv, inverse);
     CUDA_LAUNCHED();
 }
 
 static void cuda_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
                            int group, uint64_t seed) {
     rotate(be, y, x, rows, cols, group, seed, 0, "tq_rotate");
+}
+
+static void cuda_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_t rows,
+                             int64_t cols, int group, uint64_t seed) {
+    rotate(be, y, x, rows, cols, group, seed, 0, "tq_rotate16");
 }
 
 static void cuda_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
@@ -194,13 +225,6 @@ static __device__ __forceinline__ unsigned octet_codes(const uint8_t *codes, int
     return c;
 }
 
-/* Two weights as one word of two bf16 (nearest even: the lower address from lo). */
-static __device__ __forceinline__ unsigned bf16x2_bits(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    unsigned u;
-    memcpy(&u, &h, sizeof u);
-    return u;
-}
 
 /* The 8 decoded weights of octet o into w. */
 static __device__ __forceinline__ void store_octet(float *w, int o, const float *v, int wide) {
@@ -210,16 +234,9 @@ static __device__ __forceinline__ void store_octet(float *w, int o, const float 
 }
 static __device__ __forceinline__ void store_octet(__nv_bfloat16 *w, int o, const float *v,
                                                    int wide) {
-    __nv_bfloat16 *p = w + (size_t)o * 8;
-    if (wide) {
-        uint4 u;
-        u.x = bf16x2_bits(v[0], v[1]), u.y = bf16x2_bits(v[2], v[3]);
-        u.z = bf16x2_bits(v[4], v[5]), u.w = bf16x2_bits(v[6], v[7]);
-        reinterpret_cast<uint4 *>(p)[0] = u;
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; j++) p[j] = __float2bfloat16_rn(v[j]);
-    }
+    uint16_t *p = reinterpret_cast<uint16_t *>(w) + (size_t)o * 8;
+    if (wide) store8<true>(p, v);
+    else store8<false>(p, v);
 }
 
 /* n octets; octet o's scale is scales[o >> gshift] (gshift = log2(g / 8)). */
@@ -293,7 +310,7 @@ static void cuda_tq_dequant(tz_backend *be, float *w, const uint8_t *codes,
 /* With bf16 GEMMs the weight is decoded straight into bf16 (the tile holds bf16 elements):
  * the same bits matmul would make by rounding the fp32 tile, one pass fewer and no fp32
  * copy. */
-static void cuda_tq_matmul(tz_backend *be, float *C, const float *A, float *tile,
+static void cuda_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, float *tile,
                            const uint8_t *codes, const uint16_t *scales, const float *levels,
                            int64_t rows, int64_t cols, int bits, int group, int64_t M,
                            int transW, float alpha, float beta) {
@@ -301,15 +318,16 @@ static void cuda_tq_matmul(tz_backend *be, float *C, const float *A, float *tile
     if (be->matmul_dtype == TZ_DT_BF16) {
         __nv_bfloat16 *w16 = (__nv_bfloat16 *)tile;
         dequant(be, w16, codes, scales, levels, rows, cols, bits, group, "tq_matmul");
-        tz_cuda_gemm(be, C, A, 0, w16, 1, M, N, K, 0, transW, alpha, beta);
+        tz_cuda_gemm(be, C, A, a_bf16, w16, 1, M, N, K, 0, transW, alpha, beta);
     } else {
         dequant(be, tile, codes, scales, levels, rows, cols, bits, group, "tq_matmul");
-        tz_cuda_gemm(be, C, A, 0, tile, 0, M, N, K, 0, transW, alpha, beta);
+        be->matmul16(be, C, A, a_bf16, tile, 0, M, N, K, 0, transW, alpha, beta);
     }
 }
 
 void tz_cuda_install_quant(tz_backend *be) {
     be->tq_rotate = cuda_tq_rotate;
+    be->tq_rotate16 = cuda_tq_rotate16;
     be->tq_rotate_bwd = cuda_tq_rotate_bwd;
     be->tq_dequant = cuda_tq_dequant;
     be->tq_matmul = cuda_tq_matmul;

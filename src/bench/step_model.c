@@ -1,7 +1,9 @@
 /* The step model: counting stubs for every compute op of the backend table (floating-point
  * operations and bytes of the operands as stored, 4 per fp32 element), and the estimate of a
- * step's time from peak rates. The formulas count what an op must read and write once; what
- * an implementation adds (casts to bf16, re-reads) is not in them. */
+ * step's time from peak rates. The formulas count what an op must read and write once, and
+ * with bf16 GEMM operands the rounding of each fp32 operand a GEMM makes (read, written in
+ * bf16, read again); other work an implementation adds (re-reads, partial sums) is not in
+ * them. */
 #include "bench/step_model.h"
 
 #include <math.h>
@@ -35,18 +37,30 @@ static double s_sumsq(tz_backend *be, cf *x, int64_t n) { (void)x; add(be, TZ_SM
 static void s_adamw(tz_backend *be, float *w, float *m, float *v, cf *g, const uint8_t *d, int64_t n, const tz_adamw_args *a) { (void)w, (void)m, (void)v, (void)g, (void)d, (void)a; add(be, TZ_SM_ELEMENT, 12.0 * n, (7 * F + 1) * n); }
 
 /* ---- matmul ---- */
-static double gemm_bytes(int64_t M, int64_t N, int64_t K, double bb, float beta) {
-    return F * (double)M * K + bb * (double)K * N + F * (double)M * N * (beta != 0.0f ? 2 : 1);
+/* Bytes per element of a GEMM operand: stored in bf16, 2; fp32 with fp32 GEMMs, 4; fp32 with
+ * bf16 GEMMs, 8: read (4), rounded into the GEMM's own buffer (2), read there (2). */
+static double operand(const tz_backend *be, int bf16) {
+    return bf16 ? 2.0 : be->matmul_dtype == TZ_DT_BF16 ? 2 * F : F;
+}
+static double gemm_bytes(const tz_backend *be, int64_t M, int64_t N, int64_t K, int a16, int b16,
+                         float beta) {
+    return operand(be, a16) * (double)M * K + operand(be, b16) * (double)K * N +
+           F * (double)M * N * (beta != 0.0f ? 2 : 1);
 }
 static void s_matmul(tz_backend *be, float *C, cf *A, cf *B, int64_t M, int64_t N, int64_t K,
                      int ta, int tb, float alpha, float beta) {
     (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
-    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, F, beta));
+    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(be, M, N, K, 0, 0, beta));
 }
 static void s_matmul_bw16(tz_backend *be, float *C, cf *A, const uint16_t *B, int64_t M, int64_t N,
                           int64_t K, int ta, int tb, float alpha, float beta) {
     (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
-    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, 2.0, beta));
+    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(be, M, N, K, 0, 1, beta));
+}
+static void s_matmul16(tz_backend *be, float *C, const void *A, int a16, const void *B, int b16,
+                       int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, float beta) {
+    (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
+    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(be, M, N, K, a16, b16, beta));
 }
 
 /* ---- embedding, norms, rope ---- */
@@ -126,6 +140,10 @@ static void s_rot(tz_backend *be, float *y, cf *x, int64_t rows, int64_t cols, i
     (void)y, (void)x, (void)seed;
     add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 1), 2 * F * rows * cols);
 }
+static void s_rot16(tz_backend *be, uint16_t *y, cf *x, int64_t rows, int64_t cols, int group, uint64_t seed) {
+    (void)y, (void)x, (void)seed;
+    add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 1), (F + 2) * rows * cols);
+}
 static void s_rot_bwd(tz_backend *be, float *dx, cf *dy, int64_t rows, int64_t cols, int group, uint64_t seed) {
     (void)dx, (void)dy, (void)seed;
     add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 2), 3 * F * rows * cols);
@@ -135,15 +153,17 @@ static void s_dequant(tz_backend *be, float *w, const uint8_t *c, const uint16_t
     (void)w, (void)c, (void)s, (void)l;
     add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, F));
 }
-static void s_tq_matmul(tz_backend *be, float *C, cf *A, float *tile, const uint8_t *c, const uint16_t *s,
-                        cf *l, int64_t rows, int64_t cols, int bits, int group, int64_t M, int transW,
-                        float alpha, float beta) {
+static void s_tq_matmul(tz_backend *be, float *C, const void *A, int a16, float *tile, const uint8_t *c,
+                        const uint16_t *s, cf *l, int64_t rows, int64_t cols, int bits, int group,
+                        int64_t M, int transW, float alpha, float beta) {
     (void)C, (void)A, (void)tile, (void)c, (void)s, (void)l, (void)alpha;
     /* the weight decoded into a tile of the GEMM operand type, then the product */
     const double ob = be->matmul_dtype == TZ_DT_BF16 ? 2.0 : F;
     add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, ob));
     const int64_t K = transW ? cols : rows, N = transW ? rows : cols;
-    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, ob, beta));
+    /* the tile is in the GEMM operand type already: read once */
+    add(be, TZ_SM_GEMM, 2.0 * M * N * K,
+        gemm_bytes(be, M, N, K, a16, 0, beta) - (operand(be, 0) - ob) * (double)K * N);
 }
 
 /* ---- copies and events ---- */
@@ -161,7 +181,7 @@ void tz_step_model_install(tz_backend *be) {
     be->event_done = s_event_done, be->event_free = s_event_free;
     be->fill = s_fill, be->scale = s_scale, be->axpy = s_axpy, be->to_bf16 = s_to_bf16;
     be->from_bf16 = s_from_bf16, be->sumsq = s_sumsq, be->adamw = s_adamw, be->matmul = s_matmul;
-    be->matmul_bw16 = s_matmul_bw16, be->embedding_fwd = s_emb_fwd, be->embedding_bwd = s_emb_bwd;
+    be->matmul_bw16 = s_matmul_bw16, be->matmul16 = s_matmul16, be->embedding_fwd = s_emb_fwd, be->embedding_bwd = s_emb_bwd;
     be->embedding_fwd_w16 = s_emb_w16, be->rmsnorm_fwd = s_rms_fwd, be->rmsnorm_bwd = s_rms_bwd;
     be->rope_fwd = s_rope, be->rope_bwd = s_rope, be->rope_tab_fwd = s_rope_tab;
     be->rope_tab_bwd = s_rope_tab, be->rope_pairs_fwd = s_rope_pairs, be->rope_pairs_bwd = s_rope_pairs;
@@ -174,7 +194,8 @@ void tz_step_model_install(tz_backend *be) {
     be->silu_bwd = s_act_bwd, be->bias_add_fwd = s_bias_add, be->bias_bwd = s_bias_bwd;
     be->mse_fwd = s_mse_fwd, be->mse_bwd = s_mse_bwd, be->patchify = s_patch;
     be->unpatchify = s_patch, be->copy2d = s_copy2d, be->tq_rotate = s_rot;
-    be->tq_rotate_bwd = s_rot_bwd, be->tq_dequant = s_dequant, be->tq_matmul = s_tq_matmul;
+    be->tq_rotate16 = s_rot16, be->tq_rotate_bwd = s_rot_bwd, be->tq_dequant = s_dequant;
+    be->tq_matmul = s_tq_matmul;
 }
 
 void tz_step_model_scale(tz_step_model *m, double scale) {

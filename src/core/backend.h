@@ -117,6 +117,13 @@ struct tz_backend {
      * matmul takes it (rounded to bf16 with bf16 GEMM operands, else fp32). */
     void (*matmul_bw16)(tz_backend *be, float *C, const float *A, const uint16_t *B, int64_t M,
                         int64_t N, int64_t K, int transA, int transB, float alpha, float beta);
+    /* The same with either operand in bf16 (a_bf16, b_bf16: A, B hold bf16 bit patterns):
+     * a bf16 operand is read exactly as stored (widened exactly with fp32 GEMMs), an fp32 one
+     * as matmul takes it. With bf16 GEMMs an input rounded once (to_bf16, tq_rotate16) and
+     * read by several GEMMs gives each the bits matmul would have made from the fp32 input. */
+    void (*matmul16)(tz_backend *be, float *C, const void *A, int a_bf16, const void *B,
+                     int b_bf16, int64_t M, int64_t N, int64_t K, int transA, int transB,
+                     float alpha, float beta);
 
     /* ---- embedding ----
      * out[t, :] = table[tok[t], :], t < n, table [V, C]. Token ids were validated by the
@@ -288,6 +295,10 @@ struct tz_backend {
      *   WRITES w. */
     void (*tq_rotate)(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
                       int group, uint64_t seed);
+    /* tq_rotate's y rounded to bf16 (to nearest even) as it is written: bf16(R_j x), the
+     * bits to_bf16 would make of tq_rotate's output (y may not be x). */
+    void (*tq_rotate16)(tz_backend *be, uint16_t *y, const float *x, int64_t rows, int64_t cols,
+                        int group, uint64_t seed);
     void (*tq_rotate_bwd)(tz_backend *be, float *dx, const float *dy, int64_t rows,
                           int64_t cols, int group, uint64_t seed);
     void (*tq_dequant)(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
@@ -300,8 +311,9 @@ struct tz_backend {
      *   transW = 0: C[M, cols] = alpha * A[M, rows] W   + beta * C  (its input gradient)
      * With fp32 GEMMs it is tq_dequant into tile then matmul(C, A, tile, ..., transA = 0,
      * transB = transW), which is what the CPU does; with bf16 GEMMs the weight is decoded
-     * straight into bf16, so that no fp32 copy of it is made. */
-    void (*tq_matmul)(tz_backend *be, float *C, const float *A, float *tile,
+     * straight into bf16, so that no fp32 copy of it is made. A holds fp32, or bf16 bit
+     * patterns where a_bf16 (read as matmul16 reads them). */
+    void (*tq_matmul)(tz_backend *be, float *C, const void *A, int a_bf16, float *tile,
                       const uint8_t *codes, const uint16_t *scales, const float *levels,
                       int64_t rows, int64_t cols, int bits, int group, int64_t M, int transW,
                       float alpha, float beta);
@@ -350,14 +362,14 @@ struct tz_backend {
  * op is added here as well. */
 #define TZ_BACKEND_OPS(X)                                                                    \
     X(destroy) X(alloc) X(release) X(upload) X(download) X(copy) X(sync) X(fill) X(scale)    \
-    X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(adamw) X(matmul) X(matmul_bw16) X(embedding_fwd)        \
+    X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(adamw) X(matmul) X(matmul_bw16) X(matmul16) X(embedding_fwd)        \
     X(embedding_bwd) X(embedding_fwd_w16) X(rmsnorm_fwd)                                      \
     X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_tab_fwd) X(rope_tab_bwd) X(rope_pairs_fwd) X(rope_pairs_bwd) X(attention_fwd)   \
     X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \
     X(swiglu_bwd) X(xent_fwd) X(xent_bwd) X(layernorm_fwd) X(layernorm_bwd)                 \
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \
     X(gelu_tanh_bwd) X(silu_fwd) X(silu_bwd) X(bias_add_fwd) X(bias_bwd) X(mse_fwd)         \
-    X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate_bwd)            \
+    X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate16) X(tq_rotate_bwd)            \
     X(tq_dequant) X(tq_matmul) X(host_alloc) X(host_free) X(host_register)                   \
     X(host_unregister) X(download_async) X(upload_async) X(event_mark) X(event_wait)          \
     X(event_done) X(event_free) X(device_info)

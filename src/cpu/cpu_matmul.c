@@ -257,7 +257,27 @@ static void cpu_matmul_bw16(tz_backend *be, float *C, const float *A, const uint
     free(b);
 }
 
+/* Either operand in bf16: widened (exact) into a temporary of its own, then the fp32 GEMM. */
+static void cpu_matmul16(tz_backend *be, float *C, const void *A, int a_bf16, const void *B,
+                         int b_bf16, int64_t M, int64_t N, int64_t K, int transA, int transB,
+                         float alpha, float beta) {
+    float *a = NULL, *b = NULL;
+    if (a_bf16) {
+        a = tz_xmalloc((size_t)(M * K > 0 ? M * K : 1) * sizeof *a);
+        be->from_bf16(be, a, (const uint16_t *)A, M * K);
+    }
+    if (b_bf16) {
+        b = tz_xmalloc((size_t)(K * N > 0 ? K * N : 1) * sizeof *b);
+        be->from_bf16(be, b, (const uint16_t *)B, K * N);
+    }
+    cpu_matmul(be, C, a ? a : (const float *)A, b ? b : (const float *)B, M, N, K, transA,
+               transB, alpha, beta);
+    free(a);
+    free(b);
+}
+
 void TZ_CPU_K(tz_cpu_install_matmul)(tz_backend *be) {
     be->matmul = cpu_matmul;
     be->matmul_bw16 = cpu_matmul_bw16;
+    be->matmul16 = cpu_matmul16;
 }

@@ -25,20 +25,37 @@ static float *row_signs(int64_t rows, int64_t cols, int group, uint64_t seed, co
     return s;
 }
 
+/* One group: y = (H (s .* x)) / sqrt(g), y may be x (tz_tq_rotate's arithmetic). */
+static void rotate_group(float *y, const float *x, const float *s, int g, float inv) {
+    for (int i = 0; i < g; i++) y[i] = s[i] * x[i];
+    tz_fwht(y, g);
+    for (int i = 0; i < g; i++) y[i] *= inv;
+}
+
 static void cpu_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
                           int group, uint64_t seed) {
     float *s = row_signs(rows, cols, group, seed, "tq_rotate");
     const float inv = (float)(1.0 / sqrt((double)group));
-    const int g = group;
+    int nt = tz_cpu_threads(be);
+#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= TZ_CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < cols; j += group)
+            rotate_group(y + r * cols + j, x + r * cols + j, s + j, group, inv);
+    free(s);
+}
+
+/* tq_rotate group by group, each rounded to bf16 as it is stored. */
+static void cpu_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_t rows,
+                            int64_t cols, int group, uint64_t seed) {
+    float *s = row_signs(rows, cols, group, seed, "tq_rotate16");
+    const float inv = (float)(1.0 / sqrt((double)group));
     int nt = tz_cpu_threads(be);
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= TZ_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * cols;
-        float *yr = y + r * cols;
-        for (int64_t j = 0; j < cols; j += g) {
-            for (int i = 0; i < g; i++) yr[j + i] = s[j + i] * xr[j + i];
-            tz_fwht(yr + j, g);
-            for (int i = 0; i < g; i++) yr[j + i] *= inv;
+        float t[TZ_TQ_MAX_GROUP];
+        for (int64_t j = 0; j < cols; j += group) {
+            rotate_group(t, x + r * cols + j, s + j, group, inv);
+            for (int i = 0; i < group; i++) y[r * cols + j + i] = tz_f32_to_bf16(t[i]);
         }
     }
     free(s);
@@ -85,17 +102,19 @@ static void cpu_tq_dequant(tz_backend *be, float *w, const uint8_t *codes, const
     }
 }
 
-static void cpu_tq_matmul(tz_backend *be, float *C, const float *A, float *tile,
+static void cpu_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, float *tile,
                           const uint8_t *codes, const uint16_t *scales, const float *levels,
                           int64_t rows, int64_t cols, int bits, int group, int64_t M, int transW,
                           float alpha, float beta) {
     be->tq_dequant(be, tile, codes, scales, levels, rows, cols, bits, group);
-    if (transW) be->matmul(be, C, A, tile, M, rows, cols, 0, 1, alpha, beta);
-    else be->matmul(be, C, A, tile, M, cols, rows, 0, 0, alpha, beta);
+    const int64_t N = transW ? rows : cols, K = transW ? cols : rows;
+    if (a_bf16) be->matmul16(be, C, A, 1, tile, 0, M, N, K, 0, transW, alpha, beta);
+    else be->matmul(be, C, (const float *)A, tile, M, N, K, 0, transW, alpha, beta);
 }
 
 void TZ_CPU_K(tz_cpu_install_quant)(tz_backend *be) {
     be->tq_rotate = cpu_tq_rotate;
+    be->tq_rotate16 = cpu_tq_rotate16;
     be->tq_rotate_bwd = cpu_tq_rotate_bwd;
     be->tq_dequant = cpu_tq_dequant;
     be->tq_matmul = cpu_tq_matmul;

@@ -128,12 +128,12 @@ static void double_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     be->modulate_fwd(be, a->h1i, a->ln1i, a->modi, a->modi + I, M, n, Ti, I);
     be->layernorm_fwd(be, a->ln1c, a->mean1c, a->rstd1c, a->xc, Bc, I, EPS);
     be->modulate_fwd(be, a->h1c, a->ln1c, a->modc, a->modc + I, M, n, Tt, I);
-    tz_linear_fwd(be, &L[TZ_FLUX_Q], a->qi, a->lh[TZ_FLUX_Q], a->h1i, Bi);
-    tz_linear_fwd(be, &L[TZ_FLUX_K], a->ki, a->lh[TZ_FLUX_K], a->h1i, Bi);
-    tz_linear_fwd(be, &L[TZ_FLUX_V], a->vi, a->lh[TZ_FLUX_V], a->h1i, Bi);
-    tz_linear_fwd(be, &L[TZ_FLUX_AQ], a->qc, a->lh[TZ_FLUX_AQ], a->h1c, Bc);
-    tz_linear_fwd(be, &L[TZ_FLUX_AK], a->kc, a->lh[TZ_FLUX_AK], a->h1c, Bc);
-    tz_linear_fwd(be, &L[TZ_FLUX_AV], a->vc, a->lh[TZ_FLUX_AV], a->h1c, Bc);
+    /* each stream's q, k, v read one input: rotated (and rounded) once for the three */
+    const tz_linear *qkvi[3] = {&L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V]};
+    const tz_linear *qkvc[3] = {&L[TZ_FLUX_AQ], &L[TZ_FLUX_AK], &L[TZ_FLUX_AV]};
+    float *yi[3] = {a->qi, a->ki, a->vi}, *yc[3] = {a->qc, a->kc, a->vc};
+    tz_linear_fwd_shared(be, qkvi, yi, a->lh + TZ_FLUX_Q, 3, a->h1i, Bi);
+    tz_linear_fwd_shared(be, qkvc, yc, a->lh + TZ_FLUX_AQ, 3, a->h1c, Bc);
     rms_into(be, a->Q, a->rqc, a->qc, blk->naq, n, Tt, 0, T, H, D);
     rms_into(be, a->Q, a->rqi, a->qi, blk->nq, n, Ti, Tt, T, H, D);
     rms_into(be, a->K, a->rkc, a->kc, blk->nak, n, Tt, 0, T, H, D);
@@ -162,11 +162,12 @@ static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     tz_linear_fwd(be, &L[TZ_FLUX_NORM], a->modi, a->lh[TZ_FLUX_NORM], m->sc, n);
     be->layernorm_fwd(be, a->ln1i, a->mean1i, a->rstd1i, x, BT, I, EPS);
     be->modulate_fwd(be, a->h1i, a->ln1i, a->modi, a->modi + I, M, n, T, I);
-    tz_linear_fwd(be, &L[TZ_FLUX_MLP], a->fi, a->lh[TZ_FLUX_MLP], a->h1i, BT);
+    /* the MLP's first linear and q, k, v read one input: rotated (and rounded) once */
+    const tz_linear *in4[4] = {&L[TZ_FLUX_MLP], &L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V]};
+    float *y4[4] = {a->fi, a->qi, a->ki, a->vi};
+    float *h4[4] = {a->lh[TZ_FLUX_MLP], a->lh[TZ_FLUX_Q], a->lh[TZ_FLUX_K], a->lh[TZ_FLUX_V]};
+    tz_linear_fwd_shared(be, in4, y4, h4, 4, a->h1i, BT);
     be->gelu_tanh_fwd(be, m->wide1, a->fi, BT * F); /* only for cat: not kept */
-    tz_linear_fwd(be, &L[TZ_FLUX_Q], a->qi, a->lh[TZ_FLUX_Q], a->h1i, BT);
-    tz_linear_fwd(be, &L[TZ_FLUX_K], a->ki, a->lh[TZ_FLUX_K], a->h1i, BT);
-    tz_linear_fwd(be, &L[TZ_FLUX_V], a->vi, a->lh[TZ_FLUX_V], a->h1i, BT);
     be->rmsnorm_fwd(be, a->Q, a->rqi, a->qi, blk->nq->w, BT * H, D, EPS);
     be->rmsnorm_fwd(be, a->K, a->rki, a->ki, blk->nk->w, BT * H, D, EPS);
     attend(m, a, a->vi, n, T);
@@ -301,9 +302,9 @@ static void stream_in_bwd(tz_flux *m, const tz_linear *lq, const tz_linear *lk,
     tz_backend *be = m->be;
     const int64_t n = m->n, I = tz_flux_inner(&m->d), R = n * Ts, M = 6 * I;
     be->fill(be, m->da, 0.0f, R * I);
-    tz_linear_bwd(be, lq, m->da, dq, h1, *lhq, m->dlora, R);
-    tz_linear_bwd(be, lk, m->da, dk, h1, *lhk, m->dlora, R);
-    tz_linear_bwd(be, lv, m->da, dv, h1, *lhv, m->dlora, R);
+    const tz_linear *ls[3] = {lq, lk, lv};
+    const float *dys[3] = {dq, dk, dv}, *hs[3] = {*lhq, *lhk, *lhv};
+    tz_linear_bwd_shared(be, ls, 3, m->da, dys, h1, hs, m->dlora, R);
     be->fill(be, m->db, 0.0f, R * I);
     be->modulate_bwd(be, m->db, dmod, dmod + I, m->da, ln1, mod + I, M, n, Ts, I);
     be->layernorm_bwd(be, dy, m->db, x, mean1, rstd1, R, I); /* dy: now dL/dx */
@@ -391,9 +392,10 @@ static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
                     a->rqi, BT * H, D);
     be->rmsnorm_bwd(be, m->dki, blk->nk->trainable ? blk->nk->g : NULL, m->dK, a->ki, blk->nk->w,
                     a->rki, BT * H, D);
-    tz_linear_bwd(be, &L[TZ_FLUX_Q], m->da, m->dqi, a->h1i, a->lh[TZ_FLUX_Q], m->dlora, BT);
-    tz_linear_bwd(be, &L[TZ_FLUX_K], m->da, m->dki, a->h1i, a->lh[TZ_FLUX_K], m->dlora, BT);
-    tz_linear_bwd(be, &L[TZ_FLUX_V], m->da, m->dV, a->h1i, a->lh[TZ_FLUX_V], m->dlora, BT);
+    const tz_linear *qkv[3] = {&L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V]};
+    const float *dqkv[3] = {m->dqi, m->dki, m->dV};
+    const float *lqkv[3] = {a->lh[TZ_FLUX_Q], a->lh[TZ_FLUX_K], a->lh[TZ_FLUX_V]};
+    tz_linear_bwd_shared(be, qkv, 3, m->da, dqkv, a->h1i, lqkv, m->dlora, BT);
     be->fill(be, m->db, 0.0f, BT * I);
     be->modulate_bwd(be, m->db, m->dmodi, m->dmodi + I, m->da, a->ln1i, a->modi + I, M, n, T, I);
     be->layernorm_bwd(be, m->dres, m->db, x, a->mean1i, a->rstd1i, BT, I);

@@ -4,6 +4,8 @@
 #include "model/linear.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "quant/turboquant.h"
@@ -43,15 +45,19 @@ void tz_embedding_w(tz_backend *be, float *out, const int32_t *tok, const tz_par
 /* y = alpha * x op(W) + beta * y with l's quantized weight decoded into the shared tile on
  * the way (W_rot for TurboQuant, W_hat for absmax): transW 1, y[n, out] = x[n, in] W^T;
  * transW 0, y[n, in] = x[n, out] W. */
-static void qmatmul(tz_backend *be, const tz_linear *l, float *y, const float *x, int64_t n,
-                    int transW, float beta) {
+static void qmatmul16(tz_backend *be, const tz_linear *l, float *y, const void *x, int x16,
+                      int64_t n, int transW, float beta) {
     const tz_qweight *q = l->w->q;
     if (!q->codes) TZ_FATAL("%s: a streamed weight used while its block is not loaded", l->w->name);
     if (!l->tq || !l->tq->tile || l->out * l->in > l->tq->tile_elems)
         TZ_FATAL("%s: no scratch tile of %lld elements for the quantized weight", l->w->name,
                  (long long)(l->out * l->in));
-    be->tq_matmul(be, y, x, l->tq->tile, q->codes, q->scales, q->levels, l->out, l->in, q->bits,
-                  q->group, n, transW, 1.0f, beta);
+    be->tq_matmul(be, y, x, x16, l->tq->tile, q->codes, q->scales, q->levels, l->out, l->in,
+                  q->bits, q->group, n, transW, 1.0f, beta);
+}
+static void qmatmul(tz_backend *be, const tz_linear *l, float *y, const float *x, int64_t n,
+                    int transW, float beta) {
+    qmatmul16(be, l, y, x, 0, n, transW, beta);
 }
 
 /* The activation scratch for n rows of `in` (TurboQuant layers only). */
@@ -62,9 +68,11 @@ static float *act_buffer(const tz_linear *l, int64_t n) {
     return l->tq->act;
 }
 
-static void lora_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
-                     int64_t n) {
-    be->matmul(be, h, x, l->a->w, n, l->r, l->in, 0, 1, 1.0f, 0.0f);        /* h = x A^T */
+/* x: fp32, or bf16 bit patterns where x16 */
+static void lora_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const void *x,
+                     int x16, int64_t n) {
+    if (x16) be->matmul16(be, h, x, 1, l->a->w, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f);
+    else be->matmul(be, h, (const float *)x, l->a->w, n, l->r, l->in, 0, 1, 1.0f, 0.0f);
     be->matmul(be, y, h, l->b->w, n, l->out, l->r, 0, 1, l->scale, 1.0f); /* y += s h B^T */
 }
 
@@ -89,8 +97,23 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
     } else { /* absmax baseline: plain basis */
         qmatmul(be, l, y, x, n, 1, 0.0f);
     }
-    if (l->a) lora_fwd(be, l, y, h, x, n);
+    if (l->a) lora_fwd(be, l, y, h, x, 0, n);
     if (l->bias) be->bias_add_fwd(be, y, l->bias->w, n, l->out);
+}
+
+/* LoRA's part of the backward; x fp32, or bf16 bit patterns where x16. */
+static void lora_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
+                     const void *x, int x16, const float *h, float *scratch, int64_t n) {
+    if (l->b->g) /* dB[out,r] += s dy^T h */
+        be->matmul(be, l->b->g, dy, h, l->out, l->r, n, 1, 0, l->scale, 1.0f);
+    /* dh[n,r] = s dy B */
+    be->matmul(be, scratch, dy, l->b->w, n, l->r, l->out, 0, 0, l->scale, 0.0f);
+    if (l->a->g) { /* dA[r,in] += dh^T x */
+        if (x16) be->matmul16(be, l->a->g, scratch, 0, x, 1, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
+        else be->matmul(be, l->a->g, scratch, (const float *)x, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
+    }
+    if (dx) /* dx += dh A */
+        be->matmul(be, dx, scratch, l->a->w, n, l->in, l->r, 0, 0, 1.0f, 1.0f);
 }
 
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
@@ -116,13 +139,100 @@ void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *d
             tz_matmul_w(be, dx, dy, l->w, n, l->in, l->out, 0, 1.0f, 1.0f);
     }
     if (l->bias && l->bias->g) be->bias_bwd(be, l->bias->g, dy, n, l->out); /* db += sum dy */
-    if (!l->a) return;
-    if (l->b->g) /* dB[out,r] += s dy^T h */
-        be->matmul(be, l->b->g, dy, h, l->out, l->r, n, 1, 0, l->scale, 1.0f);
-    /* dh[n,r] = s dy B */
-    be->matmul(be, scratch, dy, l->b->w, n, l->r, l->out, 0, 0, l->scale, 0.0f);
-    if (l->a->g) /* dA[r,in] += dh^T x */
-        be->matmul(be, l->a->g, scratch, x, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
-    if (dx) /* dx += dh A */
-        be->matmul(be, dx, scratch, l->a->w, n, l->in, l->r, 0, 0, 1.0f, 1.0f);
+    if (l->a) lora_bwd(be, l, dx, dy, x, 0, h, scratch, n);
+}
+
+/* ---- linears that read one input ---- */
+
+/* TZ_LINEAR_SHARED=0 in the environment: every linear on its own (the same results; for
+ * measuring what the sharing saves, docs/gpu.md). Read once. */
+static int sharing_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TZ_LINEAR_SHARED");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
+/* Whether the `count` linears can share the work on their input: two or more TurboQuant
+ * weights of one rotation (group and seed) and one scratch. */
+static int shareable(const tz_linear *const *ls, int count) {
+    if (count < 2 || !sharing_on()) return 0;
+    const tz_qweight *q0 = ls[0]->w->q;
+    if (!q0 || q0->method != TZ_TQ_TURBOQUANT) return 0;
+    for (int i = 1; i < count; i++) {
+        const tz_qweight *q = ls[i]->w->q;
+        if (!q || q->method != TZ_TQ_TURBOQUANT || q->group != q0->group ||
+            q->seed != q0->seed || ls[i]->in != ls[0]->in || ls[i]->tq != ls[0]->tq)
+            return 0;
+    }
+    return 1;
+}
+
+/* With bf16 GEMM operands the activation scratch (n * in floats) holds two bf16 copies of
+ * x [n, in]: the rotated one first, the plain one after it (16-byte aligned: in is a multiple
+ * of the group). */
+static uint16_t *act16(const tz_linear *l, int64_t n, int which) {
+    return (uint16_t *)(void *)act_buffer(l, n) + (which ? n * l->in : 0);
+}
+
+void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *const *ys,
+                          float *const *hs, int count, const float *x, int64_t n) {
+    if (!shareable(ls, count)) {
+        for (int i = 0; i < count; i++) tz_linear_fwd(be, ls[i], ys[i], hs[i], x, n);
+        return;
+    }
+    const tz_linear *l0 = ls[0];
+    const tz_qweight *q0 = l0->w->q;
+    int adapted = 0;
+    for (int i = 0; i < count; i++) {
+        if (g_probe && ls[i]->a) g_probe(g_probe_ctx, ls[i], x, n);
+        adapted |= ls[i]->a != NULL;
+    }
+    const void *xr = act_buffer(l0, n), *xl = x;
+    const int b16 = be->matmul_dtype == TZ_DT_BF16;
+    if (b16) { /* rounded once here, as each GEMM would round it */
+        be->tq_rotate16(be, act16(l0, n, 0), x, n, l0->in, q0->group, q0->seed);
+        xr = act16(l0, n, 0);
+        if (adapted) be->to_bf16(be, act16(l0, n, 1), x, n * l0->in), xl = act16(l0, n, 1);
+    } else {
+        be->tq_rotate(be, act_buffer(l0, n), x, n, l0->in, q0->group, q0->seed);
+    }
+    for (int i = 0; i < count; i++) {
+        const tz_linear *l = ls[i];
+        qmatmul16(be, l, ys[i], xr, b16, n, 1, 0.0f);
+        if (l->a) lora_fwd(be, l, ys[i], hs[i], xl, b16, n);
+        if (l->bias) be->bias_add_fwd(be, ys[i], l->bias->w, n, l->out);
+    }
+}
+
+void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
+                          const float *const *dys, const float *x, const float *const *hs,
+                          float *scratch, int64_t n) {
+    if (!shareable(ls, count)) {
+        for (int i = 0; i < count; i++) tz_linear_bwd(be, ls[i], dx, dys[i], x, hs[i], scratch, n);
+        return;
+    }
+    const tz_linear *l0 = ls[0];
+    const tz_qweight *q0 = l0->w->q;
+    if (dx) { /* dx += R^T (sum_i dy_i W_rot_i): one inverse rotation for all */
+        float *t = act_buffer(l0, n);
+        for (int i = 0; i < count; i++) qmatmul(be, ls[i], t, dys[i], n, 0, i ? 1.0f : 0.0f);
+        be->tq_rotate_bwd(be, dx, t, n, l0->in, q0->group, q0->seed);
+    }
+    /* x for the weight and LoRA gradients, rounded once with bf16 GEMM operands (into the
+     * scratch, free again after the rotation) */
+    int need = 0;
+    for (int i = 0; i < count; i++) need |= ls[i]->w->g || (ls[i]->a && ls[i]->a->g);
+    const void *xg = x;
+    const int b16 = be->matmul_dtype == TZ_DT_BF16 && need;
+    if (b16) be->to_bf16(be, act16(l0, n, 1), x, n * l0->in), xg = act16(l0, n, 1);
+    for (int i = 0; i < count; i++) {
+        const tz_linear *l = ls[i];
+        if (l->w->g) /* straight-through: dW += dy^T x */
+            be->matmul16(be, l->w->g, dys[i], 0, xg, b16, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
+        if (l->bias && l->bias->g) be->bias_bwd(be, l->bias->g, dys[i], n, l->out);
+        if (l->a) lora_bwd(be, l, dx, dys[i], xg, b16, hs[i], scratch, n);
+    }
 }

@@ -13,7 +13,8 @@
  * ONE tile that holds the decoded weight of the layer in use (sized for the largest
  * quantized weight, in elements of the backend's GEMM operand type: fp32, or bf16 where
  * tq_matmul decodes straight into bf16) and one activation buffer of rows x (largest `in` of a TurboQuant
- * layer): the rotated input in forward, dy W_rot in backward. */
+ * layer): the rotated input in forward, dy W_rot in backward; in the shared forward with bf16
+ * GEMM operands the rotated and the plain input as two bf16 arrays, side by side. */
 typedef struct tz_tq_scratch {
     float *tile;        /* tile_elems elements of the GEMM operand type */
     int64_t tile_elems;
@@ -64,6 +65,19 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
  * dW += dy^T x, the gradient w.r.t. W_hat in the plain basis, as for a dense weight. */
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                    const float *x, const float *h, float *scratch, int64_t n);
+/* Linears that read one input x [n, in] (q, k and v; gate and up): the same as
+ * tz_linear_fwd(ls[i], ys[i], hs[i], x) and tz_linear_bwd(ls[i], dx, dys[i], x, hs[i]) for
+ * i < count, in that order, with the work on x done once for all where every weight is
+ * TurboQuant of one rotation (group, seed) and one scratch: forward, x rotated once (with bf16
+ * GEMM operands straight into bf16, tq_rotate16, and x itself rounded once for the LoRA
+ * paths), the same bits as the separate calls; backward, dx += R^T (sum_i dy_i W_rot_i), one
+ * inverse rotation instead of count (equal to the separate calls' sum to fp32 rounding), and
+ * x rounded once for the weight and LoRA gradients. Otherwise the separate calls. */
+void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *const *ys,
+                          float *const *hs, int count, const float *x, int64_t n);
+void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
+                          const float *const *dys, const float *x, const float *const *hs,
+                          float *scratch, int64_t n);
 /* A probe that sees the input x [n, in] (backend memory) of every adapted quantized layer's
  * forward (lora.init = "calibrated" gathers X^T X with it); NULL: none. One at a time, set
  * and cleared around the forward passes that calibrate. */

@@ -373,6 +373,26 @@ static void rope(tz_llama *m, float *x, int64_t B, int64_t T, int64_t H, int64_t
 /* Rows r0.. of a [rows, width] buffer that may be NULL (a projection without adapter). */
 static float *rows_at(float *p, int64_t r0, int64_t width) { return p ? p + r0 * width : NULL; }
 
+/* The linears of L that read one input, from `first` (TZ_LIN_Q: q, k, v; TZ_LIN_GATE: gate,
+ * up): their forward and backward through tz_linear_*_shared, which rotates and rounds the
+ * input once for all. */
+static int lin_set(const tz_llama_layer *L, int first, const tz_linear **ls) {
+    const int n = first == TZ_LIN_Q ? 3 : 2;
+    for (int i = 0; i < n; i++) ls[i] = &L->lin[first + i];
+    return n;
+}
+static void lins_fwd(tz_backend *be, const tz_llama_layer *L, int first, float *const *ys,
+                     float *const *hs, const float *x, int64_t n) {
+    const tz_linear *ls[3];
+    tz_linear_fwd_shared(be, ls, ys, hs, lin_set(L, first, ls), x, n);
+}
+static void lins_bwd(tz_backend *be, const tz_llama_layer *L, int first, float *dx,
+                     const float *const *dys, const float *x, const float *const *hs,
+                     float *scratch, int64_t n) {
+    const tz_linear *ls[3];
+    tz_linear_bwd_shared(be, ls, lin_set(L, first, ls), dx, dys, x, hs, scratch, n);
+}
+
 /* The MLP on n rows: out = down(swiglu(gate(h2), up(h2))), mlp_rows rows at a time (all n at
  * once without chunks: g, u and s then hold every row, as backward reads them). */
 static void mlp_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, float *out,
@@ -386,8 +406,9 @@ static void mlp_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, floa
     for (int64_t r0 = 0; r0 < n; r0 += R) {
         const int64_t c = n - r0 < R ? n - r0 : R;
         const float *h2 = a->h2 + r0 * C;
-        tz_linear_fwd(be, &L->lin[TZ_LIN_GATE], g, rows_at(a->lh[TZ_LIN_GATE], r0, r), h2, c);
-        tz_linear_fwd(be, &L->lin[TZ_LIN_UP], u, rows_at(a->lh[TZ_LIN_UP], r0, r), h2, c);
+        float *ys[2] = {g, u};
+        float *hs[2] = {rows_at(a->lh[TZ_LIN_GATE], r0, r), rows_at(a->lh[TZ_LIN_UP], r0, r)};
+        lins_fwd(be, L, TZ_LIN_GATE, ys, hs, h2, c);
         be->swiglu_fwd(be, s, g, u, c * F);
         tz_linear_fwd(be, &L->lin[TZ_LIN_DOWN], out + r0 * C,
                       rows_at(a->lh[TZ_LIN_DOWN], r0, r), s, c);
@@ -413,9 +434,8 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     const int64_t BT = B * T, C = d->dim, pos0 = kv ? kv->pos0 : 0;
     be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
     const int qkn = d->qk_norm;
-    tz_linear_fwd(be, &L->lin[TZ_LIN_Q], qkn ? a->qn : a->q, a->lh[TZ_LIN_Q], a->h1, BT);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_K], qkn ? a->kn : a->k, a->lh[TZ_LIN_K], a->h1, BT);
-    tz_linear_fwd(be, &L->lin[TZ_LIN_V], a->v, a->lh[TZ_LIN_V], a->h1, BT);
+    float *ys[3] = {qkn ? a->qn : a->q, qkn ? a->kn : a->k, a->v};
+    lins_fwd(be, L, TZ_LIN_Q, ys, a->lh + TZ_LIN_Q, a->h1, BT);
     if (qkn) { /* Qwen3: each head of q and k through its RMSNorm */
         be->rmsnorm_fwd(be, a->q, a->rq, a->qn, L->q_norm->w, BT * d->n_heads, d->head_dim,
                         (float)d->eps);
@@ -542,9 +562,9 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     if (remake_h1) /* h1 again, in its memory: the same op on the same x */
         be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
     be->fill(be, m->dh, 0.0f, BT * C);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_Q], m->dh, dq, a->h1, a->lh[TZ_LIN_Q], m->dlora, BT);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_K], m->dh, dk, a->h1, a->lh[TZ_LIN_K], m->dlora, BT);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_V], m->dh, dv, a->h1, a->lh[TZ_LIN_V], m->dlora, BT);
+    const float *dqkv[3] = {dq, dk, dv};
+    const float *lqkv[3] = {a->lh[TZ_LIN_Q], a->lh[TZ_LIN_K], a->lh[TZ_LIN_V]};
+    lins_bwd(be, L, TZ_LIN_Q, m->dh, dqkv, a->h1, lqkv, m->dlora, BT);
     /* dres += norm path: now dL/dx */
     be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C);
 }
@@ -568,8 +588,8 @@ static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     be->fill(be, m->du, 0.0f, BT * F);
     be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, BT * F);
     be->fill(be, m->dh, 0.0f, BT * C);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_GATE], m->dh, dg, a->h2, a->lh[TZ_LIN_GATE], m->dlora, BT);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_UP], m->dh, m->du, a->h2, a->lh[TZ_LIN_UP], m->dlora, BT);
+    const float *dgu[2] = {dg, m->du}, *lgu[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
+    lins_bwd(be, L, TZ_LIN_GATE, m->dh, dgu, a->h2, lgu, m->dlora, BT);
     /* dres += norm path: now dL/dx2 */
     be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C);
     attn_bwd(m, L, a, x, datt, dq, dk, dv, 0);
@@ -592,8 +612,8 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
         const float *h2 = a->h2 + r0 * C, *dres = m->dres + r0 * C;
         float *dh = m->dh + r0 * C, *lh_down = rows_at(a->lh[TZ_LIN_DOWN], r0, r);
         float *lh_gate = rows_at(a->lh[TZ_LIN_GATE], r0, r), *lh_up = rows_at(a->lh[TZ_LIN_UP], r0, r);
-        tz_linear_fwd(be, &L->lin[TZ_LIN_GATE], a->g, lh_gate, h2, c);
-        tz_linear_fwd(be, &L->lin[TZ_LIN_UP], a->u, lh_up, h2, c);
+        float *ys[2] = {a->g, a->u}, *hs[2] = {lh_gate, lh_up};
+        lins_fwd(be, L, TZ_LIN_GATE, ys, hs, h2, c);
         be->swiglu_fwd(be, a->s, a->g, a->u, c * F);
         if (down->a) /* the down projection's LoRA hidden s A^T, as its forward made it */
             be->matmul(be, lh_down, a->s, down->a->w, c, down->r, F, 0, 1, 1.0f, 0.0f);
@@ -603,8 +623,8 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
         be->fill(be, dg, 0.0f, c * F);
         be->fill(be, m->du, 0.0f, c * F);
         be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, c * F);
-        tz_linear_bwd(be, &L->lin[TZ_LIN_GATE], dh, dg, h2, lh_gate, m->dlora, c);
-        tz_linear_bwd(be, &L->lin[TZ_LIN_UP], dh, m->du, h2, lh_up, m->dlora, c);
+        const float *dgu[2] = {dg, m->du}, *lgu[2] = {lh_gate, lh_up};
+        lins_bwd(be, L, TZ_LIN_GATE, dh, dgu, h2, lgu, m->dlora, c);
     }
     /* dres += norm path: now dL/dx2 */
     be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C);

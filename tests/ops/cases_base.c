@@ -329,6 +329,31 @@ static void add_matmul_bw16(oc_list *l, int64_t M, int64_t N, int64_t K, int ta,
     oc_add(l, &c);
 }
 
+/* ---- matmul16: either operand stored in bf16 (forward only: its backward is matmul16 with
+ * the same operands, the rows above cover the GEMMs) ----
+ * p: M, N, K, ta, tb, a16, b16. tensors: 0 A, 1 B (each bf16 where asked), 2 C */
+static void mm16_fwd(oc_run *r) {
+    r->be->matmul16(r->be, OCF(r, 2), r->d[0], (int)OCP(r, 5), r->d[1], (int)OCP(r, 6),
+                    OCP(r, 0), OCP(r, 1), OCP(r, 2), (int)OCP(r, 3), (int)OCP(r, 4),
+                    (float)OCS(r, 0), (float)OCS(r, 1));
+}
+
+static void add_matmul16(oc_list *l, int64_t M, int64_t N, int64_t K, int ta, int tb, int a16,
+                         int b16, double alpha, double beta) {
+    oc_case c = {.ops = "matmul16", .nt = 3, .p = {M, N, K, ta, tb, a16, b16},
+                 .s = {alpha, beta}, .flags = OC_GEMM, .fwd = mm16_fwd, .ref = mm_ref,
+                 /* the bf16 operands' values exactly (the reference reads the same values):
+                  * only the sums' order differs, as for matmul */
+                 .tol_fwd = 1e-5};
+    c.t[0] = a16 ? (oc_tensor)OC_T_BF16("A", M * K, 1.0f) : (oc_tensor)OC_T_IN("A", M * K);
+    c.t[1] = b16 ? (oc_tensor)OC_T_BF16("B", K * N, 1.0f) : (oc_tensor)OC_T_IN("B", K * N);
+    c.t[2] = beta == 0.0 ? (oc_tensor)OC_T_OUT("C", M * N) : (oc_tensor)OC_T_INOUT("C", M * N);
+    snprintf(c.name, sizeof c.name,
+             "matmul16 M %lld N %lld K %lld trans %d%d bf16 A %d B %d alpha %g beta %g",
+             (long long)M, (long long)N, (long long)K, ta, tb, a16, b16, alpha, beta);
+    oc_add(l, &c);
+}
+
 void oc_cases_base(oc_list *l) {
     add_memory(l);
     add_elementwise(l, 1000);
@@ -352,4 +377,9 @@ void oc_cases_base(oc_list *l) {
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) add_matmul_bw16(l, 19, 33, 40, ta, tb, 1.0, 0.0);
     add_matmul_bw16(l, 3, 64, 17, 0, 1, -0.5, 1.0);
+    /* A, B or both in bf16, every transposition once */
+    add_matmul16(l, 21, 35, 40, 0, 0, 1, 0, 1.0, 0.0);
+    add_matmul16(l, 21, 35, 40, 1, 1, 1, 0, 0.5, 1.0);
+    add_matmul16(l, 17, 24, 33, 0, 1, 1, 1, 1.0, 0.0);
+    add_matmul16(l, 17, 24, 33, 1, 0, 0, 1, -1.0, 0.5);
 }

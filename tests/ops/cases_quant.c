@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/dtype.h"
 #include "core/rng.h"
 #include "ops/op_case.h"
 #include "quant/tq_layout.h"
@@ -123,6 +124,39 @@ static void add_rotate(oc_list *l, int64_t rows, int64_t cols, int g, uint64_t s
     oc_add(l, &c);
 }
 
+/* ---- tq_rotate16: tq_rotate rounded to bf16, read back through from_bf16 ----
+ * p: rows, cols, group, seed. tensors: 0 x, 1 y16 (bf16 scratch, not compared), 2 y */
+static void rot16_fwd(oc_run *r) {
+    const int64_t n = OCP(r, 0) * OCP(r, 1);
+    r->be->tq_rotate16(r->be, OCH(r, 1), OCF(r, 0), OCP(r, 0), OCP(r, 1), (int)OCP(r, 2),
+                       (uint64_t)OCP(r, 3));
+    r->be->from_bf16(r->be, OCF(r, 2), OCH(r, 1), n);
+}
+static void rot16_ref(oc_ref *r) {
+    const oc_case *c = r->c;
+    ref_rotate(r->v[2], r->v[0], c->p[0], c->p[1], (int)c->p[2], (uint64_t)c->p[3], 0);
+    for (int64_t k = 0; k < c->p[0] * c->p[1]; k++) /* to bf16, as the op rounds its fp32 */
+        r->v[2][k] = tz_bf16_to_f32(tz_f32_to_bf16((float)r->v[2][k]));
+}
+
+static void add_rotate16(oc_list *l, int64_t rows, int64_t cols, int g, uint64_t seed) {
+    if (rows * cols > QMAX) abort();
+    oc_case c = {.ops = "tq_rotate16 from_bf16", .nt = 3,
+                 .p = {rows, cols, g, (int64_t)seed}, .fwd = rot16_fwd, .ref = rot16_ref,
+                 /* the op's fp32 value and the reference's differ by up to ~2e-7 of the
+                  * largest output (tq_rotate's rows); where that straddles a bf16 rounding
+                  * boundary the two round to neighbours, one bf16 step (2^-8 of the element)
+                  * apart. A wrong sign or group moves elements by far more */
+                 .tol_fwd = 4e-3};
+    c.t[0] = (oc_tensor)OC_T_IN("x", rows * cols);
+    c.t[1] = (oc_tensor)OC_T_OUT("y16", (rows * cols + 1) / 2);
+    c.t[1].flags = OC_NOCHECK;
+    c.t[2] = (oc_tensor)OC_T_OUT("y", rows * cols);
+    snprintf(c.name, sizeof c.name, "tq_rotate16 rows %lld cols %lld group %d seed %llu",
+             (long long)rows, (long long)cols, g, (unsigned long long)seed);
+    oc_add(l, &c);
+}
+
 /* ---- tq_dequant ----
  * p: rows, cols, bits, group. tensors: 0 codes, 1 scales, 2 levels, 3 w. */
 
@@ -157,13 +191,14 @@ static void add_dequant(oc_list *l, int64_t rows, int64_t cols, int bits, int g)
  * 7 dA. */
 
 static void tqm_fwd(oc_run *r) {
-    r->be->tq_matmul(r->be, OCF(r, 4), OCF(r, 0), OCF(r, 5), OCB(r, 1), OCH(r, 2), OCF(r, 3),
+    r->be->tq_matmul(r->be, OCF(r, 4), r->d[0], (int)OCP(r, 6), OCF(r, 5), OCB(r, 1), OCH(r, 2),
+                     OCF(r, 3),
                      OCP(r, 0), OCP(r, 1), (int)OCP(r, 2), (int)OCP(r, 3), OCP(r, 4),
                      (int)OCP(r, 5), (float)OCS(r, 0), (float)OCS(r, 1));
 }
 /* transW = 1: dA[M, cols] += alpha dC W; transW = 0: dA[M, rows] += alpha dC W^T */
 static void tqm_bwd(oc_run *r) {
-    r->be->tq_matmul(r->be, OCF(r, 7), OCF(r, 6), OCF(r, 5), OCB(r, 1), OCH(r, 2), OCF(r, 3),
+    r->be->tq_matmul(r->be, OCF(r, 7), OCF(r, 6), 0, OCF(r, 5), OCB(r, 1), OCH(r, 2), OCF(r, 3),
                      OCP(r, 0), OCP(r, 1), (int)OCP(r, 2), (int)OCP(r, 3), OCP(r, 4),
                      !(int)OCP(r, 5), (float)OCS(r, 0), 1.0f);
 }
@@ -178,10 +213,10 @@ static void tqm_ref(oc_ref *r) {
 }
 
 static void add_tq_matmul(oc_list *l, int64_t rows, int64_t cols, int bits, int g, int64_t M,
-                          int tw, double alpha, double beta) {
+                          int tw, double alpha, double beta, int a16) {
     const int64_t K = tw ? cols : rows, N = tw ? rows : cols;
     if (rows * cols > QMAX) abort();
-    oc_case c = {.ops = "tq_matmul", .nt = 8, .p = {rows, cols, bits, g, M, tw},
+    oc_case c = {.ops = "tq_matmul", .nt = 8, .p = {rows, cols, bits, g, M, tw, a16},
                  .s = {alpha, beta}, .flags = OC_GEMM, .fwd = tqm_fwd, .ref = tqm_ref,
                  .bwd = tqm_bwd,
                  /* fp32: the decode's one rounding per weight, then sums of K <= 512 products
@@ -192,7 +227,8 @@ static void add_tq_matmul(oc_list *l, int64_t rows, int64_t cols, int bits, int 
                   * ~2^-9 of the result's scale and up to ~3x that at the largest element;
                   * 15 x 2^-9. A wrong code or group moves many outputs by a level: >> this */
                  .tol_fwd_bf16 = 3e-2, .tol_bwd_bf16 = 3e-2};
-    c.t[0] = (oc_tensor)OC_T_IN("A", M * K);
+    /* A in bf16: the forward reads its values as stored; no backward (A is no float input) */
+    c.t[0] = a16 ? (oc_tensor)OC_T_BF16("A", M * K, 1.0f) : (oc_tensor)OC_T_IN("A", M * K);
     c.t[1] = (oc_tensor)OC_T_U8("codes", rows * cols * bits / 8, 0, 0);
     c.t[2] = (oc_tensor)OC_T_BF16("scales", rows * cols / g, 0.5f);
     c.t[3] = (oc_tensor)OC_T_INA("levels", 1 << bits, 2.0f);
@@ -202,9 +238,11 @@ static void add_tq_matmul(oc_list *l, int64_t rows, int64_t cols, int bits, int 
     c.t[5].flags = OC_NOCHECK;
     c.t[6] = (oc_tensor)OC_T_DOUT("dC", 4);
     c.t[7] = (oc_tensor)OC_T_DIN("dA", 0);
+    if (a16) c.nt = 6, c.bwd = NULL;
     snprintf(c.name, sizeof c.name,
-             "tq_matmul rows %lld cols %lld bits %d group %d M %lld transW %d alpha %g beta %g",
-             (long long)rows, (long long)cols, bits, g, (long long)M, tw, alpha, beta);
+             "tq_matmul rows %lld cols %lld bits %d group %d M %lld transW %d alpha %g beta %g%s",
+             (long long)rows, (long long)cols, bits, g, (long long)M, tw, alpha, beta,
+             a16 ? " A bf16" : "");
     oc_add(l, &c);
 }
 
@@ -220,12 +258,19 @@ void oc_cases_quant(oc_list *l) {
         for (int g = 64; g <= 256; g *= 2) add_dequant(l, 3, 2 * (int64_t)g, bits, g);
     add_dequant(l, 5, 192, 3, 64);
     /* both ways round, beta 0 (C may be NaN) and beta != 0, every bit width and group */
-    add_tq_matmul(l, 5, 128, 4, 64, 3, 1, 1.0, 0.0);
-    add_tq_matmul(l, 4, 256, 3, 128, 2, 1, 0.75, 0.5);
-    add_tq_matmul(l, 3, 512, 2, 256, 2, 1, 1.0, -1.0);
-    add_tq_matmul(l, 6, 192, 1, 64, 3, 1, 0.5, 0.0);
-    add_tq_matmul(l, 6, 128, 4, 128, 3, 0, 1.0, 0.0);
-    add_tq_matmul(l, 3, 256, 2, 256, 2, 0, 0.75, 0.5);
-    add_tq_matmul(l, 5, 192, 3, 64, 4, 0, 1.0, 0.0);
-    add_tq_matmul(l, 4, 128, 1, 64, 3, 0, 2.0, -0.5);
+    add_tq_matmul(l, 5, 128, 4, 64, 3, 1, 1.0, 0.0, 0);
+    add_tq_matmul(l, 4, 256, 3, 128, 2, 1, 0.75, 0.5, 0);
+    add_tq_matmul(l, 3, 512, 2, 256, 2, 1, 1.0, -1.0, 0);
+    add_tq_matmul(l, 6, 192, 1, 64, 3, 1, 0.5, 0.0, 0);
+    add_tq_matmul(l, 6, 128, 4, 128, 3, 0, 1.0, 0.0, 0);
+    add_tq_matmul(l, 3, 256, 2, 256, 2, 0, 0.75, 0.5, 0);
+    add_tq_matmul(l, 5, 192, 3, 64, 4, 0, 1.0, 0.0, 0);
+    add_tq_matmul(l, 4, 128, 1, 64, 3, 0, 2.0, -0.5, 0);
+    /* A already in bf16 (tz_linear_fwd_shared's rotated input), both ways round */
+    add_tq_matmul(l, 5, 256, 4, 128, 3, 1, 1.0, 0.0, 1);
+    add_tq_matmul(l, 4, 192, 3, 64, 2, 0, 0.5, 1.0, 1);
+    /* tq_rotate16: every group, two and three group columns */
+    add_rotate16(l, 3, 192, 64, 7);
+    add_rotate16(l, 2, 256, 128, 0x9E3779B97F4A7C15ull);
+    add_rotate16(l, 2, 512, 256, 12345);
 }

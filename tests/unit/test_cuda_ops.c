@@ -785,16 +785,16 @@ static void test_tq_matmul(void) {
         const int64_t K = tw ? cols : rows, N = tw ? rows : cols;
         pair A = mk(M * K, 1.0f), C = mk(M * N, 1.0f), C2 = mkz(M * N);
         g_gpu->copy(g_gpu, C2.d, C.d, (size_t)(M * N) * 4);
-        g_cpu->tq_matmul(g_cpu, C.h, A.h, tile.h, codes, scales, lv.h, rows, cols, bits, g, M,
+        g_cpu->tq_matmul(g_cpu, C.h, A.h, 0, tile.h, codes, scales, lv.h, rows, cols, bits, g, M,
                          tw, 0.9f, 0.4f);
-        g_gpu->tq_matmul(g_gpu, C.d, A.d, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g,
+        g_gpu->tq_matmul(g_gpu, C.d, A.d, 0, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g,
                          M, tw, 0.9f, 0.4f);
         char what[64];
         snprintf(what, sizeof what, "tq_matmul transW=%d (fp32)", tw);
         expect(what, &C, 1e-5);
         g_gpu->matmul_dtype = TZ_DT_BF16; /* C2 still holds C's first values */
         g_gpu->copy(g_gpu, C.d, C2.d, (size_t)(M * N) * 4);
-        g_gpu->tq_matmul(g_gpu, C.d, A.d, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g,
+        g_gpu->tq_matmul(g_gpu, C.d, A.d, 0, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g,
                          M, tw, 0.9f, 0.4f);
         g_gpu->tq_dequant(g_gpu, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g);
         g_gpu->matmul(g_gpu, C2.d, A.d, tile.d, M, N, K, 0, tw, 0.9f, 0.4f);
@@ -847,7 +847,7 @@ static void dq_case(int bits, int g, int64_t rows, int64_t cols, int w_off, int 
     pair A = mk(M * cols, 1.0f), C = mkz(M * rows);
     ws_fill(w, (size_t)n * 2);
     g_gpu->matmul_dtype = TZ_DT_BF16;
-    g_gpu->tq_matmul(g_gpu, C.d, A.d, w, dc + c_off, ds, dl, rows, cols, bits, g, M, 1, 1.0f,
+    g_gpu->tq_matmul(g_gpu, C.d, A.d, 0, w, dc + c_off, ds, dl, rows, cols, bits, g, M, 1, 1.0f,
                      0.0f);
     g_gpu->matmul_dtype = TZ_DT_F32;
     g_gpu->download(g_gpu, got16, w, (size_t)n * 2);
@@ -879,6 +879,22 @@ static void rot_case(int g, int64_t rows, int64_t cols, int off) {
     snprintf(what, sizeof what, "tq_rotate_bwd group %d, %lld x %lld%s", g, (long long)rows,
              (long long)cols, off ? ", unaligned" : "");
     expect(what, &dx, 1e-6);
+    /* tq_rotate16: the CPU's bf16 bits (both round the same fp32 values), nothing written
+     * past the rows */
+    const size_t b16 = (size_t)(rows * cols) * 2;
+    uint16_t *h16 = malloc(b16), *g16 = malloc(b16 + 32);
+    uint16_t *d16 = g_gpu->alloc(g_gpu, b16 + 32); /* 16 canary bytes either side */
+    g_gpu->upload(g_gpu, d16, memset(g16, 0xA5, b16 + 32), b16 + 32);
+    g_cpu->tq_rotate16(g_cpu, h16, x.h + off, rows, cols, g, 99);
+    g_gpu->tq_rotate16(g_gpu, d16 + 8 + off, x.d + off, rows, cols, g, 99);
+    g_gpu->download(g_gpu, g16, d16, b16 + 32);
+    int same = !memcmp(g16 + 8 + off, h16, b16), kept = 1;
+    for (int64_t i = 0; i < (int64_t)(b16 + 32) / 2; i++)
+        if (i < 8 + off || i >= 8 + off + rows * cols) kept &= g16[i] == 0xA5A5;
+    check(same && kept, "tq_rotate16 group %d, %lld x %lld%s: the CPU's bf16 bits, canary kept",
+          g, (long long)rows, (long long)cols, off ? ", unaligned" : "");
+    g_gpu->release(g_gpu, d16);
+    free(h16), free(g16);
     drop(&x), drop(&y), drop(&dx);
 }
 

@@ -28,7 +28,11 @@
  * tolerances: loss 2e-3 relative, gradients 5e-2 per tensor (measured on the CPU emulation of
  * the CUDA backend, 2026-11-23: losses within 3.5e-4, gradients within 1.9e-2, the worst a
  * LoRA A whose gradient sums B*T rows of products of two rounded operands). The rounding
- * itself is checked element by element, op by op, in test_cuda_ops. */
+ * itself is checked element by element, op by op, in test_cuda_ops.
+ *
+ * First, on the CPU and on the device (fp32, then bf16 GEMM operands): linears that read one
+ * input run together (tz_linear_fwd_shared / _bwd_shared) against the same run one by one, to
+ * the bit where the arithmetic is the same (see shared_case). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,7 +44,10 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "model/dit.h"
+#include "model/linear.h"
 #include "model/llama.h"
+#include "quant/codebook.h"
+#include "quant/turboquant.h"
 #include "tz_check.h"
 
 static double TOL_LOSS = 2e-5, TOL_GRAD = 2e-4; /* fp32; main sets the bf16 ones */
@@ -189,6 +196,149 @@ static void dit_case(const char *what) {
     free(x), free(tgt);
 }
 
+/* ---- linears that read one input (tz_linear_fwd_shared, tz_linear_bwd_shared) ----
+ * Three TurboQuant linears of one rotation on one x, as q, k and v read it (one without an
+ * adapter, one with a bias, every weight trainable straight-through as in full fine-tuning),
+ * run separately and shared on one backend: the forward must give the same bits (one rotation
+ * and one rounding of x for all, the bits each call would make); the backward the same
+ * weight, bias and LoRA gradients to the bit, and dx, whose inverse rotation is taken once of
+ * the sum instead of once per linear, within fp32 rounding (1e-5 of its largest element). */
+static float *dev_rand(tz_backend *be, tz_rng *r, int64_t n, float amp) {
+    float *h = malloc((size_t)n * sizeof *h), *d = be->alloc(be, (size_t)n * sizeof *h);
+    for (int64_t i = 0; i < n; i++) h[i] = amp * (2.0f * tz_rng_uniform(r) - 1.0f);
+    be->upload(be, d, h, (size_t)n * sizeof *h);
+    free(h);
+    return d;
+}
+static void put_rand(tz_backend *be, tz_rng *r, tz_param *p, float amp) {
+    float *h = malloc((size_t)p->numel * sizeof *h);
+    for (int64_t i = 0; i < p->numel; i++) h[i] = amp * (2.0f * tz_rng_uniform(r) - 1.0f);
+    tz_param_upload(be, p, h, 0, p->numel);
+    free(h);
+}
+static float *host_of(tz_backend *be, const float *d, int64_t n) {
+    float *h = malloc((size_t)n * sizeof *h);
+    be->download(be, h, d, (size_t)n * sizeof *h);
+    return h;
+}
+static int dev_same(tz_backend *be, const float *a, const float *b, int64_t n) {
+    float *x = host_of(be, a, n), *y = host_of(be, b, n);
+    int same = !memcmp(x, y, (size_t)n * sizeof *x);
+    free(x), free(y);
+    return same;
+}
+
+static void shared_case(tz_backend *be, const char *what) {
+    enum { NL = 3 };
+    const int64_t in = 256, n = 7, r = 4, outs[NL] = {128, 64, 64};
+    const int group = 128, bits = 4;
+    char err[200];
+    tz_tq_codebook cb;
+    float levels[16];
+    tz_tq_codebook_init(&cb, bits, err, sizeof err);
+    tz_tq_levels(TZ_TQ_TURBOQUANT, bits, &cb, levels);
+    tz_rng rng = tz_rng_make(21, 0, TZ_RNG_TEST, 3);
+    tz_params ps;
+    tz_params_init(&ps);
+    tz_tq_scratch sc = {be->alloc(be, (size_t)(128 * in) * 4), 128 * in,
+                        be->alloc(be, (size_t)(n * in) * 4), n * in};
+    tz_linear lin[NL];
+    const tz_linear *ls[NL];
+    float *y[2][NL], *h[2][NL], *dy[NL];
+    for (int i = 0; i < NL; i++) {
+        const int64_t out = outs[i];
+        char name[32];
+        float *w = malloc((size_t)(out * in) * sizeof *w);
+        for (int64_t k = 0; k < out * in; k++) w[k] = (float)(0.05 * tz_rng_normal(&rng));
+        tz_tq_tensor t;
+        tz_tq_tensor_init(&t, bits, group, out, in, 5, err, sizeof err);
+        tz_tq_quantize_as(&t, TZ_TQ_TURBOQUANT, &cb, w);
+        snprintf(name, sizeof name, "w%d", i);
+        tz_param *pq = tz_params_add_quant(&ps, be, name, out, in, TZ_TQ_TURBOQUANT, bits,
+                                           group, 5, levels);
+        be->upload(be, pq->q->codes, t.codes, (size_t)tz_tq_codes_bytes(out, in, bits));
+        be->upload(be, pq->q->scales, t.scales, (size_t)tz_tq_scales_count(out, in, group) * 2);
+        pq->g = be->alloc(be, (size_t)(out * in) * 4);
+        tz_tq_tensor_free(&t);
+        free(w);
+        lin[i] = (tz_linear){.in = in, .out = out, .w = pq, .tq = &sc};
+        if (i != 1) { /* k without an adapter */
+            snprintf(name, sizeof name, "a%d", i);
+            lin[i].a = tz_params_add(&ps, be, name, 2, r, in, 1, 1, 1);
+            snprintf(name, sizeof name, "b%d", i);
+            lin[i].b = tz_params_add(&ps, be, name, 2, out, r, 1, 1, 1);
+            put_rand(be, &rng, lin[i].a, 0.2f), put_rand(be, &rng, lin[i].b, 0.2f);
+            lin[i].a->g = be->alloc(be, (size_t)(r * in) * 4);
+            lin[i].b->g = be->alloc(be, (size_t)(out * r) * 4);
+            lin[i].r = r, lin[i].scale = 0.75f;
+        }
+        if (i == 2) { /* v with a bias */
+            lin[i].bias = tz_params_add(&ps, be, "bias2", 1, out, 1, 1, 1, 0);
+            put_rand(be, &rng, lin[i].bias, 0.2f);
+            lin[i].bias->g = be->alloc(be, (size_t)out * 4);
+        }
+        ls[i] = &lin[i];
+        for (int k = 0; k < 2; k++) {
+            y[k][i] = be->alloc(be, (size_t)(n * out) * 4);
+            h[k][i] = be->alloc(be, (size_t)(n * r) * 4);
+        }
+        dy[i] = dev_rand(be, &rng, n * out, 1.0f);
+    }
+    float *x = dev_rand(be, &rng, n * in, 1.0f), *dx0 = dev_rand(be, &rng, n * in, 0.5f);
+    float *dx[2] = {be->alloc(be, (size_t)(n * in) * 4), be->alloc(be, (size_t)(n * in) * 4)};
+    float *scr = be->alloc(be, (size_t)(n * r) * 4);
+    /* forward */
+    for (int i = 0; i < NL; i++) tz_linear_fwd(be, ls[i], y[0][i], lin[i].a ? h[0][i] : NULL, x, n);
+    float *hs1[NL] = {h[1][0], NULL, h[1][2]};
+    tz_linear_fwd_shared(be, ls, y[1], hs1, NL, x, n);
+    int same = 1;
+    for (int i = 0; i < NL; i++) {
+        same &= dev_same(be, y[0][i], y[1][i], n * outs[i]);
+        if (lin[i].a) same &= dev_same(be, h[0][i], h[1][i], n * r);
+    }
+    check(same, "%s: shared forward of 3 TurboQuant linears = the separate forwards, bit for bit",
+          what);
+    /* backward: the gradients of each way kept on the host, then compared */
+    float *gh[2][3 * NL + 1];
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < ps.n; i++)
+            if (ps.p[i]->g) be->fill(be, ps.p[i]->g, 0.0f, ps.p[i]->numel);
+        be->copy(be, dx[k], dx0, (size_t)(n * in) * 4);
+        const float *hk[NL] = {h[k][0], NULL, h[k][2]}, *dys[NL] = {dy[0], dy[1], dy[2]};
+        if (k == 0)
+            for (int i = 0; i < NL; i++) tz_linear_bwd(be, ls[i], dx[0], dy[i], x, hk[i], scr, n);
+        else tz_linear_bwd_shared(be, ls, NL, dx[1], dys, x, hk, scr, n);
+        int j = 0;
+        for (int i = 0; i < ps.n; i++)
+            if (ps.p[i]->g) gh[k][j++] = host_of(be, ps.p[i]->g, ps.p[i]->numel);
+        gh[k][j] = host_of(be, dx[k], n * in);
+    }
+    int ng = 0, gsame = 1;
+    for (int i = 0; i < ps.n; i++)
+        if (ps.p[i]->g) gsame &= !memcmp(gh[0][ng], gh[1][ng], (size_t)ps.p[i]->numel * 4), ng++;
+    double e = 0.0, mx = 0.0;
+    for (int64_t k = 0; k < n * in; k++) {
+        e = fmax(e, fabs((double)gh[0][ng][k] - (double)gh[1][ng][k]));
+        mx = fmax(mx, fabs((double)gh[0][ng][k]));
+    }
+    check(gsame && ng == 3 + 2 * 2 + 1,
+          "%s: shared backward: %d weight, bias and LoRA gradients = the separate ones, bit for bit",
+          what, ng);
+    check(e <= 1e-5 * mx, "%s: shared backward: dx within %.1e of its largest element (1e-5)",
+          what, e / mx);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j <= ng; j++) free(gh[k][j]);
+    for (int i = 0; i < NL; i++) {
+        for (int k = 0; k < 2; k++) be->release(be, y[k][i]), be->release(be, h[k][i]);
+        be->release(be, dy[i]);
+    }
+    for (int i = 0; i < ps.n; i++)
+        if (ps.p[i]->g) be->release(be, ps.p[i]->g);
+    be->release(be, x), be->release(be, dx0), be->release(be, dx[0]), be->release(be, dx[1]);
+    be->release(be, scr), be->release(be, sc.tile), be->release(be, sc.act);
+    tz_params_free(&ps, be);
+}
+
 int main(void) {
     int n = tz_cuda_device_count();
     if (n <= 0) {
@@ -197,6 +347,11 @@ int main(void) {
     }
     g_cpu = tz_backend_create(TZ_DEVICE_CPU, 0, 2);
     g_gpu = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
+    shared_case(g_cpu, "cpu");
+    shared_case(g_gpu, "gpu fp32");
+    g_gpu->matmul_dtype = TZ_DT_BF16;
+    shared_case(g_gpu, "gpu bf16");
+    g_gpu->matmul_dtype = TZ_DT_F32;
     llama_case("llama tied, GQA 4/2, full", 1, 2, 0, 0, 0);
     llama_case("llama untied, 4/4 heads, full, checkpointing", 0, 4, 1, 0, 0);
     llama_case("llama untied, GQA 4/2, LoRA on 4-bit TurboQuant, checkpointing", 0, 2, 1, 4, 0);
