@@ -65,6 +65,10 @@ void tz_cuda_gemm(tz_backend *be, float *C, const void *A, int a_bf16, const voi
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
         TZ_FATAL("matmul: %lld x %lld x %lld exceeds cuBLAS's int dimensions", (long long)M,
                  (long long)N, (long long)K);
+    /* on the emulation: both operands' reads checked for stream order (a weight uploaded on
+     * the copy queue must be waited for before a GEMM reads it) */
+    TZ_CUDA_KERNEL_READS(be, A, (size_t)(M * K) * (a_bf16 ? 2 : 4), "gemm operand A");
+    TZ_CUDA_KERNEL_READS(be, B, (size_t)(K * N) * (b_bf16 ? 2 : 4), "gemm operand B");
     const int bf16 = be->matmul_dtype == TZ_DT_BF16;
     if (!bf16 && (a_bf16 || b_bf16))
         TZ_FATAL("matmul: a bf16 operand with fp32 GEMMs (run.precision = \"fp32\")");

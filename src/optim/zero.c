@@ -38,8 +38,10 @@ static void host_buf_free(tz_zero *z, void *p, int dma) {
  *     on one rank (no collective: the bucket is the slice); with MPI on several ranks they
  *     reach it through MPI from hstage or host_tmp;
  *   recv: the copy's target with NCCL and on one rank, MPI's receive buffer otherwise;
- *   wsend: uploaded from where the weights are not all-gathered, wrecv where they are.
- * The master is never a copy's source or target in a step (it is packed into wsend). */
+ *   wsend: the quantized pieces uploaded from where the weights are not all-gathered, wrecv
+ *     every piece where they are;
+ *   the master: where nothing is gathered, the dense pieces are uploaded straight from it
+ *     (the copy queue; tz_zero_step waits for them before it changes the master). */
 static int acc_dma(const tz_zero *z) {
     return z->be->device && (z->dcomm->device || z->comm->size == 1);
 }
@@ -47,6 +49,18 @@ static int recv_dma(const tz_zero *z) {
     return z->be->device && (z->dcomm->device || z->comm->size == 1);
 }
 static int gathers(const tz_zero *z) { return z->stage > 0 && z->comm->size > 1; }
+/* The dense pieces go from the master to the device as they are (no packing) */
+static int master_dma(const tz_zero *z) {
+    return z->be->device && !gathers(z) && z->zw.dense_params > 0;
+}
+
+/* Waits for the last push's copies from the master (before the master changes or goes). */
+static void master_quiet(tz_zero *z) {
+    if (!z->wdone) return;
+    z->be->event_wait(z->be, z->wdone, TZ_QUEUE_HOST);
+    z->be->event_free(z->be, z->wdone);
+    z->wdone = NULL;
+}
 
 void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt,
                         tz_params *ps, tz_backend *be, tz_comm *comm, tz_comm *dcomm,
@@ -119,6 +133,10 @@ void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim 
     }
     free(flat_kind);
     tz_params_drop_init(ps); /* the dense sources of quantized weights are in the master now */
+    if (master_dma(z)) {
+        be->host_register(be, z->sh.master, (size_t)z->sh.n * sizeof(float));
+        z->master_pinned = 1;
+    }
 
     const int64_t B = z->plan.bucket_elems;
     if (!z->pipelined) /* the blocking path's bucket: downloaded into */
@@ -143,7 +161,9 @@ void tz_zero_free(tz_zero *z) {
         for (int i = 0; i < z->sh.opt->n_states; i++) z->be->release(z->be, z->d_state[i]);
         z->be->release(z->be, z->d_decay);
     }
+    master_quiet(z);
     if (z->pinned) z->be->host_unregister(z->be, z->sh.acc);
+    if (z->master_pinned) z->be->host_unregister(z->be, z->sh.master);
     tz_shard_free(&z->sh);
     for (int s = 0; s < TZ_ZERO_SLOTS; s++) {
         if (z->stage_buf[s]) z->be->release(z->be, z->stage_buf[s]);
@@ -386,6 +406,7 @@ double tz_zero_step(tz_zero *z, const tz_optim_hparams *h, int64_t t, double max
     float clip = 1.0f;
     if (max_norm > 0 && norm > max_norm) clip = (float)(max_norm / norm);
     t0 = omp_get_wtime();
+    master_quiet(z); /* the last step's uploads from the master are done (long since) */
     if (isfinite(norm)) tz_shard_update(&z->sh, h, t, clip);
     clock_add(z, TZ_ZERO_UPDATE, t0, (double)n * (double)tz_shard_step_bytes(&z->sh));
     tz_zero_push_weights(z);
@@ -408,17 +429,27 @@ void tz_zero_push_weights(tz_zero *z) {
         return;
     }
     /* the updated weights back into every rank's model: each owner packs its slice (fp32,
-     * or codes + scales re-quantized from the master), all-gathered in stages 1 and 2 */
-    const int r = own_rank(z), gather = z->stage > 0 && z->comm->size > 1;
+     * or codes + scales re-quantized from the master), all-gathered in stages 1 and 2; where
+     * nothing is gathered the dense pieces go from the master to the model as they are (on a
+     * device backend as copies on the copy queue, which the compute queue waits for before
+     * its next op: the host goes on at once) */
+    const int r = own_rank(z), gather = gathers(z);
     const int64_t N = z->zw.world;
     for (int b = 0; b < z->plan.n_buckets; b++) {
         const int64_t *counts = z->zw.bytes + (int64_t)b * N;
+        const float *slice = z->sh.master + z->plan.b[b].shard_off;
+        if (!gather) {
+            t0 = omp_get_wtime();
+            const int64_t db = tz_zero_weights_put_dense(&z->zw, z->be, b, r, slice);
+            clock_add(z, TZ_ZERO_WEIGHTS, t0, (double)db);
+        }
+        if (!gather && z->zw.quant_params == 0) continue; /* nothing to pack */
         t0 = omp_get_wtime();
-        tz_zero_weights_pack(&z->zw, b, r, z->sh.master + z->plan.b[b].shard_off, z->wsend);
+        tz_zero_weights_pack(&z->zw, b, r, slice, z->wsend, gather);
         clock_add(z, TZ_ZERO_PACK, t0, 4.0 * (double)z->plan.b[b].slice + (double)counts[r]);
         if (!gather) {
             t0 = omp_get_wtime();
-            tz_zero_weights_unpack(&z->zw, z->be, b, r, z->wsend);
+            tz_zero_weights_unpack(&z->zw, z->be, b, r, z->wsend, 0);
             clock_add(z, TZ_ZERO_WEIGHTS, t0, 2.0 * (double)counts[r]);
             continue;
         }
@@ -430,8 +461,14 @@ void tz_zero_push_weights(tz_zero *z) {
         t0 = omp_get_wtime();
         at = 0;
         for (int q = 0; q < N; at += counts[q], q++)
-            tz_zero_weights_unpack(&z->zw, z->be, b, q, z->wrecv + at);
+            tz_zero_weights_unpack(&z->zw, z->be, b, q, z->wrecv + at, 1);
         clock_add(z, TZ_ZERO_WEIGHTS, t0, 2.0 * (double)at);
+    }
+    if (!gather && z->be->device && z->zw.dense_params > 0) {
+        tz_backend *be = z->be;
+        master_quiet(z);
+        z->wdone = be->event_mark(be, TZ_QUEUE_COPY);
+        be->event_wait(be, z->wdone, TZ_QUEUE_COMPUTE);
     }
 }
 
@@ -452,6 +489,11 @@ void tz_zero_device_optimizer(tz_zero *z) {
                           "optim.offload = false: %s is a trainable %s weight; the backend's "
                           "optimizer updates fp32 weights only", ps->p[i]->name,
                           ps->p[i]->q ? "quantized" : "bf16");
+    if (z->master_pinned) { /* no upload reads the host master from now on */
+        master_quiet(z);
+        be->host_unregister(be, z->sh.master);
+        z->master_pinned = 0;
+    }
     const int64_t F = ps->flat_numel;
     z->d_master = be->alloc(be, (size_t)F * sizeof(float));
     for (int i = 0; i < 2; i++) {

@@ -54,7 +54,9 @@ typedef struct tz_zero {
     int slot_bucket[TZ_ZERO_SLOTS];
     int next_slot;         /* the slot the next bucket takes: the oldest one in flight */
     float *host_tmp;       /* one padded bucket on the host (device downloads; pinned) */
-    int pinned;            /* the shard's master and accumulator are registered (device) */
+    int pinned;            /* the shard's accumulator is registered (device) */
+    int master_pinned;     /* the master is registered: dense weights are uploaded from it */
+    void *wdone;           /* the last push's uploads from the master (copy queue), or NULL */
     tz_zero_weights zw;    /* the weights' way back: pieces of every slice, packed */
     uint8_t *wsend, *wrecv; /* one packed slice; a bucket's packed slices (the all-gather) */
     int next_bucket;       /* first bucket not yet communicated in this micro-batch */

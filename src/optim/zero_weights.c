@@ -148,7 +148,7 @@ static void count_changes(tz_zero_weights *zw, const tz_zero_piece *pc, int64_t 
 }
 
 void tz_zero_weights_pack(tz_zero_weights *zw, int b, int r, const float *slice,
-                          uint8_t *chunk) {
+                          uint8_t *chunk, int dense) {
     int64_t n;
     const tz_zero_piece *pc = pieces(zw, b, r, &n);
     for (int64_t k = 0; k < n; k++) {
@@ -157,7 +157,7 @@ void tz_zero_weights_pack(tz_zero_weights *zw, int b, int r, const float *slice,
         const float *src = slice + c->in_slice;
         uint8_t *dst = chunk + c->at;
         if (!q) {
-            tz_host_copy(dst, src, (size_t)c->bytes);
+            if (dense) tz_host_copy(dst, src, (size_t)c->bytes);
             continue;
         }
         const int64_t ng = c->n / q->group, cbytes = c->n * q->bits / 8;
@@ -175,7 +175,7 @@ void tz_zero_weights_pack(tz_zero_weights *zw, int b, int r, const float *slice,
 }
 
 void tz_zero_weights_unpack(const tz_zero_weights *zw, tz_backend *be, int b, int r,
-                            const uint8_t *chunk) {
+                            const uint8_t *chunk, int dense) {
     int64_t n;
     const tz_zero_piece *pc = pieces(zw, b, r, &n);
     for (int64_t k = 0; k < n; k++) {
@@ -183,6 +183,7 @@ void tz_zero_weights_unpack(const tz_zero_weights *zw, tz_backend *be, int b, in
         const tz_param *p = c->p;
         const uint8_t *src = chunk + c->at;
         if (!p->q) {
+            if (!dense) continue;
             if (be->device) be->upload(be, p->w + c->off, src, (size_t)c->bytes);
             else tz_host_copy(p->w + c->off, src, (size_t)c->bytes); /* host memory: every thread */
             continue;
@@ -193,6 +194,21 @@ void tz_zero_weights_unpack(const tz_zero_weights *zw, tz_backend *be, int b, in
         be->upload(be, q->scales + c->off / q->group, src + cbytes,
                    (size_t)(c->n / q->group) * sizeof(uint16_t));
     }
+}
+
+int64_t tz_zero_weights_put_dense(const tz_zero_weights *zw, tz_backend *be, int b, int r,
+                                  const float *slice) {
+    int64_t n, bytes = 0;
+    const tz_zero_piece *pc = pieces(zw, b, r, &n);
+    for (int64_t k = 0; k < n; k++) {
+        const tz_zero_piece *c = &pc[k];
+        if (c->p->q) continue;
+        const float *src = slice + c->in_slice;
+        if (be->device) be->upload_async(be, c->p->w + c->off, src, (size_t)c->bytes);
+        else tz_host_copy(c->p->w + c->off, src, (size_t)c->bytes);
+        bytes += c->bytes;
+    }
+    return bytes;
 }
 
 int64_t tz_zero_weights_gather_bytes(const tz_zero_weights *zw, int r) {

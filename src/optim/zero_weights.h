@@ -58,13 +58,21 @@ void tz_zero_weights_free(tz_zero_weights *zw);
 void tz_zero_weights_read(const tz_zero_weights *zw, tz_backend *be, int b, int r,
                           float *slice);
 /* Packs rank r's slice of bucket b from its master (slice floats) into chunk
- * (zw->bytes[b * world + r] bytes): dense pieces copied, quantized pieces re-quantized (OpenMP over
- * groups; the same bytes as `turbozero quantize` of the master would give). */
+ * (zw->bytes[b * world + r] bytes): dense pieces copied (dense = 0: left out, their bytes
+ * untouched), quantized pieces re-quantized (OpenMP over groups; the same bytes as `turbozero
+ * quantize` of the master would give). */
 void tz_zero_weights_pack(tz_zero_weights *zw, int b, int r, const float *slice,
-                          uint8_t *chunk);
-/* Writes rank r's packed chunk of bucket b into the model: weights, or codes and scales. */
+                          uint8_t *chunk, int dense);
+/* Writes rank r's packed chunk of bucket b into the model: weights, or codes and scales
+ * (dense = 0: the quantized pieces only). */
 void tz_zero_weights_unpack(const tz_zero_weights *zw, tz_backend *be, int b, int r,
-                            const uint8_t *chunk);
+                            const uint8_t *chunk, int dense);
+/* The dense pieces of rank r's slice of bucket b straight from the master (slice floats) into
+ * the model's weights, with no chunk between: on a device backend as asynchronous copies on
+ * the copy queue (the slice must not change until they are done: an event marked after them
+ * says when), on the host at once. Returns the bytes. */
+int64_t tz_zero_weights_put_dense(const tz_zero_weights *zw, tz_backend *be, int b, int r,
+                                  const float *slice);
 /* Bytes rank r receives in the all-gathers of one step: the other ranks' blocks. */
 int64_t tz_zero_weights_gather_bytes(const tz_zero_weights *zw, int r);
 
