@@ -426,7 +426,8 @@ static void cuda_destroy(tz_backend *be) {
     cudaEventDestroy(c->zeroed);
     cudaFree(c->rope.cs);
     cudaFree(c->rope.sn);
-    for (int i = 0; i < TZ_CUDA_SIGN_SLOTS; i++) cudaFree(c->signs.s[i]);
+    for (int i = 0; i < c->signs.n; i++) cudaFree(c->signs.e[i].s);
+    free(c->signs.e);
     cudaFreeHost(c->host_d);
     cublasDestroy(c->cublas);
     cudaStreamDestroy(c->stream);

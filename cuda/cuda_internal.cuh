@@ -76,13 +76,18 @@ typedef struct tz_cuda_rope_cache {
     int64_t T, D;
     float theta;
 } tz_cuda_rope_cache;
-#define TZ_CUDA_SIGN_SLOTS 8
+/* The rotation's signs per (seed, cols, group) a model uses: made on first use and kept
+ * until the backend ends (a model has a handful: one per distinct input width), so that no
+ * step after the first allocates, frees or synchronises for them. */
+typedef struct tz_cuda_sign_entry {
+    float *s; /* [cols] device */
+    uint64_t seed;
+    int64_t cols;
+    int group;
+} tz_cuda_sign_entry;
 typedef struct tz_cuda_sign_cache {
-    float *s[TZ_CUDA_SIGN_SLOTS]; /* [cols] device */
-    uint64_t seed[TZ_CUDA_SIGN_SLOTS];
-    int64_t cols[TZ_CUDA_SIGN_SLOTS];
-    int group[TZ_CUDA_SIGN_SLOTS];
-    int next; /* slot replaced next (round robin) */
+    tz_cuda_sign_entry *e;
+    int n, cap;
 } tz_cuda_sign_cache;
 
 struct tz_cuda_op_time {

@@ -17,31 +17,31 @@ static void check_rows(int64_t rows, int64_t cols, int group, const char *op) {
         TZ_FATAL("%s: rows %lld: %s", op, (long long)rows, err);
 }
 
-/* The signs of one row, [cols] on the device, made on the host by the rule of tq_layout.h and
- * kept in a small cache keyed by (seed, cols, group). */
+/* The signs of one row, [cols] on the device, made on the host by the rule of tq_layout.h on
+ * first use of (seed, cols, group) and kept (tz_cuda_sign_cache). */
 static const float *row_signs(tz_backend *be, int64_t rows, int64_t cols, int group,
                               uint64_t seed, const char *op) {
     check_rows(rows, cols, group, op);
     tz_cuda_ctx *c = tz_cuda_ctx_of(be);
     tz_cuda_sign_cache *sc = &c->signs;
-    for (int i = 0; i < TZ_CUDA_SIGN_SLOTS; i++)
-        if (sc->s[i] && sc->seed[i] == seed && sc->cols[i] == cols && sc->group[i] == group)
-            return sc->s[i];
-    int k = sc->next;
-    sc->next = (k + 1) % TZ_CUDA_SIGN_SLOTS;
+    for (int i = 0; i < sc->n; i++)
+        if (sc->e[i].seed == seed && sc->e[i].cols == cols && sc->e[i].group == group)
+            return sc->e[i].s;
+    if (sc->n == sc->cap) {
+        sc->cap = sc->cap ? 2 * sc->cap : 8;
+        sc->e = (tz_cuda_sign_entry *)tz_xrealloc(sc->e, (size_t)sc->cap * sizeof *sc->e);
+    }
     size_t bytes = (size_t)cols * sizeof(float);
     float *h = (float *)tz_xmalloc(bytes);
     tz_tq_signs_row(seed, cols, group, h);
-    CUDA_CHECK(cudaFree(sc->s[k])); /* waits for kernels still reading the old slot */
-    sc->s[k] = NULL;
-    CUDA_CHECK(cudaMalloc((void **)&sc->s[k], bytes));
-    CUDA_CHECK(cudaMemcpyAsync(sc->s[k], h, bytes, cudaMemcpyHostToDevice, c->stream));
+    tz_cuda_sign_entry *e = &sc->e[sc->n];
+    CUDA_CHECK(cudaMalloc((void **)&e->s, bytes));
+    CUDA_CHECK(cudaMemcpyAsync(e->s, h, bytes, cudaMemcpyHostToDevice, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     free(h);
-    sc->seed[k] = seed;
-    sc->cols[k] = cols;
-    sc->group[k] = group;
-    return sc->s[k];
+    e->seed = seed, e->cols = cols, e->group = group;
+    sc->n++;
+    return e->s;
 }
 
 /* The rotation: a thread holds 8 consecutive elements of a row in registers, so a group of g
