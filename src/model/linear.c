@@ -170,6 +170,18 @@ static int shareable(const tz_linear *const *ls, int count) {
     return 1;
 }
 
+/* Dense weights with bf16 GEMM operands: the linears share x rounded once to bf16, where
+ * the scratch has room for it (n * in bf16, half as many floats; the model plans it). */
+static int shareable_dense(const tz_backend *be, const tz_linear *const *ls, int count,
+                           int64_t n) {
+    if (count < 2 || !sharing_on() || be->matmul_dtype != TZ_DT_BF16) return 0;
+    const tz_tq_scratch *s = ls[0]->tq;
+    if (!s || !s->act || (n * ls[0]->in + 1) / 2 > s->act_floats) return 0;
+    for (int i = 0; i < count; i++)
+        if (ls[i]->w->q || ls[i]->in != ls[0]->in || ls[i]->tq != s) return 0;
+    return 1;
+}
+
 /* With bf16 GEMM operands the activation scratch (n * in floats) holds two bf16 copies of
  * x [n, in]: the rotated one first, the plain one after it (16-byte aligned: in is a multiple
  * of the group). */
@@ -179,6 +191,18 @@ static uint16_t *act16(const tz_linear *l, int64_t n, int which) {
 
 void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *const *ys,
                           float *const *hs, int count, const float *x, int64_t n) {
+    if (shareable_dense(be, ls, count, n)) { /* x rounded once for every GEMM that reads it */
+        uint16_t *x16 = (uint16_t *)(void *)ls[0]->tq->act;
+        be->to_bf16(be, x16, x, n * ls[0]->in);
+        for (int i = 0; i < count; i++) {
+            const tz_linear *l = ls[i];
+            be->matmul16(be, ys[i], x16, 1, l->w->w, l->w->w16, n, l->out, l->in, 0, 1, 1.0f,
+                         0.0f);
+            if (l->a) lora_fwd(be, l, ys[i], hs[i], x16, 1, n);
+            if (l->bias) be->bias_add_fwd(be, ys[i], l->bias->w, n, l->out);
+        }
+        return;
+    }
     if (!shareable(ls, count)) {
         for (int i = 0; i < count; i++) tz_linear_fwd(be, ls[i], ys[i], hs[i], x, n);
         return;
@@ -210,6 +234,21 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
 void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
                           const float *const *dys, const float *x, const float *const *hs,
                           float *scratch, int64_t n) {
+    if (shareable_dense(be, ls, count, n)) {
+        int need = 0;
+        for (int i = 0; i < count; i++) need |= ls[i]->w->g || (ls[i]->a && ls[i]->a->g);
+        uint16_t *x16 = (uint16_t *)(void *)ls[0]->tq->act;
+        if (need) be->to_bf16(be, x16, x, n * ls[0]->in);
+        for (int i = 0; i < count; i++) { /* tz_linear_bwd's order, x read rounded */
+            const tz_linear *l = ls[i];
+            if (l->w->g) /* dW += dy^T x */
+                be->matmul16(be, l->w->g, dys[i], 0, x16, 1, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
+            if (dx) tz_matmul_w(be, dx, dys[i], l->w, n, l->in, l->out, 0, 1.0f, 1.0f);
+            if (l->bias && l->bias->g) be->bias_bwd(be, l->bias->g, dys[i], n, l->out);
+            if (l->a) lora_bwd(be, l, dx, dys[i], x16, 1, hs[i], scratch, n);
+        }
+        return;
+    }
     if (!shareable(ls, count)) {
         for (int i = 0; i < count; i++) tz_linear_bwd(be, ls[i], dx, dys[i], x, hs[i], scratch, n);
         return;

@@ -72,7 +72,10 @@ void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *d
  * GEMM operands straight into bf16, tq_rotate16, and x itself rounded once for the LoRA
  * paths), the same bits as the separate calls; backward, dx += R^T (sum_i dy_i W_rot_i), one
  * inverse rotation instead of count (equal to the separate calls' sum to fp32 rounding), and
- * x rounded once for the weight and LoRA gradients. Otherwise the separate calls. */
+ * x rounded once for the weight and LoRA gradients. Dense weights with bf16 GEMM operands,
+ * where the scratch holds n * in bf16 (the Llama plans it): x rounded once for every GEMM that
+ * reads it, in the separate calls' order, so the same bits throughout. Otherwise the separate
+ * calls. */
 void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *const *ys,
                           float *const *hs, int count, const float *x, int64_t n);
 void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,

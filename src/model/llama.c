@@ -303,6 +303,11 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
             const tz_param *w = m->layers[l].lin[j].w;
             const int64_t n = (j >= TZ_LIN_GATE ? R : BT) * w->shape[1];
             if (w->q && w->q->method == TZ_TQ_TURBOQUANT && n > act) act = n;
+            /* dense q, k, v and gate, up with bf16 GEMM operands: their input rounded once
+             * to bf16 (tz_linear_fwd_shared), n bf16 in n / 2 floats */
+            if (!w->q && m->be->matmul_dtype == TZ_DT_BF16 &&
+                (j == TZ_LIN_Q || j == TZ_LIN_GATE) && (n + 1) / 2 > act)
+                act = (n + 1) / 2;
         }
     total += tz_quant_scratch_walk_act(&m->tq, &m->params, a, act,
                                        tz_dtype_size(m->be->matmul_dtype));

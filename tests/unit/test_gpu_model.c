@@ -31,8 +31,8 @@
  * itself is checked element by element, op by op, in test_cuda_ops.
  *
  * First, on the CPU and on the device (fp32, then bf16 GEMM operands): linears that read one
- * input run together (tz_linear_fwd_shared / _bwd_shared) against the same run one by one, to
- * the bit where the arithmetic is the same (see shared_case). */
+ * input run together (tz_linear_fwd_shared / _bwd_shared), 4-bit or dense, against the same
+ * run one by one, to the bit where the arithmetic is the same (see shared_case). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -228,7 +228,14 @@ static int dev_same(tz_backend *be, const float *a, const float *b, int64_t n) {
     return same;
 }
 
-static void shared_case(tz_backend *be, const char *what) {
+/* dense: 0 TurboQuant 4-bit weights (trainable straight-through); 1 dense frozen weights
+ * (bf16 storage with bf16 GEMM operands) under LoRA; 2 dense trainable weights. Dense
+ * weights share x rounded once (bf16 GEMM operands only) and keep the separate calls' order
+ * in backward: every result to the bit, dx too. */
+static void shared_case(tz_backend *be, const char *what0, int dense) {
+    char what[96];
+    snprintf(what, sizeof what, "%s, %s", what0,
+             dense == 0 ? "4-bit TurboQuant" : dense == 1 ? "dense frozen + LoRA" : "dense trained");
     enum { NL = 3 };
     const int64_t in = 256, n = 7, r = 4, outs[NL] = {128, 64, 64};
     const int group = 128, bits = 4;
@@ -250,16 +257,23 @@ static void shared_case(tz_backend *be, const char *what) {
         char name[32];
         float *w = malloc((size_t)(out * in) * sizeof *w);
         for (int64_t k = 0; k < out * in; k++) w[k] = (float)(0.05 * tz_rng_normal(&rng));
-        tz_tq_tensor t;
-        tz_tq_tensor_init(&t, bits, group, out, in, 5, err, sizeof err);
-        tz_tq_quantize_as(&t, TZ_TQ_TURBOQUANT, &cb, w);
         snprintf(name, sizeof name, "w%d", i);
-        tz_param *pq = tz_params_add_quant(&ps, be, name, out, in, TZ_TQ_TURBOQUANT, bits,
-                                           group, 5, levels);
-        be->upload(be, pq->q->codes, t.codes, (size_t)tz_tq_codes_bytes(out, in, bits));
-        be->upload(be, pq->q->scales, t.scales, (size_t)tz_tq_scales_count(out, in, group) * 2);
-        pq->g = be->alloc(be, (size_t)(out * in) * 4);
-        tz_tq_tensor_free(&t);
+        tz_param *pq;
+        if (dense) {
+            pq = tz_params_add(&ps, be, name, 2, out, in, dense == 2, 1, 0);
+            tz_param_upload(be, pq, w, 0, out * in);
+        } else {
+            tz_tq_tensor t;
+            tz_tq_tensor_init(&t, bits, group, out, in, 5, err, sizeof err);
+            tz_tq_quantize_as(&t, TZ_TQ_TURBOQUANT, &cb, w);
+            pq = tz_params_add_quant(&ps, be, name, out, in, TZ_TQ_TURBOQUANT, bits, group, 5,
+                                     levels);
+            be->upload(be, pq->q->codes, t.codes, (size_t)tz_tq_codes_bytes(out, in, bits));
+            be->upload(be, pq->q->scales, t.scales,
+                       (size_t)tz_tq_scales_count(out, in, group) * 2);
+            tz_tq_tensor_free(&t);
+        }
+        if (dense != 1) pq->g = be->alloc(be, (size_t)(out * in) * 4);
         free(w);
         lin[i] = (tz_linear){.in = in, .out = out, .w = pq, .tq = &sc};
         if (i != 1) { /* k without an adapter */
@@ -296,8 +310,7 @@ static void shared_case(tz_backend *be, const char *what) {
         same &= dev_same(be, y[0][i], y[1][i], n * outs[i]);
         if (lin[i].a) same &= dev_same(be, h[0][i], h[1][i], n * r);
     }
-    check(same, "%s: shared forward of 3 TurboQuant linears = the separate forwards, bit for bit",
-          what);
+    check(same, "%s: shared forward of 3 linears = the separate forwards, bit for bit", what);
     /* backward: the gradients of each way kept on the host, then compared */
     float *gh[2][3 * NL + 1];
     for (int k = 0; k < 2; k++) {
@@ -321,11 +334,14 @@ static void shared_case(tz_backend *be, const char *what) {
         e = fmax(e, fabs((double)gh[0][ng][k] - (double)gh[1][ng][k]));
         mx = fmax(mx, fabs((double)gh[0][ng][k]));
     }
-    check(gsame && ng == 3 + 2 * 2 + 1,
+    check(gsame && ng == (dense == 1 ? 0 : 3) + 2 * 2 + 1,
           "%s: shared backward: %d weight, bias and LoRA gradients = the separate ones, bit for bit",
           what, ng);
-    check(e <= 1e-5 * mx, "%s: shared backward: dx within %.1e of its largest element (1e-5)",
-          what, e / mx);
+    if (dense)
+        check(e == 0, "%s: shared backward: dx = the separate calls', bit for bit", what);
+    else
+        check(e <= 1e-5 * mx, "%s: shared backward: dx within %.1e of its largest element (1e-5)",
+              what, e / mx);
     for (int k = 0; k < 2; k++)
         for (int j = 0; j <= ng; j++) free(gh[k][j]);
     for (int i = 0; i < NL; i++) {
@@ -347,11 +363,13 @@ int main(void) {
     }
     g_cpu = tz_backend_create(TZ_DEVICE_CPU, 0, 2);
     g_gpu = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
-    shared_case(g_cpu, "cpu");
-    shared_case(g_gpu, "gpu fp32");
-    g_gpu->matmul_dtype = TZ_DT_BF16;
-    shared_case(g_gpu, "gpu bf16");
-    g_gpu->matmul_dtype = TZ_DT_F32;
+    for (int dense = 0; dense < 3; dense++) {
+        shared_case(g_cpu, "cpu", dense);
+        shared_case(g_gpu, "gpu fp32", dense);
+        g_gpu->matmul_dtype = TZ_DT_BF16;
+        shared_case(g_gpu, "gpu bf16", dense);
+        g_gpu->matmul_dtype = TZ_DT_F32;
+    }
     llama_case("llama tied, GQA 4/2, full", 1, 2, 0, 0, 0);
     llama_case("llama untied, 4/4 heads, full, checkpointing", 0, 4, 1, 0, 0);
     llama_case("llama untied, GQA 4/2, LoRA on 4-bit TurboQuant, checkpointing", 0, 2, 1, 4, 0);
