@@ -170,11 +170,18 @@ static int shareable(const tz_linear *const *ls, int count) {
     return 1;
 }
 
+/* Whether be's GEMMs round fp32 operands to bf16: its operand type is bf16 and it has bf16
+ * GEMMs (a backend told bf16 without them, as a test may tell the CPU, computes in fp32:
+ * rounding its input here would change its results). */
+static int rounds_bf16(const tz_backend *be) {
+    return be->matmul_dtype == TZ_DT_BF16 && ((be->matmul_dtypes >> TZ_DT_BF16) & 1u);
+}
+
 /* Dense weights with bf16 GEMM operands: the linears share x rounded once to bf16, where
  * the scratch has room for it (n * in bf16, half as many floats; the model plans it). */
 static int shareable_dense(const tz_backend *be, const tz_linear *const *ls, int count,
                            int64_t n) {
-    if (count < 2 || !sharing_on() || be->matmul_dtype != TZ_DT_BF16) return 0;
+    if (count < 2 || !sharing_on() || !rounds_bf16(be)) return 0;
     const tz_tq_scratch *s = ls[0]->tq;
     if (!s || !s->act || (n * ls[0]->in + 1) / 2 > s->act_floats) return 0;
     for (int i = 0; i < count; i++)
@@ -215,7 +222,7 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
         adapted |= ls[i]->a != NULL;
     }
     const void *xr = act_buffer(l0, n), *xl = x;
-    const int b16 = be->matmul_dtype == TZ_DT_BF16;
+    const int b16 = rounds_bf16(be);
     if (b16) { /* rounded once here, as each GEMM would round it */
         be->tq_rotate16(be, act16(l0, n, 0), x, n, l0->in, q0->group, q0->seed);
         xr = act16(l0, n, 0);
@@ -265,7 +272,7 @@ void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count,
     int need = 0;
     for (int i = 0; i < count; i++) need |= ls[i]->w->g || (ls[i]->a && ls[i]->a->g);
     const void *xg = x;
-    const int b16 = be->matmul_dtype == TZ_DT_BF16 && need;
+    const int b16 = rounds_bf16(be) && need;
     if (b16) be->to_bf16(be, act16(l0, n, 1), x, n * l0->in), xg = act16(l0, n, 1);
     for (int i = 0; i < count; i++) {
         const tz_linear *l = ls[i];

@@ -306,6 +306,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
             /* dense q, k, v and gate, up with bf16 GEMM operands: their input rounded once
              * to bf16 (tz_linear_fwd_shared), n bf16 in n / 2 floats */
             if (!w->q && m->be->matmul_dtype == TZ_DT_BF16 &&
+                ((m->be->matmul_dtypes >> TZ_DT_BF16) & 1u) &&
                 (j == TZ_LIN_Q || j == TZ_LIN_GATE) && (n + 1) / 2 > act)
                 act = (n + 1) / 2;
         }
