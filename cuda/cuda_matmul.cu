@@ -111,20 +111,6 @@ static void cuda_matmul(tz_backend *be, float *C, const float *A, const float *B
     tz_cuda_gemm(be, C, A, 0, B, 0, M, N, K, transA, transB, alpha, beta);
 }
 
-/* B stored in bf16: read by the bf16 GEMM as it is; with fp32 GEMMs widened first (exact). */
-static void cuda_matmul_bw16(tz_backend *be, float *C, const float *A, const uint16_t *B,
-                             int64_t M, int64_t N, int64_t K, int transA, int transB,
-                             float alpha, float beta) {
-    if (be->matmul_dtype == TZ_DT_BF16) {
-        tz_cuda_gemm(be, C, A, 0, B, 1, M, N, K, transA, transB, alpha, beta);
-        return;
-    }
-    const int64_t nb = K * N;
-    float *b = (float *)tz_cuda_scratch(be, (size_t)(nb > 0 ? nb : 1) * sizeof(float));
-    tz_cuda_from_bf16(be, b, B, nb);
-    tz_cuda_gemm(be, C, A, 0, b, 0, M, N, K, transA, transB, alpha, beta);
-}
-
 /* Either operand in bf16: read by the bf16 GEMM as stored; with fp32 GEMMs widened first
  * (exact), A's part first in the scratch, B's after it at a 256-byte boundary. */
 static void cuda_matmul16(tz_backend *be, float *C, const void *A, int a_bf16, const void *B,
@@ -141,6 +127,13 @@ static void cuda_matmul16(tz_backend *be, float *C, const void *A, int a_bf16, c
     if (na) tz_cuda_from_bf16(be, w, (const uint16_t *)A, na), A = w;
     if (nb) tz_cuda_from_bf16(be, w + na_pad, (const uint16_t *)B, nb), B = w + na_pad;
     tz_cuda_gemm(be, C, A, 0, B, 0, M, N, K, transA, transB, alpha, beta);
+}
+
+/* B stored in bf16 (a frozen weight): matmul16 with B's flag alone. */
+static void cuda_matmul_bw16(tz_backend *be, float *C, const float *A, const uint16_t *B,
+                             int64_t M, int64_t N, int64_t K, int transA, int transB,
+                             float alpha, float beta) {
+    cuda_matmul16(be, C, A, 0, B, 1, M, N, K, transA, transB, alpha, beta);
 }
 
 void tz_cuda_install_matmul(tz_backend *be) {

@@ -42,25 +42,24 @@ static void s_adamw(tz_backend *be, float *w, float *m, float *v, cf *g, const u
 static double operand(const tz_backend *be, int bf16) {
     return bf16 ? 2.0 : be->matmul_dtype == TZ_DT_BF16 ? 2 * F : F;
 }
-static double gemm_bytes(const tz_backend *be, int64_t M, int64_t N, int64_t K, int a16, int b16,
-                         float beta) {
-    return operand(be, a16) * (double)M * K + operand(be, b16) * (double)K * N +
-           F * (double)M * N * (beta != 0.0f ? 2 : 1);
+/* ab, bb: bytes per element of A and B (operand()); C fp32, read too where beta != 0 */
+static double gemm_bytes(int64_t M, int64_t N, int64_t K, double ab, double bb, float beta) {
+    return ab * (double)M * K + bb * (double)K * N + F * (double)M * N * (beta != 0.0f ? 2 : 1);
 }
 static void s_matmul(tz_backend *be, float *C, cf *A, cf *B, int64_t M, int64_t N, int64_t K,
                      int ta, int tb, float alpha, float beta) {
     (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
-    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(be, M, N, K, 0, 0, beta));
+    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, operand(be, 0), operand(be, 0), beta));
 }
 static void s_matmul_bw16(tz_backend *be, float *C, cf *A, const uint16_t *B, int64_t M, int64_t N,
                           int64_t K, int ta, int tb, float alpha, float beta) {
     (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
-    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(be, M, N, K, 0, 1, beta));
+    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, operand(be, 0), operand(be, 1), beta));
 }
 static void s_matmul16(tz_backend *be, float *C, const void *A, int a16, const void *B, int b16,
                        int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, float beta) {
     (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
-    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(be, M, N, K, a16, b16, beta));
+    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, operand(be, a16), operand(be, b16), beta));
 }
 
 /* ---- embedding, norms, rope ---- */
@@ -162,8 +161,7 @@ static void s_tq_matmul(tz_backend *be, float *C, const void *A, int a16, float 
     add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, ob));
     const int64_t K = transW ? cols : rows, N = transW ? rows : cols;
     /* the tile is in the GEMM operand type already: read once */
-    add(be, TZ_SM_GEMM, 2.0 * M * N * K,
-        gemm_bytes(be, M, N, K, a16, 0, beta) - (operand(be, 0) - ob) * (double)K * N);
+    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, operand(be, a16), ob, beta));
 }
 
 /* ---- copies and events ---- */

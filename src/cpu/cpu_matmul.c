@@ -246,17 +246,6 @@ static void cpu_matmul(tz_backend *be, float *C, const float *A, const float *B,
     }
 }
 
-/* B in bf16: widened to fp32 (exact) into a temporary, then the fp32 GEMM. */
-static void cpu_matmul_bw16(tz_backend *be, float *C, const float *A, const uint16_t *B,
-                            int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
-                            float beta) {
-    const int64_t nb = K * N;
-    float *b = tz_xmalloc((size_t)(nb > 0 ? nb : 1) * sizeof *b);
-    be->from_bf16(be, b, B, nb);
-    cpu_matmul(be, C, A, b, M, N, K, transA, transB, alpha, beta);
-    free(b);
-}
-
 /* Either operand in bf16: widened (exact) into a temporary of its own, then the fp32 GEMM. */
 static void cpu_matmul16(tz_backend *be, float *C, const void *A, int a_bf16, const void *B,
                          int b_bf16, int64_t M, int64_t N, int64_t K, int transA, int transB,
@@ -274,6 +263,13 @@ static void cpu_matmul16(tz_backend *be, float *C, const void *A, int a_bf16, co
                transB, alpha, beta);
     free(a);
     free(b);
+}
+
+/* B in bf16 (a frozen weight): matmul16 with B's flag alone. */
+static void cpu_matmul_bw16(tz_backend *be, float *C, const float *A, const uint16_t *B,
+                            int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
+                            float beta) {
+    cpu_matmul16(be, C, A, 0, B, 1, M, N, K, transA, transB, alpha, beta);
 }
 
 void TZ_CPU_K(tz_cpu_install_matmul)(tz_backend *be) {

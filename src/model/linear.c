@@ -68,12 +68,24 @@ static float *act_buffer(const tz_linear *l, int64_t n) {
     return l->tq->act;
 }
 
-/* x: fp32, or bf16 bit patterns where x16 */
-static void lora_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const void *x,
-                     int x16, int64_t n) {
-    if (x16) be->matmul16(be, h, x, 1, l->a->w, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f);
-    else be->matmul(be, h, (const float *)x, l->a->w, n, l->r, l->in, 0, 1, 1.0f, 0.0f);
-    be->matmul(be, y, h, l->b->w, n, l->out, l->r, 0, 1, l->scale, 1.0f); /* y += s h B^T */
+/* matmul with the layer input x as operand A (a_is_x) or B, x fp32 or, where x16, bf16 bit
+ * patterns (rounded once for several GEMMs); the other operand fp32. */
+static void matmul_x(tz_backend *be, float *C, const void *A, const void *B, int a_is_x, int x16,
+                     int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
+                     float beta) {
+    if (x16)
+        be->matmul16(be, C, A, a_is_x, B, !a_is_x, M, N, K, transA, transB, alpha, beta);
+    else be->matmul(be, C, (const float *)A, (const float *)B, M, N, K, transA, transB, alpha, beta);
+}
+
+/* LoRA's forward and the bias: y += s (x A^T) B^T, h = x A^T kept; y += bias. */
+static void lora_bias_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const void *x,
+                          int x16, int64_t n) {
+    if (l->a) {
+        matmul_x(be, h, x, l->a->w, 1, x16, n, l->r, l->in, 0, 1, 1.0f, 0.0f); /* h = x A^T */
+        be->matmul(be, y, h, l->b->w, n, l->out, l->r, 0, 1, l->scale, 1.0f); /* y += s h B^T */
+    }
+    if (l->bias) be->bias_add_fwd(be, y, l->bias->w, n, l->out);
 }
 
 static tz_linear_probe g_probe;
@@ -97,49 +109,46 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
     } else { /* absmax baseline: plain basis */
         qmatmul(be, l, y, x, n, 1, 0.0f);
     }
-    if (l->a) lora_fwd(be, l, y, h, x, 0, n);
-    if (l->bias) be->bias_add_fwd(be, y, l->bias->w, n, l->out);
+    lora_bias_fwd(be, l, y, h, x, 0, n);
 }
 
-/* LoRA's part of the backward; x fp32, or bf16 bit patterns where x16. */
-static void lora_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
-                     const void *x, int x16, const float *h, float *scratch, int64_t n) {
+/* tz_linear_bwd with x fp32 or, where x16, bf16 bit patterns; dx_done: dx already has the
+ * base weight's part (the shared TurboQuant backward), only LoRA's is added here. */
+static void linear_bwd_x(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
+                         const void *x, int x16, const float *h, float *scratch, int64_t n,
+                         int dx_done) {
+    const tz_qweight *q = l->w->q;
+    /* dW[out,in] += dy^T x. A quantized weight's is straight-through: the forward used W_hat
+     * = Q(master), and the gradient w.r.t. the master is taken as the gradient w.r.t. W_hat,
+     * in the plain basis the master lives in, with the un-rotated x (the rotation of the
+     * forward acts on x and W_rot together and cancels: x_rot W_rot^T = x W_hat^T). */
+    if (l->w->g) matmul_x(be, l->w->g, dy, x, 0, x16, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
+    if (dx && !dx_done) {
+        if (q && q->method == TZ_TQ_TURBOQUANT) { /* dx += R^T (dy W_rot) */
+            float *t = act_buffer(l, n); /* (x16 never lies there: only shared paths pass it) */
+            qmatmul(be, l, t, dy, n, 0, 0.0f);
+            be->tq_rotate_bwd(be, dx, t, n, l->in, q->group, q->seed);
+        } else if (q) { /* dx += dy W_hat */
+            qmatmul(be, l, dx, dy, n, 0, 1.0f);
+        } else { /* dx[n,in] += dy[n,out] W[out,in] */
+            tz_matmul_w(be, dx, dy, l->w, n, l->in, l->out, 0, 1.0f, 1.0f);
+        }
+    }
+    if (l->bias && l->bias->g) be->bias_bwd(be, l->bias->g, dy, n, l->out); /* db += sum dy */
+    if (!l->a) return;
     if (l->b->g) /* dB[out,r] += s dy^T h */
         be->matmul(be, l->b->g, dy, h, l->out, l->r, n, 1, 0, l->scale, 1.0f);
     /* dh[n,r] = s dy B */
     be->matmul(be, scratch, dy, l->b->w, n, l->r, l->out, 0, 0, l->scale, 0.0f);
-    if (l->a->g) { /* dA[r,in] += dh^T x */
-        if (x16) be->matmul16(be, l->a->g, scratch, 0, x, 1, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
-        else be->matmul(be, l->a->g, scratch, (const float *)x, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
-    }
+    if (l->a->g) /* dA[r,in] += dh^T x */
+        matmul_x(be, l->a->g, scratch, x, 0, x16, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
     if (dx) /* dx += dh A */
         be->matmul(be, dx, scratch, l->a->w, n, l->in, l->r, 0, 0, 1.0f, 1.0f);
 }
 
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                    const float *x, const float *h, float *scratch, int64_t n) {
-    const tz_qweight *q = l->w->q;
-    if (q) {
-        /* Straight-through: the forward used W_hat = Q(master), and the gradient w.r.t. the
-         * master is taken as the gradient w.r.t. W_hat, in the plain basis the master lives
-         * in: dW += dy^T x with the un-rotated x (the rotation of the forward acts on x and
-         * W_rot together and cancels: x_rot W_rot^T = x W_hat^T). */
-        if (l->w->g) be->matmul(be, l->w->g, dy, x, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
-        if (dx && q->method == TZ_TQ_TURBOQUANT) { /* dx += R^T (dy W_rot) */
-            float *t = act_buffer(l, n);
-            qmatmul(be, l, t, dy, n, 0, 0.0f);
-            be->tq_rotate_bwd(be, dx, t, n, l->in, q->group, q->seed);
-        } else if (dx) { /* dx += dy W_hat */
-            qmatmul(be, l, dx, dy, n, 0, 1.0f);
-        }
-    } else {
-        if (l->w->g) /* dW[out,in] += dy^T x */
-            be->matmul(be, l->w->g, dy, x, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
-        if (dx) /* dx[n,in] += dy[n,out] W[out,in] */
-            tz_matmul_w(be, dx, dy, l->w, n, l->in, l->out, 0, 1.0f, 1.0f);
-    }
-    if (l->bias && l->bias->g) be->bias_bwd(be, l->bias->g, dy, n, l->out); /* db += sum dy */
-    if (l->a) lora_bwd(be, l, dx, dy, x, 0, h, scratch, n);
+    linear_bwd_x(be, l, dx, dy, x, 0, h, scratch, n, 0);
 }
 
 /* ---- linears that read one input ---- */
@@ -168,6 +177,13 @@ static int shareable(const tz_linear *const *ls, int count) {
             return 0;
     }
     return 1;
+}
+
+/* Whether a backward of the linears reads x (a weight or LoRA A gradient to take). */
+static int reads_x(const tz_linear *const *ls, int count) {
+    for (int i = 0; i < count; i++)
+        if (ls[i]->w->g || (ls[i]->a && ls[i]->a->g)) return 1;
+    return 0;
 }
 
 /* Whether be's GEMMs round fp32 operands to bf16: its operand type is bf16 and it has bf16
@@ -205,8 +221,7 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
             const tz_linear *l = ls[i];
             be->matmul16(be, ys[i], x16, 1, l->w->w, l->w->w16, n, l->out, l->in, 0, 1, 1.0f,
                          0.0f);
-            if (l->a) lora_fwd(be, l, ys[i], hs[i], x16, 1, n);
-            if (l->bias) be->bias_add_fwd(be, ys[i], l->bias->w, n, l->out);
+            lora_bias_fwd(be, l, ys[i], hs[i], x16, 1, n);
         }
         return;
     }
@@ -231,29 +246,21 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
         be->tq_rotate(be, act_buffer(l0, n), x, n, l0->in, q0->group, q0->seed);
     }
     for (int i = 0; i < count; i++) {
-        const tz_linear *l = ls[i];
-        qmatmul16(be, l, ys[i], xr, b16, n, 1, 0.0f);
-        if (l->a) lora_fwd(be, l, ys[i], hs[i], xl, b16, n);
-        if (l->bias) be->bias_add_fwd(be, ys[i], l->bias->w, n, l->out);
+        qmatmul16(be, ls[i], ys[i], xr, b16, n, 1, 0.0f);
+        lora_bias_fwd(be, ls[i], ys[i], hs[i], xl, b16, n);
     }
 }
 
 void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
                           const float *const *dys, const float *x, const float *const *hs,
                           float *scratch, int64_t n) {
-    if (shareable_dense(be, ls, count, n)) {
-        int need = 0;
-        for (int i = 0; i < count; i++) need |= ls[i]->w->g || (ls[i]->a && ls[i]->a->g);
-        uint16_t *x16 = (uint16_t *)(void *)ls[0]->tq->act;
-        if (need) be->to_bf16(be, x16, x, n * ls[0]->in);
-        for (int i = 0; i < count; i++) { /* tz_linear_bwd's order, x read rounded */
-            const tz_linear *l = ls[i];
-            if (l->w->g) /* dW += dy^T x */
-                be->matmul16(be, l->w->g, dys[i], 0, x16, 1, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
-            if (dx) tz_matmul_w(be, dx, dys[i], l->w, n, l->in, l->out, 0, 1.0f, 1.0f);
-            if (l->bias && l->bias->g) be->bias_bwd(be, l->bias->g, dys[i], n, l->out);
-            if (l->a) lora_bwd(be, l, dx, dys[i], x16, 1, hs[i], scratch, n);
-        }
+    if (shareable_dense(be, ls, count, n)) { /* tz_linear_bwd's order, x read rounded */
+        const int x16 = reads_x(ls, count);
+        uint16_t *xb = (uint16_t *)(void *)ls[0]->tq->act;
+        if (x16) be->to_bf16(be, xb, x, n * ls[0]->in);
+        for (int i = 0; i < count; i++)
+            linear_bwd_x(be, ls[i], dx, dys[i], x16 ? (const void *)xb : x, x16, hs[i], scratch,
+                         n, 0);
         return;
     }
     if (!shareable(ls, count)) {
@@ -269,16 +276,9 @@ void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count,
     }
     /* x for the weight and LoRA gradients, rounded once with bf16 GEMM operands (into the
      * scratch, free again after the rotation) */
-    int need = 0;
-    for (int i = 0; i < count; i++) need |= ls[i]->w->g || (ls[i]->a && ls[i]->a->g);
     const void *xg = x;
-    const int b16 = rounds_bf16(be) && need;
+    const int b16 = rounds_bf16(be) && reads_x(ls, count);
     if (b16) be->to_bf16(be, act16(l0, n, 1), x, n * l0->in), xg = act16(l0, n, 1);
-    for (int i = 0; i < count; i++) {
-        const tz_linear *l = ls[i];
-        if (l->w->g) /* straight-through: dW += dy^T x */
-            be->matmul16(be, l->w->g, dys[i], 0, xg, b16, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
-        if (l->bias && l->bias->g) be->bias_bwd(be, l->bias->g, dys[i], n, l->out);
-        if (l->a) lora_bwd(be, l, dx, dys[i], xg, b16, hs[i], scratch, n);
-    }
+    for (int i = 0; i < count; i++)
+        linear_bwd_x(be, ls[i], dx, dys[i], xg, b16, hs[i], scratch, n, 1);
 }

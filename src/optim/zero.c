@@ -464,7 +464,7 @@ void tz_zero_push_weights(tz_zero *z) {
             tz_zero_weights_unpack(&z->zw, z->be, b, q, z->wrecv + at, 1);
         clock_add(z, TZ_ZERO_WEIGHTS, t0, 2.0 * (double)at);
     }
-    if (!gather && z->be->device && z->zw.dense_params > 0) {
+    if (master_dma(z)) {
         tz_backend *be = z->be;
         master_quiet(z);
         z->wdone = be->event_mark(be, TZ_QUEUE_COPY);
