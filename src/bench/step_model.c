@@ -1,9 +1,9 @@
 /* The step model: counting stubs for every compute op of the backend table (floating-point
  * operations and bytes of the operands as stored, 4 per fp32 element), and the estimate of a
  * step's time from peak rates. The formulas count what an op must read and write once, and
- * with bf16 GEMM operands the rounding of each fp32 operand a GEMM makes (read, written in
- * bf16, read again); other work an implementation adds (re-reads, partial sums) is not in
- * them. */
+ * with bf16 GEMM operands the cast that rounds each fp32 operand of a GEMM first (booked as
+ * elementwise: read, written in bf16; the GEMM then reads the bf16); other work an
+ * implementation adds (re-reads, partial sums) is not in them. */
 #include "bench/step_model.h"
 
 #include <math.h>
@@ -37,29 +37,33 @@ static double s_sumsq(tz_backend *be, cf *x, int64_t n) { (void)x; add(be, TZ_SM
 static void s_adamw(tz_backend *be, float *w, float *m, float *v, cf *g, const uint8_t *d, int64_t n, const tz_adamw_args *a) { (void)w, (void)m, (void)v, (void)g, (void)d, (void)a; add(be, TZ_SM_ELEMENT, 12.0 * n, (7 * F + 1) * n); }
 
 /* ---- matmul ---- */
-/* Bytes per element of a GEMM operand: stored in bf16, 2; fp32 with fp32 GEMMs, 4; fp32 with
- * bf16 GEMMs, 8: read (4), rounded into the GEMM's own buffer (2), read there (2). */
-static double operand(const tz_backend *be, int bf16) {
-    return bf16 ? 2.0 : be->matmul_dtype == TZ_DT_BF16 ? 2 * F : F;
-}
-/* ab, bb: bytes per element of A and B (operand()); C fp32, read too where beta != 0 */
-static double gemm_bytes(int64_t M, int64_t N, int64_t K, double ab, double bb, float beta) {
-    return ab * (double)M * K + bb * (double)K * N + F * (double)M * N * (beta != 0.0f ? 2 : 1);
+/* A GEMM C[M, N] = A[M, K] B[K, N] (+ beta C), operands flagged bf16 where stored so. With
+ * bf16 GEMMs each fp32 operand is first rounded by a cast kernel of its own (read 4 bytes,
+ * write 2: elementwise, a bandwidth-bound kernel the GEMM's arithmetic does not hide), then
+ * read in bf16; with fp32 GEMMs an fp32 operand is read as it is. C fp32, read too where
+ * beta != 0. */
+static void gemm(tz_backend *be, int64_t M, int64_t N, int64_t K, int a16, int b16, float beta) {
+    const int r = be->matmul_dtype == TZ_DT_BF16;
+    if (r && !a16) add(be, TZ_SM_ELEMENT, 0, 6.0 * M * K);
+    if (r && !b16) add(be, TZ_SM_ELEMENT, 0, 6.0 * K * N);
+    const double ab = a16 || r ? 2.0 : F, bb = b16 || r ? 2.0 : F;
+    add(be, TZ_SM_GEMM, 2.0 * M * N * K,
+        ab * (double)M * K + bb * (double)K * N + F * (double)M * N * (beta != 0.0f ? 2 : 1));
 }
 static void s_matmul(tz_backend *be, float *C, cf *A, cf *B, int64_t M, int64_t N, int64_t K,
                      int ta, int tb, float alpha, float beta) {
     (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
-    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, operand(be, 0), operand(be, 0), beta));
+    gemm(be, M, N, K, 0, 0, beta);
 }
 static void s_matmul_bw16(tz_backend *be, float *C, cf *A, const uint16_t *B, int64_t M, int64_t N,
                           int64_t K, int ta, int tb, float alpha, float beta) {
     (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
-    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, operand(be, 0), operand(be, 1), beta));
+    gemm(be, M, N, K, 0, 1, beta);
 }
 static void s_matmul16(tz_backend *be, float *C, const void *A, int a16, const void *B, int b16,
                        int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, float beta) {
     (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
-    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, operand(be, a16), operand(be, b16), beta));
+    gemm(be, M, N, K, a16, b16, beta);
 }
 
 /* ---- embedding, norms, rope ---- */
@@ -161,7 +165,7 @@ static void s_tq_matmul(tz_backend *be, float *C, const void *A, int a16, float 
     add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, ob));
     const int64_t K = transW ? cols : rows, N = transW ? rows : cols;
     /* the tile is in the GEMM operand type already: read once */
-    add(be, TZ_SM_GEMM, 2.0 * M * N * K, gemm_bytes(M, N, K, operand(be, a16), ob, beta));
+    gemm(be, M, N, K, a16, 1, beta);
 }
 
 /* ---- copies and events ---- */

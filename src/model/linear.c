@@ -112,43 +112,147 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
     lora_bias_fwd(be, l, y, h, x, 0, n);
 }
 
-/* tz_linear_bwd with x fp32 or, where x16, bf16 bit patterns; dx_done: dx already has the
- * base weight's part (the shared TurboQuant backward), only LoRA's is added here. */
+/* GEMM with operands fp32 or, where flagged, bf16 bit patterns. */
+static void mm16(tz_backend *be, float *C, const void *A, int a16, const void *B, int b16,
+                 int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
+                 float beta) {
+    if (a16 || b16) be->matmul16(be, C, A, a16, B, b16, M, N, K, transA, transB, alpha, beta);
+    else be->matmul(be, C, (const float *)A, (const float *)B, M, N, K, transA, transB, alpha, beta);
+}
+
+/* tz_linear_bwd with x fp32 or, where x16, bf16 bit patterns, and dy also rounded once to
+ * bf16 where dy16 is not NULL (the GEMMs read it; the bias gradient sums the fp32 dy);
+ * dx_done: dx already has the base weight's part (the shared TurboQuant backward), only
+ * LoRA's is added here; no_da: dh [n, r] left in scratch, the A gradient not taken (the
+ * caller takes it). */
 static void linear_bwd_x(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
-                         const void *x, int x16, const float *h, float *scratch, int64_t n,
-                         int dx_done) {
+                         const uint16_t *dy16, const void *x, int x16, const float *h,
+                         float *scratch, int64_t n, int dx_done, int no_da) {
     const tz_qweight *q = l->w->q;
+    const void *d = dy16 ? (const void *)dy16 : (const void *)dy;
+    const int d16 = dy16 != NULL;
     /* dW[out,in] += dy^T x. A quantized weight's is straight-through: the forward used W_hat
      * = Q(master), and the gradient w.r.t. the master is taken as the gradient w.r.t. W_hat,
      * in the plain basis the master lives in, with the un-rotated x (the rotation of the
      * forward acts on x and W_rot together and cancels: x_rot W_rot^T = x W_hat^T). */
-    if (l->w->g) matmul_x(be, l->w->g, dy, x, 0, x16, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
+    if (l->w->g) mm16(be, l->w->g, d, d16, x, x16, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
     if (dx && !dx_done) {
         if (q && q->method == TZ_TQ_TURBOQUANT) { /* dx += R^T (dy W_rot) */
-            float *t = act_buffer(l, n); /* (x16 never lies there: only shared paths pass it) */
-            qmatmul(be, l, t, dy, n, 0, 0.0f);
+            float *t = act_buffer(l, n); /* n * in floats at its start (bwd_space) */
+            qmatmul16(be, l, t, d, d16, n, 0, 0.0f);
             be->tq_rotate_bwd(be, dx, t, n, l->in, q->group, q->seed);
         } else if (q) { /* dx += dy W_hat */
-            qmatmul(be, l, dx, dy, n, 0, 1.0f);
-        } else { /* dx[n,in] += dy[n,out] W[out,in] */
+            qmatmul16(be, l, dx, d, d16, n, 0, 1.0f);
+        } else if (d16) { /* dx[n,in] += dy[n,out] W[out,in] */
+            be->matmul16(be, dx, d, 1, l->w->w, l->w->w16, n, l->in, l->out, 0, 0, 1.0f, 1.0f);
+        } else {
             tz_matmul_w(be, dx, dy, l->w, n, l->in, l->out, 0, 1.0f, 1.0f);
         }
     }
     if (l->bias && l->bias->g) be->bias_bwd(be, l->bias->g, dy, n, l->out); /* db += sum dy */
     if (!l->a) return;
     if (l->b->g) /* dB[out,r] += s dy^T h */
-        be->matmul(be, l->b->g, dy, h, l->out, l->r, n, 1, 0, l->scale, 1.0f);
+        mm16(be, l->b->g, d, d16, h, 0, l->out, l->r, n, 1, 0, l->scale, 1.0f);
     /* dh[n,r] = s dy B */
-    be->matmul(be, scratch, dy, l->b->w, n, l->r, l->out, 0, 0, l->scale, 0.0f);
-    if (l->a->g) /* dA[r,in] += dh^T x */
+    mm16(be, scratch, d, d16, l->b->w, 0, n, l->r, l->out, 0, 0, l->scale, 0.0f);
+    if (l->a->g && !no_da) /* dA[r,in] += dh^T x */
         matmul_x(be, l->a->g, scratch, x, 0, x16, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
     if (dx) /* dx += dh A */
         be->matmul(be, dx, scratch, l->a->w, n, l->in, l->r, 0, 0, 1.0f, 1.0f);
 }
 
+/* Whether p gets a gradient: its buffer, or, when planning (plan), its trainable flag. */
+static int grad(const tz_param *p, int plan) { return p && (p->g || (plan && p->trainable)); }
+
+/* How many GEMMs of l's backward read dy (rounding it once pays from two on). */
+static int dy_readers(const tz_linear *l, int dx, int plan) {
+    return dx + grad(l->w, plan) + (l->a ? grad(l->b, plan) + (dx || grad(l->a, plan)) : 0);
+}
+
+/* Floats, rounded up to 64 bytes, of n fp32 or of n bf16 values. */
+static int64_t al16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+static int64_t half16(int64_t n) { return al16((n + 1) / 2); }
+
+/* Whether be's GEMMs round fp32 operands to bf16: its operand type is bf16 and it has bf16
+ * GEMMs (a backend told bf16 without them, as a test may tell the CPU, computes in fp32:
+ * rounding its input here would change its results). */
+static int rounds_bf16(const tz_backend *be) {
+    return be->matmul_dtype == TZ_DT_BF16 && ((be->matmul_dtypes >> TZ_DT_BF16) & 1u);
+}
+
+static int sharing_on(void);
+
+/* Where a backward of the `count` linears reading one input [n, in] keeps its bf16 copies
+ * (bf16 GEMM operands only), in the activation scratch after dy W_rot (n * in floats, where
+ * turbo: TurboQuant weights):
+ *   dy16: each dy rounded once in turn (n * the largest out), where two GEMMs or more read it;
+ *   x16:  x rounded once (n * in) for every GEMM of the linears that reads it, where a weight
+ *         gradient reads it in turn with dy, or the weights are dense;
+ *   dh:   where only the LoRA A gradients of TurboQuant weights read x: every dh [n, r] kept
+ *         (n * the ranks), so that x is rounded after the inverse rotation, into the place of
+ *         dy W_rot, and the A gradients taken then.
+ * (dy W_rot's place is kept with or without dx.) Each where the scratch has room (act, cap
+ * floats), else NULL and the GEMMs round their fp32 operand themselves (the same bits, more
+ * traffic). act NULL: plan (grad()), with room for all; floats: what the backward takes of
+ * the scratch. */
+typedef struct {
+    uint16_t *dy16, *x16;
+    float *dh;
+    int64_t floats;
+} bwd_room;
+
+/* fl floats of act from *off where they fit under cap (then *off moves past them), else
+ * NULL; act NULL (a plan): NULL either way. */
+static void *take(float *act, int64_t *off, int64_t cap, int64_t fl) {
+    if (*off + fl > cap) return NULL;
+    void *p = act ? (void *)(act + *off) : NULL;
+    *off += fl;
+    return p;
+}
+
+static bwd_room bwd_layout(const tz_backend *be, const tz_linear *const *ls, int count,
+                           int64_t n, int turbo, int dx, float *act, int64_t cap) {
+    bwd_room r = {0};
+    const int plan = act == NULL;
+    int64_t off = turbo ? al16(n * ls[0]->in) : 0, maxout = 0, ranks = 0;
+    int dy = 0, wx = 0, ax = 0;
+    for (int i = 0; i < count; i++) {
+        const tz_linear *l = ls[i];
+        maxout = l->out > maxout ? l->out : maxout;
+        dy |= dy_readers(l, dx, plan) >= 2;
+        wx |= grad(l->w, plan);
+        if (l->a && grad(l->a, plan)) ax = 1, ranks += l->r;
+    }
+    r.floats = off;
+    if (!rounds_bf16(be) || !sharing_on() || (!plan && cap <= 0)) return r;
+    if (plan) cap = INT64_MAX;
+    if (dy) r.dy16 = take(act, &off, cap, half16(n * maxout));
+    if (count > 1 && (wx || (ax && !turbo))) r.x16 = take(act, &off, cap, half16(n * ls[0]->in));
+    else if (count > 1 && ax) r.dh = take(act, &off, cap, al16(n * ranks));
+    r.floats = off;
+    return r;
+}
+
+int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, int count,
+                             int64_t n, int backward) {
+    const tz_qweight *q = ls[0]->w->q;
+    const int turbo = q && q->method == TZ_TQ_TURBOQUANT;
+    int64_t fwd = turbo ? n * ls[0]->in : 0;
+    if (count > 1 && !turbo && rounds_bf16(be) && sharing_on()) fwd = (n * ls[0]->in + 1) / 2;
+    if (!backward) return fwd;
+    const int64_t bwd = bwd_layout(be, ls, count, n, turbo, 1, NULL, 0).floats;
+    return fwd > bwd ? fwd : bwd;
+}
+
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                    const float *x, const float *h, float *scratch, int64_t n) {
-    linear_bwd_x(be, l, dx, dy, x, 0, h, scratch, n, 0);
+    const tz_qweight *q = l->w->q;
+    const int turbo = q && q->method == TZ_TQ_TURBOQUANT;
+    const bwd_room r = l->tq && l->tq->act ? bwd_layout(be, &l, 1, n, turbo, dx != NULL,
+                                                        l->tq->act, l->tq->act_floats)
+                                           : (bwd_room){0};
+    if (r.dy16) be->to_bf16(be, r.dy16, dy, n * l->out);
+    linear_bwd_x(be, l, dx, dy, r.dy16, x, 0, h, scratch, n, 0, 0);
 }
 
 /* ---- linears that read one input ---- */
@@ -177,20 +281,6 @@ static int shareable(const tz_linear *const *ls, int count) {
             return 0;
     }
     return 1;
-}
-
-/* Whether a backward of the linears reads x (a weight or LoRA A gradient to take). */
-static int reads_x(const tz_linear *const *ls, int count) {
-    for (int i = 0; i < count; i++)
-        if (ls[i]->w->g || (ls[i]->a && ls[i]->a->g)) return 1;
-    return 0;
-}
-
-/* Whether be's GEMMs round fp32 operands to bf16: its operand type is bf16 and it has bf16
- * GEMMs (a backend told bf16 without them, as a test may tell the CPU, computes in fp32:
- * rounding its input here would change its results). */
-static int rounds_bf16(const tz_backend *be) {
-    return be->matmul_dtype == TZ_DT_BF16 && ((be->matmul_dtypes >> TZ_DT_BF16) & 1u);
 }
 
 /* Dense weights with bf16 GEMM operands: the linears share x rounded once to bf16, where
@@ -254,31 +344,41 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
 void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
                           const float *const *dys, const float *x, const float *const *hs,
                           float *scratch, int64_t n) {
-    if (shareable_dense(be, ls, count, n)) { /* tz_linear_bwd's order, x read rounded */
-        const int x16 = reads_x(ls, count);
-        uint16_t *xb = (uint16_t *)(void *)ls[0]->tq->act;
-        if (x16) be->to_bf16(be, xb, x, n * ls[0]->in);
-        for (int i = 0; i < count; i++)
-            linear_bwd_x(be, ls[i], dx, dys[i], x16 ? (const void *)xb : x, x16, hs[i], scratch,
-                         n, 0);
-        return;
-    }
-    if (!shareable(ls, count)) {
+    const int turbo = shareable(ls, count);
+    if (!turbo && !shareable_dense(be, ls, count, n)) {
         for (int i = 0; i < count; i++) tz_linear_bwd(be, ls[i], dx, dys[i], x, hs[i], scratch, n);
         return;
     }
+    /* each dy and x rounded once for every GEMM that reads them (bwd_layout); TurboQuant:
+     * dx += R^T (sum_i dy_i W_rot_i), one inverse rotation for all, after the LoRA parts;
+     * dense: tz_linear_bwd's order, the same bits */
     const tz_linear *l0 = ls[0];
-    const tz_qweight *q0 = l0->w->q;
-    if (dx) { /* dx += R^T (sum_i dy_i W_rot_i): one inverse rotation for all */
-        float *t = act_buffer(l0, n);
-        for (int i = 0; i < count; i++) qmatmul(be, ls[i], t, dys[i], n, 0, i ? 1.0f : 0.0f);
-        be->tq_rotate_bwd(be, dx, t, n, l0->in, q0->group, q0->seed);
+    const bwd_room r = bwd_layout(be, ls, count, n, turbo, dx != NULL, l0->tq->act,
+                                  l0->tq->act_floats);
+    if (r.x16) be->to_bf16(be, r.x16, x, n * l0->in);
+    float *t = turbo && dx ? act_buffer(l0, n) : NULL, *dh = r.dh;
+    for (int i = 0; i < count; i++) {
+        const tz_linear *l = ls[i];
+        const uint16_t *dy16 = r.dy16 && dy_readers(l, dx != NULL, 0) >= 2 ? r.dy16 : NULL;
+        if (dy16) be->to_bf16(be, r.dy16, dys[i], n * l->out);
+        if (t) /* t (+)= dy_i W_rot_i */
+            qmatmul16(be, l, t, dy16 ? (const void *)dy16 : (const void *)dys[i],
+                      dy16 != NULL, n, 0, i ? 1.0f : 0.0f);
+        const int keep = dh && l->a && l->a->g; /* the A gradient taken after the rotation */
+        linear_bwd_x(be, l, dx, dys[i], dy16, r.x16 ? (const void *)r.x16 : (const void *)x,
+                     r.x16 != NULL, hs[i], keep ? dh : scratch, n, turbo, keep);
+        if (keep) dh += n * l->r;
     }
-    /* x for the weight and LoRA gradients, rounded once with bf16 GEMM operands (into the
-     * scratch, free again after the rotation) */
-    const void *xg = x;
-    const int b16 = rounds_bf16(be) && reads_x(ls, count);
-    if (b16) be->to_bf16(be, act16(l0, n, 1), x, n * l0->in), xg = act16(l0, n, 1);
-    for (int i = 0; i < count; i++)
-        linear_bwd_x(be, ls[i], dx, dys[i], xg, b16, hs[i], scratch, n, 1);
+    if (t) be->tq_rotate_bwd(be, dx, t, n, l0->in, l0->w->q->group, l0->w->q->seed);
+    if (!r.dh) return;
+    /* x rounded into the place of dy W_rot, free now; dA_i[r,in] += dh_i^T x */
+    uint16_t *x16 = (uint16_t *)(void *)act_buffer(l0, n);
+    be->to_bf16(be, x16, x, n * l0->in);
+    dh = r.dh;
+    for (int i = 0; i < count; i++) {
+        const tz_linear *l = ls[i];
+        if (!(l->a && l->a->g)) continue;
+        matmul_x(be, l->a->g, dh, x16, 0, 1, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
+        dh += n * l->r;
+    }
 }

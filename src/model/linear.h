@@ -75,12 +75,22 @@ void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *d
  * x rounded once for the weight and LoRA gradients. Dense weights with bf16 GEMM operands,
  * where the scratch holds n * in bf16 (the Llama plans it): x rounded once for every GEMM that
  * reads it, in the separate calls' order, so the same bits throughout. Otherwise the separate
- * calls. */
+ * calls. Both backwards, with bf16 GEMM operands: each dy rounded once for the GEMMs that read
+ * it, where the scratch has room (tz_linear_act_floats), the same bits. */
 void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *const *ys,
                           float *const *hs, int count, const float *x, int64_t n);
 void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
                           const float *const *dys, const float *x, const float *const *hs,
                           float *scratch, int64_t n);
+/* Floats of a model's activation scratch (tz_tq_scratch.act) that the `count` linears ls,
+ * reading one input of n rows (through tz_linear_*_shared where count > 1), use on be, in the
+ * forward and, where backward, the backward (gradients as the parameters' trainable flags
+ * say): a TurboQuant weight's rotated input and dy W_rot; where be's GEMMs round to bf16, the
+ * backward's copies of dy and x rounded once for the GEMMs that read them. A backward without
+ * the room lets each GEMM round its operands (the same bits, more traffic). */
+int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, int count,
+                             int64_t n, int backward);
+
 /* A probe that sees the input x [n, in] (backend memory) of every adapted quantized layer's
  * forward (lora.init = "calibrated" gathers X^T X with it); NULL: none. One at a time, set
  * and cleared around the forward passes that calibrate. */

@@ -295,20 +295,25 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
                                                !m->o.forward_only);
     if (a) m->att_ws = NULL, m->att_ws_bytes = att_ws;
     if (att_ws) TAKE(m->att_ws, (int64_t)(att_ws / sizeof(float)), "attention workspace");
-    /* quantized weights: one decode tile for all of them, one rotation buffer for the most
-     * rows x `in` of a TurboQuant projection (the MLP's on mlp_rows rows) */
+    /* quantized weights: one decode tile for all of them, one activation scratch for the
+     * most any linear needs (tz_linear_act_floats: the rotated input of a TurboQuant
+     * projection, and with bf16 GEMMs the rounded dy and x of the backward), the MLP's on
+     * mlp_rows rows; q, k, v and gate, up share their input (tz_linear_*_shared) */
     int64_t act = 0;
+    const int bwd = !m->o.forward_only;
     for (int64_t l = 0; l < d->n_layers; l++)
         for (int j = 0; j < TZ_LIN_N; j++) {
-            const tz_param *w = m->layers[l].lin[j].w;
-            const int64_t n = (j >= TZ_LIN_GATE ? R : BT) * w->shape[1];
-            if (w->q && w->q->method == TZ_TQ_TURBOQUANT && n > act) act = n;
-            /* dense q, k, v and gate, up with bf16 GEMM operands: their input rounded once
-             * to bf16 (tz_linear_fwd_shared), n bf16 in n / 2 floats */
-            if (!w->q && m->be->matmul_dtype == TZ_DT_BF16 &&
-                ((m->be->matmul_dtypes >> TZ_DT_BF16) & 1u) &&
-                (j == TZ_LIN_Q || j == TZ_LIN_GATE) && (n + 1) / 2 > act)
-                act = (n + 1) / 2;
+            const tz_linear *lin = m->layers[l].lin, *lj = &lin[j];
+            const tz_qweight *q = lj->w->q;
+            if (q && q->method != TZ_TQ_TURBOQUANT) continue; /* absmax: no scratch */
+            const int64_t nr = j >= TZ_LIN_GATE ? R : BT;
+            int64_t n = tz_linear_act_floats(m->be, &lj, 1, nr, bwd);
+            if (n > act) act = n;
+            if (j != TZ_LIN_Q && j != TZ_LIN_GATE) continue;
+            /* the group it leads, on one input: q, k, v; gate, up */
+            const tz_linear *grp[3] = {lj, lj + 1, lj + 2};
+            n = tz_linear_act_floats(m->be, grp, j == TZ_LIN_Q ? 3 : 2, nr, bwd);
+            if (n > act) act = n;
         }
     total += tz_quant_scratch_walk_act(&m->tq, &m->params, a, act,
                                        tz_dtype_size(m->be->matmul_dtype));

@@ -219,13 +219,17 @@ void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, cons
 }
 
 size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows,
-                             size_t tile_elem) {
-    int64_t rot_in = 0;
+                             const tz_backend *be, int backward) {
+    int64_t act = 0;
     for (int i = 0; i < ps->n; i++) {
         const tz_param *p = ps->p[i];
-        if (p->q && p->q->method == TZ_TQ_TURBOQUANT && p->shape[1] > rot_in) rot_in = p->shape[1];
+        if (!p->q || p->q->method != TZ_TQ_TURBOQUANT) continue;
+        tz_linear l = {.in = p->shape[1], .out = p->shape[0], .w = (tz_param *)p};
+        const tz_linear *lp = &l;
+        const int64_t n = tz_linear_act_floats(be, &lp, 1, rows, backward);
+        if (n > act) act = n;
     }
-    return tz_quant_scratch_walk_act(s, ps, a, rows * rot_in, tile_elem);
+    return tz_quant_scratch_walk_act(s, ps, a, act, tz_dtype_size(be->matmul_dtype));
 }
 
 size_t tz_quant_scratch_walk_act(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,

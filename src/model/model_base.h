@@ -162,14 +162,16 @@ const tz_tq_codebook *tz_quant_codebook(const tz_tq_codebook *cb, int method, in
 /* Quantizes the host weight w (p->numel floats) as p->q says and uploads codes and scales. */
 void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, const float *w);
 /* The scratch of a model whose quantized weights are those of ps: one tile for the largest,
- * of tile_elem bytes per element (the backend's GEMM operand type: 4 for fp32, 2 when the
- * weight is decoded straight into bf16, see tq_matmul), and one rotation buffer of rows x
- * (largest `in` of a TurboQuant weight). With a NULL arena it only counts bytes (64-byte
- * rounded, as tz_arena_alloc takes them); else it allocates s. */
+ * of be's GEMM operand type (4 bytes for fp32, 2 when the weight is decoded straight into
+ * bf16, see tq_matmul), and one activation buffer for the most any TurboQuant weight's linear
+ * on `rows` rows needs (tz_linear_act_floats, as a linear on its own; backward: 0 for forward
+ * passes only). With a NULL arena it
+ * only counts bytes (64-byte rounded, as tz_arena_alloc takes them); else it allocates s. */
 size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows,
-                             size_t tile_elem);
-/* The same with the rotation buffer given in floats (a family that calls its TurboQuant
- * weights on different numbers of rows: the largest rows x `in` of them; 0: none). */
+                             const tz_backend *be, int backward);
+/* The same with the activation buffer given in floats (a family that calls its linears on
+ * different numbers of rows, or shares inputs: the most of tz_linear_act_floats; 0: none) and
+ * the tile's bytes per element. */
 size_t tz_quant_scratch_walk_act(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,
                                  int64_t act_floats, size_t tile_elem);
 

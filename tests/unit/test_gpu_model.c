@@ -228,14 +228,17 @@ static int dev_same(tz_backend *be, const float *a, const float *b, int64_t n) {
     return same;
 }
 
-/* dense: 0 TurboQuant 4-bit weights (trainable straight-through); 1 dense frozen weights
- * (bf16 storage with bf16 GEMM operands) under LoRA; 2 dense trainable weights. Dense
- * weights share x rounded once (bf16 GEMM operands only) and keep the separate calls' order
- * in backward: every result to the bit, dx too. */
-static void shared_case(tz_backend *be, const char *what0, int dense) {
+/* mode: 0 TurboQuant 4-bit weights (trainable straight-through); 1 dense frozen weights
+ * (bf16 storage with bf16 GEMM operands) under LoRA; 2 dense trainable weights; 3 TurboQuant
+ * 4-bit frozen under LoRA (the 7B recipe: x rounded for the A gradients after the inverse
+ * rotation). Dense weights share x rounded once (bf16 GEMM operands only) and keep the
+ * separate calls' order in backward: every result to the bit, dx too. */
+static void shared_case(tz_backend *be, const char *what0, int mode) {
+    static const char *const modes[] = {"4-bit TurboQuant", "dense frozen + LoRA",
+                                        "dense trained", "4-bit frozen + LoRA"};
+    const int dense = mode == 1 || mode == 2;
     char what[96];
-    snprintf(what, sizeof what, "%s, %s", what0,
-             dense == 0 ? "4-bit TurboQuant" : dense == 1 ? "dense frozen + LoRA" : "dense trained");
+    snprintf(what, sizeof what, "%s, %s", what0, modes[mode]);
     enum { NL = 3 };
     const int64_t in = 256, n = 7, r = 4, outs[NL] = {128, 64, 64};
     const int group = 128, bits = 4;
@@ -247,8 +250,12 @@ static void shared_case(tz_backend *be, const char *what0, int dense) {
     tz_rng rng = tz_rng_make(21, 0, TZ_RNG_TEST, 3);
     tz_params ps;
     tz_params_init(&ps);
-    tz_tq_scratch sc = {be->alloc(be, (size_t)(128 * in) * 4), 128 * in,
-                        be->alloc(be, (size_t)(n * in) * 4), n * in};
+    /* sc: the scratch as a model plans it (tz_linear_act_floats); small: n x in floats, the
+     * rotation's own (none for dense weights), which leaves the backward no room for its bf16
+     * copies (every GEMM then rounds its fp32 operands itself) */
+    tz_tq_scratch sc = {be->alloc(be, (size_t)(128 * in) * 4), 128 * in, NULL, 0};
+    tz_tq_scratch small = {sc.tile, sc.tile_elems, be->alloc(be, (size_t)(n * in) * 4),
+                           dense ? 0 : n * in};
     tz_linear lin[NL];
     const tz_linear *ls[NL];
     float *y[2][NL], *h[2][NL], *dy[NL];
@@ -273,7 +280,7 @@ static void shared_case(tz_backend *be, const char *what0, int dense) {
                        (size_t)tz_tq_scales_count(out, in, group) * 2);
             tz_tq_tensor_free(&t);
         }
-        if (dense != 1) pq->g = be->alloc(be, (size_t)(out * in) * 4);
+        if (mode == 0 || mode == 2) pq->g = be->alloc(be, (size_t)(out * in) * 4);
         free(w);
         lin[i] = (tz_linear){.in = in, .out = out, .w = pq, .tq = &sc};
         if (i != 1) { /* k without an adapter */
@@ -299,7 +306,14 @@ static void shared_case(tz_backend *be, const char *what0, int dense) {
         dy[i] = dev_rand(be, &rng, n * out, 1.0f);
     }
     float *x = dev_rand(be, &rng, n * in, 1.0f), *dx0 = dev_rand(be, &rng, n * in, 0.5f);
-    float *dx[2] = {be->alloc(be, (size_t)(n * in) * 4), be->alloc(be, (size_t)(n * in) * 4)};
+    int64_t act = n * in; /* the forward's rotation at least (the test's fallbacks use it) */
+    for (int i = 0; i <= NL; i++) {
+        const int64_t f = tz_linear_act_floats(be, i < NL ? ls + i : ls, i < NL ? 1 : NL, n, 1);
+        act = f > act ? f : act;
+    }
+    sc.act = be->alloc(be, (size_t)act * 4), sc.act_floats = act;
+    float *dx[3];
+    for (int k = 0; k < 3; k++) dx[k] = be->alloc(be, (size_t)(n * in) * 4);
     float *scr = be->alloc(be, (size_t)(n * r) * 4);
     /* forward */
     for (int i = 0; i < NL; i++) tz_linear_fwd(be, ls[i], y[0][i], lin[i].a ? h[0][i] : NULL, x, n);
@@ -311,30 +325,57 @@ static void shared_case(tz_backend *be, const char *what0, int dense) {
         if (lin[i].a) same &= dev_same(be, h[0][i], h[1][i], n * r);
     }
     check(same, "%s: shared forward of 3 linears = the separate forwards, bit for bit", what);
-    /* backward: the gradients of each way kept on the host, then compared */
-    float *gh[2][3 * NL + 1];
-    for (int k = 0; k < 2; k++) {
+    /* backward: the gradients of each way kept on the host, then compared: 0 the separate
+     * calls, 1 the shared call (both with the planned scratch), 2 the separate calls without
+     * room for the backward's bf16 copies of dy and x */
+    float *gh[3][3 * NL + 1];
+    const float sentinel = 1234.5f;
+    int64_t kept = 0; /* words past the rotation's n x in the shared backward left alone */
+    const int64_t rot = dense ? 0 : n * in;
+    for (int k = 0; k < 3; k++) {
         for (int i = 0; i < ps.n; i++)
             if (ps.p[i]->g) be->fill(be, ps.p[i]->g, 0.0f, ps.p[i]->numel);
         be->copy(be, dx[k], dx0, (size_t)(n * in) * 4);
-        const float *hk[NL] = {h[k][0], NULL, h[k][2]}, *dys[NL] = {dy[0], dy[1], dy[2]};
-        if (k == 0)
-            for (int i = 0; i < NL; i++) tz_linear_bwd(be, ls[i], dx[0], dy[i], x, hk[i], scr, n);
+        const float *hk[NL] = {h[k & 1][0], NULL, h[k & 1][2]}, *dys[NL] = {dy[0], dy[1], dy[2]};
+        for (int i = 0; i < NL; i++) lin[i].tq = k == 2 ? &small : &sc;
+        if (k == 1) be->fill(be, sc.act, sentinel, act);
+        if (k != 1)
+            for (int i = 0; i < NL; i++) tz_linear_bwd(be, ls[i], dx[k], dy[i], x, hk[i], scr, n);
         else tz_linear_bwd_shared(be, ls, NL, dx[1], dys, x, hk, scr, n);
+        if (k == 1) {
+            float *a = host_of(be, sc.act, act);
+            for (int64_t w = rot; w < act; w++) kept += a[w] == sentinel;
+            free(a);
+        }
         int j = 0;
         for (int i = 0; i < ps.n; i++)
             if (ps.p[i]->g) gh[k][j++] = host_of(be, ps.p[i]->g, ps.p[i]->numel);
         gh[k][j] = host_of(be, dx[k], n * in);
     }
-    int ng = 0, gsame = 1;
+    for (int i = 0; i < NL; i++) lin[i].tq = &sc;
+    /* with bf16 GEMM operands the backward rounds dy (and x) once into the scratch past the
+     * rotation's place; a backend whose GEMMs are fp32 leaves it alone */
+    const int rounds = be->matmul_dtype == TZ_DT_BF16 && ((be->matmul_dtypes >> TZ_DT_BF16) & 1u);
+    check(rounds ? act > rot && kept < act - rot : kept == act - rot,
+          "%s: the backward's bf16 copies %s the scratch past the rotation's place (%lld of "
+          "%lld words kept)", what, rounds ? "written into" : "not in", (long long)kept,
+          (long long)(act - rot));
+    int ng = 0, gsame = 1, rsame = 1;
     for (int i = 0; i < ps.n; i++)
-        if (ps.p[i]->g) gsame &= !memcmp(gh[0][ng], gh[1][ng], (size_t)ps.p[i]->numel * 4), ng++;
+        if (ps.p[i]->g) {
+            gsame &= !memcmp(gh[0][ng], gh[1][ng], (size_t)ps.p[i]->numel * 4);
+            rsame &= !memcmp(gh[0][ng], gh[2][ng], (size_t)ps.p[i]->numel * 4);
+            ng++;
+        }
+    rsame &= !memcmp(gh[0][ng], gh[2][ng], (size_t)(n * in) * 4);
+    check(rsame, "%s: dy and x rounded once for the backward's GEMMs: every gradient and dx "
+                 "= each GEMM rounding its own, bit for bit", what);
     double e = 0.0, mx = 0.0;
     for (int64_t k = 0; k < n * in; k++) {
         e = fmax(e, fabs((double)gh[0][ng][k] - (double)gh[1][ng][k]));
         mx = fmax(mx, fabs((double)gh[0][ng][k]));
     }
-    check(gsame && ng == (dense == 1 ? 0 : 3) + 2 * 2 + 1,
+    check(gsame && ng == (mode == 0 || mode == 2 ? 3 : 0) + 2 * 2 + 1,
           "%s: shared backward: %d weight, bias and LoRA gradients = the separate ones, bit for bit",
           what, ng);
     if (dense)
@@ -342,7 +383,7 @@ static void shared_case(tz_backend *be, const char *what0, int dense) {
     else
         check(e <= 1e-5 * mx, "%s: shared backward: dx within %.1e of its largest element (1e-5)",
               what, e / mx);
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         for (int j = 0; j <= ng; j++) free(gh[k][j]);
     for (int i = 0; i < NL; i++) {
         for (int k = 0; k < 2; k++) be->release(be, y[k][i]), be->release(be, h[k][i]);
@@ -350,8 +391,10 @@ static void shared_case(tz_backend *be, const char *what0, int dense) {
     }
     for (int i = 0; i < ps.n; i++)
         if (ps.p[i]->g) be->release(be, ps.p[i]->g);
-    be->release(be, x), be->release(be, dx0), be->release(be, dx[0]), be->release(be, dx[1]);
+    be->release(be, x), be->release(be, dx0);
+    for (int k = 0; k < 3; k++) be->release(be, dx[k]);
     be->release(be, scr), be->release(be, sc.tile), be->release(be, sc.act);
+    be->release(be, small.act);
     tz_params_free(&ps, be);
 }
 
@@ -363,11 +406,11 @@ int main(void) {
     }
     g_cpu = tz_backend_create(TZ_DEVICE_CPU, 0, 2);
     g_gpu = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
-    for (int dense = 0; dense < 3; dense++) {
-        shared_case(g_cpu, "cpu", dense);
-        shared_case(g_gpu, "gpu fp32", dense);
+    for (int mode = 0; mode < 4; mode++) {
+        shared_case(g_cpu, "cpu", mode);
+        shared_case(g_gpu, "gpu fp32", mode);
         g_gpu->matmul_dtype = TZ_DT_BF16;
-        shared_case(g_gpu, "gpu bf16", dense);
+        shared_case(g_gpu, "gpu bf16", mode);
         g_gpu->matmul_dtype = TZ_DT_F32;
     }
     llama_case("llama tied, GQA 4/2, full", 1, 2, 0, 0, 0);
