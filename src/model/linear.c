@@ -88,6 +88,15 @@ static void lora_bias_fwd(tz_backend *be, const tz_linear *l, float *y, float *h
     if (l->bias) be->bias_add_fwd(be, y, l->bias->w, n, l->out);
 }
 
+/* Whether be's GEMMs round fp32 operands to bf16: its operand type is bf16 and it has bf16
+ * GEMMs (a backend told bf16 without them, as a test may tell the CPU, computes in fp32:
+ * rounding its input here would change its results). */
+static int rounds_bf16(const tz_backend *be) {
+    return be->matmul_dtype == TZ_DT_BF16 && ((be->matmul_dtypes >> TZ_DT_BF16) & 1u);
+}
+
+static int sharing_on(void);
+
 static tz_linear_probe g_probe;
 static void *g_probe_ctx;
 
@@ -104,8 +113,13 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
         tz_matmul_w(be, y, x, l->w, n, l->out, l->in, 1, 1.0f, 0.0f);
     } else if (q->method == TZ_TQ_TURBOQUANT) { /* y = x_rot . W_rot^T */
         float *xr = act_buffer(l, n);
-        be->tq_rotate(be, xr, x, n, l->in, q->group, q->seed);
-        qmatmul(be, l, y, xr, n, 1, 0.0f);
+        if (rounds_bf16(be) && sharing_on()) { /* rounded as it is stored, as the GEMM would */
+            be->tq_rotate16(be, (uint16_t *)(void *)xr, x, n, l->in, q->group, q->seed);
+            qmatmul16(be, l, y, xr, 1, n, 1, 0.0f);
+        } else {
+            be->tq_rotate(be, xr, x, n, l->in, q->group, q->seed);
+            qmatmul(be, l, y, xr, n, 1, 0.0f);
+        }
     } else { /* absmax baseline: plain basis */
         qmatmul(be, l, y, x, n, 1, 0.0f);
     }
@@ -173,14 +187,6 @@ static int dy_readers(const tz_linear *l, int dx, int plan) {
 static int64_t al16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 static int64_t half16(int64_t n) { return al16((n + 1) / 2); }
 
-/* Whether be's GEMMs round fp32 operands to bf16: its operand type is bf16 and it has bf16
- * GEMMs (a backend told bf16 without them, as a test may tell the CPU, computes in fp32:
- * rounding its input here would change its results). */
-static int rounds_bf16(const tz_backend *be) {
-    return be->matmul_dtype == TZ_DT_BF16 && ((be->matmul_dtypes >> TZ_DT_BF16) & 1u);
-}
-
-static int sharing_on(void);
 
 /* Where a backward of the `count` linears reading one input [n, in] keeps its bf16 copies
  * (bf16 GEMM operands only), in the activation scratch after dy W_rot (n * in floats, where
