@@ -249,6 +249,13 @@ void tz_cuda_gemm(tz_backend *be, float *C, const void *A, int a_bf16, const voi
                   int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
                   float beta);
 
+/* C[M,N] = alpha A B^T + beta C with both operands bf16 and rows at a stride: A [M, K] at lda
+ * elements a row, B [N, K] at ldb (a product extended along K into a wider buffer,
+ * tq_matmul_lora). bf16 GEMMs only. */
+void tz_cuda_gemm16_nt(tz_backend *be, float *C, const uint16_t *A, int64_t lda,
+                       const uint16_t *B, int64_t ldb, int64_t M, int64_t N, int64_t K,
+                       float alpha, float beta);
+
 /* Each family file sets its entries of the table (cuda_backend.c calls them all). */
 #define TZ_CUDA_FAMILIES(X)                                                                   \
     X(elementwise) X(norm) X(activation) X(attention) X(matmul) X(loss) X(layout) X(quant)

@@ -89,6 +89,14 @@ static __device__ __forceinline__ unsigned bf16x2_bits(float lo, float hi) {
     return u;
 }
 
+/* One float as bf16 bits (nearest even). */
+static __device__ __forceinline__ uint16_t bf16_bits(float x) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(x);
+    uint16_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
 /* 8 floats rounded to bf16 at p: one 16-byte store when VEC (p 16-byte aligned). */
 template <bool VEC> static __device__ __forceinline__ void store8(uint16_t *p, const float *v) {
     if (VEC) {
@@ -106,11 +114,11 @@ template <bool VEC> static __device__ __forceinline__ void store8(uint16_t *p, c
 }
 
 /* inverse = 0: y = (H (s*x)) * inv, written (as fp32, or rounded to bf16 where O is
- * uint16_t); inverse = 1 (O float only): dx += (H dy) * (s * inv).
- * lanes = g / 8. VEC: in, out (and signs, from cudaMalloc) 16-byte aligned. */
+ * uint16_t) at row stride ldo; inverse = 1 (O float only): dx += (H dy) * (s * inv).
+ * lanes = g / 8. VEC: in, out's rows (and signs, from cudaMalloc) 16-byte aligned. */
 template <bool VEC, class O>
 static __global__ void k_rotate(O *out, const float *in, const float *signs, int cols,
-                                int lanes, float inv, int inverse) {
+                                int64_t ldo, int lanes, float inv, int inverse) {
     const int c = (blockIdx.x * ROT_THREADS + threadIdx.x) * 8, lane = threadIdx.x & 31;
     const bool live = c < cols;
     const int64_t row = (int64_t)blockIdx.y * cols;
@@ -142,7 +150,7 @@ static __global__ void k_rotate(O *out, const float *in, const float *signs, int
             v[i] = (lane & m) ? o - v[i] : v[i] + o;
         }
     if (!live) return;
-    O *orow = out + row + c;
+    O *orow = out + (int64_t)blockIdx.y * ldo + c;
     if (inverse) {
         float d[8], *fo = reinterpret_cast<float *>(orow); /* O is float here */
         load8<VEC>(d, fo);
@@ -158,7 +166,7 @@ static __global__ void k_rotate(O *out, const float *in, const float *signs, int
 
 template <class O>
 static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_t cols,
-                   int group, uint64_t seed, int inverse, const char *op) {
+                   int64_t ldo, int group, uint64_t seed, int inverse, const char *op) {
     const float *s = row_signs(be, rows, cols, group, seed, op);
     if (rows <= 0) return;
     if (cols > INT32_MAX - ROT_SPAN)
@@ -166,7 +174,7 @@ static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_
     if (rows > 65535) { /* grid.y limit: in slices of rows */
         for (int64_t r0 = 0; r0 < rows; r0 += 65535) {
             int64_t n = rows - r0 < 65535 ? rows - r0 : 65535;
-            rotate(be, out + r0 * cols, in + r0 * cols, n, cols, group, seed, inverse, op);
+            rotate(be, out + r0 * ldo, in + r0 * cols, n, cols, ldo, group, seed, inverse, op);
         }
         return;
     }
@@ -174,25 +182,27 @@ static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_
     const int c = (int)cols, lanes = group / 8;
     dim3 grid((unsigned)((cols + ROT_SPAN - 1) / ROT_SPAN), (unsigned)rows);
     cudaStream_t st = tz_cuda_stream(be);
-    if (!(((uintptr_t)out | (uintptr_t)in) & 15))
-        k_rotate<true, O><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, lanes, inv, inverse);
-    else k_rotate<false, O><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, lanes, inv, inverse);
+    if (!(((uintptr_t)out | (uintptr_t)in | (uintptr_t)(ldo * (int64_t)sizeof(O))) & 15))
+        k_rotate<true, O><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, ldo, lanes, inv, inverse);
+    else k_rotate<false, O><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, ldo, lanes, inv, inverse);
     CUDA_LAUNCHED();
 }
 
 static void cuda_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
                            int group, uint64_t seed) {
-    rotate(be, y, x, rows, cols, group, seed, 0, "tq_rotate");
+    rotate(be, y, x, rows, cols, cols, group, seed, 0, "tq_rotate");
 }
 
 static void cuda_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_t rows,
-                             int64_t cols, int group, uint64_t seed) {
-    rotate(be, y, x, rows, cols, group, seed, 0, "tq_rotate16");
+                             int64_t cols, int64_t ldy, int group, uint64_t seed) {
+    if (ldy < cols) TZ_FATAL("tq_rotate16: row stride %lld below %lld columns", (long long)ldy,
+                             (long long)cols);
+    rotate(be, y, x, rows, cols, ldy, group, seed, 0, "tq_rotate16");
 }
 
 static void cuda_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
                                int64_t cols, int group, uint64_t seed) {
-    rotate(be, dx, dy, rows, cols, group, seed, 1, "tq_rotate_bwd");
+    rotate(be, dx, dy, rows, cols, cols, group, seed, 1, "tq_rotate_bwd");
 }
 
 /* The decode: a thread decodes octets, 8 consecutive weights of one group (g is a multiple of
@@ -226,23 +236,26 @@ static __device__ __forceinline__ unsigned octet_codes(const uint8_t *codes, int
 }
 
 
-/* The 8 decoded weights of octet o into w. */
-static __device__ __forceinline__ void store_octet(float *w, int o, const float *v, int wide) {
-    float *p = w + (size_t)o * 8;
+/* The 8 decoded weights of an octet into w at element e. */
+static __device__ __forceinline__ void store_octet(float *w, size_t e, const float *v, int wide) {
+    float *p = w + e;
     if (wide) store8<true>(p, v);
     else store8<false>(p, v);
 }
-static __device__ __forceinline__ void store_octet(__nv_bfloat16 *w, int o, const float *v,
+static __device__ __forceinline__ void store_octet(__nv_bfloat16 *w, size_t e, const float *v,
                                                    int wide) {
-    uint16_t *p = reinterpret_cast<uint16_t *>(w) + (size_t)o * 8;
+    uint16_t *p = reinterpret_cast<uint16_t *>(w) + e;
     if (wide) store8<true>(p, v);
     else store8<false>(p, v);
 }
 
-/* n octets; octet o's scale is scales[o >> gshift] (gshift = log2(g / 8)). */
+/* n octets; octet o's scale is scales[o >> gshift] (gshift = log2(g / 8)). ld = 0: octet o
+ * at w + 8 o; else the weight's rows at stride ld elements (cpr octets a row, obase the
+ * launch's first octet of the tensor, whose row and column it is in): w + row ld + 8 col. */
 template <int BITS, class T>
 static __global__ void k_dequant(T *w, const uint8_t *codes, const uint16_t *scales,
-                                 const float *levels, int gshift, int n, int wide) {
+                                 const float *levels, int gshift, int n, int wide, int64_t ld,
+                                 int cpr, int64_t obase) {
     __shared__ float lv[1 << BITS];
     if (threadIdx.x < (1u << BITS)) lv[threadIdx.x] = levels[threadIdx.x];
     __syncthreads();
@@ -265,39 +278,49 @@ static __global__ void k_dequant(T *w, const uint8_t *codes, const uint16_t *sca
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = sc[u] * lv[(c[u] >> (BITS * j)) & ((1u << BITS) - 1u)];
-        store_octet(w, o, v, wide);
+        if (ld) {
+            const int64_t og = obase + o, row = og / cpr;
+            store_octet(w, (size_t)(row * ld + (og - row * cpr) * 8), v, wide);
+        } else {
+            store_octet(w, (size_t)o * 8, v, wide);
+        }
     }
 }
 
 template <int BITS, class T>
 static void dequant_bits(tz_backend *be, T *w, const uint8_t *codes, const uint16_t *scales,
-                         const float *levels, int64_t n_oct, int group) {
+                         const float *levels, int64_t n_oct, int group, int64_t ld, int cpr) {
     const int gshift = group == 64 ? 3 : group == 128 ? 4 : 5; /* checked: 64, 128 or 256 */
-    const int wide = !((uintptr_t)codes & 3) && !((uintptr_t)w & 15);
+    const int wide = !((uintptr_t)codes & 3) && !((uintptr_t)w & 15) &&
+                     !((ld * (int64_t)sizeof(T)) & 15);
     for (int64_t o0 = 0; o0 < n_oct; o0 += DQ_LAUNCH_OCTETS) {
         const int n = (int)(n_oct - o0 < DQ_LAUNCH_OCTETS ? n_oct - o0 : DQ_LAUNCH_OCTETS);
         k_dequant<BITS, T><<<(unsigned)((n + DQ_OCTETS - 1) / DQ_OCTETS), DQ_THREADS, 0,
-                             tz_cuda_stream(be)>>>(w + o0 * 8, codes + o0 * BITS,
+                             tz_cuda_stream(be)>>>(ld ? w : w + o0 * 8, codes + o0 * BITS,
                                                    scales + (o0 >> gshift), levels, gshift, n,
-                                                   wide);
+                                                   wide, ld, cpr, o0);
         CUDA_LAUNCHED();
     }
 }
 
+/* The decode of W [rows, cols] into w, its rows at stride ld elements (0: cols, packed). */
 template <class T>
 static void dequant(tz_backend *be, T *w, const uint8_t *codes, const uint16_t *scales,
                     const float *levels, int64_t rows, int64_t cols, int bits, int group,
-                    const char *op) {
+                    const char *op, int64_t ld = 0) {
     check_rows(rows, cols, group, op);
     if (bits < 1 || bits > TZ_TQ_MAX_BITS) TZ_FATAL("%s: bits %d out of range", op, bits);
     if (rows == 0) return;
     const int64_t n_oct = rows * (cols / 8); /* cols is a multiple of the group */
     TZ_CUDA_KERNEL_READS(be, codes, (size_t)(n_oct * bits), op); /* codes may be streamed in */
+    if (ld == cols) ld = 0;
+    if (cols / 8 > INT32_MAX) TZ_FATAL("%s: rows of %lld columns", op, (long long)cols);
+    const int cpr = (int)(cols / 8);
     switch (bits) {
-    case 1: dequant_bits<1>(be, w, codes, scales, levels, n_oct, group); break;
-    case 2: dequant_bits<2>(be, w, codes, scales, levels, n_oct, group); break;
-    case 3: dequant_bits<3>(be, w, codes, scales, levels, n_oct, group); break;
-    default: dequant_bits<4>(be, w, codes, scales, levels, n_oct, group); break;
+    case 1: dequant_bits<1>(be, w, codes, scales, levels, n_oct, group, ld, cpr); break;
+    case 2: dequant_bits<2>(be, w, codes, scales, levels, n_oct, group, ld, cpr); break;
+    case 3: dequant_bits<3>(be, w, codes, scales, levels, n_oct, group, ld, cpr); break;
+    default: dequant_bits<4>(be, w, codes, scales, levels, n_oct, group, ld, cpr); break;
     }
 }
 
@@ -325,10 +348,49 @@ static void cuda_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, 
     }
 }
 
+/* dst[row * ld + cols + j] = bf16(s * src[row * r + j]) for j < r, 0 for r <= j < ld - cols:
+ * the columns a LoRA path adds to a product along K. */
+static __global__ void k_lora_cols(uint16_t *dst, int64_t ld, int64_t cols, const float *src,
+                                   int64_t r, float s, int64_t rows) {
+    const int64_t w = ld - cols, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * w) return;
+    const int64_t row = i / w, j = i - row * w;
+    dst[row * ld + cols + j] = j < r ? bf16_bits(s * src[row * r + j]) : (uint16_t)0;
+}
+static void lora_cols(tz_backend *be, uint16_t *dst, int64_t ld, int64_t cols, const float *src,
+                      int64_t r, float s, int64_t rows) {
+    const int64_t n = rows * (ld - cols);
+    if (n <= 0) return;
+    k_lora_cols<<<tz_cuda_blocks(n, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
+        dst, ld, cols, src, r, s, rows);
+    CUDA_LAUNCHED();
+}
+
+/* The weight decoded into bf16 at row stride ld, B's columns after it, A's h after its rotated
+ * input, then one GEMM over cols + (ld - cols) (docs/design/cuda.md, "LoRA folded into the
+ * base GEMM"). */
+static void cuda_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld,
+                                const float *h, const float *B, int64_t r, float s, float *tile,
+                                const uint8_t *codes, const uint16_t *scales,
+                                const float *levels, int64_t rows, int64_t cols, int bits,
+                                int group, int64_t M) {
+    if (be->matmul_dtype != TZ_DT_BF16) TZ_FATAL("tq_matmul_lora: for bf16 GEMMs only");
+    if (ld < cols + r || ld % 8)
+        TZ_FATAL("tq_matmul_lora: row stride %lld is not a multiple of 8 of at least %lld + %lld",
+                 (long long)ld, (long long)cols, (long long)r);
+    __nv_bfloat16 *w16 = (__nv_bfloat16 *)tile;
+    dequant(be, w16, codes, scales, levels, rows, cols, bits, group, "tq_matmul_lora", ld);
+    lora_cols(be, reinterpret_cast<uint16_t *>(w16), ld, cols, B, r, s, rows);
+    lora_cols(be, A, ld, cols, h, r, 1.0f, M);
+    tz_cuda_gemm16_nt(be, C, A, ld, reinterpret_cast<const uint16_t *>(w16), ld, M, rows, ld,
+                      1.0f, 0.0f);
+}
+
 void tz_cuda_install_quant(tz_backend *be) {
     be->tq_rotate = cuda_tq_rotate;
     be->tq_rotate16 = cuda_tq_rotate16;
     be->tq_rotate_bwd = cuda_tq_rotate_bwd;
     be->tq_dequant = cuda_tq_dequant;
     be->tq_matmul = cuda_tq_matmul;
+    be->tq_matmul_lora = cuda_tq_matmul_lora;
 }

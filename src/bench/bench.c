@@ -556,7 +556,8 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     /* the step model: one micro-batch's forward and backward (qzo: two forward passes) with
      * every op counted (the gradients bound now, after the plan, so that every weight
      * gradient is counted too), times the micro-batches of a step */
-    tz_step_model_install(be);
+    const tz_step_rates rates = tz_step_rates_h100(be->matmul_dtype == TZ_DT_BF16);
+    tz_step_model_install(be, &rates);
     if (qzo) {
         t->train_loss(t, 0);
         t->train_loss(t, 0);
@@ -566,8 +567,7 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     }
     tz_step_model *sm = tz_step_model_of(be);
     tz_step_model_scale(sm, (double)cfg->train.grad_accum);
-    const tz_step_rates rates = tz_step_rates_h100(be->matmul_dtype == TZ_DT_BF16);
-    tz_step_model_print(sm, &rates);
+    tz_step_model_print(sm);
     plan_close(&p);
     return 0;
 }

@@ -19,8 +19,13 @@ tz_step_model *tz_step_model_of(tz_backend *be) { return (tz_step_model *)be->ct
 
 static void add(tz_backend *be, int c, double flops, double bytes) {
     tz_step_model *m = tz_step_model_of(be);
+    const tz_step_rates *r = &m->rates;
+    const double rate = c == TZ_SM_GEMM ? r->gemm_flops : c == TZ_SM_ATTENTION ? r->attention_flops
+                                                                               : r->other_flops;
+    const double bw = c == TZ_SM_TRANSFER ? r->link_bytes : r->mem_bytes;
     m->flops[c] += flops;
     m->bytes[c] += bytes;
+    m->sec[c] += fmax(flops / rate, bytes / bw);
     m->calls[c]++;
 }
 
@@ -143,8 +148,9 @@ static void s_rot(tz_backend *be, float *y, cf *x, int64_t rows, int64_t cols, i
     (void)y, (void)x, (void)seed;
     add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 1), 2 * F * rows * cols);
 }
-static void s_rot16(tz_backend *be, uint16_t *y, cf *x, int64_t rows, int64_t cols, int group, uint64_t seed) {
-    (void)y, (void)x, (void)seed;
+static void s_rot16(tz_backend *be, uint16_t *y, cf *x, int64_t rows, int64_t cols, int64_t ldy,
+                    int group, uint64_t seed) {
+    (void)y, (void)x, (void)seed, (void)ldy;
     add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 1), (F + 2) * rows * cols);
 }
 static void s_rot_bwd(tz_backend *be, float *dx, cf *dy, int64_t rows, int64_t cols, int group, uint64_t seed) {
@@ -168,6 +174,18 @@ static void s_tq_matmul(tz_backend *be, float *C, const void *A, int a16, float 
     gemm(be, M, N, K, a16, 1, beta);
 }
 
+static void s_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld, cf *h, cf *B,
+                             int64_t r, float sc, float *tile, const uint8_t *c,
+                             const uint16_t *s, cf *l, int64_t rows, int64_t cols, int bits,
+                             int group, int64_t M) {
+    (void)C, (void)A, (void)h, (void)B, (void)sc, (void)tile, (void)c, (void)s, (void)l;
+    /* the decode into bf16, the columns of B and h written after it (read fp32, written
+     * bf16; the padding to ld written), one GEMM over ld */
+    add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, 2.0));
+    add(be, TZ_SM_ELEMENT, 0, (F * r + 2.0 * (ld - cols)) * (double)(rows + M));
+    gemm(be, M, rows, ld, 1, 1, 0.0f);
+}
+
 /* ---- copies and events ---- */
 static void s_copy(tz_backend *be, void *d, const void *s, size_t n) { (void)d, (void)s; add(be, TZ_SM_COPY, 0, 2.0 * n); }
 static void s_xfer(tz_backend *be, void *d, const void *s, size_t n) { (void)d, (void)s; add(be, TZ_SM_TRANSFER, 0, (double)n); }
@@ -176,7 +194,8 @@ static void s_event_wait(tz_backend *be, void *ev, int q) { (void)be, (void)ev, 
 static int s_event_done(tz_backend *be, void *ev) { (void)be, (void)ev; return 1; }
 static void s_event_free(tz_backend *be, void *ev) { (void)be, (void)ev; }
 
-void tz_step_model_install(tz_backend *be) {
+void tz_step_model_install(tz_backend *be, const tz_step_rates *r) {
+    tz_step_model_of(be)->rates = *r;
     be->upload = s_xfer, be->download = s_xfer, be->copy = s_copy;
     be->download_async = s_xfer, be->upload_async = s_xfer;
     be->event_mark = s_event_mark, be->event_wait = s_event_wait;
@@ -197,13 +216,14 @@ void tz_step_model_install(tz_backend *be) {
     be->mse_fwd = s_mse_fwd, be->mse_bwd = s_mse_bwd, be->patchify = s_patch;
     be->unpatchify = s_patch, be->copy2d = s_copy2d, be->tq_rotate = s_rot;
     be->tq_rotate16 = s_rot16, be->tq_rotate_bwd = s_rot_bwd, be->tq_dequant = s_dequant;
-    be->tq_matmul = s_tq_matmul;
+    be->tq_matmul = s_tq_matmul, be->tq_matmul_lora = s_tq_matmul_lora;
 }
 
 void tz_step_model_scale(tz_step_model *m, double scale) {
     for (int c = 0; c < TZ_SM_N; c++) {
         m->flops[c] *= scale;
         m->bytes[c] *= scale;
+        m->sec[c] *= scale;
         m->calls[c] = (int64_t)llround((double)m->calls[c] * scale);
     }
 }
@@ -219,17 +239,15 @@ tz_step_rates tz_step_rates_h100(int bf16) {
                            50e9};
 }
 
-void tz_step_model_print(const tz_step_model *m, const tz_step_rates *r) {
+void tz_step_model_print(const tz_step_model *m) {
     double tf = 0, tb = 0, tt = 0;
     tz_info("step model (op by op as the code calls them; bytes of the operands as stored; time "
-            "at the %s's peak rates, a lower bound):", r->name);
+            "at the %s's peak rates, each call's compute or memory time, whichever is larger: "
+            "a lower bound):", m->rates.name);
     tz_info("  %-24s %8s %12s %12s %10s", "class", "calls", "GFLOP", "GB", "est. ms");
     for (int c = 0; c < TZ_SM_N; c++) {
         if (!m->calls[c]) continue;
-        const double rate = c == TZ_SM_GEMM ? r->gemm_flops : c == TZ_SM_ATTENTION ? r->attention_flops
-                                                                                   : r->other_flops;
-        const double bw = c == TZ_SM_TRANSFER ? r->link_bytes : r->mem_bytes;
-        const double t = fmax(m->flops[c] / rate, m->bytes[c] / bw);
+        const double t = m->sec[c];
         tf += m->flops[c], tb += m->bytes[c], tt += t;
         tz_info("  %-24s %8lld %12.6g %12.6g %10.4g", tz_step_model_names[c], (long long)m->calls[c],
                 1e-9 * m->flops[c], 1e-9 * m->bytes[c], 1e3 * t);

@@ -20,22 +20,6 @@ enum {
     TZ_SM_N
 };
 
-typedef struct tz_step_model {
-    double flops[TZ_SM_N], bytes[TZ_SM_N];
-    int64_t calls[TZ_SM_N];
-} tz_step_model;
-
-extern const char *const tz_step_model_names[TZ_SM_N];
-
-/* Fills every compute op of be's table (and the async copies and events) with counters.
- * be->ctx must point to a struct whose first member is the tz_step_model the counts go to
- * (the planning backend's); its memory ops are left as they are. */
-void tz_step_model_install(tz_backend *be);
-/* The counts of be (installed above). */
-tz_step_model *tz_step_model_of(tz_backend *be);
-/* scale: multiplies every count (e.g. by the micro-batches of a step). */
-void tz_step_model_scale(tz_step_model *m, double scale);
-
 /* Peak rates an estimate is made at. */
 typedef struct tz_step_rates {
     const char *name;
@@ -46,11 +30,31 @@ typedef struct tz_step_rates {
     double link_bytes;      /* host <-> device */
 } tz_step_rates;
 
+typedef struct tz_step_model {
+    double flops[TZ_SM_N], bytes[TZ_SM_N];
+    double sec[TZ_SM_N]; /* each call's larger of its compute and its memory time, summed */
+    int64_t calls[TZ_SM_N];
+    tz_step_rates rates; /* the peaks sec is taken at */
+} tz_step_model;
+
+extern const char *const tz_step_model_names[TZ_SM_N];
+
+/* Fills every compute op of be's table (and the async copies and events) with counters that
+ * time each call at the peak rates r. be->ctx must point to a struct whose first member is the
+ * tz_step_model the counts go to (the planning backend's); its memory ops are left as they
+ * are. */
+void tz_step_model_install(tz_backend *be, const tz_step_rates *r);
+/* The counts of be (installed above). */
+tz_step_model *tz_step_model_of(tz_backend *be);
+/* scale: multiplies every count (e.g. by the micro-batches of a step). */
+void tz_step_model_scale(tz_step_model *m, double scale);
+
 /* The H100 SXM's datasheet peaks for GEMM operands bf16 (bf16 = 1) or fp32 (TF32). */
 tz_step_rates tz_step_rates_h100(int bf16);
 
-/* rank 0: one line per class (calls, GFLOP, GB, estimated ms at rates: the larger of the
- * compute and the memory time, a lower bound), and the total. */
-void tz_step_model_print(const tz_step_model *m, const tz_step_rates *r);
+/* rank 0: one line per class (calls, GFLOP, GB, estimated ms at the installed rates: for
+ * each call the larger of its compute and its memory time, a lower bound: a skinny GEMM is
+ * timed by its bytes even where the class's arithmetic is far larger), and the total. */
+void tz_step_model_print(const tz_step_model *m);
 
 #endif

@@ -296,9 +296,10 @@ struct tz_backend {
     void (*tq_rotate)(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
                       int group, uint64_t seed);
     /* tq_rotate's y rounded to bf16 (to nearest even) as it is written: bf16(R_j x), the
-     * bits to_bf16 would make of tq_rotate's output (y may not be x). */
+     * bits to_bf16 would make of tq_rotate's output (y may not be x), row r at y + r * ldy
+     * (ldy >= cols; elements past cols in a row are not written). */
     void (*tq_rotate16)(tz_backend *be, uint16_t *y, const float *x, int64_t rows, int64_t cols,
-                        int group, uint64_t seed);
+                        int64_t ldy, int group, uint64_t seed);
     void (*tq_rotate_bwd)(tz_backend *be, float *dx, const float *dy, int64_t rows,
                           int64_t cols, int group, uint64_t seed);
     void (*tq_dequant)(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
@@ -317,6 +318,20 @@ struct tz_backend {
                       const uint8_t *codes, const uint16_t *scales, const float *levels,
                       int64_t rows, int64_t cols, int bits, int group, int64_t M, int transW,
                       float alpha, float beta);
+    /* A LoRA path folded into tq_matmul's forward product (transW = 1) along K:
+     *   C[M, rows] = [A | h] [W | s B]^T
+     * A: bf16 bit patterns [M, ld] (ld >= cols + r, a multiple of 8), each row's first cols
+     *   the GEMM operand (the rotated input, tq_rotate16 at row stride ld); the op WRITES the
+     *   rest of each row: h [M, r] (fp32, x A_lora^T) rounded to bf16, then zeros.
+     * W decoded into tile (bf16, rows * ld elements) at row stride ld, each row's last
+     *   ld - cols elements s * B [rows, r] (fp32) rounded to bf16, then zeros.
+     * r = 0: the plain product (h and B unread). For backends whose GEMMs round to bf16
+     * (fatal otherwise); the CPU's is the reference: A's first cols read from bf16, the rest
+     * in fp32, C = A W^T + s h B^T. */
+    void (*tq_matmul_lora)(tz_backend *be, float *C, uint16_t *A, int64_t ld, const float *h,
+                           const float *B, int64_t r, float s, float *tile, const uint8_t *codes,
+                           const uint16_t *scales, const float *levels, int64_t rows,
+                           int64_t cols, int bits, int group, int64_t M);
 
     /* ---- the offload: pinned host memory, asynchronous copies, events (optim/zero.c) ----
      * A backend has two queues: TZ_QUEUE_COMPUTE, where every op above runs, and
@@ -370,7 +385,7 @@ struct tz_backend {
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \
     X(gelu_tanh_bwd) X(silu_fwd) X(silu_bwd) X(bias_add_fwd) X(bias_bwd) X(mse_fwd)         \
     X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate16) X(tq_rotate_bwd)            \
-    X(tq_dequant) X(tq_matmul) X(host_alloc) X(host_free) X(host_register)                   \
+    X(tq_dequant) X(tq_matmul) X(tq_matmul_lora) X(host_alloc) X(host_free) X(host_register)                   \
     X(host_unregister) X(download_async) X(upload_async) X(event_mark) X(event_wait)          \
     X(event_done) X(event_free) X(device_info)
 

@@ -46,7 +46,9 @@ static void cpu_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows
 
 /* tq_rotate group by group, each rounded to bf16 as it is stored. */
 static void cpu_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_t rows,
-                            int64_t cols, int group, uint64_t seed) {
+                            int64_t cols, int64_t ldy, int group, uint64_t seed) {
+    if (ldy < cols) TZ_FATAL("tq_rotate16: row stride %lld below %lld columns", (long long)ldy,
+                             (long long)cols);
     float *s = row_signs(rows, cols, group, seed, "tq_rotate16");
     const float inv = (float)(1.0 / sqrt((double)group));
     int nt = tz_cpu_threads(be);
@@ -55,7 +57,7 @@ static void cpu_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_t
         float t[TZ_TQ_MAX_GROUP];
         for (int64_t j = 0; j < cols; j += group) {
             rotate_group(t, x + r * cols + j, s + j, group, inv);
-            for (int i = 0; i < group; i++) y[r * cols + j + i] = tz_f32_to_bf16(t[i]);
+            for (int i = 0; i < group; i++) y[r * ldy + j + i] = tz_f32_to_bf16(t[i]);
         }
     }
     free(s);
@@ -112,10 +114,35 @@ static void cpu_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, f
     else be->matmul(be, C, (const float *)A, tile, M, N, K, 0, transW, alpha, beta);
 }
 
+/* The reference: A's first cols from bf16 and the decoded W in fp32, h and B in fp32 (not
+ * rounded), C = A W^T + s h B^T; A's rest written as the op says (h rounded, zeros). */
+static void cpu_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld,
+                               const float *h, const float *B, int64_t r, float s, float *tile,
+                               const uint8_t *codes, const uint16_t *scales,
+                               const float *levels, int64_t rows, int64_t cols, int bits,
+                               int group, int64_t M) {
+    (void)tile;
+    if (ld < cols + r || ld % 8)
+        TZ_FATAL("tq_matmul_lora: row stride %lld is not a multiple of 8 of at least %lld + %lld",
+                 (long long)ld, (long long)cols, (long long)r);
+    float *a = malloc((size_t)(M * cols + rows * cols) * sizeof *a), *w = a + M * cols;
+    if (!a) TZ_FATAL("tq_matmul_lora: out of host memory");
+    for (int64_t m = 0; m < M; m++) {
+        for (int64_t k = 0; k < cols; k++) a[m * cols + k] = tz_bf16_to_f32(A[m * ld + k]);
+        for (int64_t k = cols; k < ld; k++)
+            A[m * ld + k] = k < cols + r ? tz_f32_to_bf16(h[m * r + k - cols]) : 0;
+    }
+    be->tq_dequant(be, w, codes, scales, levels, rows, cols, bits, group);
+    be->matmul(be, C, a, w, M, rows, cols, 0, 1, 1.0f, 0.0f);
+    if (r) be->matmul(be, C, h, B, M, rows, r, 0, 1, s, 1.0f);
+    free(a);
+}
+
 void TZ_CPU_K(tz_cpu_install_quant)(tz_backend *be) {
     be->tq_rotate = cpu_tq_rotate;
     be->tq_rotate16 = cpu_tq_rotate16;
     be->tq_rotate_bwd = cpu_tq_rotate_bwd;
     be->tq_dequant = cpu_tq_dequant;
     be->tq_matmul = cpu_tq_matmul;
+    be->tq_matmul_lora = cpu_tq_matmul_lora;
 }

@@ -284,8 +284,8 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     if (a) m->att_ws = NULL, m->att_ws_bytes = att_ws;
     if (att_ws) TAKE(m->att_ws, (int64_t)(att_ws / sizeof(float)), "attention workspace");
     /* quantized weights: one decode tile for all of them, one rotation buffer */
-    total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT, m->be,
-                                   !m->o.forward_only);
+    total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT, m->be, !m->o.forward_only,
+                                   m->o.lora.targets ? m->o.lora.rank : 0);
 #undef TAKE
     return total;
 }

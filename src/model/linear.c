@@ -105,16 +105,56 @@ void tz_linear_set_probe(tz_linear_probe fn, void *ctx) {
     g_probe_ctx = ctx;
 }
 
+/* ---- LoRA folded into the base GEMM along K (tq_matmul_lora) ---- */
+
+/* The row stride of [x_rot | h] and [W_rot | s B] for an adapter of rank r on `in` inputs:
+ * in + r rounded up to 8 (zeros after r). */
+static int64_t fold_ld(int64_t in, int64_t r) { return in + ((r + 7) & ~(int64_t)7); }
+
+/* Whether l's forward can take its LoRA path inside the base GEMM at row stride ld: a
+ * TurboQuant weight, bf16 GEMMs, an fp32 B, and a tile with room for [out, ld]. */
+static int folds(const tz_backend *be, const tz_linear *l, int64_t ld) {
+    const tz_qweight *q = l->w->q;
+    return q && q->method == TZ_TQ_TURBOQUANT && rounds_bf16(be) && sharing_on() &&
+           be->tq_matmul_lora && l->tq && l->tq->tile && l->out * ld <= l->tq->tile_elems &&
+           (!l->a || !l->b->w16);
+}
+
+/* y = [x_rot | h] [W_rot | s B]^T from x_rot in bf16 at row stride ld (tq_rotate16's), h =
+ * x A^T already in h (n x r); without an adapter the plain product (the padding zeros). */
+static void fold_matmul(tz_backend *be, const tz_linear *l, float *y, uint16_t *xr, int64_t ld,
+                        const float *h, int64_t n) {
+    const tz_qweight *q = l->w->q;
+    if (!q->codes) TZ_FATAL("%s: a streamed weight used while its block is not loaded", l->w->name);
+    be->tq_matmul_lora(be, y, xr, ld, l->a ? h : NULL, l->a ? l->b->w : NULL, l->a ? l->r : 0,
+                       l->scale, l->tq->tile, q->codes, q->scales, q->levels, l->out, l->in,
+                       q->bits, q->group, n);
+}
+
+int64_t tz_linear_fold_cols(const tz_backend *be, int64_t r) {
+    return r > 0 && rounds_bf16(be) && sharing_on() ? fold_ld(0, r) : 0;
+}
+
 void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
                    int64_t n) {
     const tz_qweight *q = l->w->q;
     if (g_probe && q && l->a) g_probe(g_probe_ctx, l, x, n);
     if (!q) { /* y[n,out] = x[n,in] . W[out,in]^T */
         tz_matmul_w(be, y, x, l->w, n, l->out, l->in, 1, 1.0f, 0.0f);
+    } else if (q->method == TZ_TQ_TURBOQUANT && l->a && folds(be, l, fold_ld(l->in, l->r)) &&
+               (n * fold_ld(l->in, l->r) + 1) / 2 <= l->tq->act_floats) {
+        /* y = [x_rot | x A^T] [W_rot | s B]^T: LoRA inside the base GEMM */
+        const int64_t ld = fold_ld(l->in, l->r);
+        uint16_t *xr = (uint16_t *)(void *)l->tq->act;
+        matmul_x(be, h, x, l->a->w, 1, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f); /* h = x A^T */
+        be->tq_rotate16(be, xr, x, n, l->in, ld, q->group, q->seed);
+        fold_matmul(be, l, y, xr, ld, h, n);
+        if (l->bias) be->bias_add_fwd(be, y, l->bias->w, n, l->out);
+        return;
     } else if (q->method == TZ_TQ_TURBOQUANT) { /* y = x_rot . W_rot^T */
         float *xr = act_buffer(l, n);
         if (rounds_bf16(be) && sharing_on()) { /* rounded as it is stored, as the GEMM would */
-            be->tq_rotate16(be, (uint16_t *)(void *)xr, x, n, l->in, q->group, q->seed);
+            be->tq_rotate16(be, (uint16_t *)(void *)xr, x, n, l->in, l->in, q->group, q->seed);
             qmatmul16(be, l, y, xr, 1, n, 1, 0.0f);
         } else {
             be->tq_rotate(be, xr, x, n, l->in, q->group, q->seed);
@@ -243,8 +283,14 @@ int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, i
                              int64_t n, int backward) {
     const tz_qweight *q = ls[0]->w->q;
     const int turbo = q && q->method == TZ_TQ_TURBOQUANT;
-    int64_t fwd = turbo ? n * ls[0]->in : 0;
+    int64_t fwd = turbo ? n * ls[0]->in : 0, rmax = 0;
     if (count > 1 && !turbo && rounds_bf16(be) && sharing_on()) fwd = (n * ls[0]->in + 1) / 2;
+    for (int i = 0; i < count; i++) rmax = ls[i]->a && ls[i]->r > rmax ? ls[i]->r : rmax;
+    if (turbo && rmax && rounds_bf16(be) && sharing_on()) { /* LoRA folded (tq_matmul_lora) */
+        const int64_t rot = (n * fold_ld(ls[0]->in, rmax) + 1) / 2;
+        const int64_t f = count > 1 ? al16(rot) + (n * ls[0]->in + 1) / 2 : rot;
+        fwd = f > fwd ? f : fwd;
+    }
     if (!backward) return fwd;
     const int64_t bwd = bwd_layout(be, ls, count, n, turbo, 1, NULL, 0).floats;
     return fwd > bwd ? fwd : bwd;
@@ -332,10 +378,30 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
         if (g_probe && ls[i]->a) g_probe(g_probe_ctx, ls[i], x, n);
         adapted |= ls[i]->a != NULL;
     }
+    /* the LoRA paths folded into the base GEMMs: x rotated into bf16 rows of ld (room after
+     * each for the adapter's h), x rounded once after them for the h = x A^T */
+    int64_t rmax = 0;
+    for (int i = 0; i < count; i++) rmax = ls[i]->a && ls[i]->r > rmax ? ls[i]->r : rmax;
+    const int64_t ld = fold_ld(l0->in, rmax), rot = al16((n * ld + 1) / 2);
+    int fold = adapted && rot + (n * l0->in + 1) / 2 <= l0->tq->act_floats;
+    for (int i = 0; i < count && fold; i++) fold = folds(be, ls[i], ld);
+    if (fold) {
+        uint16_t *xr16 = (uint16_t *)(void *)l0->tq->act, *x16 = (uint16_t *)(void *)(l0->tq->act + rot);
+        be->tq_rotate16(be, xr16, x, n, l0->in, ld, q0->group, q0->seed);
+        be->to_bf16(be, x16, x, n * l0->in);
+        for (int i = 0; i < count; i++) {
+            const tz_linear *l = ls[i];
+            if (l->a) /* h = x A^T */
+                matmul_x(be, hs[i], x16, l->a->w, 1, 1, n, l->r, l->in, 0, 1, 1.0f, 0.0f);
+            fold_matmul(be, l, ys[i], xr16, ld, hs[i], n);
+            if (l->bias) be->bias_add_fwd(be, ys[i], l->bias->w, n, l->out);
+        }
+        return;
+    }
     const void *xr = act_buffer(l0, n), *xl = x;
     const int b16 = rounds_bf16(be);
     if (b16) { /* rounded once here, as each GEMM would round it */
-        be->tq_rotate16(be, act16(l0, n, 0), x, n, l0->in, q0->group, q0->seed);
+        be->tq_rotate16(be, act16(l0, n, 0), x, n, l0->in, l0->in, q0->group, q0->seed);
         xr = act16(l0, n, 0);
         if (adapted) be->to_bf16(be, act16(l0, n, 1), x, n * l0->in), xl = act16(l0, n, 1);
     } else {

@@ -91,6 +91,12 @@ void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count,
 int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, int count,
                              int64_t n, int backward);
 
+/* Where be's GEMMs round to bf16, a TurboQuant linear's forward takes its LoRA path (rank r)
+ * inside the base GEMM, along K (tq_matmul_lora): the decode tile then holds [out, in + this
+ * many columns] (r rounded up to 8; 0 without folding), which the model plans. A tile without
+ * that room gets the two GEMMs. */
+int64_t tz_linear_fold_cols(const tz_backend *be, int64_t r);
+
 /* A probe that sees the input x [n, in] (backend memory) of every adapted quantized layer's
  * forward (lora.init = "calibrated" gathers X^T X with it); NULL: none. One at a time, set
  * and cleared around the forward passes that calibrate. */

@@ -219,24 +219,31 @@ void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, cons
 }
 
 size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows,
-                             const tz_backend *be, int backward) {
+                             const tz_backend *be, int backward, int64_t lora_rank) {
     int64_t act = 0;
     for (int i = 0; i < ps->n; i++) {
         const tz_param *p = ps->p[i];
         if (!p->q || p->q->method != TZ_TQ_TURBOQUANT) continue;
-        tz_linear l = {.in = p->shape[1], .out = p->shape[0], .w = (tz_param *)p};
+        tz_linear l = {.in = p->shape[1], .out = p->shape[0], .w = (tz_param *)p, .r = lora_rank};
         const tz_linear *lp = &l;
         const int64_t n = tz_linear_act_floats(be, &lp, 1, rows, backward);
         if (n > act) act = n;
     }
-    return tz_quant_scratch_walk_act(s, ps, a, act, tz_dtype_size(be->matmul_dtype));
+    return tz_quant_scratch_walk_act(s, ps, a, act, tz_dtype_size(be->matmul_dtype),
+                                     tz_linear_fold_cols(be, lora_rank));
 }
 
 size_t tz_quant_scratch_walk_act(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,
-                                 int64_t act_floats, size_t tile_elem) {
+                                 int64_t act_floats, size_t tile_elem, int64_t fold_cols) {
     int64_t tile = 0;
-    for (int i = 0; i < ps->n; i++)
-        if (ps->p[i]->q && ps->p[i]->numel > tile) tile = ps->p[i]->numel;
+    for (int i = 0; i < ps->n; i++) {
+        const tz_param *p = ps->p[i];
+        if (!p->q) continue;
+        const int64_t t = p->q->method == TZ_TQ_TURBOQUANT && fold_cols
+                              ? p->shape[0] * (p->shape[1] + fold_cols)
+                              : p->numel;
+        if (t > tile) tile = t;
+    }
     const size_t tb = (size_t)tile * tile_elem, rb = (size_t)act_floats * 4;
     if (a) {
         memset(s, 0, sizeof *s);

@@ -128,8 +128,8 @@ static void add_rotate(oc_list *l, int64_t rows, int64_t cols, int g, uint64_t s
  * p: rows, cols, group, seed. tensors: 0 x, 1 y16 (bf16 scratch, not compared), 2 y */
 static void rot16_fwd(oc_run *r) {
     const int64_t n = OCP(r, 0) * OCP(r, 1);
-    r->be->tq_rotate16(r->be, OCH(r, 1), OCF(r, 0), OCP(r, 0), OCP(r, 1), (int)OCP(r, 2),
-                       (uint64_t)OCP(r, 3));
+    r->be->tq_rotate16(r->be, OCH(r, 1), OCF(r, 0), OCP(r, 0), OCP(r, 1), OCP(r, 1),
+                       (int)OCP(r, 2), (uint64_t)OCP(r, 3));
     r->be->from_bf16(r->be, OCF(r, 2), OCH(r, 1), n);
 }
 static void rot16_ref(oc_ref *r) {
@@ -246,6 +246,60 @@ static void add_tq_matmul(oc_list *l, int64_t rows, int64_t cols, int bits, int 
     oc_add(l, &c);
 }
 
+/* ---- tq_matmul_lora: C = [A | h] [W | s B]^T, one GEMM along cols + (ld - cols) ----
+ * p: rows, cols, bits, group, M, r, ld; s: scale. tensors: 0 A (bf16 [M, ld]: the first cols
+ * of each row read, the rest written by the op), 1 h [M, r], 2 B [rows, r], 3 codes,
+ * 4 scales, 5 levels, 6 C, 7 tile (bf16 [rows, ld], scratch). */
+static void tql_fwd(oc_run *r) {
+    r->be->tq_matmul_lora(r->be, OCF(r, 6), OCH(r, 0), OCP(r, 6), OCF(r, 1), OCF(r, 2),
+                          OCP(r, 5), (float)OCS(r, 0), OCF(r, 7), OCB(r, 3), OCH(r, 4),
+                          OCF(r, 5), OCP(r, 0), OCP(r, 1), (int)OCP(r, 2), (int)OCP(r, 3),
+                          OCP(r, 4));
+}
+static void tql_ref(oc_ref *r) {
+    const oc_case *c = r->c;
+    const int64_t rows = c->p[0], cols = c->p[1], M = c->p[4], rk = c->p[5], ld = c->p[6];
+    double w[QMAX];
+    ref_decode(w, r->raw[3], r->v[4], r->v[5], rows, cols, (int)c->p[2], (int)c->p[3]);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t o = 0; o < rows; o++) {
+            double acc = 0.0, lo = 0.0;
+            for (int64_t k = 0; k < cols; k++) acc += r->v[0][m * ld + k] * w[o * cols + k];
+            for (int64_t j = 0; j < rk; j++) lo += r->v[1][m * rk + j] * r->v[2][o * rk + j];
+            r->v[6][m * rows + o] = acc + c->s[0] * lo;
+        }
+}
+
+static void add_tq_matmul_lora(oc_list *l, int64_t rows, int64_t cols, int bits, int g,
+                               int64_t M, int64_t rk, double scale) {
+    const int64_t ld = cols + ((rk + 7) & ~(int64_t)7);
+    if (rows * cols > QMAX) abort();
+    oc_case c = {.ops = "tq_matmul_lora", .nt = 8, .p = {rows, cols, bits, g, M, rk, ld},
+                 .s = {scale}, .flags = OC_GEMM | OC_DEVICE_BF16, .fwd = tql_fwd,
+                 .ref = tql_ref,
+                 /* fp32 (the CPU's, the reference's arithmetic): sums in another order */
+                 .tol_fwd = 1e-5,
+                 /* bf16: tq_matmul's (each decoded weight rounded once, 3e-2 of the scale),
+                  * and h and s B rounded to bf16 (2^-9 relative each, summed over r products,
+                  * well inside it). Leaving the adapter out moves the output by s h B^T, of
+                  * the order of the result: >> this */
+                 .tol_fwd_bf16 = 3e-2};
+    c.t[0] = (oc_tensor)OC_T_BF16("A", M * ld, 1.0f);
+    c.t[1] = (oc_tensor)OC_T_IN("h", M * (rk ? rk : 1));
+    c.t[2] = (oc_tensor)OC_T_IN("B", rows * (rk ? rk : 1));
+    c.t[3] = (oc_tensor)OC_T_U8("codes", rows * cols * bits / 8, 0, 0);
+    c.t[4] = (oc_tensor)OC_T_BF16("scales", rows * cols / g, 0.5f);
+    c.t[5] = (oc_tensor)OC_T_INA("levels", 1 << bits, 2.0f);
+    c.t[6] = (oc_tensor)OC_T_OUT("C", M * rows);
+    c.t[7] = (oc_tensor)OC_T_OUT("tile", (rows * ld + 1) / 2);
+    c.t[7].flags = OC_NOCHECK;
+    snprintf(c.name, sizeof c.name,
+             "tq_matmul_lora rows %lld cols %lld bits %d group %d M %lld r %lld ld %lld scale %g",
+             (long long)rows, (long long)cols, bits, g, (long long)M, (long long)rk,
+             (long long)ld, scale);
+    oc_add(l, &c);
+}
+
 void oc_cases_quant(oc_list *l) {
     /* three, two and one group columns (distinct signs per column), several rows */
     add_rotate(l, 3, 192, 64, 7, 0);
@@ -269,6 +323,11 @@ void oc_cases_quant(oc_list *l) {
     /* A already in bf16 (tz_linear_fwd_shared's rotated input), both ways round */
     add_tq_matmul(l, 5, 256, 4, 128, 3, 1, 1.0, 0.0, 1);
     add_tq_matmul(l, 4, 192, 3, 64, 2, 0, 0.5, 1.0, 1);
+    /* LoRA folded along K: rank 16 (no padding), 4 and 5 (padding zeros), 0 (none) */
+    add_tq_matmul_lora(l, 5, 256, 4, 128, 3, 16, 2.0);
+    add_tq_matmul_lora(l, 6, 192, 3, 64, 2, 4, 0.75);
+    add_tq_matmul_lora(l, 3, 512, 2, 256, 4, 5, 1.5);
+    add_tq_matmul_lora(l, 4, 128, 4, 64, 3, 0, 1.0);
     /* tq_rotate16: every group, two and three group columns */
     add_rotate16(l, 3, 192, 64, 7);
     add_rotate16(l, 2, 256, 128, 0x9E3779B97F4A7C15ull);

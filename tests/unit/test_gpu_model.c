@@ -253,12 +253,13 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
     /* sc: the scratch as a model plans it (tz_linear_act_floats); small: n x in floats, the
      * rotation's own (none for dense weights), which leaves the backward no room for its bf16
      * copies (every GEMM then rounds its fp32 operands itself) */
-    tz_tq_scratch sc = {be->alloc(be, (size_t)(128 * in) * 4), 128 * in, NULL, 0};
-    tz_tq_scratch small = {sc.tile, sc.tile_elems, be->alloc(be, (size_t)(n * in) * 4),
-                           dense ? 0 : n * in};
+    const int64_t tile = 128 * (in + tz_linear_fold_cols(be, r)); /* room for LoRA's columns */
+    tz_tq_scratch sc = {be->alloc(be, (size_t)tile * 4), tile, NULL, 0};
+    tz_tq_scratch small = {be->alloc(be, (size_t)(128 * in) * 4), 128 * in,
+                           be->alloc(be, (size_t)(n * in) * 4), dense ? 0 : n * in};
     tz_linear lin[NL];
     const tz_linear *ls[NL];
-    float *y[2][NL], *h[2][NL], *dy[NL];
+    float *y[3][NL], *h[2][NL], *dy[NL];
     for (int i = 0; i < NL; i++) {
         const int64_t out = outs[i];
         char name[32];
@@ -299,10 +300,8 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
             lin[i].bias->g = be->alloc(be, (size_t)out * 4);
         }
         ls[i] = &lin[i];
-        for (int k = 0; k < 2; k++) {
-            y[k][i] = be->alloc(be, (size_t)(n * out) * 4);
-            h[k][i] = be->alloc(be, (size_t)(n * r) * 4);
-        }
+        for (int k = 0; k < 3; k++) y[k][i] = be->alloc(be, (size_t)(n * out) * 4);
+        for (int k = 0; k < 2; k++) h[k][i] = be->alloc(be, (size_t)(n * r) * 4);
         dy[i] = dev_rand(be, &rng, n * out, 1.0f);
     }
     float *x = dev_rand(be, &rng, n * in, 1.0f), *dx0 = dev_rand(be, &rng, n * in, 0.5f);
@@ -325,6 +324,32 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
         if (lin[i].a) same &= dev_same(be, h[0][i], h[1][i], n * r);
     }
     check(same, "%s: shared forward of 3 linears = the separate forwards, bit for bit", what);
+    /* the same forward with no room in the tile for LoRA's columns: two GEMMs (base, then
+     * y += s h B^T) instead of one along K. The same bits where nothing is folded (fp32 GEMMs,
+     * dense weights); folded (bf16 GEMMs, TurboQuant), s B and h rounded to bf16 inside the
+     * one GEMM: within 4e-3 of the largest output, and not the same bits (the fold ran) */
+    for (int i = 0; i < NL; i++) lin[i].tq = &small;
+    float *hx = be->alloc(be, (size_t)(n * r) * 4);
+    for (int i = 0; i < NL; i++) tz_linear_fwd(be, ls[i], y[2][i], lin[i].a ? hx : NULL, x, n);
+    for (int i = 0; i < NL; i++) lin[i].tq = &sc;
+    be->release(be, hx);
+    const int folded = !dense && tz_linear_fold_cols(be, r) > 0;
+    double fe = 0.0, fm = 0.0;
+    int fsame = 1;
+    for (int i = 0; i < NL; i++) {
+        float *a = host_of(be, y[0][i], n * outs[i]), *b = host_of(be, y[2][i], n * outs[i]);
+        for (int64_t k = 0; k < n * outs[i]; k++) {
+            fe = fmax(fe, fabs((double)a[k] - (double)b[k]));
+            fm = fmax(fm, fabs((double)b[k]));
+        }
+        fsame &= !memcmp(a, b, (size_t)(n * outs[i]) * 4);
+        free(a), free(b);
+    }
+    if (folded)
+        check(!fsame && fe <= 4e-3 * fm, "%s: LoRA folded into the base GEMM: within %.1e of the "
+              "largest output of the two GEMMs' (4e-3), not the same bits", what, fe / fm);
+    else
+        check(fsame, "%s: nothing folded (fp32 GEMMs or dense weights): the two GEMMs' bits", what);
     /* backward: the gradients of each way kept on the host, then compared: 0 the separate
      * calls, 1 the shared call (both with the planned scratch), 2 the separate calls without
      * room for the backward's bf16 copies of dy and x */
@@ -386,7 +411,8 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
     for (int k = 0; k < 3; k++)
         for (int j = 0; j <= ng; j++) free(gh[k][j]);
     for (int i = 0; i < NL; i++) {
-        for (int k = 0; k < 2; k++) be->release(be, y[k][i]), be->release(be, h[k][i]);
+        for (int k = 0; k < 3; k++) be->release(be, y[k][i]);
+        for (int k = 0; k < 2; k++) be->release(be, h[k][i]);
         be->release(be, dy[i]);
     }
     for (int i = 0; i < ps.n; i++)
@@ -394,7 +420,7 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
     be->release(be, x), be->release(be, dx0);
     for (int k = 0; k < 3; k++) be->release(be, dx[k]);
     be->release(be, scr), be->release(be, sc.tile), be->release(be, sc.act);
-    be->release(be, small.act);
+    be->release(be, small.act), be->release(be, small.tile);
     tz_params_free(&ps, be);
 }
 
