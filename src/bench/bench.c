@@ -568,6 +568,8 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     tz_step_model *sm = tz_step_model_of(be);
     tz_step_model_scale(sm, (double)cfg->train.grad_accum);
     tz_step_model_print(sm);
+    const char *ops = getenv("TZ_STEP_OPS");
+    if (ops && strcmp(ops, "0")) tz_step_model_print_ops(sm);
     plan_close(&p);
     return 0;
 }

@@ -17,7 +17,8 @@ const char *const tz_step_model_names[TZ_SM_N] = {
 
 tz_step_model *tz_step_model_of(tz_backend *be) { return (tz_step_model *)be->ctx; }
 
-static void add(tz_backend *be, int c, double flops, double bytes) {
+#define add(be, c, flops, bytes) add_op(be, c, flops, bytes, __func__)
+static void add_op(tz_backend *be, int c, double flops, double bytes, const char *fn) {
     tz_step_model *m = tz_step_model_of(be);
     const tz_step_rates *r = &m->rates;
     const double rate = c == TZ_SM_GEMM ? r->gemm_flops : c == TZ_SM_ATTENTION ? r->attention_flops
@@ -25,8 +26,16 @@ static void add(tz_backend *be, int c, double flops, double bytes) {
     const double bw = c == TZ_SM_TRANSFER ? r->link_bytes : r->mem_bytes;
     m->flops[c] += flops;
     m->bytes[c] += bytes;
-    m->sec[c] += fmax(flops / rate, bytes / bw);
+    const double t = fmax(flops / rate, bytes / bw);
+    m->sec[c] += t;
     m->calls[c]++;
+    const char *name = !strncmp(fn, "s_", 2) ? fn + 2 : fn; /* the counter's, less s_ */
+    int i = 0;
+    while (i < m->n_ops && (m->ops[i].cls != c || strcmp(m->ops[i].name, name))) i++;
+    if (i == TZ_SM_OPS) return; /* more ops than rows: the classes still count them */
+    if (i == m->n_ops) m->ops[m->n_ops++] = (tz_step_op){.name = name, .cls = c};
+    tz_step_op *o = &m->ops[i];
+    o->flops += flops, o->bytes += bytes, o->sec += t, o->calls++;
 }
 
 #define F 4.0 /* bytes of an fp32 element */
@@ -47,14 +56,18 @@ static void s_adamw(tz_backend *be, float *w, float *m, float *v, cf *g, const u
  * write 2: elementwise, a bandwidth-bound kernel the GEMM's arithmetic does not hide), then
  * read in bf16; with fp32 GEMMs an fp32 operand is read as it is. C fp32, read too where
  * beta != 0. */
-static void gemm(tz_backend *be, int64_t M, int64_t N, int64_t K, int a16, int b16, float beta) {
+static void gemm_op(tz_backend *be, int64_t M, int64_t N, int64_t K, int a16, int b16,
+                    float beta, const char *op) {
     const int r = be->matmul_dtype == TZ_DT_BF16;
-    if (r && !a16) add(be, TZ_SM_ELEMENT, 0, 6.0 * M * K);
-    if (r && !b16) add(be, TZ_SM_ELEMENT, 0, 6.0 * K * N);
+    if (r && !a16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * M * K, op);
+    if (r && !b16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * K * N, op);
     const double ab = a16 || r ? 2.0 : F, bb = b16 || r ? 2.0 : F;
-    add(be, TZ_SM_GEMM, 2.0 * M * N * K,
-        ab * (double)M * K + bb * (double)K * N + F * (double)M * N * (beta != 0.0f ? 2 : 1));
+    add_op(be, TZ_SM_GEMM, 2.0 * M * N * K,
+           ab * (double)M * K + bb * (double)K * N + F * (double)M * N * (beta != 0.0f ? 2 : 1),
+           op);
 }
+/* booked under the calling op's name */
+#define gemm(be, M, N, K, a16, b16, beta) gemm_op(be, M, N, K, a16, b16, beta, __func__)
 static void s_matmul(tz_backend *be, float *C, cf *A, cf *B, int64_t M, int64_t N, int64_t K,
                      int ta, int tb, float alpha, float beta) {
     (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
@@ -226,6 +239,11 @@ void tz_step_model_scale(tz_step_model *m, double scale) {
         m->sec[c] *= scale;
         m->calls[c] = (int64_t)llround((double)m->calls[c] * scale);
     }
+    for (int i = 0; i < m->n_ops; i++) {
+        tz_step_op *o = &m->ops[i];
+        o->flops *= scale, o->bytes *= scale, o->sec *= scale;
+        o->calls = (int64_t)llround((double)o->calls * scale);
+    }
 }
 
 tz_step_rates tz_step_rates_h100(int bf16) {
@@ -253,4 +271,21 @@ void tz_step_model_print(const tz_step_model *m) {
                 1e-9 * m->flops[c], 1e-9 * m->bytes[c], 1e3 * t);
     }
     tz_info("  %-24s %8s %12.6g %12.6g %10.4g", "total", "", 1e-9 * tf, 1e-9 * tb, 1e3 * tt);
+}
+
+void tz_step_model_print_ops(const tz_step_model *m) {
+    int idx[TZ_SM_OPS];
+    for (int i = 0; i < m->n_ops; i++) idx[i] = i;
+    for (int i = 1; i < m->n_ops; i++) /* insertion sort, the most time first */
+        for (int j = i; j > 0 && m->ops[idx[j]].sec > m->ops[idx[j - 1]].sec; j--) {
+            const int t = idx[j];
+            idx[j] = idx[j - 1], idx[j - 1] = t;
+        }
+    tz_info("  %-24s %-22s %8s %12s %12s %10s", "op (counter)", "class", "calls", "GFLOP", "GB",
+            "est. ms");
+    for (int k = 0; k < m->n_ops; k++) {
+        const tz_step_op *o = &m->ops[idx[k]];
+        tz_info("  %-24s %-22s %8lld %12.6g %12.6g %10.4g", o->name, tz_step_model_names[o->cls],
+                (long long)o->calls, 1e-9 * o->flops, 1e-9 * o->bytes, 1e3 * o->sec);
+    }
 }

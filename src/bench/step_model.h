@@ -30,11 +30,23 @@ typedef struct tz_step_rates {
     double link_bytes;      /* host <-> device */
 } tz_step_rates;
 
+/* One op's counts (the op table's entry the counter stands for; an op that books work in
+ * two classes, a GEMM and its casts, has a row for each). */
+typedef struct tz_step_op {
+    const char *name;
+    int cls;
+    double flops, bytes, sec;
+    int64_t calls;
+} tz_step_op;
+enum { TZ_SM_OPS = 64 };
+
 typedef struct tz_step_model {
     double flops[TZ_SM_N], bytes[TZ_SM_N];
     double sec[TZ_SM_N]; /* each call's larger of its compute and its memory time, summed */
     int64_t calls[TZ_SM_N];
     tz_step_rates rates; /* the peaks sec is taken at */
+    tz_step_op ops[TZ_SM_OPS];
+    int n_ops;
 } tz_step_model;
 
 extern const char *const tz_step_model_names[TZ_SM_N];
@@ -56,5 +68,8 @@ tz_step_rates tz_step_rates_h100(int bf16);
  * each call the larger of its compute and its memory time, a lower bound: a skinny GEMM is
  * timed by its bytes even where the class's arithmetic is far larger), and the total. */
 void tz_step_model_print(const tz_step_model *m);
+/* rank 0: one line per op (and class), the most time first: what the classes above are made
+ * of (bench --dry-run prints it with TZ_STEP_OPS=1 in the environment). */
+void tz_step_model_print_ops(const tz_step_model *m);
 
 #endif

@@ -43,6 +43,18 @@ PY
     grep -A10 "step model" <<< "$out"
   fi
 done
+# TZ_STEP_OPS=1: the table by op, whose rows add up to the classes' total (GB and ms)
+out=$(TZ_STEP_OPS=1 "$tz" bench --preset llama-tiny --dry-run 2>&1)
+read -r tot_gb tot_ms < <(awk '$1 == "total" {print $(NF-1), $NF}' <<< "$out")
+read -r sum_gb sum_ms nops < <(awk 'f && NF >= 6 {g += $(NF-1); t += $NF; n++} /op \(counter\)/ {f = 1}
+                                    END {printf "%.9g %.9g %d\n", g, t, n}' <<< "$out")
+if [ -n "$tot_gb" ] && [ "${nops:-0}" -ge 10 ] && awk -v a="$sum_gb" -v b="$tot_gb" -v c="$sum_ms" -v d="$tot_ms" \
+     'BEGIN { e1 = (a - b) / b; e2 = (c - d) / d; exit !(e1 < 1e-3 && e1 > -1e-3 && e2 < 1e-3 && e2 > -1e-3) }'; then
+  ok "llama-tiny, TZ_STEP_OPS=1: $nops op rows adding up to the total ($sum_gb of $tot_gb GB, $sum_ms of $tot_ms ms)"
+else
+  bad "llama-tiny, TZ_STEP_OPS=1: op rows ${nops:-0}, $sum_gb GB and $sum_ms ms against the total $tot_gb GB, $tot_ms ms"
+  tail -30 <<< "$out"
+fi
 out=$("$tz" bench --preset dit-tiny --dry-run 2>&1)
 grep -q "^ *GEMM  *[0-9]" <<< "$out" && grep -q "^ *total " <<< "$out" && ok "dit-tiny: a step model table" ||
   { bad "dit-tiny: no step model table"; tail -5 <<< "$out"; }
