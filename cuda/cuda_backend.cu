@@ -424,6 +424,10 @@ static void cuda_destroy(tz_backend *be) {
     cudaFree(c->scratch);
     cudaFree(c->gemm16);
     cudaEventDestroy(c->zeroed);
+    cudaStreamSynchronize(c->dec_stream);
+    cudaEventDestroy(c->dec_start);
+    for (int i = 0; i < 2; i++) cudaEventDestroy(c->dec_ready[i]), cudaEventDestroy(c->dec_free[i]);
+    cudaStreamDestroy(c->dec_stream);
     cudaFree(c->rope.cs);
     cudaFree(c->rope.sn);
     for (int i = 0; i < c->signs.n; i++) cudaFree(c->signs.e[i].s);
@@ -467,6 +471,12 @@ tz_backend *tz_cuda_module_create(int device) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&c->zeroed, cudaEventDisableTiming));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->dec_stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&c->dec_start, cudaEventDisableTiming));
+    for (int i = 0; i < 2; i++) {
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->dec_ready[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->dec_free[i], cudaEventDisableTiming));
+    }
     CUBLAS_CHECK(cublasCreate(&c->cublas));
     CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
     /* fp32 products in fp32 (no TF32), so the ops compare with the CPU's; cuBLAS results
@@ -478,6 +488,7 @@ tz_backend *tz_cuda_module_create(int device) {
     be->name = "cuda";
     be->device = 1;
     be->matmul_dtypes = (1u << TZ_DT_F32) | (1u << TZ_DT_BF16); /* fp32 until set */
+    be->tq_chunks = TZ_TQ_DEVICE_CHUNKS; /* with bf16 GEMMs (cuda_quant.cu) */
     be->ctx = c;
     be->destroy = cuda_destroy;
     be->alloc = cuda_alloc;

@@ -60,6 +60,26 @@ const char *tz_nccl_error_string(tz_nccl_result rc);
 #else
 #define TZ_CUDA_KERNEL_READS(be, p, bytes, kernel) ((void)0)
 #endif
+/* The same on a given stream, and a kernel's writes (a kernel on a side stream writing what
+ * the compute stream then reads: tq_matmul's decode, cuda_quant.cu); cudaSuccess on a GPU. */
+static inline cudaError_t tz_cuda_kernel_reads(cudaStream_t s, const void *p, size_t bytes,
+                                               const char *kernel) {
+#ifdef TZ_CUDA_EMULATION
+    return tz_emu_kernel_reads(s, p, bytes, kernel);
+#else
+    (void)s, (void)p, (void)bytes, (void)kernel;
+    return cudaSuccess;
+#endif
+}
+static inline cudaError_t tz_cuda_kernel_writes(cudaStream_t s, void *p, size_t bytes,
+                                                const char *kernel) {
+#ifdef TZ_CUDA_EMULATION
+    return tz_emu_kernel_writes(s, p, bytes, kernel);
+#else
+    (void)s, (void)p, (void)bytes, (void)kernel;
+    return cudaSuccess;
+#endif
+}
 
 /* A table of pointer -> size for live_bytes (cudaMalloc does not say a block's size). Open
  * addressing, linear probing, tombstones; grown when 3/4 full. */
@@ -101,6 +121,9 @@ typedef struct tz_cuda_ctx {
     int device;
     cudaStream_t stream;      /* TZ_QUEUE_COMPUTE: every op */
     cudaStream_t copy_stream; /* TZ_QUEUE_COPY: the async copies, and the NCCL comm's ops */
+    cudaStream_t dec_stream;  /* tq_matmul's decode in chunks (cuda_quant.cu), joined back to
+                               * stream by events within the op */
+    cudaEvent_t dec_start, dec_ready[2], dec_free[2];
     cublasHandle_t cublas;
     void *scratch;       /* ops' device scratch (not in live_bytes), grown on demand */
     size_t scratch_cap;
@@ -249,12 +272,15 @@ void tz_cuda_gemm(tz_backend *be, float *C, const void *A, int a_bf16, const voi
                   int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
                   float beta);
 
-/* C[M,N] = alpha A B^T + beta C with both operands bf16 and rows at a stride: A [M, K] at lda
- * elements a row, B [N, K] at ldb (a product extended along K into a wider buffer,
- * tq_matmul_lora). bf16 GEMMs only. */
-void tz_cuda_gemm16_nt(tz_backend *be, float *C, const uint16_t *A, int64_t lda,
-                       const uint16_t *B, int64_t ldb, int64_t M, int64_t N, int64_t K,
-                       float alpha, float beta);
+/* C[M,N] (rows at stride ldc) = alpha A op(B) + beta C with both operands bf16 and rows at a
+ * stride: A [M, K] at lda elements a row; B [N, K] (transB) or [K, N] at ldb (a product over a
+ * part of a wider buffer: tq_matmul's chunks, tq_matmul_lora's columns). bf16 GEMMs only. */
+void tz_cuda_gemm16_ld(tz_backend *be, float *C, int64_t ldc, const uint16_t *A, int64_t lda,
+                       const uint16_t *B, int64_t ldb, int transB, int64_t M, int64_t N,
+                       int64_t K, float alpha, float beta);
+/* A [n] fp32 rounded to bf16 into the bf16 GEMM's operand buffer (valid until the next GEMM
+ * that rounds an operand), for several GEMMs on it. */
+const uint16_t *tz_cuda_gemm_round(tz_backend *be, const float *A, int64_t n);
 
 /* Each family file sets its entries of the table (cuda_backend.c calls them all). */
 #define TZ_CUDA_FAMILIES(X)                                                                   \

@@ -106,23 +106,36 @@ void tz_cuda_gemm(tz_backend *be, float *C, const void *A, int a_bf16, const voi
                              (const float *)A, lda, &beta, C, (int)N));
 }
 
-void tz_cuda_gemm16_nt(tz_backend *be, float *C, const uint16_t *A, int64_t lda,
-                       const uint16_t *B, int64_t ldb, int64_t M, int64_t N, int64_t K,
-                       float alpha, float beta) {
+void tz_cuda_gemm16_ld(tz_backend *be, float *C, int64_t ldc, const uint16_t *A, int64_t lda,
+                       const uint16_t *B, int64_t ldb, int transB, int64_t M, int64_t N,
+                       int64_t K, float alpha, float beta) {
     if (M <= 0 || N <= 0) return;
     if (be->matmul_dtype != TZ_DT_BF16) TZ_FATAL("matmul: strided bf16 operands with fp32 GEMMs");
-    if (M > INT_MAX || N > INT_MAX || K <= 0 || lda > INT_MAX || ldb > INT_MAX || lda < K ||
-        ldb < K)
-        TZ_FATAL("matmul: %lld x %lld x %lld at strides %lld, %lld out of cuBLAS's range",
-                 (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb);
+    const int64_t bcols = transB ? K : N;
+    const size_t bspan = (size_t)(((transB ? N : K) - 1) * ldb + bcols) * 2;
+    (void)bspan; /* (read only on the emulation) */
+    if (M > INT_MAX || N > INT_MAX || K <= 0 || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
+        ldc > INT_MAX || lda < K || ldb < bcols || ldc < N)
+        TZ_FATAL("matmul: %lld x %lld x %lld at strides %lld, %lld, %lld out of cuBLAS's range",
+                 (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb,
+                 (long long)ldc);
     TZ_CUDA_KERNEL_READS(be, A, (size_t)((M - 1) * lda + K) * 2, "gemm operand A");
-    TZ_CUDA_KERNEL_READS(be, B, (size_t)((N - 1) * ldb + K) * 2, "gemm operand B");
+    TZ_CUDA_KERNEL_READS(be, B, bspan, "gemm operand B");
     cublasHandle_t h = tz_cuda_ctx_of(be)->cublas;
     CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
-    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha, B,
-                              CUDA_R_16BF, (int)ldb, A, CUDA_R_16BF, (int)lda, &beta, C,
-                              CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(h, transB ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, (int)N, (int)M,
+                              (int)K, &alpha, B, CUDA_R_16BF, (int)ldb, A, CUDA_R_16BF, (int)lda,
+                              &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
     CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
+}
+
+const uint16_t *tz_cuda_gemm_round(tz_backend *be, const float *A, int64_t n) {
+    const size_t bytes = (size_t)n * sizeof(__nv_bfloat16);
+    uint16_t *s = (uint16_t *)gemm_operands(be, bytes > 0 ? bytes : 1);
+    check_apart(A, n, s, bytes, "A");
+    tz_cuda_to_bf16(be, s, A, n);
+    return s;
 }
 
 static void cuda_matmul(tz_backend *be, float *C, const float *A, const float *B, int64_t M,

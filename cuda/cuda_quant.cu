@@ -249,26 +249,42 @@ static __device__ __forceinline__ void store_octet(__nv_bfloat16 *w, size_t e, c
     else store8<false>(p, v);
 }
 
+/* Which part of W [rows, cols] a decode writes, and where: rows [r0, r0 + nr) by columns
+ * [c0, c0 + nc) (multiples of the group) into w at row stride ld elements, on stream st. */
+struct dq_part {
+    int64_t r0, nr, c0, nc, ld;
+    cudaStream_t st;
+};
+
 /* n octets; octet o's scale is scales[o >> gshift] (gshift = log2(g / 8)). ld = 0: octet o
- * at w + 8 o; else the weight's rows at stride ld elements (cpr octets a row, obase the
- * launch's first octet of the tensor, whose row and column it is in): w + row ld + 8 col. */
+ * at w + 8 o (W whole, codes and scales at the launch's first octet); else octet o of the
+ * part (obase the launch's first, ncpr octets a row of the part) is the tensor's octet
+ * (r0 + row) cpr + c0 + j, at w + row ld + 8 j. */
 template <int BITS, class T>
 static __global__ void k_dequant(T *w, const uint8_t *codes, const uint16_t *scales,
                                  const float *levels, int gshift, int n, int wide, int64_t ld,
-                                 int cpr, int64_t obase) {
+                                 int ncpr, int cpr, int64_t r0, int c0, int64_t obase) {
     __shared__ float lv[1 << BITS];
     if (threadIdx.x < (1u << BITS)) lv[threadIdx.x] = levels[threadIdx.x];
     __syncthreads();
     const int o0 = blockIdx.x * DQ_OCTETS + threadIdx.x;
     unsigned c[DQ_PER_THREAD];
     float sc[DQ_PER_THREAD];
+    int64_t dst[DQ_PER_THREAD];
 #pragma unroll
     for (int u = 0; u < DQ_PER_THREAD; u++) {
         const int o = o0 + u * DQ_THREADS;
-        c[u] = 0, sc[u] = 0.0f;
+        c[u] = 0, sc[u] = 0.0f, dst[u] = 0;
         if (o < n) {
-            c[u] = octet_codes<BITS>(codes, o, wide);
-            sc[u] = __uint_as_float((unsigned)scales[o >> gshift] << 16); /* bf16 -> fp32 */
+            int64_t src = o;
+            dst[u] = (int64_t)o * 8;
+            if (ld) {
+                const int64_t og = obase + o, row = og / ncpr, j = og - row * ncpr;
+                src = (r0 + row) * cpr + c0 + j;
+                dst[u] = row * ld + j * 8;
+            }
+            c[u] = octet_codes<BITS>(codes + src * BITS, 0, wide);
+            sc[u] = __uint_as_float((unsigned)scales[src >> gshift] << 16); /* bf16 -> fp32 */
         }
     }
 #pragma unroll
@@ -278,50 +294,62 @@ static __global__ void k_dequant(T *w, const uint8_t *codes, const uint16_t *sca
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = sc[u] * lv[(c[u] >> (BITS * j)) & ((1u << BITS) - 1u)];
-        if (ld) {
-            const int64_t og = obase + o, row = og / cpr;
-            store_octet(w, (size_t)(row * ld + (og - row * cpr) * 8), v, wide);
-        } else {
-            store_octet(w, (size_t)o * 8, v, wide);
-        }
+        store_octet(w, (size_t)dst[u], v, wide);
     }
 }
 
 template <int BITS, class T>
-static void dequant_bits(tz_backend *be, T *w, const uint8_t *codes, const uint16_t *scales,
-                         const float *levels, int64_t n_oct, int group, int64_t ld, int cpr) {
+static void dequant_bits(T *w, const uint8_t *codes, const uint16_t *scales, const float *levels,
+                         int64_t cols, int group, const dq_part &pt) {
     const int gshift = group == 64 ? 3 : group == 128 ? 4 : 5; /* checked: 64, 128 or 256 */
+    const int whole = pt.c0 == 0 && pt.nc == cols && pt.ld == cols && pt.r0 == 0;
+    const int64_t ld = whole ? 0 : pt.ld, n_oct = pt.nr * (pt.nc / 8);
     const int wide = !((uintptr_t)codes & 3) && !((uintptr_t)w & 15) &&
                      !((ld * (int64_t)sizeof(T)) & 15);
     for (int64_t o0 = 0; o0 < n_oct; o0 += DQ_LAUNCH_OCTETS) {
         const int n = (int)(n_oct - o0 < DQ_LAUNCH_OCTETS ? n_oct - o0 : DQ_LAUNCH_OCTETS);
-        k_dequant<BITS, T><<<(unsigned)((n + DQ_OCTETS - 1) / DQ_OCTETS), DQ_THREADS, 0,
-                             tz_cuda_stream(be)>>>(ld ? w : w + o0 * 8, codes + o0 * BITS,
-                                                   scales + (o0 >> gshift), levels, gshift, n,
-                                                   wide, ld, cpr, o0);
+        k_dequant<BITS, T><<<(unsigned)((n + DQ_OCTETS - 1) / DQ_OCTETS), DQ_THREADS, 0, pt.st>>>(
+            ld ? w : w + o0 * 8, ld ? codes : codes + o0 * BITS,
+            ld ? scales : scales + (o0 >> gshift), levels, gshift, n, wide, ld,
+            (int)(pt.nc / 8), (int)(cols / 8), pt.r0, (int)(pt.c0 / 8), o0);
         CUDA_LAUNCHED();
     }
 }
 
-/* The decode of W [rows, cols] into w, its rows at stride ld elements (0: cols, packed). */
+/* The decode of a part of W [rows, cols] into w (dq_part; whole: {0, rows, 0, cols, cols,
+ * the compute stream}). */
+template <class T>
+static void dequant_part(tz_backend *be, T *w, const uint8_t *codes, const uint16_t *scales,
+                         const float *levels, int64_t rows, int64_t cols, int bits, int group,
+                         const char *op, const dq_part &pt) {
+    check_rows(rows, cols, group, op);
+    if (bits < 1 || bits > TZ_TQ_MAX_BITS) TZ_FATAL("%s: bits %d out of range", op, bits);
+    if (pt.nr <= 0 || pt.nc <= 0) return;
+    if (cols / 8 > INT32_MAX || pt.r0 + pt.nr > rows || pt.c0 + pt.nc > cols || pt.ld < pt.nc ||
+        pt.c0 % group || pt.nc % group)
+        TZ_FATAL("%s: rows %lld + %lld, columns %lld + %lld at stride %lld: not a part of %lld x "
+                 "%lld in groups of %d", op, (long long)pt.r0, (long long)pt.nr,
+                 (long long)pt.c0, (long long)pt.nc, (long long)pt.ld, (long long)rows,
+                 (long long)cols, group);
+    /* codes may be streamed in; the emulation checks the read against the stream */
+    CUDA_CHECK(tz_cuda_kernel_reads(pt.st, codes, (size_t)(rows * (cols / 8) * bits), op));
+    CUDA_CHECK(tz_cuda_kernel_writes(pt.st, w,
+                                     (size_t)((pt.nr - 1) * pt.ld + pt.nc) * sizeof(T), op));
+    (void)be;
+    switch (bits) {
+    case 1: dequant_bits<1>(w, codes, scales, levels, cols, group, pt); break;
+    case 2: dequant_bits<2>(w, codes, scales, levels, cols, group, pt); break;
+    case 3: dequant_bits<3>(w, codes, scales, levels, cols, group, pt); break;
+    default: dequant_bits<4>(w, codes, scales, levels, cols, group, pt); break;
+    }
+}
+
 template <class T>
 static void dequant(tz_backend *be, T *w, const uint8_t *codes, const uint16_t *scales,
                     const float *levels, int64_t rows, int64_t cols, int bits, int group,
                     const char *op, int64_t ld = 0) {
-    check_rows(rows, cols, group, op);
-    if (bits < 1 || bits > TZ_TQ_MAX_BITS) TZ_FATAL("%s: bits %d out of range", op, bits);
-    if (rows == 0) return;
-    const int64_t n_oct = rows * (cols / 8); /* cols is a multiple of the group */
-    TZ_CUDA_KERNEL_READS(be, codes, (size_t)(n_oct * bits), op); /* codes may be streamed in */
-    if (ld == cols) ld = 0;
-    if (cols / 8 > INT32_MAX) TZ_FATAL("%s: rows of %lld columns", op, (long long)cols);
-    const int cpr = (int)(cols / 8);
-    switch (bits) {
-    case 1: dequant_bits<1>(be, w, codes, scales, levels, n_oct, group, ld, cpr); break;
-    case 2: dequant_bits<2>(be, w, codes, scales, levels, n_oct, group, ld, cpr); break;
-    case 3: dequant_bits<3>(be, w, codes, scales, levels, n_oct, group, ld, cpr); break;
-    default: dequant_bits<4>(be, w, codes, scales, levels, n_oct, group, ld, cpr); break;
-    }
+    const dq_part pt = {0, rows, 0, cols, ld ? ld : cols, tz_cuda_stream(be)};
+    dequant_part(be, w, codes, scales, levels, rows, cols, bits, group, op, pt);
 }
 
 static void cuda_tq_dequant(tz_backend *be, float *w, const uint8_t *codes,
@@ -330,15 +358,130 @@ static void cuda_tq_dequant(tz_backend *be, float *w, const uint8_t *codes,
     dequant(be, w, codes, scales, levels, rows, cols, bits, group, "tq_dequant");
 }
 
+/* dst[row * ld + cols + j] = bf16(s * src[row * r + j]) for j < r, 0 for r <= j < ld - cols:
+ * the columns a LoRA path adds to a product along K (src NULL: r is 0). */
+static __global__ void k_lora_cols(uint16_t *dst, int64_t ld, int64_t cols, const float *src,
+                                   int64_t r, float s, int64_t rows) {
+    const int64_t w = ld - cols, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * w) return;
+    const int64_t row = i / w, j = i - row * w;
+    dst[row * ld + cols + j] = j < r ? bf16_bits(s * src[row * r + j]) : (uint16_t)0;
+}
+static void lora_cols(cudaStream_t st, uint16_t *dst, int64_t ld, int64_t cols, const float *src,
+                      int64_t r, float s, int64_t rows) {
+    const int64_t n = rows * (ld - cols);
+    if (n <= 0) return;
+    if (r) CUDA_CHECK(tz_cuda_kernel_reads(st, src, (size_t)(rows * r) * 4, "lora columns"));
+    CUDA_CHECK(tz_cuda_kernel_writes(st, dst + cols, (size_t)((rows - 1) * ld + ld - cols) * 2,
+                                     "lora columns"));
+    k_lora_cols<<<tz_cuda_blocks(n, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(dst, ld, cols,
+                                                                                 src, r, s, rows);
+    CUDA_LAUNCHED();
+}
+
+/* ---- the decode in chunks, on a side stream (tz_backend.tq_chunks, bf16 GEMMs) ----
+ * W is decoded a chunk at a time (the forward: rows; the backward: columns, whole groups) into
+ * one of two buffers of the tile on ctx->dec_stream, while the compute stream's GEMM reads the
+ * other. Chunk i's decode waits for the GEMM of chunk i - 2, its buffer's last reader
+ * (dec_free); the GEMM of chunk i for its decode (dec_ready). First the decode stream waits
+ * for the compute stream's point at the call (dec_start), so that all before it (codes
+ * streamed in, LoRA's B uploaded, the last call's GEMMs on the buffers) comes first. The
+ * compute stream has waited for every decode by the op's end. TZ_TQ_DECODE_STREAM=0: the same
+ * chunks in turn on the compute stream (for measuring what the overlap gives). */
+static int decode_side(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TZ_TQ_DECODE_STREAM");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
+struct dec_chunks {
+    tz_cuda_ctx *c;
+    int side;
+    cudaStream_t st; /* where the decodes go */
+    explicit dec_chunks(tz_backend *be) : c(tz_cuda_ctx_of(be)), side(decode_side()) {
+        st = side ? c->dec_stream : c->stream;
+        if (!side) return;
+        CUDA_CHECK(cudaEventRecord(c->dec_start, c->stream));
+        CUDA_CHECK(cudaStreamWaitEvent(c->dec_stream, c->dec_start, 0));
+    }
+    void before_decode(int64_t i) {
+        if (side && i >= 2) CUDA_CHECK(cudaStreamWaitEvent(c->dec_stream, c->dec_free[i & 1], 0));
+    }
+    void decoded(int64_t i) {
+        if (!side) return;
+        CUDA_CHECK(cudaEventRecord(c->dec_ready[i & 1], c->dec_stream));
+        CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->dec_ready[i & 1], 0));
+    }
+    void used(int64_t i) {
+        if (side) CUDA_CHECK(cudaEventRecord(c->dec_free[i & 1], c->stream));
+    }
+};
+
+/* C[M, rows] (row stride rows) = alpha A W^T + beta C, A bf16 [M, ld] at row stride lda = ld:
+ * W's rows a chunk at a time, each decoded at row stride ld with LoRA's columns (s B's rows of
+ * the chunk; zeros without B) after cols. */
+static void fwd_chunks(tz_backend *be, float *C, const uint16_t *A, uint16_t *tile,
+                       const uint8_t *codes, const uint16_t *scales, const float *levels,
+                       int64_t rows, int64_t cols, int64_t ld, const float *B, int64_t r, float s,
+                       int bits, int group, int64_t M, float alpha, float beta, const char *op) {
+    const int64_t cr = tz_tq_chunk_rows(be, rows);
+    dec_chunks ch(be);
+    for (int64_t r0 = 0, i = 0; r0 < rows; r0 += cr, i++) {
+        const int64_t nr = rows - r0 < cr ? rows - r0 : cr;
+        uint16_t *buf = tile + (i & 1) * cr * ld;
+        ch.before_decode(i);
+        dequant_part(be, reinterpret_cast<__nv_bfloat16 *>(buf), codes, scales, levels, rows, cols,
+                     bits, group, op, dq_part{r0, nr, 0, cols, ld, ch.st});
+        lora_cols(ch.st, buf, ld, cols, B ? B + r0 * r : NULL, B ? r : 0, s, nr);
+        ch.decoded(i);
+        tz_cuda_gemm16_ld(be, C + r0, rows, A, ld, buf, ld, 1, M, nr, ld, alpha, beta);
+        ch.used(i);
+    }
+}
+
+/* C[M, cols] (row stride cols) = alpha A W + beta C, A bf16 [M, rows]: W's columns a chunk of
+ * whole groups at a time, each decoded into a [rows, chunk] buffer. */
+static void bwd_chunks(tz_backend *be, float *C, const uint16_t *A, uint16_t *tile,
+                       const uint8_t *codes, const uint16_t *scales, const float *levels,
+                       int64_t rows, int64_t cols, int bits, int group, int64_t M, float alpha,
+                       float beta, const char *op) {
+    const int64_t cc = tz_tq_chunk_cols(be, cols, group);
+    dec_chunks ch(be);
+    for (int64_t c0 = 0, i = 0; c0 < cols; c0 += cc, i++) {
+        const int64_t nc = cols - c0 < cc ? cols - c0 : cc;
+        uint16_t *buf = tile + (i & 1) * rows * cc;
+        ch.before_decode(i);
+        dequant_part(be, reinterpret_cast<__nv_bfloat16 *>(buf), codes, scales, levels, rows, cols,
+                     bits, group, op, dq_part{0, rows, c0, nc, nc, ch.st});
+        ch.decoded(i);
+        tz_cuda_gemm16_ld(be, C + c0, cols, A, rows, buf, nc, 0, M, nc, rows, alpha, beta);
+        ch.used(i);
+    }
+}
+
 /* With bf16 GEMMs the weight is decoded straight into bf16 (the tile holds bf16 elements):
  * the same bits matmul would make by rounding the fp32 tile, one pass fewer and no fp32
- * copy. */
+ * copy; where the backend decodes in chunks (tq_chunks), a chunk at a time, overlapping the
+ * GEMMs (above). */
 static void cuda_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, float *tile,
                            const uint8_t *codes, const uint16_t *scales, const float *levels,
                            int64_t rows, int64_t cols, int bits, int group, int64_t M,
                            int transW, float alpha, float beta) {
     const int64_t N = transW ? rows : cols, K = transW ? cols : rows;
-    if (be->matmul_dtype == TZ_DT_BF16) {
+    if (tz_tq_chunked(be) && M > 0 && rows > 0 && alpha != 0.0f) {
+        check_rows(rows, cols, group, "tq_matmul");
+        const uint16_t *a16 = a_bf16 ? (const uint16_t *)A : tz_cuda_gemm_round(be, (const float *)A, M * K);
+        uint16_t *t16 = reinterpret_cast<uint16_t *>(tile);
+        if (transW)
+            fwd_chunks(be, C, a16, t16, codes, scales, levels, rows, cols, cols, NULL, 0, 0.0f,
+                       bits, group, M, alpha, beta, "tq_matmul");
+        else
+            bwd_chunks(be, C, a16, t16, codes, scales, levels, rows, cols, bits, group, M, alpha,
+                       beta, "tq_matmul");
+    } else if (be->matmul_dtype == TZ_DT_BF16) {
         __nv_bfloat16 *w16 = (__nv_bfloat16 *)tile;
         dequant(be, w16, codes, scales, levels, rows, cols, bits, group, "tq_matmul");
         tz_cuda_gemm(be, C, A, a_bf16, w16, 1, M, N, K, 0, transW, alpha, beta);
@@ -348,27 +491,9 @@ static void cuda_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, 
     }
 }
 
-/* dst[row * ld + cols + j] = bf16(s * src[row * r + j]) for j < r, 0 for r <= j < ld - cols:
- * the columns a LoRA path adds to a product along K. */
-static __global__ void k_lora_cols(uint16_t *dst, int64_t ld, int64_t cols, const float *src,
-                                   int64_t r, float s, int64_t rows) {
-    const int64_t w = ld - cols, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * w) return;
-    const int64_t row = i / w, j = i - row * w;
-    dst[row * ld + cols + j] = j < r ? bf16_bits(s * src[row * r + j]) : (uint16_t)0;
-}
-static void lora_cols(tz_backend *be, uint16_t *dst, int64_t ld, int64_t cols, const float *src,
-                      int64_t r, float s, int64_t rows) {
-    const int64_t n = rows * (ld - cols);
-    if (n <= 0) return;
-    k_lora_cols<<<tz_cuda_blocks(n, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
-        dst, ld, cols, src, r, s, rows);
-    CUDA_LAUNCHED();
-}
-
 /* The weight decoded into bf16 at row stride ld, B's columns after it, A's h after its rotated
  * input, then one GEMM over cols + (ld - cols) (docs/design/cuda.md, "LoRA folded into the
- * base GEMM"). */
+ * base GEMM"); in chunks of W's rows where the backend decodes in chunks. */
 static void cuda_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld,
                                 const float *h, const float *B, int64_t r, float s, float *tile,
                                 const uint8_t *codes, const uint16_t *scales,
@@ -378,12 +503,19 @@ static void cuda_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t l
     if (ld < cols + r || ld % 8)
         TZ_FATAL("tq_matmul_lora: row stride %lld is not a multiple of 8 of at least %lld + %lld",
                  (long long)ld, (long long)cols, (long long)r);
-    __nv_bfloat16 *w16 = (__nv_bfloat16 *)tile;
-    dequant(be, w16, codes, scales, levels, rows, cols, bits, group, "tq_matmul_lora", ld);
-    lora_cols(be, reinterpret_cast<uint16_t *>(w16), ld, cols, B, r, s, rows);
-    lora_cols(be, A, ld, cols, h, r, 1.0f, M);
-    tz_cuda_gemm16_nt(be, C, A, ld, reinterpret_cast<const uint16_t *>(w16), ld, M, rows, ld,
-                      1.0f, 0.0f);
+    if (M <= 0 || rows <= 0) return;
+    check_rows(rows, cols, group, "tq_matmul_lora");
+    uint16_t *t16 = reinterpret_cast<uint16_t *>(tile);
+    lora_cols(tz_cuda_stream(be), A, ld, cols, h, r, 1.0f, M);
+    if (tz_tq_chunked(be)) {
+        fwd_chunks(be, C, A, t16, codes, scales, levels, rows, cols, ld, r ? B : NULL, r, s, bits,
+                   group, M, 1.0f, 0.0f, "tq_matmul_lora");
+        return;
+    }
+    dequant(be, reinterpret_cast<__nv_bfloat16 *>(t16), codes, scales, levels, rows, cols, bits,
+            group, "tq_matmul_lora", ld);
+    lora_cols(tz_cuda_stream(be), t16, ld, cols, B, r, s, rows);
+    tz_cuda_gemm16_ld(be, C, rows, A, ld, t16, ld, 1, M, rows, ld, 1.0f, 0.0f);
 }
 
 void tz_cuda_install_quant(tz_backend *be) {

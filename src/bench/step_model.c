@@ -57,17 +57,29 @@ static void s_adamw(tz_backend *be, float *w, float *m, float *v, cf *g, const u
  * read in bf16; with fp32 GEMMs an fp32 operand is read as it is. C fp32, read too where
  * beta != 0. */
 static void gemm_op(tz_backend *be, int64_t M, int64_t N, int64_t K, int a16, int b16,
-                    float beta, const char *op) {
+                    float beta, double a_reads, const char *op) {
     const int r = be->matmul_dtype == TZ_DT_BF16;
     if (r && !a16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * M * K, op);
     if (r && !b16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * K * N, op);
     const double ab = a16 || r ? 2.0 : F, bb = b16 || r ? 2.0 : F;
     add_op(be, TZ_SM_GEMM, 2.0 * M * N * K,
-           ab * (double)M * K + bb * (double)K * N + F * (double)M * N * (beta != 0.0f ? 2 : 1),
+           a_reads * ab * (double)M * K + bb * (double)K * N +
+               F * (double)M * N * (beta != 0.0f ? 2 : 1),
            op);
 }
-/* booked under the calling op's name */
-#define gemm(be, M, N, K, a16, b16, beta) gemm_op(be, M, N, K, a16, b16, beta, __func__)
+/* booked under the calling op's name; A read once */
+#define gemm(be, M, N, K, a16, b16, beta) gemm_op(be, M, N, K, a16, b16, beta, 1.0, __func__)
+/* A quantized weight's GEMM decoded in chunks (tz_tq_chunked): one GEMM a chunk, each reading
+ * all of A (the forward's chunks W's rows, the backward's its columns). */
+static double tq_a_reads(const tz_backend *be, int64_t rows, int64_t cols, int group, int transW) {
+    if (!tz_tq_chunked(be)) return 1.0;
+    if (transW) {
+        const int64_t cr = tz_tq_chunk_rows(be, rows);
+        return (double)((rows + cr - 1) / cr);
+    }
+    const int64_t cc = tz_tq_chunk_cols(be, cols, group);
+    return (double)((cols + cc - 1) / cc);
+}
 static void s_matmul(tz_backend *be, float *C, cf *A, cf *B, int64_t M, int64_t N, int64_t K,
                      int ta, int tb, float alpha, float beta) {
     (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
@@ -184,7 +196,7 @@ static void s_tq_matmul(tz_backend *be, float *C, const void *A, int a16, float 
     add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, ob));
     const int64_t K = transW ? cols : rows, N = transW ? rows : cols;
     /* the tile is in the GEMM operand type already: read once */
-    gemm(be, M, N, K, a16, 1, beta);
+    gemm_op(be, M, N, K, a16, 1, beta, tq_a_reads(be, rows, cols, group, transW), __func__);
 }
 
 static void s_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld, cf *h, cf *B,
@@ -196,7 +208,7 @@ static void s_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld, 
      * bf16; the padding to ld written), one GEMM over ld */
     add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, 2.0));
     add(be, TZ_SM_ELEMENT, 0, (F * r + 2.0 * (ld - cols)) * (double)(rows + M));
-    gemm(be, M, rows, ld, 1, 1, 0.0f);
+    gemm_op(be, M, rows, ld, 1, 1, 0.0f, tq_a_reads(be, rows, cols, group, 1), __func__);
 }
 
 /* ---- copies and events ---- */

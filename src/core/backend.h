@@ -70,6 +70,11 @@ struct tz_backend {
      * storage stay fp32. */
     enum tz_dtype matmul_dtype;
     unsigned matmul_dtypes;
+    /* tq_matmul and tq_matmul_lora with bf16 GEMMs: the weight decoded in this many chunks
+     * (> 1: two chunk buffers in the tile, the next chunk decoded while the GEMM reads the
+     * last; tz_tq_tile_elems says the tile's size); 0 or 1: whole (the CPU). */
+    int tq_chunks;
+#define TZ_TQ_DEVICE_CHUNKS 4 /* the CUDA backend's (and a GPU's plan's) */
     /* A workspace lent to the next attention_fwd or attention_bwd, which takes it back (NULL
      * and 0 after the call): att_ws_bytes bytes of backend memory from the caller's planned
      * memory, tz_attention_ws_bytes for the shape (below). A backend whose attention wants
@@ -305,9 +310,10 @@ struct tz_backend {
     void (*tq_dequant)(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
                        const float *levels, int64_t rows, int64_t cols, int bits, int group);
     /* A GEMM with a quantized weight W [rows, cols] (tq_dequant's w from codes, scales,
-     * levels) as the second operand, decoded on the way into `tile` (rows * cols elements
-     * of the GEMM operand type, tz_dtype_size(matmul_dtype) bytes each, of backend memory:
-     * the caller's scratch, its contents afterwards unspecified):
+     * levels) as the second operand, decoded on the way into `tile` (tz_tq_tile_elems(be,
+     * rows, cols, cols, group) elements of the GEMM operand type, tz_dtype_size(matmul_dtype)
+     * bytes each: rows * cols, or two chunks' worth where be decodes in chunks; backend
+     * memory, the caller's scratch, its contents afterwards unspecified):
      *   transW = 1: C[M, rows] = alpha * A[M, cols] W^T + beta * C  (a layer's forward)
      *   transW = 0: C[M, cols] = alpha * A[M, rows] W   + beta * C  (its input gradient)
      * With fp32 GEMMs it is tq_dequant into tile then matmul(C, A, tile, ..., transA = 0,
@@ -323,8 +329,9 @@ struct tz_backend {
      * A: bf16 bit patterns [M, ld] (ld >= cols + r, a multiple of 8), each row's first cols
      *   the GEMM operand (the rotated input, tq_rotate16 at row stride ld); the op WRITES the
      *   rest of each row: h [M, r] (fp32, x A_lora^T) rounded to bf16, then zeros.
-     * W decoded into tile (bf16, rows * ld elements) at row stride ld, each row's last
-     *   ld - cols elements s * B [rows, r] (fp32) rounded to bf16, then zeros.
+     * W decoded into tile (bf16, tz_tq_tile_elems(be, rows, cols, ld, group) elements) at
+     *   row stride ld, each row's last ld - cols elements s * B [rows, r] (fp32) rounded to
+     *   bf16, then zeros.
      * r = 0: the plain product (h and B unread). For backends whose GEMMs round to bf16
      * (fatal otherwise); the CPU's is the reference: A's first cols read from bf16, the rest
      * in fp32, C = A W^T + s h B^T. */
@@ -388,6 +395,31 @@ struct tz_backend {
     X(tq_dequant) X(tq_matmul) X(tq_matmul_lora) X(host_alloc) X(host_free) X(host_register)                   \
     X(host_unregister) X(download_async) X(upload_async) X(event_mark) X(event_wait)          \
     X(event_done) X(event_free) X(device_info)
+
+/* tq_matmul's chunks where be decodes in them (tq_chunks > 1 with bf16 GEMMs): the forward
+ * (transW = 1) takes W's rows, tz_tq_chunk_rows at a time; the backward (transW = 0) its
+ * columns, tz_tq_chunk_cols (whole groups) at a time. */
+static inline int tz_tq_chunked(const tz_backend *be) {
+    return be->tq_chunks > 1 && be->matmul_dtype == TZ_DT_BF16;
+}
+static inline int64_t tz_tq_chunk_rows(const tz_backend *be, int64_t rows) {
+    return (rows + be->tq_chunks - 1) / be->tq_chunks;
+}
+static inline int64_t tz_tq_chunk_cols(const tz_backend *be, int64_t cols, int group) {
+    const int64_t groups = cols / group;
+    return (groups + be->tq_chunks - 1) / be->tq_chunks * group;
+}
+/* Elements (of the GEMM operand type) of the tile tq_matmul (ld = cols) or tq_matmul_lora
+ * (its ld) needs for W [rows, cols] in groups of `group`: rows * ld; decoded in chunks, one
+ * chunk buffer where one chunk covers W, else two, of the larger of the forward's (chunk rows
+ * x ld) and the backward's (rows x chunk columns). */
+static inline int64_t tz_tq_tile_elems(const tz_backend *be, int64_t rows, int64_t cols,
+                                       int64_t ld, int group) {
+    if (!tz_tq_chunked(be)) return rows * ld;
+    const int64_t cr = tz_tq_chunk_rows(be, rows), cc = tz_tq_chunk_cols(be, cols, group);
+    const int64_t f = (cr < rows ? 2 : 1) * cr * ld, b = (cc < cols ? 2 : 1) * rows * cc;
+    return f > b ? f : b;
+}
 
 /* Attention's workspace (be->att_ws). On a device backend with bf16 GEMM operands (a GPU)
  * attention runs on the tensor cores (cuda/cuda_attention.cu, docs/design/cuda.md): for a head

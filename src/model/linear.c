@@ -49,9 +49,10 @@ static void qmatmul16(tz_backend *be, const tz_linear *l, float *y, const void *
                       int64_t n, int transW, float beta) {
     const tz_qweight *q = l->w->q;
     if (!q->codes) TZ_FATAL("%s: a streamed weight used while its block is not loaded", l->w->name);
-    if (!l->tq || !l->tq->tile || l->out * l->in > l->tq->tile_elems)
+    const int64_t need = tz_tq_tile_elems(be, l->out, l->in, l->in, q->group);
+    if (!l->tq || !l->tq->tile || need > l->tq->tile_elems)
         TZ_FATAL("%s: no scratch tile of %lld elements for the quantized weight", l->w->name,
-                 (long long)(l->out * l->in));
+                 (long long)need);
     be->tq_matmul(be, y, x, x16, l->tq->tile, q->codes, q->scales, q->levels, l->out, l->in,
                   q->bits, q->group, n, transW, 1.0f, beta);
 }
@@ -116,7 +117,8 @@ static int64_t fold_ld(int64_t in, int64_t r) { return in + ((r + 7) & ~(int64_t
 static int folds(const tz_backend *be, const tz_linear *l, int64_t ld) {
     const tz_qweight *q = l->w->q;
     return q && q->method == TZ_TQ_TURBOQUANT && rounds_bf16(be) && sharing_on() &&
-           be->tq_matmul_lora && l->tq && l->tq->tile && l->out * ld <= l->tq->tile_elems &&
+           be->tq_matmul_lora && l->tq && l->tq->tile &&
+           tz_tq_tile_elems(be, l->out, l->in, ld, q->group) <= l->tq->tile_elems &&
            (!l->a || !l->b->w16);
 }
 

@@ -229,19 +229,19 @@ size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,
         const int64_t n = tz_linear_act_floats(be, &lp, 1, rows, backward);
         if (n > act) act = n;
     }
-    return tz_quant_scratch_walk_act(s, ps, a, act, tz_dtype_size(be->matmul_dtype),
-                                     tz_linear_fold_cols(be, lora_rank));
+    return tz_quant_scratch_walk_act(s, ps, a, act, be, tz_linear_fold_cols(be, lora_rank));
 }
 
 size_t tz_quant_scratch_walk_act(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,
-                                 int64_t act_floats, size_t tile_elem, int64_t fold_cols) {
+                                 int64_t act_floats, const tz_backend *be, int64_t fold_cols) {
+    const size_t tile_elem = tz_dtype_size(be->matmul_dtype);
     int64_t tile = 0;
     for (int i = 0; i < ps->n; i++) {
         const tz_param *p = ps->p[i];
         if (!p->q) continue;
-        const int64_t t = p->q->method == TZ_TQ_TURBOQUANT && fold_cols
-                              ? p->shape[0] * (p->shape[1] + fold_cols)
-                              : p->numel;
+        const int64_t rows = p->shape[0], cols = p->shape[1];
+        const int64_t ld = cols + (p->q->method == TZ_TQ_TURBOQUANT ? fold_cols : 0);
+        const int64_t t = tz_tq_tile_elems(be, rows, cols, ld, p->q->group);
         if (t > tile) tile = t;
     }
     const size_t tb = (size_t)tile * tile_elem, rb = (size_t)act_floats * 4;

@@ -161,8 +161,8 @@ const tz_tq_codebook *tz_quant_codebook(const tz_tq_codebook *cb, int method, in
                                         tz_tq_codebook *local);
 /* Quantizes the host weight w (p->numel floats) as p->q says and uploads codes and scales. */
 void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, const float *w);
-/* The scratch of a model whose quantized weights are those of ps: one tile for the largest,
- * of be's GEMM operand type (4 bytes for fp32, 2 when the weight is decoded straight into
+/* The scratch of a model whose quantized weights are those of ps: one tile for the largest
+ * (tz_tq_tile_elems: whole, or two chunks where be decodes in chunks), of be's GEMM operand type (4 bytes for fp32, 2 when the weight is decoded straight into
  * bf16, see tq_matmul; with room for LoRA's columns where lora_rank > 0 and the backend
  * folds them, tz_linear_fold_cols), and one activation buffer for the most any TurboQuant
  * weight's linear on `rows` rows needs (tz_linear_act_floats, as a linear on its own;
@@ -172,9 +172,10 @@ size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,
                              const tz_backend *be, int backward, int64_t lora_rank);
 /* The same with the activation buffer given in floats (a family that calls its linears on
  * different numbers of rows, or shares inputs: the most of tz_linear_act_floats; 0: none),
- * the tile's bytes per element and the columns a TurboQuant weight's row gets in the tile
- * where LoRA is folded into its GEMM (tz_linear_fold_cols; 0: none). */
+ * the backend (the tile's element type, its decode in chunks: tz_tq_tile_elems) and the
+ * columns a TurboQuant weight's row gets in the tile where LoRA is folded into its GEMM
+ * (tz_linear_fold_cols; 0: none). */
 size_t tz_quant_scratch_walk_act(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,
-                                 int64_t act_floats, size_t tile_elem, int64_t fold_cols);
+                                 int64_t act_floats, const tz_backend *be, int64_t fold_cols);
 
 #endif

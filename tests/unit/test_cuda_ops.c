@@ -813,6 +813,21 @@ static void test_tq_matmul(void) {
     drop(&lv), drop(&tile);
 }
 
+/* max |b - a| / max |a| of two device arrays of n floats (NaN: +inf) */
+static double dev_rel(const float *a, const float *b, int64_t n) {
+    float *ha = malloc((size_t)n * 4), *hb = malloc((size_t)n * 4);
+    g_gpu->download(g_gpu, ha, a, (size_t)n * 4);
+    g_gpu->download(g_gpu, hb, b, (size_t)n * 4);
+    double e = 0.0, m = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)hb[i] - (double)ha[i]);
+        if (!(d <= e)) e = d;
+        m = fmax(m, fabs((double)ha[i]));
+    }
+    free(ha), free(hb);
+    return e != e ? INFINITY : m > 0 ? e / m : e;
+}
+
 /* The decode, bit for bit against the CPU: fp32 through tq_dequant, bf16 through tq_matmul's
  * tile (with bf16 GEMMs the CUDA backend leaves the decoded weight there, which must be the
  * CPU's fp32 decode rounded to nearest even). w_off (bytes) and c_off put the output and the
@@ -844,18 +859,45 @@ static void dq_case(int bits, int g, int64_t rows, int64_t cols, int w_off, int 
     g_gpu->download(g_gpu, got, w, wb);
     check(!memcmp(got, ref, wb) && ws_canary_ok(w, wb),
           "tq_dequant fp32 %s: the CPU's bits, canary kept", shape);
-    pair A = mk(M * cols, 1.0f), C = mkz(M * rows);
+    pair A = mk(M * cols, 1.0f), C = mkz(M * rows), dA = mkz(M * cols), B = mk(M * rows, 1.0f);
     ws_fill(w, (size_t)n * 2);
     g_gpu->matmul_dtype = TZ_DT_BF16;
+    const int chunks = g_gpu->tq_chunks;
+    g_gpu->tq_chunks = 0; /* whole: the tile holds the decoded weight */
     g_gpu->tq_matmul(g_gpu, C.d, A.d, 0, w, dc + c_off, ds, dl, rows, cols, bits, g, M, 1, 1.0f,
                      0.0f);
-    g_gpu->matmul_dtype = TZ_DT_F32;
     g_gpu->download(g_gpu, got16, w, (size_t)n * 2);
     int same = 1;
     for (int64_t i = 0; i < n; i++) same &= got16[i] == tz_f32_to_bf16(ref[i]);
     check(same && ws_canary_ok(w, (size_t)n * 2),
           "tq decode to bf16 %s: the CPU's bits rounded, canary kept", shape);
-    drop(&A), drop(&C);
+    g_gpu->tq_matmul(g_gpu, dA.d, B.d, 0, w, dc + c_off, ds, dl, rows, cols, bits, g, M, 0, 1.0f,
+                     0.0f);
+    g_gpu->tq_chunks = chunks;
+    if (chunks > 1) {
+        /* decoded in chunks (two buffers, the next decoded on a side stream while the GEMM
+         * reads the last): the whole decode's products, within the tile the planner gives
+         * (tz_tq_tile_elems), both ways round */
+        g_gpu->matmul_dtype = TZ_DT_BF16;
+        const int64_t need = tz_tq_tile_elems(g_gpu, rows, cols, cols, g);
+        pair C2 = mkz(M * rows), dA2 = mkz(M * cols);
+        ws_fill(w, (size_t)need * 2);
+        g_gpu->tq_matmul(g_gpu, C2.d, A.d, 0, w, dc + c_off, ds, dl, rows, cols, bits, g, M, 1,
+                         1.0f, 0.0f);
+        g_gpu->tq_matmul(g_gpu, dA2.d, B.d, 0, w, dc + c_off, ds, dl, rows, cols, bits, g, M, 0,
+                         1.0f, 0.0f);
+        g_gpu->matmul_dtype = TZ_DT_F32;
+        const double ef = dev_rel(C.d, C2.d, M * rows), eb = dev_rel(dA.d, dA2.d, M * cols);
+        check(ef <= 1e-5 && eb <= 1e-5 && ws_canary_ok(w, (size_t)need * 2),
+              "tq_matmul %s in chunks of %lld rows / %lld columns: the whole decode's products "
+              "(within %.1e and %.1e of the largest, tolerance 1e-5: the same sums, GEMMs of "
+              "other widths), the tile's %lld elements kept to", shape,
+              (long long)tz_tq_chunk_rows(g_gpu, rows), (long long)tz_tq_chunk_cols(g_gpu, cols, g),
+              ef, eb, (long long)need);
+        drop(&C2), drop(&dA2);
+    }
+    g_gpu->matmul_dtype = TZ_DT_F32;
+    drop(&A), drop(&C), drop(&dA), drop(&B);
     g_gpu->release(g_gpu, dc), g_gpu->release(g_gpu, ds), g_gpu->release(g_gpu, dl);
     g_gpu->release(g_gpu, dw);
     free(codes), free(scales), free(got16), free(ref), free(got);

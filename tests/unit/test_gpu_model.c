@@ -324,14 +324,17 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
         if (lin[i].a) same &= dev_same(be, h[0][i], h[1][i], n * r);
     }
     check(same, "%s: shared forward of 3 linears = the separate forwards, bit for bit", what);
-    /* the same forward with no room in the tile for LoRA's columns: two GEMMs (base, then
-     * y += s h B^T) instead of one along K. The same bits where nothing is folded (fp32 GEMMs,
-     * dense weights); folded (bf16 GEMMs, TurboQuant), s B and h rounded to bf16 inside the
-     * one GEMM: within 4e-3 of the largest output, and not the same bits (the fold ran) */
-    for (int i = 0; i < NL; i++) lin[i].tq = &small;
+    /* the same forward on a backend without tq_matmul_lora: two GEMMs (base, then y += s h
+     * B^T) instead of one along K. The same bits where nothing is folded (fp32 GEMMs, dense
+     * weights); folded (bf16 GEMMs, TurboQuant), s B and h rounded to bf16 inside the one
+     * GEMM: within 4e-3 of the largest output, and not the same bits (the fold ran) */
+    void (*lora_op)(tz_backend *, float *, uint16_t *, int64_t, const float *, const float *,
+                    int64_t, float, float *, const uint8_t *, const uint16_t *, const float *,
+                    int64_t, int64_t, int, int, int64_t) = be->tq_matmul_lora;
+    be->tq_matmul_lora = NULL;
     float *hx = be->alloc(be, (size_t)(n * r) * 4);
     for (int i = 0; i < NL; i++) tz_linear_fwd(be, ls[i], y[2][i], lin[i].a ? hx : NULL, x, n);
-    for (int i = 0; i < NL; i++) lin[i].tq = &sc;
+    be->tq_matmul_lora = lora_op;
     be->release(be, hx);
     const int folded = !dense && tz_linear_fold_cols(be, r) > 0;
     double fe = 0.0, fm = 0.0;

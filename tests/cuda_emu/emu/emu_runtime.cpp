@@ -1396,6 +1396,11 @@ cudaError_t tz_emu_kernel_reads(cudaStream_t s, const void *p, size_t bytes, con
     return e == cudaSuccess ? e : fail(e);
 }
 
+cudaError_t tz_emu_kernel_writes(cudaStream_t s, void *p, size_t bytes, const char *kernel) {
+    const cudaError_t e = order_access(kernel, s, p, bytes, NULL, 0);
+    return e == cudaSuccess ? e : fail(e);
+}
+
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
     if (!tz_emu_stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
     if (sticky()) return fail(sticky());

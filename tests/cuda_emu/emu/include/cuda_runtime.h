@@ -197,6 +197,10 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *user);
  * for stream order against the copies that wrote those bytes (cudaErrorInvalidValue and a note
  * when nothing orders them). */
 cudaError_t tz_emu_kernel_reads(cudaStream_t s, const void *p, size_t bytes, const char *kernel);
+/* A kernel about to run on stream s writes [p, p + bytes): checked, as a copy's destination
+ * is, against earlier writes and declared reads of those bytes by other streams, then
+ * recorded (so that a later access by another stream must be ordered after it). */
+cudaError_t tz_emu_kernel_writes(cudaStream_t s, void *p, size_t bytes, const char *kernel);
 cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned flags);
 cudaError_t cudaSetDeviceFlags(unsigned flags);
 cudaError_t cudaStreamGetFlags(cudaStream_t s, unsigned *flags);
