@@ -69,13 +69,12 @@ static float *act_buffer(const tz_linear *l, int64_t n) {
     return l->tq->act;
 }
 
-/* matmul with the layer input x as operand A (a_is_x) or B, x fp32 or, where x16, bf16 bit
- * patterns (rounded once for several GEMMs); the other operand fp32. */
-static void matmul_x(tz_backend *be, float *C, const void *A, const void *B, int a_is_x, int x16,
-                     int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
-                     float beta) {
-    if (x16)
-        be->matmul16(be, C, A, a_is_x, B, !a_is_x, M, N, K, transA, transB, alpha, beta);
+/* GEMM with operands fp32 or, where flagged, bf16 bit patterns (an input rounded once for
+ * several GEMMs). */
+static void mm16(tz_backend *be, float *C, const void *A, int a16, const void *B, int b16,
+                 int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
+                 float beta) {
+    if (a16 || b16) be->matmul16(be, C, A, a16, B, b16, M, N, K, transA, transB, alpha, beta);
     else be->matmul(be, C, (const float *)A, (const float *)B, M, N, K, transA, transB, alpha, beta);
 }
 
@@ -83,7 +82,7 @@ static void matmul_x(tz_backend *be, float *C, const void *A, const void *B, int
 static void lora_bias_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const void *x,
                           int x16, int64_t n) {
     if (l->a) {
-        matmul_x(be, h, x, l->a->w, 1, x16, n, l->r, l->in, 0, 1, 1.0f, 0.0f); /* h = x A^T */
+        mm16(be, h, x, x16, l->a->w, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f); /* h = x A^T */
         be->matmul(be, y, h, l->b->w, n, l->out, l->r, 0, 1, l->scale, 1.0f); /* y += s h B^T */
     }
     if (l->bias) be->bias_add_fwd(be, y, l->bias->w, n, l->out);
@@ -148,7 +147,7 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
         /* y = [x_rot | x A^T] [W_rot | s B]^T: LoRA inside the base GEMM */
         const int64_t ld = fold_ld(l->in, l->r);
         uint16_t *xr = (uint16_t *)(void *)l->tq->act;
-        matmul_x(be, h, x, l->a->w, 1, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f); /* h = x A^T */
+        mm16(be, h, x, 0, l->a->w, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f); /* h = x A^T */
         be->tq_rotate16(be, xr, x, n, l->in, ld, q->group, q->seed);
         fold_matmul(be, l, y, xr, ld, h, n);
         if (l->bias) be->bias_add_fwd(be, y, l->bias->w, n, l->out);
@@ -166,14 +165,6 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
         qmatmul(be, l, y, x, n, 1, 0.0f);
     }
     lora_bias_fwd(be, l, y, h, x, 0, n);
-}
-
-/* GEMM with operands fp32 or, where flagged, bf16 bit patterns. */
-static void mm16(tz_backend *be, float *C, const void *A, int a16, const void *B, int b16,
-                 int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
-                 float beta) {
-    if (a16 || b16) be->matmul16(be, C, A, a16, B, b16, M, N, K, transA, transB, alpha, beta);
-    else be->matmul(be, C, (const float *)A, (const float *)B, M, N, K, transA, transB, alpha, beta);
 }
 
 /* tz_linear_bwd with x fp32 or, where x16, bf16 bit patterns, and dy also rounded once to
@@ -212,7 +203,7 @@ static void linear_bwd_x(tz_backend *be, const tz_linear *l, float *dx, const fl
     /* dh[n,r] = s dy B */
     mm16(be, scratch, d, d16, l->b->w, 0, n, l->r, l->out, 0, 0, l->scale, 0.0f);
     if (l->a->g && !no_da) /* dA[r,in] += dh^T x */
-        matmul_x(be, l->a->g, scratch, x, 0, x16, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
+        mm16(be, l->a->g, scratch, 0, x, x16, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
     if (dx) /* dx += dh A */
         be->matmul(be, dx, scratch, l->a->w, n, l->in, l->r, 0, 0, 1.0f, 1.0f);
 }
@@ -394,7 +385,7 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
         for (int i = 0; i < count; i++) {
             const tz_linear *l = ls[i];
             if (l->a) /* h = x A^T */
-                matmul_x(be, hs[i], x16, l->a->w, 1, 1, n, l->r, l->in, 0, 1, 1.0f, 0.0f);
+                mm16(be, hs[i], x16, 1, l->a->w, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f);
             fold_matmul(be, l, ys[i], xr16, ld, hs[i], n);
             if (l->bias) be->bias_add_fwd(be, ys[i], l->bias->w, n, l->out);
         }
@@ -452,7 +443,7 @@ void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count,
     for (int i = 0; i < count; i++) {
         const tz_linear *l = ls[i];
         if (!(l->a && l->a->g)) continue;
-        matmul_x(be, l->a->g, dh, x16, 0, 1, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
+        mm16(be, l->a->g, dh, 0, x16, 1, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
         dh += n * l->r;
     }
 }
