@@ -10,11 +10,12 @@ static __global__ void k_swiglu_fwd(float *out, const float *g, const float *u, 
 
 /* d silu(g)/dg = sig * (1 + g * (1 - sig)). */
 static __global__ void k_swiglu_bwd(float *dg, float *du, const float *dout, const float *g,
-                                    const float *u, int64_t n) {
+                                    const float *u, int64_t n, int accumulate) {
     TZ_CUDA_FOR(i, n) {
         float sig = sigmoid(g[i]), silu = g[i] * sig;
-        dg[i] += dout[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig)));
-        du[i] += dout[i] * silu;
+        const float a = dout[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig))), b = dout[i] * silu;
+        dg[i] = accumulate ? dg[i] + a : a;
+        du[i] = accumulate ? du[i] + b : b;
     }
 }
 
@@ -56,8 +57,8 @@ static void cuda_swiglu_fwd(tz_backend *be, float *out, const float *g, const fl
     TZ_CUDA_LAUNCH(k_swiglu_fwd, n, out, g, u, n);
 }
 static void cuda_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *dout,
-                            const float *g, const float *u, int64_t n) {
-    TZ_CUDA_LAUNCH(k_swiglu_bwd, n, dg, du, dout, g, u, n);
+                            const float *g, const float *u, int64_t n, int accumulate) {
+    TZ_CUDA_LAUNCH(k_swiglu_bwd, n, dg, du, dout, g, u, n, accumulate);
 }
 static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n) {
     TZ_CUDA_LAUNCH(k_gelu_fwd, n, out, x, n);

@@ -114,7 +114,8 @@ template <bool VEC> static __device__ __forceinline__ void store8(uint16_t *p, c
 }
 
 /* inverse = 0: y = (H (s*x)) * inv, written (as fp32, or rounded to bf16 where O is
- * uint16_t) at row stride ldo; inverse = 1 (O float only): dx += (H dy) * (s * inv).
+ * uint16_t) at row stride ldo; inverse = 1 (O float only): dx += (H dy) * (s * inv);
+ * inverse = 2: dx = (H dy) * (s * inv), dx not read.
  * lanes = g / 8. VEC: in, out's rows (and signs, from cudaMalloc) 16-byte aligned. */
 template <bool VEC, class O>
 static __global__ void k_rotate(O *out, const float *in, const float *signs, int cols,
@@ -153,7 +154,10 @@ static __global__ void k_rotate(O *out, const float *in, const float *signs, int
     O *orow = out + (int64_t)blockIdx.y * ldo + c;
     if (inverse) {
         float d[8], *fo = reinterpret_cast<float *>(orow); /* O is float here */
-        load8<VEC>(d, fo);
+        if (inverse == 1) load8<VEC>(d, fo);
+        else
+#pragma unroll
+            for (int i = 0; i < 8; i++) d[i] = 0.0f;
 #pragma unroll
         for (int i = 0; i < 8; i++) d[i] += v[i] * (s[i] * inv);
         store8<VEC>(fo, d);
@@ -201,8 +205,8 @@ static void cuda_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_
 }
 
 static void cuda_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
-                               int64_t cols, int group, uint64_t seed) {
-    rotate(be, dx, dy, rows, cols, cols, group, seed, 1, "tq_rotate_bwd");
+                               int64_t cols, int group, uint64_t seed, int accumulate) {
+    rotate(be, dx, dy, rows, cols, cols, group, seed, accumulate ? 1 : 2, "tq_rotate_bwd");
 }
 
 /* The decode: a thread decodes octets, 8 consecutive weights of one group (g is a multiple of

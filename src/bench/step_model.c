@@ -146,7 +146,7 @@ static void s_att_cache(tz_backend *be, float *o, cf *q, cf *kc, cf *vc, int64_t
 
 /* ---- activations, losses, DiT's ops, layout ---- */
 static void s_swiglu_fwd(tz_backend *be, float *o, cf *g, cf *u, int64_t n) { (void)o, (void)g, (void)u; add(be, TZ_SM_ELEMENT, 6.0 * n, 3 * F * n); }
-static void s_swiglu_bwd(tz_backend *be, float *dg, float *du, cf *d, cf *g, cf *u, int64_t n) { (void)dg, (void)du, (void)d, (void)g, (void)u; add(be, TZ_SM_ELEMENT, 10.0 * n, 7 * F * n); }
+static void s_swiglu_bwd(tz_backend *be, float *dg, float *du, cf *d, cf *g, cf *u, int64_t n, int acc) { (void)dg, (void)du, (void)d, (void)g, (void)u; add(be, TZ_SM_ELEMENT, 10.0 * n, (acc ? 7 : 5) * F * n); }
 static void s_xent_fwd(tz_backend *be, float *l, cf *x, const int32_t *t, int64_t n, int64_t V) { (void)l, (void)x, (void)t; add(be, TZ_SM_LOSS, 4.0 * n * V, F * n * V); }
 static void s_xent_bwd(tz_backend *be, float *d, cf *x, const int32_t *t, float dl, int64_t n, int64_t V) { (void)d, (void)x, (void)t, (void)dl; add(be, TZ_SM_LOSS, 4.0 * n * V, 2 * F * n * V); }
 static void s_ln_fwd(tz_backend *be, float *o, float *mu, float *r, cf *x, int64_t rows, int64_t C, float eps) { (void)o, (void)mu, (void)r, (void)x, (void)eps; add(be, TZ_SM_NORM, 5.0 * rows * C, 2 * F * rows * C); }
@@ -178,9 +178,11 @@ static void s_rot16(tz_backend *be, uint16_t *y, cf *x, int64_t rows, int64_t co
     (void)y, (void)x, (void)seed, (void)ldy;
     add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 1), (F + 2) * rows * cols);
 }
-static void s_rot_bwd(tz_backend *be, float *dx, cf *dy, int64_t rows, int64_t cols, int group, uint64_t seed) {
+static void s_rot_bwd(tz_backend *be, float *dx, cf *dy, int64_t rows, int64_t cols, int group,
+                      uint64_t seed, int acc) {
     (void)dx, (void)dy, (void)seed;
-    add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 2), 3 * F * rows * cols);
+    add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 2),
+        (acc ? 3 : 2) * F * rows * cols);
 }
 static void s_dequant(tz_backend *be, float *w, const uint8_t *c, const uint16_t *s, cf *l, int64_t rows,
                       int64_t cols, int bits, int group) {

@@ -202,10 +202,11 @@ struct tz_backend {
                                 const float *vc, int64_t B, int64_t T, int64_t S, int64_t pos0,
                                 int64_t Hq, int64_t Hkv, int64_t D);
 
-    /* ---- SwiGLU: out = silu(g) * u, n elements. bwd: dg, du += ... ---- */
+    /* ---- SwiGLU: out = silu(g) * u, n elements. bwd: dg, du += ... (accumulate = 0: dg,
+     * du = ..., their contents not read: no zeroing before) ---- */
     void (*swiglu_fwd)(tz_backend *be, float *out, const float *g, const float *u, int64_t n);
     void (*swiglu_bwd)(tz_backend *be, float *dg, float *du, const float *dout, const float *g,
-                       const float *u, int64_t n);
+                       const float *u, int64_t n, int accumulate);
 
     /* ---- cross-entropy fused with softmax over logits [n, V] ----
      * fwd: loss[r] = logsumexp(logits[r]) - logits[r, target[r]], or 0 where
@@ -292,7 +293,8 @@ struct tz_backend {
      * of it); group column j has the signs s_j derived from `seed` by the rule of
      * tq_layout.h, and R_j = H diag(s_j) / sqrt(group) (H the Walsh-Hadamard matrix).
      * tq_rotate: y[r, j-th group] = R_j x[r, j-th group], rows r < rows. WRITES y; y may be x.
-     * tq_rotate_bwd: dx[r, j-th group] += R_j^T dy[r, j-th group] (the inverse rotation).
+     * tq_rotate_bwd: dx[r, j-th group] += R_j^T dy[r, j-th group] (the inverse rotation);
+     *   accumulate = 0: dx = ..., its contents not read (dx may not be dy).
      * tq_dequant: w[rows, cols] = scale_k * levels[code] for every element of every group k
      *   (row-major group order): codes rows*cols*bits/8 bytes packed per tq_layout.h, scales
      *   rows*cols/group bf16 bit patterns, levels 2^bits floats (the codebook centroids:
@@ -306,7 +308,7 @@ struct tz_backend {
     void (*tq_rotate16)(tz_backend *be, uint16_t *y, const float *x, int64_t rows, int64_t cols,
                         int64_t ldy, int group, uint64_t seed);
     void (*tq_rotate_bwd)(tz_backend *be, float *dx, const float *dy, int64_t rows,
-                          int64_t cols, int group, uint64_t seed);
+                          int64_t cols, int group, uint64_t seed, int accumulate);
     void (*tq_dequant)(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
                        const float *levels, int64_t rows, int64_t cols, int bits, int group);
     /* A GEMM with a quantized weight W [rows, cols] (tq_dequant's w from codes, scales,

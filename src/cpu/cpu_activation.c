@@ -22,14 +22,15 @@ static void cpu_swiglu_fwd(tz_backend *be, float *out, const float *g, const flo
 
 /* d silu(g)/dg = sig * (1 + g * (1 - sig)). */
 static void cpu_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *dout, const float *g,
-                           const float *u, int64_t n) {
+                           const float *u, int64_t n, int accumulate) {
     int nt = tz_cpu_threads(be);
 #pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
     for (int64_t i = 0; i < n; i++) {
         float sig = 1.0f / (1.0f + tz_cpu_expf(-g[i]));
         float silu = g[i] * sig;
-        dg[i] += dout[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig)));
-        du[i] += dout[i] * silu;
+        const float a = dout[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig))), b = dout[i] * silu;
+        dg[i] = accumulate ? dg[i] + a : a;
+        du[i] = accumulate ? du[i] + b : b;
     }
 }
 

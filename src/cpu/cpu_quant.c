@@ -64,7 +64,7 @@ static void cpu_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_t
 }
 
 static void cpu_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
-                              int64_t cols, int group, uint64_t seed) {
+                              int64_t cols, int group, uint64_t seed, int accumulate) {
     float *s = row_signs(rows, cols, group, seed, "tq_rotate_bwd");
     const float inv = (float)(1.0 / sqrt((double)group));
     const int g = group;
@@ -78,7 +78,10 @@ static void cpu_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_
             memcpy(t, dyr + j, (size_t)g * sizeof *t);
             tz_fwht(t, g);
             /* same products as tz_tq_rotate_inv_signed: (H dy)_i * (s_i / sqrt(g)) */
-            for (int i = 0; i < g; i++) dxr[j + i] += t[i] * (s[j + i] * inv);
+            if (accumulate)
+                for (int i = 0; i < g; i++) dxr[j + i] += t[i] * (s[j + i] * inv);
+            else
+                for (int i = 0; i < g; i++) dxr[j + i] = t[i] * (s[j + i] * inv);
         }
     }
     free(s);

@@ -304,7 +304,7 @@ static void stream_in_bwd(tz_flux *m, const tz_linear *lq, const tz_linear *lk,
     be->fill(be, m->da, 0.0f, R * I);
     const tz_linear *ls[3] = {lq, lk, lv};
     const float *dys[3] = {dq, dk, dv}, *hs[3] = {*lhq, *lhk, *lhv};
-    tz_linear_bwd_shared(be, ls, 3, m->da, dys, h1, hs, m->dlora, R);
+    tz_linear_bwd_shared(be, ls, 3, m->da, dys, h1, hs, m->dlora, R, 0);
     be->fill(be, m->db, 0.0f, R * I);
     be->modulate_bwd(be, m->db, dmod, dmod + I, m->da, ln1, mod + I, M, n, Ts, I);
     be->layernorm_bwd(be, dy, m->db, x, mean1, rstd1, R, I); /* dy: now dL/dx */
@@ -395,7 +395,7 @@ static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     const tz_linear *qkv[3] = {&L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V]};
     const float *dqkv[3] = {m->dqi, m->dki, m->dV};
     const float *lqkv[3] = {a->lh[TZ_FLUX_Q], a->lh[TZ_FLUX_K], a->lh[TZ_FLUX_V]};
-    tz_linear_bwd_shared(be, qkv, 3, m->da, dqkv, a->h1i, lqkv, m->dlora, BT);
+    tz_linear_bwd_shared(be, qkv, 3, m->da, dqkv, a->h1i, lqkv, m->dlora, BT, 0);
     be->fill(be, m->db, 0.0f, BT * I);
     be->modulate_bwd(be, m->db, m->dmodi, m->dmodi + I, m->da, a->ln1i, a->modi + I, M, n, T, I);
     be->layernorm_bwd(be, m->dres, m->db, x, a->mean1i, a->rstd1i, BT, I);

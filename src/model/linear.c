@@ -169,12 +169,12 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
 
 /* tz_linear_bwd with x fp32 or, where x16, bf16 bit patterns, and dy also rounded once to
  * bf16 where dy16 is not NULL (the GEMMs read it; the bias gradient sums the fp32 dy);
- * dx_done: dx already has the base weight's part (the shared TurboQuant backward), only
- * LoRA's is added here; no_da: dh [n, r] left in scratch, the A gradient not taken (the
- * caller takes it). */
+ * dx_done: dx gets the base weight's part from the caller (the shared TurboQuant backward);
+ * defer: dh [n, r] left in scratch, the A gradient and dx += dh A left to the caller;
+ * dx_set: the base weight's part is written into dx, not added (its contents not read). */
 static void linear_bwd_x(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                          const uint16_t *dy16, const void *x, int x16, const float *h,
-                         float *scratch, int64_t n, int dx_done, int no_da) {
+                         float *scratch, int64_t n, int dx_done, int defer, int dx_set) {
     const tz_qweight *q = l->w->q;
     const void *d = dy16 ? (const void *)dy16 : (const void *)dy;
     const int d16 = dy16 != NULL;
@@ -184,16 +184,17 @@ static void linear_bwd_x(tz_backend *be, const tz_linear *l, float *dx, const fl
      * forward acts on x and W_rot together and cancels: x_rot W_rot^T = x W_hat^T). */
     if (l->w->g) mm16(be, l->w->g, d, d16, x, x16, l->out, l->in, n, 1, 0, 1.0f, 1.0f);
     if (dx && !dx_done) {
-        if (q && q->method == TZ_TQ_TURBOQUANT) { /* dx += R^T (dy W_rot) */
+        const float bd = dx_set ? 0.0f : 1.0f;
+        if (q && q->method == TZ_TQ_TURBOQUANT) { /* dx (+)= R^T (dy W_rot) */
             float *t = act_buffer(l, n); /* n * in floats at its start (bwd_space) */
             qmatmul16(be, l, t, d, d16, n, 0, 0.0f);
-            be->tq_rotate_bwd(be, dx, t, n, l->in, q->group, q->seed);
-        } else if (q) { /* dx += dy W_hat */
-            qmatmul16(be, l, dx, d, d16, n, 0, 1.0f);
-        } else if (d16) { /* dx[n,in] += dy[n,out] W[out,in] */
-            be->matmul16(be, dx, d, 1, l->w->w, l->w->w16, n, l->in, l->out, 0, 0, 1.0f, 1.0f);
+            be->tq_rotate_bwd(be, dx, t, n, l->in, q->group, q->seed, !dx_set);
+        } else if (q) { /* dx (+)= dy W_hat */
+            qmatmul16(be, l, dx, d, d16, n, 0, bd);
+        } else if (d16) { /* dx[n,in] (+)= dy[n,out] W[out,in] */
+            be->matmul16(be, dx, d, 1, l->w->w, l->w->w16, n, l->in, l->out, 0, 0, 1.0f, bd);
         } else {
-            tz_matmul_w(be, dx, dy, l->w, n, l->in, l->out, 0, 1.0f, 1.0f);
+            tz_matmul_w(be, dx, dy, l->w, n, l->in, l->out, 0, 1.0f, bd);
         }
     }
     if (l->bias && l->bias->g) be->bias_bwd(be, l->bias->g, dy, n, l->out); /* db += sum dy */
@@ -202,7 +203,8 @@ static void linear_bwd_x(tz_backend *be, const tz_linear *l, float *dx, const fl
         mm16(be, l->b->g, d, d16, h, 0, l->out, l->r, n, 1, 0, l->scale, 1.0f);
     /* dh[n,r] = s dy B */
     mm16(be, scratch, d, d16, l->b->w, 0, n, l->r, l->out, 0, 0, l->scale, 0.0f);
-    if (l->a->g && !no_da) /* dA[r,in] += dh^T x */
+    if (defer) return;
+    if (l->a->g) /* dA[r,in] += dh^T x */
         mm16(be, l->a->g, scratch, 0, x, x16, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
     if (dx) /* dx += dh A */
         be->matmul(be, dx, scratch, l->a->w, n, l->in, l->r, 0, 0, 1.0f, 1.0f);
@@ -289,15 +291,26 @@ int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, i
     return fwd > bwd ? fwd : bwd;
 }
 
-void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
-                   const float *x, const float *h, float *scratch, int64_t n) {
+/* tz_linear_bwd, dx written (dx_set) or added to */
+static void linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
+                       const float *x, const float *h, float *scratch, int64_t n, int dx_set) {
     const tz_qweight *q = l->w->q;
     const int turbo = q && q->method == TZ_TQ_TURBOQUANT;
     const bwd_room r = l->tq && l->tq->act ? bwd_layout(be, &l, 1, n, turbo, dx != NULL,
                                                         l->tq->act, l->tq->act_floats)
                                            : (bwd_room){0};
     if (r.dy16) be->to_bf16(be, r.dy16, dy, n * l->out);
-    linear_bwd_x(be, l, dx, dy, r.dy16, x, 0, h, scratch, n, 0, 0);
+    linear_bwd_x(be, l, dx, dy, r.dy16, x, 0, h, scratch, n, 0, 0, dx_set);
+}
+
+void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
+                   const float *x, const float *h, float *scratch, int64_t n) {
+    linear_bwd(be, l, dx, dy, x, h, scratch, n, 0);
+}
+
+void tz_linear_bwd_set(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
+                       const float *x, const float *h, float *scratch, int64_t n) {
+    linear_bwd(be, l, dx, dy, x, h, scratch, n, 1);
 }
 
 /* ---- linears that read one input ---- */
@@ -408,20 +421,28 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
 
 void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
                           const float *const *dys, const float *x, const float *const *hs,
-                          float *scratch, int64_t n) {
+                          float *scratch, int64_t n, int dx_set) {
     const int turbo = shareable(ls, count);
     if (!turbo && !shareable_dense(be, ls, count, n)) {
-        for (int i = 0; i < count; i++) tz_linear_bwd(be, ls[i], dx, dys[i], x, hs[i], scratch, n);
+        for (int i = 0; i < count; i++)
+            linear_bwd(be, ls[i], dx, dys[i], x, hs[i], scratch, n, dx_set && !i);
         return;
     }
     /* each dy and x rounded once for every GEMM that reads them (bwd_layout); TurboQuant:
-     * dx += R^T (sum_i dy_i W_rot_i), one inverse rotation for all, after the LoRA parts;
-     * dense: tz_linear_bwd's order, the same bits */
+     * dx (+)= R^T (sum_i dy_i W_rot_i), one inverse rotation for all, then LoRA's dh_i A_i
+     * where the dh's are kept (else before it); dense: tz_linear_bwd's order, the same bits */
     const tz_linear *l0 = ls[0];
     const bwd_room r = bwd_layout(be, ls, count, n, turbo, dx != NULL, l0->tq->act,
                                   l0->tq->act_floats);
     if (r.x16) be->to_bf16(be, r.x16, x, n * l0->in);
     float *t = turbo && dx ? act_buffer(l0, n) : NULL, *dh = r.dh;
+    if (t && dx_set) /* an adapter's dx += dh A before the rotation: dx zeroed first */
+        for (int i = 0; i < count; i++)
+            if (ls[i]->a && !(r.dh && ls[i]->a->g)) {
+                be->fill(be, dx, 0.0f, n * l0->in);
+                dx_set = 0;
+                break;
+            }
     for (int i = 0; i < count; i++) {
         const tz_linear *l = ls[i];
         const uint16_t *dy16 = r.dy16 && dy_readers(l, dx != NULL, 0) >= 2 ? r.dy16 : NULL;
@@ -429,14 +450,15 @@ void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count,
         if (t) /* t (+)= dy_i W_rot_i */
             qmatmul16(be, l, t, dy16 ? (const void *)dy16 : (const void *)dys[i],
                       dy16 != NULL, n, 0, i ? 1.0f : 0.0f);
-        const int keep = dh && l->a && l->a->g; /* the A gradient taken after the rotation */
+        const int keep = dh && l->a && l->a->g; /* dA and dx += dh A after the rotation */
         linear_bwd_x(be, l, dx, dys[i], dy16, r.x16 ? (const void *)r.x16 : (const void *)x,
-                     r.x16 != NULL, hs[i], keep ? dh : scratch, n, turbo, keep);
+                     r.x16 != NULL, hs[i], keep ? dh : scratch, n, turbo, keep,
+                     !turbo && dx_set && !i);
         if (keep) dh += n * l->r;
     }
-    if (t) be->tq_rotate_bwd(be, dx, t, n, l0->in, l0->w->q->group, l0->w->q->seed);
+    if (t) be->tq_rotate_bwd(be, dx, t, n, l0->in, l0->w->q->group, l0->w->q->seed, !dx_set);
     if (!r.dh) return;
-    /* x rounded into the place of dy W_rot, free now; dA_i[r,in] += dh_i^T x */
+    /* x rounded into the place of dy W_rot, free now; dA_i[r,in] += dh_i^T x, dx += dh_i A_i */
     uint16_t *x16 = (uint16_t *)(void *)act_buffer(l0, n);
     be->to_bf16(be, x16, x, n * l0->in);
     dh = r.dh;
@@ -444,6 +466,7 @@ void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count,
         const tz_linear *l = ls[i];
         if (!(l->a && l->a->g)) continue;
         mm16(be, l->a->g, dh, 0, x16, 1, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
+        if (dx) be->matmul(be, dx, dh, l->a->w, n, l->in, l->r, 0, 0, 1.0f, 1.0f);
         dh += n * l->r;
     }
 }

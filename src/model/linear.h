@@ -65,6 +65,10 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
  * dW += dy^T x, the gradient w.r.t. W_hat in the plain basis, as for a dense weight. */
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                    const float *x, const float *h, float *scratch, int64_t n);
+/* The same with dx written, not added to (its contents not read: no zeroing before), for
+ * the first input gradient a buffer gets. */
+void tz_linear_bwd_set(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
+                       const float *x, const float *h, float *scratch, int64_t n);
 /* Linears that read one input x [n, in] (q, k and v; gate and up): the same as
  * tz_linear_fwd(ls[i], ys[i], hs[i], x) and tz_linear_bwd(ls[i], dx, dys[i], x, hs[i]) for
  * i < count, in that order, with the work on x done once for all where every weight is
@@ -76,12 +80,13 @@ void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *d
  * where the scratch holds n * in bf16 (the Llama plans it): x rounded once for every GEMM that
  * reads it, in the separate calls' order, so the same bits throughout. Otherwise the separate
  * calls. Both backwards, with bf16 GEMM operands: each dy rounded once for the GEMMs that read
- * it, where the scratch has room (tz_linear_act_floats), the same bits. */
+ * it, where the scratch has room (tz_linear_act_floats), the same bits. dx_set: dx written,
+ * not added to (tz_linear_bwd_set's). */
 void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *const *ys,
                           float *const *hs, int count, const float *x, int64_t n);
 void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
                           const float *const *dys, const float *x, const float *const *hs,
-                          float *scratch, int64_t n);
+                          float *scratch, int64_t n, int dx_set);
 /* Floats of a model's activation scratch (tz_tq_scratch.act) that the `count` linears ls,
  * reading one input of n rows (through tz_linear_*_shared where count > 1), use on be, in the
  * forward and, where backward, the backward (gradients as the parameters' trainable flags

@@ -400,9 +400,9 @@ static void lins_fwd(tz_backend *be, const tz_llama_layer *L, int first, float *
 }
 static void lins_bwd(tz_backend *be, const tz_llama_layer *L, int first, float *dx,
                      const float *const *dys, const float *x, const float *const *hs,
-                     float *scratch, int64_t n) {
+                     float *scratch, int64_t n, int dx_set) {
     const tz_linear *ls[3];
-    tz_linear_bwd_shared(be, ls, lin_set(L, first, ls), dx, dys, x, hs, scratch, n);
+    tz_linear_bwd_shared(be, ls, lin_set(L, first, ls), dx, dys, x, hs, scratch, n, dx_set);
 }
 
 /* The MLP on n rows: out = down(swiglu(gate(h2), up(h2))), mlp_rows rows at a time (all n at
@@ -552,8 +552,7 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     const tz_llama_dims *d = &m->d;
     const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim;
     const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
-    be->fill(be, datt, 0.0f, BT * qd);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_O], datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
+    tz_linear_bwd_set(be, &L->lin[TZ_LIN_O], datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
     be->fill(be, dq, 0.0f, BT * qd);
     be->fill(be, dk, 0.0f, BT * kvd);
     be->fill(be, dv, 0.0f, BT * kvd);
@@ -573,10 +572,9 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     }
     if (remake_h1) /* h1 again, in its memory: the same op on the same x */
         be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
-    be->fill(be, m->dh, 0.0f, BT * C);
     const float *dqkv[3] = {dq, dk, dv};
     const float *lqkv[3] = {a->lh[TZ_LIN_Q], a->lh[TZ_LIN_K], a->lh[TZ_LIN_V]};
-    lins_bwd(be, L, TZ_LIN_Q, m->dh, dqkv, a->h1, lqkv, m->dlora, BT);
+    lins_bwd(be, L, TZ_LIN_Q, m->dh, dqkv, a->h1, lqkv, m->dlora, BT, 1); /* dh written */
     /* dres += norm path: now dL/dx */
     be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C);
 }
@@ -594,14 +592,12 @@ static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     float *dg = in_set ? a->s : m->dg, *datt = in_set ? a->g : m->datt;
     float *dq = in_set ? a->u : m->dq, *dk = in_set ? m->ds : m->dk;
     float *dv = in_set ? m->ds + BT * kvd : m->dv;
-    be->fill(be, m->ds, 0.0f, BT * F);
-    tz_linear_bwd(be, &L->lin[TZ_LIN_DOWN], m->ds, m->dres, a->s, a->lh[TZ_LIN_DOWN], m->dlora, BT);
-    be->fill(be, dg, 0.0f, BT * F);
-    be->fill(be, m->du, 0.0f, BT * F);
-    be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, BT * F);
-    be->fill(be, m->dh, 0.0f, BT * C);
+    /* each gradient written by the first op that makes it (no zeroing before) */
+    tz_linear_bwd_set(be, &L->lin[TZ_LIN_DOWN], m->ds, m->dres, a->s, a->lh[TZ_LIN_DOWN], m->dlora,
+                      BT);
+    be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, BT * F, 0);
     const float *dgu[2] = {dg, m->du}, *lgu[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
-    lins_bwd(be, L, TZ_LIN_GATE, m->dh, dgu, a->h2, lgu, m->dlora, BT);
+    lins_bwd(be, L, TZ_LIN_GATE, m->dh, dgu, a->h2, lgu, m->dlora, BT, 1);
     /* dres += norm path: now dL/dx2 */
     be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C);
     attn_bwd(m, L, a, x, datt, dq, dk, dv, 0);
@@ -618,8 +614,7 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
     const int64_t BT = m->B * m->T, C = d->dim, F = d->hidden;
     const int64_t R = m->mlp_rows, r = m->o.lora.rank;
     const tz_linear *down = &L->lin[TZ_LIN_DOWN];
-    be->fill(be, m->dh, 0.0f, BT * C);
-    for (int64_t r0 = 0; r0 < BT; r0 += R) {
+    for (int64_t r0 = 0; r0 < BT; r0 += R) { /* each chunk writes its rows of dh */
         const int64_t c = BT - r0 < R ? BT - r0 : R;
         const float *h2 = a->h2 + r0 * C, *dres = m->dres + r0 * C;
         float *dh = m->dh + r0 * C, *lh_down = rows_at(a->lh[TZ_LIN_DOWN], r0, r);
@@ -629,14 +624,11 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
         be->swiglu_fwd(be, a->s, a->g, a->u, c * F);
         if (down->a) /* the down projection's LoRA hidden s A^T, as its forward made it */
             be->matmul(be, lh_down, a->s, down->a->w, c, down->r, F, 0, 1, 1.0f, 0.0f);
-        be->fill(be, m->ds, 0.0f, c * F);
-        tz_linear_bwd(be, down, m->ds, dres, a->s, lh_down, m->dlora, c);
+        tz_linear_bwd_set(be, down, m->ds, dres, a->s, lh_down, m->dlora, c);
         float *dg = a->s; /* s was read for the last time */
-        be->fill(be, dg, 0.0f, c * F);
-        be->fill(be, m->du, 0.0f, c * F);
-        be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, c * F);
+        be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, c * F, 0);
         const float *dgu[2] = {dg, m->du}, *lgu[2] = {lh_gate, lh_up};
-        lins_bwd(be, L, TZ_LIN_GATE, dh, dgu, h2, lgu, m->dlora, c);
+        lins_bwd(be, L, TZ_LIN_GATE, dh, dgu, h2, lgu, m->dlora, c, 1);
     }
     /* dres += norm path: now dL/dx2 */
     be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C);

@@ -360,7 +360,8 @@ static void swi_fwd(oc_run *r) {
     r->be->swiglu_fwd(r->be, OCF(r, 2), OCF(r, 0), OCF(r, 1), OCP(r, 0));
 }
 static void swi_bwd(oc_run *r) {
-    r->be->swiglu_bwd(r->be, OCF(r, 4), OCF(r, 5), OCF(r, 3), OCF(r, 0), OCF(r, 1), OCP(r, 0));
+    r->be->swiglu_bwd(r->be, OCF(r, 4), OCF(r, 5), OCF(r, 3), OCF(r, 0), OCF(r, 1), OCP(r, 0),
+                      !OCP(r, 1));
 }
 static void swi_ref(oc_ref *r) {
     for (int64_t i = 0; i < r->c->p[0]; i++) {
@@ -369,8 +370,9 @@ static void swi_ref(oc_ref *r) {
     }
 }
 
-static void add_swiglu(oc_list *l, int64_t n) {
-    oc_case c = {.ops = "swiglu_fwd swiglu_bwd", .nt = 6, .p = {n}, .fwd = swi_fwd,
+/* write: the backward writes dg, du (accumulate = 0) instead of adding to them */
+static void add_swiglu(oc_list *l, int64_t n, int write) {
+    oc_case c = {.ops = "swiglu_fwd swiglu_bwd", .nt = 6, .p = {n, write}, .fwd = swi_fwd,
                  .ref = swi_ref, .bwd = swi_bwd,
                  /* an expf of a few ulps and a few fp32 roundings per element */
                  .tol_fwd = 1e-6, .tol_bwd = 1e-6};
@@ -380,7 +382,8 @@ static void add_swiglu(oc_list *l, int64_t n) {
     c.t[3] = (oc_tensor)OC_T_DOUT("dout", 2);
     c.t[4] = (oc_tensor)OC_T_DIN("dg", 0);
     c.t[5] = (oc_tensor)OC_T_DIN("du", 1);
-    snprintf(c.name, sizeof c.name, "swiglu n %lld", (long long)n);
+    if (write) c.t[4].flags = c.t[5].flags = OC_WRITES;
+    snprintf(c.name, sizeof c.name, "swiglu n %lld%s", (long long)n, write ? ", written" : "");
     oc_add(l, &c);
 }
 
@@ -489,7 +492,8 @@ void oc_cases_llama(oc_list *l) {
     add_attention_cache(l, 2, 1, 40, 37, 4, 2, 40); /* a decode step */
     add_attention_cache(l, 1, 7, 90, 60, 4, 1, 72); /* a prefill chunk at an offset */
     add_attention_cache(l, 1, 12, 12, 0, 2, 2, 32); /* pos0 0, S = T: attention_fwd's */
-    add_swiglu(l, 1001);
+    add_swiglu(l, 1001, 0);
+    add_swiglu(l, 777, 1);
     add_xent(l, 12, 37, 0);
     add_xent(l, 9, 1003, 0);
     add_xent(l, 8, 37, 1);

@@ -85,7 +85,7 @@ static void rot_fwd(oc_run *r) {
 static void rot_bwd(oc_run *r) {
     int ip = (int)OCP(r, 4);
     r->be->tq_rotate_bwd(r->be, OCF(r, ip ? 2 : 3), OCF(r, ip ? 1 : 2), OCP(r, 0), OCP(r, 1),
-                         (int)OCP(r, 2), (uint64_t)OCP(r, 3));
+                         (int)OCP(r, 2), (uint64_t)OCP(r, 3), !OCP(r, 5));
 }
 static void rot_ref(oc_ref *r) {
     const oc_case *c = r->c;
@@ -99,9 +99,12 @@ static void rot_ref(oc_ref *r) {
     }
 }
 
-static void add_rotate(oc_list *l, int64_t rows, int64_t cols, int g, uint64_t seed, int inplace) {
+/* write: tq_rotate_bwd writes dx instead of adding to it (accumulate = 0) */
+static void add_rotate(oc_list *l, int64_t rows, int64_t cols, int g, uint64_t seed, int inplace,
+                       int write) {
     if (rows * cols > QMAX) abort();
-    oc_case c = {.ops = "tq_rotate tq_rotate_bwd", .p = {rows, cols, g, (int64_t)seed, inplace},
+    oc_case c = {.ops = "tq_rotate tq_rotate_bwd",
+                 .p = {rows, cols, g, (int64_t)seed, inplace, write},
                  .fwd = rot_fwd, .ref = rot_ref, .bwd = rot_bwd,
                  /* an orthogonal g x g transform in fp32: up to log2(g) butterfly levels of
                   * roundings of 2^-24 each, relative to the largest output (2e-7 seen) */
@@ -118,9 +121,10 @@ static void add_rotate(oc_list *l, int64_t rows, int64_t cols, int g, uint64_t s
         c.t[2] = (oc_tensor)OC_T_DOUT("dy", 1);
         c.t[3] = (oc_tensor)OC_T_DIN("dx", 0);
     }
-    snprintf(c.name, sizeof c.name, "tq_rotate rows %lld cols %lld group %d seed %llu%s",
+    if (write) c.t[c.nt - 1].flags = OC_WRITES;
+    snprintf(c.name, sizeof c.name, "tq_rotate rows %lld cols %lld group %d seed %llu%s%s",
              (long long)rows, (long long)cols, g, (unsigned long long)seed,
-             inplace ? " in place" : "");
+             inplace ? " in place" : "", write ? ", dx written" : "");
     oc_add(l, &c);
 }
 
@@ -302,11 +306,15 @@ static void add_tq_matmul_lora(oc_list *l, int64_t rows, int64_t cols, int bits,
 
 void oc_cases_quant(oc_list *l) {
     /* three, two and one group columns (distinct signs per column), several rows */
-    add_rotate(l, 3, 192, 64, 7, 0);
-    add_rotate(l, 2, 256, 128, 0x9E3779B97F4A7C15ull, 0);
-    add_rotate(l, 2, 512, 256, 12345, 0);
-    add_rotate(l, 1, 256, 256, 3, 1);
-    add_rotate(l, 3, 128, 64, 0xFFFFFFFFFFFFFFFFull, 1);
+    add_rotate(l, 3, 192, 64, 7, 0, 0);
+    add_rotate(l, 2, 256, 128, 0x9E3779B97F4A7C15ull, 0, 0);
+    add_rotate(l, 2, 512, 256, 12345, 0, 0);
+    add_rotate(l, 1, 256, 256, 3, 1, 0);
+    add_rotate(l, 3, 128, 64, 0xFFFFFFFFFFFFFFFFull, 1, 0);
+    /* the backward writing dx (a linear's first input gradient): every group */
+    add_rotate(l, 3, 192, 64, 11, 0, 1);
+    add_rotate(l, 2, 384, 128, 12, 0, 1);
+    add_rotate(l, 1, 512, 256, 13, 1, 1);
     /* every bit width at every group; 3 bits: codes straddle bytes */
     for (int bits = 1; bits <= 4; bits++)
         for (int g = 64; g <= 256; g *= 2) add_dequant(l, 3, 2 * (int64_t)g, bits, g);

@@ -122,7 +122,7 @@ static results run_all(const inputs *in) {
     be->xent_bwd(be, take(&r, (int64_t)XN * XV), in->logits, in->tgt, 0.5f, XN, XV);
     float *sw = take(&r, 3 * SN);
     be->swiglu_fwd(be, sw, in->g, in->u, SN);
-    be->swiglu_bwd(be, sw + SN, sw + 2 * SN, in->sdo, in->g, in->u, SN);
+    be->swiglu_bwd(be, sw + SN, sw + 2 * SN, in->sdo, in->g, in->u, SN, 1);
     const int64_t nrp = (int64_t)RB * RT * RH * RD;
     float *rp = take(&r, nrp);
     memcpy(rp, in->rp, sizeof(float) * (size_t)nrp);

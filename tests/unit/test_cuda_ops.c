@@ -409,8 +409,8 @@ static void test_activation(void) {
     pair dg = mk(n, 1.0f), du = mk(n, 1.0f);
     g_cpu->swiglu_fwd(g_cpu, out.h, g.h, u.h, n), g_gpu->swiglu_fwd(g_gpu, out.d, g.d, u.d, n);
     expect("swiglu_fwd", &out, 1e-6);
-    g_cpu->swiglu_bwd(g_cpu, dg.h, du.h, dout.h, g.h, u.h, n);
-    g_gpu->swiglu_bwd(g_gpu, dg.d, du.d, dout.d, g.d, u.d, n);
+    g_cpu->swiglu_bwd(g_cpu, dg.h, du.h, dout.h, g.h, u.h, n, 1);
+    g_gpu->swiglu_bwd(g_gpu, dg.d, du.d, dout.d, g.d, u.d, n, 1);
     expect("swiglu_bwd dg", &dg, 1e-6);
     expect("swiglu_bwd du", &du, 1e-6);
     g_cpu->gelu_tanh_fwd(g_cpu, out.h, g.h, n), g_gpu->gelu_tanh_fwd(g_gpu, out.d, g.d, n);
@@ -916,8 +916,8 @@ static void rot_case(int g, int64_t rows, int64_t cols, int off) {
     snprintf(what, sizeof what, "tq_rotate group %d, %lld x %lld%s", g, (long long)rows,
              (long long)cols, off ? ", unaligned" : "");
     expect(what, &y, 0);
-    g_cpu->tq_rotate_bwd(g_cpu, dx.h + off, y.h + off, rows, cols, g, 99);
-    g_gpu->tq_rotate_bwd(g_gpu, dx.d + off, y.d + off, rows, cols, g, 99);
+    g_cpu->tq_rotate_bwd(g_cpu, dx.h + off, y.h + off, rows, cols, g, 99, 1);
+    g_gpu->tq_rotate_bwd(g_gpu, dx.d + off, y.d + off, rows, cols, g, 99, 1);
     snprintf(what, sizeof what, "tq_rotate_bwd group %d, %lld x %lld%s", g, (long long)rows,
              (long long)cols, off ? ", unaligned" : "");
     expect(what, &dx, 1e-6);
@@ -988,9 +988,13 @@ static void test_quant(void) {
         g_gpu->tq_rotate(g_gpu, y.d, x.d, rows, cols, g, 42 + (uint64_t)s);
         snprintf(what, sizeof what, "tq_rotate group %d cols %lld", g, (long long)cols);
         expect(what, &y, 1e-6);
-        g_cpu->tq_rotate_bwd(g_cpu, dx.h, y.h, rows, cols, g, 42 + (uint64_t)s);
-        g_gpu->tq_rotate_bwd(g_gpu, dx.d, y.d, rows, cols, g, 42 + (uint64_t)s);
-        snprintf(what, sizeof what, "tq_rotate_bwd group %d cols %lld", g, (long long)cols);
+        /* odd shapes add into dx; even ones write it, over NaN on both backends (read, the
+         * NaN would stay) */
+        if (!(s & 1)) g_cpu->fill(g_cpu, dx.h, NAN, rows * cols), g_gpu->fill(g_gpu, dx.d, NAN, rows * cols);
+        g_cpu->tq_rotate_bwd(g_cpu, dx.h, y.h, rows, cols, g, 42 + (uint64_t)s, s & 1);
+        g_gpu->tq_rotate_bwd(g_gpu, dx.d, y.d, rows, cols, g, 42 + (uint64_t)s, s & 1);
+        snprintf(what, sizeof what, "tq_rotate_bwd group %d cols %lld, %s", g, (long long)cols,
+                 s & 1 ? "added" : "written over NaN");
         expect(what, &dx, 1e-6);
         g_cpu->tq_rotate(g_cpu, x.h, x.h, rows, cols, g, 7);
         g_gpu->tq_rotate(g_gpu, x.d, x.d, rows, cols, g, 7);

@@ -369,7 +369,7 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
         if (k == 1) be->fill(be, sc.act, sentinel, act);
         if (k != 1)
             for (int i = 0; i < NL; i++) tz_linear_bwd(be, ls[i], dx[k], dy[i], x, hk[i], scr, n);
-        else tz_linear_bwd_shared(be, ls, NL, dx[1], dys, x, hk, scr, n);
+        else tz_linear_bwd_shared(be, ls, NL, dx[1], dys, x, hk, scr, n, 0);
         if (k == 1) {
             float *a = host_of(be, sc.act, act);
             for (int64_t w = rot; w < act; w++) kept += a[w] == sentinel;
@@ -411,6 +411,29 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
     else
         check(e <= 1e-5 * mx, "%s: shared backward: dx within %.1e of its largest element (1e-5)",
               what, e / mx);
+    /* dx written instead of added to (tz_linear_bwd_set first, then added; the shared call
+     * with dx_set), over NaN: the values of the same calls adding into zeros, every element
+     * (+0 and -0 alike) */
+    int wsame = 1;
+    const float *hk0[NL] = {h[0][0], NULL, h[0][2]}, *dys0[NL] = {dy[0], dy[1], dy[2]};
+    for (int shared = 0; shared < 2; shared++) {
+        float *got[2];
+        for (int set = 0; set < 2; set++) {
+            be->fill(be, dx[2], set ? NAN : 0.0f, n * in);
+            for (int i = 0; i < ps.n; i++)
+                if (ps.p[i]->g) be->fill(be, ps.p[i]->g, 0.0f, ps.p[i]->numel);
+            if (shared) tz_linear_bwd_shared(be, ls, NL, dx[2], dys0, x, hk0, scr, n, set);
+            else
+                for (int i = 0; i < NL; i++)
+                    (set && !i ? tz_linear_bwd_set : tz_linear_bwd)(be, ls[i], dx[2], dy[i], x,
+                                                                   hk0[i], scr, n);
+            got[set] = host_of(be, dx[2], n * in);
+        }
+        for (int64_t k = 0; k < n * in; k++) wsame &= got[1][k] == got[0][k];
+        free(got[0]), free(got[1]);
+    }
+    check(wsame, "%s: dx written (the separate calls and the shared one) = added into zeros, "
+          "over NaN", what);
     for (int k = 0; k < 3; k++)
         for (int j = 0; j <= ng; j++) free(gh[k][j]);
     for (int i = 0; i < NL; i++) {

@@ -75,17 +75,17 @@ static void test_ops(void) {
         float *dx0 = frand(rows * cols, 0.5f), *dx = copy_of(dx0, rows * cols);
         tz_tq_rotate_inv(ref, x, rows, cols, g, seed);
         for (int64_t i = 0; i < rows * cols; i++) ref[i] += dx0[i];
-        g_be->tq_rotate_bwd(g_be, dx, x, rows, cols, g, seed);
+        g_be->tq_rotate_bwd(g_be, dx, x, rows, cols, g, seed, 1);
         check(!memcmp(dx, ref, (size_t)(rows * cols) * sizeof *dx),
               "tq_rotate_bwd g=%d: dx += tz_tq_rotate_inv(dy), bit for bit", g);
         memcpy(dx, dx0, (size_t)(rows * cols) * sizeof *dx);
-        be1->tq_rotate_bwd(be1, dx, x, rows, cols, g, seed);
+        be1->tq_rotate_bwd(be1, dx, x, rows, cols, g, seed, 1);
         check(!memcmp(dx, ref, (size_t)(rows * cols) * sizeof *dx),
               "tq_rotate_bwd g=%d, 1 thread: same bits", g);
         /* rotate then its inverse is the identity to rounding */
         memset(dx, 0, (size_t)(rows * cols) * sizeof *dx);
         g_be->tq_rotate(g_be, y, x, rows, cols, g, seed);
-        g_be->tq_rotate_bwd(g_be, dx, y, rows, cols, g, seed);
+        g_be->tq_rotate_bwd(g_be, dx, y, rows, cols, g, seed, 1);
         check(maxrel(dx, x, rows * cols) < 1e-6, "tq_rotate_bwd(tq_rotate(x)) = x, g=%d (%.1e)",
               g, maxrel(dx, x, rows * cols));
         free(x), free(y), free(ref), free(inplace), free(dx0), free(dx);
