@@ -114,12 +114,13 @@ template <bool VEC> static __device__ __forceinline__ void store8(uint16_t *p, c
 }
 
 /* inverse = 0: y = (H (s*x)) * inv, written (as fp32, or rounded to bf16 where O is
- * uint16_t) at row stride ldo; inverse = 1 (O float only): dx += (H dy) * (s * inv);
- * inverse = 2: dx = (H dy) * (s * inv), dx not read.
- * lanes = g / 8. VEC: in, out's rows (and signs, from cudaMalloc) 16-byte aligned. */
+ * uint16_t) at row stride ldo, and x itself rounded to bf16 into xc [rows, cols] where xc is
+ * not NULL; inverse = 1 (O float only): dx += (H dy) * (s * inv); inverse = 2: dx = (H dy) *
+ * (s * inv), dx not read.
+ * lanes = g / 8. VEC: in, out's rows, xc (and signs, from cudaMalloc) 16-byte aligned. */
 template <bool VEC, class O>
 static __global__ void k_rotate(O *out, const float *in, const float *signs, int cols,
-                                int64_t ldo, int lanes, float inv, int inverse) {
+                                int64_t ldo, int lanes, float inv, int inverse, uint16_t *xc) {
     const int c = (blockIdx.x * ROT_THREADS + threadIdx.x) * 8, lane = threadIdx.x & 31;
     const bool live = c < cols;
     const int64_t row = (int64_t)blockIdx.y * cols;
@@ -127,6 +128,7 @@ static __global__ void k_rotate(O *out, const float *in, const float *signs, int
     if (live) {
         load8<VEC>(v, in + row + c);
         load8<true>(s, signs + c);
+        if (xc) store8<VEC>(xc + row + c, v);
     } else {
 #pragma unroll
         for (int i = 0; i < 8; i++) v[i] = s[i] = 0.0f;
@@ -170,7 +172,8 @@ static __global__ void k_rotate(O *out, const float *in, const float *signs, int
 
 template <class O>
 static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_t cols,
-                   int64_t ldo, int group, uint64_t seed, int inverse, const char *op) {
+                   int64_t ldo, int group, uint64_t seed, int inverse, const char *op,
+                   uint16_t *xc = NULL) {
     const float *s = row_signs(be, rows, cols, group, seed, op);
     if (rows <= 0) return;
     if (cols > INT32_MAX - ROT_SPAN)
@@ -178,7 +181,8 @@ static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_
     if (rows > 65535) { /* grid.y limit: in slices of rows */
         for (int64_t r0 = 0; r0 < rows; r0 += 65535) {
             int64_t n = rows - r0 < 65535 ? rows - r0 : 65535;
-            rotate(be, out + r0 * ldo, in + r0 * cols, n, cols, ldo, group, seed, inverse, op);
+            rotate(be, out + r0 * ldo, in + r0 * cols, n, cols, ldo, group, seed, inverse, op,
+                   xc ? xc + r0 * cols : NULL);
         }
         return;
     }
@@ -186,9 +190,12 @@ static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_
     const int c = (int)cols, lanes = group / 8;
     dim3 grid((unsigned)((cols + ROT_SPAN - 1) / ROT_SPAN), (unsigned)rows);
     cudaStream_t st = tz_cuda_stream(be);
-    if (!(((uintptr_t)out | (uintptr_t)in | (uintptr_t)(ldo * (int64_t)sizeof(O))) & 15))
-        k_rotate<true, O><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, ldo, lanes, inv, inverse);
-    else k_rotate<false, O><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, ldo, lanes, inv, inverse);
+    if (!(((uintptr_t)out | (uintptr_t)in | (uintptr_t)xc | (uintptr_t)(ldo * (int64_t)sizeof(O))) &
+          15))
+        k_rotate<true, O><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, ldo, lanes, inv, inverse, xc);
+    else
+        k_rotate<false, O><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, ldo, lanes, inv, inverse,
+                                                         xc);
     CUDA_LAUNCHED();
 }
 
@@ -198,10 +205,10 @@ static void cuda_tq_rotate(tz_backend *be, float *y, const float *x, int64_t row
 }
 
 static void cuda_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_t rows,
-                             int64_t cols, int64_t ldy, int group, uint64_t seed) {
+                             int64_t cols, int64_t ldy, int group, uint64_t seed, uint16_t *xc) {
     if (ldy < cols) TZ_FATAL("tq_rotate16: row stride %lld below %lld columns", (long long)ldy,
                              (long long)cols);
-    rotate(be, y, x, rows, cols, ldy, group, seed, 0, "tq_rotate16");
+    rotate(be, y, x, rows, cols, ldy, group, seed, 0, "tq_rotate16", xc);
 }
 
 static void cuda_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,

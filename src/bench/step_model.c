@@ -174,9 +174,10 @@ static void s_rot(tz_backend *be, float *y, cf *x, int64_t rows, int64_t cols, i
     add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 1), 2 * F * rows * cols);
 }
 static void s_rot16(tz_backend *be, uint16_t *y, cf *x, int64_t rows, int64_t cols, int64_t ldy,
-                    int group, uint64_t seed) {
+                    int group, uint64_t seed, uint16_t *xc) {
     (void)y, (void)x, (void)seed, (void)ldy;
-    add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 1), (F + 2) * rows * cols);
+    add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 1),
+        (F + (xc ? 4 : 2)) * rows * cols);
 }
 static void s_rot_bwd(tz_backend *be, float *dx, cf *dy, int64_t rows, int64_t cols, int group,
                       uint64_t seed, int acc) {

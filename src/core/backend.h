@@ -304,9 +304,10 @@ struct tz_backend {
                       int group, uint64_t seed);
     /* tq_rotate's y rounded to bf16 (to nearest even) as it is written: bf16(R_j x), the
      * bits to_bf16 would make of tq_rotate's output (y may not be x), row r at y + r * ldy
-     * (ldy >= cols; elements past cols in a row are not written). */
+     * (ldy >= cols; elements past cols in a row are not written); where xc is not NULL, x
+     * itself rounded too, into xc [rows, cols] (to_bf16's bits: one read of x for both). */
     void (*tq_rotate16)(tz_backend *be, uint16_t *y, const float *x, int64_t rows, int64_t cols,
-                        int64_t ldy, int group, uint64_t seed);
+                        int64_t ldy, int group, uint64_t seed, uint16_t *xc);
     void (*tq_rotate_bwd)(tz_backend *be, float *dx, const float *dy, int64_t rows,
                           int64_t cols, int group, uint64_t seed, int accumulate);
     void (*tq_dequant)(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,

@@ -46,7 +46,7 @@ static void cpu_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows
 
 /* tq_rotate group by group, each rounded to bf16 as it is stored. */
 static void cpu_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_t rows,
-                            int64_t cols, int64_t ldy, int group, uint64_t seed) {
+                            int64_t cols, int64_t ldy, int group, uint64_t seed, uint16_t *xc) {
     if (ldy < cols) TZ_FATAL("tq_rotate16: row stride %lld below %lld columns", (long long)ldy,
                              (long long)cols);
     float *s = row_signs(rows, cols, group, seed, "tq_rotate16");
@@ -58,6 +58,9 @@ static void cpu_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_t
         for (int64_t j = 0; j < cols; j += group) {
             rotate_group(t, x + r * cols + j, s + j, group, inv);
             for (int i = 0; i < group; i++) y[r * ldy + j + i] = tz_f32_to_bf16(t[i]);
+            if (xc)
+                for (int i = 0; i < group; i++)
+                    xc[r * cols + j + i] = tz_f32_to_bf16(x[r * cols + j + i]);
         }
     }
     free(s);

@@ -105,6 +105,10 @@ void tz_linear_set_probe(tz_linear_probe fn, void *ctx) {
     g_probe_ctx = ctx;
 }
 
+/* Floats, rounded up to 64 bytes, of n fp32 or of n bf16 values. */
+static int64_t al16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+static int64_t half16(int64_t n) { return al16((n + 1) / 2); }
+
 /* ---- LoRA folded into the base GEMM along K (tq_matmul_lora) ---- */
 
 /* The row stride of [x_rot | h] and [W_rot | s B] for an adapter of rank r on `in` inputs:
@@ -144,18 +148,25 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
         tz_matmul_w(be, y, x, l->w, n, l->out, l->in, 1, 1.0f, 0.0f);
     } else if (q->method == TZ_TQ_TURBOQUANT && l->a && folds(be, l, fold_ld(l->in, l->r)) &&
                (n * fold_ld(l->in, l->r) + 1) / 2 <= l->tq->act_floats) {
-        /* y = [x_rot | x A^T] [W_rot | s B]^T: LoRA inside the base GEMM */
-        const int64_t ld = fold_ld(l->in, l->r);
+        /* y = [x_rot | x A^T] [W_rot | s B]^T: LoRA inside the base GEMM; x rounded by the
+         * rotation's pass too, after its rows, where there is room (the plans hold it) */
+        const int64_t ld = fold_ld(l->in, l->r), rot = al16((n * ld + 1) / 2);
         uint16_t *xr = (uint16_t *)(void *)l->tq->act;
-        mm16(be, h, x, 0, l->a->w, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f); /* h = x A^T */
-        be->tq_rotate16(be, xr, x, n, l->in, ld, q->group, q->seed);
+        uint16_t *x16 = rot + (n * l->in + 1) / 2 <= l->tq->act_floats
+                            ? (uint16_t *)(void *)(l->tq->act + rot)
+                            : NULL;
+        be->tq_rotate16(be, xr, x, n, l->in, ld, q->group, q->seed, x16);
+        /* h = x A^T */
+        mm16(be, h, x16 ? (const void *)x16 : (const void *)x, x16 != NULL, l->a->w, 0, n, l->r,
+             l->in, 0, 1, 1.0f, 0.0f);
         fold_matmul(be, l, y, xr, ld, h, n);
         if (l->bias) be->bias_add_fwd(be, y, l->bias->w, n, l->out);
         return;
     } else if (q->method == TZ_TQ_TURBOQUANT) { /* y = x_rot . W_rot^T */
         float *xr = act_buffer(l, n);
         if (rounds_bf16(be) && sharing_on()) { /* rounded as it is stored, as the GEMM would */
-            be->tq_rotate16(be, (uint16_t *)(void *)xr, x, n, l->in, l->in, q->group, q->seed);
+            be->tq_rotate16(be, (uint16_t *)(void *)xr, x, n, l->in, l->in, q->group, q->seed,
+                            NULL);
             qmatmul16(be, l, y, xr, 1, n, 1, 0.0f);
         } else {
             be->tq_rotate(be, xr, x, n, l->in, q->group, q->seed);
@@ -218,9 +229,6 @@ static int dy_readers(const tz_linear *l, int dx, int plan) {
     return dx + grad(l->w, plan) + (l->a ? grad(l->b, plan) + (dx || grad(l->a, plan)) : 0);
 }
 
-/* Floats, rounded up to 64 bytes, of n fp32 or of n bf16 values. */
-static int64_t al16(int64_t n) { return (n + 15) & ~(int64_t)15; }
-static int64_t half16(int64_t n) { return al16((n + 1) / 2); }
 
 
 /* Where a backward of the `count` linears reading one input [n, in] keeps its bf16 copies
@@ -282,8 +290,8 @@ int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, i
     if (count > 1 && !turbo && rounds_bf16(be) && sharing_on()) fwd = (n * ls[0]->in + 1) / 2;
     for (int i = 0; i < count; i++) rmax = ls[i]->a && ls[i]->r > rmax ? ls[i]->r : rmax;
     if (turbo && rmax && rounds_bf16(be) && sharing_on()) { /* LoRA folded (tq_matmul_lora) */
-        const int64_t rot = (n * fold_ld(ls[0]->in, rmax) + 1) / 2;
-        const int64_t f = count > 1 ? al16(rot) + (n * ls[0]->in + 1) / 2 : rot;
+        const int64_t rot = (n * fold_ld(ls[0]->in, rmax) + 1) / 2; /* then x in bf16 */
+        const int64_t f = al16(rot) + (n * ls[0]->in + 1) / 2;
         fwd = f > fwd ? f : fwd;
     }
     if (!backward) return fwd;
@@ -393,8 +401,7 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
     for (int i = 0; i < count && fold; i++) fold = folds(be, ls[i], ld);
     if (fold) {
         uint16_t *xr16 = (uint16_t *)(void *)l0->tq->act, *x16 = (uint16_t *)(void *)(l0->tq->act + rot);
-        be->tq_rotate16(be, xr16, x, n, l0->in, ld, q0->group, q0->seed);
-        be->to_bf16(be, x16, x, n * l0->in);
+        be->tq_rotate16(be, xr16, x, n, l0->in, ld, q0->group, q0->seed, x16);
         for (int i = 0; i < count; i++) {
             const tz_linear *l = ls[i];
             if (l->a) /* h = x A^T */
@@ -407,9 +414,10 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
     const void *xr = act_buffer(l0, n), *xl = x;
     const int b16 = rounds_bf16(be);
     if (b16) { /* rounded once here, as each GEMM would round it */
-        be->tq_rotate16(be, act16(l0, n, 0), x, n, l0->in, l0->in, q0->group, q0->seed);
+        be->tq_rotate16(be, act16(l0, n, 0), x, n, l0->in, l0->in, q0->group, q0->seed,
+                        adapted ? act16(l0, n, 1) : NULL);
         xr = act16(l0, n, 0);
-        if (adapted) be->to_bf16(be, act16(l0, n, 1), x, n * l0->in), xl = act16(l0, n, 1);
+        if (adapted) xl = act16(l0, n, 1);
     } else {
         be->tq_rotate(be, act_buffer(l0, n), x, n, l0->in, q0->group, q0->seed);
     }

@@ -133,7 +133,7 @@ static void add_rotate(oc_list *l, int64_t rows, int64_t cols, int g, uint64_t s
 static void rot16_fwd(oc_run *r) {
     const int64_t n = OCP(r, 0) * OCP(r, 1);
     r->be->tq_rotate16(r->be, OCH(r, 1), OCF(r, 0), OCP(r, 0), OCP(r, 1), OCP(r, 1),
-                       (int)OCP(r, 2), (uint64_t)OCP(r, 3));
+                       (int)OCP(r, 2), (uint64_t)OCP(r, 3), NULL);
     r->be->from_bf16(r->be, OCF(r, 2), OCH(r, 1), n);
 }
 static void rot16_ref(oc_ref *r) {

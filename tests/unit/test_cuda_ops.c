@@ -927,8 +927,8 @@ static void rot_case(int g, int64_t rows, int64_t cols, int off) {
     uint16_t *h16 = malloc(b16), *g16 = malloc(b16 + 32);
     uint16_t *d16 = g_gpu->alloc(g_gpu, b16 + 32); /* 16 canary bytes either side */
     g_gpu->upload(g_gpu, d16, memset(g16, 0xA5, b16 + 32), b16 + 32);
-    g_cpu->tq_rotate16(g_cpu, h16, x.h + off, rows, cols, cols, g, 99);
-    g_gpu->tq_rotate16(g_gpu, d16 + 8 + off, x.d + off, rows, cols, cols, g, 99);
+    g_cpu->tq_rotate16(g_cpu, h16, x.h + off, rows, cols, cols, g, 99, NULL);
+    g_gpu->tq_rotate16(g_gpu, d16 + 8 + off, x.d + off, rows, cols, cols, g, 99, NULL);
     g_gpu->download(g_gpu, g16, d16, b16 + 32);
     int same = !memcmp(g16 + 8 + off, h16, b16), kept = 1;
     for (int64_t i = 0; i < (int64_t)(b16 + 32) / 2; i++)
@@ -942,16 +942,25 @@ static void rot_case(int g, int64_t rows, int64_t cols, int off) {
     const size_t s16 = (size_t)(rows * ld) * 2;
     uint16_t *gs = malloc(s16), *ds = g_gpu->alloc(g_gpu, s16);
     g_gpu->upload(g_gpu, ds, memset(gs, 0xA5, s16), s16);
-    g_gpu->tq_rotate16(g_gpu, ds, x.d + off, rows, cols, ld, g, 99);
+    /* ... and x itself rounded in the same pass (xc): to_bf16's bits, canary after it kept */
+    uint16_t *xc = g_gpu->alloc(g_gpu, b16 + 32), *hc = malloc(b16 + 32);
+    g_gpu->upload(g_gpu, xc, memset(hc, 0xA5, b16 + 32), b16 + 32);
+    g_gpu->tq_rotate16(g_gpu, ds, x.d + off, rows, cols, ld, g, 99, xc + off);
     g_gpu->download(g_gpu, gs, ds, s16);
+    g_gpu->download(g_gpu, hc, xc, b16 + 32);
     same = 1, kept = 1;
     for (int64_t r = 0; r < rows; r++) {
         same &= !memcmp(gs + r * ld, h16 + r * cols, (size_t)cols * 2);
         for (int64_t j = cols; j < ld; j++) kept &= gs[r * ld + j] == 0xA5A5;
     }
-    check(same && kept, "tq_rotate16 group %d, %lld x %lld%s at row stride %lld: the same bits, "
-          "the gaps kept", g, (long long)rows, (long long)cols, off ? ", unaligned" : "",
-          (long long)ld);
+    int xsame = 1;
+    for (int64_t i = 0; i < rows * cols; i++) xsame &= hc[off + i] == tz_f32_to_bf16(x.h[off + i]);
+    for (int64_t i = off + rows * cols; i < (int64_t)(b16 + 32) / 2; i++) xsame &= hc[i] == 0xA5A5;
+    check(same && kept && xsame, "tq_rotate16 group %d, %lld x %lld%s at row stride %lld: the "
+          "same bits, the gaps kept, x rounded beside it (to_bf16's bits)", g, (long long)rows,
+          (long long)cols, off ? ", unaligned" : "", (long long)ld);
+    g_gpu->release(g_gpu, xc);
+    free(hc);
     g_gpu->release(g_gpu, ds);
     free(gs);
     free(h16), free(g16);
