@@ -431,44 +431,33 @@ struct dec_chunks {
     }
 };
 
-/* C[M, rows] (row stride rows) = alpha A W^T + beta C, A bf16 [M, ld] at row stride lda = ld:
- * W's rows a chunk at a time, each decoded at row stride ld with LoRA's columns (s B's rows of
- * the chunk; zeros without B) after cols. */
-static void fwd_chunks(tz_backend *be, float *C, const uint16_t *A, uint16_t *tile,
-                       const uint8_t *codes, const uint16_t *scales, const float *levels,
-                       int64_t rows, int64_t cols, int64_t ld, const float *B, int64_t r, float s,
-                       int bits, int group, int64_t M, float alpha, float beta, const char *op) {
-    const int64_t cr = tz_tq_chunk_rows(be, rows);
+/* The product a chunk of W at a time. transW = 1: C[M, rows] (row stride rows) = alpha A W^T
+ * + beta C, A bf16 [M, ld]: W's rows a chunk at a time, each decoded at row stride ld with
+ * LoRA's columns after cols (s B's rows of the chunk; zeros without B). transW = 0: C[M, cols]
+ * (row stride cols) = alpha A W + beta C, A bf16 [M, rows]: W's columns, whole groups a chunk
+ * at a time, each decoded into a [rows, chunk] buffer. Each chunk's GEMM writes its own
+ * columns of C. */
+static void tq_chunks(tz_backend *be, float *C, const uint16_t *A, uint16_t *tile,
+                      const uint8_t *codes, const uint16_t *scales, const float *levels,
+                      int64_t rows, int64_t cols, int64_t ld, const float *B, int64_t r, float s,
+                      int bits, int group, int64_t M, int transW, float alpha, float beta,
+                      const char *op) {
+    const int64_t total = transW ? rows : cols;
+    const int64_t step = transW ? tz_tq_chunk_rows(be, rows) : tz_tq_chunk_cols(be, cols, group);
+    const int64_t buf_elems = transW ? step * ld : rows * step;
     dec_chunks ch(be);
-    for (int64_t r0 = 0, i = 0; r0 < rows; r0 += cr, i++) {
-        const int64_t nr = rows - r0 < cr ? rows - r0 : cr;
-        uint16_t *buf = tile + (i & 1) * cr * ld;
+    for (int64_t k0 = 0, i = 0; k0 < total; k0 += step, i++) {
+        const int64_t nk = total - k0 < step ? total - k0 : step;
+        uint16_t *buf = tile + (i & 1) * buf_elems;
         ch.before_decode(i);
+        const dq_part pt = transW ? dq_part{k0, nk, 0, cols, ld, ch.st}
+                                  : dq_part{0, rows, k0, nk, nk, ch.st};
         dequant_part(be, reinterpret_cast<__nv_bfloat16 *>(buf), codes, scales, levels, rows, cols,
-                     bits, group, op, dq_part{r0, nr, 0, cols, ld, ch.st});
-        lora_cols(ch.st, buf, ld, cols, B ? B + r0 * r : NULL, B ? r : 0, s, nr);
+                     bits, group, op, pt);
+        if (transW) lora_cols(ch.st, buf, ld, cols, B ? B + k0 * r : NULL, B ? r : 0, s, nk);
         ch.decoded(i);
-        tz_cuda_gemm16_ld(be, C + r0, rows, A, ld, buf, ld, 1, M, nr, ld, alpha, beta);
-        ch.used(i);
-    }
-}
-
-/* C[M, cols] (row stride cols) = alpha A W + beta C, A bf16 [M, rows]: W's columns a chunk of
- * whole groups at a time, each decoded into a [rows, chunk] buffer. */
-static void bwd_chunks(tz_backend *be, float *C, const uint16_t *A, uint16_t *tile,
-                       const uint8_t *codes, const uint16_t *scales, const float *levels,
-                       int64_t rows, int64_t cols, int bits, int group, int64_t M, float alpha,
-                       float beta, const char *op) {
-    const int64_t cc = tz_tq_chunk_cols(be, cols, group);
-    dec_chunks ch(be);
-    for (int64_t c0 = 0, i = 0; c0 < cols; c0 += cc, i++) {
-        const int64_t nc = cols - c0 < cc ? cols - c0 : cc;
-        uint16_t *buf = tile + (i & 1) * rows * cc;
-        ch.before_decode(i);
-        dequant_part(be, reinterpret_cast<__nv_bfloat16 *>(buf), codes, scales, levels, rows, cols,
-                     bits, group, op, dq_part{0, rows, c0, nc, nc, ch.st});
-        ch.decoded(i);
-        tz_cuda_gemm16_ld(be, C + c0, cols, A, rows, buf, nc, 0, M, nc, rows, alpha, beta);
+        if (transW) tz_cuda_gemm16_ld(be, C + k0, rows, A, ld, buf, ld, 1, M, nk, ld, alpha, beta);
+        else tz_cuda_gemm16_ld(be, C + k0, cols, A, rows, buf, nk, 0, M, nk, rows, alpha, beta);
         ch.used(i);
     }
 }
@@ -486,12 +475,8 @@ static void cuda_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, 
         check_rows(rows, cols, group, "tq_matmul");
         const uint16_t *a16 = a_bf16 ? (const uint16_t *)A : tz_cuda_gemm_round(be, (const float *)A, M * K);
         uint16_t *t16 = reinterpret_cast<uint16_t *>(tile);
-        if (transW)
-            fwd_chunks(be, C, a16, t16, codes, scales, levels, rows, cols, cols, NULL, 0, 0.0f,
-                       bits, group, M, alpha, beta, "tq_matmul");
-        else
-            bwd_chunks(be, C, a16, t16, codes, scales, levels, rows, cols, bits, group, M, alpha,
-                       beta, "tq_matmul");
+        tq_chunks(be, C, a16, t16, codes, scales, levels, rows, cols, cols, NULL, 0, 0.0f, bits,
+                  group, M, transW, alpha, beta, "tq_matmul");
     } else if (be->matmul_dtype == TZ_DT_BF16) {
         __nv_bfloat16 *w16 = (__nv_bfloat16 *)tile;
         dequant(be, w16, codes, scales, levels, rows, cols, bits, group, "tq_matmul");
@@ -519,8 +504,8 @@ static void cuda_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t l
     uint16_t *t16 = reinterpret_cast<uint16_t *>(tile);
     lora_cols(tz_cuda_stream(be), A, ld, cols, h, r, 1.0f, M);
     if (tz_tq_chunked(be)) {
-        fwd_chunks(be, C, A, t16, codes, scales, levels, rows, cols, ld, r ? B : NULL, r, s, bits,
-                   group, M, 1.0f, 0.0f, "tq_matmul_lora");
+        tq_chunks(be, C, A, t16, codes, scales, levels, rows, cols, ld, r ? B : NULL, r, s, bits,
+                  group, M, 1, 1.0f, 0.0f, "tq_matmul_lora");
         return;
     }
     dequant(be, reinterpret_cast<__nv_bfloat16 *>(t16), codes, scales, levels, rows, cols, bits,
