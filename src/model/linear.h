@@ -53,7 +53,9 @@ void tz_embedding_w(tz_backend *be, float *out, const int32_t *tok, const tz_par
  * (saved for backward); h may be NULL without adapter.
  * Quantized W, TurboQuant: x_rot = tq_rotate(x) into tq->act, W_rot decoded into tq->tile,
  * y = x_rot W_rot^T (= x W_hat^T, quant/turboquant.h). Absmax: W_hat decoded, y = x W_hat^T.
- * The LoRA path always reads the un-rotated x. */
+ * The LoRA path always reads the un-rotated x. With bf16 GEMMs and room in the tile
+ * (tz_linear_fold_cols) a TurboQuant weight's LoRA path runs inside its GEMM, along K
+ * (tq_matmul_lora: s B and h rounded to bf16 there; h itself is kept in fp32). */
 void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
                    int64_t n);
 /* Accumulates dx += dy W (+ LoRA path), and the weight / adapter / bias gradients where
