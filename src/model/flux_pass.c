@@ -275,20 +275,17 @@ static void stream_mlp_bwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
     /* y = x2 + gate_mlp * mo */
     be->fill(be, m->dc, 0.0f, R * I);
     be->gate_bwd(be, m->dc, dmod + 5 * I, dy, mo, mod + 5 * I, M, n, Ts, I);
-    be->fill(be, dg, 0.0f, R * F);
-    tz_linear_bwd(be, ff2, dg, m->dc, g, *lh2, m->dlora, R);
+    tz_linear_bwd_set(be, ff2, dg, m->dc, g, *lh2, m->dlora, R); /* written: no zeroing */
     be->fill(be, df, 0.0f, R * F);
     be->gelu_tanh_bwd(be, df, dg, f, R * F);
-    be->fill(be, m->da, 0.0f, R * I);
-    tz_linear_bwd(be, ff1, m->da, df, h2, *lh1, m->dlora, R);
+    tz_linear_bwd_set(be, ff1, m->da, df, h2, *lh1, m->dlora, R);
     be->fill(be, m->db, 0.0f, R * I);
     be->modulate_bwd(be, m->db, dmod + 3 * I, dmod + 4 * I, m->da, ln2, mod + 4 * I, M, n, Ts, I);
     be->layernorm_bwd(be, dy, m->db, x2, mean2, rstd2, R, I); /* dy: now dL/dx2 */
     /* x2 = x + gate_msa * ao, ao = out_proj(att) */
     be->fill(be, m->dc, 0.0f, R * I);
     be->gate_bwd(be, m->dc, dmod + 2 * I, dy, ao, mod + 2 * I, M, n, Ts, I);
-    be->fill(be, d_att, 0.0f, R * I);
-    tz_linear_bwd(be, out_proj, d_att, m->dc, att, *lho, m->dlora, R);
+    tz_linear_bwd_set(be, out_proj, d_att, m->dc, att, *lho, m->dlora, R);
 }
 
 /* One stream's input side backward: dL/dh1 from its q, k, v gradients, then through the
@@ -301,10 +298,9 @@ static void stream_in_bwd(tz_flux *m, const tz_linear *lq, const tz_linear *lk,
                           float *dy, int64_t Ts) {
     tz_backend *be = m->be;
     const int64_t n = m->n, I = tz_flux_inner(&m->d), R = n * Ts, M = 6 * I;
-    be->fill(be, m->da, 0.0f, R * I);
     const tz_linear *ls[3] = {lq, lk, lv};
     const float *dys[3] = {dq, dk, dv}, *hs[3] = {*lhq, *lhk, *lhv};
-    tz_linear_bwd_shared(be, ls, 3, m->da, dys, h1, hs, m->dlora, R, 0);
+    tz_linear_bwd_shared(be, ls, 3, m->da, dys, h1, hs, m->dlora, R, 1); /* da written */
     be->fill(be, m->db, 0.0f, R * I);
     be->modulate_bwd(be, m->db, dmod, dmod + I, m->da, ln1, mod + I, M, n, Ts, I);
     be->layernorm_bwd(be, dy, m->db, x, mean1, rstd1, R, I); /* dy: now dL/dx */
@@ -377,14 +373,13 @@ static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     be->gate_bwd(be, m->dc, m->dmodi + 2 * I, m->dres, a->o, a->modi + 2 * I, M, n, T, I);
     /* d[att, gelu] in wide0, split into datt and dgelu (wide1); then wide0 takes dMLP hidden */
     float *dcat = m->wide0, *dg = m->wide1, *df = m->wide0;
-    be->fill(be, dcat, 0.0f, BT * (I + F));
-    tz_linear_bwd(be, &L[TZ_FLUX_POUT], dcat, m->dc, a->cat, a->lh[TZ_FLUX_POUT], m->dlora, BT);
+    tz_linear_bwd_set(be, &L[TZ_FLUX_POUT], dcat, m->dc, a->cat, a->lh[TZ_FLUX_POUT], m->dlora,
+                      BT);
     be->copy2d(be, m->datt, I, dcat, I + F, BT, I);
     be->copy2d(be, dg, F, dcat + I, I + F, BT, F);
     be->fill(be, df, 0.0f, BT * F);
     be->gelu_tanh_bwd(be, df, dg, a->fi, BT * F);
-    be->fill(be, m->da, 0.0f, BT * I);
-    tz_linear_bwd(be, &L[TZ_FLUX_MLP], m->da, df, a->h1i, a->lh[TZ_FLUX_MLP], m->dlora, BT);
+    tz_linear_bwd_set(be, &L[TZ_FLUX_MLP], m->da, df, a->h1i, a->lh[TZ_FLUX_MLP], m->dlora, BT);
     attend_bwd(m, a, a->vi, n, T);
     be->fill(be, m->dqi, 0.0f, BT * I);
     be->fill(be, m->dki, 0.0f, BT * I);
@@ -408,8 +403,7 @@ static void embed_bwd(tz_flux *m, const tz_linear *l1, const tz_linear *l2, cons
                       const float *h, const float *s, const float *dout) {
     tz_backend *be = m->be;
     const int64_t n = m->n, I = tz_flux_inner(&m->d);
-    be->fill(be, m->dts, 0.0f, n * I);
-    tz_linear_bwd(be, l2, m->dts, dout, s, NULL, m->dlora, n);
+    tz_linear_bwd_set(be, l2, m->dts, dout, s, NULL, m->dlora, n);
     be->fill(be, m->dth, 0.0f, n * I);
     be->silu_bwd(be, m->dth, m->dts, h, n * I);
     tz_linear_bwd(be, l1, NULL, m->dth, in, NULL, m->dlora, n);
@@ -429,8 +423,7 @@ double tz_flux_forward_backward(tz_flux *m, const tz_flux_batch *in, const float
     /* the final layer */
     be->fill(be, m->dpred, 0.0f, n * per);
     be->mse_bwd(be, m->dpred, m->pred, per, m->target, dloss, n, per);
-    be->fill(be, m->da, 0.0f, Bi * I);
-    tz_linear_bwd(be, &m->proj_out, m->da, m->dpred, m->fh, NULL, m->dlora, Bi);
+    tz_linear_bwd_set(be, &m->proj_out, m->da, m->dpred, m->fh, NULL, m->dlora, Bi);
     be->fill(be, m->dmodi, 0.0f, n * 2 * I);
     be->fill(be, m->db, 0.0f, Bi * I);
     be->modulate_bwd(be, m->db, m->dmodi + I, m->dmodi, m->da, m->fln, m->fmod, 2 * I, n, Ti, I);
