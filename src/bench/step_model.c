@@ -198,8 +198,9 @@ static void s_tq_matmul(tz_backend *be, float *C, const void *A, int a16, float 
     const double ob = be->matmul_dtype == TZ_DT_BF16 ? 2.0 : F;
     add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, ob));
     const int64_t K = transW ? cols : rows, N = transW ? rows : cols;
-    /* the tile is in the GEMM operand type already: read once */
-    gemm_op(be, M, N, K, a16, 1, beta, tq_a_reads(be, rows, cols, group, transW), __func__);
+    /* the tile is in the GEMM operand type already (bf16 or fp32): read once, no cast */
+    gemm_op(be, M, N, K, a16, ob == 2.0, beta, tq_a_reads(be, rows, cols, group, transW),
+            __func__);
 }
 
 static void s_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld, cf *h, cf *B,
