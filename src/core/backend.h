@@ -401,16 +401,17 @@ struct tz_backend {
 
 /* tq_matmul's chunks where be decodes in them (tq_chunks > 1 with bf16 GEMMs): the forward
  * (transW = 1) takes W's rows, tz_tq_chunk_rows at a time; the backward (transW = 0) its
- * columns, tz_tq_chunk_cols (whole groups) at a time. */
+ * columns, tz_tq_chunk_cols (whole groups) at a time. Not chunked: all of W at once. */
 static inline int tz_tq_chunked(const tz_backend *be) {
     return be->tq_chunks > 1 && be->matmul_dtype == TZ_DT_BF16;
 }
 static inline int64_t tz_tq_chunk_rows(const tz_backend *be, int64_t rows) {
-    return (rows + be->tq_chunks - 1) / be->tq_chunks;
+    const int k = tz_tq_chunked(be) ? be->tq_chunks : 1;
+    return (rows + k - 1) / k;
 }
 static inline int64_t tz_tq_chunk_cols(const tz_backend *be, int64_t cols, int group) {
-    const int64_t groups = cols / group;
-    return (groups + be->tq_chunks - 1) / be->tq_chunks * group;
+    const int k = tz_tq_chunked(be) ? be->tq_chunks : 1;
+    return (cols / group + k - 1) / k * group;
 }
 /* Elements (of the GEMM operand type) of the tile tq_matmul (ld = cols) or tq_matmul_lora
  * (its ld) needs for W [rows, cols] in groups of `group`: rows * ld; decoded in chunks, one
