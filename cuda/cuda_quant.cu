@@ -358,8 +358,8 @@ static void dequant_part(tz_backend *be, T *w, const uint8_t *codes, const uint1
 template <class T>
 static void dequant(tz_backend *be, T *w, const uint8_t *codes, const uint16_t *scales,
                     const float *levels, int64_t rows, int64_t cols, int bits, int group,
-                    const char *op, int64_t ld = 0) {
-    const dq_part pt = {0, rows, 0, cols, ld ? ld : cols, tz_cuda_stream(be)};
+                    const char *op) {
+    const dq_part pt = {0, rows, 0, cols, cols, tz_cuda_stream(be)};
     dequant_part(be, w, codes, scales, levels, rows, cols, bits, group, op, pt);
 }
 
@@ -412,7 +412,8 @@ struct dec_chunks {
     tz_cuda_ctx *c;
     int side;
     cudaStream_t st; /* where the decodes go */
-    explicit dec_chunks(tz_backend *be) : c(tz_cuda_ctx_of(be)), side(decode_side()) {
+    /* several: more than one chunk (one has nothing to overlap: the compute stream) */
+    dec_chunks(tz_backend *be, int several) : c(tz_cuda_ctx_of(be)), side(several && decode_side()) {
         st = side ? c->dec_stream : c->stream;
         if (!side) return;
         CUDA_CHECK(cudaEventRecord(c->dec_start, c->stream));
@@ -445,7 +446,7 @@ static void tq_chunks(tz_backend *be, float *C, const uint16_t *A, uint16_t *til
     const int64_t total = transW ? rows : cols;
     const int64_t step = transW ? tz_tq_chunk_rows(be, rows) : tz_tq_chunk_cols(be, cols, group);
     const int64_t buf_elems = transW ? step * ld : rows * step;
-    dec_chunks ch(be);
+    dec_chunks ch(be, step < total);
     for (int64_t k0 = 0, i = 0; k0 < total; k0 += step, i++) {
         const int64_t nk = total - k0 < step ? total - k0 : step;
         uint16_t *buf = tile + (i & 1) * buf_elems;
@@ -489,7 +490,7 @@ static void cuda_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, 
 
 /* The weight decoded into bf16 at row stride ld, B's columns after it, A's h after its rotated
  * input, then one GEMM over cols + (ld - cols) (docs/design/cuda.md, "LoRA folded into the
- * base GEMM"); in chunks of W's rows where the backend decodes in chunks. */
+ * base GEMM"); in chunks of W's rows where the backend decodes in chunks, else in one. */
 static void cuda_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld,
                                 const float *h, const float *B, int64_t r, float s, float *tile,
                                 const uint8_t *codes, const uint16_t *scales,
@@ -503,15 +504,8 @@ static void cuda_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t l
     check_rows(rows, cols, group, "tq_matmul_lora");
     uint16_t *t16 = reinterpret_cast<uint16_t *>(tile);
     lora_cols(tz_cuda_stream(be), A, ld, cols, h, r, 1.0f, M);
-    if (tz_tq_chunked(be)) {
-        tq_chunks(be, C, A, t16, codes, scales, levels, rows, cols, ld, r ? B : NULL, r, s, bits,
-                  group, M, 1, 1.0f, 0.0f, "tq_matmul_lora");
-        return;
-    }
-    dequant(be, reinterpret_cast<__nv_bfloat16 *>(t16), codes, scales, levels, rows, cols, bits,
-            group, "tq_matmul_lora", ld);
-    lora_cols(tz_cuda_stream(be), t16, ld, cols, B, r, s, rows);
-    tz_cuda_gemm16_ld(be, C, rows, A, ld, t16, ld, 1, M, rows, ld, 1.0f, 0.0f);
+    tq_chunks(be, C, A, t16, codes, scales, levels, rows, cols, ld, r ? B : NULL, r, s, bits,
+              group, M, 1, 1.0f, 0.0f, "tq_matmul_lora");
 }
 
 void tz_cuda_install_quant(tz_backend *be) {
