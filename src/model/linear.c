@@ -197,7 +197,7 @@ static void linear_bwd_x(tz_backend *be, const tz_linear *l, float *dx, const fl
     if (dx && !dx_done) {
         const float bd = dx_set ? 0.0f : 1.0f;
         if (q && q->method == TZ_TQ_TURBOQUANT) { /* dx (+)= R^T (dy W_rot) */
-            float *t = act_buffer(l, n); /* n * in floats at its start (bwd_space) */
+            float *t = act_buffer(l, n); /* n * in floats at its start (bwd_layout) */
             qmatmul16(be, l, t, d, d16, n, 0, 0.0f);
             be->tq_rotate_bwd(be, dx, t, n, l->in, q->group, q->seed, !dx_set);
         } else if (q) { /* dx (+)= dy W_hat */
@@ -228,8 +228,6 @@ static int grad(const tz_param *p, int plan) { return p && (p->g || (plan && p->
 static int dy_readers(const tz_linear *l, int dx, int plan) {
     return dx + grad(l->w, plan) + (l->a ? grad(l->b, plan) + (dx || grad(l->a, plan)) : 0);
 }
-
-
 
 /* Where a backward of the `count` linears reading one input [n, in] keeps its bf16 copies
  * (bf16 GEMM operands only), in the activation scratch after dy W_rot (n * in floats, where
