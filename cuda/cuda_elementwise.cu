@@ -151,6 +151,7 @@ static __global__ void k_bias_add(float *y, const float *bias, int64_t C, int64_
 static void cuda_bias_add_fwd(tz_backend *be, float *y, const float *bias, int64_t rows,
                               int64_t C) {
     int64_t n = rows * C;
+    if (n > 0) TZ_CUDA_KERNEL_READS(be, bias, (size_t)C * sizeof *bias, "bias");
     TZ_CUDA_LAUNCH(k_bias_add, n, y, bias, C, n);
 }
 

@@ -37,6 +37,11 @@ static void embedding_fwd(tz_backend *be, float *out, const int32_t *tok, const 
                           int64_t n, int64_t C) {
     int64_t total = n * C;
     if (total <= 0) return;
+#ifdef TZ_CUDA_EMULATION /* the rows it reads (the emulated device's memory is the host's) */
+    for (int64_t t = 0; t < n; t++)
+        TZ_CUDA_KERNEL_READS(be, table + (int64_t)tok[t] * C, (size_t)C * sizeof *table,
+                             "embedding row");
+#endif
     k_embedding_fwd<T><<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
                          tz_cuda_stream(be)>>>(out, tok, table, C, total);
     CUDA_LAUNCHED();

@@ -26,6 +26,7 @@ static void cuda_rmsnorm_fwd(tz_backend *be, float *out, float *rstd, const floa
                              const float *w, int64_t rows, int64_t C, float eps) {
     if (rows <= 0 || C <= 0) return;
     check_rows(rows, "rmsnorm");
+    TZ_CUDA_KERNEL_READS(be, w, (size_t)C * sizeof *w, "rmsnorm weight");
     k_rmsnorm_fwd<<<(unsigned)rows, ROW_THREADS, 0, tz_cuda_stream(be)>>>(out, rstd, x, w, C,
                                                                            eps);
     CUDA_LAUNCHED();
@@ -59,6 +60,7 @@ static void cuda_rmsnorm_bwd(tz_backend *be, float *dx, float *dw, const float *
                              int64_t C) {
     if (rows <= 0 || C <= 0) return;
     check_rows(rows, "rmsnorm_bwd");
+    TZ_CUDA_KERNEL_READS(be, w, (size_t)C * sizeof *w, "rmsnorm weight");
     k_rmsnorm_bwd_dx<<<(unsigned)rows, ROW_THREADS, 0, tz_cuda_stream(be)>>>(dx, dout, x, w,
                                                                               rstd, C);
     CUDA_LAUNCHED();

@@ -40,6 +40,7 @@ void tz_adapter_read_spec(const char *dir, const char *const *names, int n, tz_l
 }
 
 void tz_adapter_load(tz_params *ps, tz_backend *be, const char *dir, const char *base) {
+    tz_params_weights_all(ps); /* the optimizer's uploads into them are done */
     char path[1100], err[1200];
     tz_path_join(path, sizeof path, dir, "adapter_model.safetensors");
     tz_safetensors st;
@@ -126,6 +127,7 @@ static void download_quant(tz_backend *be, const tz_param *p, tz_tq_tensor *t, c
 int tz_params_save(tz_params *ps, tz_backend *be, const char *path, int adapters, int bf16,
                          const tz_tensor_view *views, int n_views, const tz_quant_opts *quant,
                          const char *const *extra) {
+    tz_params_weights_all(ps); /* the optimizer's uploads into them are done */
     tz_st_writer w;
     tz_st_writer_init(&w);
     tz_st_writer_set_metadata(&w, "format", "pt");
@@ -208,6 +210,7 @@ void tz_adapter_base_quant(const tz_params *ps, tz_peft_config *c) {
 void tz_adapter_save(tz_params *ps, tz_backend *be, const char *dir, const char *const *names,
                      int n, const tz_lora_spec *s, const char *base_model_path,
                      const char *task_type) {
+    tz_params_weights_all(ps); /* the optimizer's uploads into them are done */
     char path[1100], err[1200];
     if (tz_mkdir_p(dir, err, sizeof err)) TZ_FATAL("%s", err);
     tz_peft_config c;
@@ -272,6 +275,7 @@ static float *dequant_host(tz_backend *be, const tz_param *p) {
 }
 
 int tz_params_merge_lora(tz_params *ps, tz_backend *be, const tz_lora_spec *s) {
+    tz_params_weights_all(ps); /* the optimizer's uploads into them are done */
     static const char prefix[] = "base_model.model.", tail[] = ".lora_A.weight";
     for (int i = 0; i < ps->n; i++) { /* every weight dense first */
         tz_param *p = ps->p[i];
@@ -310,6 +314,7 @@ int tz_params_merge_lora(tz_params *ps, tz_backend *be, const tz_lora_spec *s) {
 
 void tz_adapter_save_diffusers(tz_params *ps, tz_backend *be, const char *path,
                                const char *prefix, const tz_lora_spec *s) {
+    tz_params_weights_all(ps); /* the optimizer's uploads into them are done */
     static const char peft[] = "base_model.model.";
     const float scale = s->rank > 0 ? (float)(s->alpha / (double)s->rank) : 1.0f;
     tz_st_writer w;

@@ -155,6 +155,7 @@ tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_model_opts 
     m->o = *o;
     m->be = be;
     tz_params_init(&m->params);
+    m->params.weights_staged = 1; /* tz_dit_forward asks for its weights stage by stage */
     const int64_t Hd = d->hidden, p = d->patch_size, L = d->depth, emb = L + 1;
     if (o->quant.bits) {
         tz_quant_prepare(&o->quant, &m->cb, m->levels);
@@ -210,7 +211,7 @@ void tz_dit_free(tz_dit *m) {
     free(m->blocks);
     tz_layer_stack_free(&m->stack);
     free(m->tfreq_host);
-    free(m->sse_host);
+    if (m->sse_host) m->be->host_free(m->be, m->sse_host);
     free(m);
 }
 
@@ -296,12 +297,13 @@ void tz_dit_setup(tz_dit *m, int64_t B) {
     if (B <= 0) TZ_FATAL("dit: batch size %lld", (long long)B);
     tz_arena_free(&m->arena);
     free(m->tfreq_host);
-    free(m->sse_host);
+    if (m->sse_host) m->be->host_free(m->be, m->sse_host);
     m->B = m->n = B;
     tz_arena_init(&m->arena, m->be, tz_dit_arena_bytes(m, B));
     acts_walk(m, &m->arena, B);
     m->tfreq_host = tz_xmalloc((size_t)(B * m->d.freq_dim) * sizeof *m->tfreq_host);
-    m->sse_host = tz_xmalloc((size_t)B * sizeof *m->sse_host);
+    /* pinned: the losses come down on the copy queue while backward is queued */
+    m->sse_host = m->be->host_alloc(m->be, (size_t)B * sizeof *m->sse_host);
 }
 
 void tz_dit_set_batch(tz_dit *m, int64_t n) {

@@ -73,7 +73,9 @@ void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *
     be->upload(be, m->labels, y, (size_t)n * sizeof(int32_t));
     timestep_features(m->tfreq_host, t, n, d->freq_dim);
     be->upload(be, m->tfreq, m->tfreq_host, (size_t)(n * d->freq_dim) * sizeof(float));
-    /* patch embedding + positions */
+    /* patch embedding + positions; each stage's trainable weights as the pass reaches them
+     * (the optimizer's uploads of later blocks may still be on their way) */
+    tz_params_weights_needed(&m->params, (int)d->depth + 1);
     be->patchify(be, m->patches, m->img, n, d->in_channels, S, S, p, 0);
     tz_layer_stack *st = &m->stack;
     float *x0 = tz_layer_stack_out(st, 0);
@@ -88,11 +90,13 @@ void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *
     be->axpy(be, m->c, 1.0f, m->temb, n * Hd);
     be->silu_fwd(be, m->sc, m->c, n * Hd);
     for (int64_t i = 0; i < d->depth; i++) {
+        tz_params_weights_needed(&m->params, (int)(d->depth - i));
         block_fwd(m, &m->blocks[i], acts_of(m, i), tz_layer_stack_in(st, be, i),
                   tz_layer_stack_out(st, i + 1));
         tz_layer_stack_put(st, be, i + 1);
     }
     /* final layer: shift, scale = chunk(2); LN, modulate, linear, unpatchify */
+    tz_params_weights_needed(&m->params, 0);
     tz_linear_fwd(be, &m->f_ada, m->fmod, m->f_lh, m->sc, n);
     be->layernorm_fwd(be, m->fln, m->fmean, m->frstd, tz_layer_stack_in(st, be, d->depth), BT,
                       Hd, 1e-6f);
@@ -101,23 +105,41 @@ void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *
     be->unpatchify(be, m->out_img, m->fo, n, tz_dit_out_channels(d), S, S, p, 1);
 }
 
-/* SSE of the first C channels of the prediction against target (uploaded here). */
-static double loss_of(tz_dit *m, const float *target) {
+/* The target into backend memory, before the forward pass (an upload waits for the compute
+ * queue: here it has nothing to wait for). */
+static void target_up(tz_dit *m, const float *target) {
+    const int64_t n = m->n, img = tz_dit_image_numel(&m->d);
+    m->be->upload(m->be, m->target, target, (size_t)(n * img) * sizeof(float));
+}
+
+/* Per image, the SSE of the first C channels of the prediction against the target, sent to
+ * the host on the copy queue after the forward pass's work without the host waiting for it
+ * (backward is queued at once); loss_sum waits and adds (done: loss_send's event). */
+static void *loss_send(tz_dit *m) {
     tz_backend *be = m->be;
     const int64_t n = m->n, img = tz_dit_image_numel(&m->d);
     const int64_t ld = tz_dit_out_channels(&m->d) * m->d.input_size * m->d.input_size;
-    be->upload(be, m->target, target, (size_t)(n * img) * sizeof(float));
     be->mse_fwd(be, m->sse, m->out_img, ld, m->target, n, img);
-    be->download(be, m->sse_host, m->sse, (size_t)n * sizeof(float));
+    void *ev = be->event_mark(be, TZ_QUEUE_COMPUTE);
+    be->event_wait(be, ev, TZ_QUEUE_COPY);
+    be->event_free(be, ev);
+    be->download_async(be, m->sse_host, m->sse, (size_t)n * sizeof(float));
+    return be->event_mark(be, TZ_QUEUE_COPY);
+}
+
+static double loss_sum(tz_dit *m, void *done) {
+    m->be->event_wait(m->be, done, TZ_QUEUE_HOST);
+    m->be->event_free(m->be, done);
     double s = 0.0;
-    for (int64_t b = 0; b < n; b++) s += m->sse_host[b];
+    for (int64_t b = 0; b < m->n; b++) s += m->sse_host[b];
     return s;
 }
 
 double tz_dit_forward_loss(tz_dit *m, const float *x_t, const float *t, const int32_t *y,
                            const float *target) {
+    target_up(m, target);
     tz_dit_forward(m, x_t, t, y);
-    return loss_of(m, target);
+    return loss_sum(m, loss_send(m));
 }
 
 /* ---- backward ---- */
@@ -175,8 +197,9 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     const int64_t S = d->input_size, p = d->patch_size, Cout = tz_dit_out_channels(d);
     const int64_t ld = Cout * S * S, L = d->depth;
     if (m->o.forward_only) TZ_FATAL("dit: built for forward passes only (no backward buffers)");
+    target_up(m, target);
     tz_dit_forward(m, x_t, t, y);
-    double loss = loss_of(m, target);
+    void *loss_done = loss_send(m);
     tz_params_backward_begins(&m->params);
     /* loss -> prediction -> final linear (token layout) */
     be->fill(be, m->dimg, 0.0f, n * ld);
@@ -216,5 +239,5 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     }
     tz_linear_bwd(m->be, &m->x_emb, NULL, m->dres, m->patches, NULL, m->dlora, BT);
     tz_params_stage_done(&m->params, (int)L + 1);
-    return loss;
+    return loss_sum(m, loss_done);
 }

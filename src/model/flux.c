@@ -200,6 +200,7 @@ tz_flux *tz_flux_create(tz_backend *be, const tz_flux_dims *d, const tz_model_op
     m->o = *o;
     m->be = be;
     tz_params_init(&m->params);
+    m->params.weights_staged = 1; /* tz_flux_forward asks for its weights stage by stage */
     const int64_t I = tz_flux_inner(d), F = tz_flux_mlp(d), Ld = d->layers, Ls = d->single_layers;
     if (o->quant.bits) {
         tz_quant_prepare(&o->quant, &m->cb, m->levels);
@@ -256,7 +257,8 @@ void tz_flux_free(tz_flux *m) {
     free(m->init_rule);
     tz_layer_stack_free(&m->stack);
     tz_wstream_free(&m->ws);
-    free(m->feat_host), free(m->cs_host), free(m->sse_host);
+    free(m->feat_host), free(m->cs_host);
+    if (m->sse_host) m->be->host_free(m->be, m->sse_host);
     free(m);
 }
 
@@ -377,13 +379,15 @@ void tz_flux_setup(tz_flux *m, int64_t B, int64_t Ti, int64_t Tt) {
         TZ_FATAL("flux: batch %lld of %lld image and %lld text tokens", (long long)B,
                  (long long)Ti, (long long)Tt);
     tz_arena_free(&m->arena);
-    free(m->feat_host), free(m->cs_host), free(m->sse_host);
+    free(m->feat_host), free(m->cs_host);
+    if (m->sse_host) m->be->host_free(m->be, m->sse_host);
     m->B = m->n = B, m->Ti = Ti, m->Tt = Tt;
     tz_arena_init(&m->arena, m->be, tz_flux_arena_bytes(m, B, Ti, Tt));
     acts_walk(m, &m->arena, B, Ti, Tt);
     m->feat_host = tz_xmalloc((size_t)(2 * B * 256) * sizeof(float));
     m->cs_host = tz_xmalloc((size_t)((Ti + Tt) * m->d.head_dim) * sizeof(float));
-    m->sse_host = tz_xmalloc((size_t)B * sizeof(float));
+    /* pinned: the losses come down on the copy queue while backward is queued */
+    m->sse_host = m->be->host_alloc(m->be, (size_t)B * sizeof(float));
 }
 
 void tz_flux_set_batch(tz_flux *m, int64_t n) {

@@ -214,7 +214,10 @@ void tz_flux_forward(tz_flux *m, const tz_flux_batch *in) {
     }
     rope_table(m->cs_host, d, in->txt_ids, in->img_ids, Tt, Ti);
     be->upload(be, m->cs, m->cs_host, (size_t)(T * d->head_dim) * sizeof(float));
-    /* the two streams, merged into the first residual stream */
+    /* the two streams, merged into the first residual stream; each stage's trainable
+     * weights as the pass reaches them (the optimizer's uploads of later blocks may still be
+     * on their way) */
+    tz_params_weights_needed(&m->params, (int)L + 1);
     tz_linear_fwd(be, &m->x_emb, m->hi, NULL, m->xt, Bi);
     tz_linear_fwd(be, &m->ctx_emb, m->hc, NULL, m->txt, Bc);
     tz_layer_stack *st = &m->stack;
@@ -227,11 +230,13 @@ void tz_flux_forward(tz_flux *m, const tz_flux_batch *in) {
     be->silu_fwd(be, m->sc, m->temb, n * I);
     for (int64_t k = 0; k < L; k++) {
         tz_wstream_use(&m->ws, k, k + 1 < L ? k + 1 : -1);
+        tz_params_weights_needed(&m->params, (int)(L - k));
         block_fwd(m, k, tz_layer_stack_in(st, be, k), tz_layer_stack_out(st, k + 1));
         tz_wstream_done(&m->ws, k);
         tz_layer_stack_put(st, be, k + 1);
     }
     /* the final layer on the image tokens: scale, shift = chunk(2) (scale first) */
+    tz_params_weights_needed(&m->params, 0);
     split(be, NULL, m->fx, tz_layer_stack_in(st, be, L), n, Tt, Ti, I);
     tz_linear_fwd(be, &m->norm_out, m->fmod, m->f_lh, m->sc, n);
     be->layernorm_fwd(be, m->fln, m->fmean, m->frstd, m->fx, Bi, I, EPS);
@@ -239,20 +244,39 @@ void tz_flux_forward(tz_flux *m, const tz_flux_batch *in) {
     tz_linear_fwd(be, &m->proj_out, m->pred, NULL, m->fh, Bi);
 }
 
-static double loss_of(tz_flux *m, const float *target) {
+/* The target into backend memory, before the forward pass (an upload waits for the compute
+ * queue: here it has nothing to wait for). */
+static void target_up(tz_flux *m, const float *target) {
+    const int64_t n = m->n, per = m->Ti * m->d.out_channels;
+    m->be->upload(m->be, m->target, target, (size_t)(n * per) * sizeof(float));
+}
+
+/* Per sample, the SSE of the prediction against the target, sent to the host on the copy
+ * queue after the forward pass's work without the host waiting for it (backward is queued
+ * at once); loss_sum waits and adds (done: loss_send's event). */
+static void *loss_send(tz_flux *m) {
     tz_backend *be = m->be;
     const int64_t n = m->n, per = m->Ti * m->d.out_channels;
-    be->upload(be, m->target, target, (size_t)(n * per) * sizeof(float));
     be->mse_fwd(be, m->sse, m->pred, per, m->target, n, per);
-    be->download(be, m->sse_host, m->sse, (size_t)n * sizeof(float));
+    void *ev = be->event_mark(be, TZ_QUEUE_COMPUTE);
+    be->event_wait(be, ev, TZ_QUEUE_COPY);
+    be->event_free(be, ev);
+    be->download_async(be, m->sse_host, m->sse, (size_t)n * sizeof(float));
+    return be->event_mark(be, TZ_QUEUE_COPY);
+}
+
+static double loss_sum(tz_flux *m, void *done) {
+    m->be->event_wait(m->be, done, TZ_QUEUE_HOST);
+    m->be->event_free(m->be, done);
     double s = 0.0;
-    for (int64_t b = 0; b < n; b++) s += m->sse_host[b];
+    for (int64_t b = 0; b < m->n; b++) s += m->sse_host[b];
     return s;
 }
 
 double tz_flux_forward_loss(tz_flux *m, const tz_flux_batch *in, const float *target) {
+    target_up(m, target);
     tz_flux_forward(m, in);
-    return loss_of(m, target);
+    return loss_sum(m, loss_send(m));
 }
 
 /* ---- backward ---- */
@@ -417,8 +441,9 @@ double tz_flux_forward_backward(tz_flux *m, const tz_flux_batch *in, const float
     const int64_t Bi = n * Ti, Bc = n * Tt, L = d->layers + d->single_layers;
     const int64_t per = Ti * d->out_channels;
     if (m->o.forward_only) TZ_FATAL("flux: built for forward passes only (no backward buffers)");
+    target_up(m, target);
     tz_flux_forward(m, in);
-    const double loss = loss_of(m, target);
+    void *loss_done = loss_send(m);
     tz_params_backward_begins(&m->params);
     /* the final layer */
     be->fill(be, m->dpred, 0.0f, n * per);
@@ -457,5 +482,5 @@ double tz_flux_forward_backward(tz_flux *m, const tz_flux_batch *in, const float
         embed_bwd(m, &m->p1, &m->p2, m->pooled, m->ph, m->pss, m->dtemb);
     }
     tz_params_stage_done(&m->params, (int)L + 1);
-    return loss;
+    return loss_sum(m, loss_done);
 }

@@ -117,6 +117,7 @@ tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_model
     m->o = *o;
     m->be = be;
     tz_params_init(&m->params);
+    m->params.weights_staged = 1; /* forward_body and decode ask for their weights */
     int full = o->full;
     if (o->quant.bits) tz_quant_prepare(&o->quant, &m->cb, m->levels);
     const int64_t C = d->dim, qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
@@ -489,13 +490,18 @@ static void forward_body(tz_llama *m, const int32_t *inputs, const int32_t *targ
     be->upload(be, m->tok, inputs, (size_t)BT * sizeof *inputs);
     be->upload(be, m->tgt, targets, (size_t)BT * sizeof *targets);
     tz_layer_stack *st = &m->stack;
+    /* each stage's trainable weights as the pass reaches them (the optimizer's uploads of
+     * later layers may still be on their way: tz_params_weights_needed) */
+    tz_params_weights_needed(&m->params, (int)d->n_layers + 1);
     tz_embedding_w(be, tz_layer_stack_out(st, 0), m->tok, m->embed, BT, C);
     tz_layer_stack_put(st, be, 0);
     for (int64_t l = 0; l < d->n_layers; l++) {
+        tz_params_weights_needed(&m->params, (int)(d->n_layers - l));
         layer_fwd(m, &m->layers[l], acts_of(m, l), tz_layer_stack_in(st, be, l),
                   tz_layer_stack_out(st, l + 1), m->B, m->T, NULL, 1);
         tz_layer_stack_put(st, be, l + 1);
     }
+    tz_params_weights_needed(&m->params, 0);
     be->rmsnorm_fwd(be, m->hf, m->rstdf, tz_layer_stack_in(st, be, d->n_layers),
                     m->final_norm->w, BT, C, (float)d->eps);
 }
@@ -702,6 +708,7 @@ const float *tz_llama_decode(tz_llama *m, tz_llama_cache *c, const int32_t *tok,
         TZ_FATAL("llama: the key/value cache holds %lld positions; %lld more do not fit",
                  (long long)c->cap, (long long)(c->len + n - c->cap));
     be->upload(be, m->tok, tok, (size_t)n * sizeof *tok);
+    tz_params_weights_all(&m->params);
     tz_layer_stack *st = &m->stack;
     tz_embedding_w(be, tz_layer_stack_out(st, 0), m->tok, m->embed, n, C);
     tz_layer_stack_put(st, be, 0);

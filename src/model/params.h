@@ -69,6 +69,17 @@ typedef struct tz_params {
      * benchmark's phase clock; NULL: none). */
     void (*backward_hook)(void *ctx);
     void *backward_hook_ctx;
+    /* Weight readiness, the mirror of ready[]: the optimizer may leave the updated weights
+     * on their way to the backend (copies in forward order, optim/zero.c) and install this
+     * hook; a forward pass then calls tz_params_weights_needed(ps, s) before it reads the
+     * weights of backward stage s (the stages from n_stages - 1 down to 0), and whatever else
+     * reads or writes trainable weights (saving, loading) calls tz_params_weights_all first.
+     * weights_staged: the model makes these calls in every pass that reads trainable
+     * weights; without it the optimizer makes the backend wait for all of them at once. */
+    void (*weights_hook)(void *ctx, int64_t lo_flat); /* every trainable weight at or above
+                                                        * flat offset lo_flat is needed */
+    void *weights_hook_ctx;
+    int weights_staged;
     /* Set by a model while it registers the weights of streamed blocks: the quantized weights
      * registered meanwhile keep their codes in pinned host memory (tz_qweight.host). */
     int codes_on_host;
@@ -124,8 +135,21 @@ void tz_params_set_grad_hook(tz_params *ps, void (*fn)(void *ctx, int64_t ready_
 static inline void tz_params_stage_done(const tz_params *ps, int s) {
     if (ps->grad_hook) ps->grad_hook(ps->grad_hook_ctx, ps->ready[s]);
 }
-/* A model calls it between the forward pass (loss included) and the backward pass. */
+/* Before a forward pass reads the trainable weights of backward stage s: the weights of
+ * stages s and above (the flat space from the lowest offset of a tensor of stage >= s up). */
+static inline void tz_params_weights_needed(const tz_params *ps, int s) {
+    if (!ps->weights_hook) return;
+    const int64_t lo = s <= 0 ? 0 : s > ps->n_stages ? ps->flat_numel : ps->ready[s - 1];
+    if (lo < ps->flat_numel) ps->weights_hook(ps->weights_hook_ctx, lo);
+}
+/* Before anything else that reads or writes trainable weights on the backend. */
+static inline void tz_params_weights_all(const tz_params *ps) {
+    if (ps->weights_hook) ps->weights_hook(ps->weights_hook_ctx, 0);
+}
+/* A model calls it between the forward pass (loss included) and the backward pass (every
+ * trainable weight is needed from here on). */
 static inline void tz_params_backward_begins(const tz_params *ps) {
+    tz_params_weights_all(ps);
     if (ps->backward_hook) ps->backward_hook(ps->backward_hook_ctx);
 }
 

@@ -60,6 +60,23 @@ static void master_quiet(tz_zero *z) {
     z->be->event_wait(z->be, z->wdone, TZ_QUEUE_HOST);
     z->be->event_free(z->be, z->wdone);
     z->wdone = NULL;
+    for (int b = 1; z->wev && b < z->plan.n_buckets; b++) /* (wev[0] is wdone) */
+        if (z->wev[b]) z->be->event_free(z->be, z->wev[b]);
+    if (z->wev) memset(z->wev, 0, (size_t)z->plan.n_buckets * sizeof *z->wev);
+    z->wfloor = 0;
+}
+
+void tz_zero_quiet(tz_zero *z) { master_quiet(z); }
+
+/* The params' weights hook (wstaged): the compute queue waits for the uploads of every
+ * bucket from the one holding flat offset lo up (the copy queue did them from the top). */
+static void weights_needed(void *ctx, int64_t lo) {
+    tz_zero *z = ctx;
+    int b = z->wfloor - 1;
+    if (b < 0 || !z->wev || !z->wev[b] || lo >= z->plan.b[b].start + z->plan.b[b].len) return;
+    while (b > 0 && z->plan.b[b].start > lo) b--;
+    z->be->event_wait(z->be, z->wev[b], TZ_QUEUE_COMPUTE);
+    z->wfloor = b;
 }
 
 void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim *opt,
@@ -136,6 +153,14 @@ void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim 
     if (master_dma(z)) {
         be->host_register(be, z->sh.master, (size_t)z->sh.n * sizeof(float));
         z->master_pinned = 1;
+        /* a model that asks for its weights stage by stage gets them in forward order */
+        const char *e = getenv("TZ_WEIGHTS_STAGED"); /* 0: all at once (for comparison) */
+        if (ps->weights_staged && z->zw.quant_params == 0 && !(e && !strcmp(e, "0"))) {
+            z->wstaged = 1;
+            z->wev = tz_xcalloc((size_t)z->plan.n_buckets, sizeof *z->wev);
+            ps->weights_hook = weights_needed;
+            ps->weights_hook_ctx = z;
+        }
     }
 
     const int64_t B = z->plan.bucket_elems;
@@ -162,6 +187,8 @@ void tz_zero_free(tz_zero *z) {
         z->be->release(z->be, z->d_decay);
     }
     master_quiet(z);
+    if (z->ps && z->ps->weights_hook_ctx == z) z->ps->weights_hook = NULL, z->ps->weights_hook_ctx = NULL;
+    free(z->wev);
     if (z->pinned) z->be->host_unregister(z->be, z->sh.acc);
     if (z->master_pinned) z->be->host_unregister(z->be, z->sh.master);
     tz_shard_free(&z->sh);
@@ -435,6 +462,19 @@ void tz_zero_push_weights(tz_zero *z) {
      * its next op: the host goes on at once) */
     const int r = own_rank(z), gather = gathers(z);
     const int64_t N = z->zw.world;
+    if (z->wstaged) { /* forward order, an event after each bucket (weights_needed) */
+        master_quiet(z);
+        for (int b = z->plan.n_buckets - 1; b >= 0; b--) {
+            t0 = omp_get_wtime();
+            const int64_t db = tz_zero_weights_put_dense(&z->zw, z->be, b, r,
+                                                         z->sh.master + z->plan.b[b].shard_off);
+            clock_add(z, TZ_ZERO_WEIGHTS, t0, (double)db);
+            z->wev[b] = z->be->event_mark(z->be, TZ_QUEUE_COPY);
+        }
+        z->wdone = z->wev[0];
+        z->wfloor = z->plan.n_buckets; /* the compute queue has waited for none of them */
+        return;
+    }
     for (int b = 0; b < z->plan.n_buckets; b++) {
         const int64_t *counts = z->zw.bytes + (int64_t)b * N;
         const float *slice = z->sh.master + z->plan.b[b].shard_off;
@@ -491,6 +531,7 @@ void tz_zero_device_optimizer(tz_zero *z) {
                           ps->p[i]->q ? "quantized" : "bf16");
     if (z->master_pinned) { /* no upload reads the host master from now on */
         master_quiet(z);
+        z->wstaged = 0;
         be->host_unregister(be, z->sh.master);
         z->master_pinned = 0;
     }
@@ -604,8 +645,10 @@ void tz_zero_print(const tz_zero *z) {
     char arrays[256];
     tz_shard_describe(&z->sh, arrays, sizeof arrays);
     tz_info_all("zero stage %d: owns %lld of %lld trainable parameters (shard of %lld elements "
-                "in %d buckets, with padding) | host shard %zu bytes (%.2f MiB: %s: %s)",
+                "in %d buckets, with padding) | host shard %zu bytes (%.2f MiB: %s: %s)%s",
                 z->stage, (long long)z->owned_params, (long long)z->ps->n_trainable,
                 (long long)z->sh.n, z->plan.n_buckets, z->sh.bytes,
-                (double)z->sh.bytes / 1048576.0, z->sh.opt->name, arrays);
+                (double)z->sh.bytes / 1048576.0, z->sh.opt->name, arrays,
+                z->wstaged ? " | updated weights uploaded in forward order, each layer waiting "
+                             "for its own" : "");
 }

@@ -57,6 +57,15 @@ typedef struct tz_zero {
     int pinned;            /* the shard's accumulator is registered (device) */
     int master_pinned;     /* the master is registered: dense weights are uploaded from it */
     void *wdone;           /* the last push's uploads from the master (copy queue), or NULL */
+    /* Uploads in forward order (wstaged: one rank or stage 0, dense trainables only, a model
+     * that asks for its weights stage by stage): bucket b's uploads from the master are
+     * followed by the event wev[b] on the copy queue, the buckets from the last (the first
+     * layers) down to 0 (then wdone = wev[0]); the compute queue waits for wev[b] when the
+     * model first needs a weight in bucket b (tz_params_weights_needed), and from then on
+     * for nothing in buckets >= wfloor. */
+    int wstaged;
+    void **wev;
+    int wfloor;
     tz_zero_weights zw;    /* the weights' way back: pieces of every slice, packed */
     uint8_t *wsend, *wrecv; /* one packed slice; a bucket's packed slices (the all-gather) */
     int next_bucket;       /* first bucket not yet communicated in this micro-batch */
@@ -90,6 +99,9 @@ void tz_zero_init_comms(tz_zero *z, int stage, double bucket_mb, const tz_optim 
                         tz_params *ps, tz_backend *be, tz_comm *comm, tz_comm *dcomm,
                         const tz_world *world);
 void tz_zero_free(tz_zero *z);
+/* Waits until no copy to the backend reads the host master any more (before the host
+ * overwrites it, as a checkpoint's load does). */
+void tz_zero_quiet(tz_zero *z);
 
 /* Before each optimizer step: zero the gradient buffer; the step's first gradients will
  * overwrite the host accumulator. */

@@ -277,6 +277,7 @@ static int cmp_read(const void *a, const void *b) {
  * every owned element of every tensor from the saved rank that owned it. */
 static int load_shards(const ck_meta *m, const char *folder, tz_zero *z, const tz_ckpt_tensor *t,
                        int nt, const int *map, char *err, size_t errlen) {
+    tz_zero_quiet(z); /* no upload still reads the master this overwrites */
     const int r = z->stage == 0 ? 0 : z->comm->rank;
     /* where every saved element is: pieces of every saved rank, by (tensor, offset) */
     int64_t ns = 0, *total = tz_xcalloc((size_t)(m->world * m->nt) + 1, sizeof *total);

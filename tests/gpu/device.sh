@@ -18,8 +18,8 @@
 #   tests/gpu/device.sh optimes on the GPU machine: the 7B and DiT-XL/2 steps' GPU time op by
 #                               op (TZ_CUDA_OP_TIMES=1, two bench steps each).
 #   tests/gpu/device.sh speed   on the GPU machine, after a kernel change: test_cuda_ops, the
-#                               7B bench (and again with TZ_LINEAR_SHARED=0 and with
-#                               TZ_TQ_DECODE_STREAM=0) beside
+#                               7B bench (and again with TZ_LINEAR_SHARED=0, with
+#                               TZ_TQ_DECODE_STREAM=0 and with TZ_WEIGHTS_STAGED=0) beside
 #                               anchor_peft.py lora, DiT-XL/2 with AdamW on the
 #                               GPU, both presets' op times (TZ_DEVICE_BUDGET applies).
 #   tests/gpu/device.sh sanitize on the GPU machine: compute-sanitizer memcheck, racecheck and
@@ -233,6 +233,10 @@ table() {
       read -r a b c <<< "$(ours "$out/bench-llama2-7b-nodecstream.log")"
       printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, TZ_TQ_DECODE_STREAM=0" "$a tok" "$b alloc" "$c used"
     fi
+    if [ -e "$out/bench-llama2-7b-unstaged.log" ]; then
+      read -r a b c <<< "$(ours "$out/bench-llama2-7b-unstaged.log")"
+      printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, TZ_WEIGHTS_STAGED=0" "$a tok" "$b alloc" "$c used"
+    fi
     read -r a b c <<< "$(anchor "$out/anchor-lora.log")"
     printf '%-44s %12s %14s %14s\n' "anchor peft LoRA r16, bf16" "$a tok" "$b alloc" "$c reserved"
     read -r a b c <<< "$(anchor "$out/anchor-full.log")"
@@ -311,6 +315,10 @@ speed)
   TZ_TQ_DECODE_STREAM=0 timeout "$(cap 60)" "$tz" bench --preset llama2-7b --set train.steps=6 \
     > "$out/bench-llama2-7b-nodecstream.log" 2>&1
   grep -E 'bench:|step split' "$out/bench-llama2-7b-nodecstream.log" | sed 's/^/   /'
+  echo "== TZ_WEIGHTS_STAGED=0 turbozero bench --preset llama2-7b (the next step waits for all updated weights)"
+  TZ_WEIGHTS_STAGED=0 timeout "$(cap 60)" "$tz" bench --preset llama2-7b --set train.steps=6 \
+    > "$out/bench-llama2-7b-unstaged.log" 2>&1
+  grep -E 'bench:|step split' "$out/bench-llama2-7b-unstaged.log" | sed 's/^/   /'
   anchor_run lora
   echo "== turbozero bench --preset dit-xl-2 --set optim.offload=false"
   timeout "$(cap 60)" "$tz" bench --preset dit-xl-2 --set train.steps=6 --set optim.offload=false \
