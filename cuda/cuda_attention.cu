@@ -37,7 +37,14 @@ typedef struct {
     int causal;
     float scale;
     int vec4; /* the tensor-core kernels' staging may read float4s (fa_vec4) */
+    int acc;  /* backward: add into dq, dk, dv (1), or write them (0: never read) */
 } att_shape;
+
+/* A backward output element: added to, or written without reading what was there. */
+__device__ __forceinline__ void att_out(float *p, float x, const att_shape &sh) {
+    if (sh.acc) *p += x;
+    else *p = x;
+}
 
 
 /* Whether query t sees key s: both within the sequence, and s <= t when causal. */
@@ -202,7 +209,7 @@ __global__ void k_att_dq(float *dq, const float *dout, const float *lse, const f
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         int64_t d = lane + 32 * i;
-        if (d < D) o[d] += sh.scale * acc[i];
+        if (d < D) att_out(o + d, sh.scale * acc[i], sh);
     }
 }
 
@@ -274,8 +281,8 @@ __global__ void k_att_dkv(float *dk, float *dv, const float *dout, const float *
     for (int i = 0; i < DPL; i++) {
         int64_t d = lane + 32 * i;
         if (d < D) {
-            dv[r0 + d] += av[i];
-            dk[r0 + d] += sh.scale * ak[i];
+            att_out(dv + r0 + d, av[i], sh);
+            att_out(dk + r0 + d, sh.scale * ak[i], sh);
         }
     }
 }
@@ -285,7 +292,7 @@ static att_shape make_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64
     if (Hkv <= 0 || Hq % Hkv != 0)
         TZ_FATAL("attention: Hq=%lld is not a multiple of Hkv=%lld", (long long)Hq,
                  (long long)Hkv);
-    att_shape s = {B, T, Hq, Hkv, D, Hq / Hkv, causal, 1.0f / sqrtf((float)D), 0};
+    att_shape s = {B, T, Hq, Hkv, D, Hq / Hkv, causal, 1.0f / sqrtf((float)D), 0, 1};
     return s;
 }
 
@@ -554,6 +561,10 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     const int64_t rows_all = sh->B * sh->Hq * sh->T;
     k_att_delta<<<warp_blocks(rows_all), 256, 0, st>>>(delta, dout, out, *sh);
     CUDA_LAUNCHED();
+    if (!sh->acc) { /* dk, dv gather from every chunk: they start at zero */
+        be->fill(be, dk, 0.0f, sh->B * sh->T * sh->Hkv * sh->D);
+        be->fill(be, dv, 0.0f, sh->B * sh->T * sh->Hkv * sh->D);
+    }
     att_tc a = tc_begin(be, sh);
     for (int64_t t0 = 0; t0 < sh->T; t0 += c) {
         const int64_t nk = tc_chunk(&a, t0, c), rows = sh->B * sh->Hq * a.nq, D = sh->D;
@@ -565,7 +576,7 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
                                                          nk, t0, sh->T, sh->causal);
         CUDA_LAUNCHED();
         gemm_pairs(&a, CUBLAS_OP_N, CUBLAS_OP_N, D, a.nq, nk, sh->scale, {k, ON_KV}, {dS, ON_S},
-                   1.0f, dq, ON_Q);
+                   sh->acc ? 1.0f : 0.0f, dq, ON_Q); /* (each chunk its own query rows) */
         gemm_pairs(&a, CUBLAS_OP_N, CUBLAS_OP_T, D, nk, a.nq, sh->scale, {q, ON_Q}, {dS, ON_S},
                    1.0f, dk, ON_KV);
         gemm_pairs(&a, CUBLAS_OP_N, CUBLAS_OP_T, D, nk, a.nq, 1.0f, {dout, ON_Q}, {S, ON_S},
@@ -862,7 +873,7 @@ __global__ void __launch_bounds__(FA_THREADS)
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int64_t d = dn * 8 + 2 * t4 + j;
-                if (d < D) row[d] += sh.scale * acc[dn][2 * r + j];
+                if (d < D) att_out(row + d, sh.scale * acc[dn][2 * r + j], sh);
             }
     }
 }
@@ -935,8 +946,8 @@ __global__ void __launch_bounds__(FA_THREADS)
             for (int j = 0; j < 2; j++) {
                 const int64_t d = dn * 8 + 2 * t4 + j;
                 if (d < D) {
-                    dv[o + d] += av[dn][2 * r + j];
-                    dk[o + d] += sh.scale * ak[dn][2 * r + j];
+                    att_out(dv + o + d, av[dn][2 * r + j], sh);
+                    att_out(dk + o + d, sh.scale * ak[dn][2 * r + j], sh);
                 }
             }
     }
@@ -1025,11 +1036,13 @@ static void cuda_attention_fwd(tz_backend *be, float *out, float *lse, const flo
 static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
                                const float *dout, const float *out, const float *lse,
                                const float *q, const float *k, const float *v, int64_t B,
-                               int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int causal) {
+                               int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int causal,
+                               int accumulate) {
     void *ws = be->att_ws;
     const size_t ws_bytes = be->att_ws_bytes;
     be->att_ws = NULL, be->att_ws_bytes = 0;
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
+    sh.acc = accumulate != 0;
     if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
     if (be->matmul_dtype != TZ_DT_BF16) flash_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh);
     else if (D <= FA_MAXD) fa_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh, ws, ws_bytes);

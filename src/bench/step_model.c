@@ -131,11 +131,14 @@ static void s_att_fwd(tz_backend *be, float *o, float *lse, cf *q, cf *k, cf *v,
         F * B * T * (2.0 * Hq * D + 2.0 * Hkv * D + Hq));
 }
 static void s_att_bwd(tz_backend *be, float *dq, float *dk, float *dv, cf *d, cf *o, cf *lse, cf *q,
-                      cf *k, cf *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int causal) {
+                      cf *k, cf *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int causal,
+                      int acc) {
     (void)dq, (void)dk, (void)dv, (void)d, (void)o, (void)lse, (void)q, (void)k, (void)v;
-    /* S again, dP = dO V^T, dV += P^T dO, dQ += dS K, dK += dS^T Q */
+    /* S again, dP = dO V^T, dV += P^T dO, dQ += dS K, dK += dS^T Q: q, dO, O and k, v read,
+     * dq, dk, dv written (and read first when added into); lse and delta */
+    const double a = acc ? 1.0 : 0.0;
     add(be, TZ_SM_ATTENTION, 10.0 * B * Hq * D * pairs(T, T, causal),
-        F * B * T * (5.0 * Hq * D + 4.0 * Hkv * D + Hq));
+        F * B * T * ((4.0 + a) * Hq * D + (4.0 + 2.0 * a) * Hkv * D + Hq));
 }
 static void s_att_cache(tz_backend *be, float *o, cf *q, cf *kc, cf *vc, int64_t B, int64_t T, int64_t S,
                         int64_t p, int64_t Hq, int64_t Hkv, int64_t D) {

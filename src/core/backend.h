@@ -182,15 +182,16 @@ struct tz_backend {
      * scores = q.k / sqrt(D), causal: key s <= query t only. out [B,T,Hq,D];
      * lse [B,Hq,T] = log-sum-exp of each score row (saved for backward, which recomputes the
      * probabilities from q, k and lse rather than storing B*Hq*T*T of them).
-     * bwd: dq, dk, dv += ... Both take the workspace lent in att_ws where the backend wants
-     * one (tz_attention_ws_bytes). */
+     * bwd: dq, dk, dv += ... (accumulate), or = ... (accumulate 0: what they held is neither
+     * read nor kept, so they need no zeroing). Both take the workspace lent in att_ws where
+     * the backend wants one (tz_attention_ws_bytes). */
     void (*attention_fwd)(tz_backend *be, float *out, float *lse, const float *q, const float *k,
                           const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                           int64_t D, int causal);
     void (*attention_bwd)(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
                           const float *out, const float *lse, const float *q, const float *k,
                           const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                          int64_t D, int causal);
+                          int64_t D, int causal, int accumulate);
 
     /* Attention of T new queries against a key/value cache (generation; forward only):
      * q [B,T,Hq,D] at positions pos0 .. pos0+T-1; kc, vc [B,S,Hkv,D] hold the keys and values

@@ -176,9 +176,14 @@ static void dkv_block(const att_shape *sh, float *dk, float *dv, const float *do
 static void cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
                               const float *out, const float *lse, const float *q, const float *k,
                               const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                              int64_t D, int causal) {
+                              int64_t D, int causal, int accumulate) {
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
     if (B <= 0 || T <= 0 || D <= 0) return;
+    if (!accumulate) { /* written: the blocks below add into zeros (the same bits) */
+        be->fill(be, dq, 0.0f, B * T * Hq * D);
+        be->fill(be, dk, 0.0f, B * T * Hkv * D);
+        be->fill(be, dv, 0.0f, B * T * Hkv * D);
+    }
     int64_t rows = B * Hq * T, nqb = (T + BQ - 1) / BQ, nkb = (T + BK - 1) / BK;
     int nt = team(be, &sh);
     tz_cpu_ws_reserve(be, nt);

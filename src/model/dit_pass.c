@@ -171,12 +171,9 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->gate_bwd(be, m->da, m->dmod + 2 * Hd, m->dres, a->ao, a->mod + 2 * Hd, M, n, T, Hd);
     be->fill(be, m->db, 0.0f, BT * Hd);
     tz_linear_bwd(m->be, &L[TZ_DIT_PROJ], m->db, m->da, a->att, a->lh[TZ_DIT_PROJ], m->dlora, BT);
-    be->fill(be, m->dq, 0.0f, BT * Hd);
-    be->fill(be, m->dk, 0.0f, BT * Hd);
-    be->fill(be, m->dv, 0.0f, BT * Hd);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_bwd(be, m->dq, m->dk, m->dv, m->db, a->att, a->lse, a->q, a->k, a->v, n, T,
-                      nh, nh, Hd / nh, 0);
+                      nh, nh, Hd / nh, 0, 0); /* dq, dk, dv written */
     be->copy2d(be, m->dqkv, 3 * Hd, m->dq, Hd, BT, Hd);
     be->copy2d(be, m->dqkv + Hd, 3 * Hd, m->dk, Hd, BT, Hd);
     be->copy2d(be, m->dqkv + 2 * Hd, 3 * Hd, m->dv, Hd, BT, Hd);

@@ -332,13 +332,10 @@ static void stream_in_bwd(tz_flux *m, const tz_linear *lq, const tz_linear *lk,
 
 static void attend_bwd(tz_flux *m, tz_flux_acts *a, const float *V, int64_t n, int64_t T) {
     tz_backend *be = m->be;
-    const int64_t I = tz_flux_inner(&m->d), H = m->d.heads, D = m->d.head_dim;
-    be->fill(be, m->dQ, 0.0f, n * T * I);
-    be->fill(be, m->dK, 0.0f, n * T * I);
-    be->fill(be, m->dV, 0.0f, n * T * I);
+    const int64_t H = m->d.heads, D = m->d.head_dim;
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_bwd(be, m->dQ, m->dK, m->dV, m->datt, a->att, a->lse, a->Q, a->K, V, n, T, H,
-                      H, D, 0);
+                      H, D, 0, 0); /* dQ, dK, dV written */
     be->rope_pairs_bwd(be, m->dQ, n, T, H, D, m->cs);
     be->rope_pairs_bwd(be, m->dK, n, T, H, D, m->cs);
 }

@@ -559,12 +559,9 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim;
     const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
     tz_linear_bwd_set(be, &L->lin[TZ_LIN_O], datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
-    be->fill(be, dq, 0.0f, BT * qd);
-    be->fill(be, dk, 0.0f, BT * kvd);
-    be->fill(be, dv, 0.0f, BT * kvd);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
-                      d->n_heads, d->n_kv_heads, d->head_dim, 1);
+                      d->n_heads, d->n_kv_heads, d->head_dim, 1, 0); /* dq, dk, dv written */
     rope(m, dq, B, T, d->n_heads, 0, 1);
     rope(m, dk, B, T, d->n_kv_heads, 0, 1);
     if (d->qk_norm) { /* through each head's RMSNorm: the gradients of q and k before it */

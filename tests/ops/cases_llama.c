@@ -257,7 +257,8 @@ static void att_bwd(oc_run *r) {
     const int64_t *p = r->c->p;
     void *ws = att_lend(be, p[0], p[1], p[2], p[4], 1);
     be->attention_bwd(be, OCF(r, 6), OCF(r, 7), OCF(r, 8), OCF(r, 5), OCF(r, 3), OCF(r, 4),
-                      OCF(r, 0), OCF(r, 1), OCF(r, 2), p[0], p[1], p[2], p[3], p[4], (int)p[5]);
+                      OCF(r, 0), OCF(r, 1), OCF(r, 2), p[0], p[1], p[2], p[3], p[4], (int)p[5],
+                      !p[6]);
     be->sync(be);
     if (ws) be->release(be, ws);
 }
@@ -267,11 +268,12 @@ static void att_ref(oc_ref *r) {
                p[4], (int)p[5]);
 }
 
-static void add_attention(oc_list *l, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
-                          int causal, int host_only) {
+/* write: the backward writes dq, dk, dv (accumulate = 0) instead of adding to them */
+static void add_attention_w(oc_list *l, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                            int causal, int host_only, int write) {
     const int64_t nq = B * T * Hq * D, nk = B * T * Hkv * D;
     oc_case c = {.ops = "alloc attention_fwd attention_bwd sync release", .nt = 9,
-                 .p = {B, T, Hq, Hkv, D, causal}, .flags = OC_GEMM | (host_only ? OC_HOST_ONLY : 0), .fwd = att_fwd,
+                 .p = {B, T, Hq, Hkv, D, causal, write}, .flags = OC_GEMM | (host_only ? OC_HOST_ONLY : 0), .fwd = att_fwd,
                  .ref = att_ref, .bwd = att_bwd,
                  /* fp32: chained reductions over D <= 72 and T <= 70 in another order, an
                   * online softmax against a two-pass one, exp of the difference: ~(D + T) u
@@ -304,11 +306,17 @@ static void add_attention(oc_list *l, int64_t B, int64_t T, int64_t Hq, int64_t 
         c.t[6].flags = c.t[7].flags = OC_NOCHECK;
     }
     c.t[8] = (oc_tensor)OC_T_DIN("dv", 2);
+    if (write)
+        for (int i = 6; i < 9; i++) c.t[i].flags |= OC_WRITES;
     if (T >= 150) c.fd_points = 24; /* the reference is O(T^2) per difference */
-    snprintf(c.name, sizeof c.name, "attention B %lld T %lld Hq %lld Hkv %lld D %lld %s",
+    snprintf(c.name, sizeof c.name, "attention B %lld T %lld Hq %lld Hkv %lld D %lld %s%s",
              (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D,
-             causal ? "causal" : "full");
+             causal ? "causal" : "full", write ? ", written" : "");
     oc_add(l, &c);
+}
+static void add_attention(oc_list *l, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                          int causal, int host_only) {
+    add_attention_w(l, B, T, Hq, Hkv, D, causal, host_only, 0);
 }
 
 /* attention_cache_fwd: T queries at pos0 against a cache of capacity S.
@@ -483,6 +491,10 @@ void oc_cases_llama(oc_list *l) {
     add_attention(l, 2, 1, 4, 2, 16, 1, 0);  /* one position */
     add_attention(l, 1, 70, 2, 1, 16, 1, 0);  /* two blocks of 64 query and key rows */
     add_attention(l, 1, 20, 2, 1, 136, 1, 0); /* above the device's flash head dimension */
+    /* written gradients (over NaN): the flash paths, grouped and causal, and the chunked one */
+    add_attention_w(l, 2, 45, 4, 2, 40, 1, 0, 1);
+    add_attention_w(l, 1, 70, 2, 1, 16, 0, 0, 1);
+    add_attention_w(l, 1, 20, 2, 1, 136, 1, 0, 1);
     /* the CPU's blocking: several 64-row query blocks with a partial last one (the device's
      * 64-row tiles too); more than 256 keys (several GEMM tiles and K blocks: the CPU's only) */
     add_attention(l, 1, 150, 4, 2, 10, 1, 0);

@@ -111,7 +111,7 @@ static results run_all(const inputs *in) {
         float *dq = take(&r, nq), *dk = take(&r, nk), *dv = take(&r, nk);
         be->attention_fwd(be, out, lse, in->q, in->k, in->v, AB, AT, AHQ, AHKV, AD, causal);
         be->attention_bwd(be, dq, dk, dv, in->dout, out, lse, in->q, in->k, in->v, AB, AT, AHQ,
-                          AHKV, AD, causal);
+                          AHKV, AD, causal, 1);
     }
     const int64_t nrm = (int64_t)RR * RC;
     float *ro = take(&r, nrm), *rs = take(&r, RR), *rdx = take(&r, nrm), *rdw = take(&r, RC);

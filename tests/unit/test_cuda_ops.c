@@ -513,12 +513,12 @@ static void test_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_
     g_gpu->upload(g_gpu, out.d, out.h, (size_t)out.n * 4);
     g_gpu->upload(g_gpu, lse.d, lse.h, (size_t)lse.n * 4);
     g_cpu->attention_bwd(g_cpu, dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, B, T, Hq,
-                         Hkv, D, causal);
+                         Hkv, D, causal, 1);
     float *dq0 = malloc((size_t)dq.n * 4), *dk0 = malloc((size_t)dk.n * 4);
     g_gpu->download(g_gpu, dq0, dq.d, (size_t)dq.n * 4);
     g_gpu->download(g_gpu, dk0, dk.d, (size_t)dk.n * 4);
     g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
-                         Hkv, D, causal);
+                         Hkv, D, causal, 1);
     snprintf(line, sizeof line, "attention_bwd dq %s", what);
     expect(line, &dq, 3e-5);
     snprintf(line, sizeof line, "attention_bwd dk %s", what);
@@ -532,12 +532,39 @@ static void test_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_
     g_gpu->upload(g_gpu, dq.d, dq0, (size_t)dq.n * 4);
     g_gpu->upload(g_gpu, dk.d, dk0, (size_t)dk.n * 4);
     g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
-                         Hkv, D, causal);
+                         Hkv, D, causal, 1);
     g_gpu->download(g_gpu, dq0, dq.d, (size_t)dq.n * 4);
     g_gpu->download(g_gpu, dk0, dk.d, (size_t)dk.n * 4);
     snprintf(line, sizeof line, "attention_bwd reproducible %s", what);
     check(!memcmp(dq0, dq1, (size_t)dq.n * 4) && !memcmp(dk0, dk1, (size_t)dk.n * 4), "%s", line);
     free(dq0), free(dk0), free(dq1), free(dk1);
+    /* written (accumulate 0): over NaN on both sides, nothing of it may come through */
+    pair *gw[3] = {&dq, &dk, &dv};
+    for (int i = 0; i < 3; i++) {
+        for (int64_t j = 0; j < gw[i]->n; j++) gw[i]->h[j] = NAN;
+        g_gpu->upload(g_gpu, gw[i]->d, gw[i]->h, (size_t)gw[i]->n * 4);
+    }
+    g_cpu->attention_bwd(g_cpu, dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, B, T, Hq,
+                         Hkv, D, causal, 0);
+    g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
+                         Hkv, D, causal, 0);
+    for (int i = 0; i < 2 && T == 1; i++) {
+        /* one key: dq and dk are exactly 0, so both sides hold rounding of dP - delta, which
+         * a relative error cannot judge: finite and within 1e-6 of 0 */
+        float *g = malloc((size_t)gw[i]->n * 4);
+        g_gpu->download(g_gpu, g, gw[i]->d, (size_t)gw[i]->n * 4);
+        double e = 0.0;
+        for (int64_t j = 0; j < gw[i]->n; j++) e = !(fabs((double)g[j]) <= e) ? fabs((double)g[j]) : e;
+        free(g);
+        check(e <= 1e-6, "attention_bwd written %s %s: |x| %.3e (0 exactly; tol 1e-6)",
+              i ? "dk" : "dq", what, e);
+    }
+    snprintf(line, sizeof line, "attention_bwd written dq %s", what);
+    if (T > 1) expect(line, &dq, 3e-5);
+    snprintf(line, sizeof line, "attention_bwd written dk %s", what);
+    if (T > 1) expect(line, &dk, 3e-5);
+    snprintf(line, sizeof line, "attention_bwd written dv %s", what);
+    expect(line, &dv, 3e-5);
     drop(&q), drop(&k), drop(&v), drop(&out), drop(&lse), drop(&dout);
     drop(&dq), drop(&dk), drop(&dv);
 }
@@ -695,11 +722,11 @@ static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
         memcpy(s0[i], gr[i]->h, (size_t)gr[i]->n * 4);
     }
     g_cpu->attention_bwd(g_cpu, dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, B, T, Hq,
-                         Hkv, D, causal);
+                         Hkv, D, causal, 1);
     ws_fill(ws, bb);
     g_gpu->att_ws = ws, g_gpu->att_ws_bytes = bb;
     g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
-                         Hkv, D, causal);
+                         Hkv, D, causal, 1);
     check(!g_gpu->att_ws && !g_gpu->att_ws_bytes && ws_canary_ok(ws, bb),
           "tc attention_bwd %s: the loan taken back, nothing written past it", what);
     /* rows relative to themselves, at least to the mean row of the three increments */
@@ -722,7 +749,7 @@ static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
     ws_fill(ws, bb);
     g_gpu->att_ws = ws, g_gpu->att_ws_bytes = bb;
     g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
-                         Hkv, D, causal);
+                         Hkv, D, causal, 1);
     int same = 1;
     for (int i = 0; i < 3; i++) {
         float *again = malloc((size_t)gr[i]->n * 4);
