@@ -32,12 +32,13 @@ static __global__ void k_gelu_fwd(float *out, const float *x, int64_t n) {
     }
 }
 
-static __global__ void k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n) {
+static __global__ void k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n,
+                                  int acc) {
     TZ_CUDA_FOR(i, n) {
         float v = x[i], th = tanh_e(GELU_K * (v + GELU_A * v * v * v));
         float d = 0.5f * (1.0f + th) +
                   0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
-        dx[i] += dout[i] * d;
+        dx[i] = (acc ? dx[i] : 0.0f) + dout[i] * d; /* (not read when written) */
     }
 }
 
@@ -45,10 +46,11 @@ static __global__ void k_silu_fwd(float *out, const float *x, int64_t n) {
     TZ_CUDA_FOR(i, n) out[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
-static __global__ void k_silu_bwd(float *dx, const float *dout, const float *x, int64_t n) {
+static __global__ void k_silu_bwd(float *dx, const float *dout, const float *x, int64_t n,
+                                  int acc) {
     TZ_CUDA_FOR(i, n) {
         float sig = sigmoid(x[i]);
-        dx[i] += dout[i] * sig * (1.0f + x[i] * (1.0f - sig));
+        dx[i] = (acc ? dx[i] : 0.0f) + dout[i] * sig * (1.0f + x[i] * (1.0f - sig));
     }
 }
 
@@ -64,15 +66,15 @@ static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64
     TZ_CUDA_LAUNCH(k_gelu_fwd, n, out, x, n);
 }
 static void cuda_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
-                               int64_t n) {
-    TZ_CUDA_LAUNCH(k_gelu_bwd, n, dx, dout, x, n);
+                               int64_t n, int accumulate) {
+    TZ_CUDA_LAUNCH(k_gelu_bwd, n, dx, dout, x, n, accumulate);
 }
 static void cuda_silu_fwd(tz_backend *be, float *out, const float *x, int64_t n) {
     TZ_CUDA_LAUNCH(k_silu_fwd, n, out, x, n);
 }
 static void cuda_silu_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
-                          int64_t n) {
-    TZ_CUDA_LAUNCH(k_silu_bwd, n, dx, dout, x, n);
+                          int64_t n, int accumulate) {
+    TZ_CUDA_LAUNCH(k_silu_bwd, n, dx, dout, x, n, accumulate);
 }
 
 void tz_cuda_install_activation(tz_backend *be) {

@@ -97,11 +97,11 @@ static __global__ void k_modulate_fwd(float *out, const float *x, const float *s
     }
 }
 static __global__ void k_scaled_add(float *dx, const float *dout, const float *s, float one,
-                                    int64_t ld, int64_t T, int64_t C, int64_t n) {
-    /* dx += dout * (one + s[b, c]) */
+                                    int64_t ld, int64_t T, int64_t C, int64_t n, int acc) {
+    /* dx += dout * (one + s[b, c]); acc 0: dx = ..., not read */
     TZ_CUDA_FOR(i, n) {
         int64_t r = i / C, c = i % C, b = r / T;
-        dx[i] += dout[i] * (one + s[b * ld + c]);
+        dx[i] = (acc ? dx[i] : 0.0f) + dout[i] * (one + s[b * ld + c]);
     }
 }
 
@@ -113,9 +113,9 @@ static void cuda_modulate_fwd(tz_backend *be, float *out, const float *x, const 
 
 static void cuda_modulate_bwd(tz_backend *be, float *dx, float *dshift, float *dscale,
                               const float *dout, const float *x, const float *scale, int64_t ld,
-                              int64_t B, int64_t T, int64_t C) {
+                              int64_t B, int64_t T, int64_t C, int accumulate) {
     int64_t n = B * T * C;
-    if (dx) TZ_CUDA_LAUNCH(k_scaled_add, n, dx, dout, scale, 1.0f, ld, T, C, n);
+    if (dx) TZ_CUDA_LAUNCH(k_scaled_add, n, dx, dout, scale, 1.0f, ld, T, C, n, accumulate);
     if (dshift) tz_cuda_colsum(be, dshift, ld, colsum_a{dout, T, C}, B, T, C);
     if (dscale) tz_cuda_colsum(be, dscale, ld, colsum_aw{dout, x, T, C}, B, T, C);
 }
@@ -136,9 +136,9 @@ static void cuda_gate_fwd(tz_backend *be, float *out, const float *x, const floa
 
 static void cuda_gate_bwd(tz_backend *be, float *dy, float *dgate, const float *dout,
                           const float *y, const float *gate, int64_t ld, int64_t B, int64_t T,
-                          int64_t C) {
+                          int64_t C, int accumulate) {
     int64_t n = B * T * C;
-    if (dy) TZ_CUDA_LAUNCH(k_scaled_add, n, dy, dout, gate, 0.0f, ld, T, C, n);
+    if (dy) TZ_CUDA_LAUNCH(k_scaled_add, n, dy, dout, gate, 0.0f, ld, T, C, n, accumulate);
     if (dgate) tz_cuda_colsum(be, dgate, ld, colsum_aw{dout, y, T, C}, B, T, C);
 }
 

@@ -155,11 +155,12 @@ static void s_xent_bwd(tz_backend *be, float *d, cf *x, const int32_t *t, float 
 static void s_ln_fwd(tz_backend *be, float *o, float *mu, float *r, cf *x, int64_t rows, int64_t C, float eps) { (void)o, (void)mu, (void)r, (void)x, (void)eps; add(be, TZ_SM_NORM, 5.0 * rows * C, 2 * F * rows * C); }
 static void s_ln_bwd(tz_backend *be, float *dx, cf *d, cf *x, cf *mu, cf *r, int64_t rows, int64_t C) { (void)dx, (void)d, (void)x, (void)mu, (void)r; add(be, TZ_SM_NORM, 8.0 * rows * C, 4 * F * rows * C); }
 static void s_mod_fwd(tz_backend *be, float *o, cf *x, cf *sh, cf *sc, int64_t ld, int64_t B, int64_t T, int64_t C) { (void)o, (void)x, (void)sh, (void)sc, (void)ld; add(be, TZ_SM_ELEMENT, 2.0 * B * T * C, 2 * F * B * T * C); }
-static void s_mod_bwd(tz_backend *be, float *dx, float *dsh, float *dsc, cf *d, cf *x, cf *sc, int64_t ld, int64_t B, int64_t T, int64_t C) { (void)dx, (void)dsh, (void)dsc, (void)d, (void)x, (void)sc, (void)ld; add(be, TZ_SM_ELEMENT, 4.0 * B * T * C, 4 * F * B * T * C); }
+/* the backward's dx (dy): read as well where added to (acc), only written otherwise */
+static void s_mod_bwd(tz_backend *be, float *dx, float *dsh, float *dsc, cf *d, cf *x, cf *sc, int64_t ld, int64_t B, int64_t T, int64_t C, int acc) { (void)dx, (void)dsh, (void)dsc, (void)d, (void)x, (void)sc, (void)ld; add(be, TZ_SM_ELEMENT, 4.0 * B * T * C, (acc ? 4 : 3) * F * B * T * C); }
 static void s_gate_fwd(tz_backend *be, float *o, cf *x, cf *y, cf *g, int64_t ld, int64_t B, int64_t T, int64_t C) { (void)o, (void)x, (void)y, (void)g, (void)ld; add(be, TZ_SM_ELEMENT, 2.0 * B * T * C, 3 * F * B * T * C); }
-static void s_gate_bwd(tz_backend *be, float *dy, float *dg, cf *d, cf *y, cf *g, int64_t ld, int64_t B, int64_t T, int64_t C) { (void)dy, (void)dg, (void)d, (void)y, (void)g, (void)ld; add(be, TZ_SM_ELEMENT, 4.0 * B * T * C, 4 * F * B * T * C); }
+static void s_gate_bwd(tz_backend *be, float *dy, float *dg, cf *d, cf *y, cf *g, int64_t ld, int64_t B, int64_t T, int64_t C, int acc) { (void)dy, (void)dg, (void)d, (void)y, (void)g, (void)ld; add(be, TZ_SM_ELEMENT, 4.0 * B * T * C, (acc ? 4 : 3) * F * B * T * C); }
 static void s_act_fwd(tz_backend *be, float *o, cf *x, int64_t n) { (void)o, (void)x; add(be, TZ_SM_ELEMENT, 8.0 * n, 2 * F * n); }
-static void s_act_bwd(tz_backend *be, float *dx, cf *d, cf *x, int64_t n) { (void)dx, (void)d, (void)x; add(be, TZ_SM_ELEMENT, 12.0 * n, 4 * F * n); }
+static void s_act_bwd(tz_backend *be, float *dx, cf *d, cf *x, int64_t n, int acc) { (void)dx, (void)d, (void)x; add(be, TZ_SM_ELEMENT, 12.0 * n, (acc ? 4 : 3) * F * n); }
 static void s_bias_add(tz_backend *be, float *y, cf *b, int64_t rows, int64_t C) { (void)y, (void)b; add(be, TZ_SM_ELEMENT, (double)rows * C, 2 * F * rows * C); }
 static void s_bias_bwd(tz_backend *be, float *db, cf *dy, int64_t rows, int64_t C) { (void)db, (void)dy; add(be, TZ_SM_ELEMENT, (double)rows * C, F * rows * C); }
 static void s_mse_fwd(tz_backend *be, float *s, cf *p, int64_t ld, cf *t, int64_t rows, int64_t n) { (void)s, (void)p, (void)ld, (void)t; add(be, TZ_SM_LOSS, 3.0 * rows * n, 2 * F * rows * n); }

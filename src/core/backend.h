@@ -235,31 +235,36 @@ struct tz_backend {
                           const float *mean, const float *rstd, int64_t rows, int64_t C);
 
     /* adaLN modulate: out[b,t,c] = x[b,t,c] * (1 + scale[b,c]) + shift[b,c] (out may alias x).
-     * bwd: dx += dout * (1 + scale) (dx may be NULL); dshift[b,c] += sum_t dout[b,t,c];
-     * dscale[b,c] += sum_t dout[b,t,c] * x[b,t,c] (dshift, dscale in the same [B, ld] layout;
-     * either may be NULL). */
+     * bwd: dx += dout * (1 + scale) (dx may be NULL; accumulate 0: dx = ..., its contents
+     * not read); dshift[b,c] += sum_t dout[b,t,c]; dscale[b,c] += sum_t dout[b,t,c] * x[b,t,c]
+     * (dshift, dscale in the same [B, ld] layout, always added to; either may be NULL). */
     void (*modulate_fwd)(tz_backend *be, float *out, const float *x, const float *shift,
                          const float *scale, int64_t ld, int64_t B, int64_t T, int64_t C);
     void (*modulate_bwd)(tz_backend *be, float *dx, float *dshift, float *dscale,
                          const float *dout, const float *x, const float *scale, int64_t ld,
-                         int64_t B, int64_t T, int64_t C);
+                         int64_t B, int64_t T, int64_t C, int accumulate);
 
     /* Gated residual: out[b,t,c] = x[b,t,c] + gate[b,c] * y[b,t,c] (out may alias x).
      * bwd (the x path is the identity, left to the caller): dy += dout * gate (dy may be
-     * NULL); dgate[b,c] += sum_t dout[b,t,c] * y[b,t,c] (dgate may be NULL). */
+     * NULL; accumulate 0: dy = ..., not read); dgate[b,c] += sum_t dout[b,t,c] * y[b,t,c]
+     * (always added to; dgate may be NULL). */
     void (*gate_fwd)(tz_backend *be, float *out, const float *x, const float *y,
                      const float *gate, int64_t ld, int64_t B, int64_t T, int64_t C);
     void (*gate_bwd)(tz_backend *be, float *dy, float *dgate, const float *dout, const float *y,
-                     const float *gate, int64_t ld, int64_t B, int64_t T, int64_t C);
+                     const float *gate, int64_t ld, int64_t B, int64_t T, int64_t C,
+                     int accumulate);
 
     /* GELU, tanh approximation (nn.GELU(approximate="tanh")), n elements:
      * out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). bwd: dx += dout * gelu'(x).
      * SiLU: out = x * sigmoid(x). bwd: dx += dout * sigmoid(x) (1 + x (1 - sigmoid(x))).
-     * out may alias x in the forwards. */
+     * out may alias x in the forwards. bwd with accumulate 0: dx = ..., its contents not read
+     * (the bits of adding into zeros). */
     void (*gelu_tanh_fwd)(tz_backend *be, float *out, const float *x, int64_t n);
-    void (*gelu_tanh_bwd)(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n);
+    void (*gelu_tanh_bwd)(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n,
+                          int accumulate);
     void (*silu_fwd)(tz_backend *be, float *out, const float *x, int64_t n);
-    void (*silu_bwd)(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n);
+    void (*silu_bwd)(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n,
+                     int accumulate);
 
     /* Bias of a linear layer: y[r,c] += bias[c], y [rows, C].
      * bwd: dbias[c] += sum_r dy[r,c] (rows summed in order, in double). */

@@ -51,14 +51,15 @@ static void cpu_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_
 }
 
 static void cpu_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
-                              int64_t n) {
+                              int64_t n, int accumulate) {
+    const float keep = accumulate ? 1.0f : 0.0f; /* (a select: written, dx is not read) */
     int nt = tz_cpu_threads(be);
 #pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
     for (int64_t i = 0; i < n; i++) {
         float v = x[i], th = tanh_v(GELU_K * (v + GELU_A * v * v * v));
         float d = 0.5f * (1.0f + th) +
                   0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
-        dx[i] += dout[i] * d;
+        dx[i] = (keep != 0.0f ? dx[i] : 0.0f) + dout[i] * d;
     }
 }
 
@@ -68,12 +69,14 @@ static void cpu_silu_fwd(tz_backend *be, float *out, const float *x, int64_t n) 
     for (int64_t i = 0; i < n; i++) out[i] = x[i] / (1.0f + tz_cpu_expf(-x[i]));
 }
 
-static void cpu_silu_bwd(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n) {
+static void cpu_silu_bwd(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n,
+                         int accumulate) {
     int nt = tz_cpu_threads(be);
+    const float keep = accumulate ? 1.0f : 0.0f;
 #pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
     for (int64_t i = 0; i < n; i++) {
         float sig = 1.0f / (1.0f + tz_cpu_expf(-x[i]));
-        dx[i] += dout[i] * sig * (1.0f + x[i] * (1.0f - sig));
+        dx[i] = (keep != 0.0f ? dx[i] : 0.0f) + dout[i] * sig * (1.0f + x[i] * (1.0f - sig));
     }
 }
 

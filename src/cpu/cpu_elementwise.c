@@ -128,15 +128,16 @@ static void cpu_modulate_fwd(tz_backend *be, float *out, const float *x, const f
 
 static void cpu_modulate_bwd(tz_backend *be, float *dx, float *dshift, float *dscale,
                              const float *dout, const float *x, const float *scale, int64_t ld,
-                             int64_t B, int64_t T, int64_t C) {
+                             int64_t B, int64_t T, int64_t C, int accumulate) {
     int nt = tz_cpu_threads(be);
+    const float keep = accumulate ? 1.0f : 0.0f; /* 0: dx written, not read */
     if (dx) {
 #pragma omp parallel for schedule(static) num_threads(nt) if (B * T * C >= TZ_CPU_PAR_MIN)
         for (int64_t r = 0; r < B * T; r++) {
             const float *sc = scale + (r / T) * ld, *g = dout + r * C;
             float *d = dx + r * C;
 #pragma omp simd
-            for (int64_t c = 0; c < C; c++) d[c] += g[c] * (1.0f + sc[c]);
+            for (int64_t c = 0; c < C; c++) d[c] = (keep != 0.0f ? d[c] : 0.0f) + g[c] * (1.0f + sc[c]);
         }
     }
     if (dshift) colsum_bt(be, dshift, ld, dout, NULL, B, T, C);
@@ -157,15 +158,16 @@ static void cpu_gate_fwd(tz_backend *be, float *out, const float *x, const float
 
 static void cpu_gate_bwd(tz_backend *be, float *dy, float *dgate, const float *dout,
                          const float *y, const float *gate, int64_t ld, int64_t B, int64_t T,
-                         int64_t C) {
+                         int64_t C, int accumulate) {
     int nt = tz_cpu_threads(be);
+    const float keep = accumulate ? 1.0f : 0.0f; /* 0: dy written, not read */
     if (dy) {
 #pragma omp parallel for schedule(static) num_threads(nt) if (B * T * C >= TZ_CPU_PAR_MIN)
         for (int64_t r = 0; r < B * T; r++) {
             const float *gt = gate + (r / T) * ld, *g = dout + r * C;
             float *d = dy + r * C;
 #pragma omp simd
-            for (int64_t c = 0; c < C; c++) d[c] += g[c] * gt[c];
+            for (int64_t c = 0; c < C; c++) d[c] = (keep != 0.0f ? d[c] : 0.0f) + g[c] * gt[c];
         }
     }
     if (dgate) colsum_bt(be, dgate, ld, dout, y, B, T, C);

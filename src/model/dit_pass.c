@@ -152,35 +152,27 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     const int64_t n = m->n, T = tz_dit_tokens(d), BT = n * T, Hd = d->hidden, M = 6 * Hd;
     const int64_t F = tz_dit_mlp_hidden(d), nh = d->num_heads;
     const tz_linear *L = blk->lin;
-    be->fill(be, m->dmod, 0.0f, n * M);
-    /* MLP branch: out = x2 + gate_mlp * fc2(gelu(fc1(modulate(LN(x2))))) */
-    be->fill(be, m->da, 0.0f, BT * Hd);
-    be->gate_bwd(be, m->da, m->dmod + 5 * Hd, m->dres, a->mo, a->mod + 5 * Hd, M, n, T, Hd);
-    be->fill(be, m->dg, 0.0f, BT * F);
-    tz_linear_bwd(m->be, &L[TZ_DIT_FC2], m->dg, m->da, a->g, a->lh[TZ_DIT_FC2], m->dlora, BT);
-    be->fill(be, m->df, 0.0f, BT * F);
-    be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F);
-    be->fill(be, m->db, 0.0f, BT * Hd);
-    tz_linear_bwd(m->be, &L[TZ_DIT_FC1], m->db, m->df, a->h2, a->lh[TZ_DIT_FC1], m->dlora, BT);
-    be->fill(be, m->da, 0.0f, BT * Hd);
+    be->fill(be, m->dmod, 0.0f, n * M); /* (the six chunks' column sums add into it) */
+    /* MLP branch: out = x2 + gate_mlp * fc2(gelu(fc1(modulate(LN(x2))))); each activation
+     * gradient written by the op that first makes it (no zeroing) */
+    be->gate_bwd(be, m->da, m->dmod + 5 * Hd, m->dres, a->mo, a->mod + 5 * Hd, M, n, T, Hd, 0);
+    tz_linear_bwd_set(m->be, &L[TZ_DIT_FC2], m->dg, m->da, a->g, a->lh[TZ_DIT_FC2], m->dlora, BT);
+    be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F, 0);
+    tz_linear_bwd_set(m->be, &L[TZ_DIT_FC1], m->db, m->df, a->h2, a->lh[TZ_DIT_FC1], m->dlora, BT);
     be->modulate_bwd(be, m->da, m->dmod + 3 * Hd, m->dmod + 4 * Hd, m->db, a->ln2,
-                     a->mod + 4 * Hd, M, n, T, Hd);
+                     a->mod + 4 * Hd, M, n, T, Hd, 0);
     be->layernorm_bwd(be, m->dres, m->da, a->x2, a->mean2, a->rstd2, BT, Hd); /* now dL/dx2 */
     /* attention branch: x2 = x + gate_msa * proj(attn(qkv(modulate(LN(x))))) */
-    be->fill(be, m->da, 0.0f, BT * Hd);
-    be->gate_bwd(be, m->da, m->dmod + 2 * Hd, m->dres, a->ao, a->mod + 2 * Hd, M, n, T, Hd);
-    be->fill(be, m->db, 0.0f, BT * Hd);
-    tz_linear_bwd(m->be, &L[TZ_DIT_PROJ], m->db, m->da, a->att, a->lh[TZ_DIT_PROJ], m->dlora, BT);
+    be->gate_bwd(be, m->da, m->dmod + 2 * Hd, m->dres, a->ao, a->mod + 2 * Hd, M, n, T, Hd, 0);
+    tz_linear_bwd_set(m->be, &L[TZ_DIT_PROJ], m->db, m->da, a->att, a->lh[TZ_DIT_PROJ], m->dlora, BT);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_bwd(be, m->dq, m->dk, m->dv, m->db, a->att, a->lse, a->q, a->k, a->v, n, T,
                       nh, nh, Hd / nh, 0, 0); /* dq, dk, dv written */
     be->copy2d(be, m->dqkv, 3 * Hd, m->dq, Hd, BT, Hd);
     be->copy2d(be, m->dqkv + Hd, 3 * Hd, m->dk, Hd, BT, Hd);
     be->copy2d(be, m->dqkv + 2 * Hd, 3 * Hd, m->dv, Hd, BT, Hd);
-    be->fill(be, m->da, 0.0f, BT * Hd);
-    tz_linear_bwd(m->be, &L[TZ_DIT_QKV], m->da, m->dqkv, a->h1, a->lh[TZ_DIT_QKV], m->dlora, BT);
-    be->fill(be, m->db, 0.0f, BT * Hd);
-    be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, a->ln1, a->mod + Hd, M, n, T, Hd);
+    tz_linear_bwd_set(m->be, &L[TZ_DIT_QKV], m->da, m->dqkv, a->h1, a->lh[TZ_DIT_QKV], m->dlora, BT);
+    be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, a->ln1, a->mod + Hd, M, n, T, Hd, 0);
     be->layernorm_bwd(be, m->dres, m->db, x, a->mean1, a->rstd1, BT, Hd); /* now dL/dx */
     /* the modulation: mod = adaLN(silu(c)) */
     tz_linear_bwd(m->be, &L[TZ_DIT_ADALN], m->cond_trainable ? m->dsc : NULL, m->dmod, m->sc, a->lh[TZ_DIT_ADALN], m->dlora, n);
@@ -202,12 +194,10 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     be->fill(be, m->dimg, 0.0f, n * ld);
     be->mse_bwd(be, m->dimg, m->out_img, ld, m->target, dloss, n, tz_dit_image_numel(d));
     be->patchify(be, m->dfo, m->dimg, n, Cout, S, S, p, 1);
-    be->fill(be, m->da, 0.0f, BT * Hd);
-    tz_linear_bwd(m->be, &m->f_lin, m->da, m->dfo, m->fh, NULL, m->dlora, BT);
+    tz_linear_bwd_set(m->be, &m->f_lin, m->da, m->dfo, m->fh, NULL, m->dlora, BT);
     be->fill(be, m->dmod, 0.0f, n * 2 * Hd);
-    be->fill(be, m->db, 0.0f, BT * Hd);
     be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, m->fln, m->fmod + Hd, 2 * Hd, n,
-                     T, Hd);
+                     T, Hd, 0);
     be->fill(be, m->dres, 0.0f, BT * Hd);
     be->layernorm_bwd(be, m->dres, m->db, tz_layer_stack_in(&m->stack, be, L), m->fmean,
                       m->frstd, BT, Hd);
@@ -225,13 +215,10 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     }
     /* embedders: c = t_fc2(silu(t_fc1(features(t)))) + table[y]; x0 = x_emb(patches) + pos */
     if (m->cond_trainable) {
-        be->fill(be, m->dc, 0.0f, n * Hd);
-        be->silu_bwd(be, m->dc, m->dsc, m->c, n * Hd);
+        be->silu_bwd(be, m->dc, m->dsc, m->c, n * Hd, 0);
         if (m->y_table->g) be->embedding_bwd(be, m->y_table->g, m->labels, m->dc, n, Hd);
-        be->fill(be, m->dt, 0.0f, n * Hd);
-        tz_linear_bwd(m->be, &m->t_fc2, m->dt, m->dc, m->t_s, NULL, m->dlora, n);
-        be->fill(be, m->dsc, 0.0f, n * Hd); /* reused: d t_h */
-        be->silu_bwd(be, m->dsc, m->dt, m->t_h, n * Hd);
+        tz_linear_bwd_set(m->be, &m->t_fc2, m->dt, m->dc, m->t_s, NULL, m->dlora, n);
+        be->silu_bwd(be, m->dsc, m->dt, m->t_h, n * Hd, 0); /* dsc reused: d t_h, written */
         tz_linear_bwd(m->be, &m->t_fc1, NULL, m->dsc, m->tfreq, NULL, m->dlora, n);
     }
     tz_linear_bwd(m->be, &m->x_emb, NULL, m->dres, m->patches, NULL, m->dlora, BT);

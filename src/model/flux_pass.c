@@ -297,18 +297,16 @@ static void stream_mlp_bwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
     float *g = m->wide0, *dg = m->wide1, *df = m->wide0;
     be->gelu_tanh_fwd(be, g, f, R * F);
     /* y = x2 + gate_mlp * mo */
-    be->fill(be, m->dc, 0.0f, R * I);
-    be->gate_bwd(be, m->dc, dmod + 5 * I, dy, mo, mod + 5 * I, M, n, Ts, I);
-    tz_linear_bwd_set(be, ff2, dg, m->dc, g, *lh2, m->dlora, R); /* written: no zeroing */
-    be->fill(be, df, 0.0f, R * F);
-    be->gelu_tanh_bwd(be, df, dg, f, R * F);
+    /* each activation gradient written by the op that first makes it: no zeroing */
+    be->gate_bwd(be, m->dc, dmod + 5 * I, dy, mo, mod + 5 * I, M, n, Ts, I, 0);
+    tz_linear_bwd_set(be, ff2, dg, m->dc, g, *lh2, m->dlora, R);
+    be->gelu_tanh_bwd(be, df, dg, f, R * F, 0);
     tz_linear_bwd_set(be, ff1, m->da, df, h2, *lh1, m->dlora, R);
-    be->fill(be, m->db, 0.0f, R * I);
-    be->modulate_bwd(be, m->db, dmod + 3 * I, dmod + 4 * I, m->da, ln2, mod + 4 * I, M, n, Ts, I);
+    be->modulate_bwd(be, m->db, dmod + 3 * I, dmod + 4 * I, m->da, ln2, mod + 4 * I, M, n, Ts, I,
+                     0);
     be->layernorm_bwd(be, dy, m->db, x2, mean2, rstd2, R, I); /* dy: now dL/dx2 */
     /* x2 = x + gate_msa * ao, ao = out_proj(att) */
-    be->fill(be, m->dc, 0.0f, R * I);
-    be->gate_bwd(be, m->dc, dmod + 2 * I, dy, ao, mod + 2 * I, M, n, Ts, I);
+    be->gate_bwd(be, m->dc, dmod + 2 * I, dy, ao, mod + 2 * I, M, n, Ts, I, 0);
     tz_linear_bwd_set(be, out_proj, d_att, m->dc, att, *lho, m->dlora, R);
 }
 
@@ -325,8 +323,7 @@ static void stream_in_bwd(tz_flux *m, const tz_linear *lq, const tz_linear *lk,
     const tz_linear *ls[3] = {lq, lk, lv};
     const float *dys[3] = {dq, dk, dv}, *hs[3] = {*lhq, *lhk, *lhv};
     tz_linear_bwd_shared(be, ls, 3, m->da, dys, h1, hs, m->dlora, R, 1); /* da written */
-    be->fill(be, m->db, 0.0f, R * I);
-    be->modulate_bwd(be, m->db, dmod, dmod + I, m->da, ln1, mod + I, M, n, Ts, I);
+    be->modulate_bwd(be, m->db, dmod, dmod + I, m->da, ln1, mod + I, M, n, Ts, I, 0);
     be->layernorm_bwd(be, dy, m->db, x, mean1, rstd1, R, I); /* dy: now dL/dx */
 }
 
@@ -390,16 +387,14 @@ static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     const tz_linear *L = blk->lin;
     be->fill(be, m->dmodi, 0.0f, n * M);
     /* out = x + gate * proj_out([att, gelu(proj_mlp(h))]) */
-    be->fill(be, m->dc, 0.0f, BT * I);
-    be->gate_bwd(be, m->dc, m->dmodi + 2 * I, m->dres, a->o, a->modi + 2 * I, M, n, T, I);
+    be->gate_bwd(be, m->dc, m->dmodi + 2 * I, m->dres, a->o, a->modi + 2 * I, M, n, T, I, 0);
     /* d[att, gelu] in wide0, split into datt and dgelu (wide1); then wide0 takes dMLP hidden */
     float *dcat = m->wide0, *dg = m->wide1, *df = m->wide0;
     tz_linear_bwd_set(be, &L[TZ_FLUX_POUT], dcat, m->dc, a->cat, a->lh[TZ_FLUX_POUT], m->dlora,
                       BT);
     be->copy2d(be, m->datt, I, dcat, I + F, BT, I);
     be->copy2d(be, dg, F, dcat + I, I + F, BT, F);
-    be->fill(be, df, 0.0f, BT * F);
-    be->gelu_tanh_bwd(be, df, dg, a->fi, BT * F);
+    be->gelu_tanh_bwd(be, df, dg, a->fi, BT * F, 0);
     tz_linear_bwd_set(be, &L[TZ_FLUX_MLP], m->da, df, a->h1i, a->lh[TZ_FLUX_MLP], m->dlora, BT);
     attend_bwd(m, a, a->vi, n, T);
     be->fill(be, m->dqi, 0.0f, BT * I);
@@ -412,8 +407,8 @@ static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     const float *dqkv[3] = {m->dqi, m->dki, m->dV};
     const float *lqkv[3] = {a->lh[TZ_FLUX_Q], a->lh[TZ_FLUX_K], a->lh[TZ_FLUX_V]};
     tz_linear_bwd_shared(be, qkv, 3, m->da, dqkv, a->h1i, lqkv, m->dlora, BT, 0);
-    be->fill(be, m->db, 0.0f, BT * I);
-    be->modulate_bwd(be, m->db, m->dmodi, m->dmodi + I, m->da, a->ln1i, a->modi + I, M, n, T, I);
+    be->modulate_bwd(be, m->db, m->dmodi, m->dmodi + I, m->da, a->ln1i, a->modi + I, M, n, T, I,
+                     0);
     be->layernorm_bwd(be, m->dres, m->db, x, a->mean1i, a->rstd1i, BT, I);
     tz_linear_bwd(be, &L[TZ_FLUX_NORM], m->cond_trainable ? m->dsc : NULL, m->dmodi, m->sc,
                   a->lh[TZ_FLUX_NORM], m->dlora, n);
@@ -425,8 +420,7 @@ static void embed_bwd(tz_flux *m, const tz_linear *l1, const tz_linear *l2, cons
     tz_backend *be = m->be;
     const int64_t n = m->n, I = tz_flux_inner(&m->d);
     tz_linear_bwd_set(be, l2, m->dts, dout, s, NULL, m->dlora, n);
-    be->fill(be, m->dth, 0.0f, n * I);
-    be->silu_bwd(be, m->dth, m->dts, h, n * I);
+    be->silu_bwd(be, m->dth, m->dts, h, n * I, 0);
     tz_linear_bwd(be, l1, NULL, m->dth, in, NULL, m->dlora, n);
 }
 
@@ -447,8 +441,7 @@ double tz_flux_forward_backward(tz_flux *m, const tz_flux_batch *in, const float
     be->mse_bwd(be, m->dpred, m->pred, per, m->target, dloss, n, per);
     tz_linear_bwd_set(be, &m->proj_out, m->da, m->dpred, m->fh, NULL, m->dlora, Bi);
     be->fill(be, m->dmodi, 0.0f, n * 2 * I);
-    be->fill(be, m->db, 0.0f, Bi * I);
-    be->modulate_bwd(be, m->db, m->dmodi + I, m->dmodi, m->da, m->fln, m->fmod, 2 * I, n, Ti, I);
+    be->modulate_bwd(be, m->db, m->dmodi + I, m->dmodi, m->da, m->fln, m->fmod, 2 * I, n, Ti, I, 0);
     be->fill(be, m->dyi, 0.0f, Bi * I);
     be->layernorm_bwd(be, m->dyi, m->db, m->fx, m->fmean, m->frstd, Bi, I);
     be->fill(be, m->dres, 0.0f, n * T * I);
@@ -472,8 +465,7 @@ double tz_flux_forward_backward(tz_flux *m, const tz_flux_batch *in, const float
     tz_linear_bwd(be, &m->x_emb, NULL, m->dyi, m->xt, NULL, m->dlora, Bi);
     tz_linear_bwd(be, &m->ctx_emb, NULL, m->dyc, m->txt, NULL, m->dlora, Bc);
     if (m->cond_trainable) {
-        be->fill(be, m->dtemb, 0.0f, n * I);
-        be->silu_bwd(be, m->dtemb, m->dsc, m->temb, n * I);
+        be->silu_bwd(be, m->dtemb, m->dsc, m->temb, n * I, 0);
         embed_bwd(m, &m->t1, &m->t2, m->tfeat, m->th, m->ts, m->dtemb);
         if (d->guidance) embed_bwd(m, &m->g1, &m->g2, m->gfeat, m->gh, m->gs, m->dtemb);
         embed_bwd(m, &m->p1, &m->p2, m->pooled, m->ph, m->pss, m->dtemb);

@@ -57,7 +57,8 @@ static void add_layernorm(oc_list *l, int64_t rows, int64_t C, float mid, float 
  * INOUT), then dout, then the gradients of the inputs whose bit in p[5] is clear, in input
  * order (gate: never x's, the identity left to the caller). The conditioning rows are the
  * [B, ld] matrices of tensors 1, 2 (modulate) or 2 (gate) from column p[4].
- * p: B, T, C, ld, column, mask of NULL gradients, out aliases x */
+ * p: B, T, C, ld, column, mask of NULL gradients, out aliases x, the elementwise gradient
+ * (modulate's dx, gate's dy) written instead of added to (accumulate 0) */
 
 enum { MG_X = 0, MG_A = 1, MG_B = 2 };
 
@@ -84,7 +85,7 @@ static void mod_fwd(oc_run *r) {
 static void mod_bwd(oc_run *r) {
     r->be->modulate_bwd(r->be, mg_gptr(r, MG_X, 0), mg_gptr(r, MG_A, 1), mg_gptr(r, MG_B, 1),
                         OCF(r, mg_dout(r->c)), OCF(r, 0), OCF(r, 2) + OCP(r, 4), OCP(r, 3),
-                        OCP(r, 0), OCP(r, 1), OCP(r, 2));
+                        OCP(r, 0), OCP(r, 1), OCP(r, 2), !OCP(r, 7));
 }
 static void gate_fwd(oc_run *r) {
     r->be->gate_fwd(r->be, OCF(r, mg_out(r->c)), OCF(r, 0), OCF(r, 1), OCF(r, 2) + OCP(r, 4),
@@ -92,7 +93,8 @@ static void gate_fwd(oc_run *r) {
 }
 static void gate_bwd(oc_run *r) {
     r->be->gate_bwd(r->be, mg_gptr(r, MG_A, 0), mg_gptr(r, MG_B, 1), OCF(r, mg_dout(r->c)),
-                    OCF(r, 1), OCF(r, 2) + OCP(r, 4), OCP(r, 3), OCP(r, 0), OCP(r, 1), OCP(r, 2));
+                    OCF(r, 1), OCF(r, 2) + OCP(r, 4), OCP(r, 3), OCP(r, 0), OCP(r, 1), OCP(r, 2),
+                    !OCP(r, 7));
 }
 /* both: elementwise, so in place is safe (out[k] reads only x[k]) */
 static void mg_ref(oc_ref *r, int gate) {
@@ -109,11 +111,11 @@ static void mg_ref(oc_ref *r, int gate) {
 static void mod_ref(oc_ref *r) { mg_ref(r, 0); }
 static void gate_ref(oc_ref *r) { mg_ref(r, 1); }
 
-static void add_modgate(oc_list *l, int gate, int64_t B, int64_t T, int64_t C, int64_t ld,
-                        int64_t col, int nullmask, int alias) {
+static void add_modgate_w(oc_list *l, int gate, int64_t B, int64_t T, int64_t C, int64_t ld,
+                          int64_t col, int nullmask, int alias, int write) {
     if (gate) nullmask |= 1 << MG_X;
     oc_case c = {.ops = gate ? "gate_fwd gate_bwd" : "modulate_fwd modulate_bwd",
-                 .p = {B, T, C, ld, col, nullmask, alias},
+                 .p = {B, T, C, ld, col, nullmask, alias, write},
                  .fwd = gate ? gate_fwd : mod_fwd, .ref = gate ? gate_ref : mod_ref,
                  .bwd = gate ? gate_bwd : mod_bwd,
                  /* two or three fp32 roundings (each <= 6e-8 of the scale) */
@@ -130,17 +132,26 @@ static void add_modgate(oc_list *l, int gate, int64_t B, int64_t T, int64_t C, i
     c.t[nt++] = (oc_tensor)OC_T_DOUT("dout", mg_out(&c));
     static const char *const gname[2][3] = {{"dx", "dshift", "dscale"}, {"", "dy", "dgate"}};
     for (int in = 0; in < 3; in++)
-        if (!((nullmask >> in) & 1)) c.t[nt++] = (oc_tensor)OC_T_DIN(gname[gate][in], in);
+        if (!((nullmask >> in) & 1)) {
+            c.t[nt] = (oc_tensor)OC_T_DIN(gname[gate][in], in);
+            if (write && in == (gate ? MG_A : MG_X)) c.t[nt].flags |= OC_WRITES;
+            nt++;
+        }
     c.nt = nt;
     char extra[64] = "";
     for (int in = 0; in < 3; in++)
         if (((nullmask >> in) & 1) && !(gate && in == MG_X))
             snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", %s NULL",
                      gname[gate][in]);
-    snprintf(c.name, sizeof c.name, "%s B %lld T %lld C %lld, rows of ld %lld from column %lld%s%s",
+    snprintf(c.name, sizeof c.name, "%s B %lld T %lld C %lld, rows of ld %lld from column %lld%s%s%s",
              gate ? "gate" : "modulate", (long long)B, (long long)T, (long long)C, (long long)ld,
-             (long long)col, alias ? ", out aliases x" : "", extra);
+             (long long)col, alias ? ", out aliases x" : "", extra,
+             write ? (gate ? ", dy written" : ", dx written") : "");
     oc_add(l, &c);
+}
+static void add_modgate(oc_list *l, int gate, int64_t B, int64_t T, int64_t C, int64_t ld,
+                        int64_t col, int nullmask, int alias) {
+    add_modgate_w(l, gate, B, T, C, ld, col, nullmask, alias, 0);
 }
 
 /* ---- GELU (tanh approximation) and SiLU, elementwise ----
@@ -156,16 +167,17 @@ static void act_fwd(oc_run *r) {
     else r->be->gelu_tanh_fwd(r->be, out, OCF(r, 0), OCP(r, 0));
 }
 static void act_bwd(oc_run *r) {
-    if (OCP(r, 1)) r->be->silu_bwd(r->be, OCF(r, 3), OCF(r, 2), OCF(r, 0), OCP(r, 0));
-    else r->be->gelu_tanh_bwd(r->be, OCF(r, 3), OCF(r, 2), OCF(r, 0), OCP(r, 0));
+    if (OCP(r, 1)) r->be->silu_bwd(r->be, OCF(r, 3), OCF(r, 2), OCF(r, 0), OCP(r, 0), !OCP(r, 2));
+    else r->be->gelu_tanh_bwd(r->be, OCF(r, 3), OCF(r, 2), OCF(r, 0), OCP(r, 0), !OCP(r, 2));
 }
 static void act_ref(oc_ref *r) {
     double *out = r->v[r->c->nt == 1 ? 0 : 1];
     for (int64_t i = 0; i < r->c->p[0]; i++) out[i] = act(r->v[0][i], (int)r->c->p[1]);
 }
 
-static void add_act(oc_list *l, int silu, int64_t n, float amp, int inplace) {
-    oc_case c = {.p = {n, silu}, .fwd = act_fwd, .ref = act_ref, .bwd = inplace ? NULL : act_bwd,
+/* write: the backward writes dx (accumulate 0) instead of adding to it */
+static void add_act_w(oc_list *l, int silu, int64_t n, float amp, int inplace, int write) {
+    oc_case c = {.p = {n, silu, write}, .fwd = act_fwd, .ref = act_ref, .bwd = inplace ? NULL : act_bwd,
                  /* expf (<= 2 ulp) and 3-5 fp32 operations after it */
                  .tol_fwd = 5e-7,
                  /* sigmoid, tanh round to 1 within 3e-8 and x * (1 - sig), the gelu factor
@@ -183,10 +195,14 @@ static void add_act(oc_list *l, int silu, int64_t n, float amp, int inplace) {
         c.t[1] = (oc_tensor)OC_T_OUT("out", n);
         c.t[2] = (oc_tensor)OC_T_DOUT("dout", 1);
         c.t[3] = (oc_tensor)OC_T_DIN("dx", 0);
+        if (write) c.t[3].flags |= OC_WRITES;
     }
-    snprintf(c.name, sizeof c.name, "%s n %lld (x in +-%g)%s", silu ? "silu" : "gelu_tanh",
-             (long long)n, amp, inplace ? ", in place" : "");
+    snprintf(c.name, sizeof c.name, "%s n %lld (x in +-%g)%s%s", silu ? "silu" : "gelu_tanh",
+             (long long)n, amp, inplace ? ", in place" : "", write ? ", dx written" : "");
     oc_add(l, &c);
+}
+static void add_act(oc_list *l, int silu, int64_t n, float amp, int inplace) {
+    add_act_w(l, silu, n, amp, inplace, 0);
 }
 
 /* ---- bias: y += bias per row; dbias = column sums of dy ----
@@ -404,11 +420,13 @@ void oc_cases_dit(oc_list *l) {
             add_modgate(l, gate, 2, 9, 37, 40, 3, 1 << in, 0);
         /* out aliases x (modulate: x is overwritten, so no dscale) */
         add_modgate(l, gate, 3, 3, 37, 37, 0, gate ? 0 : 1 << MG_B, 1);
+        add_modgate_w(l, gate, 2, 9, 37, 3 * 37 + 5, 41, 0, 0, 1); /* dx (dy) written */
     }
     for (int silu = 0; silu < 2; silu++) {
         add_act(l, silu, 193, 4.0f, 0);
         add_act(l, silu, 95, 100.0f, 0); /* saturation, exp overflow */
         add_act(l, silu, 61, 4.0f, 1);
+        add_act_w(l, silu, 77, 4.0f, 0, 1);
     }
     add_bias(l, 13, 37);
     add_bias(l, 130, 19);

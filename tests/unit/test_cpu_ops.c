@@ -138,15 +138,16 @@ static results run_all(const inputs *in) {
     p = take(&r, 2 * n + nm);
     be->modulate_fwd(be, p, in->x, in->mod, in->mod + DC, ld, DB, DT, DC);
     be->modulate_bwd(be, p + n, p + 2 * n, p + 2 * n + DC, in->R, in->x, in->mod + DC, ld, DB,
-                     DT, DC);
+                     DT, DC, 1);
     p = take(&r, 2 * n + nm);
     be->gate_fwd(be, p, in->x, in->R, in->mod + 2 * DC, ld, DB, DT, DC);
-    be->gate_bwd(be, p + n, p + 2 * n + 2 * DC, in->R, in->x, in->mod + 2 * DC, ld, DB, DT, DC);
+    be->gate_bwd(be, p + n, p + 2 * n + 2 * DC, in->R, in->x, in->mod + 2 * DC, ld, DB, DT, DC,
+                 1);
     p = take(&r, 4 * n);
     be->gelu_tanh_fwd(be, p, in->x, n);
-    be->gelu_tanh_bwd(be, p + n, in->R, in->x, n);
+    be->gelu_tanh_bwd(be, p + n, in->R, in->x, n, 1);
     be->silu_fwd(be, p + 2 * n, in->x, n);
-    be->silu_bwd(be, p + 3 * n, in->R, in->x, n);
+    be->silu_bwd(be, p + 3 * n, in->R, in->x, n, 1);
     be->bias_bwd(be, take(&r, DC), in->R, rows, DC);
     p = take(&r, rows + n);
     be->mse_fwd(be, p, in->x, DC, in->R, rows, DC);

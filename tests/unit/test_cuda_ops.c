@@ -415,12 +415,12 @@ static void test_activation(void) {
     expect("swiglu_bwd du", &du, 1e-6);
     g_cpu->gelu_tanh_fwd(g_cpu, out.h, g.h, n), g_gpu->gelu_tanh_fwd(g_gpu, out.d, g.d, n);
     expect("gelu_tanh_fwd", &out, 1e-6);
-    g_cpu->gelu_tanh_bwd(g_cpu, dg.h, dout.h, g.h, n);
-    g_gpu->gelu_tanh_bwd(g_gpu, dg.d, dout.d, g.d, n);
+    g_cpu->gelu_tanh_bwd(g_cpu, dg.h, dout.h, g.h, n, 1);
+    g_gpu->gelu_tanh_bwd(g_gpu, dg.d, dout.d, g.d, n, 1);
     expect("gelu_tanh_bwd", &dg, 1e-6);
     g_cpu->silu_fwd(g_cpu, out.h, g.h, n), g_gpu->silu_fwd(g_gpu, out.d, g.d, n);
     expect("silu_fwd", &out, 1e-6);
-    g_cpu->silu_bwd(g_cpu, dg.h, dout.h, g.h, n), g_gpu->silu_bwd(g_gpu, dg.d, dout.d, g.d, n);
+    g_cpu->silu_bwd(g_cpu, dg.h, dout.h, g.h, n, 1), g_gpu->silu_bwd(g_gpu, dg.d, dout.d, g.d, n, 1);
     expect("silu_bwd", &dg, 1e-6);
     drop(&g), drop(&u), drop(&out), drop(&dout), drop(&dg), drop(&du);
 }
@@ -468,15 +468,15 @@ static void test_conditioning(void) {
     g_cpu->modulate_fwd(g_cpu, out.h, x.h, shift_h, scale_h, ld, B, T, C);
     g_gpu->modulate_fwd(g_gpu, out.d, x.d, shift_d, scale_d, ld, B, T, C);
     expect("modulate_fwd", &out, 1e-6);
-    g_cpu->modulate_bwd(g_cpu, dx.h, dcond.h, dcond.h + C, dout.h, x.h, scale_h, ld, B, T, C);
-    g_gpu->modulate_bwd(g_gpu, dx.d, dcond.d, dcond.d + C, dout.d, x.d, scale_d, ld, B, T, C);
+    g_cpu->modulate_bwd(g_cpu, dx.h, dcond.h, dcond.h + C, dout.h, x.h, scale_h, ld, B, T, C, 1);
+    g_gpu->modulate_bwd(g_gpu, dx.d, dcond.d, dcond.d + C, dout.d, x.d, scale_d, ld, B, T, C, 1);
     expect("modulate_bwd dx", &dx, 1e-6);
     expect("modulate_bwd dshift, dscale", &dcond, 1e-6);
     g_cpu->gate_fwd(g_cpu, out.h, x.h, y.h, gate_h, ld, B, T, C);
     g_gpu->gate_fwd(g_gpu, out.d, x.d, y.d, gate_d, ld, B, T, C);
     expect("gate_fwd", &out, 1e-6);
-    g_cpu->gate_bwd(g_cpu, dx.h, dcond.h + 2 * C, dout.h, y.h, gate_h, ld, B, T, C);
-    g_gpu->gate_bwd(g_gpu, dx.d, dcond.d + 2 * C, dout.d, y.d, gate_d, ld, B, T, C);
+    g_cpu->gate_bwd(g_cpu, dx.h, dcond.h + 2 * C, dout.h, y.h, gate_h, ld, B, T, C, 1);
+    g_gpu->gate_bwd(g_gpu, dx.d, dcond.d + 2 * C, dout.d, y.d, gate_d, ld, B, T, C, 1);
     expect("gate_bwd dy", &dx, 1e-6);
     expect("gate_bwd dgate", &dcond, 1e-6);
     /* bias over more rows than one column-sum chunk */
