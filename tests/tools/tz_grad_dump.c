@@ -1,5 +1,6 @@
-/* Test tool: loss and every trainable gradient of a Llama on one random batch, written to a
- * safetensors file for tests/ref/llama_ref.py to compare with PyTorch. Not installed. */
+/* Test tool: loss and every trainable gradient of a Llama on one random batch (a second call
+ * on the same model), written to a safetensors file for tests/ref/llama_ref.py to compare
+ * with PyTorch. Not installed. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,11 @@ int main(int argc, char **argv) {
         tg[i] = i % 7 == 3 ? -1 : (int32_t)tz_rng_below(&r, (uint64_t)m->d.vocab); /* some ignored */
         count += tg[i] >= 0;
     }
+    /* twice, the gradients zeroed between, and the second call's loss and gradients dumped: a
+     * buffer that an op adds into while it still holds the first call's values shows in the
+     * second (on a first call the arena's zeros hide it) */
+    (void)tz_llama_forward_backward(m, in, tg, (float)(1.0 / (double)count));
+    be->fill(be, grad, 0.0f, m->params.flat_numel);
     double loss = tz_llama_forward_backward(m, in, tg, (float)(1.0 / (double)count)) / (double)count;
 
     tz_st_writer w;
