@@ -369,24 +369,28 @@ static void cuda_tq_dequant(tz_backend *be, float *w, const uint8_t *codes,
     dequant(be, w, codes, scales, levels, rows, cols, bits, group, "tq_dequant");
 }
 
-/* dst[row * ld + cols + j] = bf16(s * src[row * r + j]) for j < r, 0 for r <= j < ld - cols:
- * the columns a LoRA path adds to a product along K (src NULL: r is 0). */
+/* dst[row * ld + cols + j] = bf16(s * src[row * r + j]) for j < r; at j = r, where nb, the
+ * bias's column: bf16(bias[row]) (bias NULL: 1, the operand's side); 0 after: the columns a
+ * LoRA path and a bias add to a product along K (src NULL: r is 0). */
 static __global__ void k_lora_cols(uint16_t *dst, int64_t ld, int64_t cols, const float *src,
-                                   int64_t r, float s, int64_t rows) {
+                                   int64_t r, float s, int nb, const float *bias, int64_t rows) {
     const int64_t w = ld - cols, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * w) return;
     const int64_t row = i / w, j = i - row * w;
-    dst[row * ld + cols + j] = j < r ? bf16_bits(s * src[row * r + j]) : (uint16_t)0;
+    dst[row * ld + cols + j] = j < r                ? bf16_bits(s * src[row * r + j])
+                               : j == r && nb       ? bf16_bits(bias ? bias[row] : 1.0f)
+                                                    : (uint16_t)0;
 }
 static void lora_cols(cudaStream_t st, uint16_t *dst, int64_t ld, int64_t cols, const float *src,
-                      int64_t r, float s, int64_t rows) {
+                      int64_t r, float s, int nb, const float *bias, int64_t rows) {
     const int64_t n = rows * (ld - cols);
     if (n <= 0) return;
     if (r) CUDA_CHECK(tz_cuda_kernel_reads(st, src, (size_t)(rows * r) * 4, "lora columns"));
+    if (bias) CUDA_CHECK(tz_cuda_kernel_reads(st, bias, (size_t)rows * 4, "bias column"));
     CUDA_CHECK(tz_cuda_kernel_writes(st, dst + cols, (size_t)((rows - 1) * ld + ld - cols) * 2,
                                      "lora columns"));
-    k_lora_cols<<<tz_cuda_blocks(n, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(dst, ld, cols,
-                                                                                 src, r, s, rows);
+    k_lora_cols<<<tz_cuda_blocks(n, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
+        dst, ld, cols, src, r, s, nb, bias, rows);
     CUDA_LAUNCHED();
 }
 
@@ -441,8 +445,8 @@ struct dec_chunks {
 static void tq_chunks(tz_backend *be, float *C, const uint16_t *A, uint16_t *tile,
                       const uint8_t *codes, const uint16_t *scales, const float *levels,
                       int64_t rows, int64_t cols, int64_t ld, const float *B, int64_t r, float s,
-                      int bits, int group, int64_t M, int transW, float alpha, float beta,
-                      const char *op) {
+                      const float *bias, int bits, int group, int64_t M, int transW, float alpha,
+                      float beta, const char *op) {
     const int64_t total = transW ? rows : cols;
     const int64_t step = transW ? tz_tq_chunk_rows(be, rows) : tz_tq_chunk_cols(be, cols, group);
     const int64_t buf_elems = transW ? step * ld : rows * step;
@@ -455,7 +459,9 @@ static void tq_chunks(tz_backend *be, float *C, const uint16_t *A, uint16_t *til
                                   : dq_part{0, rows, k0, nk, nk, ch.st};
         dequant_part(be, reinterpret_cast<__nv_bfloat16 *>(buf), codes, scales, levels, rows, cols,
                      bits, group, op, pt);
-        if (transW) lora_cols(ch.st, buf, ld, cols, B ? B + k0 * r : NULL, B ? r : 0, s, nk);
+        if (transW)
+            lora_cols(ch.st, buf, ld, cols, B ? B + k0 * r : NULL, B ? r : 0, s, bias != NULL,
+                      bias ? bias + k0 : NULL, nk);
         ch.decoded(i);
         if (transW) tz_cuda_gemm16_ld(be, C + k0, rows, A, ld, buf, ld, 1, M, nk, ld, alpha, beta);
         else tz_cuda_gemm16_ld(be, C + k0, cols, A, rows, buf, nk, 0, M, nk, rows, alpha, beta);
@@ -476,8 +482,8 @@ static void cuda_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, 
         check_rows(rows, cols, group, "tq_matmul");
         const uint16_t *a16 = a_bf16 ? (const uint16_t *)A : tz_cuda_gemm_round(be, (const float *)A, M * K);
         uint16_t *t16 = reinterpret_cast<uint16_t *>(tile);
-        tq_chunks(be, C, a16, t16, codes, scales, levels, rows, cols, cols, NULL, 0, 0.0f, bits,
-                  group, M, transW, alpha, beta, "tq_matmul");
+        tq_chunks(be, C, a16, t16, codes, scales, levels, rows, cols, cols, NULL, 0, 0.0f, NULL,
+                  bits, group, M, transW, alpha, beta, "tq_matmul");
     } else if (be->matmul_dtype == TZ_DT_BF16) {
         __nv_bfloat16 *w16 = (__nv_bfloat16 *)tile;
         dequant(be, w16, codes, scales, levels, rows, cols, bits, group, "tq_matmul");
@@ -495,17 +501,18 @@ static void cuda_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t l
                                 const float *h, const float *B, int64_t r, float s, float *tile,
                                 const uint8_t *codes, const uint16_t *scales,
                                 const float *levels, int64_t rows, int64_t cols, int bits,
-                                int group, int64_t M) {
+                                int group, int64_t M, const float *bias) {
     if (be->matmul_dtype != TZ_DT_BF16) TZ_FATAL("tq_matmul_lora: for bf16 GEMMs only");
-    if (ld < cols + r || ld % 8)
+    const int nb = bias != NULL;
+    if (ld < cols + r + nb || ld % 8)
         TZ_FATAL("tq_matmul_lora: row stride %lld is not a multiple of 8 of at least %lld + %lld",
-                 (long long)ld, (long long)cols, (long long)r);
+                 (long long)ld, (long long)cols, (long long)(r + nb));
     if (M <= 0 || rows <= 0) return;
     check_rows(rows, cols, group, "tq_matmul_lora");
     uint16_t *t16 = reinterpret_cast<uint16_t *>(tile);
-    lora_cols(tz_cuda_stream(be), A, ld, cols, h, r, 1.0f, M);
-    tq_chunks(be, C, A, t16, codes, scales, levels, rows, cols, ld, r ? B : NULL, r, s, bits,
-              group, M, 1, 1.0f, 0.0f, "tq_matmul_lora");
+    lora_cols(tz_cuda_stream(be), A, ld, cols, h, r, 1.0f, nb, NULL, M); /* (the bias's 1s) */
+    tq_chunks(be, C, A, t16, codes, scales, levels, rows, cols, ld, r ? B : NULL, r, s, bias,
+              bits, group, M, 1, 1.0f, 0.0f, "tq_matmul_lora");
 }
 
 void tz_cuda_install_quant(tz_backend *be) {

@@ -210,12 +210,13 @@ static void s_tq_matmul(tz_backend *be, float *C, const void *A, int a16, float 
 static void s_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld, cf *h, cf *B,
                              int64_t r, float sc, float *tile, const uint8_t *c,
                              const uint16_t *s, cf *l, int64_t rows, int64_t cols, int bits,
-                             int group, int64_t M) {
+                             int group, int64_t M, cf *bias) {
     (void)C, (void)A, (void)h, (void)B, (void)sc, (void)tile, (void)c, (void)s, (void)l;
-    /* the decode into bf16, the columns of B and h written after it (read fp32, written
-     * bf16; the padding to ld written), one GEMM over ld */
+    /* the decode into bf16, the columns of B and h (and the bias's) written after it (read
+     * fp32, written bf16; the padding to ld written), one GEMM over ld */
     add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, 2.0));
-    add(be, TZ_SM_ELEMENT, 0, (F * r + 2.0 * (ld - cols)) * (double)(rows + M));
+    add(be, TZ_SM_ELEMENT, 0,
+        (F * r + 2.0 * (ld - cols)) * (double)(rows + M) + (bias ? F * (double)rows : 0.0));
     gemm_op(be, M, rows, ld, 1, 1, 0.0f, tq_a_reads(be, rows, cols, group, 1), __func__);
 }
 

@@ -341,13 +341,15 @@ struct tz_backend {
      * W decoded into tile (bf16, tz_tq_tile_elems(be, rows, cols, ld, group) elements) at
      *   row stride ld, each row's last ld - cols elements s * B [rows, r] (fp32) rounded to
      *   bf16, then zeros.
-     * r = 0: the plain product (h and B unread). For backends whose GEMMs round to bf16
-     * (fatal otherwise); the CPU's is the reference: A's first cols read from bf16, the rest
-     * in fp32, C = A W^T + s h B^T. */
+     * r = 0: the plain product (h and B unread). bias: NULL, or [rows] fp32 folded in the
+     * same way, one column after h (ld >= cols + r + 1): A's is 1, W's bf16(bias), so C
+     * gains the bias rounded to bf16 (no pass over C to add it). For backends whose GEMMs
+     * round to bf16 (fatal otherwise); the CPU's is the reference: A's first cols read from
+     * bf16, the rest in fp32, C = A W^T + s h B^T + bias. */
     void (*tq_matmul_lora)(tz_backend *be, float *C, uint16_t *A, int64_t ld, const float *h,
                            const float *B, int64_t r, float s, float *tile, const uint8_t *codes,
                            const uint16_t *scales, const float *levels, int64_t rows,
-                           int64_t cols, int bits, int group, int64_t M);
+                           int64_t cols, int bits, int group, int64_t M, const float *bias);
 
     /* ---- the offload: pinned host memory, asynchronous copies, events (optim/zero.c) ----
      * A backend has two queues: TZ_QUEUE_COMPUTE, where every op above runs, and

@@ -120,27 +120,32 @@ static void cpu_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, f
     else be->matmul(be, C, (const float *)A, tile, M, N, K, 0, transW, alpha, beta);
 }
 
-/* The reference: A's first cols from bf16 and the decoded W in fp32, h and B in fp32 (not
- * rounded), C = A W^T + s h B^T; A's rest written as the op says (h rounded, zeros). */
+/* The reference: A's first cols from bf16 and the decoded W in fp32, h, B and the bias in
+ * fp32 (not rounded), C = A W^T + s h B^T + bias; A's rest written as the op says (h rounded,
+ * the bias's 1, zeros). */
 static void cpu_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld,
                                const float *h, const float *B, int64_t r, float s, float *tile,
                                const uint8_t *codes, const uint16_t *scales,
                                const float *levels, int64_t rows, int64_t cols, int bits,
-                               int group, int64_t M) {
+                               int group, int64_t M, const float *bias) {
     (void)tile;
-    if (ld < cols + r || ld % 8)
+    const int64_t nb = bias != NULL;
+    if (ld < cols + r + nb || ld % 8)
         TZ_FATAL("tq_matmul_lora: row stride %lld is not a multiple of 8 of at least %lld + %lld",
-                 (long long)ld, (long long)cols, (long long)r);
+                 (long long)ld, (long long)cols, (long long)(r + nb));
     float *a = malloc((size_t)(M * cols + rows * cols) * sizeof *a), *w = a + M * cols;
     if (!a) TZ_FATAL("tq_matmul_lora: out of host memory");
     for (int64_t m = 0; m < M; m++) {
         for (int64_t k = 0; k < cols; k++) a[m * cols + k] = tz_bf16_to_f32(A[m * ld + k]);
         for (int64_t k = cols; k < ld; k++)
-            A[m * ld + k] = k < cols + r ? tz_f32_to_bf16(h[m * r + k - cols]) : 0;
+            A[m * ld + k] = k < cols + r ? tz_f32_to_bf16(h[m * r + k - cols])
+                            : k == cols + r && nb ? tz_f32_to_bf16(1.0f)
+                                                  : 0;
     }
     be->tq_dequant(be, w, codes, scales, levels, rows, cols, bits, group);
     be->matmul(be, C, a, w, M, rows, cols, 0, 1, 1.0f, 0.0f);
     if (r) be->matmul(be, C, h, B, M, rows, r, 0, 1, s, 1.0f);
+    if (bias) be->bias_add_fwd(be, C, bias, M, rows);
     free(a);
 }
 

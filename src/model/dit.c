@@ -286,7 +286,7 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     if (att_ws) TAKE(m->att_ws, (int64_t)(att_ws / sizeof(float)), "attention workspace");
     /* quantized weights: one decode tile for all of them, one rotation buffer */
     total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT, m->be, !m->o.forward_only,
-                                   m->o.lora.targets ? m->o.lora.rank : 0);
+                                   m->o.lora.targets ? m->o.lora.rank : 0, 1 /* biases */);
 #undef TAKE
     return total;
 }

@@ -364,7 +364,7 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
     if (a) m->att_ws = NULL, m->att_ws_bytes = att_ws;
     if (att_ws) TAKE(m->att_ws, (int64_t)(att_ws / sizeof(float)), "attention workspace");
     total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT, m->be, !m->o.forward_only,
-                                   m->o.lora.targets ? m->o.lora.rank : 0);
+                                   m->o.lora.targets ? m->o.lora.rank : 0, 1 /* biases */);
     tz_wstream_walk(&m->ws, m->be, a, &total);
 #undef TAKE
     return total;

@@ -109,11 +109,13 @@ void tz_linear_set_probe(tz_linear_probe fn, void *ctx) {
 static int64_t al16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 static int64_t half16(int64_t n) { return al16((n + 1) / 2); }
 
-/* ---- LoRA folded into the base GEMM along K (tq_matmul_lora) ---- */
+/* ---- LoRA and the bias folded into the base GEMM along K (tq_matmul_lora) ---- */
 
-/* The row stride of [x_rot | h] and [W_rot | s B] for an adapter of rank r on `in` inputs:
- * in + r rounded up to 8 (zeros after r). */
-static int64_t fold_ld(int64_t in, int64_t r) { return in + ((r + 7) & ~(int64_t)7); }
+/* The row stride of [x_rot | h | 1] and [W_rot | s B | b] for e extra columns (an adapter's
+ * rank, plus one for a bias) on `in` inputs: in + e rounded up to 8 (zeros after e). */
+static int64_t fold_ld(int64_t in, int64_t e) { return in + ((e + 7) & ~(int64_t)7); }
+/* l's extra columns: its adapter's rank and its bias's one */
+static int64_t fold_ext(const tz_linear *l) { return (l->a ? l->r : 0) + (l->bias != NULL); }
 
 /* Whether l's forward can take its LoRA path inside the base GEMM at row stride ld: a
  * TurboQuant weight, bf16 GEMMs, an fp32 B, and a tile with room for [out, ld]. */
@@ -125,19 +127,21 @@ static int folds(const tz_backend *be, const tz_linear *l, int64_t ld) {
            (!l->a || !l->b->w16);
 }
 
-/* y = [x_rot | h] [W_rot | s B]^T from x_rot in bf16 at row stride ld (tq_rotate16's), h =
- * x A^T already in h (n x r); without an adapter the plain product (the padding zeros). */
+/* y = [x_rot | h | 1] [W_rot | s B | b]^T from x_rot in bf16 at row stride ld (tq_rotate16's),
+ * h = x A^T already in h (n x r); without an adapter or a bias their columns are left out
+ * (the padding zeros). */
 static void fold_matmul(tz_backend *be, const tz_linear *l, float *y, uint16_t *xr, int64_t ld,
                         const float *h, int64_t n) {
     const tz_qweight *q = l->w->q;
     if (!q->codes) TZ_FATAL("%s: a streamed weight used while its block is not loaded", l->w->name);
     be->tq_matmul_lora(be, y, xr, ld, l->a ? h : NULL, l->a ? l->b->w : NULL, l->a ? l->r : 0,
                        l->scale, l->tq->tile, q->codes, q->scales, q->levels, l->out, l->in,
-                       q->bits, q->group, n);
+                       q->bits, q->group, n, l->bias ? l->bias->w : NULL);
 }
 
-int64_t tz_linear_fold_cols(const tz_backend *be, int64_t r) {
-    return r > 0 && rounds_bf16(be) && sharing_on() ? fold_ld(0, r) : 0;
+int64_t tz_linear_fold_cols(const tz_backend *be, int64_t r, int bias) {
+    const int64_t e = r + (bias != 0);
+    return e > 0 && rounds_bf16(be) && sharing_on() ? fold_ld(0, e) : 0;
 }
 
 void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
@@ -146,21 +150,22 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
     if (g_probe && q && l->a) g_probe(g_probe_ctx, l, x, n);
     if (!q) { /* y[n,out] = x[n,in] . W[out,in]^T */
         tz_matmul_w(be, y, x, l->w, n, l->out, l->in, 1, 1.0f, 0.0f);
-    } else if (q->method == TZ_TQ_TURBOQUANT && l->a && folds(be, l, fold_ld(l->in, l->r)) &&
-               (n * fold_ld(l->in, l->r) + 1) / 2 <= l->tq->act_floats) {
-        /* y = [x_rot | x A^T] [W_rot | s B]^T: LoRA inside the base GEMM; x rounded by the
-         * rotation's pass too, after its rows, where there is room (the plans hold it) */
-        const int64_t ld = fold_ld(l->in, l->r), rot = al16((n * ld + 1) / 2);
+    } else if (q->method == TZ_TQ_TURBOQUANT && fold_ext(l) &&
+               folds(be, l, fold_ld(l->in, fold_ext(l))) &&
+               (n * fold_ld(l->in, fold_ext(l)) + 1) / 2 <= l->tq->act_floats) {
+        /* y = [x_rot | x A^T | 1] [W_rot | s B | b]^T: LoRA and the bias inside the base GEMM;
+         * x rounded by the rotation's pass too, after its rows, where there is room (the
+         * plans hold it) */
+        const int64_t ld = fold_ld(l->in, fold_ext(l)), rot = al16((n * ld + 1) / 2);
         uint16_t *xr = (uint16_t *)(void *)l->tq->act;
-        uint16_t *x16 = rot + (n * l->in + 1) / 2 <= l->tq->act_floats
+        uint16_t *x16 = l->a && rot + (n * l->in + 1) / 2 <= l->tq->act_floats
                             ? (uint16_t *)(void *)(l->tq->act + rot)
                             : NULL;
         be->tq_rotate16(be, xr, x, n, l->in, ld, q->group, q->seed, x16);
-        /* h = x A^T */
-        mm16(be, h, x16 ? (const void *)x16 : (const void *)x, x16 != NULL, l->a->w, 0, n, l->r,
-             l->in, 0, 1, 1.0f, 0.0f);
+        if (l->a) /* h = x A^T */
+            mm16(be, h, x16 ? (const void *)x16 : (const void *)x, x16 != NULL, l->a->w, 0, n,
+                 l->r, l->in, 0, 1, 1.0f, 0.0f);
         fold_matmul(be, l, y, xr, ld, h, n);
-        if (l->bias) be->bias_add_fwd(be, y, l->bias->w, n, l->out);
         return;
     } else if (q->method == TZ_TQ_TURBOQUANT) { /* y = x_rot . W_rot^T */
         float *xr = act_buffer(l, n);
@@ -286,10 +291,14 @@ int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, i
     const int turbo = q && q->method == TZ_TQ_TURBOQUANT;
     int64_t fwd = turbo ? n * ls[0]->in : 0, rmax = 0;
     if (count > 1 && !turbo && rounds_bf16(be) && sharing_on()) fwd = (n * ls[0]->in + 1) / 2;
-    for (int i = 0; i < count; i++) rmax = ls[i]->a && ls[i]->r > rmax ? ls[i]->r : rmax;
-    if (turbo && rmax && rounds_bf16(be) && sharing_on()) { /* LoRA folded (tq_matmul_lora) */
+    int adapted = 0;
+    for (int i = 0; i < count; i++) {
+        rmax = fold_ext(ls[i]) > rmax ? fold_ext(ls[i]) : rmax;
+        adapted |= ls[i]->a != NULL;
+    }
+    if (turbo && rmax && rounds_bf16(be) && sharing_on()) { /* LoRA, bias folded (tq_matmul_lora) */
         const int64_t rot = (n * fold_ld(ls[0]->in, rmax) + 1) / 2; /* then x in bf16 */
-        const int64_t f = al16(rot) + (n * ls[0]->in + 1) / 2;
+        const int64_t f = al16(rot) + (adapted ? (n * ls[0]->in + 1) / 2 : 0);
         fwd = f > fwd ? f : fwd;
     }
     if (!backward) return fwd;
@@ -390,22 +399,23 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
         if (g_probe && ls[i]->a) g_probe(g_probe_ctx, ls[i], x, n);
         adapted |= ls[i]->a != NULL;
     }
-    /* the LoRA paths folded into the base GEMMs: x rotated into bf16 rows of ld (room after
-     * each for the adapter's h), x rounded once after them for the h = x A^T */
-    int64_t rmax = 0;
-    for (int i = 0; i < count; i++) rmax = ls[i]->a && ls[i]->r > rmax ? ls[i]->r : rmax;
-    const int64_t ld = fold_ld(l0->in, rmax), rot = al16((n * ld + 1) / 2);
-    int fold = adapted && rot + (n * l0->in + 1) / 2 <= l0->tq->act_floats;
+    /* the LoRA paths and the biases folded into the base GEMMs: x rotated into bf16 rows of
+     * ld (room after each for the adapter's h and the bias's 1), x rounded once after them
+     * for the h = x A^T */
+    int64_t emax = 0;
+    for (int i = 0; i < count; i++) emax = fold_ext(ls[i]) > emax ? fold_ext(ls[i]) : emax;
+    const int64_t ld = fold_ld(l0->in, emax), rot = al16((n * ld + 1) / 2);
+    int fold = emax && rot + (adapted ? (n * l0->in + 1) / 2 : 0) <= l0->tq->act_floats;
     for (int i = 0; i < count && fold; i++) fold = folds(be, ls[i], ld);
     if (fold) {
-        uint16_t *xr16 = (uint16_t *)(void *)l0->tq->act, *x16 = (uint16_t *)(void *)(l0->tq->act + rot);
+        uint16_t *xr16 = (uint16_t *)(void *)l0->tq->act;
+        uint16_t *x16 = adapted ? (uint16_t *)(void *)(l0->tq->act + rot) : NULL;
         be->tq_rotate16(be, xr16, x, n, l0->in, ld, q0->group, q0->seed, x16);
         for (int i = 0; i < count; i++) {
             const tz_linear *l = ls[i];
             if (l->a) /* h = x A^T */
                 mm16(be, hs[i], x16, 1, l->a->w, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f);
             fold_matmul(be, l, ys[i], xr16, ld, hs[i], n);
-            if (l->bias) be->bias_add_fwd(be, ys[i], l->bias->w, n, l->out);
         }
         return;
     }

@@ -54,8 +54,8 @@ void tz_embedding_w(tz_backend *be, float *out, const int32_t *tok, const tz_par
  * Quantized W, TurboQuant: x_rot = tq_rotate(x) into tq->act, W_rot decoded into tq->tile,
  * y = x_rot W_rot^T (= x W_hat^T, quant/turboquant.h). Absmax: W_hat decoded, y = x W_hat^T.
  * The LoRA path always reads the un-rotated x. With bf16 GEMMs and room in the tile
- * (tz_linear_fold_cols) a TurboQuant weight's LoRA path runs inside its GEMM, along K
- * (tq_matmul_lora: s B and h rounded to bf16 there; h itself is kept in fp32). */
+ * (tz_linear_fold_cols) a TurboQuant weight's LoRA path and bias run inside its GEMM, along K
+ * (tq_matmul_lora: s B, h and the bias rounded to bf16 there; h itself is kept in fp32). */
 void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
                    int64_t n);
 /* Accumulates dx += dy W (+ LoRA path), and the weight / adapter / bias gradients where
@@ -99,10 +99,11 @@ int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, i
                              int64_t n, int backward);
 
 /* Where be's GEMMs round to bf16, a TurboQuant linear's forward takes its LoRA path (rank r)
- * inside the base GEMM, along K (tq_matmul_lora): the decode tile then holds [out, in + this
- * many columns] (r rounded up to 8; 0 without folding), which the model plans. A tile without
- * that room gets the two GEMMs. */
-int64_t tz_linear_fold_cols(const tz_backend *be, int64_t r);
+ * and its bias (bias: the model's linears have one) inside the base GEMM, along K
+ * (tq_matmul_lora): the decode tile then holds [out, in + this many columns] (r + bias
+ * rounded up to 8; 0 without folding), which the model plans. A tile without that room gets
+ * the separate GEMMs and bias pass. */
+int64_t tz_linear_fold_cols(const tz_backend *be, int64_t r, int bias);
 
 /* A probe that sees the input x [n, in] (backend memory) of every adapted quantized layer's
  * forward (lora.init = "calibrated" gathers X^T X with it); NULL: none. One at a time, set

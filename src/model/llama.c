@@ -318,7 +318,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         }
     total += tz_quant_scratch_walk_act(
         &m->tq, &m->params, a, act, m->be,
-        tz_linear_fold_cols(m->be, m->o.lora.targets ? m->o.lora.rank : 0));
+        tz_linear_fold_cols(m->be, m->o.lora.targets ? m->o.lora.rank : 0, m->d.qkv_bias));
     /* forward's MLP chunks: g, u, s only, so the fewest equal chunks whose three buffers fit
      * the pool and whose rows x `in` of each MLP projection fit the rotation buffer */
     for (int64_t n = 1; a && chunked && n <= BT; n++) {

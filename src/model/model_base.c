@@ -219,7 +219,7 @@ void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, cons
 }
 
 size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows,
-                             const tz_backend *be, int backward, int64_t lora_rank) {
+                             const tz_backend *be, int backward, int64_t lora_rank, int biases) {
     int64_t act = 0;
     for (int i = 0; i < ps->n; i++) {
         const tz_param *p = ps->p[i];
@@ -229,7 +229,8 @@ size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,
         const int64_t n = tz_linear_act_floats(be, &lp, 1, rows, backward);
         if (n > act) act = n;
     }
-    return tz_quant_scratch_walk_act(s, ps, a, act, be, tz_linear_fold_cols(be, lora_rank));
+    return tz_quant_scratch_walk_act(s, ps, a, act, be,
+                                     tz_linear_fold_cols(be, lora_rank, biases));
 }
 
 size_t tz_quant_scratch_walk_act(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,

@@ -163,13 +163,14 @@ const tz_tq_codebook *tz_quant_codebook(const tz_tq_codebook *cb, int method, in
 void tz_quant_upload(tz_backend *be, const tz_tq_codebook *cb, tz_param *p, const float *w);
 /* The scratch of a model whose quantized weights are those of ps: one tile for the largest
  * (tz_tq_tile_elems: whole, or two chunks where be decodes in chunks), of be's GEMM operand type (4 bytes for fp32, 2 when the weight is decoded straight into
- * bf16, see tq_matmul; with room for LoRA's columns where lora_rank > 0 and the backend
- * folds them, tz_linear_fold_cols), and one activation buffer for the most any TurboQuant
+ * bf16, see tq_matmul; with room for LoRA's and the bias's columns (biases: the model's
+ * linears have them) where the backend folds them, tz_linear_fold_cols), and one activation
+ * buffer for the most any TurboQuant
  * weight's linear on `rows` rows needs (tz_linear_act_floats, as a linear on its own;
  * backward: 0 for forward passes only). With a NULL arena it
  * only counts bytes (64-byte rounded, as tz_arena_alloc takes them); else it allocates s. */
 size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a, int64_t rows,
-                             const tz_backend *be, int backward, int64_t lora_rank);
+                             const tz_backend *be, int backward, int64_t lora_rank, int biases);
 /* The same with the activation buffer given in floats (a family that calls its linears on
  * different numbers of rows, or shares inputs: the most of tz_linear_act_floats; 0: none),
  * the backend (the tile's element type, its decode in chunks: tz_tq_tile_elems) and the

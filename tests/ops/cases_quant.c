@@ -250,15 +250,16 @@ static void add_tq_matmul(oc_list *l, int64_t rows, int64_t cols, int bits, int 
     oc_add(l, &c);
 }
 
-/* ---- tq_matmul_lora: C = [A | h] [W | s B]^T, one GEMM along cols + (ld - cols) ----
- * p: rows, cols, bits, group, M, r, ld; s: scale. tensors: 0 A (bf16 [M, ld]: the first cols
- * of each row read, the rest written by the op), 1 h [M, r], 2 B [rows, r], 3 codes,
- * 4 scales, 5 levels, 6 C, 7 tile (bf16 [rows, ld], scratch). */
+/* ---- tq_matmul_lora: C = [A | h | 1] [W | s B | b]^T, one GEMM along cols + (ld - cols) ----
+ * p: rows, cols, bits, group, M, r, ld, bias; s: scale. tensors: 0 A (bf16 [M, ld]: the first
+ * cols of each row read, the rest written by the op), 1 h [M, r], 2 B [rows, r], 3 codes,
+ * 4 scales, 5 levels, 6 C, 7 tile (bf16 [rows, ld], scratch), 8 bias [rows] (read where
+ * p[7]). */
 static void tql_fwd(oc_run *r) {
     r->be->tq_matmul_lora(r->be, OCF(r, 6), OCH(r, 0), OCP(r, 6), OCF(r, 1), OCF(r, 2),
                           OCP(r, 5), (float)OCS(r, 0), OCF(r, 7), OCB(r, 3), OCH(r, 4),
                           OCF(r, 5), OCP(r, 0), OCP(r, 1), (int)OCP(r, 2), (int)OCP(r, 3),
-                          OCP(r, 4));
+                          OCP(r, 4), OCP(r, 7) ? OCF(r, 8) : NULL);
 }
 static void tql_ref(oc_ref *r) {
     const oc_case *c = r->c;
@@ -270,23 +271,25 @@ static void tql_ref(oc_ref *r) {
             double acc = 0.0, lo = 0.0;
             for (int64_t k = 0; k < cols; k++) acc += r->v[0][m * ld + k] * w[o * cols + k];
             for (int64_t j = 0; j < rk; j++) lo += r->v[1][m * rk + j] * r->v[2][o * rk + j];
-            r->v[6][m * rows + o] = acc + c->s[0] * lo;
+            r->v[6][m * rows + o] = acc + c->s[0] * lo + (c->p[7] ? r->v[8][o] : 0.0);
         }
 }
 
-static void add_tq_matmul_lora(oc_list *l, int64_t rows, int64_t cols, int bits, int g,
-                               int64_t M, int64_t rk, double scale) {
-    const int64_t ld = cols + ((rk + 7) & ~(int64_t)7);
+/* bias: a bias folded in too (its column after h's) */
+static void add_tq_matmul_lora_b(oc_list *l, int64_t rows, int64_t cols, int bits, int g,
+                                 int64_t M, int64_t rk, double scale, int bias) {
+    const int64_t ld = cols + ((rk + bias + 7) & ~(int64_t)7);
     if (rows * cols > QMAX) abort();
-    oc_case c = {.ops = "tq_matmul_lora", .nt = 8, .p = {rows, cols, bits, g, M, rk, ld},
+    oc_case c = {.ops = "tq_matmul_lora", .nt = 9, .p = {rows, cols, bits, g, M, rk, ld, bias},
                  .s = {scale}, .flags = OC_GEMM | OC_DEVICE_BF16, .fwd = tql_fwd,
                  .ref = tql_ref,
                  /* fp32 (the CPU's, the reference's arithmetic): sums in another order */
                  .tol_fwd = 1e-5,
                  /* bf16: tq_matmul's (each decoded weight rounded once, 3e-2 of the scale),
                   * and h and s B rounded to bf16 (2^-9 relative each, summed over r products,
-                  * well inside it). Leaving the adapter out moves the output by s h B^T, of
-                  * the order of the result: >> this */
+                  * well inside it); the bias rounded to bf16 too (2^-9). Leaving the adapter
+                  * out moves the output by s h B^T, of the order of the result, and leaving the
+                  * bias out by the bias (values up to 4, against outputs of ~8): >> this */
                  .tol_fwd_bf16 = 3e-2};
     c.t[0] = (oc_tensor)OC_T_BF16("A", M * ld, 1.0f);
     c.t[1] = (oc_tensor)OC_T_IN("h", M * (rk ? rk : 1));
@@ -297,11 +300,16 @@ static void add_tq_matmul_lora(oc_list *l, int64_t rows, int64_t cols, int bits,
     c.t[6] = (oc_tensor)OC_T_OUT("C", M * rows);
     c.t[7] = (oc_tensor)OC_T_OUT("tile", (rows * ld + 1) / 2);
     c.t[7].flags = OC_NOCHECK;
+    c.t[8] = (oc_tensor)OC_T_INA("bias", rows, 4.0f);
     snprintf(c.name, sizeof c.name,
-             "tq_matmul_lora rows %lld cols %lld bits %d group %d M %lld r %lld ld %lld scale %g",
+             "tq_matmul_lora rows %lld cols %lld bits %d group %d M %lld r %lld ld %lld scale %g%s",
              (long long)rows, (long long)cols, bits, g, (long long)M, (long long)rk,
-             (long long)ld, scale);
+             (long long)ld, scale, bias ? ", bias" : "");
     oc_add(l, &c);
+}
+static void add_tq_matmul_lora(oc_list *l, int64_t rows, int64_t cols, int bits, int g,
+                               int64_t M, int64_t rk, double scale) {
+    add_tq_matmul_lora_b(l, rows, cols, bits, g, M, rk, scale, 0);
 }
 
 void oc_cases_quant(oc_list *l) {
@@ -336,6 +344,9 @@ void oc_cases_quant(oc_list *l) {
     add_tq_matmul_lora(l, 6, 192, 3, 64, 2, 4, 0.75);
     add_tq_matmul_lora(l, 3, 512, 2, 256, 4, 5, 1.5);
     add_tq_matmul_lora(l, 4, 128, 4, 64, 3, 0, 1.0);
+    add_tq_matmul_lora_b(l, 5, 256, 4, 128, 3, 16, 2.0, 1); /* r 16 + bias: ld cols + 24 */
+    add_tq_matmul_lora_b(l, 6, 192, 3, 64, 2, 7, 0.75, 1);  /* r 7 + bias: one block of 8 */
+    add_tq_matmul_lora_b(l, 4, 128, 4, 64, 3, 0, 1.0, 1);   /* the bias alone */
     /* tq_rotate16: every group, two and three group columns */
     add_rotate16(l, 3, 192, 64, 7);
     add_rotate16(l, 2, 256, 128, 0x9E3779B97F4A7C15ull);

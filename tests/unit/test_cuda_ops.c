@@ -922,24 +922,26 @@ static void dq_case(int bits, int g, int64_t rows, int64_t cols, int w_off, int 
               (long long)tz_tq_chunk_rows(g_gpu, rows), (long long)tz_tq_chunk_cols(g_gpu, cols, g),
               ef, eb, (long long)need);
         drop(&C2), drop(&dA2);
-        /* tq_matmul_lora (rank 5: 3 zero columns of padding) in chunks and whole */
+        /* tq_matmul_lora (rank 5 and a bias: 2 zero columns of padding) in chunks and whole
+         * (each chunk's rows of B and of the bias) */
         const int64_t rk = 5, ld = cols + 8;
         uint16_t *a16h = malloc((size_t)(M * ld) * 2), *a16 = g_gpu->alloc(g_gpu, (size_t)(M * ld) * 2);
         for (int64_t i = 0; i < M * ld; i++) a16h[i] = tz_f32_to_bf16(urand(1.0f));
         g_gpu->upload(g_gpu, a16, a16h, (size_t)(M * ld) * 2);
         pair h = mk(M * rk, 1.0f), Bl = mk(rows * rk, 1.0f), L1 = mkz(M * rows), L2 = mkz(M * rows);
+        pair bias = mk(rows, 1.0f);
         g_gpu->matmul_dtype = TZ_DT_BF16;
         g_gpu->tq_matmul_lora(g_gpu, L1.d, a16, ld, h.d, Bl.d, rk, 0.75f, w, dc + c_off, ds, dl,
-                              rows, cols, bits, g, M);
+                              rows, cols, bits, g, M, bias.d);
         g_gpu->tq_chunks = 0;
         g_gpu->tq_matmul_lora(g_gpu, L2.d, a16, ld, h.d, Bl.d, rk, 0.75f, w, dc + c_off, ds, dl,
-                              rows, cols, bits, g, M);
+                              rows, cols, bits, g, M, bias.d);
         g_gpu->tq_chunks = chunks;
         g_gpu->matmul_dtype = TZ_DT_F32;
         const double el = dev_rel(L2.d, L1.d, M * rows);
-        check(el <= 1e-5, "tq_matmul_lora %s, rank 5: in chunks = whole (within %.1e of the "
-              "largest, tolerance 1e-5)", shape, el);
-        drop(&h), drop(&Bl), drop(&L1), drop(&L2);
+        check(el <= 1e-5, "tq_matmul_lora %s, rank 5, a bias: in chunks = whole (within %.1e of "
+              "the largest, tolerance 1e-5)", shape, el);
+        drop(&h), drop(&Bl), drop(&L1), drop(&L2), drop(&bias);
         g_gpu->release(g_gpu, a16);
         free(a16h);
     }

@@ -253,7 +253,7 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
     /* sc: the scratch as a model plans it (tz_linear_act_floats); small: n x in floats, the
      * rotation's own (none for dense weights), which leaves the backward no room for its bf16
      * copies (every GEMM then rounds its fp32 operands itself) */
-    const int64_t tile = 128 * (in + tz_linear_fold_cols(be, r)); /* room for LoRA's columns */
+    const int64_t tile = 128 * (in + tz_linear_fold_cols(be, r, 1)); /* LoRA's, the bias's */
     tz_tq_scratch sc = {be->alloc(be, (size_t)tile * 4), tile, NULL, 0};
     tz_tq_scratch small = {be->alloc(be, (size_t)(128 * in) * 4), 128 * in,
                            be->alloc(be, (size_t)(n * in) * 4), dense ? 0 : n * in};
@@ -326,17 +326,17 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
     check(same, "%s: shared forward of 3 linears = the separate forwards, bit for bit", what);
     /* the same forward on a backend without tq_matmul_lora: two GEMMs (base, then y += s h
      * B^T) instead of one along K. The same bits where nothing is folded (fp32 GEMMs, dense
-     * weights); folded (bf16 GEMMs, TurboQuant), s B and h rounded to bf16 inside the one
-     * GEMM: within 4e-3 of the largest output, and not the same bits (the fold ran) */
+     * weights); folded (bf16 GEMMs, TurboQuant), s B, h and the bias rounded to bf16 inside
+     * the one GEMM: within 4e-3 of the largest output, and not the same bits (the fold ran) */
     void (*lora_op)(tz_backend *, float *, uint16_t *, int64_t, const float *, const float *,
                     int64_t, float, float *, const uint8_t *, const uint16_t *, const float *,
-                    int64_t, int64_t, int, int, int64_t) = be->tq_matmul_lora;
+                    int64_t, int64_t, int, int, int64_t, const float *) = be->tq_matmul_lora;
     be->tq_matmul_lora = NULL;
     float *hx = be->alloc(be, (size_t)(n * r) * 4);
     for (int i = 0; i < NL; i++) tz_linear_fwd(be, ls[i], y[2][i], lin[i].a ? hx : NULL, x, n);
     be->tq_matmul_lora = lora_op;
     be->release(be, hx);
-    const int folded = !dense && tz_linear_fold_cols(be, r) > 0;
+    const int folded = !dense && tz_linear_fold_cols(be, r, 1) > 0;
     double fe = 0.0, fm = 0.0;
     int fsame = 1;
     for (int i = 0; i < NL; i++) {
