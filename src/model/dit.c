@@ -284,9 +284,23 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
                                                !m->o.forward_only);
     if (a) m->att_ws = NULL, m->att_ws_bytes = att_ws;
     if (att_ws) TAKE(m->att_ws, (int64_t)(att_ws / sizeof(float)), "attention workspace");
-    /* quantized weights: one decode tile for all of them, one rotation buffer */
-    total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT, m->be, !m->o.forward_only,
-                                   m->o.lora.targets ? m->o.lora.rank : 0, 1 /* biases */);
+    /* quantized weights: one decode tile for all of them; one activation scratch for the most
+     * any linear needs as the passes call it (tz_linear_act_floats: a TurboQuant input's
+     * rotation and LoRA's columns, and, dense weights too, each dy rounded once for the GEMMs
+     * of its backward) */
+    const tz_linear *lins[TZ_DIT_LIN_N + 5] = {&m->x_emb, &m->t_fc1, &m->t_fc2, &m->f_ada,
+                                               &m->f_lin};
+    int nl = 5;
+    for (int j = 0; j < TZ_DIT_LIN_N && m->blocks; j++) lins[nl++] = &m->blocks[0].lin[j];
+    int64_t act = 0;
+    for (int i = 0; i < nl; i++) {
+        const int64_t rows = lins[i] == &m->x_emb || lins[i] == &m->f_lin ||
+                                     (i >= 5 && i - 5 != TZ_DIT_ADALN) ? BT : B;
+        const int64_t f = tz_linear_act_floats(m->be, &lins[i], 1, rows, !m->o.forward_only);
+        if (f > act) act = f;
+    }
+    total += tz_quant_scratch_walk_act(&m->tq, &m->params, a, act, m->be,
+                                       tz_linear_fold_cols(m->be, m->o.lora.targets ? m->o.lora.rank : 0, 1));
 #undef TAKE
     return total;
 }
