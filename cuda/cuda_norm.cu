@@ -34,7 +34,7 @@ static void cuda_rmsnorm_fwd(tz_backend *be, float *out, float *rstd, const floa
 
 /* dx += r * (g - x * r^2 * mean(g*x)), g = dout * w. */
 static __global__ void k_rmsnorm_bwd_dx(float *dx, const float *dout, const float *x,
-                                        const float *w, const float *rstd, int64_t C) {
+                                        const float *w, const float *rstd, int64_t C, int acc) {
     const float *xr = x + blockIdx.x * C, *gr = dout + blockIdx.x * C;
     float *d = dx + blockIdx.x * C;
     float rs = rstd[blockIdx.x];
@@ -44,7 +44,7 @@ static __global__ void k_rmsnorm_bwd_dx(float *dx, const float *dout, const floa
     dot = tz_block_sum_d(dot);
     float coef = (float)(dot / (double)C) * rs * rs;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        d[c] += rs * (__fmul_rn(gr[c], w[c]) - __fmul_rn(xr[c], coef));
+        d[c] = (acc ? d[c] : 0.0f) + rs * (__fmul_rn(gr[c], w[c]) - __fmul_rn(xr[c], coef));
 }
 
 struct rms_dw { /* dout[r,c] * x[r,c] * rstd[r], rounded to float as on the CPU */
@@ -57,12 +57,12 @@ struct rms_dw { /* dout[r,c] * x[r,c] * rstd[r], rounded to float as on the CPU 
 
 static void cuda_rmsnorm_bwd(tz_backend *be, float *dx, float *dw, const float *dout,
                              const float *x, const float *w, const float *rstd, int64_t rows,
-                             int64_t C) {
+                             int64_t C, int accumulate) {
     if (rows <= 0 || C <= 0) return;
     check_rows(rows, "rmsnorm_bwd");
     TZ_CUDA_KERNEL_READS(be, w, (size_t)C * sizeof *w, "rmsnorm weight");
     k_rmsnorm_bwd_dx<<<(unsigned)rows, ROW_THREADS, 0, tz_cuda_stream(be)>>>(dx, dout, x, w,
-                                                                              rstd, C);
+                                                                              rstd, C, accumulate);
     CUDA_LAUNCHED();
     if (dw) tz_cuda_colsum(be, dw, 0, rms_dw{dout, x, rstd, C}, 1, rows, C);
 }

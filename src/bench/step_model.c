@@ -104,9 +104,9 @@ static void s_rms_fwd(tz_backend *be, float *o, float *r, cf *x, cf *w, int64_t 
     (void)o, (void)r, (void)x, (void)w, (void)eps;
     add(be, TZ_SM_NORM, 4.0 * rows * C, 2 * F * rows * C + F * C);
 }
-static void s_rms_bwd(tz_backend *be, float *dx, float *dw, cf *d, cf *x, cf *w, cf *r, int64_t rows, int64_t C) {
+static void s_rms_bwd(tz_backend *be, float *dx, float *dw, cf *d, cf *x, cf *w, cf *r, int64_t rows, int64_t C, int acc) {
     (void)dx, (void)dw, (void)d, (void)x, (void)w, (void)r;
-    add(be, TZ_SM_NORM, 8.0 * rows * C, 4 * F * rows * C);
+    add(be, TZ_SM_NORM, 8.0 * rows * C, (acc ? 4 : 3) * F * rows * C);
 }
 static void s_rope(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D, float th) {
     (void)x, (void)th;

@@ -143,11 +143,13 @@ struct tz_backend {
 
     /* ---- RMSNorm (HF LlamaRMSNorm) ----
      * rstd[r] = 1/sqrt(mean_c(x[r,c]^2) + eps); out[r,c] = x[r,c] * rstd[r] * w[c].
-     * bwd: dx += ..., dw += ... (dw may be NULL: frozen weight). */
+     * bwd: dx += ... (accumulate 0: dx = ..., its contents not read), dw += ... (dw may be
+     * NULL: frozen weight). */
     void (*rmsnorm_fwd)(tz_backend *be, float *out, float *rstd, const float *x, const float *w,
                         int64_t rows, int64_t C, float eps);
     void (*rmsnorm_bwd)(tz_backend *be, float *dx, float *dw, const float *dout, const float *x,
-                        const float *w, const float *rstd, int64_t rows, int64_t C);
+                        const float *w, const float *rstd, int64_t rows, int64_t C,
+                        int accumulate);
 
     /* ---- RoPE, HF rotate-half convention, in place on x [B, T, H, D] ----
      * position of row (b, t) is t; inv_freq[i] = theta^(-2i/D), i < D/2;

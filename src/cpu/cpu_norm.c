@@ -31,8 +31,10 @@ static void cpu_rmsnorm_fwd(tz_backend *be, float *out, float *rstd, const float
 /* y = x*r*w, r = (mean(x^2) + eps)^-1/2:
  * dx = r * (g - x * r^2 * mean(g*x)) with g = dout*w;  dw = sum over rows of dout*x*r. */
 static void cpu_rmsnorm_bwd(tz_backend *be, float *dx, float *dw, const float *dout, const float *x,
-                            const float *w, const float *rstd, int64_t rows, int64_t C) {
+                            const float *w, const float *rstd, int64_t rows, int64_t C,
+                            int accumulate) {
     int nt = tz_cpu_threads(be);
+    const float keep = accumulate ? 1.0f : 0.0f; /* 0: dx written, not read */
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * C >= TZ_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * C, *gr = dout + r * C;
@@ -43,7 +45,8 @@ static void cpu_rmsnorm_bwd(tz_backend *be, float *dx, float *dw, const float *d
         for (int64_t c = 0; c < C; c++) dot += (double)(gr[c] * w[c]) * (double)xr[c];
         float coef = (float)(dot / (double)C) * rs * rs;
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) d[c] += rs * (gr[c] * w[c] - xr[c] * coef);
+        for (int64_t c = 0; c < C; c++)
+            d[c] = (keep != 0.0f ? d[c] : 0.0f) + rs * (gr[c] * w[c] - xr[c] * coef);
     }
     if (!dw) return;
     int64_t nb = (C + TZ_CPU_COLS - 1) / TZ_CPU_COLS;

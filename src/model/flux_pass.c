@@ -73,14 +73,15 @@ static void rms_into(tz_backend *be, float *Q, float *r, const float *x, const t
                         D, EPS);
 }
 
-/* Its backward: dx += from the rows of dQ; dw += where the weight trains. */
+/* Its backward: dx from the rows of dQ (written, not added to); dw += where the weight
+ * trains. */
 static void rms_back(tz_backend *be, float *dx, const float *dQ, const float *x, const float *r,
                      const tz_param *w, int64_t n, int64_t Ts, int64_t off, int64_t T, int64_t H,
                      int64_t D) {
     const int64_t I = H * D;
     for (int64_t b = 0; b < n; b++)
         be->rmsnorm_bwd(be, dx + b * Ts * I, w->trainable ? w->g : NULL, dQ + (b * T + off) * I,
-                        x + b * Ts * I, w->w, r + b * Ts * H, Ts * H, D);
+                        x + b * Ts * I, w->w, r + b * Ts * H, Ts * H, D, 0);
 }
 
 static tz_flux_acts *acts_of(tz_flux *m, int64_t k) { return tz_layer_stack_set(&m->stack, k); }
@@ -358,10 +359,6 @@ static void double_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a) {
     merge(be, m->datt, m->dqc, m->dd, n, Tt, Ti, I);
     attend_bwd(m, a, a->V, n, T);
     split(be, m->dvc, m->dvi, m->dV, n, Tt, Ti, I);
-    be->fill(be, m->dqi, 0.0f, n * Ti * I);
-    be->fill(be, m->dki, 0.0f, n * Ti * I);
-    be->fill(be, m->dqc, 0.0f, n * Tt * I);
-    be->fill(be, m->dkc, 0.0f, n * Tt * I);
     rms_back(be, m->dqc, m->dQ, a->qc, a->rqc, blk->naq, n, Tt, 0, T, H, D);
     rms_back(be, m->dqi, m->dQ, a->qi, a->rqi, blk->nq, n, Ti, Tt, T, H, D);
     rms_back(be, m->dkc, m->dK, a->kc, a->rkc, blk->nak, n, Tt, 0, T, H, D);
@@ -397,12 +394,10 @@ static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     be->gelu_tanh_bwd(be, df, dg, a->fi, BT * F, 0);
     tz_linear_bwd_set(be, &L[TZ_FLUX_MLP], m->da, df, a->h1i, a->lh[TZ_FLUX_MLP], m->dlora, BT);
     attend_bwd(m, a, a->vi, n, T);
-    be->fill(be, m->dqi, 0.0f, BT * I);
-    be->fill(be, m->dki, 0.0f, BT * I);
     be->rmsnorm_bwd(be, m->dqi, blk->nq->trainable ? blk->nq->g : NULL, m->dQ, a->qi, blk->nq->w,
-                    a->rqi, BT * H, D);
+                    a->rqi, BT * H, D, 0); /* written */
     be->rmsnorm_bwd(be, m->dki, blk->nk->trainable ? blk->nk->g : NULL, m->dK, a->ki, blk->nk->w,
-                    a->rki, BT * H, D);
+                    a->rki, BT * H, D, 0);
     const tz_linear *qkv[3] = {&L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V]};
     const float *dqkv[3] = {m->dqi, m->dki, m->dV};
     const float *lqkv[3] = {a->lh[TZ_FLUX_Q], a->lh[TZ_FLUX_K], a->lh[TZ_FLUX_V]};

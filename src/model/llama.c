@@ -557,7 +557,6 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
     const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim;
-    const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
     tz_linear_bwd_set(be, &L->lin[TZ_LIN_O], datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
@@ -565,12 +564,10 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     rope(m, dq, B, T, d->n_heads, 0, 1);
     rope(m, dk, B, T, d->n_kv_heads, 0, 1);
     if (d->qk_norm) { /* through each head's RMSNorm: the gradients of q and k before it */
-        be->fill(be, m->dqn, 0.0f, BT * qd);
-        be->fill(be, m->dkn, 0.0f, BT * kvd);
         be->rmsnorm_bwd(be, m->dqn, L->q_norm->g, dq, a->qn, L->q_norm->w, a->rq,
-                        BT * d->n_heads, d->head_dim);
+                        BT * d->n_heads, d->head_dim, 0); /* written */
         be->rmsnorm_bwd(be, m->dkn, L->k_norm->g, dk, a->kn, L->k_norm->w, a->rk,
-                        BT * d->n_kv_heads, d->head_dim);
+                        BT * d->n_kv_heads, d->head_dim, 0);
         dq = m->dqn, dk = m->dkn;
     }
     if (remake_h1) /* h1 again, in its memory: the same op on the same x */
@@ -579,7 +576,7 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     const float *lqkv[3] = {a->lh[TZ_LIN_Q], a->lh[TZ_LIN_K], a->lh[TZ_LIN_V]};
     lins_bwd(be, L, TZ_LIN_Q, m->dh, dqkv, a->h1, lqkv, m->dlora, BT, 1); /* dh written */
     /* dres += norm path: now dL/dx */
-    be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C);
+    be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C, 1);
 }
 
 static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, const float *x) {
@@ -602,7 +599,7 @@ static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     const float *dgu[2] = {dg, m->du}, *lgu[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
     lins_bwd(be, L, TZ_LIN_GATE, m->dh, dgu, a->h2, lgu, m->dlora, BT, 1);
     /* dres += norm path: now dL/dx2 */
-    be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C);
+    be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C, 1);
     attn_bwd(m, L, a, x, datt, dq, dk, dv, 0);
 }
 
@@ -634,7 +631,7 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
         lins_bwd(be, L, TZ_LIN_GATE, dh, dgu, h2, lgu, m->dlora, c, 1);
     }
     /* dres += norm path: now dL/dx2 */
-    be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C);
+    be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C, 1);
     /* datt in h2's memory, dq in x2's (both read for the last time), dk, dv in the pool */
     attn_bwd(m, L, a, x, m->datt, m->dq, m->dk, m->dv, 1);
 }
@@ -648,9 +645,8 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     forward_body(m, inputs, targets);
     tz_params_backward_begins(&m->params); /* (the head's chunks interleave both ways) */
     void *loss_done = head(m, 1, dloss); /* dh = d(loss)/d(hf); the losses on their way */
-    be->fill(be, m->dres, 0.0f, BT * C);
     be->rmsnorm_bwd(be, m->dres, m->final_norm->g, m->dh, tz_layer_stack_in(&m->stack, be, d->n_layers),
-                    m->final_norm->w, m->rstdf, BT, C);
+                    m->final_norm->w, m->rstdf, BT, C, 0); /* dres written */
     tz_params_stage_done(&m->params, 0);
     for (int64_t l = d->n_layers - 1; l >= 0; l--) {
         tz_llama_acts *a = acts_of(m, l);

@@ -65,7 +65,7 @@ static void rms_fwd(oc_run *r) {
 }
 static void rms_bwd(oc_run *r) {
     r->be->rmsnorm_bwd(r->be, OCF(r, 5), r->c->nt > 6 ? OCF(r, 6) : NULL, OCF(r, 4), OCF(r, 0),
-                       OCF(r, 1), OCF(r, 3), OCP(r, 0), OCP(r, 1));
+                       OCF(r, 1), OCF(r, 3), OCP(r, 0), OCP(r, 1), !OCP(r, 2));
 }
 static void rms_ref(oc_ref *r) {
     const int64_t rows = r->c->p[0], C = r->c->p[1];
@@ -79,8 +79,9 @@ static void rms_ref(oc_ref *r) {
     }
 }
 
-static void add_rmsnorm(oc_list *l, int64_t rows, int64_t C, int frozen) {
-    oc_case c = {.ops = "rmsnorm_fwd rmsnorm_bwd", .nt = frozen ? 6 : 7, .p = {rows, C},
+/* write: the backward writes dx (accumulate 0) instead of adding to it */
+static void add_rmsnorm_w(oc_list *l, int64_t rows, int64_t C, int frozen, int write) {
+    oc_case c = {.ops = "rmsnorm_fwd rmsnorm_bwd", .nt = frozen ? 6 : 7, .p = {rows, C, write},
                  .s = {1e-5}, .fwd = rms_fwd, .ref = rms_ref, .bwd = rms_bwd,
                  /* a sum of C squares and a few fp32 roundings; the backward's row sums over
                   * C and dw's over rows (fp32 or double): some 1e-7 */
@@ -91,10 +92,14 @@ static void add_rmsnorm(oc_list *l, int64_t rows, int64_t C, int frozen) {
     c.t[3] = (oc_tensor)OC_T_OUT("rstd", rows);
     c.t[4] = (oc_tensor)OC_T_DOUT("dout", 2);
     c.t[5] = (oc_tensor)OC_T_DIN("dx", 0);
+    if (write) c.t[5].flags |= OC_WRITES;
     if (!frozen) c.t[6] = (oc_tensor)OC_T_DIN("dw", 1);
-    snprintf(c.name, sizeof c.name, "rmsnorm rows %lld C %lld%s", (long long)rows, (long long)C,
-             frozen ? " frozen weight (dw NULL)" : "");
+    snprintf(c.name, sizeof c.name, "rmsnorm rows %lld C %lld%s%s", (long long)rows, (long long)C,
+             frozen ? " frozen weight (dw NULL)" : "", write ? ", dx written" : "");
     oc_add(l, &c);
+}
+static void add_rmsnorm(oc_list *l, int64_t rows, int64_t C, int frozen) {
+    add_rmsnorm_w(l, rows, C, frozen, 0);
 }
 
 /* ---- RoPE, rotate-half, in place on x [B, T, H, D] ----
@@ -480,6 +485,8 @@ void oc_cases_llama(oc_list *l) {
     add_rmsnorm(l, 7, 37, 0);
     add_rmsnorm(l, 3, 515, 0); /* vector bodies and tails */
     add_rmsnorm(l, 5, 37, 1);
+    add_rmsnorm_w(l, 7, 37, 0, 1);
+    add_rmsnorm_w(l, 3, 515, 1, 1);
     add_rope(l, 0, 2, 37, 3, 18, 0, 10000.0);
     add_rope(l, 0, 1, 5, 2, 128, 0, 500000.0);
     add_rope(l, 1, 2, 9, 3, 18, 23, 10000.0);

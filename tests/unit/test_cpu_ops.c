@@ -116,7 +116,7 @@ static results run_all(const inputs *in) {
     const int64_t nrm = (int64_t)RR * RC;
     float *ro = take(&r, nrm), *rs = take(&r, RR), *rdx = take(&r, nrm), *rdw = take(&r, RC);
     be->rmsnorm_fwd(be, ro, rs, in->rx, in->rw, RR, RC, 1e-6f);
-    be->rmsnorm_bwd(be, rdx, rdw, in->rdo, in->rx, in->rw, rs, RR, RC);
+    be->rmsnorm_bwd(be, rdx, rdw, in->rdo, in->rx, in->rw, rs, RR, RC, 1);
     be->embedding_bwd(be, take(&r, (int64_t)EV * EC), in->tok, in->edo, EN, EC);
     be->xent_fwd(be, take(&r, XN), in->logits, in->tgt, XN, XV);
     be->xent_bwd(be, take(&r, (int64_t)XN * XV), in->logits, in->tgt, 0.5f, XN, XV);

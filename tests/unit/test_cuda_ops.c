@@ -380,12 +380,12 @@ static void test_norm(void) {
     g_gpu->rmsnorm_fwd(g_gpu, out.d, rstd.d, x.d, w.d, rows, C, 1e-5f);
     expect("rmsnorm_fwd out", &out, 1e-5);
     expect("rmsnorm_fwd rstd", &rstd, 1e-5);
-    g_cpu->rmsnorm_bwd(g_cpu, dx.h, dw.h, dout.h, x.h, w.h, rstd.h, rows, C);
-    g_gpu->rmsnorm_bwd(g_gpu, dx.d, dw.d, dout.d, x.d, w.d, rstd.d, rows, C);
+    g_cpu->rmsnorm_bwd(g_cpu, dx.h, dw.h, dout.h, x.h, w.h, rstd.h, rows, C, 1);
+    g_gpu->rmsnorm_bwd(g_gpu, dx.d, dw.d, dout.d, x.d, w.d, rstd.d, rows, C, 1);
     expect("rmsnorm_bwd dx", &dx, 1e-5);
     expect("rmsnorm_bwd dw", &dw, 1e-5);
-    g_cpu->rmsnorm_bwd(g_cpu, dx.h, NULL, dout.h, x.h, w.h, rstd.h, rows, C);
-    g_gpu->rmsnorm_bwd(g_gpu, dx.d, NULL, dout.d, x.d, w.d, rstd.d, rows, C);
+    g_cpu->rmsnorm_bwd(g_cpu, dx.h, NULL, dout.h, x.h, w.h, rstd.h, rows, C, 1);
+    g_gpu->rmsnorm_bwd(g_gpu, dx.d, NULL, dout.d, x.d, w.d, rstd.d, rows, C, 1);
     expect("rmsnorm_bwd dx (frozen weight)", &dx, 1e-5);
     pair mean = mkz(rows);
     for (int64_t i = 0; i < x.n; i++) x.h[i] += 0.5f; /* a mean to remove */
