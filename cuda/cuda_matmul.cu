@@ -168,8 +168,63 @@ static void cuda_matmul_bw16(tz_backend *be, float *C, const float *A, const uin
     cuda_matmul16(be, C, A, 0, B, 1, M, N, K, transA, transB, alpha, beta);
 }
 
+/* One float as bf16 bits (nearest even, as k_to_bf16 rounds); a bf16 one as it is. */
+static __device__ __forceinline__ uint16_t to_bf16_bits(float x) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(x);
+    uint16_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+static __device__ __forceinline__ uint16_t to_bf16_bits(uint16_t x) { return x; }
+
+/* Row m of the fp32 [rows, K] src (bf16: already bf16) rounded into dst's row of ld = K + 8,
+ * then column K: bf16(col[m]) (col NULL: 1), then zeros: an operand of matmul_bias. */
+template <class T>
+static __global__ void k_bias_rows(uint16_t *dst, const T *src, const float *col, int64_t rows,
+                                   int64_t K, int64_t ld) {
+    TZ_CUDA_FOR(i, rows * ld) {
+        const int64_t m = i / ld, k = i - m * ld;
+        uint16_t v = 0;
+        if (k < K) v = to_bf16_bits(src[m * K + k]);
+        else if (k == K) v = to_bf16_bits(col ? col[m] : 1.0f);
+        dst[i] = v;
+    }
+}
+
+static void cuda_matmul_bias(tz_backend *be, float *C, const float *A, const void *W, int w_bf16,
+                             const float *bias, int64_t M, int64_t N, int64_t K) {
+    if (M <= 0 || N <= 0) return;
+    if (be->matmul_dtype != TZ_DT_BF16 || K <= 0) { /* fp32: the product, then the bias */
+        cuda_matmul16(be, C, A, 0, W, w_bf16, M, N, K, 0, 1, 1.0f, 0.0f);
+        be->bias_add_fwd(be, C, bias, M, N);
+        return;
+    }
+    /* [A | 1] [W | b]^T over K + 8 columns, both rounded into the GEMM operands' buffer */
+    const int64_t ld = K + 8, na = (M * ld + 127) / 128 * 128;
+    const size_t bytes = (size_t)(na + N * ld) * 2;
+    uint16_t *s = (uint16_t *)gemm_operands(be, bytes);
+    check_apart(A, M * K, s, bytes, "A");
+    if (!w_bf16) check_apart(W, N * K, s, bytes, "B");
+    TZ_CUDA_KERNEL_READS(be, A, (size_t)(M * K) * 4, "gemm operand A");
+    TZ_CUDA_KERNEL_READS(be, W, (size_t)(N * K) * (w_bf16 ? 2 : 4), "gemm operand B");
+    TZ_CUDA_KERNEL_READS(be, bias, (size_t)N * 4, "bias");
+    cudaStream_t st = tz_cuda_stream(be);
+    k_bias_rows<float><<<tz_cuda_blocks(M * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
+        s, A, (const float *)NULL, M, K, ld);
+    CUDA_LAUNCHED();
+    if (w_bf16)
+        k_bias_rows<uint16_t><<<tz_cuda_blocks(N * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
+            s + na, (const uint16_t *)W, bias, N, K, ld);
+    else
+        k_bias_rows<float><<<tz_cuda_blocks(N * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
+            s + na, (const float *)W, bias, N, K, ld);
+    CUDA_LAUNCHED();
+    tz_cuda_gemm16_ld(be, C, N, s, ld, s + na, ld, 1, M, N, ld, 1.0f, 0.0f);
+}
+
 void tz_cuda_install_matmul(tz_backend *be) {
     be->matmul = cuda_matmul;
     be->matmul_bw16 = cuda_matmul_bw16;
     be->matmul16 = cuda_matmul16;
+    be->matmul_bias = cuda_matmul_bias;
 }

@@ -96,6 +96,19 @@ static void s_matmul16(tz_backend *be, float *C, const void *A, int a16, const v
     gemm(be, M, N, K, a16, b16, beta);
 }
 
+static void s_matmul_bias(tz_backend *be, float *C, cf *A, const void *W, int w16, cf *bias,
+                          int64_t M, int64_t N, int64_t K) {
+    (void)C, (void)A, (void)W;
+    if (be->matmul_dtype == TZ_DT_BF16) { /* the bias along K: 8 more columns, no pass */
+        gemm(be, M, N, K + 8, 0, w16, 0.0f);
+        add(be, TZ_SM_ELEMENT, 0, F * (double)N);
+        return;
+    }
+    gemm(be, M, N, K, 0, w16, 0.0f);
+    add(be, TZ_SM_ELEMENT, (double)M * N, 2 * F * (double)M * N + F * (double)N);
+    (void)bias;
+}
+
 /* ---- embedding, norms, rope ---- */
 static void s_emb_fwd(tz_backend *be, float *o, const int32_t *t, cf *w, int64_t n, int64_t C) { (void)o, (void)t, (void)w; add(be, TZ_SM_ELEMENT, 0, 2 * F * n * C); }
 static void s_emb_bwd(tz_backend *be, float *dw, const int32_t *t, cf *d, int64_t n, int64_t C) { (void)dw, (void)t, (void)d; add(be, TZ_SM_ELEMENT, (double)n * C, 3 * F * n * C); }
@@ -236,7 +249,7 @@ void tz_step_model_install(tz_backend *be, const tz_step_rates *r) {
     be->event_done = s_event_done, be->event_free = s_event_free;
     be->fill = s_fill, be->scale = s_scale, be->axpy = s_axpy, be->to_bf16 = s_to_bf16;
     be->from_bf16 = s_from_bf16, be->sumsq = s_sumsq, be->adamw = s_adamw, be->matmul = s_matmul;
-    be->matmul_bw16 = s_matmul_bw16, be->matmul16 = s_matmul16, be->embedding_fwd = s_emb_fwd, be->embedding_bwd = s_emb_bwd;
+    be->matmul_bw16 = s_matmul_bw16, be->matmul16 = s_matmul16, be->matmul_bias = s_matmul_bias, be->embedding_fwd = s_emb_fwd, be->embedding_bwd = s_emb_bwd;
     be->embedding_fwd_w16 = s_emb_w16, be->rmsnorm_fwd = s_rms_fwd, be->rmsnorm_bwd = s_rms_bwd;
     be->rope_fwd = s_rope, be->rope_bwd = s_rope, be->rope_tab_fwd = s_rope_tab;
     be->rope_tab_bwd = s_rope_tab, be->rope_pairs_fwd = s_rope_pairs, be->rope_pairs_bwd = s_rope_pairs;

@@ -129,6 +129,13 @@ struct tz_backend {
     void (*matmul16)(tz_backend *be, float *C, const void *A, int a_bf16, const void *B,
                      int b_bf16, int64_t M, int64_t N, int64_t K, int transA, int transB,
                      float alpha, float beta);
+    /* A dense linear with a bias: C[M,N] = A[M,K] W[N,K]^T + bias[N] (C written), A fp32, W
+     * fp32 or bf16 (w_bf16: bit patterns, a frozen weight). With bf16 GEMMs the bias goes in
+     * along K (one more column: A's 1, W's bf16(bias); the operands rounded into rows of
+     * K + 8 as matmul would round them), so no pass over C adds it: C gains the bias rounded
+     * to bf16. Otherwise (the CPU: the reference) matmul, then the bias added in fp32. */
+    void (*matmul_bias)(tz_backend *be, float *C, const float *A, const void *W, int w_bf16,
+                        const float *bias, int64_t M, int64_t N, int64_t K);
 
     /* ---- embedding ----
      * out[t, :] = table[tok[t], :], t < n, table [V, C]. Token ids were validated by the
@@ -397,7 +404,7 @@ struct tz_backend {
  * op is added here as well. */
 #define TZ_BACKEND_OPS(X)                                                                    \
     X(destroy) X(alloc) X(release) X(upload) X(download) X(copy) X(sync) X(fill) X(scale)    \
-    X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(adamw) X(matmul) X(matmul_bw16) X(matmul16) X(embedding_fwd)        \
+    X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(adamw) X(matmul) X(matmul_bw16) X(matmul16) X(matmul_bias) X(embedding_fwd)        \
     X(embedding_bwd) X(embedding_fwd_w16) X(rmsnorm_fwd)                                      \
     X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_tab_fwd) X(rope_tab_bwd) X(rope_pairs_fwd) X(rope_pairs_bwd) X(attention_fwd)   \
     X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \

@@ -265,6 +265,13 @@ static void cpu_matmul16(tz_backend *be, float *C, const void *A, int a_bf16, co
     free(b);
 }
 
+/* The reference: the product (W widened exactly where stored in bf16), then the bias in fp32. */
+static void cpu_matmul_bias(tz_backend *be, float *C, const float *A, const void *W, int w_bf16,
+                            const float *bias, int64_t M, int64_t N, int64_t K) {
+    be->matmul16(be, C, A, 0, W, w_bf16, M, N, K, 0, 1, 1.0f, 0.0f);
+    be->bias_add_fwd(be, C, bias, M, N);
+}
+
 /* B in bf16 (a frozen weight): matmul16 with B's flag alone. */
 static void cpu_matmul_bw16(tz_backend *be, float *C, const float *A, const uint16_t *B,
                             int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
@@ -276,4 +283,5 @@ void TZ_CPU_K(tz_cpu_install_matmul)(tz_backend *be) {
     be->matmul = cpu_matmul;
     be->matmul_bw16 = cpu_matmul_bw16;
     be->matmul16 = cpu_matmul16;
+    be->matmul_bias = cpu_matmul_bias;
 }

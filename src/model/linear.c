@@ -78,13 +78,17 @@ static void mm16(tz_backend *be, float *C, const void *A, int a16, const void *B
     else be->matmul(be, C, (const float *)A, (const float *)B, M, N, K, transA, transB, alpha, beta);
 }
 
+/* LoRA's forward: y += s (x A^T) B^T, h = x A^T kept. */
+static void lora_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const void *x,
+                     int x16, int64_t n) {
+    if (!l->a) return;
+    mm16(be, h, x, x16, l->a->w, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f);    /* h = x A^T */
+    be->matmul(be, y, h, l->b->w, n, l->out, l->r, 0, 1, l->scale, 1.0f); /* y += s h B^T */
+}
 /* LoRA's forward and the bias: y += s (x A^T) B^T, h = x A^T kept; y += bias. */
 static void lora_bias_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const void *x,
                           int x16, int64_t n) {
-    if (l->a) {
-        mm16(be, h, x, x16, l->a->w, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f); /* h = x A^T */
-        be->matmul(be, y, h, l->b->w, n, l->out, l->r, 0, 1, l->scale, 1.0f); /* y += s h B^T */
-    }
+    lora_fwd(be, l, y, h, x, x16, n);
     if (l->bias) be->bias_add_fwd(be, y, l->bias->w, n, l->out);
 }
 
@@ -148,6 +152,12 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
                    int64_t n) {
     const tz_qweight *q = l->w->q;
     if (g_probe && q && l->a) g_probe(g_probe_ctx, l, x, n);
+    if (!q && l->bias && rounds_bf16(be) && sharing_on()) {
+        /* y = [x | 1] [W | b]^T: the bias inside the GEMM (matmul_bias), then LoRA */
+        be->matmul_bias(be, y, x, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in);
+        lora_fwd(be, l, y, h, x, 0, n);
+        return;
+    }
     if (!q) { /* y[n,out] = x[n,in] . W[out,in]^T */
         tz_matmul_w(be, y, x, l->w, n, l->out, l->in, 1, 1.0f, 0.0f);
     } else if (q->method == TZ_TQ_TURBOQUANT && fold_ext(l) &&
@@ -382,9 +392,12 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
         be->to_bf16(be, x16, x, n * ls[0]->in);
         for (int i = 0; i < count; i++) {
             const tz_linear *l = ls[i];
-            be->matmul16(be, ys[i], x16, 1, l->w->w, l->w->w16, n, l->out, l->in, 0, 1, 1.0f,
-                         0.0f);
-            lora_bias_fwd(be, l, ys[i], hs[i], x16, 1, n);
+            if (l->bias) /* the bias inside the GEMM, x rounded by it (the same bits) */
+                be->matmul_bias(be, ys[i], x, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in);
+            else
+                be->matmul16(be, ys[i], x16, 1, l->w->w, l->w->w16, n, l->out, l->in, 0, 1,
+                             1.0f, 0.0f);
+            lora_fwd(be, l, ys[i], hs[i], x16, 1, n);
         }
         return;
     }

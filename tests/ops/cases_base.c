@@ -303,6 +303,37 @@ static void add_matmul(oc_list *l, int64_t M, int64_t N, int64_t K, int ta, int 
 }
 
 
+/* ---- matmul_bias: C = A W^T + bias, W fp32 or bf16 (p[3]) ----
+ * tensors: 0 A [M, K], 1 W [N, K], 2 bias [N], 3 C (NaN before: written) */
+static void mb_fwd(oc_run *r) {
+    r->be->matmul_bias(r->be, OCF(r, 3), OCF(r, 0), r->d[1], (int)OCP(r, 3), OCF(r, 2),
+                       OCP(r, 0), OCP(r, 1), OCP(r, 2));
+}
+static void mb_ref(oc_ref *r) {
+    const int64_t M = r->c->p[0], N = r->c->p[1], K = r->c->p[2];
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double acc = r->v[2][n];
+            for (int64_t k = 0; k < K; k++) acc += r->v[0][m * K + k] * r->v[1][n * K + k];
+            r->v[3][m * N + n] = acc;
+        }
+}
+static void add_matmul_bias(oc_list *l, int64_t M, int64_t N, int64_t K, int w16) {
+    oc_case c = {.ops = "matmul_bias", .nt = 4, .p = {M, N, K, w16}, .flags = OC_GEMM,
+                 .fwd = mb_fwd, .ref = mb_ref,
+                 /* K products summed in another order; bf16: the operands and the bias are
+                  * bf16 values in that pass (its one extra column exact), so only the fp32 sums
+                  * differ. Leaving the bias out moves C by up to 4 */
+                 .tol_fwd = 1e-5};
+    c.t[0] = (oc_tensor)OC_T_IN("A", M * K);
+    c.t[1] = w16 ? (oc_tensor)OC_T_BF16("W", N * K, 1.0f) : (oc_tensor)OC_T_IN("W", N * K);
+    c.t[2] = (oc_tensor)OC_T_INA("bias", N, 4.0f);
+    c.t[3] = (oc_tensor)OC_T_OUT("C", M * N);
+    snprintf(c.name, sizeof c.name, "matmul_bias M %lld N %lld K %lld, W %s", (long long)M,
+             (long long)N, (long long)K, w16 ? "bf16" : "fp32");
+    oc_add(l, &c);
+}
+
 /* ---- matmul_bw16: B stored in bf16; the backward's dA through matmul_bw16 on B^T ----
  * tensors: 0 A, 1 B (bf16), 2 C, 3 dC, 4 dA */
 static void bw16_fwd(oc_run *r) {
@@ -377,6 +408,8 @@ void oc_cases_base(oc_list *l) {
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) add_matmul_bw16(l, 19, 33, 40, ta, tb, 1.0, 0.0);
     add_matmul_bw16(l, 3, 64, 17, 0, 1, -0.5, 1.0);
+    add_matmul_bias(l, 13, 37, 45, 0); /* K + 8 = 53: rows of odd length */
+    add_matmul_bias(l, 9, 24, 64, 1);
     /* A, B or both in bf16, every transposition once */
     add_matmul16(l, 21, 35, 40, 0, 0, 1, 0, 1.0, 0.0);
     add_matmul16(l, 21, 35, 40, 1, 1, 1, 0, 0.5, 1.0);
