@@ -120,16 +120,11 @@ static void *loss_send(tz_dit *m) {
     const int64_t n = m->n, img = tz_dit_image_numel(&m->d);
     const int64_t ld = tz_dit_out_channels(&m->d) * m->d.input_size * m->d.input_size;
     be->mse_fwd(be, m->sse, m->out_img, ld, m->target, n, img);
-    void *ev = be->event_mark(be, TZ_QUEUE_COMPUTE);
-    be->event_wait(be, ev, TZ_QUEUE_COPY);
-    be->event_free(be, ev);
-    be->download_async(be, m->sse_host, m->sse, (size_t)n * sizeof(float));
-    return be->event_mark(be, TZ_QUEUE_COPY);
+    return tz_model_send_host(be, m->sse_host, m->sse, (size_t)n * sizeof(float));
 }
 
 static double loss_sum(tz_dit *m, void *done) {
-    m->be->event_wait(m->be, done, TZ_QUEUE_HOST);
-    m->be->event_free(m->be, done);
+    tz_model_received(m->be, done);
     double s = 0.0;
     for (int64_t b = 0; b < m->n; b++) s += m->sse_host[b];
     return s;

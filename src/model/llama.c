@@ -524,18 +524,13 @@ static void *head(tz_llama *m, int backward, float dloss) {
         if (m->lm_head->g)
             be->matmul(be, m->lm_head->g, m->logits, hf, V, C, n, 1, 0, 1.0f, 1.0f);
     }
-    void *ev = be->event_mark(be, TZ_QUEUE_COMPUTE);
-    be->event_wait(be, ev, TZ_QUEUE_COPY);
-    be->event_free(be, ev);
-    be->download_async(be, m->loss_host, m->losses, (size_t)BT * sizeof(float));
-    return be->event_mark(be, TZ_QUEUE_COPY);
+    return tz_model_send_host(be, m->loss_host, m->losses, (size_t)BT * sizeof(float));
 }
 
 /* The sum of the per-row losses head sent, once they are on the host (done: head's event). */
 static double losses_sum(tz_llama *m, void *done) {
     tz_backend *be = m->be;
-    be->event_wait(be, done, TZ_QUEUE_HOST);
-    be->event_free(be, done);
+    tz_model_received(be, done);
     double sum = 0.0;
     for (int64_t i = 0; i < m->B * m->T; i++) sum += m->loss_host[i];
     return sum;

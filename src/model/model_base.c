@@ -67,6 +67,19 @@ int tz_layer_stack_walk_ex(tz_layer_stack *s, tz_backend *be, tz_arena *a, size_
     return n_sets;
 }
 
+void *tz_model_send_host(tz_backend *be, void *dst, const void *src, size_t bytes) {
+    void *after = be->event_mark(be, TZ_QUEUE_COMPUTE);
+    be->event_wait(be, after, TZ_QUEUE_COPY);
+    be->event_free(be, after);
+    be->download_async(be, dst, src, bytes);
+    return be->event_mark(be, TZ_QUEUE_COPY);
+}
+
+void tz_model_received(tz_backend *be, void *sent) {
+    be->event_wait(be, sent, TZ_QUEUE_HOST);
+    be->event_free(be, sent);
+}
+
 /* Host streams: the compute queue waits for the copy last issued on the slot (before it
  * writes the slot, or reads what an upload brings). */
 static void slot_ready(tz_layer_stack *s, tz_backend *be) {

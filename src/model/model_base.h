@@ -129,6 +129,12 @@ const float *tz_layer_stack_in(tz_layer_stack *s, tz_backend *be, int64_t i);
 float *tz_layer_stack_out(tz_layer_stack *s, int64_t i);
 void tz_layer_stack_put(tz_layer_stack *s, tz_backend *be, int64_t i);
 void tz_layer_stack_free(tz_layer_stack *s);
+
+/* bytes of backend memory src to the host's dst (pinned: host_alloc) on the copy queue, after
+ * the compute queue's work so far, without the host waiting (so what follows is queued at
+ * once); tz_model_received waits for the copy and frees the returned event. */
+void *tz_model_send_host(tz_backend *be, void *dst, const void *src, size_t bytes);
+void tz_model_received(tz_backend *be, void *sent);
 /* The activation set of a layer, and whether backward must recompute the layer first. */
 static inline void *tz_layer_stack_set(const tz_layer_stack *s, int64_t layer) {
     return (char *)s->sets + (size_t)(s->n_sets == 1 ? 0 : layer) * s->set_bytes;
