@@ -17,7 +17,10 @@
  *   gradients  2e-4 relative per tensor (the backward's errors on top of the forward's,
  *              through the same chain twice with checkpointing; a tensor whose gradient is
  *              a long sum over B*T rows, such as a norm weight, collects the most).
- * A failure names the model, the tensor and the error found.
+ * A failure names the model, the tensor and the error found. Then a second call on the GPU's
+ * model, its gradients zeroed between, must give the first call's loss and gradients bit for
+ * bit: an op that adds into a buffer it should write, which the same model code gets wrong on
+ * both backends alike, shows there (its buffer held the arena's zeros the first time).
  *
  * The same again with the GPU's GEMM operands in bf16 (run.precision's default on a GPU:
  * matmul_dtype = TZ_DT_BF16 before the model is built, so frozen matrices are stored in bf16
@@ -82,6 +85,20 @@ static float *bind(tz_params *ps, tz_backend *be) {
     float *g = be->alloc(be, (size_t)ps->flat_numel * sizeof(float));
     tz_params_bind_grads(ps, g);
     return g;
+}
+
+/* A second call on the GPU's model, the gradients zeroed between: its loss and gradients
+ * must be the first call's bits (an op adding into a buffer left from the first call, whose
+ * arena was all zeros then, shows here). first: the first call's gradients, as downloaded. */
+static void second_call_same(const char *what, double l1, double l2, tz_params *ps,
+                             const float *first, const float *grad) {
+    const int64_t F = ps->flat_numel;
+    float *again = malloc((size_t)F * sizeof *again);
+    g_gpu->download(g_gpu, again, grad, (size_t)F * sizeof *again);
+    const int same = l1 == l2 && !memcmp(first, again, (size_t)F * sizeof *again);
+    free(again);
+    check(same, "%s: a second call on the same model gives the first's loss and gradients, bit "
+          "for bit", what);
 }
 
 /* Loss and every trainable gradient of a (CPU) against b (GPU). */
@@ -155,6 +172,15 @@ static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lor
         loss[k] = tz_llama_forward_backward(m[k], in, tg, 1.0f / (float)(B * T));
     }
     compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
+    {
+        const int64_t F = m[1]->params.flat_numel;
+        float *first = malloc((size_t)F * sizeof *first);
+        g_gpu->download(g_gpu, first, g[1], (size_t)F * sizeof *first);
+        g_gpu->fill(g_gpu, g[1], 0.0f, F);
+        const double l2 = tz_llama_forward_backward(m[1], in, tg, 1.0f / (float)(B * T));
+        second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
+        free(first);
+    }
     for (int k = 0; k < 2; k++) {
         be[k]->release(be[k], g[k]);
         tz_llama_free(m[k]);
@@ -189,6 +215,15 @@ static void dit_case(const char *what) {
         loss[k] = tz_dit_forward_backward(m[k], x, t, y, tgt, 1.0f / (float)(n * numel));
     }
     compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
+    {
+        const int64_t F = m[1]->params.flat_numel;
+        float *first = malloc((size_t)F * sizeof *first);
+        g_gpu->download(g_gpu, first, g[1], (size_t)F * sizeof *first);
+        g_gpu->fill(g_gpu, g[1], 0.0f, F);
+        const double l2 = tz_dit_forward_backward(m[1], x, t, y, tgt, 1.0f / (float)(n * numel));
+        second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
+        free(first);
+    }
     for (int k = 0; k < 2; k++) {
         be[k]->release(be[k], g[k]);
         tz_dit_free(m[k]);
