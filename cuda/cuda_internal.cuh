@@ -181,6 +181,11 @@ static inline unsigned tz_cuda_blocks(int64_t n, int threads) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
          i += (int64_t)gridDim.x * blockDim.x)
 
+/* One float as bf16 bits (nearest even, as to_bf16 rounds). */
+__device__ __forceinline__ uint16_t tz_bf16_bits(float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
 /* Block-wide reductions in a fixed tree (warp shuffles, then the warps' partials in order):
  * the same inputs give the same bits every time. blockDim.x a multiple of 32, at most 1024;
  * every thread of the block calls them and gets the result. */

@@ -168,13 +168,8 @@ static void cuda_matmul_bw16(tz_backend *be, float *C, const float *A, const uin
     cuda_matmul16(be, C, A, 0, B, 1, M, N, K, transA, transB, alpha, beta);
 }
 
-/* One float as bf16 bits (nearest even, as k_to_bf16 rounds); a bf16 one as it is. */
-static __device__ __forceinline__ uint16_t to_bf16_bits(float x) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(x);
-    uint16_t u;
-    memcpy(&u, &h, sizeof u);
-    return u;
-}
+/* An operand element as bf16 bits: a float rounded (nearest even), a bf16 one as it is. */
+static __device__ __forceinline__ uint16_t to_bf16_bits(float x) { return tz_bf16_bits(x); }
 static __device__ __forceinline__ uint16_t to_bf16_bits(uint16_t x) { return x; }
 
 /* Row m of the fp32 [rows, K] src (bf16: already bf16) rounded into dst's row of ld = K + 8,

@@ -89,13 +89,6 @@ static __device__ __forceinline__ unsigned bf16x2_bits(float lo, float hi) {
     return u;
 }
 
-/* One float as bf16 bits (nearest even). */
-static __device__ __forceinline__ uint16_t bf16_bits(float x) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(x);
-    uint16_t u;
-    memcpy(&u, &h, sizeof u);
-    return u;
-}
 
 /* 8 floats rounded to bf16 at p: one 16-byte store when VEC (p 16-byte aligned). */
 template <bool VEC> static __device__ __forceinline__ void store8(uint16_t *p, const float *v) {
@@ -377,8 +370,8 @@ static __global__ void k_lora_cols(uint16_t *dst, int64_t ld, int64_t cols, cons
     const int64_t w = ld - cols, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * w) return;
     const int64_t row = i / w, j = i - row * w;
-    dst[row * ld + cols + j] = j < r                ? bf16_bits(s * src[row * r + j])
-                               : j == r && nb       ? bf16_bits(bias ? bias[row] : 1.0f)
+    dst[row * ld + cols + j] = j < r                ? tz_bf16_bits(s * src[row * r + j])
+                               : j == r && nb       ? tz_bf16_bits(bias ? bias[row] : 1.0f)
                                                     : (uint16_t)0;
 }
 static void lora_cols(cudaStream_t st, uint16_t *dst, int64_t ld, int64_t cols, const float *src,
