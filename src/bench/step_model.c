@@ -98,7 +98,7 @@ static void s_matmul16(tz_backend *be, float *C, const void *A, int a16, const v
 
 static void s_matmul_bias(tz_backend *be, float *C, cf *A, const void *W, int w16, cf *bias,
                           int64_t M, int64_t N, int64_t K) {
-    (void)C, (void)A, (void)W;
+    (void)C, (void)A, (void)W, (void)bias;
     if (be->matmul_dtype == TZ_DT_BF16) { /* the bias along K: 8 more columns, no pass */
         gemm(be, M, N, K + 8, 0, w16, 0.0f);
         add(be, TZ_SM_ELEMENT, 0, F * (double)N);
@@ -106,7 +106,6 @@ static void s_matmul_bias(tz_backend *be, float *C, cf *A, const void *W, int w1
     }
     gemm(be, M, N, K, 0, w16, 0.0f);
     add(be, TZ_SM_ELEMENT, (double)M * N, 2 * F * (double)M * N + F * (double)N);
-    (void)bias;
 }
 
 /* ---- embedding, norms, rope ---- */

@@ -288,15 +288,18 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
      * any linear needs as the passes call it (tz_linear_act_floats: a TurboQuant input's
      * rotation and LoRA's columns, and, dense weights too, each dy rounded once for the GEMMs
      * of its backward) */
-    const tz_linear *lins[TZ_DIT_LIN_N + 5] = {&m->x_emb, &m->t_fc1, &m->t_fc2, &m->f_ada,
-                                               &m->f_lin};
+    /* the linears and their rows: the patch embedder and final linear on every token, the
+     * conditioning's on one row per sample; a block's (all blocks alike) on every token but
+     * adaLN's */
+    const tz_linear *lins[TZ_DIT_LIN_N + 5] = {&m->x_emb, &m->f_lin, &m->t_fc1, &m->t_fc2,
+                                               &m->f_ada};
+    int64_t rows[TZ_DIT_LIN_N + 5] = {BT, BT, B, B, B};
     int nl = 5;
-    for (int j = 0; j < TZ_DIT_LIN_N && m->blocks; j++) lins[nl++] = &m->blocks[0].lin[j];
+    for (int j = 0; j < TZ_DIT_LIN_N; j++, nl++)
+        lins[nl] = &m->blocks[0].lin[j], rows[nl] = j == TZ_DIT_ADALN ? B : BT;
     int64_t act = 0;
     for (int i = 0; i < nl; i++) {
-        const int64_t rows = lins[i] == &m->x_emb || lins[i] == &m->f_lin ||
-                                     (i >= 5 && i - 5 != TZ_DIT_ADALN) ? BT : B;
-        const int64_t f = tz_linear_act_floats(m->be, &lins[i], 1, rows, !m->o.forward_only);
+        const int64_t f = tz_linear_act_floats(m->be, &lins[i], 1, rows[i], !m->o.forward_only);
         if (f > act) act = f;
     }
     total += tz_quant_scratch_walk_act(&m->tq, &m->params, a, act, m->be,

@@ -299,15 +299,15 @@ int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, i
                              int64_t n, int backward) {
     const tz_qweight *q = ls[0]->w->q;
     const int turbo = q && q->method == TZ_TQ_TURBOQUANT;
-    int64_t fwd = turbo ? n * ls[0]->in : 0, rmax = 0;
+    int64_t fwd = turbo ? n * ls[0]->in : 0, emax = 0;
     if (count > 1 && !turbo && rounds_bf16(be) && sharing_on()) fwd = (n * ls[0]->in + 1) / 2;
     int adapted = 0;
     for (int i = 0; i < count; i++) {
-        rmax = fold_ext(ls[i]) > rmax ? fold_ext(ls[i]) : rmax;
+        emax = fold_ext(ls[i]) > emax ? fold_ext(ls[i]) : emax;
         adapted |= ls[i]->a != NULL;
     }
-    if (turbo && rmax && rounds_bf16(be) && sharing_on()) { /* LoRA, bias folded (tq_matmul_lora) */
-        const int64_t rot = (n * fold_ld(ls[0]->in, rmax) + 1) / 2; /* then x in bf16 */
+    if (turbo && emax && rounds_bf16(be) && sharing_on()) { /* LoRA, bias folded (tq_matmul_lora) */
+        const int64_t rot = (n * fold_ld(ls[0]->in, emax) + 1) / 2; /* then x in bf16 */
         const int64_t f = al16(rot) + (adapted ? (n * ls[0]->in + 1) / 2 : 0);
         fwd = f > fwd ? f : fwd;
     }
@@ -387,12 +387,17 @@ static uint16_t *act16(const tz_linear *l, int64_t n, int which) {
 
 void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *const *ys,
                           float *const *hs, int count, const float *x, int64_t n) {
-    if (shareable_dense(be, ls, count, n)) { /* x rounded once for every GEMM that reads it */
-        uint16_t *x16 = (uint16_t *)(void *)ls[0]->tq->act;
-        be->to_bf16(be, x16, x, n * ls[0]->in);
+    if (shareable_dense(be, ls, count, n)) {
+        /* x rounded once for every GEMM that reads it: the linears without a bias and the
+         * adapters (a linear with a bias rounds x into its own operand, matmul_bias: the same
+         * bits); not at all where nothing else reads it */
+        int rounded = 0;
+        for (int i = 0; i < count; i++) rounded |= !ls[i]->bias || ls[i]->a;
+        uint16_t *x16 = rounded ? (uint16_t *)(void *)ls[0]->tq->act : NULL;
+        if (x16) be->to_bf16(be, x16, x, n * ls[0]->in);
         for (int i = 0; i < count; i++) {
             const tz_linear *l = ls[i];
-            if (l->bias) /* the bias inside the GEMM, x rounded by it (the same bits) */
+            if (l->bias)
                 be->matmul_bias(be, ys[i], x, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in);
             else
                 be->matmul16(be, ys[i], x16, 1, l->w->w, l->w->w16, n, l->out, l->in, 0, 1,
