@@ -34,6 +34,7 @@
 
 typedef struct {
     int64_t B, T, Hq, Hkv, D, rep;
+    int64_t ldq, ldkv, ldo; /* row strides: q and dq; k, v, dk, dv; out and dout (tz_att_ld) */
     int causal;
     float scale;
     int vec4; /* the tensor-core kernels' staging may read float4s (fa_vec4) */
@@ -52,19 +53,19 @@ __device__ __forceinline__ bool visible(const att_shape &sh, int64_t t, int64_t 
     return t < sh.T && s < sh.T && (!sh.causal || s <= t);
 }
 
-/* Row (b, t, head) of a [B, T, H, D] tensor. */
-__device__ __forceinline__ int64_t row_of(int64_t b, int64_t t, int64_t h, int64_t T,
-                                          int64_t H) {
-    return (b * T + t) * H + h;
+/* Element offset of head h of row (b, t) in a tensor of T rows per sequence at stride ld. */
+__host__ __device__ __forceinline__ int64_t at(int64_t b, int64_t t, int64_t h, int64_t T,
+                                               int64_t ld, int64_t D) {
+    return (b * T + t) * ld + h * D;
 }
 
-/* Loads rows [t0, t0 + TILE) of head h of x [B, T, H, D] into dst[TILE][D + 1] (rows past T
- * are zeros), by the whole block. */
+/* Loads rows [t0, t0 + TILE) of head h of x (rows at stride ld) into dst[TILE][D + 1] (rows
+ * past T are zeros), by the whole block. */
 __device__ void load_tile(float *dst, const float *x, int64_t b, int64_t t0, int64_t h,
-                          int64_t T, int64_t H, int64_t D) {
+                          int64_t T, int64_t ld, int64_t D) {
     for (int64_t e = threadIdx.x; e < TILE * D; e += blockDim.x) {
         int64_t j = e / D, d = e % D, t = t0 + j;
-        dst[j * (D + 1) + d] = t < T ? x[row_of(b, t, h, T, H) * D + d] : 0.0f;
+        dst[j * (D + 1) + d] = t < T ? x[at(b, t, h, T, ld, D) + d] : 0.0f;
     }
 }
 
@@ -89,7 +90,7 @@ __global__ void k_att_fwd(float *out, float *lse, const float *q, const float *k
     const bool active = t < T;
     float *qs = Qs + w * D;
     if (active)
-        for (int64_t d = lane; d < D; d += 32) qs[d] = q[row_of(b, t, h, T, sh.Hq) * D + d];
+        for (int64_t d = lane; d < D; d += 32) qs[d] = q[at(b, t, h, T, sh.ldq, D) + d];
 
     float m = -INFINITY, l = 0.0f, acc[DPL];
 #pragma unroll
@@ -97,8 +98,8 @@ __global__ void k_att_fwd(float *out, float *lse, const float *q, const float *k
     const int64_t nkeys = sh.causal ? (t_last_blk + 1 < T ? t_last_blk + 1 : T) : T;
     for (int64_t s0 = 0; s0 < nkeys; s0 += TILE) {
         __syncthreads(); /* the previous tile is no longer read (and qs is written) */
-        load_tile(Ks, k, b, s0, g, T, sh.Hkv, D);
-        load_tile(Vs, v, b, s0, g, T, sh.Hkv, D);
+        load_tile(Ks, k, b, s0, g, T, sh.ldkv, D);
+        load_tile(Vs, v, b, s0, g, T, sh.ldkv, D);
         __syncthreads();
         if (!active) continue;
         const int64_t s = s0 + lane;
@@ -123,7 +124,7 @@ __global__ void k_att_fwd(float *out, float *lse, const float *q, const float *k
         m = mn;
     }
     if (!active) return;
-    float *o = out + row_of(b, t, h, T, sh.Hq) * D;
+    float *o = out + at(b, t, h, T, sh.ldo, D);
     float inv = 1.0f / l;
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
@@ -145,8 +146,8 @@ static __global__ void k_att_delta(float *delta, const float *dout, const float 
     for (int64_t idx = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; idx < rows;
          idx += ((int64_t)gridDim.x * blockDim.x) / 32) {
         int64_t b = idx / (sh.Hq * sh.T), h = (idx / sh.T) % sh.Hq, t = idx % sh.T;
-        const float *o = out + row_of(b, t, h, sh.T, sh.Hq) * sh.D;
-        const float *d = dout + row_of(b, t, h, sh.T, sh.Hq) * sh.D;
+        const float *o = out + at(b, t, h, sh.T, sh.ldo, sh.D);
+        const float *d = dout + at(b, t, h, sh.T, sh.ldo, sh.D);
         float s = 0.0f;
         for (int64_t i = lane; i < sh.D; i += 32)
             s += o[i] * (bf16_dout ? __bfloat162float(__float2bfloat16_rn(d[i])) : d[i]);
@@ -169,10 +170,10 @@ __global__ void k_att_dq(float *dq, const float *dout, const float *lse, const f
     float *qs = Qs + w * D, *gs = Gs + w * D;
     float l = 0.0f, dl = 0.0f;
     if (active) {
-        int64_t r = row_of(b, t, h, T, sh.Hq) * D;
+        const int64_t rq = at(b, t, h, T, sh.ldq, D), ro = at(b, t, h, T, sh.ldo, D);
         for (int64_t d = lane; d < D; d += 32) {
-            qs[d] = q[r + d];
-            gs[d] = dout[r + d];
+            qs[d] = q[rq + d];
+            gs[d] = dout[ro + d];
         }
         l = lse[(b * sh.Hq + h) * T + t];
         dl = delta[(b * sh.Hq + h) * T + t];
@@ -183,8 +184,8 @@ __global__ void k_att_dq(float *dq, const float *dout, const float *lse, const f
     const int64_t nkeys = sh.causal ? (t_last_blk + 1 < T ? t_last_blk + 1 : T) : T;
     for (int64_t s0 = 0; s0 < nkeys; s0 += TILE) {
         __syncthreads();
-        load_tile(Ks, k, b, s0, g, T, sh.Hkv, D);
-        load_tile(Vs, v, b, s0, g, T, sh.Hkv, D);
+        load_tile(Ks, k, b, s0, g, T, sh.ldkv, D);
+        load_tile(Vs, v, b, s0, g, T, sh.ldkv, D);
         __syncthreads();
         if (!active) continue;
         const int64_t s = s0 + lane;
@@ -205,7 +206,7 @@ __global__ void k_att_dq(float *dq, const float *dout, const float *lse, const f
         }
     }
     if (!active) return;
-    float *o = dq + row_of(b, t, h, T, sh.Hq) * D;
+    float *o = dq + at(b, t, h, T, sh.ldq, D);
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         int64_t d = lane + 32 * i;
@@ -228,7 +229,7 @@ __global__ void k_att_dkv(float *dk, float *dv, const float *dout, const float *
     const bool active = s < T;
     float *ks = Ks + w * D, *vs = Vr + w * D;
     if (active) {
-        int64_t r = row_of(b, s, g, T, sh.Hkv) * D;
+        int64_t r = at(b, s, g, T, sh.ldkv, D);
         for (int64_t d = lane; d < D; d += 32) {
             ks[d] = k[r + d];
             vs[d] = v[r + d];
@@ -244,8 +245,8 @@ __global__ void k_att_dkv(float *dk, float *dv, const float *dout, const float *
         const float *lr = lse + (b * sh.Hq + h) * T, *dr = delta + (b * sh.Hq + h) * T;
         for (int64_t t0 = tq0; t0 < T; t0 += TILE) {
             __syncthreads();
-            load_tile(Qt, q, b, t0, h, T, sh.Hq, D);
-            load_tile(Gt, dout, b, t0, h, T, sh.Hq, D);
+            load_tile(Qt, q, b, t0, h, T, sh.ldq, D);
+            load_tile(Gt, dout, b, t0, h, T, sh.ldo, D);
             if (threadIdx.x < TILE) {
                 int64_t t = t0 + threadIdx.x;
                 Lt[threadIdx.x] = t < T ? lr[t] : 0.0f;
@@ -276,7 +277,7 @@ __global__ void k_att_dkv(float *dk, float *dv, const float *dout, const float *
         }
     }
     if (!active) return;
-    int64_t r0 = row_of(b, s, g, T, sh.Hkv) * D;
+    int64_t r0 = at(b, s, g, T, sh.ldkv, D);
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         int64_t d = lane + 32 * i;
@@ -288,11 +289,13 @@ __global__ void k_att_dkv(float *dk, float *dv, const float *dout, const float *
 }
 
 static att_shape make_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
-                            int causal) {
+                            int causal, const tz_att_ld *ldp) {
     if (Hkv <= 0 || Hq % Hkv != 0)
         TZ_FATAL("attention: Hq=%lld is not a multiple of Hkv=%lld", (long long)Hq,
                  (long long)Hkv);
-    att_shape s = {B, T, Hq, Hkv, D, Hq / Hkv, causal, 1.0f / sqrtf((float)D), 0, 1};
+    const tz_att_ld ld = tz_att_ld_of(ldp, Hq, Hkv, D);
+    att_shape s = {B, T, Hq, Hkv, D, Hq / Hkv, ld.q, ld.kv, ld.o, causal,
+                   1.0f / sqrtf((float)D), 0, 1};
     return s;
 }
 
@@ -445,9 +448,10 @@ typedef struct {
     cublasHandle_t hd;
 } att_tc;
 
-/* The three kinds of operand: the chunk's rows of a [B, T, Hq, D] tensor (q, dO, out, dq),
- * all rows of a [B, T, Hkv, D] tensor (k, v, dk, dv: kv head h / rep), the chunk's scores. */
-enum { ON_Q, ON_KV, ON_S };
+/* The four kinds of operand: the chunk's rows of a query-shaped tensor (q and dq at stride
+ * ldq; out and dO at ldo), all rows of a key-shaped one (k, v, dk, dv at ldkv: kv head
+ * h / rep), the chunk's scores. */
+enum { ON_Q, ON_O, ON_KV, ON_S };
 typedef struct {
     const void *p;
     int on;
@@ -458,12 +462,13 @@ static size_t esize(cudaDataType t) { return t == CUDA_R_16BF ? 2 : 4; }
 /* Element offset of pair (b, h) in m, its leading dimension, and the batch stride. */
 static int64_t mat_off(const att_tc *a, int on, int64_t b, int64_t h) {
     const att_shape *s = &a->sh;
-    if (on == ON_Q) return ((b * s->T + a->t0) * s->Hq + h) * s->D;
-    if (on == ON_KV) return (b * s->T * s->Hkv + h / s->rep) * s->D;
+    if (on == ON_Q) return at(b, a->t0, h, s->T, s->ldq, s->D);
+    if (on == ON_O) return at(b, a->t0, h, s->T, s->ldo, s->D);
+    if (on == ON_KV) return at(b, 0, h / s->rep, s->T, s->ldkv, s->D);
     return (b * s->Hq + h) * a->nq * a->ldS;
 }
 static int64_t mat_ld(const att_tc *a, int on) {
-    return on == ON_Q ? a->sh.Hq * a->sh.D : on == ON_KV ? a->sh.Hkv * a->sh.D : a->ldS;
+    return on == ON_Q ? a->sh.ldq : on == ON_O ? a->sh.ldo : on == ON_KV ? a->sh.ldkv : a->ldS;
 }
 static int64_t mat_stride(const att_tc *a, int on) {
     return mat_off(a, on, a->db, a->dh) - mat_off(a, on, 0, 0);
@@ -489,7 +494,8 @@ static void gemm_pairs(const att_tc *a, cublasOperation_t ta, cublasOperation_t 
 }
 
 static att_tc tc_begin(tz_backend *be, const att_shape *sh) {
-    if (sh->T > INT_MAX / 4 || sh->Hq * sh->D > INT_MAX || sh->B * sh->Hq > INT_MAX)
+    if (sh->T > INT_MAX / 4 || sh->ldq > INT_MAX || sh->ldkv > INT_MAX || sh->ldo > INT_MAX ||
+        sh->B * sh->Hq > INT_MAX)
         TZ_FATAL("attention: B=%lld, T=%lld, Hq=%lld, D=%lld exceed cuBLAS's int dimensions",
                  (long long)sh->B, (long long)sh->T, (long long)sh->Hq, (long long)sh->D);
     att_tc a;
@@ -538,9 +544,24 @@ static void tc_fwd(tz_backend *be, float *out, float *lse, const float *q, const
                                                          sh->T, sh->causal);
         CUDA_LAUNCHED();
         gemm_pairs(&a, CUBLAS_OP_N, CUBLAS_OP_N, sh->D, a.nq, nk, 1.0f, {v, ON_KV}, {P, ON_S},
-                   0.0f, out, ON_Q);
+                   0.0f, out, ON_O);
     }
     tc_end(&a);
+}
+
+/* The first w elements of each of n rows at stride ld set to 0, the rest of a row untouched. */
+static __global__ void k_zero_rows(float *p, int64_t n, int64_t ld, int64_t w) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n * w; e += step)
+        p[e / w * ld + e % w] = 0.0f;
+}
+static void zero_rows(tz_backend *be, float *p, int64_t n, int64_t ld, int64_t w) {
+    if (ld == w) {
+        be->fill(be, p, 0.0f, n * w);
+        return;
+    }
+    k_zero_rows<<<tz_cuda_blocks(n * w, 256), 256, 0, tz_cuda_stream(be)>>>(p, n, ld, w);
+    CUDA_LAUNCHED();
 }
 
 static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
@@ -562,15 +583,15 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     k_att_delta<<<warp_blocks(rows_all), 256, 0, st>>>(delta, dout, out, *sh);
     CUDA_LAUNCHED();
     if (!sh->acc) { /* dk, dv gather from every chunk: they start at zero */
-        be->fill(be, dk, 0.0f, sh->B * sh->T * sh->Hkv * sh->D);
-        be->fill(be, dv, 0.0f, sh->B * sh->T * sh->Hkv * sh->D);
+        zero_rows(be, dk, sh->B * sh->T, sh->ldkv, sh->Hkv * sh->D);
+        zero_rows(be, dv, sh->B * sh->T, sh->ldkv, sh->Hkv * sh->D);
     }
     att_tc a = tc_begin(be, sh);
     for (int64_t t0 = 0; t0 < sh->T; t0 += c) {
         const int64_t nk = tc_chunk(&a, t0, c), rows = sh->B * sh->Hq * a.nq, D = sh->D;
         gemm_pairs(&a, CUBLAS_OP_T, CUBLAS_OP_N, nk, a.nq, D, sh->scale, {k, ON_KV}, {q, ON_Q},
                    0.0f, S, ON_S);
-        gemm_pairs(&a, CUBLAS_OP_T, CUBLAS_OP_N, nk, a.nq, D, 1.0f, {v, ON_KV}, {dout, ON_Q},
+        gemm_pairs(&a, CUBLAS_OP_T, CUBLAS_OP_N, nk, a.nq, D, 1.0f, {v, ON_KV}, {dout, ON_O},
                    0.0f, dS, ON_S);
         k_att_dscores<<<warp_blocks(rows), 256, 0, st>>>(S, dS, lse, delta, rows, a.nq, a.ldS,
                                                          nk, t0, sh->T, sh->causal);
@@ -579,7 +600,7 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
                    sh->acc ? 1.0f : 0.0f, dq, ON_Q); /* (each chunk its own query rows) */
         gemm_pairs(&a, CUBLAS_OP_N, CUBLAS_OP_T, D, nk, a.nq, sh->scale, {q, ON_Q}, {dS, ON_S},
                    1.0f, dk, ON_KV);
-        gemm_pairs(&a, CUBLAS_OP_N, CUBLAS_OP_T, D, nk, a.nq, 1.0f, {dout, ON_Q}, {S, ON_S},
+        gemm_pairs(&a, CUBLAS_OP_N, CUBLAS_OP_T, D, nk, a.nq, 1.0f, {dout, ON_O}, {S, ON_S},
                    1.0f, dv, ON_KV);
     }
     tc_end(&a);
@@ -609,18 +630,18 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
 #define FQT 32  /* query rows per shared tile of dk/dv */
 #define FA_THREADS 128
 
-/* Rows [r0, r0 + n) of head h of x [B, T, H, D] into dst[n][DP + 8] as bf16, zeros past T and
+/* Rows [r0, r0 + n) of head h of x (rows at stride ld) into dst[n][DP + 8] as bf16, zeros past T and
  * D (the 8 bf16 of padding per row spread a warp's 32-bit reads of 8 rows over the banks). */
 template <int DP>
 __device__ void fa_stage(uint16_t *dst, const float *x, int64_t b, int64_t r0, int n,
-                         int64_t h, int64_t T, int64_t H, int64_t D) {
+                         int64_t h, int64_t T, int64_t ld, int64_t D) {
     constexpr int LD = DP + 8;
     for (int e = threadIdx.x; e < n * (DP / 2); e += blockDim.x) {
         const int j = e / (DP / 2), d = 2 * (e % (DP / 2));
         const int64_t t = r0 + j;
         float lo = 0.0f, hi = 0.0f;
         if (t < T) {
-            const float *row = x + row_of(b, t, h, T, H) * D;
+            const float *row = x + at(b, t, h, T, ld, D);
             if (d < D) lo = row[d];
             if (d + 1 < D) hi = row[d + 1];
         }
@@ -635,7 +656,7 @@ __device__ void fa_stage(uint16_t *dst, const float *x, int64_t b, int64_t r0, i
  * columns past D are zeros, as in fa_stage. */
 template <int DP, int N>
 __device__ void fa_stage4(uint16_t *dst, const float *x, int64_t b, int64_t r0, int64_t h,
-                          int64_t T, int64_t H, int64_t D) {
+                          int64_t T, int64_t ld, int64_t D) {
     constexpr int LD = DP + 8, C4 = DP / 4, PER = N * C4 / FA_THREADS;
     constexpr int NB = PER <= 8 ? PER : PER % 8 == 0 ? 8 : PER % 5 == 0 ? 5 : PER % 4 == 0 ? 4 : 1;
     static_assert(N * C4 % FA_THREADS == 0 && PER % NB == 0, "fa_stage4: slots per thread");
@@ -647,7 +668,7 @@ __device__ void fa_stage4(uint16_t *dst, const float *x, int64_t b, int64_t r0, 
             const int e = (int)threadIdx.x + (g0 + i) * FA_THREADS, j = e / C4, d = 4 * (e % C4);
             const int64_t t = r0 + j;
             v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (t < T && d < D) v[i] = *(const float4 *)(x + row_of(b, t, h, T, H) * D + d);
+            if (t < T && d < D) v[i] = *(const float4 *)(x + at(b, t, h, T, ld, D) + d);
         }
 #pragma unroll
         for (int i = 0; i < NB; i++) {
@@ -660,17 +681,17 @@ __device__ void fa_stage4(uint16_t *dst, const float *x, int64_t b, int64_t r0, 
 /* A tile of N rows: vectorised where the shape allows. */
 template <int DP, int N>
 __device__ __forceinline__ void fa_tile(uint16_t *dst, const float *x, int64_t b, int64_t r0,
-                                        int64_t h, int64_t T, int64_t H, int64_t D, int vec4) {
-    if (vec4) fa_stage4<DP, N>(dst, x, b, r0, h, T, H, D);
-    else fa_stage<DP>(dst, x, b, r0, N, h, T, H, D);
+                                        int64_t h, int64_t T, int64_t ld, int64_t D, int vec4) {
+    if (vec4) fa_stage4<DP, N>(dst, x, b, r0, h, T, ld, D);
+    else fa_stage<DP>(dst, x, b, r0, N, h, T, ld, D);
 }
 
-/* The A fragments of rows rows[0] (g) and rows[1] (g + 8) of head h of x [B, T, H, D], KS
+/* The A fragments of rows rows[0] (g) and rows[1] (g + 8) of head h of x (rows at stride ld), KS
  * steps of 16 columns, rounded to bf16; zeros past T and D. */
 template <int KS>
 __device__ __forceinline__ void fa_load_a(uint32_t a[KS][4], const float *x, int64_t b,
                                           const int64_t rows[2], int64_t h, int64_t T,
-                                          int64_t H, int64_t D) {
+                                          int64_t ld, int64_t D) {
     const int t4 = threadIdx.x & 3;
 #pragma unroll
     for (int kk = 0; kk < KS; kk++)
@@ -679,7 +700,7 @@ __device__ __forceinline__ void fa_load_a(uint32_t a[KS][4], const float *x, int
             const int64_t t = rows[i & 1], d = kk * 16 + 2 * t4 + (i & 2 ? 8 : 0);
             float lo = 0.0f, hi = 0.0f;
             if (t < T) {
-                const float *row = x + row_of(b, t, h, T, H) * D;
+                const float *row = x + at(b, t, h, T, ld, D);
                 if (d < D) lo = row[d];
                 if (d + 1 < D) hi = row[d + 1];
             }
@@ -751,15 +772,15 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t q0 = (int64_t)blockIdx.x * FQ;
     const int64_t rows[2] = {q0 + w * 16 + (lane >> 2), q0 + w * 16 + (lane >> 2) + 8};
     uint32_t qa[KS][4];
-    fa_load_a<KS>(qa, q, b, rows, h, T, sh.Hq, D);
+    fa_load_a<KS>(qa, q, b, rows, h, T, sh.ldq, D);
     float o[DN][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int dn = 0; dn < DN; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
     const int64_t nkeys = sh.causal ? (q0 + FQ < T ? q0 + FQ : T) : T;
     for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
         __syncthreads(); /* the previous tiles are no longer read */
-        fa_tile<DP, FK>(Ks, k, b, s0, kvh, T, sh.Hkv, D, sh.vec4);
-        fa_tile<DP, FK>(Vs, v, b, s0, kvh, T, sh.Hkv, D, sh.vec4);
+        fa_tile<DP, FK>(Ks, k, b, s0, kvh, T, sh.ldkv, D, sh.vec4);
+        fa_tile<DP, FK>(Vs, v, b, s0, kvh, T, sh.ldkv, D, sh.vec4);
         __syncthreads();
         float s[NT][4];
 #pragma unroll
@@ -803,7 +824,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     for (int r = 0; r < 2; r++) {
         const int64_t t = rows[r];
         if (t >= T) continue;
-        float *orow = out + row_of(b, t, h, T, sh.Hq) * D;
+        float *orow = out + at(b, t, h, T, sh.ldo, D);
         const float inv = 1.0f / l[r];
 #pragma unroll
         for (int dn = 0; dn < DN; dn++)
@@ -829,8 +850,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t q0 = (int64_t)blockIdx.x * FQ;
     const int64_t rows[2] = {q0 + w * 16 + (lane >> 2), q0 + w * 16 + (lane >> 2) + 8};
     uint32_t qa[KS][4], ga[KS][4];
-    fa_load_a<KS>(qa, q, b, rows, h, T, sh.Hq, D);
-    fa_load_a<KS>(ga, dout, b, rows, h, T, sh.Hq, D);
+    fa_load_a<KS>(qa, q, b, rows, h, T, sh.ldq, D);
+    fa_load_a<KS>(ga, dout, b, rows, h, T, sh.ldo, D);
     float lr[2], dl[2], acc[DN][4];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -843,8 +864,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t nkeys = sh.causal ? (q0 + FQ < T ? q0 + FQ : T) : T;
     for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
         __syncthreads();
-        fa_tile<DP, FK>(Ks, k, b, s0, kvh, T, sh.Hkv, D, sh.vec4);
-        fa_tile<DP, FK>(Vs, v, b, s0, kvh, T, sh.Hkv, D, sh.vec4);
+        fa_tile<DP, FK>(Ks, k, b, s0, kvh, T, sh.ldkv, D, sh.vec4);
+        fa_tile<DP, FK>(Vs, v, b, s0, kvh, T, sh.ldkv, D, sh.vec4);
         __syncthreads();
         float s[NT][4], dp[NT][4];
 #pragma unroll
@@ -867,7 +888,7 @@ __global__ void __launch_bounds__(FA_THREADS)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (rows[r] >= T) continue;
-        float *row = dq + row_of(b, rows[r], h, T, sh.Hq) * D;
+        float *row = dq + at(b, rows[r], h, T, sh.ldq, D);
 #pragma unroll
         for (int dn = 0; dn < DN; dn++)
 #pragma unroll
@@ -892,8 +913,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t k0 = (int64_t)blockIdx.x * FKV;
     const int64_t keys[2] = {k0 + w * 16 + (lane >> 2), k0 + w * 16 + (lane >> 2) + 8};
     uint32_t ka[KS][4], va[KS][4];
-    fa_load_a<KS>(ka, k, b, keys, kvh, T, sh.Hkv, D);
-    fa_load_a<KS>(va, v, b, keys, kvh, T, sh.Hkv, D);
+    fa_load_a<KS>(ka, k, b, keys, kvh, T, sh.ldkv, D);
+    fa_load_a<KS>(va, v, b, keys, kvh, T, sh.ldkv, D);
     float ak[DN][4], av[DN][4];
 #pragma unroll
     for (int dn = 0; dn < DN; dn++)
@@ -906,8 +927,8 @@ __global__ void __launch_bounds__(FA_THREADS)
         const float *lr = lse + (b * sh.Hq + h) * T, *dr = delta + (b * sh.Hq + h) * T;
         for (int64_t t0 = tq0; t0 < T; t0 += FQT) {
             __syncthreads();
-            fa_tile<DP, FQT>(Qs, q, b, t0, h, T, sh.Hq, D, sh.vec4);
-            fa_tile<DP, FQT>(Gs, dout, b, t0, h, T, sh.Hq, D, sh.vec4);
+            fa_tile<DP, FQT>(Qs, q, b, t0, h, T, sh.ldq, D, sh.vec4);
+            fa_tile<DP, FQT>(Gs, dout, b, t0, h, T, sh.ldo, D, sh.vec4);
             if (threadIdx.x < FQT) {
                 const int64_t t = t0 + threadIdx.x;
                 Ls[threadIdx.x] = t < T ? lr[t] : 0.0f;
@@ -939,7 +960,7 @@ __global__ void __launch_bounds__(FA_THREADS)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (keys[r] >= T) continue;
-        const int64_t o = row_of(b, keys[r], kvh, T, sh.Hkv) * D;
+        const int64_t o = at(b, keys[r], kvh, T, sh.ldkv, D);
 #pragma unroll
         for (int dn = 0; dn < DN; dn++)
 #pragma unroll
@@ -959,11 +980,12 @@ static int fa_dp(int64_t D) { return D <= 32 ? 32 : D <= 64 ? 64 : D <= 80 ? 80 
 static size_t fa_smem_fwd(int dp) { return (size_t)2 * FK * (dp + 8) * 2; }
 static size_t fa_smem_dkv(int dp) { return (size_t)2 * FQT * (dp + 8) * 2 + 2 * FQT * 4; }
 
-/* Whether every tensor the flash kernels stage is 16-byte aligned with D a multiple of 4. */
-static int fa_vec4(int64_t D, const void *const *p, int n) {
+/* Whether every tensor the flash kernels stage is 16-byte aligned with D and its row stride
+ * multiples of 4 (every row's float4s aligned). */
+static int fa_vec4(int64_t D, const void *const *p, const int64_t *ld, int n) {
     if (D % 4) return 0;
     for (int i = 0; i < n; i++)
-        if ((uintptr_t)p[i] % 16) return 0;
+        if ((uintptr_t)p[i] % 16 || ld[i] % 4) return 0;
     return 1;
 }
 
@@ -987,7 +1009,8 @@ static void fa_fwd(tz_backend *be, float *out, float *lse, const float *q, const
     att_shape sh = *shp;
     fa_check(&sh);
     const void *staged[] = {k, v};
-    sh.vec4 = fa_vec4(sh.D, staged, 2);
+    const int64_t lds[] = {sh.ldkv, sh.ldkv};
+    sh.vec4 = fa_vec4(sh.D, staged, lds, 2);
     const int dp = fa_dp(sh.D);
     dim3 grid((unsigned)((sh.T + FQ - 1) / FQ), (unsigned)sh.Hq, (unsigned)sh.B);
     FA_DISPATCH(dp, k_fa_fwd, grid, fa_smem_fwd(dp), tz_cuda_stream(be), out, lse, q, k, v, sh);
@@ -999,7 +1022,8 @@ static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     att_shape sh = *shp;
     fa_check(&sh);
     const void *staged[] = {q, k, v, dout};
-    sh.vec4 = fa_vec4(sh.D, staged, 4);
+    const int64_t lds[] = {sh.ldq, sh.ldkv, sh.ldkv, sh.ldo};
+    sh.vec4 = fa_vec4(sh.D, staged, lds, 4);
     const size_t db = tz_attention_delta_bytes(sh.B, sh.T, sh.Hq);
     if (!ws || ws_bytes < db)
         TZ_FATAL("attention_bwd with bf16 GEMM operands: %zu bytes of workspace lent, %zu "
@@ -1022,11 +1046,11 @@ static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
 
 static void cuda_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
                                const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
-                               int64_t Hkv, int64_t D, int causal) {
+                               int64_t Hkv, int64_t D, int causal, const tz_att_ld *ld) {
     void *ws = be->att_ws;
     const size_t ws_bytes = be->att_ws_bytes;
     be->att_ws = NULL, be->att_ws_bytes = 0; /* the loan ends with the call */
-    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
+    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal, ld);
     if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
     if (be->matmul_dtype != TZ_DT_BF16) flash_fwd(be, out, lse, q, k, v, &sh);
     else if (D <= FA_MAXD) fa_fwd(be, out, lse, q, k, v, &sh);
@@ -1037,11 +1061,11 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
                                const float *dout, const float *out, const float *lse,
                                const float *q, const float *k, const float *v, int64_t B,
                                int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int causal,
-                               int accumulate) {
+                               int accumulate, const tz_att_ld *ld) {
     void *ws = be->att_ws;
     const size_t ws_bytes = be->att_ws_bytes;
     be->att_ws = NULL, be->att_ws_bytes = 0;
-    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
+    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal, ld);
     sh.acc = accumulate != 0;
     if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
     if (be->matmul_dtype != TZ_DT_BF16) flash_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh);

@@ -136,16 +136,17 @@ static void s_rope_pairs(tz_backend *be, float *x, int64_t B, int64_t T, int64_t
 /* ---- attention: query-key pairs visible (causal: the lower triangle) ---- */
 static double pairs(int64_t T, int64_t S, int causal) { return causal ? (double)T * (T + 1) / 2 : (double)T * S; }
 static void s_att_fwd(tz_backend *be, float *o, float *lse, cf *q, cf *k, cf *v, int64_t B, int64_t T,
-                      int64_t Hq, int64_t Hkv, int64_t D, int causal) {
-    (void)o, (void)lse, (void)q, (void)k, (void)v;
+                      int64_t Hq, int64_t Hkv, int64_t D, int causal, const tz_att_ld *ld) {
+    (void)o, (void)lse, (void)q, (void)k, (void)v, (void)ld;
     /* S = QK^T and O = PV: 2 flops each per pair and head dimension */
     add(be, TZ_SM_ATTENTION, 4.0 * B * Hq * D * pairs(T, T, causal),
         F * B * T * (2.0 * Hq * D + 2.0 * Hkv * D + Hq));
 }
 static void s_att_bwd(tz_backend *be, float *dq, float *dk, float *dv, cf *d, cf *o, cf *lse, cf *q,
                       cf *k, cf *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int causal,
-                      int acc) {
+                      int acc, const tz_att_ld *ld) {
     (void)dq, (void)dk, (void)dv, (void)d, (void)o, (void)lse, (void)q, (void)k, (void)v;
+    (void)ld;
     /* S again, dP = dO V^T, dV += P^T dO, dQ += dS K, dK += dS^T Q: q, dO, O and k, v read,
      * dq, dk, dv written (and read first when added into); lse and delta */
     const double a = acc ? 1.0 : 0.0;

@@ -14,6 +14,21 @@ _Static_assert(sizeof(tz_backend) == offsetof(tz_backend, destroy) +
                                          2 * sizeof(size_t),
                "TZ_BACKEND_OPS (core/backend.h) must list every op of struct tz_backend");
 
+tz_att_ld tz_att_ld_of(const tz_att_ld *ld, int64_t Hq, int64_t Hkv, int64_t D) {
+    tz_att_ld r = {Hq * D, Hkv * D, Hq * D};
+    if (ld) {
+        if (ld->q) r.q = ld->q;
+        if (ld->kv) r.kv = ld->kv;
+        if (ld->o) r.o = ld->o;
+    }
+    if (r.q < Hq * D || r.kv < Hkv * D || r.o < Hq * D)
+        TZ_FATAL("attention: row strides q %lld, kv %lld, out %lld below the rows' widths "
+                 "%lld, %lld, %lld (Hq=%lld, Hkv=%lld, D=%lld)", (long long)r.q,
+                 (long long)r.kv, (long long)r.o, (long long)(Hq * D), (long long)(Hkv * D),
+                 (long long)(Hq * D), (long long)Hq, (long long)Hkv, (long long)D);
+    return r;
+}
+
 void tz_backend_check(const tz_backend *be) {
 #define TZ_CHECK_OP(op)                                                                       \
     if (!be->op)                                                                              \

@@ -49,6 +49,18 @@ static inline TZ_ADAMW_HD void tz_adamw_elem(float *w, float *m, float *v, float
     *w -= a->lr * (upd + (decay ? a->weight_decay : 0.0f) * *w);
 }
 
+/* The row strides, in elements, of attention's operands (attention_fwd, attention_bwd): row
+ * (b, t) of q and of dq starts at (b*T + t) * q, of k, v, dk and dv at (b*T + t) * kv, of out
+ * and of dout at (b*T + t) * o, head h at h*D within it. 0 in a field, or a NULL pointer:
+ * dense (Hq*D, Hkv*D, Hq*D). A fused projection's output [B*T, (Hq + 2 Hkv) D] is read in
+ * place with q = kv = (Hq + 2 Hkv) D (k and v pointing into the row). */
+typedef struct tz_att_ld {
+    int64_t q, kv, o;
+} tz_att_ld;
+/* The strides ld asks for, with dense ones for its 0 fields (every backend's attention
+ * calls it). Fatal, naming them, when one is below its row's width (rows would overlap). */
+tz_att_ld tz_att_ld_of(const tz_att_ld *ld, int64_t Hq, int64_t Hkv, int64_t D);
+
 /* What device_info reports. */
 typedef struct tz_device_info {
     int ordinal;       /* -1: the host (CPU backend) */
@@ -193,14 +205,17 @@ struct tz_backend {
      * probabilities from q, k and lse rather than storing B*Hq*T*T of them).
      * bwd: dq, dk, dv += ... (accumulate), or = ... (accumulate 0: what they held is neither
      * read nor kept, so they need no zeroing). Both take the workspace lent in att_ws where
-     * the backend wants one (tz_attention_ws_bytes). */
+     * the backend wants one (tz_attention_ws_bytes). ld: the rows' strides (tz_att_ld,
+     * below; NULL: dense), so q, k and v can be read where a fused projection wrote them and
+     * out written where the next GEMM reads it; only a row's Hq*D (Hkv*D) elements are read
+     * or written, never the rest of the row. */
     void (*attention_fwd)(tz_backend *be, float *out, float *lse, const float *q, const float *k,
                           const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                          int64_t D, int causal);
+                          int64_t D, int causal, const struct tz_att_ld *ld);
     void (*attention_bwd)(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
                           const float *out, const float *lse, const float *q, const float *k,
                           const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                          int64_t D, int causal, int accumulate);
+                          int64_t D, int causal, int accumulate, const struct tz_att_ld *ld);
 
     /* Attention of T new queries against a key/value cache (generation; forward only):
      * q [B,T,Hq,D] at positions pos0 .. pos0+T-1; kc, vc [B,S,Hkv,D] hold the keys and values

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -13,19 +14,26 @@
 #define BK 64 /* key rows per work item (dk, dv) */
 
 typedef struct {
-    int64_t B, T, Hq, Hkv, D, rep, ldq, ldk; /* ldq = Hq*D, ldk = Hkv*D: row strides */
+    /* ldq: rows of q and dq; ldk: of k, v, dk and dv; ldo: of out and dout (tz_att_ld) */
+    int64_t B, T, Hq, Hkv, D, rep, ldq, ldk, ldo;
     int causal;
     float scale;
 } att_shape;
 
 static att_shape make_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
-                            int causal) {
+                            int causal, const tz_att_ld *ldp) {
     if (Hkv <= 0 || Hq % Hkv != 0)
         TZ_FATAL("attention: Hq=%lld is not a multiple of Hkv=%lld", (long long)Hq,
                  (long long)Hkv);
-    att_shape s = {B, T, Hq, Hkv, D, Hq / Hkv, Hq * D, Hkv * D, causal,
+    const tz_att_ld ld = tz_att_ld_of(ldp, Hq, Hkv, D);
+    att_shape s = {B, T, Hq, Hkv, D, Hq / Hkv, ld.q, ld.kv, ld.o, causal,
                    1.0f / sqrtf((float)D)};
     return s;
+}
+
+/* Element offset of head h of row (b, t) in a tensor of T rows per sequence at stride ld. */
+static inline int64_t at(int64_t b, int64_t t, int64_t h, int64_t T, int64_t ld, int64_t D) {
+    return (b * T + t) * ld + h * D;
 }
 
 /* C[M,N] (ld ldc) = alpha * A[M,K] (ld lda) * op(B) + beta * C, on this thread. */
@@ -48,8 +56,8 @@ static int team(tz_backend *be, const att_shape *s) {
  * kept) gets each row's log-sum-exp. Every output row and lse entry has one writer. */
 static void attend(tz_backend *be, float *out, float *lse, const float *q, const float *k,
                    const float *v, int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq,
-                   int64_t Hkv, int64_t D, int causal) {
-    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
+                   int64_t Hkv, int64_t D, int causal, const tz_att_ld *ld) {
+    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal, ld);
     if (B <= 0 || T <= 0 || D <= 0) return;
     const int64_t keys = pos0 + T; /* keys any query may see */
     int64_t nqb = (T + BQ - 1) / BQ, items = B * Hq * nqb;
@@ -64,10 +72,10 @@ static void attend(tz_backend *be, float *out, float *lse, const float *q, const
         for (int64_t it = 0; it < items; it++) {
             int64_t b = it / (Hq * nqb), h = (it / nqb) % Hq, t0 = (it % nqb) * BQ;
             int64_t nq = T - t0 < BQ ? T - t0 : BQ, nk = causal ? pos0 + t0 + nq : keys;
-            const float *kg = k + (b * S * Hkv + h / sh.rep) * D;
-            const float *vg = v + (b * S * Hkv + h / sh.rep) * D;
-            int64_t row0 = (b * T + t0) * Hq + h; /* first query row of the block */
-            gemm(P, nk, q + row0 * D, sh.ldq, kg, sh.ldk, 1, nq, nk, D, sh.scale, 0.0f, ws);
+            const float *kg = k + at(b, 0, h / sh.rep, S, sh.ldk, D);
+            const float *vg = v + at(b, 0, h / sh.rep, S, sh.ldk, D);
+            gemm(P, nk, q + at(b, t0, h, T, sh.ldq, D), sh.ldq, kg, sh.ldk, 1, nq, nk, D,
+                 sh.scale, 0.0f, ws);
             for (int64_t i = 0; i < nq; i++) {
                 float *sr = P + i * nk;
                 int64_t n = causal ? pos0 + t0 + i + 1 : keys;
@@ -83,7 +91,8 @@ static void attend(tz_backend *be, float *out, float *lse, const float *q, const
                 for (int64_t s = n; s < nk; s++) sr[s] = 0.0f;
                 if (lse) lse[(b * Hq + h) * T + t0 + i] = m + logf(sum);
             }
-            gemm(out + row0 * D, sh.ldq, P, nk, vg, sh.ldk, 0, nq, D, nk, 1.0f, 0.0f, ws);
+            gemm(out + at(b, t0, h, T, sh.ldo, D), sh.ldo, P, nk, vg, sh.ldk, 0, nq, D, nk, 1.0f,
+                 0.0f, ws);
         }
         free(P);
     }
@@ -91,8 +100,8 @@ static void attend(tz_backend *be, float *out, float *lse, const float *q, const
 
 static void cpu_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
                               const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
-                              int64_t Hkv, int64_t D, int causal) {
-    attend(be, out, lse, q, k, v, B, T, T, 0, Hq, Hkv, D, causal);
+                              int64_t Hkv, int64_t D, int causal, const tz_att_ld *ld) {
+    attend(be, out, lse, q, k, v, B, T, T, 0, Hq, Hkv, D, causal, ld);
 }
 
 static void cpu_attention_cache_fwd(tz_backend *be, float *out, const float *q, const float *kc,
@@ -101,7 +110,7 @@ static void cpu_attention_cache_fwd(tz_backend *be, float *out, const float *q, 
     if (B > 0 && T > 0 && D > 0 && (pos0 < 0 || pos0 + T > S))
         TZ_FATAL("attention_cache: positions %lld..%lld do not fit a cache of %lld",
                  (long long)pos0, (long long)(pos0 + T - 1), (long long)S);
-    attend(be, out, NULL, q, kc, vc, B, T, S, pos0, Hq, Hkv, D, 1);
+    attend(be, out, NULL, q, kc, vc, B, T, S, pos0, Hq, Hkv, D, 1, NULL);
 }
 
 /* With P = exp(S - lse), dP = dO V^T, delta_t = dO_t . O_t (= sum_s P_ts dP_ts) and
@@ -116,11 +125,12 @@ static void dq_block(const att_shape *sh, float *dq, const float *dout, const fl
                      int64_t b, int64_t h, int64_t t0, float *S, float *dS, float *ws) {
     int64_t T = sh->T, D = sh->D, Hq = sh->Hq;
     int64_t nq = T - t0 < BQ ? T - t0 : BQ, nk = sh->causal ? t0 + nq : T;
-    const float *kg = k + (b * T * sh->Hkv + h / sh->rep) * D;
-    const float *vg = v + (b * T * sh->Hkv + h / sh->rep) * D;
-    int64_t row0 = (b * T + t0) * Hq + h;
-    gemm(S, nk, q + row0 * D, sh->ldq, kg, sh->ldk, 1, nq, nk, D, sh->scale, 0.0f, ws);
-    gemm(dS, nk, dout + row0 * D, sh->ldq, vg, sh->ldk, 1, nq, nk, D, 1.0f, 0.0f, ws);
+    const float *kg = k + at(b, 0, h / sh->rep, T, sh->ldk, D);
+    const float *vg = v + at(b, 0, h / sh->rep, T, sh->ldk, D);
+    const int64_t qo = at(b, t0, h, T, sh->ldq, D);
+    gemm(S, nk, q + qo, sh->ldq, kg, sh->ldk, 1, nq, nk, D, sh->scale, 0.0f, ws);
+    gemm(dS, nk, dout + at(b, t0, h, T, sh->ldo, D), sh->ldo, vg, sh->ldk, 1, nq, nk, D, 1.0f,
+         0.0f, ws);
     for (int64_t i = 0; i < nq; i++) {
         float *sr = S + i * nk, *dr = dS + i * nk;
         int64_t n = sh->causal ? t0 + i + 1 : T;
@@ -129,7 +139,7 @@ static void dq_block(const att_shape *sh, float *dq, const float *dout, const fl
         for (int64_t s = 0; s < n; s++) dr[s] = tz_cpu_expf(sr[s] - l) * (dr[s] - dl);
         for (int64_t s = n; s < nk; s++) dr[s] = 0.0f;
     }
-    gemm(dq + row0 * D, sh->ldq, dS, nk, kg, sh->ldk, 0, nq, D, nk, sh->scale, 1.0f, ws);
+    gemm(dq + qo, sh->ldq, dS, nk, kg, sh->ldk, 0, nq, D, nk, sh->scale, 1.0f, ws);
 }
 
 /* dk, dv for key block s0.. of kv head g. St, dSt are BK x T scratch; ak, av BK x D. */
@@ -140,14 +150,14 @@ static void dkv_block(const att_shape *sh, float *dk, float *dv, const float *do
     int64_t T = sh->T, D = sh->D, Hq = sh->Hq;
     int64_t nkb = T - s0 < BK ? T - s0 : BK;
     int64_t tq0 = sh->causal ? s0 : 0, nqr = T - tq0; /* queries that see these keys */
-    int64_t krow0 = (b * T + s0) * sh->Hkv + g;
+    const int64_t ko = at(b, s0, g, T, sh->ldk, D);
     for (int64_t r = 0; r < sh->rep; r++) {
-        int64_t h = g * sh->rep + r, qrow0 = (b * T + tq0) * Hq + h;
+        int64_t h = g * sh->rep + r;
+        const float *qr = q + at(b, tq0, h, T, sh->ldq, D);
+        const float *gr = dout + at(b, tq0, h, T, sh->ldo, D);
         const float *lr = lse + (b * Hq + h) * T + tq0, *dl = delta + (b * Hq + h) * T + tq0;
-        gemm(St, nqr, k + krow0 * D, sh->ldk, q + qrow0 * D, sh->ldq, 1, nkb, nqr, D,
-             sh->scale, 0.0f, ws);
-        gemm(dSt, nqr, v + krow0 * D, sh->ldk, dout + qrow0 * D, sh->ldq, 1, nkb, nqr, D, 1.0f,
-             0.0f, ws);
+        gemm(St, nqr, k + ko, sh->ldk, qr, sh->ldq, 1, nkb, nqr, D, sh->scale, 0.0f, ws);
+        gemm(dSt, nqr, v + ko, sh->ldk, gr, sh->ldo, 1, nkb, nqr, D, 1.0f, 0.0f, ws);
         for (int64_t j = 0; j < nkb; j++) {
             float *sr = St + j * nqr, *dr = dSt + j * nqr;
             int64_t first = sh->causal ? j : 0; /* query t = tq0 + i sees key s0 + j iff i >= j */
@@ -160,11 +170,11 @@ static void dkv_block(const att_shape *sh, float *dk, float *dv, const float *do
             }
         }
         float beta = r == 0 ? 0.0f : 1.0f;
-        gemm(av, D, St, nqr, dout + qrow0 * D, sh->ldq, 0, nkb, D, nqr, 1.0f, beta, ws);
-        gemm(ak, D, dSt, nqr, q + qrow0 * D, sh->ldq, 0, nkb, D, nqr, sh->scale, beta, ws);
+        gemm(av, D, St, nqr, gr, sh->ldo, 0, nkb, D, nqr, 1.0f, beta, ws);
+        gemm(ak, D, dSt, nqr, qr, sh->ldq, 0, nkb, D, nqr, sh->scale, beta, ws);
     }
     for (int64_t j = 0; j < nkb; j++) {
-        float *dkr = dk + (krow0 + j * sh->Hkv) * D, *dvr = dv + (krow0 + j * sh->Hkv) * D;
+        float *dkr = dk + ko + j * sh->ldk, *dvr = dv + ko + j * sh->ldk;
 #pragma omp simd
         for (int64_t i = 0; i < D; i++) {
             dkr[i] += ak[j * D + i];
@@ -173,16 +183,26 @@ static void dkv_block(const att_shape *sh, float *dk, float *dv, const float *do
     }
 }
 
+/* The first w elements of each of n rows at stride ld set to 0 (the rest of a row untouched). */
+static void zero_rows(tz_backend *be, float *p, int64_t n, int64_t ld, int64_t w) {
+    if (ld == w) {
+        be->fill(be, p, 0.0f, n * w);
+        return;
+    }
+#pragma omp parallel for num_threads(tz_cpu_threads(be)) schedule(static) if (n * w >= 65536)
+    for (int64_t r = 0; r < n; r++) memset(p + r * ld, 0, (size_t)w * sizeof(float));
+}
+
 static void cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
                               const float *out, const float *lse, const float *q, const float *k,
                               const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                              int64_t D, int causal, int accumulate) {
-    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal);
+                              int64_t D, int causal, int accumulate, const tz_att_ld *ld) {
+    att_shape sh = make_shape(B, T, Hq, Hkv, D, causal, ld);
     if (B <= 0 || T <= 0 || D <= 0) return;
     if (!accumulate) { /* written: the blocks below add into zeros (the same bits) */
-        be->fill(be, dq, 0.0f, B * T * Hq * D);
-        be->fill(be, dk, 0.0f, B * T * Hkv * D);
-        be->fill(be, dv, 0.0f, B * T * Hkv * D);
+        zero_rows(be, dq, B * T, sh.ldq, Hq * D);
+        zero_rows(be, dk, B * T, sh.ldk, Hkv * D);
+        zero_rows(be, dv, B * T, sh.ldk, Hkv * D);
     }
     int64_t rows = B * Hq * T, nqb = (T + BQ - 1) / BQ, nkb = (T + BK - 1) / BK;
     int nt = team(be, &sh);
@@ -197,8 +217,8 @@ static void cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, c
 #pragma omp for schedule(static)
         for (int64_t idx = 0; idx < rows; idx++) {
             int64_t b = idx / (Hq * T), h = (idx / T) % Hq, t = idx % T;
-            const float *o = out + ((b * T + t) * Hq + h) * D;
-            const float *d = dout + ((b * T + t) * Hq + h) * D;
+            const float *o = out + at(b, t, h, T, sh.ldo, D);
+            const float *d = dout + at(b, t, h, T, sh.ldo, D);
             float s = 0.0f;
 #pragma omp simd reduction(+ : s)
             for (int64_t i = 0; i < D; i++) s += o[i] * d[i];

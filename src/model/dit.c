@@ -256,7 +256,7 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
         tz_dit_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
 #define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
         ACT(mod, B * 6 * Hd); ACT(mean1, BT); ACT(rstd1, BT); ACT(ln1, BT * Hd);
-        ACT(h1, BT * Hd); ACT(q, BT * Hd); ACT(k, BT * Hd); ACT(v, BT * Hd);
+        ACT(h1, BT * Hd); ACT(qkv, BT * 3 * Hd);
         ACT(lse, BT * d->num_heads); ACT(att, BT * Hd); ACT(ao, BT * Hd); ACT(x2, BT * Hd);
         ACT(mean2, BT); ACT(rstd2, BT); ACT(ln2, BT * Hd); ACT(h2, BT * Hd);
         ACT(f, BT * F); ACT(g, BT * F); ACT(mo, BT * Hd);
@@ -264,7 +264,6 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
             if (m->o.lora.targets & (1 << j)) ACT(lh[j], (j == TZ_DIT_ADALN ? B : BT) * r);
 #undef ACT
     }
-    TAKE(m->qkv, BT * 3 * Hd, "qkv");
     TAKE(m->fmod, B * 2 * Hd, "final modulation"); TAKE(m->fmean, BT, "final mean");
     TAKE(m->frstd, BT, "final rstd"); TAKE(m->fln, BT * Hd, "final norm");
     TAKE(m->fh, BT * Hd, "final modulated"); TAKE(m->fo, BT * p2 * Cout, "final linear");
@@ -272,7 +271,6 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     TAKE(m->out_img, B * Cout * HW, "prediction"); TAKE(m->sse, B, "squared errors");
     if (!m->o.forward_only) { /* backward buffers */
         TAKE(m->dres, BT * Hd, "dres"); TAKE(m->da, BT * Hd, "da"); TAKE(m->db, BT * Hd, "db");
-        TAKE(m->dq, BT * Hd, "dq"); TAKE(m->dk, BT * Hd, "dk"); TAKE(m->dv, BT * Hd, "dv");
         TAKE(m->dqkv, BT * 3 * Hd, "dqkv"); TAKE(m->df, BT * F, "df"); TAKE(m->dg, BT * F, "dg");
         TAKE(m->dmod, B * 6 * Hd, "dmod"); TAKE(m->dsc, B * Hd, "dsilu(c)");
         TAKE(m->dc, B * Hd, "dc"); TAKE(m->dt, B * Hd, "dt"); TAKE(m->dfo, BT * p2 * Cout, "dfo");

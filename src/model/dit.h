@@ -85,7 +85,7 @@ typedef struct tz_dit_block {
 
 /* Saved activations of one block ([n*T, ...] token rows, [n, ...] conditioning rows). */
 typedef struct tz_dit_acts {
-    float *mod, *mean1, *rstd1, *ln1, *h1, *q, *k, *v, *lse, *att, *ao, *x2;
+    float *mod, *mean1, *rstd1, *ln1, *h1, *qkv, *lse, *att, *ao, *x2; /* qkv: [n*T, 3 hidden] */
     float *mean2, *rstd2, *ln2, *h2, *f, *g, *mo;
     float *lh[TZ_DIT_LIN_N]; /* LoRA hidden x A^T per projection (NULL if not adapted) */
 } tz_dit_acts;
@@ -112,8 +112,8 @@ typedef struct tz_dit {
     float *img, *target, *patches, *tfreq, *t_h, *t_s, *temb, *c, *sc;
     int32_t *labels;
     tz_layer_stack stack; /* residual streams [B*T, hidden] and tz_dit_acts sets */
-    float *qkv, *fmod, *fmean, *frstd, *fln, *fh, *fo, *f_lh, *out_img, *sse;
-    float *dres, *da, *db, *dq, *dk, *dv, *dqkv, *df, *dg, *dmod, *dsc, *dc, *dt, *dfo, *dimg;
+    float *fmod, *fmean, *frstd, *fln, *fh, *fo, *f_lh, *out_img, *sse;
+    float *dres, *da, *db, *dqkv, *df, *dg, *dmod, *dsc, *dc, *dt, *dfo, *dimg;
     float *dlora;
     float *tfreq_host, *sse_host;
 } tz_dit;

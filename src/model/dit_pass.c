@@ -33,13 +33,12 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     tz_linear_fwd(be, &L[TZ_DIT_ADALN], a->mod, a->lh[TZ_DIT_ADALN], m->sc, n);
     be->layernorm_fwd(be, a->ln1, a->mean1, a->rstd1, x, BT, Hd, 1e-6f);
     be->modulate_fwd(be, a->h1, a->ln1, a->mod, a->mod + Hd, M, n, T, Hd);
-    tz_linear_fwd(be, &L[TZ_DIT_QKV], m->qkv, a->lh[TZ_DIT_QKV], a->h1, BT);
-    be->copy2d(be, a->q, Hd, m->qkv, 3 * Hd, BT, Hd);
-    be->copy2d(be, a->k, Hd, m->qkv + Hd, 3 * Hd, BT, Hd);
-    be->copy2d(be, a->v, Hd, m->qkv + 2 * Hd, 3 * Hd, BT, Hd);
+    /* attention reads q, k and v where the fused projection writes them (rows of 3 hidden) */
+    tz_linear_fwd(be, &L[TZ_DIT_QKV], a->qkv, a->lh[TZ_DIT_QKV], a->h1, BT);
+    const tz_att_ld ld = {3 * Hd, 3 * Hd, 0};
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, n, T, d->num_heads, d->num_heads,
-                      Hd / d->num_heads, 0);
+    be->attention_fwd(be, a->att, a->lse, a->qkv, a->qkv + Hd, a->qkv + 2 * Hd, n, T,
+                      d->num_heads, d->num_heads, Hd / d->num_heads, 0, &ld);
     tz_linear_fwd(be, &L[TZ_DIT_PROJ], a->ao, a->lh[TZ_DIT_PROJ], a->att, BT);
     be->gate_fwd(be, a->x2, x, a->ao, a->mod + 2 * Hd, M, n, T, Hd);
     be->layernorm_fwd(be, a->ln2, a->mean2, a->rstd2, a->x2, BT, Hd, 1e-6f);
@@ -161,11 +160,10 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->gate_bwd(be, m->da, m->dmod + 2 * Hd, m->dres, a->ao, a->mod + 2 * Hd, M, n, T, Hd, 0);
     tz_linear_bwd_set(m->be, &L[TZ_DIT_PROJ], m->db, m->da, a->att, a->lh[TZ_DIT_PROJ], m->dlora, BT);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    be->attention_bwd(be, m->dq, m->dk, m->dv, m->db, a->att, a->lse, a->q, a->k, a->v, n, T,
-                      nh, nh, Hd / nh, 0, 0); /* dq, dk, dv written */
-    be->copy2d(be, m->dqkv, 3 * Hd, m->dq, Hd, BT, Hd);
-    be->copy2d(be, m->dqkv + Hd, 3 * Hd, m->dk, Hd, BT, Hd);
-    be->copy2d(be, m->dqkv + 2 * Hd, 3 * Hd, m->dv, Hd, BT, Hd);
+    /* dq, dk, dv written into the fused projection's gradient rows, as the forward read them */
+    const tz_att_ld ld = {3 * Hd, 3 * Hd, 0};
+    be->attention_bwd(be, m->dqkv, m->dqkv + Hd, m->dqkv + 2 * Hd, m->db, a->att, a->lse,
+                      a->qkv, a->qkv + Hd, a->qkv + 2 * Hd, n, T, nh, nh, Hd / nh, 0, 0, &ld);
     tz_linear_bwd_set(m->be, &L[TZ_DIT_QKV], m->da, m->dqkv, a->h1, a->lh[TZ_DIT_QKV], m->dlora, BT);
     be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, a->ln1, a->mod + Hd, M, n, T, Hd, 0);
     be->layernorm_bwd(be, m->dres, m->db, x, a->mean1, a->rstd1, BT, Hd); /* now dL/dx */

@@ -308,7 +308,7 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
         /* the i fields: the image stream's in a double block, every token's in a single one */
         const int64_t Ni = sgl ? BT : Bi;
         ACT(modi, B * 6 * I); ACT(Q, BT * I); ACT(K, BT * I); ACT(V, BT * I);
-        ACT(lse, BT * H); ACT(att, BT * I);
+        ACT(lse, BT * H);
         ACT(ln1i, Ni * I); ACT(mean1i, Ni); ACT(rstd1i, Ni); ACT(h1i, Ni * I);
         ACT(qi, Ni * I); ACT(ki, Ni * I); ACT(vi, Ni * I); ACT(rqi, Ni * H); ACT(rki, Ni * H);
         ACT(fi, Ni * F);
@@ -316,7 +316,7 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
          * memory (a block uses one kind's): the walk lays both from the same mark */
         const size_t t0 = total, m0 = a ? tz_arena_mark(a) : 0;
         if (dbl) {
-            ACT(modc, B * 6 * I); ACT(xi, Bi * I); ACT(xc, Bc * I);
+            ACT(modc, B * 6 * I); ACT(xi, Bi * I); ACT(xc, Bc * I); ACT(att, BT * I);
             ACT(ln1c, Bc * I); ACT(mean1c, Bc); ACT(rstd1c, Bc); ACT(h1c, Bc * I);
             ACT(qc, Bc * I); ACT(kc, Bc * I); ACT(vc, Bc * I); ACT(rqc, Bc * H); ACT(rkc, Bc * H);
             ACT(atti, Bi * I); ACT(attc, Bc * I); ACT(aoi, Bi * I); ACT(aoc, Bc * I);

@@ -86,13 +86,17 @@ static void rms_back(tz_backend *be, float *dx, const float *dQ, const float *x,
 
 static tz_flux_acts *acts_of(tz_flux *m, int64_t k) { return tz_layer_stack_set(&m->stack, k); }
 
-static void attend(tz_flux *m, tz_flux_acts *a, const float *V, int64_t n, int64_t T) {
+/* The joint attention into out, rows at stride ldo (a single block's go straight into the
+ * first I columns of its cat, where proj_out reads them). */
+static void attend(tz_flux *m, tz_flux_acts *a, const float *V, float *out, int64_t ldo,
+                   int64_t n, int64_t T) {
     tz_backend *be = m->be;
     be->rope_pairs_fwd(be, a->Q, n, T, m->d.heads, m->d.head_dim, m->cs);
     be->rope_pairs_fwd(be, a->K, n, T, m->d.heads, m->d.head_dim, m->cs);
+    const tz_att_ld ld = {0, 0, ldo};
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    be->attention_fwd(be, a->att, a->lse, a->Q, a->K, V, n, T, m->d.heads, m->d.heads,
-                      m->d.head_dim, 0);
+    be->attention_fwd(be, out, a->lse, a->Q, a->K, V, n, T, m->d.heads, m->d.heads,
+                      m->d.head_dim, 0, &ld);
 }
 
 /* ---- forward ---- */
@@ -140,7 +144,7 @@ static void double_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     rms_into(be, a->K, a->rkc, a->kc, blk->nak, n, Tt, 0, T, H, D);
     rms_into(be, a->K, a->rki, a->ki, blk->nk, n, Ti, Tt, T, H, D);
     merge(be, a->V, a->vc, a->vi, n, Tt, Ti, I);
-    attend(m, a, a->V, n, T);
+    attend(m, a, a->V, a->att, 0, n, T);
     split(be, a->attc, a->atti, a->att, n, Tt, Ti, I);
     tz_linear_fwd(be, &L[TZ_FLUX_OUT], a->aoi, a->lh[TZ_FLUX_OUT], a->atti, Bi);
     tz_linear_fwd(be, &L[TZ_FLUX_AOUT], a->aoc, a->lh[TZ_FLUX_AOUT], a->attc, Bc);
@@ -171,8 +175,7 @@ static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     be->gelu_tanh_fwd(be, m->wide1, a->fi, BT * F); /* only for cat: not kept */
     be->rmsnorm_fwd(be, a->Q, a->rqi, a->qi, blk->nq->w, BT * H, D, EPS);
     be->rmsnorm_fwd(be, a->K, a->rki, a->ki, blk->nk->w, BT * H, D, EPS);
-    attend(m, a, a->vi, n, T);
-    be->copy2d(be, a->cat, I + F, a->att, I, BT, I);
+    attend(m, a, a->vi, a->cat, I + F, n, T);
     be->copy2d(be, a->cat + I, I + F, m->wide1, F, BT, F);
     tz_linear_fwd(be, &L[TZ_FLUX_POUT], a->o, a->lh[TZ_FLUX_POUT], a->cat, BT);
     be->gate_fwd(be, out, x, a->o, a->modi + 2 * I, M, n, T, I);
@@ -323,12 +326,15 @@ static void stream_in_bwd(tz_flux *m, const tz_linear *lq, const tz_linear *lk,
     be->layernorm_bwd(be, dy, m->db, x, mean1, rstd1, R, I); /* dy: now dL/dx */
 }
 
-static void attend_bwd(tz_flux *m, tz_flux_acts *a, const float *V, int64_t n, int64_t T) {
+/* Its backward: out and dout rows at stride ldo (a single block's in its cat and dcat). */
+static void attend_bwd(tz_flux *m, tz_flux_acts *a, const float *V, const float *out,
+                       const float *dout, int64_t ldo, int64_t n, int64_t T) {
     tz_backend *be = m->be;
     const int64_t H = m->d.heads, D = m->d.head_dim;
+    const tz_att_ld ld = {0, 0, ldo};
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    be->attention_bwd(be, m->dQ, m->dK, m->dV, m->datt, a->att, a->lse, a->Q, a->K, V, n, T, H,
-                      H, D, 0, 0); /* dQ, dK, dV written */
+    be->attention_bwd(be, m->dQ, m->dK, m->dV, dout, out, a->lse, a->Q, a->K, V, n, T, H, H, D,
+                      0, 0, &ld); /* dQ, dK, dV written */
     be->rope_pairs_bwd(be, m->dQ, n, T, H, D, m->cs);
     be->rope_pairs_bwd(be, m->dK, n, T, H, D, m->cs);
 }
@@ -352,7 +358,7 @@ static void double_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a) {
                    m->dmodc, m->dyc, a->attc, a->aoc, a->x2c, a->ln2c, a->mean2c, a->rstd2c,
                    a->h2c, a->fc, a->moc, m->dqc, Tt);
     merge(be, m->datt, m->dqc, m->dd, n, Tt, Ti, I);
-    attend_bwd(m, a, a->V, n, T);
+    attend_bwd(m, a, a->V, a->att, m->datt, 0, n, T);
     split(be, m->dvc, m->dvi, m->dV, n, Tt, Ti, I);
     rms_back(be, m->dqc, m->dQ, a->qc, a->rqc, blk->naq, n, Tt, 0, T, H, D);
     rms_back(be, m->dqi, m->dQ, a->qi, a->rqi, blk->nq, n, Ti, Tt, T, H, D);
@@ -380,15 +386,17 @@ static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     be->fill(be, m->dmodi, 0.0f, n * M);
     /* out = x + gate * proj_out([att, gelu(proj_mlp(h))]) */
     be->gate_bwd(be, m->dc, m->dmodi + 2 * I, m->dres, a->o, a->modi + 2 * I, M, n, T, I, 0);
-    /* d[att, gelu] in wide0, split into datt and dgelu (wide1); then wide0 takes dMLP hidden */
+    /* d[att, gelu] in wide0: dgelu copied to wide1, d att read where it is; then wide0 takes
+     * dMLP hidden */
     float *dcat = m->wide0, *dg = m->wide1, *df = m->wide0;
     tz_linear_bwd_set(be, &L[TZ_FLUX_POUT], dcat, m->dc, a->cat, a->lh[TZ_FLUX_POUT], m->dlora,
                       BT);
-    be->copy2d(be, m->datt, I, dcat, I + F, BT, I);
     be->copy2d(be, dg, F, dcat + I, I + F, BT, F);
+    /* the attention's dout read in place from dcat's first I columns, before df overwrites
+     * dcat (wide0) */
+    attend_bwd(m, a, a->vi, a->cat, dcat, I + F, n, T);
     be->gelu_tanh_bwd(be, df, dg, a->fi, BT * F, 0);
     tz_linear_bwd_set(be, &L[TZ_FLUX_MLP], m->da, df, a->h1i, a->lh[TZ_FLUX_MLP], m->dlora, BT);
-    attend_bwd(m, a, a->vi, n, T);
     be->rmsnorm_bwd(be, m->dqi, blk->nq->trainable ? blk->nq->g : NULL, m->dQ, a->qi, blk->nq->w,
                     a->rqi, BT * H, D, 0); /* written */
     be->rmsnorm_bwd(be, m->dki, blk->nk->trainable ? blk->nk->g : NULL, m->dK, a->ki, blk->nk->w,

@@ -466,7 +466,7 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     } else {
         be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
         be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, B, T, d->n_heads,
-                          d->n_kv_heads, d->head_dim, 1);
+                          d->n_kv_heads, d->head_dim, 1, NULL);
     }
     tz_linear_fwd(be, &L->lin[TZ_LIN_O], a->x2, a->lh[TZ_LIN_O], a->att, BT);
     be->axpy(be, a->x2, 1.0f, x, BT * C); /* x2 = x + attn */
@@ -555,7 +555,7 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     tz_linear_bwd_set(be, &L->lin[TZ_LIN_O], datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
-                      d->n_heads, d->n_kv_heads, d->head_dim, 1, 0); /* dq, dk, dv written */
+                      d->n_heads, d->n_kv_heads, d->head_dim, 1, 0, NULL); /* dq, dk, dv written */
     rope(m, dq, B, T, d->n_heads, 0, 1);
     rope(m, dk, B, T, d->n_kv_heads, 0, 1);
     if (d->qk_norm) { /* through each head's RMSNorm: the gradients of q and k before it */

@@ -253,7 +253,7 @@ static void att_fwd(oc_run *r) {
     const int64_t *p = r->c->p;
     void *ws = att_lend(be, p[0], p[1], p[2], p[4], 0);
     be->attention_fwd(be, OCF(r, 3), OCF(r, 4), OCF(r, 0), OCF(r, 1), OCF(r, 2), p[0], p[1],
-                      p[2], p[3], p[4], (int)p[5]);
+                      p[2], p[3], p[4], (int)p[5], NULL);
     be->sync(be);
     if (ws) be->release(be, ws);
 }
@@ -263,7 +263,7 @@ static void att_bwd(oc_run *r) {
     void *ws = att_lend(be, p[0], p[1], p[2], p[4], 1);
     be->attention_bwd(be, OCF(r, 6), OCF(r, 7), OCF(r, 8), OCF(r, 5), OCF(r, 3), OCF(r, 4),
                       OCF(r, 0), OCF(r, 1), OCF(r, 2), p[0], p[1], p[2], p[3], p[4], (int)p[5],
-                      !p[6]);
+                      !p[6], NULL);
     be->sync(be);
     if (ws) be->release(be, ws);
 }
@@ -322,6 +322,83 @@ static void add_attention_w(oc_list *l, int64_t B, int64_t T, int64_t Hq, int64_
 static void add_attention(oc_list *l, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
                           int causal, int host_only) {
     add_attention_w(l, B, T, Hq, Hkv, D, causal, host_only, 0);
+}
+
+/* Attention at row strides (tz_att_ld), as a fused projection lays q, k and v out: one tensor
+ * qkv [B*T, (Hq + 2 Hkv) D] read in place (k and v pointing into its rows), out written into
+ * rows of Hq*D + opad (the gaps keep what they held: an INOUT tensor whose start the reference
+ * keeps too, so a write into a gap fails), dout read from the same layout, and the gradients
+ * into dqkv as qkv is laid out (every element is one of dq, dk, dv: written over NaN, or added
+ * to a random start).
+ * tensors: 0 qkv, 1 out, 2 lse, 3 dout, 4 dqkv; p: B, T, Hq, Hkv, D, causal, write, opad. */
+static tz_att_ld att_ld_of(const int64_t *p) {
+    const tz_att_ld ld = {(p[2] + 2 * p[3]) * p[4], (p[2] + 2 * p[3]) * p[4], p[2] * p[4] + p[7]};
+    return ld;
+}
+static void attl_fwd(oc_run *r) {
+    tz_backend *be = r->be;
+    const int64_t *p = r->c->p;
+    const tz_att_ld ld = att_ld_of(p);
+    const float *q = OCF(r, 0), *k = q + p[2] * p[4], *v = k + p[3] * p[4];
+    void *ws = att_lend(be, p[0], p[1], p[2], p[4], 0);
+    be->attention_fwd(be, OCF(r, 1), OCF(r, 2), q, k, v, p[0], p[1], p[2], p[3], p[4],
+                      (int)p[5], &ld);
+    be->sync(be);
+    if (ws) be->release(be, ws);
+}
+static void attl_bwd(oc_run *r) {
+    tz_backend *be = r->be;
+    const int64_t *p = r->c->p;
+    const tz_att_ld ld = att_ld_of(p);
+    const float *q = OCF(r, 0), *k = q + p[2] * p[4], *v = k + p[3] * p[4];
+    float *dq = OCF(r, 4), *dk = dq + p[2] * p[4], *dv = dk + p[3] * p[4];
+    void *ws = att_lend(be, p[0], p[1], p[2], p[4], 1);
+    be->attention_bwd(be, dq, dk, dv, OCF(r, 3), OCF(r, 1), OCF(r, 2), q, k, v, p[0], p[1], p[2],
+                      p[3], p[4], (int)p[5], !p[6], &ld);
+    be->sync(be);
+    if (ws) be->release(be, ws);
+}
+/* the dense reference on copies of q, k, v, its out scattered into the strided rows */
+static void attl_ref(oc_ref *r) {
+    const int64_t *p = r->c->p, B = p[0], T = p[1], Hq = p[2], Hkv = p[3], D = p[4];
+    const tz_att_ld ld = att_ld_of(p);
+    const int64_t nq = B * T * Hq * D, nk = B * T * Hkv * D;
+    double *q = calloc((size_t)(nq + 2 * nk + nq), sizeof(double));
+    double *k = q + nq, *v = k + nk, *o = v + nk;
+    for (int64_t row = 0; row < B * T; row++) {
+        const double *x = r->v[0] + row * ld.q;
+        memcpy(q + row * Hq * D, x, (size_t)(Hq * D) * sizeof(double));
+        memcpy(k + row * Hkv * D, x + Hq * D, (size_t)(Hkv * D) * sizeof(double));
+        memcpy(v + row * Hkv * D, x + (Hq + Hkv) * D, (size_t)(Hkv * D) * sizeof(double));
+    }
+    ref_attend(o, r->v[2], q, k, v, B, T, T, 0, Hq, Hkv, D, (int)p[5]);
+    for (int64_t row = 0; row < B * T; row++)
+        memcpy(r->v[1] + row * ld.o, o + row * Hq * D, (size_t)(Hq * D) * sizeof(double));
+    free(q);
+}
+static void add_attention_ld(oc_list *l, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                             int64_t D, int causal, int write, int64_t opad) {
+    const int64_t ldq = (Hq + 2 * Hkv) * D, ldo = Hq * D + opad;
+    oc_case c = {.ops = "alloc attention_fwd attention_bwd sync release", .nt = 5,
+                 .p = {B, T, Hq, Hkv, D, causal, write, opad},
+                 .flags = OC_GEMM, .fwd = attl_fwd, .ref = attl_ref, .bwd = attl_bwd,
+                 /* as the dense rows (add_attention_w): the same sums in the same order */
+                 .tol_fwd = 3e-6, .tol_bwd = 1e-5, .tol_fwd_bf16 = 1e-2, .tol_bwd_bf16 = 2e-2};
+    if (D > TZ_ATTENTION_FLASH_MAXD) {
+        c.flags |= OC_DEVICE_BF16;
+        c.tol_fwd_bf16 = c.tol_bwd_bf16 = 3e-3;
+    }
+    c.t[0] = (oc_tensor)OC_T_INA("qkv", B * T * ldq, 1.5f);
+    c.t[1] = (oc_tensor)OC_T_INOUT("out", B * T * ldo);
+    c.t[2] = (oc_tensor)OC_T_OUT("lse", B * Hq * T);
+    c.t[3] = (oc_tensor)OC_T_DOUT("dout", 1);
+    c.t[4] = (oc_tensor)OC_T_DIN("dqkv", 0);
+    if (write) c.t[4].flags |= OC_WRITES;
+    snprintf(c.name, sizeof c.name,
+             "attention at row strides (qkv fused, out rows +%lld) B %lld T %lld Hq %lld Hkv "
+             "%lld D %lld %s%s", (long long)opad, (long long)B, (long long)T, (long long)Hq,
+             (long long)Hkv, (long long)D, causal ? "causal" : "full", write ? ", written" : "");
+    oc_add(l, &c);
 }
 
 /* attention_cache_fwd: T queries at pos0 against a cache of capacity S.
@@ -502,6 +579,12 @@ void oc_cases_llama(oc_list *l) {
     add_attention_w(l, 2, 45, 4, 2, 40, 1, 0, 1);
     add_attention_w(l, 1, 70, 2, 1, 16, 0, 0, 1);
     add_attention_w(l, 1, 20, 2, 1, 136, 1, 0, 1);
+    /* at row strides: a fused projection's q, k, v; out into wider rows (16-byte rows and
+     * not: the staging's vector and scalar paths), written and added; the chunked path */
+    add_attention_ld(l, 2, 45, 4, 2, 40, 1, 1, 8);
+    add_attention_ld(l, 1, 70, 2, 2, 18, 0, 0, 3);
+    add_attention_ld(l, 2, 21, 2, 1, 16, 1, 0, 0);
+    add_attention_ld(l, 1, 20, 2, 1, 136, 1, 1, 5);
     /* the CPU's blocking: several 64-row query blocks with a partial last one (the device's
      * 64-row tiles too); more than 256 keys (several GEMM tiles and K blocks: the CPU's only) */
     add_attention(l, 1, 150, 4, 2, 10, 1, 0);

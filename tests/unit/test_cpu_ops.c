@@ -109,9 +109,9 @@ static results run_all(const inputs *in) {
     for (int causal = 0; causal < 2; causal++) {
         float *out = take(&r, nq), *lse = take(&r, AB * AHQ * AT);
         float *dq = take(&r, nq), *dk = take(&r, nk), *dv = take(&r, nk);
-        be->attention_fwd(be, out, lse, in->q, in->k, in->v, AB, AT, AHQ, AHKV, AD, causal);
+        be->attention_fwd(be, out, lse, in->q, in->k, in->v, AB, AT, AHQ, AHKV, AD, causal, NULL);
         be->attention_bwd(be, dq, dk, dv, in->dout, out, lse, in->q, in->k, in->v, AB, AT, AHQ,
-                          AHKV, AD, causal, 1);
+                          AHKV, AD, causal, 1, NULL);
     }
     const int64_t nrm = (int64_t)RR * RC;
     float *ro = take(&r, nrm), *rs = take(&r, RR), *rdx = take(&r, nrm), *rdw = take(&r, RC);

@@ -502,8 +502,8 @@ static void test_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_
     char what[128];
     snprintf(what, sizeof what, "B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal=%d", (long long)B,
              (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal);
-    g_cpu->attention_fwd(g_cpu, out.h, lse.h, q.h, k.h, v.h, B, T, Hq, Hkv, D, causal);
-    g_gpu->attention_fwd(g_gpu, out.d, lse.d, q.d, k.d, v.d, B, T, Hq, Hkv, D, causal);
+    g_cpu->attention_fwd(g_cpu, out.h, lse.h, q.h, k.h, v.h, B, T, Hq, Hkv, D, causal, NULL);
+    g_gpu->attention_fwd(g_gpu, out.d, lse.d, q.d, k.d, v.d, B, T, Hq, Hkv, D, causal, NULL);
     char line[200];
     snprintf(line, sizeof line, "attention_fwd out %s", what);
     expect(line, &out, 3e-5);
@@ -513,12 +513,12 @@ static void test_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_
     g_gpu->upload(g_gpu, out.d, out.h, (size_t)out.n * 4);
     g_gpu->upload(g_gpu, lse.d, lse.h, (size_t)lse.n * 4);
     g_cpu->attention_bwd(g_cpu, dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, B, T, Hq,
-                         Hkv, D, causal, 1);
+                         Hkv, D, causal, 1, NULL);
     float *dq0 = malloc((size_t)dq.n * 4), *dk0 = malloc((size_t)dk.n * 4);
     g_gpu->download(g_gpu, dq0, dq.d, (size_t)dq.n * 4);
     g_gpu->download(g_gpu, dk0, dk.d, (size_t)dk.n * 4);
     g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
-                         Hkv, D, causal, 1);
+                         Hkv, D, causal, 1, NULL);
     snprintf(line, sizeof line, "attention_bwd dq %s", what);
     expect(line, &dq, 3e-5);
     snprintf(line, sizeof line, "attention_bwd dk %s", what);
@@ -532,7 +532,7 @@ static void test_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_
     g_gpu->upload(g_gpu, dq.d, dq0, (size_t)dq.n * 4);
     g_gpu->upload(g_gpu, dk.d, dk0, (size_t)dk.n * 4);
     g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
-                         Hkv, D, causal, 1);
+                         Hkv, D, causal, 1, NULL);
     g_gpu->download(g_gpu, dq0, dq.d, (size_t)dq.n * 4);
     g_gpu->download(g_gpu, dk0, dk.d, (size_t)dk.n * 4);
     snprintf(line, sizeof line, "attention_bwd reproducible %s", what);
@@ -545,9 +545,9 @@ static void test_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_
         g_gpu->upload(g_gpu, gw[i]->d, gw[i]->h, (size_t)gw[i]->n * 4);
     }
     g_cpu->attention_bwd(g_cpu, dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, B, T, Hq,
-                         Hkv, D, causal, 0);
+                         Hkv, D, causal, 0, NULL);
     g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
-                         Hkv, D, causal, 0);
+                         Hkv, D, causal, 0, NULL);
     for (int i = 0; i < 2 && T == 1; i++) {
         /* one key: dq and dk are exactly 0, so both sides hold rounding of dP - delta, which
          * a relative error cannot judge: finite and within 1e-6 of 0 */
@@ -695,10 +695,10 @@ static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
         snprintf(what, sizeof what, "B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal=%d chunk "
                  "%lld/%lld", (long long)B, (long long)T, (long long)Hq, (long long)Hkv,
                  (long long)D, causal, (long long)cf, (long long)cb);
-    g_cpu->attention_fwd(g_cpu, out.h, lse.h, q.h, k.h, v.h, B, T, Hq, Hkv, D, causal);
+    g_cpu->attention_fwd(g_cpu, out.h, lse.h, q.h, k.h, v.h, B, T, Hq, Hkv, D, causal, NULL);
     ws_fill(ws, fb);
     g_gpu->att_ws = ws, g_gpu->att_ws_bytes = fb;
-    g_gpu->attention_fwd(g_gpu, out.d, lse.d, q.d, k.d, v.d, B, T, Hq, Hkv, D, causal);
+    g_gpu->attention_fwd(g_gpu, out.d, lse.d, q.d, k.d, v.d, B, T, Hq, Hkv, D, causal, NULL);
     check(!g_gpu->att_ws && !g_gpu->att_ws_bytes && ws_canary_ok(ws, fb),
           "tc attention_fwd %s: the loan taken back, nothing written past it", what);
     const int64_t nrq = B * T * Hq, nrk = B * T * Hkv;
@@ -722,11 +722,11 @@ static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
         memcpy(s0[i], gr[i]->h, (size_t)gr[i]->n * 4);
     }
     g_cpu->attention_bwd(g_cpu, dq.h, dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h, B, T, Hq,
-                         Hkv, D, causal, 1);
+                         Hkv, D, causal, 1, NULL);
     ws_fill(ws, bb);
     g_gpu->att_ws = ws, g_gpu->att_ws_bytes = bb;
     g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
-                         Hkv, D, causal, 1);
+                         Hkv, D, causal, 1, NULL);
     check(!g_gpu->att_ws && !g_gpu->att_ws_bytes && ws_canary_ok(ws, bb),
           "tc attention_bwd %s: the loan taken back, nothing written past it", what);
     /* rows relative to themselves, at least to the mean row of the three increments */
@@ -749,7 +749,7 @@ static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
     ws_fill(ws, bb);
     g_gpu->att_ws = ws, g_gpu->att_ws_bytes = bb;
     g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T, Hq,
-                         Hkv, D, causal, 1);
+                         Hkv, D, causal, 1, NULL);
     int same = 1;
     for (int i = 0; i < 3; i++) {
         float *again = malloc((size_t)gr[i]->n * 4);

@@ -59,7 +59,7 @@ static void check_ops(tz_backend *be) {
     float *q = malloc((size_t)nq * 4), *k = malloc((size_t)nk * 4), *v = malloc((size_t)nk * 4);
     float *o1 = malloc((size_t)nq * 4), *o2 = malloc((size_t)nq * 4), *lse = malloc((size_t)(B * H * T) * 4);
     fill(q, nq, 3), fill(k, nk, 4), fill(v, nk, 5);
-    be->attention_fwd(be, o1, lse, q, k, v, B, T, H, Hkv, D, 1);
+    be->attention_fwd(be, o1, lse, q, k, v, B, T, H, Hkv, D, 1, NULL);
     be->attention_cache_fwd(be, o2, q, k, v, B, T, T, 0, H, Hkv, D);
     check(!memcmp(o1, o2, (size_t)nq * 4), "attention_cache_fwd(pos0 0, S = T) == attention_fwd");
     /* the last 4 queries of sequence 0 against a longer cache (capacity T + 3) */
