@@ -292,7 +292,12 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
     TAKE(m->gh, B * I, "g hidden"); TAKE(m->gs, B * I, "g silu");
     TAKE(m->ph, B * I, "pooled hidden"); TAKE(m->pss, B * I, "pooled silu");
     TAKE(m->temb, B * I, "conditioning"); TAKE(m->sc, B * I, "silu(conditioning)");
-    TAKE(m->hi, Bi * I, "image tokens"); TAKE(m->hc, Bc * I, "text tokens");
+    /* with one sample a stream's rows are a slice of the joint ones (flux_pass.c, text_rows):
+     * the streams' own buffers are left out */
+    const int own = B > 1;
+    if (a && !own)
+        m->hi = m->hc = m->yi = m->yc = m->dyi = m->dyc = m->dd = m->dvi = m->dvc = NULL;
+    if (own) { TAKE(m->hi, Bi * I, "image tokens"); TAKE(m->hc, Bc * I, "text tokens"); }
     /* on a device backend the bf16 streams live on the host, one on the device at a time */
     const int n_sets = tz_layer_stack_walk_ex(&m->stack, m->be, a, &total, L, m->o.checkpointing,
                                               m->o.forward_only, sizeof(tz_flux_acts), BT * I,
@@ -316,10 +321,13 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
          * memory (a block uses one kind's): the walk lays both from the same mark */
         const size_t t0 = total, m0 = a ? tz_arena_mark(a) : 0;
         if (dbl) {
-            ACT(modc, B * 6 * I); ACT(xi, Bi * I); ACT(xc, Bc * I); ACT(att, BT * I);
+            ACT(modc, B * 6 * I); ACT(att, BT * I);
+            if (x && !own) x->xi = x->xc = x->vc = x->atti = x->attc = NULL;
+            if (own) { ACT(xi, Bi * I); ACT(xc, Bc * I); }
             ACT(ln1c, Bc * I); ACT(mean1c, Bc); ACT(rstd1c, Bc); ACT(h1c, Bc * I);
-            ACT(qc, Bc * I); ACT(kc, Bc * I); ACT(vc, Bc * I); ACT(rqc, Bc * H); ACT(rkc, Bc * H);
-            ACT(atti, Bi * I); ACT(attc, Bc * I); ACT(aoi, Bi * I); ACT(aoc, Bc * I);
+            ACT(qc, Bc * I); ACT(kc, Bc * I); ACT(rqc, Bc * H); ACT(rkc, Bc * H);
+            if (own) { ACT(vc, Bc * I); ACT(atti, Bi * I); ACT(attc, Bc * I); }
+            ACT(aoi, Bi * I); ACT(aoc, Bc * I);
             ACT(x2i, Bi * I); ACT(x2c, Bc * I);
             ACT(ln2i, Bi * I); ACT(mean2i, Bi); ACT(rstd2i, Bi); ACT(h2i, Bi * I);
             ACT(ln2c, Bc * I); ACT(mean2c, Bc); ACT(rstd2c, Bc); ACT(h2c, Bc * I);
@@ -338,7 +346,7 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
             }
 #undef ACT
     }
-    TAKE(m->yi, Bi * I, "image output"); TAKE(m->yc, Bc * I, "text output");
+    if (own) { TAKE(m->yi, Bi * I, "image output"); TAKE(m->yc, Bc * I, "text output"); }
     TAKE(m->fx, Bi * I, "final input"); TAKE(m->fmod, B * 2 * I, "final modulation");
     TAKE(m->fmean, Bi, "final mean"); TAKE(m->frstd, Bi, "final rstd");
     TAKE(m->fln, Bi * I, "final norm"); TAKE(m->fh, Bi * I, "final modulated");
@@ -346,12 +354,15 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
     if (m->norm_out.a) TAKE(m->f_lh, B * r, "final adaLN lora");
     TAKE(m->wide1, BT * F, "wide scratch 1 (GELU output, its gradient)");
     if (!m->o.forward_only) {
-        TAKE(m->dres, BT * I, "dres"); TAKE(m->dyi, Bi * I, "dyi"); TAKE(m->dyc, Bc * I, "dyc");
+        TAKE(m->dres, BT * I, "dres");
+        if (own) { TAKE(m->dyi, Bi * I, "dyi"); TAKE(m->dyc, Bc * I, "dyc"); }
         TAKE(m->da, BT * I, "da"); TAKE(m->db, BT * I, "db");
-        TAKE(m->dc, BT * I, "dc"); TAKE(m->dd, BT * I, "dd");
+        TAKE(m->dc, BT * I, "dc");
+        if (own) TAKE(m->dd, BT * I, "dd");
         TAKE(m->dQ, BT * I, "dQ"); TAKE(m->dK, BT * I, "dK"); TAKE(m->dV, BT * I, "dV");
-        TAKE(m->dqi, BT * I, "dqi"); TAKE(m->dki, BT * I, "dki"); TAKE(m->dvi, BT * I, "dvi");
-        TAKE(m->dqc, Bc * I, "dqc"); TAKE(m->dkc, Bc * I, "dkc"); TAKE(m->dvc, Bc * I, "dvc");
+        TAKE(m->dqi, BT * I, "dqi"); TAKE(m->dki, BT * I, "dki");
+        TAKE(m->dqc, Bc * I, "dqc"); TAKE(m->dkc, Bc * I, "dkc");
+        if (own) { TAKE(m->dvi, BT * I, "dvi"); TAKE(m->dvc, Bc * I, "dvc"); }
         TAKE(m->datt, BT * I, "datt");
         TAKE(m->wide0, BT * (I + F), "wide scratch 0 (d[attention, MLP], dMLP hidden)");
         TAKE(m->dmodi, B * 6 * I, "dmodi"); TAKE(m->dmodc, B * 6 * I, "dmodc");

@@ -43,24 +43,38 @@ static void rope_table(float *cs, const tz_flux_dims *d, const float *txt_ids,
 
 /* ---- the two streams in the joint token order ---- */
 
-/* src [n, T, I] -> text rows c [n*Tt, I] and image rows i [n*Ti, I] */
+/* src [n, T, I] -> text rows c [n*Tt, I] and image rows i [n*Ti, I]; a stream that already
+ * is its slice of src (one sample: stream_rows) is not copied */
 static void split(tz_backend *be, float *c, float *i, const float *src, int64_t n, int64_t Tt,
                   int64_t Ti, int64_t I) {
     const int64_t T = Tt + Ti;
     for (int64_t b = 0; b < n; b++) {
-        if (c) be->copy2d(be, c + b * Tt * I, I, src + b * T * I, I, Tt, I);
-        if (i) be->copy2d(be, i + b * Ti * I, I, src + (b * T + Tt) * I, I, Ti, I);
+        if (c && c != src) be->copy2d(be, c + b * Tt * I, I, src + b * T * I, I, Tt, I);
+        if (i && i != src + Tt * I)
+            be->copy2d(be, i + b * Ti * I, I, src + (b * T + Tt) * I, I, Ti, I);
     }
 }
 
-/* text rows c and image rows i -> dst [n, T, I] */
+/* text rows c and image rows i -> dst [n, T, I], the same way */
 static void merge(tz_backend *be, float *dst, const float *c, const float *i, int64_t n,
                   int64_t Tt, int64_t Ti, int64_t I) {
     const int64_t T = Tt + Ti;
     for (int64_t b = 0; b < n; b++) {
-        be->copy2d(be, dst + b * T * I, I, c + b * Tt * I, I, Tt, I);
-        be->copy2d(be, dst + (b * T + Tt) * I, I, i + b * Ti * I, I, Ti, I);
+        if (c != dst) be->copy2d(be, dst + b * T * I, I, c + b * Tt * I, I, Tt, I);
+        if (i != dst + Tt * I)
+            be->copy2d(be, dst + (b * T + Tt) * I, I, i + b * Ti * I, I, Ti, I);
     }
+}
+
+/* Where a stream's rows of the joint tensor j [n, T, I] are worked on: with one sample they are
+ * a slice of j (the text's first, then the image's), used in place; else the stream's own
+ * buffer, which split fills and merge empties. (A slice is a stream's rows only for n = 1:
+ * with more samples each sample's text and image rows alternate.) */
+static float *text_rows(const tz_flux *m, const float *j, float *own) {
+    return m->n == 1 ? (float *)j : own;
+}
+static float *image_rows(const tz_flux *m, const float *j, float *own) {
+    return m->n == 1 ? (float *)j + m->Tt * tz_flux_inner(&m->d) : own;
 }
 
 /* Per-head RMSNorm of one stream's projection x [n*Ts, I] into its rows of the joint Q (or K)
@@ -126,35 +140,41 @@ static void double_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     const int64_t n = m->n, Ti = m->Ti, Tt = m->Tt, T = Ti + Tt, I = tz_flux_inner(d);
     const int64_t H = d->heads, D = d->head_dim, M = 6 * I, Bi = n * Ti, Bc = n * Tt;
     const tz_linear *L = blk->lin;
-    split(be, a->xc, a->xi, x, n, Tt, Ti, I);
+    /* the streams: the block input's rows (slices of it with one sample, copies else), the
+     * joint V and the attention's output likewise, and the outputs written into out */
+    float *xc = text_rows(m, x, a->xc), *xi = image_rows(m, x, a->xi);
+    float *vc = text_rows(m, a->V, a->vc), *vi = image_rows(m, a->V, a->vi);
+    float *attc = text_rows(m, a->att, a->attc), *atti = image_rows(m, a->att, a->atti);
+    float *yc = text_rows(m, out, m->yc), *yi_ = image_rows(m, out, m->yi);
+    split(be, xc, xi, x, n, Tt, Ti, I);
     tz_linear_fwd(be, &L[TZ_FLUX_NORM1], a->modi, a->lh[TZ_FLUX_NORM1], m->sc, n);
     tz_linear_fwd(be, &L[TZ_FLUX_NORM1C], a->modc, a->lh[TZ_FLUX_NORM1C], m->sc, n);
-    be->layernorm_fwd(be, a->ln1i, a->mean1i, a->rstd1i, a->xi, Bi, I, EPS);
+    be->layernorm_fwd(be, a->ln1i, a->mean1i, a->rstd1i, xi, Bi, I, EPS);
     be->modulate_fwd(be, a->h1i, a->ln1i, a->modi, a->modi + I, M, n, Ti, I);
-    be->layernorm_fwd(be, a->ln1c, a->mean1c, a->rstd1c, a->xc, Bc, I, EPS);
+    be->layernorm_fwd(be, a->ln1c, a->mean1c, a->rstd1c, xc, Bc, I, EPS);
     be->modulate_fwd(be, a->h1c, a->ln1c, a->modc, a->modc + I, M, n, Tt, I);
     /* each stream's q, k, v read one input: rotated (and rounded) once for the three */
     const tz_linear *qkvi[3] = {&L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V]};
     const tz_linear *qkvc[3] = {&L[TZ_FLUX_AQ], &L[TZ_FLUX_AK], &L[TZ_FLUX_AV]};
-    float *yi[3] = {a->qi, a->ki, a->vi}, *yc[3] = {a->qc, a->kc, a->vc};
-    tz_linear_fwd_shared(be, qkvi, yi, a->lh + TZ_FLUX_Q, 3, a->h1i, Bi);
-    tz_linear_fwd_shared(be, qkvc, yc, a->lh + TZ_FLUX_AQ, 3, a->h1c, Bc);
+    float *pi[3] = {a->qi, a->ki, vi}, *pc[3] = {a->qc, a->kc, vc};
+    tz_linear_fwd_shared(be, qkvi, pi, a->lh + TZ_FLUX_Q, 3, a->h1i, Bi);
+    tz_linear_fwd_shared(be, qkvc, pc, a->lh + TZ_FLUX_AQ, 3, a->h1c, Bc);
     rms_into(be, a->Q, a->rqc, a->qc, blk->naq, n, Tt, 0, T, H, D);
     rms_into(be, a->Q, a->rqi, a->qi, blk->nq, n, Ti, Tt, T, H, D);
     rms_into(be, a->K, a->rkc, a->kc, blk->nak, n, Tt, 0, T, H, D);
     rms_into(be, a->K, a->rki, a->ki, blk->nk, n, Ti, Tt, T, H, D);
-    merge(be, a->V, a->vc, a->vi, n, Tt, Ti, I);
+    merge(be, a->V, vc, vi, n, Tt, Ti, I);
     attend(m, a, a->V, a->att, 0, n, T);
-    split(be, a->attc, a->atti, a->att, n, Tt, Ti, I);
-    tz_linear_fwd(be, &L[TZ_FLUX_OUT], a->aoi, a->lh[TZ_FLUX_OUT], a->atti, Bi);
-    tz_linear_fwd(be, &L[TZ_FLUX_AOUT], a->aoc, a->lh[TZ_FLUX_AOUT], a->attc, Bc);
+    split(be, attc, atti, a->att, n, Tt, Ti, I);
+    tz_linear_fwd(be, &L[TZ_FLUX_OUT], a->aoi, a->lh[TZ_FLUX_OUT], atti, Bi);
+    tz_linear_fwd(be, &L[TZ_FLUX_AOUT], a->aoc, a->lh[TZ_FLUX_AOUT], attc, Bc);
     stream_mlp_fwd(m, &L[TZ_FLUX_FF1], &L[TZ_FLUX_FF2], &a->lh[TZ_FLUX_FF1], &a->lh[TZ_FLUX_FF2],
-                   a->modi, a->xi, a->aoi, a->x2i, a->ln2i, a->mean2i, a->rstd2i, a->h2i, a->fi,
-                   a->moi, m->yi, Ti);
+                   a->modi, xi, a->aoi, a->x2i, a->ln2i, a->mean2i, a->rstd2i, a->h2i, a->fi,
+                   a->moi, yi_, Ti);
     stream_mlp_fwd(m, &L[TZ_FLUX_CFF1], &L[TZ_FLUX_CFF2], &a->lh[TZ_FLUX_CFF1],
-                   &a->lh[TZ_FLUX_CFF2], a->modc, a->xc, a->aoc, a->x2c, a->ln2c, a->mean2c,
-                   a->rstd2c, a->h2c, a->fc, a->moc, m->yc, Tt);
-    merge(be, out, m->yc, m->yi, n, Tt, Ti, I);
+                   &a->lh[TZ_FLUX_CFF2], a->modc, xc, a->aoc, a->x2c, a->ln2c, a->mean2c,
+                   a->rstd2c, a->h2c, a->fc, a->moc, yc, Tt);
+    merge(be, out, yc, yi_, n, Tt, Ti, I);
 }
 
 static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, const float *x,
@@ -222,10 +242,12 @@ void tz_flux_forward(tz_flux *m, const tz_flux_batch *in) {
      * weights as the pass reaches them (the optimizer's uploads of later blocks may still be
      * on their way) */
     tz_params_weights_needed(&m->params, (int)L + 1);
-    tz_linear_fwd(be, &m->x_emb, m->hi, NULL, m->xt, Bi);
-    tz_linear_fwd(be, &m->ctx_emb, m->hc, NULL, m->txt, Bc);
     tz_layer_stack *st = &m->stack;
-    merge(be, tz_layer_stack_out(st, 0), m->hc, m->hi, n, Tt, Ti, I);
+    float *h0 = tz_layer_stack_out(st, 0);
+    float *hc = text_rows(m, h0, m->hc), *hi = image_rows(m, h0, m->hi);
+    tz_linear_fwd(be, &m->x_emb, hi, NULL, m->xt, Bi);
+    tz_linear_fwd(be, &m->ctx_emb, hc, NULL, m->txt, Bc);
+    merge(be, h0, hc, hi, n, Tt, Ti, I);
     tz_layer_stack_put(st, be, 0);
     /* conditioning: timestep + guidance + pooled text; every adaLN reads silu of it */
     embed(m, &m->t1, &m->t2, m->tfeat, m->th, m->ts, m->temb, 0);
@@ -339,42 +361,49 @@ static void attend_bwd(tz_flux *m, tz_flux_acts *a, const float *V, const float 
     be->rope_pairs_bwd(be, m->dK, n, T, H, D, m->cs);
 }
 
-/* m->dres: dL/d(block output) on entry, dL/d(block input) on return. */
-static void double_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a) {
+/* m->dres: dL/d(block output) on entry, dL/d(block input) on return; x: the block's input. */
+static void double_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, const float *x) {
     tz_backend *be = m->be;
     const tz_flux_dims *d = &m->d;
     const int64_t n = m->n, Ti = m->Ti, Tt = m->Tt, T = Ti + Tt, I = tz_flux_inner(d);
     const int64_t H = d->heads, D = d->head_dim, M = 6 * I;
     const tz_linear *L = blk->lin;
-    split(be, m->dyc, m->dyi, m->dres, n, Tt, Ti, I);
+    /* the streams' rows as the forward took them (text_rows, image_rows), and their
+     * gradients in dres, datt and dV likewise: in place with one sample */
+    const float *xc = text_rows(m, x, a->xc), *xi = image_rows(m, x, a->xi);
+    const float *attc = text_rows(m, a->att, a->attc), *atti = image_rows(m, a->att, a->atti);
+    float *dyc = text_rows(m, m->dres, m->dyc), *dyi = image_rows(m, m->dres, m->dyi);
+    float *dattc = text_rows(m, m->datt, m->dqc), *datti = image_rows(m, m->datt, m->dd);
+    float *dvc = text_rows(m, m->dV, m->dvc), *dvi = image_rows(m, m->dV, m->dvi);
+    split(be, dyc, dyi, m->dres, n, Tt, Ti, I);
     be->fill(be, m->dmodi, 0.0f, n * M);
     be->fill(be, m->dmodc, 0.0f, n * M);
     stream_mlp_bwd(m, &L[TZ_FLUX_FF1], &L[TZ_FLUX_FF2], &L[TZ_FLUX_OUT], &a->lh[TZ_FLUX_FF1],
-                   &a->lh[TZ_FLUX_FF2], &a->lh[TZ_FLUX_OUT], a->modi, m->dmodi, m->dyi, a->atti,
-                   a->aoi, a->x2i, a->ln2i, a->mean2i, a->rstd2i, a->h2i, a->fi, a->moi, m->dd,
+                   &a->lh[TZ_FLUX_FF2], &a->lh[TZ_FLUX_OUT], a->modi, m->dmodi, dyi, atti,
+                   a->aoi, a->x2i, a->ln2i, a->mean2i, a->rstd2i, a->h2i, a->fi, a->moi, datti,
                    Ti);
     stream_mlp_bwd(m, &L[TZ_FLUX_CFF1], &L[TZ_FLUX_CFF2], &L[TZ_FLUX_AOUT],
                    &a->lh[TZ_FLUX_CFF1], &a->lh[TZ_FLUX_CFF2], &a->lh[TZ_FLUX_AOUT], a->modc,
-                   m->dmodc, m->dyc, a->attc, a->aoc, a->x2c, a->ln2c, a->mean2c, a->rstd2c,
-                   a->h2c, a->fc, a->moc, m->dqc, Tt);
-    merge(be, m->datt, m->dqc, m->dd, n, Tt, Ti, I);
+                   m->dmodc, dyc, attc, a->aoc, a->x2c, a->ln2c, a->mean2c, a->rstd2c,
+                   a->h2c, a->fc, a->moc, dattc, Tt);
+    merge(be, m->datt, dattc, datti, n, Tt, Ti, I);
     attend_bwd(m, a, a->V, a->att, m->datt, 0, n, T);
-    split(be, m->dvc, m->dvi, m->dV, n, Tt, Ti, I);
+    split(be, dvc, dvi, m->dV, n, Tt, Ti, I);
     rms_back(be, m->dqc, m->dQ, a->qc, a->rqc, blk->naq, n, Tt, 0, T, H, D);
     rms_back(be, m->dqi, m->dQ, a->qi, a->rqi, blk->nq, n, Ti, Tt, T, H, D);
     rms_back(be, m->dkc, m->dK, a->kc, a->rkc, blk->nak, n, Tt, 0, T, H, D);
     rms_back(be, m->dki, m->dK, a->ki, a->rki, blk->nk, n, Ti, Tt, T, H, D);
     stream_in_bwd(m, &L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V], &a->lh[TZ_FLUX_Q],
-                  &a->lh[TZ_FLUX_K], &a->lh[TZ_FLUX_V], m->dqi, m->dki, m->dvi, a->h1i, a->ln1i,
-                  a->mean1i, a->rstd1i, a->xi, a->modi, m->dmodi, m->dyi, Ti);
+                  &a->lh[TZ_FLUX_K], &a->lh[TZ_FLUX_V], m->dqi, m->dki, dvi, a->h1i, a->ln1i,
+                  a->mean1i, a->rstd1i, xi, a->modi, m->dmodi, dyi, Ti);
     stream_in_bwd(m, &L[TZ_FLUX_AQ], &L[TZ_FLUX_AK], &L[TZ_FLUX_AV], &a->lh[TZ_FLUX_AQ],
-                  &a->lh[TZ_FLUX_AK], &a->lh[TZ_FLUX_AV], m->dqc, m->dkc, m->dvc, a->h1c,
-                  a->ln1c, a->mean1c, a->rstd1c, a->xc, a->modc, m->dmodc, m->dyc, Tt);
+                  &a->lh[TZ_FLUX_AK], &a->lh[TZ_FLUX_AV], m->dqc, m->dkc, dvc, a->h1c,
+                  a->ln1c, a->mean1c, a->rstd1c, xc, a->modc, m->dmodc, dyc, Tt);
     float *dsc = m->cond_trainable ? m->dsc : NULL;
     tz_linear_bwd(be, &L[TZ_FLUX_NORM1], dsc, m->dmodi, m->sc, a->lh[TZ_FLUX_NORM1], m->dlora, n);
     tz_linear_bwd(be, &L[TZ_FLUX_NORM1C], dsc, m->dmodc, m->sc, a->lh[TZ_FLUX_NORM1C], m->dlora,
                   n);
-    merge(be, m->dres, m->dyc, m->dyi, n, Tt, Ti, I);
+    merge(be, m->dres, dyc, dyi, n, Tt, Ti, I);
 }
 
 static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, const float *x) {
@@ -440,11 +469,14 @@ double tz_flux_forward_backward(tz_flux *m, const tz_flux_batch *in, const float
     tz_linear_bwd_set(be, &m->proj_out, m->da, m->dpred, m->fh, NULL, m->dlora, Bi);
     be->fill(be, m->dmodi, 0.0f, n * 2 * I);
     be->modulate_bwd(be, m->db, m->dmodi + I, m->dmodi, m->da, m->fln, m->fmod, 2 * I, n, Ti, I, 0);
-    be->fill(be, m->dyi, 0.0f, Bi * I);
-    be->layernorm_bwd(be, m->dyi, m->db, m->fx, m->fmean, m->frstd, Bi, I);
+    /* dres: 0 on the text rows, the final layer's dx on the image rows (added into zeros) */
+    float *dfx = image_rows(m, m->dres, m->dyi);
     be->fill(be, m->dres, 0.0f, n * T * I);
-    for (int64_t b = 0; b < n; b++)
-        be->copy2d(be, m->dres + (b * T + Tt) * I, I, m->dyi + b * Ti * I, I, Ti, I);
+    if (dfx == m->dyi) be->fill(be, m->dyi, 0.0f, Bi * I);
+    be->layernorm_bwd(be, dfx, m->db, m->fx, m->fmean, m->frstd, Bi, I);
+    if (dfx == m->dyi)
+        for (int64_t b = 0; b < n; b++)
+            be->copy2d(be, m->dres + (b * T + Tt) * I, I, m->dyi + b * Ti * I, I, Ti, I);
     be->fill(be, m->dsc, 0.0f, n * I);
     tz_linear_bwd(be, &m->norm_out, m->cond_trainable ? m->dsc : NULL, m->dmodi, m->sc, m->f_lh,
                   m->dlora, n);
@@ -453,15 +485,16 @@ double tz_flux_forward_backward(tz_flux *m, const tz_flux_batch *in, const float
         const float *x = tz_layer_stack_in(&m->stack, be, k);
         tz_wstream_use(&m->ws, k, k - 1);
         if (tz_layer_stack_recompute(&m->stack, k)) block_fwd(m, k, x, m->dc);
-        if (k < d->layers) double_bwd(m, &m->blocks[k], acts_of(m, k));
+        if (k < d->layers) double_bwd(m, &m->blocks[k], acts_of(m, k), x);
         else single_bwd(m, &m->blocks[k], acts_of(m, k), x);
         tz_wstream_done(&m->ws, k);
         tz_params_stage_done(&m->params, (int)(L - k));
     }
     /* the embedders */
-    split(be, m->dyc, m->dyi, m->dres, n, Tt, Ti, I);
-    tz_linear_bwd(be, &m->x_emb, NULL, m->dyi, m->xt, NULL, m->dlora, Bi);
-    tz_linear_bwd(be, &m->ctx_emb, NULL, m->dyc, m->txt, NULL, m->dlora, Bc);
+    float *dyc = text_rows(m, m->dres, m->dyc), *dyi = image_rows(m, m->dres, m->dyi);
+    split(be, dyc, dyi, m->dres, n, Tt, Ti, I);
+    tz_linear_bwd(be, &m->x_emb, NULL, dyi, m->xt, NULL, m->dlora, Bi);
+    tz_linear_bwd(be, &m->ctx_emb, NULL, dyc, m->txt, NULL, m->dlora, Bc);
     if (m->cond_trainable) {
         be->silu_bwd(be, m->dtemb, m->dsc, m->temb, n * I, 0);
         embed_bwd(m, &m->t1, &m->t2, m->tfeat, m->th, m->ts, m->dtemb);

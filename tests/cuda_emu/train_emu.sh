@@ -9,7 +9,8 @@
 #  2. a DiT pre-training run (init-model --preset tiny on Fashion-MNIST images, skipped when the
 #     dataset is not installed): patchify, adaLN modulate/gate, LayerNorm, GELU, MSE;
 #  3. a Flux LoRA run on a 4-bit base (init-model --preset flux-tiny, latents from
-#     tests/flux/make_cache.py; skipped without python3-h5py): the joint blocks, RoPE tables.
+#     tests/flux/make_cache.py; skipped without python3-h5py): the joint blocks, RoPE tables;
+#     again with one sample per step and checkpointing (the streams as slices of the joint rows).
 #     Its AdamW has eps = 1e-4: LoRA's B starts at zero, and the first steps' updates
 #     -lr g / (|g| + eps) of B's elements whose gradient is near zero by cancellation turn the
 #     rounding of g into differences of order lr. With the default eps (1e-8) the adapters
@@ -124,6 +125,12 @@ zero = { bucket_mb = 0.01; };
 CFG
   for dev in cpu cuda; do run flux-$dev $dev "$work/flux.cfg"; done
   compare "Flux LoRA on a 4-bit base" "$work/flux-cpu" "$work/flux-cuda" \
+    adapter/adapter_model.safetensors 3
+  # one sample per step, checkpointed: the streams worked on in place as slices of the joint
+  # rows (no split, no merge), the residual streams kept on the host
+  sed -e 's/micro_batch = 2;/micro_batch = 1; checkpointing = true;/' "$work/flux.cfg" > "$work/flux1.cfg"
+  for dev in cpu cuda; do run flux1-$dev $dev "$work/flux1.cfg"; done
+  compare "Flux LoRA, one sample per step, checkpointing" "$work/flux1-cpu" "$work/flux1-cuda" \
     adapter/adapter_model.safetensors 3
 else
   echo "skip Flux: python3-h5py is not installed"

@@ -33,5 +33,7 @@ check "1 double + 3 single blocks, no guidance, 3 heads of 8, B 3, 2 text + 2x5 
   "--batch 3 --txt 2 --grid 2,5" ""
 check "the first model with checkpointing" "" "" "--ckpt 1"
 check "double blocks only" "--layers 2 --single 0" "--batch 1 --txt 3 --grid 2,2" ""
+check "the first model, one sample, checkpointing (streams as slices of the joint rows)" "" \
+  "--batch 1" "--ckpt 1"
 echo "flux_ref: $pass passed, $fail failed"
 [ $fail -eq 0 ]
