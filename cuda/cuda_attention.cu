@@ -16,6 +16,8 @@
  * on tensor cores", "Flash attention on the tensor cores", under "The CUDA backend"). */
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda/cuda_internal.cuh"
 #include "cuda/cuda_mma.cuh"
@@ -630,18 +632,21 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
 #define FQT 32  /* query rows per shared tile of dk/dv */
 #define FA_THREADS 128
 
-/* Rows [r0, r0 + n) of head h of x (rows at stride ld) into dst[n][DP + 8] as bf16, zeros past T and
+/* The staging helpers take x at one (sequence, head): x + at(b, 0, h, T, ld, D), row t at
+ * x + t ld (the kernels compute the base once, outside their loops). */
+
+/* Rows [r0, r0 + n) of x (rows at stride ld) into dst[n][DP + 8] as bf16, zeros past T and
  * D (the 8 bf16 of padding per row spread a warp's 32-bit reads of 8 rows over the banks). */
 template <int DP>
-__device__ void fa_stage(uint16_t *dst, const float *x, int64_t b, int64_t r0, int n,
-                         int64_t h, int64_t T, int64_t ld, int64_t D) {
+__device__ void fa_stage(uint16_t *dst, const float *x, int64_t r0, int n, int64_t T,
+                         int64_t ld, int64_t D) {
     constexpr int LD = DP + 8;
     for (int e = threadIdx.x; e < n * (DP / 2); e += blockDim.x) {
         const int j = e / (DP / 2), d = 2 * (e % (DP / 2));
         const int64_t t = r0 + j;
         float lo = 0.0f, hi = 0.0f;
         if (t < T) {
-            const float *row = x + at(b, t, h, T, ld, D);
+            const float *row = x + t * ld;
             if (d < D) lo = row[d];
             if (d + 1 < D) hi = row[d + 1];
         }
@@ -655,8 +660,8 @@ __device__ void fa_stage(uint16_t *dst, const float *x, int64_t b, int64_t r0, i
  * took 1,940 us a 7B forward on an H200, this 653; docs/benchmarks.md). Rows past T and
  * columns past D are zeros, as in fa_stage. */
 template <int DP, int N>
-__device__ void fa_stage4(uint16_t *dst, const float *x, int64_t b, int64_t r0, int64_t h,
-                          int64_t T, int64_t ld, int64_t D) {
+__device__ void fa_stage4(uint16_t *dst, const float *x, int64_t r0, int64_t T, int64_t ld,
+                          int64_t D) {
     constexpr int LD = DP + 8, C4 = DP / 4, PER = N * C4 / FA_THREADS;
     constexpr int NB = PER <= 8 ? PER : PER % 8 == 0 ? 8 : PER % 5 == 0 ? 5 : PER % 4 == 0 ? 4 : 1;
     static_assert(N * C4 % FA_THREADS == 0 && PER % NB == 0, "fa_stage4: slots per thread");
@@ -668,7 +673,7 @@ __device__ void fa_stage4(uint16_t *dst, const float *x, int64_t b, int64_t r0, 
             const int e = (int)threadIdx.x + (g0 + i) * FA_THREADS, j = e / C4, d = 4 * (e % C4);
             const int64_t t = r0 + j;
             v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (t < T && d < D) v[i] = *(const float4 *)(x + at(b, t, h, T, ld, D) + d);
+            if (t < T && d < D) v[i] = *(const float4 *)(x + t * ld + d);
         }
 #pragma unroll
         for (int i = 0; i < NB; i++) {
@@ -680,18 +685,18 @@ __device__ void fa_stage4(uint16_t *dst, const float *x, int64_t b, int64_t r0, 
 }
 /* A tile of N rows: vectorised where the shape allows. */
 template <int DP, int N>
-__device__ __forceinline__ void fa_tile(uint16_t *dst, const float *x, int64_t b, int64_t r0,
-                                        int64_t h, int64_t T, int64_t ld, int64_t D, int vec4) {
-    if (vec4) fa_stage4<DP, N>(dst, x, b, r0, h, T, ld, D);
-    else fa_stage<DP>(dst, x, b, r0, N, h, T, ld, D);
+__device__ __forceinline__ void fa_tile(uint16_t *dst, const float *x, int64_t r0, int64_t T,
+                                        int64_t ld, int64_t D, int vec4) {
+    if (vec4) fa_stage4<DP, N>(dst, x, r0, T, ld, D);
+    else fa_stage<DP>(dst, x, r0, N, T, ld, D);
 }
 
-/* The A fragments of rows rows[0] (g) and rows[1] (g + 8) of head h of x (rows at stride ld), KS
+/* The A fragments of rows rows[0] (g) and rows[1] (g + 8) of x (rows at stride ld), KS
  * steps of 16 columns, rounded to bf16; zeros past T and D. */
 template <int KS>
-__device__ __forceinline__ void fa_load_a(uint32_t a[KS][4], const float *x, int64_t b,
-                                          const int64_t rows[2], int64_t h, int64_t T,
-                                          int64_t ld, int64_t D) {
+__device__ __forceinline__ void fa_load_a(uint32_t a[KS][4], const float *x,
+                                          const int64_t rows[2], int64_t T, int64_t ld,
+                                          int64_t D) {
     const int t4 = threadIdx.x & 3;
 #pragma unroll
     for (int kk = 0; kk < KS; kk++)
@@ -700,7 +705,7 @@ __device__ __forceinline__ void fa_load_a(uint32_t a[KS][4], const float *x, int
             const int64_t t = rows[i & 1], d = kk * 16 + 2 * t4 + (i & 2 ? 8 : 0);
             float lo = 0.0f, hi = 0.0f;
             if (t < T) {
-                const float *row = x + at(b, t, h, T, ld, D);
+                const float *row = x + t * ld;
                 if (d < D) lo = row[d];
                 if (d + 1 < D) hi = row[d + 1];
             }
@@ -709,30 +714,46 @@ __device__ __forceinline__ void fa_load_a(uint32_t a[KS][4], const float *x, int
 }
 
 /* C[NT][4] (+)= A B^T over DP columns: B's rows are rows n*8 + g of the staged tile s (the
- * "col" B fragment of an [n][k] row-major tile is two adjacent bf16: one 32-bit read). */
-template <int DP, int NT>
+ * "col" B fragment of an [n][k] row-major tile is two adjacent bf16: one 32-bit read). LDM:
+ * the B fragments of two n-tiles by one ldmatrix.x4 (tz_ldmatrix_x4, cuda_mma.cuh: lane
+ * 8j + i addresses row (nt + j/2) * 8 + i, columns kk * 16 + (j % 2) * 8), else by 32-bit
+ * reads; the same values and the same products in the same order either way. */
+template <int DP, int NT, bool LDM>
 __device__ __forceinline__ void fa_mma_abt(float c[NT][4], const uint32_t a[DP / 16][4],
                                            const uint16_t *s) {
     constexpr int LD = DP + 8;
-    const int g = (threadIdx.x & 31) >> 2, t4 = threadIdx.x & 3;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int kk = 0; kk < DP / 16; kk++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const uint16_t *p = s + (nt * 8 + g) * LD + kk * 16 + 2 * t4;
-            const uint32_t bf[2] = {*(const uint32_t *)p, *(const uint32_t *)(p + 8)};
-            tz_mma_bf16_16816(c[nt], a[kk], bf);
+        for (int nt = 0; nt < NT; nt += 2) {
+            uint32_t b[4];
+            if (LDM) {
+                const int j = lane >> 3, i = lane & 7;
+                tz_ldmatrix_x4<false>(b, s + ((nt + (j >> 1)) * 8 + i) * LD + kk * 16 + (j & 1) * 8);
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint16_t *p = s + ((nt + h) * 8 + g) * LD + kk * 16 + 2 * t4;
+                    b[2 * h] = *(const uint32_t *)p;
+                    b[2 * h + 1] = *(const uint32_t *)(p + 8);
+                }
+            }
+            tz_mma_bf16_16816(c[nt], a[kk], b);
+            tz_mma_bf16_16816(c[nt + 1], a[kk], b + 2);
         }
 }
 
 /* C[DP/8][4] += P s over KT = 2 * NT rows of the staged tile s [KT][DP], P the fp32 C
  * fragments p[NT][4] of a 16 x KT product rounded to bf16 into A fragments (C tiles 2kk and
- * 2kk + 1 are A step kk). B[k][n] = s[k][n]: two bf16 of adjacent rows, two 16-bit reads. */
-template <int DP, int NT>
+ * 2kk + 1 are A step kk). B[k][n] = s[k][n]: two bf16 of adjacent rows, two 16-bit reads;
+ * LDM: two n-tiles' B fragments by one ldmatrix.x4.trans (lane 8j + i addresses row
+ * kk * 16 + (j % 2) * 8 + i, columns (dn + j/2) * 8), the same values either way. */
+template <int DP, int NT, bool LDM>
 __device__ __forceinline__ void fa_mma_ps(float c[DP / 8][4], const float p[NT][4],
                                           const uint16_t *s) {
     constexpr int LD = DP + 8;
-    const int g = (threadIdx.x & 31) >> 2, t4 = threadIdx.x & 3;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
         const uint32_t a[4] = {tz_pack_bf16(p[2 * kk][0], p[2 * kk][1]),
@@ -741,10 +762,21 @@ __device__ __forceinline__ void fa_mma_ps(float c[DP / 8][4], const float p[NT][
                                tz_pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
         const uint16_t *r = s + (kk * 16 + 2 * t4) * LD + g;
 #pragma unroll
-        for (int dn = 0; dn < DP / 8; dn++) {
-            const uint16_t *q = r + dn * 8;
-            const uint32_t bf[2] = {tz_pack_u16(q[0], q[LD]), tz_pack_u16(q[8 * LD], q[9 * LD])};
-            tz_mma_bf16_16816(c[dn], a, bf);
+        for (int dn = 0; dn < DP / 8; dn += 2) {
+            uint32_t b[4];
+            if (LDM) {
+                const int j = lane >> 3, i = lane & 7;
+                tz_ldmatrix_x4<true>(b, s + (kk * 16 + (j & 1) * 8 + i) * LD + (dn + (j >> 1)) * 8);
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint16_t *q = r + (dn + h) * 8;
+                    b[2 * h] = tz_pack_u16(q[0], q[LD]);
+                    b[2 * h + 1] = tz_pack_u16(q[8 * LD], q[9 * LD]);
+                }
+            }
+            tz_mma_bf16_16816(c[dn], a, b);
+            tz_mma_bf16_16816(c[dn + 1], a, b + 2);
         }
     }
 }
@@ -760,7 +792,7 @@ __device__ __forceinline__ float fa_quad_max(float v) {
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-template <int DP>
+template <int DP, bool LDM>
 __global__ void __launch_bounds__(FA_THREADS)
     k_fa_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
              att_shape sh) {
@@ -772,20 +804,21 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t q0 = (int64_t)blockIdx.x * FQ;
     const int64_t rows[2] = {q0 + w * 16 + (lane >> 2), q0 + w * 16 + (lane >> 2) + 8};
     uint32_t qa[KS][4];
-    fa_load_a<KS>(qa, q, b, rows, h, T, sh.ldq, D);
+    const float *kb = k + at(b, 0, kvh, T, sh.ldkv, D), *vb = v + at(b, 0, kvh, T, sh.ldkv, D);
+    fa_load_a<KS>(qa, q + at(b, 0, h, T, sh.ldq, D), rows, T, sh.ldq, D);
     float o[DN][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int dn = 0; dn < DN; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
     const int64_t nkeys = sh.causal ? (q0 + FQ < T ? q0 + FQ : T) : T;
     for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
         __syncthreads(); /* the previous tiles are no longer read */
-        fa_tile<DP, FK>(Ks, k, b, s0, kvh, T, sh.ldkv, D, sh.vec4);
-        fa_tile<DP, FK>(Vs, v, b, s0, kvh, T, sh.ldkv, D, sh.vec4);
+        fa_tile<DP, FK>(Ks, kb, s0, T, sh.ldkv, D, sh.vec4);
+        fa_tile<DP, FK>(Vs, vb, s0, T, sh.ldkv, D, sh.vec4);
         __syncthreads();
         float s[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-        fa_mma_abt<DP, NT>(s, qa, Ks);
+        fa_mma_abt<DP, NT, LDM>(s, qa, Ks);
         float mx[2] = {m[0], m[1]};
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -816,7 +849,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         for (int dn = 0; dn < DN; dn++)
 #pragma unroll
             for (int i = 0; i < 4; i++) o[dn][i] *= corr[i >> 1];
-        fa_mma_ps<DP, NT>(o, s, Vs);
+        fa_mma_ps<DP, NT, LDM>(o, s, Vs);
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) l[r] = fa_quad_sum(l[r]);
@@ -838,7 +871,7 @@ __global__ void __launch_bounds__(FA_THREADS)
 }
 
 /* dq[t] += scale sum_s P_ts (dP_ts - delta_t) k_s, P = exp(scale q.k - lse), dP = dO . v. */
-template <int DP>
+template <int DP, bool LDM>
 __global__ void __launch_bounds__(FA_THREADS)
     k_fa_dq(float *dq, const float *dout, const float *lse, const float *delta, const float *q,
             const float *k, const float *v, att_shape sh) {
@@ -850,8 +883,9 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t q0 = (int64_t)blockIdx.x * FQ;
     const int64_t rows[2] = {q0 + w * 16 + (lane >> 2), q0 + w * 16 + (lane >> 2) + 8};
     uint32_t qa[KS][4], ga[KS][4];
-    fa_load_a<KS>(qa, q, b, rows, h, T, sh.ldq, D);
-    fa_load_a<KS>(ga, dout, b, rows, h, T, sh.ldo, D);
+    const float *kb = k + at(b, 0, kvh, T, sh.ldkv, D), *vb = v + at(b, 0, kvh, T, sh.ldkv, D);
+    fa_load_a<KS>(qa, q + at(b, 0, h, T, sh.ldq, D), rows, T, sh.ldq, D);
+    fa_load_a<KS>(ga, dout + at(b, 0, h, T, sh.ldo, D), rows, T, sh.ldo, D);
     float lr[2], dl[2], acc[DN][4];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -864,26 +898,35 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t nkeys = sh.causal ? (q0 + FQ < T ? q0 + FQ : T) : T;
     for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
         __syncthreads();
-        fa_tile<DP, FK>(Ks, k, b, s0, kvh, T, sh.ldkv, D, sh.vec4);
-        fa_tile<DP, FK>(Vs, v, b, s0, kvh, T, sh.ldkv, D, sh.vec4);
+        fa_tile<DP, FK>(Ks, kb, s0, T, sh.ldkv, D, sh.vec4);
+        fa_tile<DP, FK>(Vs, vb, s0, T, sh.ldkv, D, sh.vec4);
         __syncthreads();
-        float s[NT][4], dp[NT][4];
+        /* the tile's keys in two halves (HT n-tiles of S and dP at a time: 32 registers
+         * fewer than the whole tile's, which at D = 128 spilled), each half's dS K added onto
+         * acc in the order of the keys, as the whole tile's would be */
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int half = 0; half < 2; half++) {
+            constexpr int HT = NT / 2;
+            const uint16_t *kh = Ks + half * (FK / 2) * LD, *vh = Vs + half * (FK / 2) * LD;
+            float s[HT][4], dp[HT][4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.0f;
-        fa_mma_abt<DP, NT>(s, qa, Ks);
-        fa_mma_abt<DP, NT>(dp, ga, Vs);
+            for (int nt = 0; nt < HT; nt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+                for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.0f;
+            fa_mma_abt<DP, HT, LDM>(s, qa, kh);
+            fa_mma_abt<DP, HT, LDM>(dp, ga, vh);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int64_t key = s0 + nt * 8 + 2 * t4 + (i & 1), t = rows[i >> 1];
-                const bool valid = visible(sh, t, key);
-                const float p = valid ? expf(sh.scale * s[nt][i] - lr[i >> 1]) : 0.0f;
-                s[nt][i] = p * (dp[nt][i] - dl[i >> 1]); /* dS */
-            }
-        fa_mma_ps<DP, NT>(acc, s, Ks);
+            for (int nt = 0; nt < HT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int64_t key = s0 + half * (FK / 2) + nt * 8 + 2 * t4 + (i & 1);
+                    const int64_t t = rows[i >> 1];
+                    const bool valid = visible(sh, t, key);
+                    const float p = valid ? expf(sh.scale * s[nt][i] - lr[i >> 1]) : 0.0f;
+                    s[nt][i] = p * (dp[nt][i] - dl[i >> 1]); /* dS */
+                }
+            fa_mma_ps<DP, HT, LDM>(acc, s, kh);
+        }
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -900,7 +943,7 @@ __global__ void __launch_bounds__(FA_THREADS)
 }
 
 /* dv[s] += sum_{h in group, t} P_ts dO_t;  dk[s] += scale sum P_ts (dP_ts - delta_t) q_t. */
-template <int DP>
+template <int DP, bool LDM>
 __global__ void __launch_bounds__(FA_THREADS)
     k_fa_dkv(float *dk, float *dv, const float *dout, const float *lse, const float *delta,
              const float *q, const float *k, const float *v, att_shape sh) {
@@ -913,8 +956,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t k0 = (int64_t)blockIdx.x * FKV;
     const int64_t keys[2] = {k0 + w * 16 + (lane >> 2), k0 + w * 16 + (lane >> 2) + 8};
     uint32_t ka[KS][4], va[KS][4];
-    fa_load_a<KS>(ka, k, b, keys, kvh, T, sh.ldkv, D);
-    fa_load_a<KS>(va, v, b, keys, kvh, T, sh.ldkv, D);
+    fa_load_a<KS>(ka, k + at(b, 0, kvh, T, sh.ldkv, D), keys, T, sh.ldkv, D);
+    fa_load_a<KS>(va, v + at(b, 0, kvh, T, sh.ldkv, D), keys, T, sh.ldkv, D);
     float ak[DN][4], av[DN][4];
 #pragma unroll
     for (int dn = 0; dn < DN; dn++)
@@ -927,34 +970,41 @@ __global__ void __launch_bounds__(FA_THREADS)
         const float *lr = lse + (b * sh.Hq + h) * T, *dr = delta + (b * sh.Hq + h) * T;
         for (int64_t t0 = tq0; t0 < T; t0 += FQT) {
             __syncthreads();
-            fa_tile<DP, FQT>(Qs, q, b, t0, h, T, sh.ldq, D, sh.vec4);
-            fa_tile<DP, FQT>(Gs, dout, b, t0, h, T, sh.ldo, D, sh.vec4);
+            fa_tile<DP, FQT>(Qs, q + at(b, 0, h, T, sh.ldq, D), t0, T, sh.ldq, D, sh.vec4);
+            fa_tile<DP, FQT>(Gs, dout + at(b, 0, h, T, sh.ldo, D), t0, T, sh.ldo, D, sh.vec4);
             if (threadIdx.x < FQT) {
                 const int64_t t = t0 + threadIdx.x;
                 Ls[threadIdx.x] = t < T ? lr[t] : 0.0f;
                 Ds[threadIdx.x] = t < T ? dr[t] : 0.0f;
             }
             __syncthreads();
-            float s[NT][4], dp[NT][4];
+            /* the tile's queries in two halves (as k_fa_dq's keys: fewer registers live, the
+             * same sums in the same order) */
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int half = 0; half < 2; half++) {
+                constexpr int HT = NT / 2;
+                const uint16_t *qh = Qs + half * (FQT / 2) * LD, *gh = Gs + half * (FQT / 2) * LD;
+                float s[HT][4], dp[HT][4];
 #pragma unroll
-                for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.0f;
-            fa_mma_abt<DP, NT>(s, ka, Qs);  /* S^T: keys x queries */
-            fa_mma_abt<DP, NT>(dp, va, Gs); /* dP^T */
+                for (int nt = 0; nt < HT; nt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                    for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.0f;
+                fa_mma_abt<DP, HT, LDM>(s, ka, qh);  /* S^T: keys x queries */
+                fa_mma_abt<DP, HT, LDM>(dp, va, gh); /* dP^T */
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int j = nt * 8 + 2 * t4 + (i & 1);
-                    const int64_t t = t0 + j, key = keys[i >> 1];
-                    const bool valid = visible(sh, t, key);
-                    const float p = valid ? expf(sh.scale * s[nt][i] - Ls[j]) : 0.0f;
-                    s[nt][i] = p;                    /* P^T */
-                    dp[nt][i] = p * (dp[nt][i] - Ds[j]); /* dS^T */
-                }
-            fa_mma_ps<DP, NT>(av, s, Gs);
-            fa_mma_ps<DP, NT>(ak, dp, Qs);
+                for (int nt = 0; nt < HT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int j = half * (FQT / 2) + nt * 8 + 2 * t4 + (i & 1);
+                        const int64_t t = t0 + j, key = keys[i >> 1];
+                        const bool valid = visible(sh, t, key);
+                        const float p = valid ? expf(sh.scale * s[nt][i] - Ls[j]) : 0.0f;
+                        s[nt][i] = p;                        /* P^T */
+                        dp[nt][i] = p * (dp[nt][i] - Ds[j]); /* dS^T */
+                    }
+                fa_mma_ps<DP, HT, LDM>(av, s, gh);
+                fa_mma_ps<DP, HT, LDM>(ak, dp, qh);
+            }
         }
     }
 #pragma unroll
@@ -995,12 +1045,26 @@ static void fa_check(const att_shape *sh) {
                  (long long)sh->T, (long long)sh->Hq);
 }
 
+/* Whether the flash kernels load their B fragments with ldmatrix (default) or by 16- and
+ * 32-bit reads: TZ_FA_LDMATRIX=0, for measuring what ldmatrix gives (the results are the
+ * same bits either way, which test_cuda_ops checks; read at every call, so that it can). */
+static int fa_ldmatrix(void) {
+    const char *e = getenv("TZ_FA_LDMATRIX");
+    return !(e && !strcmp(e, "0"));
+}
+
+#define FA_LAUNCH(dp, ldm, KERNEL, grid, smem, st, ...)                                       \
+    do {                                                                                      \
+        if (ldm) KERNEL<dp, true><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);               \
+        else KERNEL<dp, false><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);                  \
+    } while (0)
 #define FA_DISPATCH(dp, KERNEL, grid, smem, st, ...)                                          \
     do {                                                                                      \
-        if ((dp) == 32) KERNEL<32><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);              \
-        else if ((dp) == 64) KERNEL<64><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);         \
-        else if ((dp) == 80) KERNEL<80><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);         \
-        else KERNEL<128><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);                        \
+        const int ldm_ = fa_ldmatrix();                                                       \
+        if ((dp) == 32) FA_LAUNCH(32, ldm_, KERNEL, grid, smem, st, __VA_ARGS__);             \
+        else if ((dp) == 64) FA_LAUNCH(64, ldm_, KERNEL, grid, smem, st, __VA_ARGS__);        \
+        else if ((dp) == 80) FA_LAUNCH(80, ldm_, KERNEL, grid, smem, st, __VA_ARGS__);        \
+        else FA_LAUNCH(128, ldm_, KERNEL, grid, smem, st, __VA_ARGS__);                       \
         CUDA_LAUNCHED();                                                                      \
     } while (0)
 

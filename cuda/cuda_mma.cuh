@@ -72,4 +72,47 @@ __device__ __forceinline__ void tz_mma_bf16_16816(float c[4], const uint32_t a[4
 #endif
 }
 
+/* Four 8 x 8 matrices of 16-bit elements from shared memory, one register each: the PTX
+ * instruction ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (sm_75 and later), and the same
+ * load written with shuffles for everything else (the CPU emulation). Lane 8j + i gives the
+ * address of row i of matrix j (16-byte aligned, 8 consecutive elements); with g = lane / 4 and
+ * t = lane % 4, register r[j] of a lane holds, the lower half first (the PTX ISA, "Warp-level
+ * matrix load instruction: ldmatrix"):
+ *   without .trans:  M_j[g][2t], M_j[g][2t+1]
+ *   with .trans:     M_j[2t][g], M_j[2t+1][g]   (the transpose's row g)
+ * So an 8 x 8 block of a row-major [n][k] tile loaded plain, or of a row-major [k][n] tile
+ * loaded with .trans, is a B register of mma.m16n8k16 (b = B[2t, 2t+1][g], above): one
+ * instruction for four B registers instead of eight 16-bit or four 32-bit loads. A warp
+ * collective: every lane calls it together. tests/cuda_emu/emu_selftest.cu checks the emulated
+ * form against these layouts and, through mma, against a plain matrix product. */
+template <bool TRANS>
+__device__ __forceinline__ void tz_ldmatrix_x4(uint32_t r[4], const uint16_t *row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+#else
+    const unsigned full = 0xffffffffu;
+    const int lane = (int)(threadIdx.x & 31u), g = lane >> 2, t = lane & 3;
+    const unsigned long long mine = (unsigned long long)(uintptr_t)row;
+    for (int j = 0; j < 4; j++) {
+        if (TRANS) { /* rows 2t and 2t + 1 of matrix j, column g */
+            const uint16_t *p0 = (const uint16_t *)(uintptr_t)__shfl_sync(full, mine, 8 * j + 2 * t);
+            const uint16_t *p1 =
+                (const uint16_t *)(uintptr_t)__shfl_sync(full, mine, 8 * j + 2 * t + 1);
+            r[j] = tz_pack_u16(p0[g], p1[g]);
+        } else { /* row g of matrix j, columns 2t and 2t + 1 */
+            const uint16_t *p = (const uint16_t *)(uintptr_t)__shfl_sync(full, mine, 8 * j + g);
+            r[j] = tz_pack_u16(p[2 * t], p[2 * t + 1]);
+        }
+    }
+#endif
+}
+
 #endif

@@ -13,7 +13,8 @@
  *     ld rejected, GemmEx with bf16 operands, the bf16 conversions (ties to even, NaN);
  *   - the warp-level bf16 tensor-core product (cuda/cuda_mma.cuh, mma.sync m16n8k16): its
  *     fragments loaded and stored by the layouts the PTX ISA documents, against a plain
- *     matrix product of the same bf16 values, onto a nonzero C;
+ *     matrix product of the same bf16 values, onto a nonzero C; ldmatrix.x4, plain and
+ *     .trans, against its documented fragments, and feeding mma's B both ways;
  *   - misuses reported by name instead of a hang or a silent result (each in a child
  *     process, which must die with the message): a deadlock between a barrier and a shuffle,
  *     __syncthreads in divergent code, a shuffle naming a lane that returned, an access past
@@ -65,6 +66,52 @@ static __global__ void k_mma(float *d, const float *a, const float *b, const flo
     for (int i = 0; i < 4; i++) cf[i] = c[(g + (i & 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)];
     tz_mma_bf16_16816(cf, af, bf);
     for (int i = 0; i < 4; i++) d[(g + (i & 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = cf[i];
+}
+
+/* ldmatrix.x4 (cuda/cuda_mma.cuh) of a 16 x 16 tile of 16-bit values in shared memory, rows
+ * of LDM_LD elements (16-byte aligned): lane 8j + i addresses row (j % 2) * 8 + i at column
+ * (j / 2) * 8, so matrix j is a quadrant. out[lane][form][reg]: form 0 plain, 1 .trans. */
+#define LDM_LD 24
+static __global__ void k_ldmatrix(uint32_t *out, const uint16_t *tile) {
+    __shared__ uint16_t s[16 * LDM_LD];
+    const int lane = threadIdx.x & 31, j = lane >> 3, i = lane & 7;
+    for (int e = lane; e < 16 * LDM_LD; e += 32) s[e] = tile[e];
+    __syncwarp();
+    const uint16_t *row = s + ((j & 1) * 8 + i) * LDM_LD + (j >> 1) * 8;
+    uint32_t r[4];
+    tz_ldmatrix_x4<false>(r, row);
+    for (int q = 0; q < 4; q++) out[lane * 8 + q] = r[q];
+    tz_ldmatrix_x4<true>(r, row);
+    for (int q = 0; q < 4; q++) out[lane * 8 + 4 + q] = r[q];
+}
+
+/* D [16][16] = A B through mma with B's fragments from ldmatrix: B [k][n] row-major in shared
+ * memory loaded with .trans (kt = 0), or its transpose [n][k] loaded plain (kt = 1); matrix j
+ * of the load covers k rows (j % 2) * 8.. and n columns (j / 2) * 8.., so registers 0, 1 are
+ * the first n-tile's B and 2, 3 the second's (as the flash kernels use them). */
+static __global__ void k_mma_ldmatrix(float *d, const float *a, const float *b, int kt) {
+    __shared__ uint16_t s[16 * LDM_LD];
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j = lane >> 3, i = lane & 7;
+    for (int e = lane; e < 256; e += 32) {
+        const int k = e / 16, n = e % 16; /* b[k][n] */
+        const uint16_t v = __bfloat16_as_ushort(__float2bfloat16_rn(b[e]));
+        if (kt) s[n * LDM_LD + k] = v;
+        else s[k * LDM_LD + n] = v;
+    }
+    __syncwarp();
+    uint32_t af[4], bf[4];
+    for (int q = 0; q < 4; q++) {
+        const int r = g + (q & 1 ? 8 : 0), k = 2 * t + (q & 2 ? 8 : 0);
+        af[q] = tz_pack_bf16(a[r * 16 + k], a[r * 16 + k + 1]);
+    }
+    if (kt) tz_ldmatrix_x4<false>(bf, s + ((j >> 1) * 8 + i) * LDM_LD + (j & 1) * 8);
+    else tz_ldmatrix_x4<true>(bf, s + ((j & 1) * 8 + i) * LDM_LD + (j >> 1) * 8);
+    for (int nt = 0; nt < 2; nt++) {
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        tz_mma_bf16_16816(c, af, bf + 2 * nt);
+        for (int q = 0; q < 4; q++)
+            d[(g + (q & 2 ? 8 : 0)) * 16 + nt * 8 + 2 * t + (q & 1)] = c[q];
+    }
 }
 
 static __global__ void k_coords(int *out) {
@@ -461,12 +508,65 @@ static void test_mma(void) {
     cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dd);
 }
 
+/* ldmatrix's fragments against the layouts the PTX ISA documents for it, and the tensor-core
+ * product with B loaded by it (both ways the flash kernels load B) against a plain loop. */
+static void test_ldmatrix(void) {
+    uint16_t tile[16 * LDM_LD];
+    for (int e = 0; e < 16 * LDM_LD; e++) tile[e] = (uint16_t)(0x1000 + e); /* distinct */
+    uint16_t *dt;
+    uint32_t *dout, got[32 * 8];
+    cudaMalloc(&dt, sizeof tile), cudaMalloc(&dout, sizeof got);
+    cudaMemcpy(dt, tile, sizeof tile, cudaMemcpyHostToDevice);
+    k_ldmatrix<<<1, 32>>>(dout, dt);
+    cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost);
+    int bad[2] = {0, 0};
+    for (int lane = 0; lane < 32; lane++) {
+        const int g = lane / 4, t = lane % 4;
+        for (int j = 0; j < 4; j++) { /* M_j[r][c] = tile[(j % 2) * 8 + r][(j / 2) * 8 + c] */
+#define M(r, c) tile[((j % 2) * 8 + (r)) * LDM_LD + (j / 2) * 8 + (c)]
+            const uint32_t plain = (uint32_t)M(g, 2 * t) | ((uint32_t)M(g, 2 * t + 1) << 16);
+            const uint32_t trans = (uint32_t)M(2 * t, g) | ((uint32_t)M(2 * t + 1, g) << 16);
+#undef M
+            bad[0] += got[lane * 8 + j] != plain;
+            bad[1] += got[lane * 8 + 4 + j] != trans;
+        }
+    }
+    check(bad[0] == 0, "ldmatrix.x4 (plain): lane 4g + t holds M_j[g][2t, 2t+1]; %d of 128 "
+          "registers differ", bad[0]);
+    check(bad[1] == 0, "ldmatrix.x4.trans: lane 4g + t holds M_j[2t, 2t+1][g]; %d of 128 "
+          "registers differ", bad[1]);
+    cudaFree(dt), cudaFree(dout);
+    float a[256], b[256], d[256], want[256];
+    for (int i = 0; i < 256; i++) a[i] = (float)((i * 37) % 29 - 14) / 8.0f;
+    for (int i = 0; i < 256; i++) b[i] = (float)((i * 53) % 31 - 15) / 4.0f;
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 16; n++) {
+            float s = 0.0f;
+            for (int k = 0; k < 16; k++) s += a[r * 16 + k] * b[k * 16 + n];
+            want[r * 16 + n] = s;
+        }
+    float *da, *db, *dd;
+    cudaMalloc(&da, sizeof a), cudaMalloc(&db, sizeof b), cudaMalloc(&dd, sizeof d);
+    cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
+    for (int kt = 0; kt < 2; kt++) {
+        k_mma_ldmatrix<<<1, 32>>>(dd, da, db, kt);
+        cudaMemcpy(d, dd, sizeof d, cudaMemcpyDeviceToHost);
+        int nb = 0;
+        for (int i = 0; i < 256; i++) nb += d[i] != want[i];
+        check(nb == 0, "mma with B from ldmatrix%s (B stored %s): D = A B, %d of 256 elements "
+              "differ", kt ? "" : ".trans", kt ? "[n][k]" : "[k][n]", nb);
+    }
+    cudaFree(da), cudaFree(db), cudaFree(dd);
+}
+
 int main(void) {
     test_threads();
     test_memory();
     test_streams();
     test_cublas();
     test_mma();
+    test_ldmatrix();
     cudaMalloc(&g_out, 1000 * sizeof(float));
     expect_death("a barrier and a shuffle waiting for each other", run_deadlock,
                  "kernel k_deadlock", "deadlock");

@@ -16,7 +16,8 @@
 #                               anchor_peft.py lora and full, then DiT-XL/2 beside dit_anchor.py
 #                               when time allows; a table of both last.
 #   tests/gpu/device.sh optimes on the GPU machine: the 7B and DiT-XL/2 steps' GPU time op by
-#                               op (TZ_CUDA_OP_TIMES=1, two bench steps each).
+#                               op (TZ_CUDA_OP_TIMES=1, two bench steps each), and the 7B's
+#                               attention again with TZ_FA_LDMATRIX=0 (fragments by plain reads).
 #   tests/gpu/device.sh speed   on the GPU machine, after a kernel change: test_cuda_ops, the
 #                               7B bench (and again with TZ_LINEAR_SHARED=0, with
 #                               TZ_TQ_DECODE_STREAM=0 and with TZ_WEIGHTS_STAGED=0) beside
@@ -192,6 +193,13 @@ run_optimes() {
       > "$out/optimes-$p.log" 2>&1 || echo "   (exit $?: see optimes-$p.log)"
     grep -A14 'TZ_CUDA_OP_TIMES on' "$out/optimes-$p.log" | sed 's/^/   /'
   done
+  # the flash kernels' B fragments by plain reads instead of ldmatrix: attention's op times
+  [ "$(left 20)" -gt 60 ] || { echo "== TZ_FA_LDMATRIX=0 op times: not run (out of time)"; return; }
+  echo "== TZ_FA_LDMATRIX=0 TZ_CUDA_OP_TIMES=1 turbozero bench --preset llama2-7b (2 steps; attention)"
+  TZ_FA_LDMATRIX=0 TZ_CUDA_OP_TIMES=1 timeout "$(cap 100)" "$tz" bench --preset llama2-7b \
+    --set train.steps=2 > "$out/optimes-llama2-7b-noldm.log" 2>&1 || echo "   (exit $?)"
+  grep -A14 'TZ_CUDA_OP_TIMES on' "$out/optimes-llama2-7b-noldm.log" | grep -E 'attention|TZ_CUDA' |
+    sed 's/^/   /'
 }
 
 # compute-sanitizer over test_cuda_ops: memcheck of the flash attention kernels (memcheck of

@@ -657,6 +657,51 @@ static int ws_canary_ok(const void *ws, size_t lent) {
     return 1;
 }
 
+/* The flash kernels with their B fragments loaded by ldmatrix (the default) and by 16- and
+ * 32-bit reads (TZ_FA_LDMATRIX=0): the same values into the same products in the same order,
+ * so out, lse, dq, dk and dv agree to the bit. On a GPU this checks the hardware's ldmatrix
+ * against the fragment layouts the kernels assume (cuda/cuda_mma.cuh); on the emulation, the
+ * emulated ldmatrix. */
+static void test_attention_ldmatrix(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                                    int causal) {
+    g_gpu->matmul_dtype = TZ_DT_BF16;
+    const size_t wb = tz_attention_ws_bytes(g_gpu, B, T, Hq, D, 1);
+    void *ws = g_gpu->alloc(g_gpu, wb);
+    pair q = mk(B * T * Hq * D, 1.0f), k = mk(B * T * Hkv * D, 1.0f), v = mk(B * T * Hkv * D, 1.0f);
+    pair dout = mk(q.n, 1.0f), out = mkz(q.n), lse = mkz(B * Hq * T);
+    pair dq = mkz(q.n), dk = mkz(k.n), dv = mkz(v.n);
+    pair *res[5] = {&out, &lse, &dq, &dk, &dv};
+    float *got[2][5];
+    const char *prev = getenv("TZ_FA_LDMATRIX");
+    char *saved = prev ? strdup(prev) : NULL;
+    for (int ldm = 0; ldm < 2; ldm++) {
+        setenv("TZ_FA_LDMATRIX", ldm ? "1" : "0", 1);
+        g_gpu->attention_fwd(g_gpu, out.d, lse.d, q.d, k.d, v.d, B, T, Hq, Hkv, D, causal, NULL);
+        g_gpu->att_ws = ws, g_gpu->att_ws_bytes = wb;
+        g_gpu->attention_bwd(g_gpu, dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, B, T,
+                             Hq, Hkv, D, causal, 0, NULL);
+        for (int i = 0; i < 5; i++) {
+            got[ldm][i] = malloc((size_t)res[i]->n * 4);
+            g_gpu->download(g_gpu, got[ldm][i], res[i]->d, (size_t)res[i]->n * 4);
+        }
+    }
+    if (saved) setenv("TZ_FA_LDMATRIX", saved, 1);
+    else unsetenv("TZ_FA_LDMATRIX");
+    free(saved);
+    int same = 1;
+    for (int i = 0; i < 5; i++) {
+        same &= !memcmp(got[0][i], got[1][i], (size_t)res[i]->n * 4);
+        free(got[0][i]), free(got[1][i]);
+    }
+    check(same, "flash attention B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal=%d: out, lse, dq, "
+          "dk, dv with ldmatrix equal to the bit those by 16- and 32-bit reads", (long long)B,
+          (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal);
+    g_gpu->release(g_gpu, ws);
+    drop(&q), drop(&k), drop(&v), drop(&dout), drop(&out), drop(&lse);
+    drop(&dq), drop(&dk), drop(&dv);
+    g_gpu->matmul_dtype = TZ_DT_F32;
+}
+
 /* chunk (the GEMM path, D > TZ_ATTENTION_FLASH_MAXD): query rows per chunk, forced through
  * the bytes lent (a size tz_attention_chunk keeps: < 16, a multiple of 16 below 64, of 64, or
  * >= T); 0: the planned workspace, which is what the flash path always gets. */
@@ -1307,6 +1352,12 @@ int main(int argc, char **argv) {
     test_attention_tc(1, 130, 2, 1, 72, 0, 0);  /* three tiles, not causal, rep 2 */
     test_attention_tc(1, 1, 1, 1, 8, 1, 0);     /* T = 1 */
     test_attention_tc(1, 97, 2, 2, 37, 1, 0);   /* odd D: pairs cut at D */
+    /* ldmatrix against plain reads: every padded width (32, 64, 80, 128), GQA, tiles cut by T */
+    test_attention_ldmatrix(2, 45, 4, 2, 40, 1);
+    test_attention_ldmatrix(1, 70, 3, 3, 128, 0);
+    test_attention_ldmatrix(1, 33, 4, 1, 72, 1);
+    test_attention_ldmatrix(3, 80, 2, 2, 16, 1);
+    test_attention_ldmatrix(1, 97, 2, 2, 37, 0);
     /* chunks of query rows through cuBLAS (D > 128) */
     test_attention_tc(2, 45, 4, 2, 136, 1, 16); /* chunks 16, 16, 13; rep 2, by group */
     test_attention_tc(1, 70, 3, 3, 144, 0, 64); /* 64 + 6, not causal */
