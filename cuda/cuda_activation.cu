@@ -25,21 +25,52 @@ static __global__ void k_swiglu_bwd(float *dg, float *du, const float *dout, con
 /* tanh(u) = 1 - 2 / (exp(2u) + 1), the CPU's formula: exact limits +-1 where exp saturates. */
 __device__ __forceinline__ float tanh_e(float u) { return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); }
 
+__device__ __forceinline__ float gelu_v(float v) {
+    return 0.5f * v * (1.0f + tanh_e(GELU_K * (v + GELU_A * v * v * v)));
+}
+__device__ __forceinline__ float gelu_d(float v) {
+    const float th = tanh_e(GELU_K * (v + GELU_A * v * v * v));
+    return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+}
+
 static __global__ void k_gelu_fwd(float *out, const float *x, int64_t n) {
-    TZ_CUDA_FOR(i, n) {
-        float v = x[i];
-        out[i] = 0.5f * v * (1.0f + tanh_e(GELU_K * (v + GELU_A * v * v * v)));
-    }
+    TZ_CUDA_FOR(i, n) out[i] = gelu_v(x[i]);
 }
 
 static __global__ void k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n,
                                   int acc) {
-    TZ_CUDA_FOR(i, n) {
-        float v = x[i], th = tanh_e(GELU_K * (v + GELU_A * v * v * v));
-        float d = 0.5f * (1.0f + th) +
-                  0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
-        dx[i] = (acc ? dx[i] : 0.0f) + dout[i] * d; /* (not read when written) */
-    }
+    TZ_CUDA_FOR(i, n) dx[i] = (acc ? dx[i] : 0.0f) + dout[i] * gelu_d(x[i]); /* (not read when written) */
+}
+
+/* The row forms: rows in y (grid-stride), a row's columns in x; out (or dout) at stride ld. */
+static __global__ void k_gelu_fwd_rows(float *out, const float *x, int64_t rows, int64_t cols,
+                                       int64_t ld) {
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
+             c += (int64_t)gridDim.x * blockDim.x)
+            out[r * ld + c] = gelu_v(x[r * cols + c]);
+}
+static __global__ void k_gelu_bwd_rows(float *dx, const float *dout, const float *x,
+                                       int64_t rows, int64_t cols, int64_t ld, int acc) {
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
+             c += (int64_t)gridDim.x * blockDim.x) {
+            const int64_t i = r * cols + c;
+            dx[i] = (acc ? dx[i] : 0.0f) + dout[r * ld + c] * gelu_d(x[i]);
+        }
+}
+
+/* A GELU op's rows (backend.h): 0 when dense; fatal when n is not rows of cols. */
+static int64_t gelu_rows(int64_t n, int64_t cols, int64_t ld) {
+    if (cols <= 0) return 0;
+    if (n % cols || ld < cols)
+        TZ_FATAL("gelu_tanh: %lld elements are not rows of %lld at a stride of %lld",
+                 (long long)n, (long long)cols, (long long)ld);
+    return n / cols;
+}
+static dim3 rows_grid(int64_t rows, int64_t cols) {
+    const int64_t bx = (cols + TZ_CUDA_THREADS - 1) / TZ_CUDA_THREADS;
+    return dim3((unsigned)(bx < 64 ? bx : 64), (unsigned)(rows < 65535 ? rows : 65535), 1);
 }
 
 static __global__ void k_silu_fwd(float *out, const float *x, int64_t n) {
@@ -62,12 +93,27 @@ static void cuda_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *d
                             const float *g, const float *u, int64_t n, int accumulate) {
     TZ_CUDA_LAUNCH(k_swiglu_bwd, n, dg, du, dout, g, u, n, accumulate);
 }
-static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n) {
-    TZ_CUDA_LAUNCH(k_gelu_fwd, n, out, x, n);
+static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
+                               int64_t cols, int64_t ld) {
+    const int64_t rows = gelu_rows(n, cols, ld);
+    if (!rows) {
+        TZ_CUDA_LAUNCH(k_gelu_fwd, n, out, x, n);
+        return;
+    }
+    k_gelu_fwd_rows<<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
+        out, x, rows, cols, ld);
+    CUDA_LAUNCHED();
 }
 static void cuda_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
-                               int64_t n, int accumulate) {
-    TZ_CUDA_LAUNCH(k_gelu_bwd, n, dx, dout, x, n, accumulate);
+                               int64_t n, int accumulate, int64_t cols, int64_t ld) {
+    const int64_t rows = gelu_rows(n, cols, ld);
+    if (!rows) {
+        TZ_CUDA_LAUNCH(k_gelu_bwd, n, dx, dout, x, n, accumulate);
+        return;
+    }
+    k_gelu_bwd_rows<<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
+        dx, dout, x, rows, cols, ld, accumulate);
+    CUDA_LAUNCHED();
 }
 static void cuda_silu_fwd(tz_backend *be, float *out, const float *x, int64_t n) {
     TZ_CUDA_LAUNCH(k_silu_fwd, n, out, x, n);

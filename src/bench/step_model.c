@@ -174,6 +174,9 @@ static void s_gate_fwd(tz_backend *be, float *o, cf *x, cf *y, cf *g, int64_t ld
 static void s_gate_bwd(tz_backend *be, float *dy, float *dg, cf *d, cf *y, cf *g, int64_t ld, int64_t B, int64_t T, int64_t C, int acc) { (void)dy, (void)dg, (void)d, (void)y, (void)g, (void)ld; add(be, TZ_SM_ELEMENT, 4.0 * B * T * C, (acc ? 4 : 3) * F * B * T * C); }
 static void s_act_fwd(tz_backend *be, float *o, cf *x, int64_t n) { (void)o, (void)x; add(be, TZ_SM_ELEMENT, 8.0 * n, 2 * F * n); }
 static void s_act_bwd(tz_backend *be, float *dx, cf *d, cf *x, int64_t n, int acc) { (void)dx, (void)d, (void)x; add(be, TZ_SM_ELEMENT, 12.0 * n, (acc ? 4 : 3) * F * n); }
+/* GELU's: the same work at any row stride (it moves no more bytes) */
+static void s_gelu_fwd(tz_backend *be, float *o, cf *x, int64_t n, int64_t cols, int64_t ld) { (void)cols, (void)ld; s_act_fwd(be, o, x, n); }
+static void s_gelu_bwd(tz_backend *be, float *dx, cf *d, cf *x, int64_t n, int acc, int64_t cols, int64_t ld) { (void)cols, (void)ld; s_act_bwd(be, dx, d, x, n, acc); }
 static void s_bias_add(tz_backend *be, float *y, cf *b, int64_t rows, int64_t C) { (void)y, (void)b; add(be, TZ_SM_ELEMENT, (double)rows * C, 2 * F * rows * C); }
 static void s_bias_bwd(tz_backend *be, float *db, cf *dy, int64_t rows, int64_t C) { (void)db, (void)dy; add(be, TZ_SM_ELEMENT, (double)rows * C, F * rows * C); }
 static void s_mse_fwd(tz_backend *be, float *s, cf *p, int64_t ld, cf *t, int64_t rows, int64_t n) { (void)s, (void)p, (void)ld, (void)t; add(be, TZ_SM_LOSS, 3.0 * rows * n, 2 * F * rows * n); }
@@ -258,7 +261,7 @@ void tz_step_model_install(tz_backend *be, const tz_step_rates *r) {
     be->swiglu_bwd = s_swiglu_bwd, be->xent_fwd = s_xent_fwd, be->xent_bwd = s_xent_bwd;
     be->layernorm_fwd = s_ln_fwd, be->layernorm_bwd = s_ln_bwd, be->modulate_fwd = s_mod_fwd;
     be->modulate_bwd = s_mod_bwd, be->gate_fwd = s_gate_fwd, be->gate_bwd = s_gate_bwd;
-    be->gelu_tanh_fwd = s_act_fwd, be->gelu_tanh_bwd = s_act_bwd, be->silu_fwd = s_act_fwd;
+    be->gelu_tanh_fwd = s_gelu_fwd, be->gelu_tanh_bwd = s_gelu_bwd, be->silu_fwd = s_act_fwd;
     be->silu_bwd = s_act_bwd, be->bias_add_fwd = s_bias_add, be->bias_bwd = s_bias_bwd;
     be->mse_fwd = s_mse_fwd, be->mse_bwd = s_mse_bwd, be->patchify = s_patch;
     be->unpatchify = s_patch, be->copy2d = s_copy2d, be->tq_rotate = s_rot;
@@ -305,6 +308,14 @@ void tz_step_model_print(const tz_step_model *m) {
                 1e-9 * m->flops[c], 1e-9 * m->bytes[c], 1e3 * t);
     }
     tz_info("  %-24s %8s %12.6g %12.6g %10.4g", "total", "", 1e-9 * tf, 1e-9 * tb, 1e3 * tt);
+    /* the transfers run on the copy queue beside the compute (streamed weights, checkpointed
+     * streams, gradients and losses): the total adds them, a step overlaps them */
+    const double tx = m->sec[TZ_SM_TRANSFER];
+    if (tx > 0.0)
+        tz_info("  the queues overlap: compute %.4g ms, host <-> device %.4g ms (on the copy queue "
+                "beside it but for a step's few inputs): a step of about %.4g ms where they "
+                "overlap fully (the total above adds them)",
+                1e3 * (tt - tx), 1e3 * tx, 1e3 * fmax(tt - tx, tx));
 }
 
 void tz_step_model_print_ops(const tz_step_model *m) {

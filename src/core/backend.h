@@ -282,10 +282,14 @@ struct tz_backend {
      * out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). bwd: dx += dout * gelu'(x).
      * SiLU: out = x * sigmoid(x). bwd: dx += dout * sigmoid(x) (1 + x (1 - sigmoid(x))).
      * out may alias x in the forwards. bwd with accumulate 0: dx = ..., its contents not read
-     * (the bits of adding into zeros). */
-    void (*gelu_tanh_fwd)(tz_backend *be, float *out, const float *x, int64_t n);
+     * (the bits of adding into zeros). GELU's rows: cols > 0 takes x (and dx) as n / cols rows
+     * of cols elements and out (forward) or dout (backward) as rows at stride ld >= cols, the
+     * rest of those rows neither read nor written (a GEMM's operand concatenated beside
+     * another); cols = 0: all dense. */
+    void (*gelu_tanh_fwd)(tz_backend *be, float *out, const float *x, int64_t n, int64_t cols,
+                          int64_t ld);
     void (*gelu_tanh_bwd)(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n,
-                          int accumulate);
+                          int accumulate, int64_t cols, int64_t ld);
     void (*silu_fwd)(tz_backend *be, float *out, const float *x, int64_t n);
     void (*silu_bwd)(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n,
                      int accumulate);

@@ -41,25 +41,65 @@ static void cpu_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *do
  * saturates or underflows. */
 static inline float tanh_v(float u) { return 1.0f - 2.0f / (tz_cpu_expf(2.0f * u) + 1.0f); }
 
-static void cpu_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n) {
+/* The rows of a GELU op (backend.h): rows of cols elements, the strided side's at ld; the
+ * dense form one row of n. */
+static void gelu_rows(int64_t n, int64_t cols, int64_t ld, int64_t *rows, int64_t *c,
+                      int64_t *l) {
+    if (cols <= 0) {
+        *rows = n > 0 ? 1 : 0, *c = n, *l = n;
+        return;
+    }
+    if (n % cols || ld < cols)
+        TZ_FATAL("gelu_tanh: %lld elements are not rows of %lld at a stride of %lld",
+                 (long long)n, (long long)cols, (long long)ld);
+    *rows = n / cols, *c = cols, *l = ld;
+}
+
+static inline float gelu_v(float v) {
+    return 0.5f * v * (1.0f + tanh_v(GELU_K * (v + GELU_A * v * v * v)));
+}
+static inline float gelu_d(float v) {
+    const float th = tanh_v(GELU_K * (v + GELU_A * v * v * v));
+    return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+}
+
+static void cpu_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
+                              int64_t cols, int64_t ld) {
+    int64_t rows, c, l;
+    gelu_rows(n, cols, ld, &rows, &c, &l);
     int nt = tz_cpu_threads(be);
+    if (rows <= 1) {
 #pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i];
-        out[i] = 0.5f * v * (1.0f + tanh_v(GELU_K * (v + GELU_A * v * v * v)));
+        for (int64_t i = 0; i < n; i++) out[i] = gelu_v(x[i]);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * c;
+        float *o = out + r * l;
+#pragma omp simd
+        for (int64_t i = 0; i < c; i++) o[i] = gelu_v(xr[i]);
     }
 }
 
 static void cpu_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
-                              int64_t n, int accumulate) {
+                              int64_t n, int accumulate, int64_t cols, int64_t ld) {
     const float keep = accumulate ? 1.0f : 0.0f; /* (a select: written, dx is not read) */
+    int64_t rows, c, l;
+    gelu_rows(n, cols, ld, &rows, &c, &l);
     int nt = tz_cpu_threads(be);
+    if (rows <= 1) {
 #pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i], th = tanh_v(GELU_K * (v + GELU_A * v * v * v));
-        float d = 0.5f * (1.0f + th) +
-                  0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
-        dx[i] = (keep != 0.0f ? dx[i] : 0.0f) + dout[i] * d;
+        for (int64_t i = 0; i < n; i++)
+            dx[i] = (keep != 0.0f ? dx[i] : 0.0f) + dout[i] * gelu_d(x[i]);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * c, *g = dout + r * l;
+        float *dr = dx + r * c;
+#pragma omp simd
+        for (int64_t i = 0; i < c; i++) dr[i] = (keep != 0.0f ? dr[i] : 0.0f) + g[i] * gelu_d(xr[i]);
     }
 }
 

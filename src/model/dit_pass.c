@@ -44,7 +44,7 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->layernorm_fwd(be, a->ln2, a->mean2, a->rstd2, a->x2, BT, Hd, 1e-6f);
     be->modulate_fwd(be, a->h2, a->ln2, a->mod + 3 * Hd, a->mod + 4 * Hd, M, n, T, Hd);
     tz_linear_fwd(be, &L[TZ_DIT_FC1], a->f, a->lh[TZ_DIT_FC1], a->h2, BT);
-    be->gelu_tanh_fwd(be, a->g, a->f, BT * tz_dit_mlp_hidden(d));
+    be->gelu_tanh_fwd(be, a->g, a->f, BT * tz_dit_mlp_hidden(d), 0, 0);
     tz_linear_fwd(be, &L[TZ_DIT_FC2], a->mo, a->lh[TZ_DIT_FC2], a->g, BT);
     be->gate_fwd(be, out, a->x2, a->mo, a->mod + 5 * Hd, M, n, T, Hd);
 }
@@ -151,7 +151,7 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
      * gradient written by the op that first makes it (no zeroing) */
     be->gate_bwd(be, m->da, m->dmod + 5 * Hd, m->dres, a->mo, a->mod + 5 * Hd, M, n, T, Hd, 0);
     tz_linear_bwd_set(m->be, &L[TZ_DIT_FC2], m->dg, m->da, a->g, a->lh[TZ_DIT_FC2], m->dlora, BT);
-    be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F, 0);
+    be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F, 0, 0, 0);
     tz_linear_bwd_set(m->be, &L[TZ_DIT_FC1], m->db, m->df, a->h2, a->lh[TZ_DIT_FC1], m->dlora, BT);
     be->modulate_bwd(be, m->da, m->dmod + 3 * Hd, m->dmod + 4 * Hd, m->db, a->ln2,
                      a->mod + 4 * Hd, M, n, T, Hd, 0);

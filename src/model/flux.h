@@ -105,10 +105,12 @@ typedef struct tz_flux {
     float *fx, *fmod, *fmean, *frstd, *fln, *fh, *pred, *sse, *f_lh;
     float *dres, *dyi, *dyc, *da, *db, *dc, *dd, *dQ, *dK, *dV, *dqi, *dki, *dvi, *dqc,
           *dkc, *dvc, *datt, *dmodi, *dmodc, *dsc, *dtemb, *dth, *dts, *dpred, *dlora;
-    /* two wide scratches, live within one block: wide1 [n T, mlp] holds the GELU output in the
-     * forward (it is recomputed from the saved pre-GELU hidden when the backward needs it) and
-     * its gradient in the backward; wide0 [n T, inner + mlp] the single block's gradient of
-     * [attention, MLP], then the pre-GELU gradient (absent when built forward-only) */
+    /* two wide scratches, live within one block: wide1 [n T, mlp] holds a double block's GELU
+     * output in the forward (recomputed from the saved pre-GELU hidden when the backward needs
+     * it; a single block's goes straight into its cat) and in the backward the GELU output's
+     * gradient (double) or the pre-GELU one (single); wide0 [n T, inner + mlp] the single
+     * block's gradient of [attention, MLP], a double block's GELU output again and then its
+     * pre-GELU gradient (absent when built forward-only) */
     float *wide0, *wide1;
     float *feat_host, *cs_host, *sse_host;
 } tz_flux;

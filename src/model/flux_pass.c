@@ -128,7 +128,7 @@ static void stream_mlp_fwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
     be->layernorm_fwd(be, ln2, mean2, rstd2, x2, R, I, EPS);
     be->modulate_fwd(be, h2, ln2, mod + 3 * I, mod + 4 * I, M, n, Ts, I);
     tz_linear_fwd(be, ff1, f, *lh1, h2, R);
-    be->gelu_tanh_fwd(be, g, f, R * tz_flux_mlp(&m->d));
+    be->gelu_tanh_fwd(be, g, f, R * tz_flux_mlp(&m->d), 0, 0);
     tz_linear_fwd(be, ff2, mo, *lh2, g, R);
     be->gate_fwd(be, y, x2, mo, mod + 5 * I, M, n, Ts, I);
 }
@@ -192,11 +192,11 @@ static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     float *y4[4] = {a->fi, a->qi, a->ki, a->vi};
     float *h4[4] = {a->lh[TZ_FLUX_MLP], a->lh[TZ_FLUX_Q], a->lh[TZ_FLUX_K], a->lh[TZ_FLUX_V]};
     tz_linear_fwd_shared(be, in4, y4, h4, 4, a->h1i, BT);
-    be->gelu_tanh_fwd(be, m->wide1, a->fi, BT * F); /* only for cat: not kept */
+    /* the GELU output straight into the second part of cat, where proj_out reads it */
+    be->gelu_tanh_fwd(be, a->cat + I, a->fi, BT * F, F, I + F);
     be->rmsnorm_fwd(be, a->Q, a->rqi, a->qi, blk->nq->w, BT * H, D, EPS);
     be->rmsnorm_fwd(be, a->K, a->rki, a->ki, blk->nk->w, BT * H, D, EPS);
     attend(m, a, a->vi, a->cat, I + F, n, T);
-    be->copy2d(be, a->cat + I, I + F, m->wide1, F, BT, F);
     tz_linear_fwd(be, &L[TZ_FLUX_POUT], a->o, a->lh[TZ_FLUX_POUT], a->cat, BT);
     be->gate_fwd(be, out, x, a->o, a->modi + 2 * I, M, n, T, I);
 }
@@ -316,12 +316,12 @@ static void stream_mlp_bwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
     /* the GELU output again (the forward's op on the same f: the same values), then its
      * gradient; the pre-GELU gradient takes the GELU output's place once that is read */
     float *g = m->wide0, *dg = m->wide1, *df = m->wide0;
-    be->gelu_tanh_fwd(be, g, f, R * F);
+    be->gelu_tanh_fwd(be, g, f, R * F, 0, 0);
     /* y = x2 + gate_mlp * mo */
     /* each activation gradient written by the op that first makes it: no zeroing */
     be->gate_bwd(be, m->dc, dmod + 5 * I, dy, mo, mod + 5 * I, M, n, Ts, I, 0);
     tz_linear_bwd_set(be, ff2, dg, m->dc, g, *lh2, m->dlora, R);
-    be->gelu_tanh_bwd(be, df, dg, f, R * F, 0);
+    be->gelu_tanh_bwd(be, df, dg, f, R * F, 0, 0, 0);
     tz_linear_bwd_set(be, ff1, m->da, df, h2, *lh1, m->dlora, R);
     be->modulate_bwd(be, m->db, dmod + 3 * I, dmod + 4 * I, m->da, ln2, mod + 4 * I, M, n, Ts, I,
                      0);
@@ -415,16 +415,13 @@ static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     be->fill(be, m->dmodi, 0.0f, n * M);
     /* out = x + gate * proj_out([att, gelu(proj_mlp(h))]) */
     be->gate_bwd(be, m->dc, m->dmodi + 2 * I, m->dres, a->o, a->modi + 2 * I, M, n, T, I, 0);
-    /* d[att, gelu] in wide0: dgelu copied to wide1, d att read where it is; then wide0 takes
-     * dMLP hidden */
-    float *dcat = m->wide0, *dg = m->wide1, *df = m->wide0;
+    /* d[att, gelu] in wide0, both parts read where they are: the attention's dout (the first
+     * I columns) and the GELU's (the rest), whose input gradient goes to wide1 */
+    float *dcat = m->wide0, *df = m->wide1;
     tz_linear_bwd_set(be, &L[TZ_FLUX_POUT], dcat, m->dc, a->cat, a->lh[TZ_FLUX_POUT], m->dlora,
                       BT);
-    be->copy2d(be, dg, F, dcat + I, I + F, BT, F);
-    /* the attention's dout read in place from dcat's first I columns, before df overwrites
-     * dcat (wide0) */
     attend_bwd(m, a, a->vi, a->cat, dcat, I + F, n, T);
-    be->gelu_tanh_bwd(be, df, dg, a->fi, BT * F, 0);
+    be->gelu_tanh_bwd(be, df, dcat + I, a->fi, BT * F, 0, F, I + F);
     tz_linear_bwd_set(be, &L[TZ_FLUX_MLP], m->da, df, a->h1i, a->lh[TZ_FLUX_MLP], m->dlora, BT);
     be->rmsnorm_bwd(be, m->dqi, blk->nq->trainable ? blk->nq->g : NULL, m->dQ, a->qi, blk->nq->w,
                     a->rqi, BT * H, D, 0); /* written */

@@ -164,15 +164,45 @@ static double act(double x, int silu) {
 static void act_fwd(oc_run *r) {
     float *out = OCF(r, r->c->nt == 1 ? 0 : 1);
     if (OCP(r, 1)) r->be->silu_fwd(r->be, out, OCF(r, 0), OCP(r, 0));
-    else r->be->gelu_tanh_fwd(r->be, out, OCF(r, 0), OCP(r, 0));
+    else r->be->gelu_tanh_fwd(r->be, out, OCF(r, 0), OCP(r, 0), 0, 0);
 }
 static void act_bwd(oc_run *r) {
     if (OCP(r, 1)) r->be->silu_bwd(r->be, OCF(r, 3), OCF(r, 2), OCF(r, 0), OCP(r, 0), !OCP(r, 2));
-    else r->be->gelu_tanh_bwd(r->be, OCF(r, 3), OCF(r, 2), OCF(r, 0), OCP(r, 0), !OCP(r, 2));
+    else r->be->gelu_tanh_bwd(r->be, OCF(r, 3), OCF(r, 2), OCF(r, 0), OCP(r, 0), !OCP(r, 2), 0, 0);
 }
 static void act_ref(oc_ref *r) {
     double *out = r->v[r->c->nt == 1 ? 0 : 1];
     for (int64_t i = 0; i < r->c->p[0]; i++) out[i] = act(r->v[0][i], (int)r->c->p[1]);
+}
+
+/* GELU over rows: x [rows, cols] dense, out and dout rows at stride ld (as the Flux single
+ * block writes into its concatenation); out is in place over a random start whose gaps the
+ * op must leave alone (the reference keeps them).
+ * tensors: 0 x, 1 out [rows, ld], 2 dout, 3 dx; p: n, 0, write, cols, ld */
+static void gelu_rows_fwd(oc_run *r) {
+    r->be->gelu_tanh_fwd(r->be, OCF(r, 1), OCF(r, 0), OCP(r, 0), OCP(r, 3), OCP(r, 4));
+}
+static void gelu_rows_bwd(oc_run *r) {
+    r->be->gelu_tanh_bwd(r->be, OCF(r, 3), OCF(r, 2), OCF(r, 0), OCP(r, 0), !OCP(r, 2), OCP(r, 3),
+                         OCP(r, 4));
+}
+static void gelu_rows_ref(oc_ref *r) {
+    const int64_t n = r->c->p[0], cols = r->c->p[3], ld = r->c->p[4];
+    for (int64_t i = 0; i < n; i++) r->v[1][i / cols * ld + i % cols] = act(r->v[0][i], 0);
+}
+static void add_gelu_rows(oc_list *l, int64_t rows, int64_t cols, int64_t ld, int write) {
+    oc_case c = {.ops = "gelu_tanh_fwd gelu_tanh_bwd", .nt = 4,
+                 .p = {rows * cols, 0, write, cols, ld}, .fwd = gelu_rows_fwd,
+                 .ref = gelu_rows_ref, .bwd = gelu_rows_bwd,
+                 .tol_fwd = 5e-7, .tol_bwd = 5e-6}; /* as the dense rows (add_act_w) */
+    c.t[0] = (oc_tensor)OC_T_INA("x", rows * cols, 4.0f);
+    c.t[1] = (oc_tensor)OC_T_INOUT("out", rows * ld);
+    c.t[2] = (oc_tensor)OC_T_DOUT("dout", 1);
+    c.t[3] = (oc_tensor)OC_T_DIN("dx", 0);
+    if (write) c.t[3].flags |= OC_WRITES;
+    snprintf(c.name, sizeof c.name, "gelu_tanh rows %lld x %lld, out rows at stride %lld%s",
+             (long long)rows, (long long)cols, (long long)ld, write ? ", dx written" : "");
+    oc_add(l, &c);
 }
 
 /* write: the backward writes dx (accumulate 0) instead of adding to it */
@@ -428,6 +458,8 @@ void oc_cases_dit(oc_list *l) {
         add_act(l, silu, 61, 4.0f, 1);
         add_act_w(l, silu, 77, 4.0f, 0, 1);
     }
+    add_gelu_rows(l, 7, 37, 37 + 29, 0); /* out rows beside 29 other columns, dx added */
+    add_gelu_rows(l, 5, 33, 40, 1);      /* dx written */
     add_bias(l, 13, 37);
     add_bias(l, 130, 19);
     add_mse(l, 13, 37, 37);
