@@ -186,11 +186,11 @@ static __global__ void k_bias_rows(uint16_t *dst, const T *src, const float *col
     }
 }
 
-static void cuda_matmul_bias(tz_backend *be, float *C, const float *A, const void *W, int w_bf16,
-                             const float *bias, int64_t M, int64_t N, int64_t K) {
+static void cuda_matmul_bias(tz_backend *be, float *C, const void *A, int a_bf16, const void *W,
+                             int w_bf16, const float *bias, int64_t M, int64_t N, int64_t K) {
     if (M <= 0 || N <= 0) return;
     if (be->matmul_dtype != TZ_DT_BF16 || K <= 0) { /* fp32: the product, then the bias */
-        cuda_matmul16(be, C, A, 0, W, w_bf16, M, N, K, 0, 1, 1.0f, 0.0f);
+        cuda_matmul16(be, C, A, a_bf16, W, w_bf16, M, N, K, 0, 1, 1.0f, 0.0f);
         be->bias_add_fwd(be, C, bias, M, N);
         return;
     }
@@ -198,14 +198,18 @@ static void cuda_matmul_bias(tz_backend *be, float *C, const float *A, const voi
     const int64_t ld = K + 8, na = (M * ld + 127) / 128 * 128;
     const size_t bytes = (size_t)(na + N * ld) * 2;
     uint16_t *s = (uint16_t *)gemm_operands(be, bytes);
-    check_apart(A, M * K, s, bytes, "A");
+    if (!a_bf16) check_apart(A, M * K, s, bytes, "A");
     if (!w_bf16) check_apart(W, N * K, s, bytes, "B");
-    TZ_CUDA_KERNEL_READS(be, A, (size_t)(M * K) * 4, "gemm operand A");
+    TZ_CUDA_KERNEL_READS(be, A, (size_t)(M * K) * (a_bf16 ? 2 : 4), "gemm operand A");
     TZ_CUDA_KERNEL_READS(be, W, (size_t)(N * K) * (w_bf16 ? 2 : 4), "gemm operand B");
     TZ_CUDA_KERNEL_READS(be, bias, (size_t)N * 4, "bias");
     cudaStream_t st = tz_cuda_stream(be);
-    k_bias_rows<float><<<tz_cuda_blocks(M * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
-        s, A, (const float *)NULL, M, K, ld);
+    if (a_bf16)
+        k_bias_rows<uint16_t><<<tz_cuda_blocks(M * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
+            s, (const uint16_t *)A, (const float *)NULL, M, K, ld);
+    else
+        k_bias_rows<float><<<tz_cuda_blocks(M * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
+            s, (const float *)A, (const float *)NULL, M, K, ld);
     CUDA_LAUNCHED();
     if (w_bf16)
         k_bias_rows<uint16_t><<<tz_cuda_blocks(N * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(

@@ -96,15 +96,19 @@ static void s_matmul16(tz_backend *be, float *C, const void *A, int a16, const v
     gemm(be, M, N, K, a16, b16, beta);
 }
 
-static void s_matmul_bias(tz_backend *be, float *C, cf *A, const void *W, int w16, cf *bias,
-                          int64_t M, int64_t N, int64_t K) {
+static void s_matmul_bias(tz_backend *be, float *C, const void *A, int a16, const void *W, int w16,
+                          cf *bias, int64_t M, int64_t N, int64_t K) {
     (void)C, (void)A, (void)W, (void)bias;
     if (be->matmul_dtype == TZ_DT_BF16) { /* the bias along K: 8 more columns, no pass */
-        gemm(be, M, N, K + 8, 0, w16, 0.0f);
+        gemm(be, M, N, K + 8, a16, w16, 0.0f);
+        /* an operand already in bf16 is still copied into its rows of K + 8 (a cast's pass,
+         * which gemm books for an fp32 one) */
+        if (a16) add(be, TZ_SM_ELEMENT, 0, 2.0 * (double)M * K + 2.0 * (double)M * (K + 8));
+        if (w16) add(be, TZ_SM_ELEMENT, 0, 2.0 * (double)N * K + 2.0 * (double)N * (K + 8));
         add(be, TZ_SM_ELEMENT, 0, F * (double)N);
         return;
     }
-    gemm(be, M, N, K, 0, w16, 0.0f);
+    gemm(be, M, N, K, a16, w16, 0.0f);
     add(be, TZ_SM_ELEMENT, (double)M * N, 2 * F * (double)M * N + F * (double)N);
 }
 

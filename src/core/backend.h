@@ -141,13 +141,14 @@ struct tz_backend {
     void (*matmul16)(tz_backend *be, float *C, const void *A, int a_bf16, const void *B,
                      int b_bf16, int64_t M, int64_t N, int64_t K, int transA, int transB,
                      float alpha, float beta);
-    /* A dense linear with a bias: C[M,N] = A[M,K] W[N,K]^T + bias[N] (C written), A fp32, W
-     * fp32 or bf16 (w_bf16: bit patterns, a frozen weight). With bf16 GEMMs the bias goes in
-     * along K (one more column: A's 1, W's bf16(bias); the operands rounded into rows of
-     * K + 8 as matmul would round them), so no pass over C adds it: C gains the bias rounded
-     * to bf16. Otherwise (the CPU: the reference) matmul, then the bias added in fp32. */
-    void (*matmul_bias)(tz_backend *be, float *C, const float *A, const void *W, int w_bf16,
-                        const float *bias, int64_t M, int64_t N, int64_t K);
+    /* A dense linear with a bias: C[M,N] = A[M,K] W[N,K]^T + bias[N] (C written), A fp32 or
+     * bf16 (a_bf16: bit patterns, an input kept rounded), W fp32 or bf16 (w_bf16: bit
+     * patterns, a frozen weight). With bf16 GEMMs the bias goes in along K (one more column:
+     * A's 1, W's bf16(bias); the operands rounded into rows of K + 8 as matmul would round
+     * them), so no pass over C adds it: C gains the bias rounded to bf16. Otherwise (the CPU:
+     * the reference) matmul16, then the bias added in fp32. */
+    void (*matmul_bias)(tz_backend *be, float *C, const void *A, int a_bf16, const void *W,
+                        int w_bf16, const float *bias, int64_t M, int64_t N, int64_t K);
 
     /* ---- embedding ----
      * out[t, :] = table[tok[t], :], t < n, table [V, C]. Token ids were validated by the

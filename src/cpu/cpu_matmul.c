@@ -266,9 +266,9 @@ static void cpu_matmul16(tz_backend *be, float *C, const void *A, int a_bf16, co
 }
 
 /* The reference: the product (W widened exactly where stored in bf16), then the bias in fp32. */
-static void cpu_matmul_bias(tz_backend *be, float *C, const float *A, const void *W, int w_bf16,
-                            const float *bias, int64_t M, int64_t N, int64_t K) {
-    be->matmul16(be, C, A, 0, W, w_bf16, M, N, K, 0, 1, 1.0f, 0.0f);
+static void cpu_matmul_bias(tz_backend *be, float *C, const void *A, int a_bf16, const void *W,
+                            int w_bf16, const float *bias, int64_t M, int64_t N, int64_t K) {
+    be->matmul16(be, C, A, a_bf16, W, w_bf16, M, N, K, 0, 1, 1.0f, 0.0f);
     be->bias_add_fwd(be, C, bias, M, N);
 }
 

@@ -236,6 +236,19 @@ void tz_dit_init_random(tz_dit *m, uint64_t seed) {
 
 /* ---- activation memory ---- */
 
+/* Whether the block's linear inputs h1, h2, g are kept in bf16 (tz_dit.x16): what their GEMMs
+ * read of them with bf16 operands, so the same results in half the memory. Dense qkv, fc1 and
+ * fc2 weights only (a TurboQuant weight rotates its fp32 input), and a backward to keep them
+ * for. */
+static int keeps_x16(const tz_dit *m) {
+    const tz_backend *be = m->be;
+    if (m->o.forward_only || be->matmul_dtype != TZ_DT_BF16 ||
+        !((be->matmul_dtypes >> TZ_DT_BF16) & 1u) || !m->d.depth)
+        return 0;
+    const tz_linear *L = m->blocks[0].lin;
+    return !L[TZ_DIT_QKV].w->q && !L[TZ_DIT_FC1].w->q && !L[TZ_DIT_FC2].w->q;
+}
+
 /* Walks every allocation of tz_dit_setup; with a NULL arena it only counts bytes. */
 static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     const tz_dit_dims *d = &m->d;
@@ -243,6 +256,10 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     const int64_t p2 = d->patch_size * d->patch_size, HW = d->input_size * d->input_size;
     const int64_t Cin = d->in_channels, Cout = tz_dit_out_channels(d), r = m->o.lora.rank;
     size_t total = 0;
+    const int x16 = keeps_x16(m);
+    if (a) m->x16 = x16;
+    /* floats for n elements of the linear inputs: half as many in bf16 */
+#define XN(n) (x16 ? ((n) + 1) / 2 : (n))
 #define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
     TAKE(m->img, B * Cin * HW, "x_t"); TAKE(m->target, B * Cin * HW, "target");
     TAKE(m->patches, BT * Cin * p2, "patches"); TAKE(m->tfreq, B * d->freq_dim, "t features");
@@ -256,10 +273,10 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
         tz_dit_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
 #define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
         ACT(mod, B * 6 * Hd); ACT(mean1, BT); ACT(rstd1, BT); ACT(ln1, BT * Hd);
-        ACT(h1, BT * Hd); ACT(qkv, BT * 3 * Hd);
+        ACT(h1, XN(BT * Hd)); ACT(qkv, BT * 3 * Hd);
         ACT(lse, BT * d->num_heads); ACT(att, BT * Hd); ACT(ao, BT * Hd); ACT(x2, BT * Hd);
-        ACT(mean2, BT); ACT(rstd2, BT); ACT(ln2, BT * Hd); ACT(h2, BT * Hd);
-        ACT(f, BT * F); ACT(g, BT * F); ACT(mo, BT * Hd);
+        ACT(mean2, BT); ACT(rstd2, BT); ACT(ln2, BT * Hd); ACT(h2, XN(BT * Hd));
+        ACT(f, BT * F); ACT(g, XN(BT * F)); ACT(mo, BT * Hd);
         for (int j = 0; j < TZ_DIT_LIN_N; j++)
             if (m->o.lora.targets & (1 << j)) ACT(lh[j], (j == TZ_DIT_ADALN ? B : BT) * r);
 #undef ACT
@@ -303,6 +320,7 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     total += tz_quant_scratch_walk_act(&m->tq, &m->params, a, act, m->be,
                                        tz_linear_fold_cols(m->be, m->o.lora.targets ? m->o.lora.rank : 0, 1));
 #undef TAKE
+#undef XN
     return total;
 }
 

@@ -85,7 +85,8 @@ typedef struct tz_dit_block {
 
 /* Saved activations of one block ([n*T, ...] token rows, [n, ...] conditioning rows). */
 typedef struct tz_dit_acts {
-    float *mod, *mean1, *rstd1, *ln1, *h1, *qkv, *lse, *att, *ao, *x2; /* qkv: [n*T, 3 hidden] */
+    /* qkv: [n*T, 3 hidden]; h1, h2, g: bf16 bit patterns where tz_dit.x16 */
+    float *mod, *mean1, *rstd1, *ln1, *h1, *qkv, *lse, *att, *ao, *x2;
     float *mean2, *rstd2, *ln2, *h2, *f, *g, *mo;
     float *lh[TZ_DIT_LIN_N]; /* LoRA hidden x A^T per projection (NULL if not adapted) */
 } tz_dit_acts;
@@ -108,6 +109,9 @@ typedef struct tz_dit {
     size_t att_ws_bytes; /* (tz_attention_ws_bytes: 0 and NULL where none is wanted) */
     /* activations for batches of up to B images (tz_dit_setup); n is the current batch */
     int64_t B, n;
+    /* the inputs of qkv, fc1 and fc2 (h1, h2, g) kept in bf16 for the backward: with bf16
+     * GEMM operands, dense weights and a backward (the GEMMs read them rounded anyway) */
+    int x16;
     tz_arena arena;
     float *img, *target, *patches, *tfreq, *t_h, *t_s, *temb, *c, *sc;
     int32_t *labels;

@@ -154,7 +154,7 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
     if (g_probe && q && l->a) g_probe(g_probe_ctx, l, x, n);
     if (!q && l->bias && rounds_bf16(be) && sharing_on()) {
         /* y = [x | 1] [W | b]^T: the bias inside the GEMM (matmul_bias), then LoRA */
-        be->matmul_bias(be, y, x, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in);
+        be->matmul_bias(be, y, x, 0, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in);
         lora_fwd(be, l, y, h, x, 0, n);
         return;
     }
@@ -316,26 +316,51 @@ int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, i
     return fwd > bwd ? fwd : bwd;
 }
 
-/* tz_linear_bwd, dx written (dx_set) or added to */
+/* tz_linear_bwd, dx written (dx_set) or added to; x fp32, or bf16 bit patterns (x16) */
 static void linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
-                       const float *x, const float *h, float *scratch, int64_t n, int dx_set) {
+                       const void *x, int x16, const float *h, float *scratch, int64_t n,
+                       int dx_set) {
     const tz_qweight *q = l->w->q;
     const int turbo = q && q->method == TZ_TQ_TURBOQUANT;
     const bwd_room r = l->tq && l->tq->act ? bwd_layout(be, &l, 1, n, turbo, dx != NULL,
                                                         l->tq->act, l->tq->act_floats)
                                            : (bwd_room){0};
     if (r.dy16) be->to_bf16(be, r.dy16, dy, n * l->out);
-    linear_bwd_x(be, l, dx, dy, r.dy16, x, 0, h, scratch, n, 0, 0, dx_set);
+    linear_bwd_x(be, l, dx, dy, r.dy16, x, x16, h, scratch, n, 0, 0, dx_set);
+}
+
+/* A dense linear on an input kept in bf16: the fold's and rotation's paths are the
+ * quantized weights', which read x in fp32. */
+static void need_dense_x16(const tz_linear *l, const tz_backend *be) {
+    if (l->w->q || !rounds_bf16(be))
+        TZ_FATAL("linear %lld -> %lld: an input kept in bf16 needs a dense weight and bf16 GEMM "
+                 "operands", (long long)l->in, (long long)l->out);
+}
+
+void tz_linear_fwd_x16(tz_backend *be, const tz_linear *l, float *y, float *h,
+                       const uint16_t *x16, int64_t n) {
+    need_dense_x16(l, be);
+    if (l->bias) /* y = [x | 1] [W | b]^T, then LoRA */
+        be->matmul_bias(be, y, x16, 1, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in);
+    else
+        be->matmul16(be, y, x16, 1, l->w->w, l->w->w16, n, l->out, l->in, 0, 1, 1.0f, 0.0f);
+    lora_fwd(be, l, y, h, x16, 1, n);
+}
+
+void tz_linear_bwd_set_x16(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
+                           const uint16_t *x16, const float *h, float *scratch, int64_t n) {
+    need_dense_x16(l, be);
+    linear_bwd(be, l, dx, dy, x16, 1, h, scratch, n, 1);
 }
 
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                    const float *x, const float *h, float *scratch, int64_t n) {
-    linear_bwd(be, l, dx, dy, x, h, scratch, n, 0);
+    linear_bwd(be, l, dx, dy, x, 0, h, scratch, n, 0);
 }
 
 void tz_linear_bwd_set(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                        const float *x, const float *h, float *scratch, int64_t n) {
-    linear_bwd(be, l, dx, dy, x, h, scratch, n, 1);
+    linear_bwd(be, l, dx, dy, x, 0, h, scratch, n, 1);
 }
 
 /* ---- linears that read one input ---- */
@@ -398,7 +423,8 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
         for (int i = 0; i < count; i++) {
             const tz_linear *l = ls[i];
             if (l->bias)
-                be->matmul_bias(be, ys[i], x, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in);
+                be->matmul_bias(be, ys[i], x, 0, l->w->w, l->w->w16, l->bias->w, n, l->out,
+                                l->in);
             else
                 be->matmul16(be, ys[i], x16, 1, l->w->w, l->w->w16, n, l->out, l->in, 0, 1,
                              1.0f, 0.0f);
@@ -459,7 +485,7 @@ void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count,
     const int turbo = shareable(ls, count);
     if (!turbo && !shareable_dense(be, ls, count, n)) {
         for (int i = 0; i < count; i++)
-            linear_bwd(be, ls[i], dx, dys[i], x, hs[i], scratch, n, dx_set && !i);
+            linear_bwd(be, ls[i], dx, dys[i], x, 0, hs[i], scratch, n, dx_set && !i);
         return;
     }
     /* each dy and x rounded once for every GEMM that reads them (bwd_layout); TurboQuant:

@@ -71,6 +71,15 @@ void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *d
  * the first input gradient a buffer gets. */
 void tz_linear_bwd_set(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                        const float *x, const float *h, float *scratch, int64_t n);
+/* tz_linear_fwd and tz_linear_bwd_set on an input kept rounded to bf16, x16 [n, in] (bit
+ * patterns: what the GEMMs read of it with bf16 operands, so the same bits as giving them the
+ * fp32 x): a dense weight's (a bias folded along K, LoRA's A read from x16 too) on a backend
+ * with bf16 GEMM operands; fatal otherwise. For a model that keeps the inputs of its linears
+ * in bf16 for the backward instead of fp32 (the DiT). */
+void tz_linear_fwd_x16(tz_backend *be, const tz_linear *l, float *y, float *h,
+                       const uint16_t *x16, int64_t n);
+void tz_linear_bwd_set_x16(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
+                           const uint16_t *x16, const float *h, float *scratch, int64_t n);
 /* Linears that read one input x [n, in] (q, k and v; gate and up): the same as
  * tz_linear_fwd(ls[i], ys[i], hs[i], x) and tz_linear_bwd(ls[i], dx, dys[i], x, hs[i]) for
  * i < count, in that order, with the work on x done once for all where every weight is

@@ -303,11 +303,11 @@ static void add_matmul(oc_list *l, int64_t M, int64_t N, int64_t K, int ta, int 
 }
 
 
-/* ---- matmul_bias: C = A W^T + bias, W fp32 or bf16 (p[3]) ----
+/* ---- matmul_bias: C = A W^T + bias, W fp32 or bf16 (p[3]), A fp32 or bf16 (p[4]) ----
  * tensors: 0 A [M, K], 1 W [N, K], 2 bias [N], 3 C (NaN before: written) */
 static void mb_fwd(oc_run *r) {
-    r->be->matmul_bias(r->be, OCF(r, 3), OCF(r, 0), r->d[1], (int)OCP(r, 3), OCF(r, 2),
-                       OCP(r, 0), OCP(r, 1), OCP(r, 2));
+    r->be->matmul_bias(r->be, OCF(r, 3), r->d[0], (int)OCP(r, 4), r->d[1], (int)OCP(r, 3),
+                       OCF(r, 2), OCP(r, 0), OCP(r, 1), OCP(r, 2));
 }
 static void mb_ref(oc_ref *r) {
     const int64_t M = r->c->p[0], N = r->c->p[1], K = r->c->p[2];
@@ -318,19 +318,19 @@ static void mb_ref(oc_ref *r) {
             r->v[3][m * N + n] = acc;
         }
 }
-static void add_matmul_bias(oc_list *l, int64_t M, int64_t N, int64_t K, int w16) {
-    oc_case c = {.ops = "matmul_bias", .nt = 4, .p = {M, N, K, w16}, .flags = OC_GEMM,
+static void add_matmul_bias(oc_list *l, int64_t M, int64_t N, int64_t K, int w16, int a16) {
+    oc_case c = {.ops = "matmul_bias", .nt = 4, .p = {M, N, K, w16, a16}, .flags = OC_GEMM,
                  .fwd = mb_fwd, .ref = mb_ref,
                  /* K products summed in another order; bf16: the operands and the bias are
                   * bf16 values in that pass (its one extra column exact), so only the fp32 sums
                   * differ. Leaving the bias out moves C by up to 4 */
                  .tol_fwd = 1e-5};
-    c.t[0] = (oc_tensor)OC_T_IN("A", M * K);
+    c.t[0] = a16 ? (oc_tensor)OC_T_BF16("A", M * K, 1.0f) : (oc_tensor)OC_T_IN("A", M * K);
     c.t[1] = w16 ? (oc_tensor)OC_T_BF16("W", N * K, 1.0f) : (oc_tensor)OC_T_IN("W", N * K);
     c.t[2] = (oc_tensor)OC_T_INA("bias", N, 4.0f);
     c.t[3] = (oc_tensor)OC_T_OUT("C", M * N);
-    snprintf(c.name, sizeof c.name, "matmul_bias M %lld N %lld K %lld, W %s", (long long)M,
-             (long long)N, (long long)K, w16 ? "bf16" : "fp32");
+    snprintf(c.name, sizeof c.name, "matmul_bias M %lld N %lld K %lld, A %s, W %s", (long long)M,
+             (long long)N, (long long)K, a16 ? "bf16" : "fp32", w16 ? "bf16" : "fp32");
     oc_add(l, &c);
 }
 
@@ -408,8 +408,10 @@ void oc_cases_base(oc_list *l) {
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) add_matmul_bw16(l, 19, 33, 40, ta, tb, 1.0, 0.0);
     add_matmul_bw16(l, 3, 64, 17, 0, 1, -0.5, 1.0);
-    add_matmul_bias(l, 13, 37, 45, 0); /* K + 8 = 53: rows of odd length */
-    add_matmul_bias(l, 9, 24, 64, 1);
+    add_matmul_bias(l, 13, 37, 45, 0, 0); /* K + 8 = 53: rows of odd length */
+    add_matmul_bias(l, 9, 24, 64, 1, 0);
+    add_matmul_bias(l, 11, 29, 45, 0, 1); /* A kept in bf16 */
+    add_matmul_bias(l, 7, 24, 64, 1, 1);
     /* A, B or both in bf16, every transposition once */
     add_matmul16(l, 21, 35, 40, 0, 0, 1, 0, 1.0, 0.0);
     add_matmul16(l, 21, 35, 40, 1, 1, 1, 0, 0.5, 1.0);
