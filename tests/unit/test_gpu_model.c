@@ -3,7 +3,9 @@
  * loss and every trainable gradient compared. Llama: tied embeddings with grouped-query
  * heads, untied with as many kv heads as heads (and activation checkpointing), and LoRA on a
  * 4-bit TurboQuant base (untied, GQA, checkpointing: the rotation and decode path); DiT:
- * full training with learned sigma (the XL/2 layout at a small size). Exits 77 (skip) in a
+ * full training with learned sigma (the XL/2 layout at a small size), LoRA on a dense base
+ * with checkpointing, and (bf16) LoRA on a 4-bit base: with bf16 GEMMs a dense DiT keeps the
+ * inputs of qkv, fc1 and fc2 in bf16, a quantized one in fp32. Exits 77 (skip) in a
  * build without the CUDA backend or where no GPU is visible. TZ_CUDA_MODULE picks the module
  * (the CPU emulation of the CUDA backend runs the same checks).
  *
@@ -188,7 +190,9 @@ static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lor
     free(in), free(tg);
 }
 
-static void dit_case(const char *what) {
+/* lora: 0 full training; -1 LoRA on every projection of a dense base; > 0 of a base quantized
+ * to that many bits (TurboQuant). ckpt: activation checkpointing. */
+static void dit_case(const char *what, int lora, int ckpt) {
     tz_dit_dims d;
     char err[128];
     if (tz_dit_preset("tiny", &d, err, sizeof err)) check(0, "%s", err);
@@ -196,7 +200,13 @@ static void dit_case(const char *what) {
     d.num_heads = 4, d.num_classes = 10, d.learn_sigma = 1; /* DiT-XL/2's layout, small */
     tz_model_opts o;
     memset(&o, 0, sizeof o);
-    o.full = 1;
+    o.checkpointing = ckpt;
+    if (lora) {
+        if (lora > 0) o.quant.bits = lora, o.quant.group = 64, o.quant.seed = 5;
+        o.lora.targets = (1 << TZ_DIT_LIN_N) - 1, o.lora.rank = 4, o.lora.alpha = 8;
+    } else {
+        o.full = 1;
+    }
     const int64_t n = 3, numel = tz_dit_image_numel(&d);
     float *x = malloc((size_t)(n * numel) * sizeof *x), *tgt = malloc((size_t)(n * numel) * sizeof *tgt);
     float t[3] = {17.0f, 500.0f, 999.0f};
@@ -505,7 +515,8 @@ int main(void) {
     llama_case("llama untied, GQA 4/2, LoRA on 4-bit TurboQuant, checkpointing", 0, 2, 1, 4, 0);
     llama_case("qwen2 tied, GQA 4/2, full, checkpointing", 1, 2, 1, 0, 2);
     llama_case("qwen3 untied, GQA 4/2, head_dim 24, full, checkpointing", 0, 2, 1, 0, 3);
-    dit_case("dit 8x8x4, patch 2, learned sigma, full");
+    dit_case("dit 8x8x4, patch 2, learned sigma, full", 0, 0);
+    dit_case("dit, LoRA on a dense base, checkpointing", -1, 1);
     /* bf16 GEMM operands and bf16 storage on the GPU, against the fp32 CPU */
     g_gpu->matmul_dtype = TZ_DT_BF16;
     TOL_LOSS = 2e-3, TOL_GRAD = 5e-2;
@@ -514,7 +525,11 @@ int main(void) {
     llama_case("bf16: llama untied, GQA 4/2, LoRA on 4-bit TurboQuant, checkpointing", 0, 2, 1, 4, 0);
     llama_case("bf16: qwen2 tied, LoRA on 4-bit TurboQuant, checkpointing", 1, 2, 1, 4, 2);
     llama_case("bf16: qwen3 untied, head_dim 24, full, checkpointing", 0, 2, 1, 0, 3);
-    dit_case("bf16: dit 8x8x4, patch 2, learned sigma, full");
+    dit_case("bf16: dit 8x8x4, patch 2, learned sigma, full", 0, 0);
+    /* the inputs of qkv, fc1 and fc2 kept in bf16 (dense weights), LoRA's A reading them too;
+     * and a quantized base, which keeps them in fp32 for its rotation */
+    dit_case("bf16: dit, LoRA on a dense base, checkpointing", -1, 1);
+    dit_case("bf16: dit, LoRA on 4-bit TurboQuant", 4, 0);
     tz_backend_destroy(g_gpu);
     tz_backend_destroy(g_cpu);
     return tz_check_done("test_gpu_model");
