@@ -33,8 +33,13 @@ __device__ __forceinline__ float gelu_d(float v) {
     return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
 }
 
-static __global__ void k_gelu_fwd(float *out, const float *x, int64_t n) {
-    TZ_CUDA_FOR(i, n) out[i] = gelu_v(x[i]);
+/* An output element: fp32, or bf16 bits rounded to nearest even (to_bf16's rounding). */
+__device__ __forceinline__ void put(float *p, float v) { *p = v; }
+__device__ __forceinline__ void put(uint16_t *p, float v) { *p = tz_bf16_bits(v); }
+
+template <class T>
+static __global__ void k_gelu_fwd(T *out, const float *x, int64_t n) {
+    TZ_CUDA_FOR(i, n) put(out + i, gelu_v(x[i]));
 }
 
 static __global__ void k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n,
@@ -43,12 +48,13 @@ static __global__ void k_gelu_bwd(float *dx, const float *dout, const float *x, 
 }
 
 /* The row forms: rows in y (grid-stride), a row's columns in x; out (or dout) at stride ld. */
-static __global__ void k_gelu_fwd_rows(float *out, const float *x, int64_t rows, int64_t cols,
+template <class T>
+static __global__ void k_gelu_fwd_rows(T *out, const float *x, int64_t rows, int64_t cols,
                                        int64_t ld) {
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
         for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
              c += (int64_t)gridDim.x * blockDim.x)
-            out[r * ld + c] = gelu_v(x[r * cols + c]);
+            put(out + r * ld + c, gelu_v(x[r * cols + c]));
 }
 static __global__ void k_gelu_bwd_rows(float *dx, const float *dout, const float *x,
                                        int64_t rows, int64_t cols, int64_t ld, int acc) {
@@ -94,14 +100,20 @@ static void cuda_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *d
     TZ_CUDA_LAUNCH(k_swiglu_bwd, n, dg, du, dout, g, u, n, accumulate);
 }
 static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
-                               int64_t cols, int64_t ld) {
+                               int64_t cols, int64_t ld, int out_bf16) {
     const int64_t rows = gelu_rows(n, cols, ld);
+    uint16_t *o16 = (uint16_t *)(void *)out;
     if (!rows) {
-        TZ_CUDA_LAUNCH(k_gelu_fwd, n, out, x, n);
+        if (out_bf16) TZ_CUDA_LAUNCH(k_gelu_fwd<uint16_t>, n, o16, x, n);
+        else TZ_CUDA_LAUNCH(k_gelu_fwd<float>, n, out, x, n);
         return;
     }
-    k_gelu_fwd_rows<<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
-        out, x, rows, cols, ld);
+    if (out_bf16)
+        k_gelu_fwd_rows<uint16_t><<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0,
+                                    tz_cuda_stream(be)>>>(o16, x, rows, cols, ld);
+    else
+        k_gelu_fwd_rows<float><<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
+            out, x, rows, cols, ld);
     CUDA_LAUNCHED();
 }
 static void cuda_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,

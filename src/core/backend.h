@@ -286,9 +286,11 @@ struct tz_backend {
      * (the bits of adding into zeros). GELU's rows: cols > 0 takes x (and dx) as n / cols rows
      * of cols elements and out (forward) or dout (backward) as rows at stride ld >= cols, the
      * rest of those rows neither read nor written (a GEMM's operand concatenated beside
-     * another); cols = 0: all dense. */
+     * another); cols = 0: all dense. out_bf16: the forward's out holds bf16 bit patterns
+     * (each value rounded to nearest even, as to_bf16 would round it: an output only GEMMs
+     * read, kept as they read it). */
     void (*gelu_tanh_fwd)(tz_backend *be, float *out, const float *x, int64_t n, int64_t cols,
-                          int64_t ld);
+                          int64_t ld, int out_bf16);
     void (*gelu_tanh_bwd)(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n,
                           int accumulate, int64_t cols, int64_t ld);
     void (*silu_fwd)(tz_backend *be, float *out, const float *x, int64_t n);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "cpu/cpu_internal.h"
 
@@ -64,11 +65,17 @@ static inline float gelu_d(float v) {
 }
 
 static void cpu_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
-                              int64_t cols, int64_t ld) {
+                              int64_t cols, int64_t ld, int out_bf16) {
     int64_t rows, c, l;
     gelu_rows(n, cols, ld, &rows, &c, &l);
     int nt = tz_cpu_threads(be);
+    uint16_t *o16 = (uint16_t *)(void *)out;
     if (rows <= 1) {
+        if (out_bf16) {
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
+            for (int64_t i = 0; i < n; i++) o16[i] = tz_f32_to_bf16(gelu_v(x[i]));
+            return;
+        }
 #pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
         for (int64_t i = 0; i < n; i++) out[i] = gelu_v(x[i]);
         return;
@@ -76,9 +83,13 @@ static void cpu_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_
 #pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * c;
-        float *o = out + r * l;
+        if (out_bf16)
+            for (int64_t i = 0; i < c; i++) o16[r * l + i] = tz_f32_to_bf16(gelu_v(xr[i]));
+        else {
+            float *o = out + r * l;
 #pragma omp simd
-        for (int64_t i = 0; i < c; i++) o[i] = gelu_v(xr[i]);
+            for (int64_t i = 0; i < c; i++) o[i] = gelu_v(xr[i]);
+        }
     }
 }
 

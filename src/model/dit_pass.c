@@ -52,7 +52,7 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     /* shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunk(6) */
     tz_linear_fwd(be, &L[TZ_DIT_ADALN], a->mod, a->lh[TZ_DIT_ADALN], m->sc, n);
     be->layernorm_fwd(be, a->ln1, a->mean1, a->rstd1, x, BT, Hd, 1e-6f);
-    /* with m->x16, h1, h2 and g made in fp32 in df (free in a forward) and kept in bf16 */
+    /* with m->x16, h1 and h2 made in fp32 in df (free in a forward) and kept in bf16 */
     float *t = m->x16 ? m->df : NULL;
     be->modulate_fwd(be, t ? t : a->h1, a->ln1, a->mod, a->mod + Hd, M, n, T, Hd);
     /* attention reads q, k and v where the fused projection writes them (rows of 3 hidden) */
@@ -66,8 +66,12 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->layernorm_fwd(be, a->ln2, a->mean2, a->rstd2, a->x2, BT, Hd, 1e-6f);
     be->modulate_fwd(be, t ? t : a->h2, a->ln2, a->mod + 3 * Hd, a->mod + 4 * Hd, M, n, T, Hd);
     lin_fwd(m, &L[TZ_DIT_FC1], a->f, a->lh[TZ_DIT_FC1], a->h2, t, BT);
-    be->gelu_tanh_fwd(be, t ? t : a->g, a->f, BT * tz_dit_mlp_hidden(d), 0, 0);
-    lin_fwd(m, &L[TZ_DIT_FC2], a->mo, a->lh[TZ_DIT_FC2], a->g, t, BT);
+    /* g in bf16 straight from the GELU (its values as to_bf16 would round them) */
+    be->gelu_tanh_fwd(be, a->g, a->f, BT * tz_dit_mlp_hidden(d), 0, 0, m->x16);
+    if (m->x16)
+        tz_linear_fwd_x16(be, &L[TZ_DIT_FC2], a->mo, a->lh[TZ_DIT_FC2],
+                          (const uint16_t *)(const void *)a->g, BT);
+    else tz_linear_fwd(be, &L[TZ_DIT_FC2], a->mo, a->lh[TZ_DIT_FC2], a->g, BT);
     be->gate_fwd(be, out, a->x2, a->mo, a->mod + 5 * Hd, M, n, T, Hd);
 }
 

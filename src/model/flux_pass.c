@@ -128,7 +128,7 @@ static void stream_mlp_fwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
     be->layernorm_fwd(be, ln2, mean2, rstd2, x2, R, I, EPS);
     be->modulate_fwd(be, h2, ln2, mod + 3 * I, mod + 4 * I, M, n, Ts, I);
     tz_linear_fwd(be, ff1, f, *lh1, h2, R);
-    be->gelu_tanh_fwd(be, g, f, R * tz_flux_mlp(&m->d), 0, 0);
+    be->gelu_tanh_fwd(be, g, f, R * tz_flux_mlp(&m->d), 0, 0, 0);
     tz_linear_fwd(be, ff2, mo, *lh2, g, R);
     be->gate_fwd(be, y, x2, mo, mod + 5 * I, M, n, Ts, I);
 }
@@ -193,7 +193,7 @@ static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     float *h4[4] = {a->lh[TZ_FLUX_MLP], a->lh[TZ_FLUX_Q], a->lh[TZ_FLUX_K], a->lh[TZ_FLUX_V]};
     tz_linear_fwd_shared(be, in4, y4, h4, 4, a->h1i, BT);
     /* the GELU output straight into the second part of cat, where proj_out reads it */
-    be->gelu_tanh_fwd(be, a->cat + I, a->fi, BT * F, F, I + F);
+    be->gelu_tanh_fwd(be, a->cat + I, a->fi, BT * F, F, I + F, 0);
     be->rmsnorm_fwd(be, a->Q, a->rqi, a->qi, blk->nq->w, BT * H, D, EPS);
     be->rmsnorm_fwd(be, a->K, a->rki, a->ki, blk->nk->w, BT * H, D, EPS);
     attend(m, a, a->vi, a->cat, I + F, n, T);
@@ -316,7 +316,7 @@ static void stream_mlp_bwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
     /* the GELU output again (the forward's op on the same f: the same values), then its
      * gradient; the pre-GELU gradient takes the GELU output's place once that is read */
     float *g = m->wide0, *dg = m->wide1, *df = m->wide0;
-    be->gelu_tanh_fwd(be, g, f, R * F, 0, 0);
+    be->gelu_tanh_fwd(be, g, f, R * F, 0, 0, 0);
     /* y = x2 + gate_mlp * mo */
     /* each activation gradient written by the op that first makes it: no zeroing */
     be->gate_bwd(be, m->dc, dmod + 5 * I, dy, mo, mod + 5 * I, M, n, Ts, I, 0);

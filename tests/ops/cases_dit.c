@@ -164,7 +164,7 @@ static double act(double x, int silu) {
 static void act_fwd(oc_run *r) {
     float *out = OCF(r, r->c->nt == 1 ? 0 : 1);
     if (OCP(r, 1)) r->be->silu_fwd(r->be, out, OCF(r, 0), OCP(r, 0));
-    else r->be->gelu_tanh_fwd(r->be, out, OCF(r, 0), OCP(r, 0), 0, 0);
+    else r->be->gelu_tanh_fwd(r->be, out, OCF(r, 0), OCP(r, 0), 0, 0, 0);
 }
 static void act_bwd(oc_run *r) {
     if (OCP(r, 1)) r->be->silu_bwd(r->be, OCF(r, 3), OCF(r, 2), OCF(r, 0), OCP(r, 0), !OCP(r, 2));
@@ -180,7 +180,7 @@ static void act_ref(oc_ref *r) {
  * op must leave alone (the reference keeps them).
  * tensors: 0 x, 1 out [rows, ld], 2 dout, 3 dx; p: n, 0, write, cols, ld */
 static void gelu_rows_fwd(oc_run *r) {
-    r->be->gelu_tanh_fwd(r->be, OCF(r, 1), OCF(r, 0), OCP(r, 0), OCP(r, 3), OCP(r, 4));
+    r->be->gelu_tanh_fwd(r->be, OCF(r, 1), OCF(r, 0), OCP(r, 0), OCP(r, 3), OCP(r, 4), 0);
 }
 static void gelu_rows_bwd(oc_run *r) {
     r->be->gelu_tanh_bwd(r->be, OCF(r, 3), OCF(r, 2), OCF(r, 0), OCP(r, 0), !OCP(r, 2), OCP(r, 3),
@@ -202,6 +202,28 @@ static void add_gelu_rows(oc_list *l, int64_t rows, int64_t cols, int64_t ld, in
     if (write) c.t[3].flags |= OC_WRITES;
     snprintf(c.name, sizeof c.name, "gelu_tanh rows %lld x %lld, out rows at stride %lld%s",
              (long long)rows, (long long)cols, (long long)ld, write ? ", dx written" : "");
+    oc_add(l, &c);
+}
+
+/* GELU's forward with a bf16 output, each value rounded to nearest even as to_bf16 rounds it:
+ * one dense run, or through the row form with rows of cols at a stride of cols (the row
+ * kernels' bf16 stores; the strides themselves are add_gelu_rows's). tensors: 0 x, 1 out (bf16);
+ * p: n, 0, 0, cols (0: dense), ld */
+static void gelu16_fwd(oc_run *r) {
+    r->be->gelu_tanh_fwd(r->be, OCF(r, 1), OCF(r, 0), OCP(r, 0), OCP(r, 3), OCP(r, 4), 1);
+}
+static void gelu16_ref(oc_ref *r) {
+    for (int64_t i = 0; i < r->c->p[0]; i++) r->v[1][i] = act(r->v[0][i], 0);
+}
+static void add_gelu16(oc_list *l, int64_t rows, int64_t cols) {
+    oc_case c = {.ops = "gelu_tanh_fwd", .nt = 2, .p = {rows * cols, 0, 0, rows > 1 ? cols : 0,
+                 cols}, .fwd = gelu16_fwd, .ref = gelu16_ref,
+                 /* the rounding to bf16 of each value: 2^-9 of it at most, so of the largest */
+                 .tol_fwd = 2.5e-3};
+    c.t[0] = (oc_tensor)OC_T_INA("x", rows * cols, 4.0f);
+    c.t[1] = (oc_tensor)OC_T_OUT16("out", rows * cols);
+    snprintf(c.name, sizeof c.name, "gelu_tanh into bf16, %lld x %lld%s", (long long)rows,
+             (long long)cols, rows > 1 ? " (as rows)" : "");
     oc_add(l, &c);
 }
 
@@ -460,6 +482,8 @@ void oc_cases_dit(oc_list *l) {
     }
     add_gelu_rows(l, 7, 37, 37 + 29, 0); /* out rows beside 29 other columns, dx added */
     add_gelu_rows(l, 5, 33, 40, 1);      /* dx written */
+    add_gelu16(l, 1, 301);
+    add_gelu16(l, 7, 37);
     add_bias(l, 13, 37);
     add_bias(l, 130, 19);
     add_mse(l, 13, 37, 37);

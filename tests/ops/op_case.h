@@ -38,6 +38,8 @@ enum oc_kind {
                * (OC_WRITES: NaN, the backward writes it), checked against differences */
     OC_DIO,   /* both, in place (rope_bwd): holds the upstream gradient of `of`'s output on
                * entry, the gradient of `of`'s input (written) on return */
+    OC_OUT16, /* an output the forward writes as bf16 bit patterns: NaN before, widened for the
+               * comparison with the reference (forward-only rows) */
 };
 
 /* tensor flags */
@@ -131,6 +133,7 @@ oc_case *oc_add(oc_list *l, const oc_case *c);
 #define OC_T_INA(nm, cnt, a) {.name = nm, .kind = OC_IN, .n = (cnt), .amp = (a)}
 #define OC_T_INOUT(nm, cnt) {.name = nm, .kind = OC_INOUT, .n = (cnt), .amp = 1.0f}
 #define OC_T_OUT(nm, cnt) {.name = nm, .kind = OC_OUT, .n = (cnt)}
+#define OC_T_OUT16(nm, cnt) {.name = nm, .kind = OC_OUT16, .n = (cnt)}
 #define OC_T_I32(nm, cnt, l, h) {.name = nm, .kind = OC_I32, .n = (cnt), .lo = (l), .hi = (h)}
 #define OC_T_BF16(nm, cnt, a) {.name = nm, .kind = OC_BF16, .n = (cnt), .amp = (a)}
 #define OC_T_U8(nm, cnt, l, h) {.name = nm, .kind = OC_U8, .n = (cnt), .lo = (l), .hi = (h)}

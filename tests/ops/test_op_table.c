@@ -47,7 +47,7 @@ static int64_t tensor_n(const oc_case *c, int i) {
     const oc_tensor *t = &c->t[i];
     return (t->kind == OC_DOUT || t->kind == OC_DIN || t->kind == OC_DIO) ? c->t[t->of].n : t->n;
 }
-static size_t esize(enum oc_kind k) { return k == OC_BF16 ? 2 : k == OC_U8 ? 1 : 4; }
+static size_t esize(enum oc_kind k) { return k == OC_BF16 || k == OC_OUT16 ? 2 : k == OC_U8 ? 1 : 4; }
 
 static float urand(float amp) { return amp * (2.0f * tz_rng_uniform(&g_rng) - 1.0f); }
 /* bf16 pass: float inputs made of bf16 values, so the operand rounding is exact */
@@ -73,7 +73,7 @@ static void ref_run(state *s, oc_ref *R) {
         if (c->t[i].kind == OC_INOUT) {
             memcpy(s->work[i], s->v0[i], (size_t)n * sizeof(double));
             R->v[i] = s->work[i];
-        } else if (c->t[i].kind == OC_OUT) {
+        } else if (c->t[i].kind == OC_OUT || c->t[i].kind == OC_OUT16) {
             memset(s->work[i], 0, (size_t)n * sizeof(double));
             R->v[i] = s->work[i];
         } else {
@@ -143,6 +143,9 @@ static void run_case(tz_backend *be, const char *tag, const oc_case *c, int bf16
             case OC_OUT:
                 ((float *)s.host[i])[k] = NAN;
                 break;
+            case OC_OUT16:
+                ((uint16_t *)s.host[i])[k] = 0xffff; /* NaN */
+                break;
             case OC_I32: {
                 int32_t x = t->lo + (int32_t)(tz_rng_uniform(&g_rng) * (float)(t->hi - t->lo));
                 if (x >= t->hi) x = t->hi - 1;
@@ -187,12 +190,15 @@ static void run_case(tz_backend *be, const char *tag, const oc_case *c, int bf16
     const char *wfwd = "";
     for (int i = 0; i < c->nt; i++) {
         const oc_tensor *t = &c->t[i];
-        if ((t->kind != OC_OUT && t->kind != OC_INOUT) || (t->flags & OC_NOCHECK)) continue;
+        if ((t->kind != OC_OUT && t->kind != OC_INOUT && t->kind != OC_OUT16) ||
+            (t->flags & OC_NOCHECK))
+            continue;
         int64_t n = t->n;
         float *g = malloc((size_t)(n > 0 ? n : 1) * 4);
         double *gd = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-        be->download(be, g, r.d[i], (size_t)n * 4);
-        for (int64_t k = 0; k < n; k++) gd[k] = g[k];
+        be->download(be, g, r.d[i], (size_t)n * esize(t->kind));
+        for (int64_t k = 0; k < n; k++)
+            gd[k] = t->kind == OC_OUT16 ? tz_bf16_to_f32(((const uint16_t *)g)[k]) : g[k];
         double e = relerr_d(gd, R.v[i], n, 1);
         if (!(e <= efwd) && efwd == efwd) efwd = e, wfwd = t->name; /* a NaN stays */
         free(g), free(gd);

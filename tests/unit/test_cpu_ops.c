@@ -144,7 +144,7 @@ static results run_all(const inputs *in) {
     be->gate_bwd(be, p + n, p + 2 * n + 2 * DC, in->R, in->x, in->mod + 2 * DC, ld, DB, DT, DC,
                  1);
     p = take(&r, 4 * n);
-    be->gelu_tanh_fwd(be, p, in->x, n, 0, 0);
+    be->gelu_tanh_fwd(be, p, in->x, n, 0, 0, 0);
     be->gelu_tanh_bwd(be, p + n, in->R, in->x, n, 1, 0, 0);
     be->silu_fwd(be, p + 2 * n, in->x, n);
     be->silu_bwd(be, p + 3 * n, in->R, in->x, n, 1);
