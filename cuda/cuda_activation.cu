@@ -30,7 +30,8 @@ __device__ __forceinline__ float gelu_v(float v) {
 }
 __device__ __forceinline__ float gelu_d(float v) {
     const float th = tanh_e(GELU_K * (v + GELU_A * v * v * v));
-    return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+    return 0.5f * (1.0f + th) +
+           0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
 }
 
 /* An output element: fp32, or bf16 bits rounded to nearest even (to_bf16's rounding). */
@@ -44,7 +45,8 @@ static __global__ void k_gelu_fwd(T *out, const float *x, int64_t n) {
 
 static __global__ void k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n,
                                   int acc) {
-    TZ_CUDA_FOR(i, n) dx[i] = (acc ? dx[i] : 0.0f) + dout[i] * gelu_d(x[i]); /* (not read when written) */
+    /* (dx not read when written) */
+    TZ_CUDA_FOR(i, n) dx[i] = (acc ? dx[i] : 0.0f) + dout[i] * gelu_d(x[i]);
 }
 
 /* The row forms: rows in y (grid-stride), a row's columns in x; out (or dout) at stride ld. */
@@ -66,14 +68,6 @@ static __global__ void k_gelu_bwd_rows(float *dx, const float *dout, const float
         }
 }
 
-/* A GELU op's rows (backend.h): 0 when dense; fatal when n is not rows of cols. */
-static int64_t gelu_rows(int64_t n, int64_t cols, int64_t ld) {
-    if (cols <= 0) return 0;
-    if (n % cols || ld < cols)
-        TZ_FATAL("gelu_tanh: %lld elements are not rows of %lld at a stride of %lld",
-                 (long long)n, (long long)cols, (long long)ld);
-    return n / cols;
-}
 static dim3 rows_grid(int64_t rows, int64_t cols) {
     const int64_t bx = (cols + TZ_CUDA_THREADS - 1) / TZ_CUDA_THREADS;
     return dim3((unsigned)(bx < 64 ? bx : 64), (unsigned)(rows < 65535 ? rows : 65535), 1);
@@ -101,7 +95,7 @@ static void cuda_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *d
 }
 static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
                                int64_t cols, int64_t ld, int out_bf16) {
-    const int64_t rows = gelu_rows(n, cols, ld);
+    const int64_t rows = tz_op_rows("gelu_tanh", n, cols, ld);
     uint16_t *o16 = (uint16_t *)(void *)out;
     if (!rows) {
         if (out_bf16) TZ_CUDA_LAUNCH(k_gelu_fwd<uint16_t>, n, o16, x, n);
@@ -118,7 +112,7 @@ static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64
 }
 static void cuda_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
                                int64_t n, int accumulate, int64_t cols, int64_t ld) {
-    const int64_t rows = gelu_rows(n, cols, ld);
+    const int64_t rows = tz_op_rows("gelu_tanh", n, cols, ld);
     if (!rows) {
         TZ_CUDA_LAUNCH(k_gelu_bwd, n, dx, dout, x, n, accumulate);
         return;

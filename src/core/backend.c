@@ -29,6 +29,14 @@ tz_att_ld tz_att_ld_of(const tz_att_ld *ld, int64_t Hq, int64_t Hkv, int64_t D) 
     return r;
 }
 
+int64_t tz_op_rows(const char *op, int64_t n, int64_t cols, int64_t ld) {
+    if (cols <= 0) return 0;
+    if (n % cols || ld < cols)
+        TZ_FATAL("%s: %lld elements are not rows of %lld at a stride of %lld", op, (long long)n,
+                 (long long)cols, (long long)ld);
+    return n / cols;
+}
+
 void tz_backend_check(const tz_backend *be) {
 #define TZ_CHECK_OP(op)                                                                       \
     if (!be->op)                                                                              \

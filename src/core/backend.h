@@ -60,6 +60,10 @@ typedef struct tz_att_ld {
 /* The strides ld asks for, with dense ones for its 0 fields (every backend's attention
  * calls it). Fatal, naming them, when one is below its row's width (rows would overlap). */
 tz_att_ld tz_att_ld_of(const tz_att_ld *ld, int64_t Hq, int64_t Hkv, int64_t D);
+/* The rows of an elementwise op over n elements given as rows of cols with one side's rows
+ * at stride ld (gelu_tanh_fwd, gelu_tanh_bwd): n / cols, or 0 for cols = 0 (all dense).
+ * Fatal, naming op, when n is not whole rows or ld < cols. */
+int64_t tz_op_rows(const char *op, int64_t n, int64_t cols, int64_t ld);
 
 /* What device_info reports. */
 typedef struct tz_device_info {

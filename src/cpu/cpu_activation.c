@@ -42,18 +42,13 @@ static void cpu_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *do
  * saturates or underflows. */
 static inline float tanh_v(float u) { return 1.0f - 2.0f / (tz_cpu_expf(2.0f * u) + 1.0f); }
 
-/* The rows of a GELU op (backend.h): rows of cols elements, the strided side's at ld; the
- * dense form one row of n. */
+/* The rows of a GELU op (backend.h, tz_op_rows): rows of cols elements, the strided side's
+ * at ld; the dense form one row of n. */
 static void gelu_rows(int64_t n, int64_t cols, int64_t ld, int64_t *rows, int64_t *c,
                       int64_t *l) {
-    if (cols <= 0) {
-        *rows = n > 0 ? 1 : 0, *c = n, *l = n;
-        return;
-    }
-    if (n % cols || ld < cols)
-        TZ_FATAL("gelu_tanh: %lld elements are not rows of %lld at a stride of %lld",
-                 (long long)n, (long long)cols, (long long)ld);
-    *rows = n / cols, *c = cols, *l = ld;
+    *rows = tz_op_rows("gelu_tanh", n, cols, ld);
+    if (*rows) *c = cols, *l = ld;
+    else *rows = n > 0 ? 1 : 0, *c = n, *l = n;
 }
 
 static inline float gelu_v(float v) {
@@ -61,7 +56,8 @@ static inline float gelu_v(float v) {
 }
 static inline float gelu_d(float v) {
     const float th = tanh_v(GELU_K * (v + GELU_A * v * v * v));
-    return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+    return 0.5f * (1.0f + th) +
+           0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
 }
 
 static void cpu_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
@@ -110,7 +106,8 @@ static void cpu_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, cons
         const float *xr = x + r * c, *g = dout + r * l;
         float *dr = dx + r * c;
 #pragma omp simd
-        for (int64_t i = 0; i < c; i++) dr[i] = (keep != 0.0f ? dr[i] : 0.0f) + g[i] * gelu_d(xr[i]);
+        for (int64_t i = 0; i < c; i++)
+            dr[i] = (keep != 0.0f ? dr[i] : 0.0f) + g[i] * gelu_d(xr[i]);
     }
 }
 
