@@ -241,10 +241,7 @@ void tz_dit_init_random(tz_dit *m, uint64_t seed) {
  * fc2 weights only (a TurboQuant weight rotates its fp32 input), and a backward to keep them
  * for. */
 static int keeps_x16(const tz_dit *m) {
-    const tz_backend *be = m->be;
-    if (m->o.forward_only || be->matmul_dtype != TZ_DT_BF16 ||
-        !((be->matmul_dtypes >> TZ_DT_BF16) & 1u) || !m->d.depth)
-        return 0;
+    if (m->o.forward_only || !tz_linear_rounds_bf16(m->be) || !m->d.depth) return 0;
     const tz_linear *L = m->blocks[0].lin;
     return !L[TZ_DIT_QKV].w->q && !L[TZ_DIT_FC1].w->q && !L[TZ_DIT_FC2].w->q;
 }

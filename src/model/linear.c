@@ -95,7 +95,7 @@ static void lora_bias_fwd(tz_backend *be, const tz_linear *l, float *y, float *h
 /* Whether be's GEMMs round fp32 operands to bf16: its operand type is bf16 and it has bf16
  * GEMMs (a backend told bf16 without them, as a test may tell the CPU, computes in fp32:
  * rounding its input here would change its results). */
-static int rounds_bf16(const tz_backend *be) {
+int tz_linear_rounds_bf16(const tz_backend *be) {
     return be->matmul_dtype == TZ_DT_BF16 && ((be->matmul_dtypes >> TZ_DT_BF16) & 1u);
 }
 
@@ -125,7 +125,7 @@ static int64_t fold_ext(const tz_linear *l) { return (l->a ? l->r : 0) + (l->bia
  * TurboQuant weight, bf16 GEMMs, an fp32 B, and a tile with room for [out, ld]. */
 static int folds(const tz_backend *be, const tz_linear *l, int64_t ld) {
     const tz_qweight *q = l->w->q;
-    return q && q->method == TZ_TQ_TURBOQUANT && rounds_bf16(be) && sharing_on() &&
+    return q && q->method == TZ_TQ_TURBOQUANT && tz_linear_rounds_bf16(be) && sharing_on() &&
            be->tq_matmul_lora && l->tq && l->tq->tile &&
            tz_tq_tile_elems(be, l->out, l->in, ld, q->group) <= l->tq->tile_elems &&
            (!l->a || !l->b->w16);
@@ -145,14 +145,14 @@ static void fold_matmul(tz_backend *be, const tz_linear *l, float *y, uint16_t *
 
 int64_t tz_linear_fold_cols(const tz_backend *be, int64_t r, int bias) {
     const int64_t e = r + (bias != 0);
-    return e > 0 && rounds_bf16(be) && sharing_on() ? fold_ld(0, e) : 0;
+    return e > 0 && tz_linear_rounds_bf16(be) && sharing_on() ? fold_ld(0, e) : 0;
 }
 
 void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
                    int64_t n) {
     const tz_qweight *q = l->w->q;
     if (g_probe && q && l->a) g_probe(g_probe_ctx, l, x, n);
-    if (!q && l->bias && rounds_bf16(be) && sharing_on()) {
+    if (!q && l->bias && tz_linear_rounds_bf16(be) && sharing_on()) {
         /* y = [x | 1] [W | b]^T: the bias inside the GEMM (matmul_bias), then LoRA */
         be->matmul_bias(be, y, x, 0, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in);
         lora_fwd(be, l, y, h, x, 0, n);
@@ -179,7 +179,8 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
         return;
     } else if (q->method == TZ_TQ_TURBOQUANT) { /* y = x_rot . W_rot^T */
         float *xr = act_buffer(l, n);
-        if (rounds_bf16(be) && sharing_on()) { /* rounded as it is stored, as the GEMM would */
+        if (tz_linear_rounds_bf16(be) && sharing_on()) {
+            /* rounded as it is stored, as the GEMM would */
             be->tq_rotate16(be, (uint16_t *)(void *)xr, x, n, l->in, l->in, q->group, q->seed,
                             NULL);
             qmatmul16(be, l, y, xr, 1, n, 1, 0.0f);
@@ -286,7 +287,7 @@ static bwd_room bwd_layout(const tz_backend *be, const tz_linear *const *ls, int
         if (l->a && grad(l->a, plan)) ax = 1, ranks += l->r;
     }
     r.floats = off;
-    if (!rounds_bf16(be) || !sharing_on() || (!plan && cap <= 0)) return r;
+    if (!tz_linear_rounds_bf16(be) || !sharing_on() || (!plan && cap <= 0)) return r;
     if (plan) cap = INT64_MAX;
     if (dy) r.dy16 = take(act, &off, cap, half16(n * maxout));
     if (count > 1 && (wx || (ax && !turbo))) r.x16 = take(act, &off, cap, half16(n * ls[0]->in));
@@ -300,13 +301,15 @@ int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, i
     const tz_qweight *q = ls[0]->w->q;
     const int turbo = q && q->method == TZ_TQ_TURBOQUANT;
     int64_t fwd = turbo ? n * ls[0]->in : 0, emax = 0;
-    if (count > 1 && !turbo && rounds_bf16(be) && sharing_on()) fwd = (n * ls[0]->in + 1) / 2;
+    if (count > 1 && !turbo && tz_linear_rounds_bf16(be) && sharing_on())
+        fwd = (n * ls[0]->in + 1) / 2;
     int adapted = 0;
     for (int i = 0; i < count; i++) {
         emax = fold_ext(ls[i]) > emax ? fold_ext(ls[i]) : emax;
         adapted |= ls[i]->a != NULL;
     }
-    if (turbo && emax && rounds_bf16(be) && sharing_on()) { /* LoRA, bias folded (tq_matmul_lora) */
+    if (turbo && emax && tz_linear_rounds_bf16(be) && sharing_on()) {
+        /* LoRA, bias folded (tq_matmul_lora) */
         const int64_t rot = (n * fold_ld(ls[0]->in, emax) + 1) / 2; /* then x in bf16 */
         const int64_t f = al16(rot) + (adapted ? (n * ls[0]->in + 1) / 2 : 0);
         fwd = f > fwd ? f : fwd;
@@ -332,7 +335,7 @@ static void linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const floa
 /* A dense linear on an input kept in bf16: the fold's and rotation's paths are the
  * quantized weights', which read x in fp32. */
 static void need_dense_x16(const tz_linear *l, const tz_backend *be) {
-    if (l->w->q || !rounds_bf16(be))
+    if (l->w->q || !tz_linear_rounds_bf16(be))
         TZ_FATAL("linear %lld -> %lld: an input kept in bf16 needs a dense weight and bf16 GEMM "
                  "operands", (long long)l->in, (long long)l->out);
 }
@@ -395,7 +398,7 @@ static int shareable(const tz_linear *const *ls, int count) {
  * the scratch has room for it (n * in bf16, half as many floats; the model plans it). */
 static int shareable_dense(const tz_backend *be, const tz_linear *const *ls, int count,
                            int64_t n) {
-    if (count < 2 || !sharing_on() || !rounds_bf16(be)) return 0;
+    if (count < 2 || !sharing_on() || !tz_linear_rounds_bf16(be)) return 0;
     const tz_tq_scratch *s = ls[0]->tq;
     if (!s || !s->act || (n * ls[0]->in + 1) / 2 > s->act_floats) return 0;
     for (int i = 0; i < count; i++)
@@ -464,7 +467,7 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
         return;
     }
     const void *xr = act_buffer(l0, n), *xl = x;
-    const int b16 = rounds_bf16(be);
+    const int b16 = tz_linear_rounds_bf16(be);
     if (b16) { /* rounded once here, as each GEMM would round it */
         be->tq_rotate16(be, act16(l0, n, 0), x, n, l0->in, l0->in, q0->group, q0->seed,
                         adapted ? act16(l0, n, 1) : NULL);

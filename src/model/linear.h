@@ -71,6 +71,9 @@ void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *d
  * the first input gradient a buffer gets. */
 void tz_linear_bwd_set(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                        const float *x, const float *h, float *scratch, int64_t n);
+/* Whether be's GEMMs round fp32 operands to bf16: its operand type is bf16 and it has bf16
+ * GEMMs (a backend told bf16 without them computes in fp32). */
+int tz_linear_rounds_bf16(const tz_backend *be);
 /* tz_linear_fwd and tz_linear_bwd_set on an input kept rounded to bf16, x16 [n, in] (bit
  * patterns: what the GEMMs read of it with bf16 operands, so the same bits as giving them the
  * fp32 x): a dense weight's (a bias folded along K, LoRA's A read from x16 too) on a backend
