@@ -730,7 +730,8 @@ __device__ __forceinline__ void fa_mma_abt(float c[NT][4], const uint32_t a[DP /
             uint32_t b[4];
             if (LDM) {
                 const int j = lane >> 3, i = lane & 7;
-                tz_ldmatrix_x4<false>(b, s + ((nt + (j >> 1)) * 8 + i) * LD + kk * 16 + (j & 1) * 8);
+                tz_ldmatrix_x4<false>(b,
+                                      s + ((nt + (j >> 1)) * 8 + i) * LD + kk * 16 + (j & 1) * 8);
             } else {
 #pragma unroll
                 for (int h = 0; h < 2; h++) {

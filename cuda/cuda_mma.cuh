@@ -103,7 +103,8 @@ __device__ __forceinline__ void tz_ldmatrix_x4(uint32_t r[4], const uint16_t *ro
     const unsigned long long mine = (unsigned long long)(uintptr_t)row;
     for (int j = 0; j < 4; j++) {
         if (TRANS) { /* rows 2t and 2t + 1 of matrix j, column g */
-            const uint16_t *p0 = (const uint16_t *)(uintptr_t)__shfl_sync(full, mine, 8 * j + 2 * t);
+            const uint16_t *p0 =
+                (const uint16_t *)(uintptr_t)__shfl_sync(full, mine, 8 * j + 2 * t);
             const uint16_t *p1 =
                 (const uint16_t *)(uintptr_t)__shfl_sync(full, mine, 8 * j + 2 * t + 1);
             r[j] = tz_pack_u16(p0[g], p1[g]);

@@ -89,7 +89,6 @@ static __device__ __forceinline__ unsigned bf16x2_bits(float lo, float hi) {
     return u;
 }
 
-
 /* 8 floats rounded to bf16 at p: one 16-byte store when VEC (p 16-byte aligned). */
 template <bool VEC> static __device__ __forceinline__ void store8(uint16_t *p, const float *v) {
     if (VEC) {

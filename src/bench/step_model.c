@@ -183,7 +183,10 @@ static void s_gelu_fwd(tz_backend *be, float *o, cf *x, int64_t n, int64_t cols,
     (void)o, (void)x, (void)cols, (void)ld;
     add(be, TZ_SM_ELEMENT, 8.0 * n, (F + (o16 ? 2 : F)) * n); /* (an output in bf16: 2 bytes) */
 }
-static void s_gelu_bwd(tz_backend *be, float *dx, cf *d, cf *x, int64_t n, int acc, int64_t cols, int64_t ld) { (void)cols, (void)ld; s_act_bwd(be, dx, d, x, n, acc); }
+static void s_gelu_bwd(tz_backend *be, float *dx, cf *d, cf *x, int64_t n, int acc, int64_t cols, int64_t ld) {
+    (void)dx, (void)d, (void)x, (void)cols, (void)ld;
+    add(be, TZ_SM_ELEMENT, 12.0 * n, (acc ? 4 : 3) * F * n);
+}
 static void s_bias_add(tz_backend *be, float *y, cf *b, int64_t rows, int64_t C) { (void)y, (void)b; add(be, TZ_SM_ELEMENT, (double)rows * C, 2 * F * rows * C); }
 static void s_bias_bwd(tz_backend *be, float *db, cf *dy, int64_t rows, int64_t C) { (void)db, (void)dy; add(be, TZ_SM_ELEMENT, (double)rows * C, F * rows * C); }
 static void s_mse_fwd(tz_backend *be, float *s, cf *p, int64_t ld, cf *t, int64_t rows, int64_t n) { (void)s, (void)p, (void)ld, (void)t; add(be, TZ_SM_LOSS, 3.0 * rows * n, 2 * F * rows * n); }

@@ -47,7 +47,9 @@ static int64_t tensor_n(const oc_case *c, int i) {
     const oc_tensor *t = &c->t[i];
     return (t->kind == OC_DOUT || t->kind == OC_DIN || t->kind == OC_DIO) ? c->t[t->of].n : t->n;
 }
-static size_t esize(enum oc_kind k) { return k == OC_BF16 || k == OC_OUT16 ? 2 : k == OC_U8 ? 1 : 4; }
+static size_t esize(enum oc_kind k) {
+    return k == OC_BF16 || k == OC_OUT16 ? 2 : k == OC_U8 ? 1 : 4;
+}
 
 static float urand(float amp) { return amp * (2.0f * tz_rng_uniform(&g_rng) - 1.0f); }
 /* bf16 pass: float inputs made of bf16 values, so the operand rounding is exact */

@@ -413,7 +413,8 @@ static void test_activation(void) {
     g_gpu->swiglu_bwd(g_gpu, dg.d, du.d, dout.d, g.d, u.d, n, 1);
     expect("swiglu_bwd dg", &dg, 1e-6);
     expect("swiglu_bwd du", &du, 1e-6);
-    g_cpu->gelu_tanh_fwd(g_cpu, out.h, g.h, n, 0, 0, 0), g_gpu->gelu_tanh_fwd(g_gpu, out.d, g.d, n, 0, 0, 0);
+    g_cpu->gelu_tanh_fwd(g_cpu, out.h, g.h, n, 0, 0, 0);
+    g_gpu->gelu_tanh_fwd(g_gpu, out.d, g.d, n, 0, 0, 0);
     expect("gelu_tanh_fwd", &out, 1e-6);
     g_cpu->gelu_tanh_bwd(g_cpu, dg.h, dout.h, g.h, n, 1, 0, 0);
     g_gpu->gelu_tanh_bwd(g_gpu, dg.d, dout.d, g.d, n, 1, 0, 0);
