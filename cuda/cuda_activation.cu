@@ -34,19 +34,30 @@ __device__ __forceinline__ float gelu_d(float v) {
            0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
 }
 
-/* An output element: fp32, or bf16 bits rounded to nearest even (to_bf16's rounding). */
-__device__ __forceinline__ void put(float *p, float v) { *p = v; }
-__device__ __forceinline__ void put(uint16_t *p, float v) { *p = tz_bf16_bits(v); }
+
+/* swiglu_bwd's gradients written in bf16 (the same products as k_swiglu_bwd's) */
+static __global__ void k_swiglu_bwd16(uint16_t *dg, uint16_t *du, const float *dout,
+                                      const float *g, const float *u, int64_t n) {
+    TZ_CUDA_FOR(i, n) {
+        float sig = sigmoid(g[i]), silu = g[i] * sig;
+        tz_put(dg + i, dout[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig))));
+        tz_put(du + i, dout[i] * silu);
+    }
+}
 
 template <class T>
 static __global__ void k_gelu_fwd(T *out, const float *x, int64_t n) {
-    TZ_CUDA_FOR(i, n) put(out + i, gelu_v(x[i]));
+    TZ_CUDA_FOR(i, n) tz_put(out + i, gelu_v(x[i]));
 }
 
-static __global__ void k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n,
-                                  int acc) {
+/* What a backward adds to: dx's value (acc) or 0 (written; a bf16 dx is only written) */
+__device__ __forceinline__ float prior(const float *p, int acc) { return acc ? *p : 0.0f; }
+__device__ __forceinline__ float prior(const uint16_t *, int) { return 0.0f; }
+
+template <class T>
+static __global__ void k_gelu_bwd(T *dx, const float *dout, const float *x, int64_t n, int acc) {
     /* (dx not read when written) */
-    TZ_CUDA_FOR(i, n) dx[i] = (acc ? dx[i] : 0.0f) + dout[i] * gelu_d(x[i]);
+    TZ_CUDA_FOR(i, n) tz_put(dx + i, prior(dx + i, acc) + dout[i] * gelu_d(x[i]));
 }
 
 /* The row forms: rows in y (grid-stride), a row's columns in x; out (or dout) at stride ld. */
@@ -56,15 +67,16 @@ static __global__ void k_gelu_fwd_rows(T *out, const float *x, int64_t rows, int
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
         for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
              c += (int64_t)gridDim.x * blockDim.x)
-            put(out + r * ld + c, gelu_v(x[r * cols + c]));
+            tz_put(out + r * ld + c, gelu_v(x[r * cols + c]));
 }
-static __global__ void k_gelu_bwd_rows(float *dx, const float *dout, const float *x,
-                                       int64_t rows, int64_t cols, int64_t ld, int acc) {
+template <class T>
+static __global__ void k_gelu_bwd_rows(T *dx, const float *dout, const float *x, int64_t rows,
+                                       int64_t cols, int64_t ld, int acc) {
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
         for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
              c += (int64_t)gridDim.x * blockDim.x) {
             const int64_t i = r * cols + c;
-            dx[i] = (acc ? dx[i] : 0.0f) + dout[r * ld + c] * gelu_d(x[i]);
+            tz_put(dx + i, prior(dx + i, acc) + dout[r * ld + c] * gelu_d(x[i]));
         }
 }
 
@@ -90,8 +102,15 @@ static void cuda_swiglu_fwd(tz_backend *be, float *out, const float *g, const fl
     TZ_CUDA_LAUNCH(k_swiglu_fwd, n, out, g, u, n);
 }
 static void cuda_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *dout,
-                            const float *g, const float *u, int64_t n, int accumulate) {
-    TZ_CUDA_LAUNCH(k_swiglu_bwd, n, dg, du, dout, g, u, n, accumulate);
+                            const float *g, const float *u, int64_t n, int accumulate,
+                            int out_bf16) {
+    if (!out_bf16) {
+        TZ_CUDA_LAUNCH(k_swiglu_bwd, n, dg, du, dout, g, u, n, accumulate);
+        return;
+    }
+    if (accumulate) TZ_FATAL("swiglu_bwd: bf16 gradients are written, not accumulated");
+    TZ_CUDA_LAUNCH(k_swiglu_bwd16, n, (uint16_t *)(void *)dg, (uint16_t *)(void *)du, dout, g,
+                   u, n);
 }
 static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
                                int64_t cols, int64_t ld, int out_bf16) {
@@ -113,12 +132,18 @@ static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64
 static void cuda_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
                                int64_t n, int accumulate, int64_t cols, int64_t ld) {
     const int64_t rows = tz_op_rows("gelu_tanh", n, cols, ld);
+    uint16_t *d16 = (uint16_t *)(void *)dx;
     if (!rows) {
-        TZ_CUDA_LAUNCH(k_gelu_bwd, n, dx, dout, x, n, accumulate);
+        if (accumulate == 2) TZ_CUDA_LAUNCH(k_gelu_bwd<uint16_t>, n, d16, dout, x, n, 0);
+        else TZ_CUDA_LAUNCH(k_gelu_bwd<float>, n, dx, dout, x, n, accumulate);
         return;
     }
-    k_gelu_bwd_rows<<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
-        dx, dout, x, rows, cols, ld, accumulate);
+    if (accumulate == 2)
+        k_gelu_bwd_rows<uint16_t><<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0,
+                                    tz_cuda_stream(be)>>>(d16, dout, x, rows, cols, ld, 0);
+    else
+        k_gelu_bwd_rows<float><<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
+            dx, dout, x, rows, cols, ld, accumulate);
     CUDA_LAUNCHED();
 }
 static void cuda_silu_fwd(tz_backend *be, float *out, const float *x, int64_t n) {

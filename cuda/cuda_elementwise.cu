@@ -88,12 +88,13 @@ struct colsum_aw { /* a[b,t,c] * w[b,t,c], the product rounded to float as on th
 
 /* ---- modulate and gated residual ---- */
 
-static __global__ void k_modulate_fwd(float *out, const float *x, const float *shift,
+template <class O>
+static __global__ void k_modulate_fwd(O *out, const float *x, const float *shift,
                                       const float *scale, int64_t ld, int64_t T, int64_t C,
                                       int64_t n) {
     TZ_CUDA_FOR(i, n) {
         int64_t r = i / C, c = i % C, b = r / T;
-        out[i] = x[i] * (1.0f + scale[b * ld + c]) + shift[b * ld + c];
+        tz_put(out + i, x[i] * (1.0f + scale[b * ld + c]) + shift[b * ld + c]);
     }
 }
 static __global__ void k_scaled_add(float *dx, const float *dout, const float *s, float one,
@@ -104,11 +105,23 @@ static __global__ void k_scaled_add(float *dx, const float *dout, const float *s
         dx[i] = (acc ? dx[i] : 0.0f) + dout[i] * (one + s[b * ld + c]);
     }
 }
+/* k_scaled_add's acc 0, written in bf16 (the same sum, rounded as to_bf16 rounds) */
+static __global__ void k_scaled_set16(uint16_t *dx, const float *dout, const float *s, float one,
+                                      int64_t ld, int64_t T, int64_t C, int64_t n) {
+    TZ_CUDA_FOR(i, n) {
+        int64_t r = i / C, c = i % C, b = r / T;
+        dx[i] = tz_bf16_bits(0.0f + dout[i] * (one + s[b * ld + c]));
+    }
+}
 
 static void cuda_modulate_fwd(tz_backend *be, float *out, const float *x, const float *shift,
-                              const float *scale, int64_t ld, int64_t B, int64_t T, int64_t C) {
+                              const float *scale, int64_t ld, int64_t B, int64_t T, int64_t C,
+                              int out_bf16) {
     int64_t n = B * T * C;
-    TZ_CUDA_LAUNCH(k_modulate_fwd, n, out, x, shift, scale, ld, T, C, n);
+    if (out_bf16)
+        TZ_CUDA_LAUNCH(k_modulate_fwd<uint16_t>, n, (uint16_t *)(void *)out, x, shift, scale, ld,
+                       T, C, n);
+    else TZ_CUDA_LAUNCH(k_modulate_fwd<float>, n, out, x, shift, scale, ld, T, C, n);
 }
 
 static void cuda_modulate_bwd(tz_backend *be, float *dx, float *dshift, float *dscale,
@@ -138,7 +151,9 @@ static void cuda_gate_bwd(tz_backend *be, float *dy, float *dgate, const float *
                           const float *y, const float *gate, int64_t ld, int64_t B, int64_t T,
                           int64_t C, int accumulate) {
     int64_t n = B * T * C;
-    if (dy) TZ_CUDA_LAUNCH(k_scaled_add, n, dy, dout, gate, 0.0f, ld, T, C, n, accumulate);
+    if (dy && accumulate == 2)
+        TZ_CUDA_LAUNCH(k_scaled_set16, n, (uint16_t *)(void *)dy, dout, gate, 0.0f, ld, T, C, n);
+    else if (dy) TZ_CUDA_LAUNCH(k_scaled_add, n, dy, dout, gate, 0.0f, ld, T, C, n, accumulate);
     if (dgate) tz_cuda_colsum(be, dgate, ld, colsum_aw{dout, y, T, C}, B, T, C);
 }
 
@@ -155,8 +170,24 @@ static void cuda_bias_add_fwd(tz_backend *be, float *y, const float *bias, int64
     TZ_CUDA_LAUNCH(k_bias_add, n, y, bias, C, n);
 }
 
-static void cuda_bias_bwd(tz_backend *be, float *dbias, const float *dy, int64_t rows, int64_t C) {
-    tz_cuda_colsum(be, dbias, 0, colsum_a{dy, rows, C}, 1, rows, C);
+/* colsum_a that also writes each element it reads rounded to bf16 (the column sum's first
+ * stage reads every element once) */
+struct colsum_a16 {
+    const float *a;
+    uint16_t *a16;
+    int64_t T, C;
+    __device__ double operator()(int64_t b, int64_t t, int64_t c) const {
+        const int64_t i = (b * T + t) * C + c;
+        const float v = a[i];
+        a16[i] = tz_bf16_bits(v);
+        return (double)v;
+    }
+};
+
+static void cuda_bias_bwd(tz_backend *be, float *dbias, const float *dy, int64_t rows, int64_t C,
+                          uint16_t *dy16) {
+    if (dy16) tz_cuda_colsum(be, dbias, 0, colsum_a16{dy, dy16, rows, C}, 1, rows, C);
+    else tz_cuda_colsum(be, dbias, 0, colsum_a{dy, rows, C}, 1, rows, C);
 }
 
 static __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {

@@ -185,6 +185,10 @@ static inline unsigned tz_cuda_blocks(int64_t n, int threads) {
 __device__ __forceinline__ uint16_t tz_bf16_bits(float x) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(x));
 }
+/* An output element: fp32, or bf16 bits rounded as to_bf16 rounds (kernels templated on the
+ * type they write). */
+__device__ __forceinline__ void tz_put(float *p, float v) { *p = v; }
+__device__ __forceinline__ void tz_put(uint16_t *p, float v) { *p = tz_bf16_bits(v); }
 
 /* Block-wide reductions in a fixed tree (warp shuffles, then the warps' partials in order):
  * the same inputs give the same bits every time. blockDim.x a multiple of 32, at most 1024;

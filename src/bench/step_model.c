@@ -166,16 +166,21 @@ static void s_att_cache(tz_backend *be, float *o, cf *q, cf *kc, cf *vc, int64_t
 
 /* ---- activations, losses, DiT's ops, layout ---- */
 static void s_swiglu_fwd(tz_backend *be, float *o, cf *g, cf *u, int64_t n) { (void)o, (void)g, (void)u; add(be, TZ_SM_ELEMENT, 6.0 * n, 3 * F * n); }
-static void s_swiglu_bwd(tz_backend *be, float *dg, float *du, cf *d, cf *g, cf *u, int64_t n, int acc) { (void)dg, (void)du, (void)d, (void)g, (void)u; add(be, TZ_SM_ELEMENT, 10.0 * n, (acc ? 7 : 5) * F * n); }
+static void s_swiglu_bwd(tz_backend *be, float *dg, float *du, cf *d, cf *g, cf *u, int64_t n, int acc, int o16) { /* reads 3, writes 2 (fp32 or bf16), reads 2 more to add */
+    (void)dg, (void)du, (void)d, (void)g, (void)u;
+    add(be, TZ_SM_ELEMENT, 10.0 * n, (3 * F + (o16 ? 4 : 2 * F) + (acc ? 2 * F : 0)) * n);
+}
 static void s_xent_fwd(tz_backend *be, float *l, cf *x, const int32_t *t, int64_t n, int64_t V) { (void)l, (void)x, (void)t; add(be, TZ_SM_LOSS, 4.0 * n * V, F * n * V); }
 static void s_xent_bwd(tz_backend *be, float *d, cf *x, const int32_t *t, float dl, int64_t n, int64_t V) { (void)d, (void)x, (void)t, (void)dl; add(be, TZ_SM_LOSS, 4.0 * n * V, 2 * F * n * V); }
 static void s_ln_fwd(tz_backend *be, float *o, float *mu, float *r, cf *x, int64_t rows, int64_t C, float eps) { (void)o, (void)mu, (void)r, (void)x, (void)eps; add(be, TZ_SM_NORM, 5.0 * rows * C, 2 * F * rows * C); }
 static void s_ln_bwd(tz_backend *be, float *dx, cf *d, cf *x, cf *mu, cf *r, int64_t rows, int64_t C) { (void)dx, (void)d, (void)x, (void)mu, (void)r; add(be, TZ_SM_NORM, 8.0 * rows * C, 4 * F * rows * C); }
-static void s_mod_fwd(tz_backend *be, float *o, cf *x, cf *sh, cf *sc, int64_t ld, int64_t B, int64_t T, int64_t C) { (void)o, (void)x, (void)sh, (void)sc, (void)ld; add(be, TZ_SM_ELEMENT, 2.0 * B * T * C, 2 * F * B * T * C); }
+static void s_mod_fwd(tz_backend *be, float *o, cf *x, cf *sh, cf *sc, int64_t ld, int64_t B, int64_t T, int64_t C, int o16) { (void)o, (void)x, (void)sh, (void)sc, (void)ld; add(be, TZ_SM_ELEMENT, 2.0 * B * T * C, (F + (o16 ? 2 : F)) * B * T * C); }
 /* the backward's dx (dy): read as well where added to (acc), only written otherwise */
 static void s_mod_bwd(tz_backend *be, float *dx, float *dsh, float *dsc, cf *d, cf *x, cf *sc, int64_t ld, int64_t B, int64_t T, int64_t C, int acc) { (void)dx, (void)dsh, (void)dsc, (void)d, (void)x, (void)sc, (void)ld; add(be, TZ_SM_ELEMENT, 4.0 * B * T * C, (acc ? 4 : 3) * F * B * T * C); }
 static void s_gate_fwd(tz_backend *be, float *o, cf *x, cf *y, cf *g, int64_t ld, int64_t B, int64_t T, int64_t C) { (void)o, (void)x, (void)y, (void)g, (void)ld; add(be, TZ_SM_ELEMENT, 2.0 * B * T * C, 3 * F * B * T * C); }
-static void s_gate_bwd(tz_backend *be, float *dy, float *dg, cf *d, cf *y, cf *g, int64_t ld, int64_t B, int64_t T, int64_t C, int acc) { (void)dy, (void)dg, (void)d, (void)y, (void)g, (void)ld; add(be, TZ_SM_ELEMENT, 4.0 * B * T * C, (acc ? 4 : 3) * F * B * T * C); }
+/* a backward's output: read too where added to (acc 1), written in bf16 (acc 2: 2 bytes) */
+static double out_bytes(int acc) { return acc == 2 ? 2.0 : acc ? 2 * F : F; }
+static void s_gate_bwd(tz_backend *be, float *dy, float *dg, cf *d, cf *y, cf *g, int64_t ld, int64_t B, int64_t T, int64_t C, int acc) { (void)dy, (void)dg, (void)d, (void)y, (void)g, (void)ld; add(be, TZ_SM_ELEMENT, 4.0 * B * T * C, (2 * F + out_bytes(acc)) * B * T * C); }
 static void s_act_fwd(tz_backend *be, float *o, cf *x, int64_t n) { (void)o, (void)x; add(be, TZ_SM_ELEMENT, 8.0 * n, 2 * F * n); }
 static void s_act_bwd(tz_backend *be, float *dx, cf *d, cf *x, int64_t n, int acc) { (void)dx, (void)d, (void)x; add(be, TZ_SM_ELEMENT, 12.0 * n, (acc ? 4 : 3) * F * n); }
 /* GELU's: the same work at any row stride (it moves no more bytes) */
@@ -185,10 +190,10 @@ static void s_gelu_fwd(tz_backend *be, float *o, cf *x, int64_t n, int64_t cols,
 }
 static void s_gelu_bwd(tz_backend *be, float *dx, cf *d, cf *x, int64_t n, int acc, int64_t cols, int64_t ld) {
     (void)dx, (void)d, (void)x, (void)cols, (void)ld;
-    add(be, TZ_SM_ELEMENT, 12.0 * n, (acc ? 4 : 3) * F * n);
+    add(be, TZ_SM_ELEMENT, 12.0 * n, (2 * F + out_bytes(acc)) * n);
 }
 static void s_bias_add(tz_backend *be, float *y, cf *b, int64_t rows, int64_t C) { (void)y, (void)b; add(be, TZ_SM_ELEMENT, (double)rows * C, 2 * F * rows * C); }
-static void s_bias_bwd(tz_backend *be, float *db, cf *dy, int64_t rows, int64_t C) { (void)db, (void)dy; add(be, TZ_SM_ELEMENT, (double)rows * C, F * rows * C); }
+static void s_bias_bwd(tz_backend *be, float *db, cf *dy, int64_t rows, int64_t C, uint16_t *d16) { (void)db, (void)dy; add(be, TZ_SM_ELEMENT, (double)rows * C, (F + (d16 ? 2 : 0)) * rows * C); }
 static void s_mse_fwd(tz_backend *be, float *s, cf *p, int64_t ld, cf *t, int64_t rows, int64_t n) { (void)s, (void)p, (void)ld, (void)t; add(be, TZ_SM_LOSS, 3.0 * rows * n, 2 * F * rows * n); }
 static void s_mse_bwd(tz_backend *be, float *d, cf *p, int64_t ld, cf *t, float dl, int64_t rows, int64_t n) { (void)d, (void)p, (void)ld, (void)t, (void)dl; add(be, TZ_SM_LOSS, 3.0 * rows * n, 3 * F * rows * n); }
 static void s_patch(tz_backend *be, float *a, cf *b, int64_t B, int64_t C, int64_t H, int64_t W, int64_t p, int cl) { (void)a, (void)b, (void)p, (void)cl; add(be, TZ_SM_ELEMENT, 0, 2 * F * B * C * H * W); }

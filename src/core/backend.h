@@ -233,10 +233,12 @@ struct tz_backend {
                                 int64_t Hq, int64_t Hkv, int64_t D);
 
     /* ---- SwiGLU: out = silu(g) * u, n elements. bwd: dg, du += ... (accumulate = 0: dg,
-     * du = ..., their contents not read: no zeroing before) ---- */
+     * du = ..., their contents not read: no zeroing before); out_bf16 (accumulate 0 only):
+     * dg and du written as bf16 bit patterns, rounded to nearest even as to_bf16 rounds, in
+     * the first n * 2 bytes of each (the form a backward's bf16 GEMMs read them in) ---- */
     void (*swiglu_fwd)(tz_backend *be, float *out, const float *g, const float *u, int64_t n);
     void (*swiglu_bwd)(tz_backend *be, float *dg, float *du, const float *dout, const float *g,
-                       const float *u, int64_t n, int accumulate);
+                       const float *u, int64_t n, int accumulate, int out_bf16);
 
     /* ---- cross-entropy fused with softmax over logits [n, V] ----
      * fwd: loss[r] = logsumexp(logits[r]) - logits[r, target[r]], or 0 where
@@ -263,20 +265,24 @@ struct tz_backend {
     void (*layernorm_bwd)(tz_backend *be, float *dx, const float *dout, const float *x,
                           const float *mean, const float *rstd, int64_t rows, int64_t C);
 
-    /* adaLN modulate: out[b,t,c] = x[b,t,c] * (1 + scale[b,c]) + shift[b,c] (out may alias x).
+    /* adaLN modulate: out[b,t,c] = x[b,t,c] * (1 + scale[b,c]) + shift[b,c] (out may alias x;
+     * out_bf16: out holds bf16 bit patterns, each value rounded as to_bf16 rounds it, for a
+     * linear whose GEMMs read it so, and must not alias x).
      * bwd: dx += dout * (1 + scale) (dx may be NULL; accumulate 0: dx = ..., its contents
      * not read); dshift[b,c] += sum_t dout[b,t,c]; dscale[b,c] += sum_t dout[b,t,c] * x[b,t,c]
      * (dshift, dscale in the same [B, ld] layout, always added to; either may be NULL). */
     void (*modulate_fwd)(tz_backend *be, float *out, const float *x, const float *shift,
-                         const float *scale, int64_t ld, int64_t B, int64_t T, int64_t C);
+                         const float *scale, int64_t ld, int64_t B, int64_t T, int64_t C,
+                         int out_bf16);
     void (*modulate_bwd)(tz_backend *be, float *dx, float *dshift, float *dscale,
                          const float *dout, const float *x, const float *scale, int64_t ld,
                          int64_t B, int64_t T, int64_t C, int accumulate);
 
     /* Gated residual: out[b,t,c] = x[b,t,c] + gate[b,c] * y[b,t,c] (out may alias x).
      * bwd (the x path is the identity, left to the caller): dy += dout * gate (dy may be
-     * NULL; accumulate 0: dy = ..., not read); dgate[b,c] += sum_t dout[b,t,c] * y[b,t,c]
-     * (always added to; dgate may be NULL). */
+     * NULL; accumulate 0: dy = ..., not read; 2: dy written as bf16 bit patterns, rounded as
+     * to_bf16 rounds, for the linear's bf16 GEMMs); dgate[b,c] += sum_t dout[b,t,c] *
+     * y[b,t,c] (always added to; dgate may be NULL). */
     void (*gate_fwd)(tz_backend *be, float *out, const float *x, const float *y,
                      const float *gate, int64_t ld, int64_t B, int64_t T, int64_t C);
     void (*gate_bwd)(tz_backend *be, float *dy, float *dgate, const float *dout, const float *y,
@@ -292,7 +298,8 @@ struct tz_backend {
      * rest of those rows neither read nor written (a GEMM's operand concatenated beside
      * another); cols = 0: all dense. out_bf16: the forward's out holds bf16 bit patterns
      * (each value rounded to nearest even, as to_bf16 would round it: an output only GEMMs
-     * read, kept as they read it). */
+     * read, kept as they read it); GELU's backward with accumulate 2: dx written likewise as
+     * bf16 (the dy of the linear before, which only its GEMMs read). */
     void (*gelu_tanh_fwd)(tz_backend *be, float *out, const float *x, int64_t n, int64_t cols,
                           int64_t ld, int out_bf16);
     void (*gelu_tanh_bwd)(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n,
@@ -302,9 +309,12 @@ struct tz_backend {
                      int accumulate);
 
     /* Bias of a linear layer: y[r,c] += bias[c], y [rows, C].
-     * bwd: dbias[c] += sum_r dy[r,c] (rows summed in order, in double). */
+     * bwd: dbias[c] += sum_r dy[r,c] (rows summed in order, in double); dy16 (NULL: none):
+     * dy rounded to bf16 as to_bf16 rounds it, written there in the same pass (rows * C bit
+     * patterns, for the linear's bf16 GEMMs: one read of dy for both). */
     void (*bias_add_fwd)(tz_backend *be, float *y, const float *bias, int64_t rows, int64_t C);
-    void (*bias_bwd)(tz_backend *be, float *dbias, const float *dy, int64_t rows, int64_t C);
+    void (*bias_bwd)(tz_backend *be, float *dbias, const float *dy, int64_t rows, int64_t C,
+                     uint16_t *dy16);
 
     /* Squared error per row: sse[r] = sum_{i<n} (pred[r*ld + i] - target[r*n + i])^2 (in
      * double, stored as float); pred rows may be longer than n (ld >= n: extra channels are

@@ -23,8 +23,20 @@ static void cpu_swiglu_fwd(tz_backend *be, float *out, const float *g, const flo
 
 /* d silu(g)/dg = sig * (1 + g * (1 - sig)). */
 static void cpu_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *dout, const float *g,
-                           const float *u, int64_t n, int accumulate) {
+                           const float *u, int64_t n, int accumulate, int out_bf16) {
     int nt = tz_cpu_threads(be);
+    if (out_bf16) {
+        if (accumulate) TZ_FATAL("swiglu_bwd: bf16 gradients are written, not accumulated");
+        uint16_t *g16 = (uint16_t *)(void *)dg, *u16 = (uint16_t *)(void *)du;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
+        for (int64_t i = 0; i < n; i++) {
+            float sig = 1.0f / (1.0f + tz_cpu_expf(-g[i]));
+            float silu = g[i] * sig;
+            g16[i] = tz_f32_to_bf16(dout[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig))));
+            u16[i] = tz_f32_to_bf16(dout[i] * silu);
+        }
+        return;
+    }
 #pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
     for (int64_t i = 0; i < n; i++) {
         float sig = 1.0f / (1.0f + tz_cpu_expf(-g[i]));
@@ -91,10 +103,18 @@ static void cpu_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_
 
 static void cpu_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
                               int64_t n, int accumulate, int64_t cols, int64_t ld) {
-    const float keep = accumulate ? 1.0f : 0.0f; /* (a select: written, dx is not read) */
+    const float keep = accumulate == 1 ? 1.0f : 0.0f; /* (a select: written, dx is not read) */
     int64_t rows, c, l;
     gelu_rows(n, cols, ld, &rows, &c, &l);
     int nt = tz_cpu_threads(be);
+    if (accumulate == 2) { /* dx written in bf16 */
+        uint16_t *d16 = (uint16_t *)(void *)dx;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < c; i++)
+                d16[r * c + i] = tz_f32_to_bf16(0.0f + dout[r * l + i] * gelu_d(x[r * c + i]));
+        return;
+    }
     if (rows <= 1) {
 #pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
         for (int64_t i = 0; i < n; i++)

@@ -115,8 +115,19 @@ static void colsum_bt(tz_backend *be, float *dst, int64_t ld, const float *a, co
 /* ---- modulate and gated residual ---- */
 
 static void cpu_modulate_fwd(tz_backend *be, float *out, const float *x, const float *shift,
-                             const float *scale, int64_t ld, int64_t B, int64_t T, int64_t C) {
+                             const float *scale, int64_t ld, int64_t B, int64_t T, int64_t C,
+                             int out_bf16) {
     int nt = tz_cpu_threads(be);
+    if (out_bf16) {
+        uint16_t *o16 = (uint16_t *)(void *)out;
+#pragma omp parallel for schedule(static) num_threads(nt) if (B * T * C >= TZ_CPU_PAR_MIN)
+        for (int64_t r = 0; r < B * T; r++) {
+            const float *sh = shift + (r / T) * ld, *sc = scale + (r / T) * ld, *xr = x + r * C;
+            for (int64_t c = 0; c < C; c++)
+                o16[r * C + c] = tz_f32_to_bf16(xr[c] * (1.0f + sc[c]) + sh[c]);
+        }
+        return;
+    }
 #pragma omp parallel for schedule(static) num_threads(nt) if (B * T * C >= TZ_CPU_PAR_MIN)
     for (int64_t r = 0; r < B * T; r++) {
         const float *sh = shift + (r / T) * ld, *sc = scale + (r / T) * ld, *xr = x + r * C;
@@ -160,8 +171,15 @@ static void cpu_gate_bwd(tz_backend *be, float *dy, float *dgate, const float *d
                          const float *y, const float *gate, int64_t ld, int64_t B, int64_t T,
                          int64_t C, int accumulate) {
     int nt = tz_cpu_threads(be);
-    const float keep = accumulate ? 1.0f : 0.0f; /* 0: dy written, not read */
-    if (dy) {
+    const float keep = accumulate == 1 ? 1.0f : 0.0f; /* 0: dy written, not read */
+    if (dy && accumulate == 2) { /* written in bf16 */
+        uint16_t *d16 = (uint16_t *)(void *)dy;
+#pragma omp parallel for schedule(static) num_threads(nt) if (B * T * C >= TZ_CPU_PAR_MIN)
+        for (int64_t r = 0; r < B * T; r++) {
+            const float *gt = gate + (r / T) * ld, *g = dout + r * C;
+            for (int64_t c = 0; c < C; c++) d16[r * C + c] = tz_f32_to_bf16(0.0f + g[c] * gt[c]);
+        }
+    } else if (dy) {
 #pragma omp parallel for schedule(static) num_threads(nt) if (B * T * C >= TZ_CPU_PAR_MIN)
         for (int64_t r = 0; r < B * T; r++) {
             const float *gt = gate + (r / T) * ld, *g = dout + r * C;
@@ -186,8 +204,10 @@ static void cpu_bias_add_fwd(tz_backend *be, float *y, const float *bias, int64_
     }
 }
 
-static void cpu_bias_bwd(tz_backend *be, float *dbias, const float *dy, int64_t rows, int64_t C) {
+static void cpu_bias_bwd(tz_backend *be, float *dbias, const float *dy, int64_t rows, int64_t C,
+                         uint16_t *dy16) {
     colsum_bt(be, dbias, 0, dy, NULL, 1, rows, C);
+    if (dy16) cpu_to_bf16(be, dy16, dy, rows * C);
 }
 
 void TZ_CPU_K(tz_cpu_install_elementwise)(tz_backend *be) {

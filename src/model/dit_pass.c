@@ -22,24 +22,29 @@ static void timestep_features(float *out, const float *t, int64_t n, int64_t dim
 
 /* ---- forward ---- */
 
-/* A block linear's forward on its input x: as it is (t NULL), or made in fp32 in t and kept
- * in x rounded to bf16 (m->x16: the GEMMs read the same bits either way). */
-static void lin_fwd(tz_dit *m, const tz_linear *l, float *y, float *h, float *x, const float *t,
+/* A block linear's forward on its input x as the op before wrote it: fp32, or (m->x16) bf16
+ * bit patterns, rounded as the GEMMs would round the fp32 x, so the same bits either way. */
+static void lin_fwd(tz_dit *m, const tz_linear *l, float *y, float *h, const float *x,
                     int64_t rows) {
-    if (!t) {
-        tz_linear_fwd(m->be, l, y, h, x, rows);
-        return;
-    }
-    m->be->to_bf16(m->be, (uint16_t *)(void *)x, t, rows * l->in);
-    tz_linear_fwd_x16(m->be, l, y, h, (const uint16_t *)(void *)x, rows);
+    if (m->x16) tz_linear_fwd_x16(m->be, l, y, h, (const uint16_t *)(const void *)x, rows);
+    else tz_linear_fwd(m->be, l, y, h, x, rows);
 }
-/* Its backward, dx written, from x as lin_fwd kept it. */
-static void lin_bwd(tz_dit *m, const tz_linear *l, float *dx, const float *dy, const float *x,
-                    const float *h, int64_t rows) {
-    if (m->x16)
-        tz_linear_bwd_set_x16(m->be, l, dx, dy, (const uint16_t *)(const void *)x, h, m->dlora,
-                              rows);
-    else tz_linear_bwd_set(m->be, l, dx, dy, x, h, m->dlora, rows);
+/* The accumulate argument of the op that makes l's dy (gate_bwd, gelu_tanh_bwd): 2 (written
+ * in bf16) where l's backward takes it so (its GEMMs would round it to those bits: a frozen
+ * bias), else 0 (fp32) */
+static int dy_mode(const tz_dit *m, const tz_linear *l) {
+    return tz_linear_takes_dy16(m->be, l) ? 2 : 0;
+}
+/* Its backward, dx written, from x as lin_fwd kept it (xk: the block's linears keep theirs,
+ * m->x16) and dy as its op wrote it in mode (dy_mode). */
+static void lin_bwd(tz_dit *m, const tz_linear *l, int mode, int xk, float *dx, const float *dy,
+                    const float *x, const float *h, int64_t rows) {
+    const uint16_t *d16 = mode == 2 ? (const uint16_t *)(const void *)dy : NULL;
+    if (d16) dy = NULL;
+    if (xk && m->x16)
+        tz_linear_bwd_set_x16(m->be, l, dx, dy, d16, (const uint16_t *)(const void *)x, h,
+                              m->dlora, rows);
+    else tz_linear_bwd_set16(m->be, l, dx, dy, d16, x, h, m->dlora, rows);
 }
 
 /* One block: x -> out, saving its activations in a. */
@@ -52,11 +57,10 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     /* shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = chunk(6) */
     tz_linear_fwd(be, &L[TZ_DIT_ADALN], a->mod, a->lh[TZ_DIT_ADALN], m->sc, n);
     be->layernorm_fwd(be, a->ln1, a->mean1, a->rstd1, x, BT, Hd, 1e-6f);
-    /* with m->x16, h1 and h2 made in fp32 in df (free in a forward) and kept in bf16 */
-    float *t = m->x16 ? m->df : NULL;
-    be->modulate_fwd(be, t ? t : a->h1, a->ln1, a->mod, a->mod + Hd, M, n, T, Hd);
+    /* with m->x16, modulate writes h1 and h2 in bf16 (its values as to_bf16 would round them) */
+    be->modulate_fwd(be, a->h1, a->ln1, a->mod, a->mod + Hd, M, n, T, Hd, m->x16);
     /* attention reads q, k and v where the fused projection writes them (rows of 3 hidden) */
-    lin_fwd(m, &L[TZ_DIT_QKV], a->qkv, a->lh[TZ_DIT_QKV], a->h1, t, BT);
+    lin_fwd(m, &L[TZ_DIT_QKV], a->qkv, a->lh[TZ_DIT_QKV], a->h1, BT);
     const tz_att_ld ld = {3 * Hd, 3 * Hd, 0};
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_fwd(be, a->att, a->lse, a->qkv, a->qkv + Hd, a->qkv + 2 * Hd, n, T,
@@ -64,14 +68,11 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     tz_linear_fwd(be, &L[TZ_DIT_PROJ], a->ao, a->lh[TZ_DIT_PROJ], a->att, BT);
     be->gate_fwd(be, a->x2, x, a->ao, a->mod + 2 * Hd, M, n, T, Hd);
     be->layernorm_fwd(be, a->ln2, a->mean2, a->rstd2, a->x2, BT, Hd, 1e-6f);
-    be->modulate_fwd(be, t ? t : a->h2, a->ln2, a->mod + 3 * Hd, a->mod + 4 * Hd, M, n, T, Hd);
-    lin_fwd(m, &L[TZ_DIT_FC1], a->f, a->lh[TZ_DIT_FC1], a->h2, t, BT);
-    /* g in bf16 straight from the GELU (its values as to_bf16 would round them) */
+    be->modulate_fwd(be, a->h2, a->ln2, a->mod + 3 * Hd, a->mod + 4 * Hd, M, n, T, Hd, m->x16);
+    lin_fwd(m, &L[TZ_DIT_FC1], a->f, a->lh[TZ_DIT_FC1], a->h2, BT);
+    /* g likewise, straight from the GELU */
     be->gelu_tanh_fwd(be, a->g, a->f, BT * tz_dit_mlp_hidden(d), 0, 0, m->x16);
-    if (m->x16)
-        tz_linear_fwd_x16(be, &L[TZ_DIT_FC2], a->mo, a->lh[TZ_DIT_FC2],
-                          (const uint16_t *)(const void *)a->g, BT);
-    else tz_linear_fwd(be, &L[TZ_DIT_FC2], a->mo, a->lh[TZ_DIT_FC2], a->g, BT);
+    lin_fwd(m, &L[TZ_DIT_FC2], a->mo, a->lh[TZ_DIT_FC2], a->g, BT);
     be->gate_fwd(be, out, a->x2, a->mo, a->mod + 5 * Hd, M, n, T, Hd);
 }
 
@@ -125,7 +126,7 @@ void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *
     tz_linear_fwd(be, &m->f_ada, m->fmod, m->f_lh, m->sc, n);
     be->layernorm_fwd(be, m->fln, m->fmean, m->frstd, tz_layer_stack_in(st, be, d->depth), BT,
                       Hd, 1e-6f);
-    be->modulate_fwd(be, m->fh, m->fln, m->fmod, m->fmod + Hd, 2 * Hd, n, T, Hd);
+    be->modulate_fwd(be, m->fh, m->fln, m->fmod, m->fmod + Hd, 2 * Hd, n, T, Hd, 0);
     tz_linear_fwd(be, &m->f_lin, m->fo, NULL, m->fh, BT);
     be->unpatchify(be, m->out_img, m->fo, n, tz_dit_out_channels(d), S, S, p, 1);
 }
@@ -175,22 +176,24 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->fill(be, m->dmod, 0.0f, n * M); /* (the six chunks' column sums add into it) */
     /* MLP branch: out = x2 + gate_mlp * fc2(gelu(fc1(modulate(LN(x2))))); each activation
      * gradient written by the op that first makes it (no zeroing) */
-    be->gate_bwd(be, m->da, m->dmod + 5 * Hd, m->dres, a->mo, a->mod + 5 * Hd, M, n, T, Hd, 0);
-    lin_bwd(m, &L[TZ_DIT_FC2], m->dg, m->da, a->g, a->lh[TZ_DIT_FC2], BT);
-    be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F, 0, 0, 0);
-    lin_bwd(m, &L[TZ_DIT_FC1], m->db, m->df, a->h2, a->lh[TZ_DIT_FC1], BT);
+    const int m2 = dy_mode(m, &L[TZ_DIT_FC2]), m1 = dy_mode(m, &L[TZ_DIT_FC1]);
+    const int mp = dy_mode(m, &L[TZ_DIT_PROJ]);
+    be->gate_bwd(be, m->da, m->dmod + 5 * Hd, m->dres, a->mo, a->mod + 5 * Hd, M, n, T, Hd, m2);
+    lin_bwd(m, &L[TZ_DIT_FC2], m2, 1, m->dg, m->da, a->g, a->lh[TZ_DIT_FC2], BT);
+    be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F, m1, 0, 0);
+    lin_bwd(m, &L[TZ_DIT_FC1], m1, 1, m->db, m->df, a->h2, a->lh[TZ_DIT_FC1], BT);
     be->modulate_bwd(be, m->da, m->dmod + 3 * Hd, m->dmod + 4 * Hd, m->db, a->ln2,
                      a->mod + 4 * Hd, M, n, T, Hd, 0);
     be->layernorm_bwd(be, m->dres, m->da, a->x2, a->mean2, a->rstd2, BT, Hd); /* now dL/dx2 */
     /* attention branch: x2 = x + gate_msa * proj(attn(qkv(modulate(LN(x))))) */
-    be->gate_bwd(be, m->da, m->dmod + 2 * Hd, m->dres, a->ao, a->mod + 2 * Hd, M, n, T, Hd, 0);
-    tz_linear_bwd_set(m->be, &L[TZ_DIT_PROJ], m->db, m->da, a->att, a->lh[TZ_DIT_PROJ], m->dlora, BT);
+    be->gate_bwd(be, m->da, m->dmod + 2 * Hd, m->dres, a->ao, a->mod + 2 * Hd, M, n, T, Hd, mp);
+    lin_bwd(m, &L[TZ_DIT_PROJ], mp, 0, m->db, m->da, a->att, a->lh[TZ_DIT_PROJ], BT);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     /* dq, dk, dv written into the fused projection's gradient rows, as the forward read them */
     const tz_att_ld ld = {3 * Hd, 3 * Hd, 0};
     be->attention_bwd(be, m->dqkv, m->dqkv + Hd, m->dqkv + 2 * Hd, m->db, a->att, a->lse,
                       a->qkv, a->qkv + Hd, a->qkv + 2 * Hd, n, T, nh, nh, Hd / nh, 0, 0, &ld);
-    lin_bwd(m, &L[TZ_DIT_QKV], m->da, m->dqkv, a->h1, a->lh[TZ_DIT_QKV], BT);
+    lin_bwd(m, &L[TZ_DIT_QKV], 0, 1, m->da, m->dqkv, a->h1, a->lh[TZ_DIT_QKV], BT);
     be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, a->ln1, a->mod + Hd, M, n, T, Hd, 0);
     be->layernorm_bwd(be, m->dres, m->db, x, a->mean1, a->rstd1, BT, Hd); /* now dL/dx */
     /* the modulation: mod = adaLN(silu(c)) */

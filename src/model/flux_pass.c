@@ -126,7 +126,7 @@ static void stream_mlp_fwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
     const int64_t n = m->n, I = tz_flux_inner(&m->d), M = 6 * I, R = n * Ts;
     be->gate_fwd(be, x2, x, ao, mod + 2 * I, M, n, Ts, I);
     be->layernorm_fwd(be, ln2, mean2, rstd2, x2, R, I, EPS);
-    be->modulate_fwd(be, h2, ln2, mod + 3 * I, mod + 4 * I, M, n, Ts, I);
+    be->modulate_fwd(be, h2, ln2, mod + 3 * I, mod + 4 * I, M, n, Ts, I, 0);
     tz_linear_fwd(be, ff1, f, *lh1, h2, R);
     be->gelu_tanh_fwd(be, g, f, R * tz_flux_mlp(&m->d), 0, 0, 0);
     tz_linear_fwd(be, ff2, mo, *lh2, g, R);
@@ -150,9 +150,9 @@ static void double_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     tz_linear_fwd(be, &L[TZ_FLUX_NORM1], a->modi, a->lh[TZ_FLUX_NORM1], m->sc, n);
     tz_linear_fwd(be, &L[TZ_FLUX_NORM1C], a->modc, a->lh[TZ_FLUX_NORM1C], m->sc, n);
     be->layernorm_fwd(be, a->ln1i, a->mean1i, a->rstd1i, xi, Bi, I, EPS);
-    be->modulate_fwd(be, a->h1i, a->ln1i, a->modi, a->modi + I, M, n, Ti, I);
+    be->modulate_fwd(be, a->h1i, a->ln1i, a->modi, a->modi + I, M, n, Ti, I, 0);
     be->layernorm_fwd(be, a->ln1c, a->mean1c, a->rstd1c, xc, Bc, I, EPS);
-    be->modulate_fwd(be, a->h1c, a->ln1c, a->modc, a->modc + I, M, n, Tt, I);
+    be->modulate_fwd(be, a->h1c, a->ln1c, a->modc, a->modc + I, M, n, Tt, I, 0);
     /* each stream's q, k, v read one input: rotated (and rounded) once for the three */
     const tz_linear *qkvi[3] = {&L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V]};
     const tz_linear *qkvc[3] = {&L[TZ_FLUX_AQ], &L[TZ_FLUX_AK], &L[TZ_FLUX_AV]};
@@ -186,7 +186,7 @@ static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     const tz_linear *L = blk->lin;
     tz_linear_fwd(be, &L[TZ_FLUX_NORM], a->modi, a->lh[TZ_FLUX_NORM], m->sc, n);
     be->layernorm_fwd(be, a->ln1i, a->mean1i, a->rstd1i, x, BT, I, EPS);
-    be->modulate_fwd(be, a->h1i, a->ln1i, a->modi, a->modi + I, M, n, T, I);
+    be->modulate_fwd(be, a->h1i, a->ln1i, a->modi, a->modi + I, M, n, T, I, 0);
     /* the MLP's first linear and q, k, v read one input: rotated (and rounded) once */
     const tz_linear *in4[4] = {&L[TZ_FLUX_MLP], &L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V]};
     float *y4[4] = {a->fi, a->qi, a->ki, a->vi};
@@ -266,7 +266,7 @@ void tz_flux_forward(tz_flux *m, const tz_flux_batch *in) {
     split(be, NULL, m->fx, tz_layer_stack_in(st, be, L), n, Tt, Ti, I);
     tz_linear_fwd(be, &m->norm_out, m->fmod, m->f_lh, m->sc, n);
     be->layernorm_fwd(be, m->fln, m->fmean, m->frstd, m->fx, Bi, I, EPS);
-    be->modulate_fwd(be, m->fh, m->fln, m->fmod + I, m->fmod, 2 * I, n, Ti, I);
+    be->modulate_fwd(be, m->fh, m->fln, m->fmod + I, m->fmod, 2 * I, n, Ti, I, 0);
     tz_linear_fwd(be, &m->proj_out, m->pred, NULL, m->fh, Bi);
 }
 
@@ -302,6 +302,19 @@ double tz_flux_forward_loss(tz_flux *m, const tz_flux_batch *in, const float *ta
 
 /* ---- backward ---- */
 
+/* The accumulate argument of the op that makes l's dy (gate_bwd, gelu_tanh_bwd): 2 (written
+ * in bf16) where l's backward takes it so (its GEMMs would round it to those bits), else 0
+ * (written in fp32) */
+static int dy_mode(const tz_backend *be, const tz_linear *l) {
+    return tz_linear_takes_dy16(be, l) ? 2 : 0;
+}
+/* tz_linear_bwd_set from a dy its op wrote in mode (dy_mode) */
+static void lin_bwd_set(tz_backend *be, const tz_linear *l, int mode, float *dx, const float *dy,
+                        const float *x, const float *h, float *scratch, int64_t n) {
+    const uint16_t *d16 = mode == 2 ? (const uint16_t *)(const void *)dy : NULL;
+    tz_linear_bwd_set16(be, l, dx, d16 ? NULL : dy, d16, x, h, scratch, n);
+}
+
 /* One stream's half of a double block backward, from dy = dL/dy (the stream's output); on
  * return dy holds dL/dx2 and d_att its attention output's gradient (written). */
 static void stream_mlp_bwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff2,
@@ -319,16 +332,17 @@ static void stream_mlp_bwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
     be->gelu_tanh_fwd(be, g, f, R * F, 0, 0, 0);
     /* y = x2 + gate_mlp * mo */
     /* each activation gradient written by the op that first makes it: no zeroing */
-    be->gate_bwd(be, m->dc, dmod + 5 * I, dy, mo, mod + 5 * I, M, n, Ts, I, 0);
-    tz_linear_bwd_set(be, ff2, dg, m->dc, g, *lh2, m->dlora, R);
-    be->gelu_tanh_bwd(be, df, dg, f, R * F, 0, 0, 0);
-    tz_linear_bwd_set(be, ff1, m->da, df, h2, *lh1, m->dlora, R);
+    const int m2 = dy_mode(be, ff2), m1 = dy_mode(be, ff1), mo_ = dy_mode(be, out_proj);
+    be->gate_bwd(be, m->dc, dmod + 5 * I, dy, mo, mod + 5 * I, M, n, Ts, I, m2);
+    lin_bwd_set(be, ff2, m2, dg, m->dc, g, *lh2, m->dlora, R);
+    be->gelu_tanh_bwd(be, df, dg, f, R * F, m1, 0, 0);
+    lin_bwd_set(be, ff1, m1, m->da, df, h2, *lh1, m->dlora, R);
     be->modulate_bwd(be, m->db, dmod + 3 * I, dmod + 4 * I, m->da, ln2, mod + 4 * I, M, n, Ts, I,
                      0);
     be->layernorm_bwd(be, dy, m->db, x2, mean2, rstd2, R, I); /* dy: now dL/dx2 */
     /* x2 = x + gate_msa * ao, ao = out_proj(att) */
-    be->gate_bwd(be, m->dc, dmod + 2 * I, dy, ao, mod + 2 * I, M, n, Ts, I, 0);
-    tz_linear_bwd_set(be, out_proj, d_att, m->dc, att, *lho, m->dlora, R);
+    be->gate_bwd(be, m->dc, dmod + 2 * I, dy, ao, mod + 2 * I, M, n, Ts, I, mo_);
+    lin_bwd_set(be, out_proj, mo_, d_att, m->dc, att, *lho, m->dlora, R);
 }
 
 /* One stream's input side backward: dL/dh1 from its q, k, v gradients, then through the
@@ -414,15 +428,15 @@ static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     const tz_linear *L = blk->lin;
     be->fill(be, m->dmodi, 0.0f, n * M);
     /* out = x + gate * proj_out([att, gelu(proj_mlp(h))]) */
-    be->gate_bwd(be, m->dc, m->dmodi + 2 * I, m->dres, a->o, a->modi + 2 * I, M, n, T, I, 0);
+    const int mp = dy_mode(be, &L[TZ_FLUX_POUT]), mm = dy_mode(be, &L[TZ_FLUX_MLP]);
+    be->gate_bwd(be, m->dc, m->dmodi + 2 * I, m->dres, a->o, a->modi + 2 * I, M, n, T, I, mp);
     /* d[att, gelu] in wide0, both parts read where they are: the attention's dout (the first
      * I columns) and the GELU's (the rest), whose input gradient goes to wide1 */
     float *dcat = m->wide0, *df = m->wide1;
-    tz_linear_bwd_set(be, &L[TZ_FLUX_POUT], dcat, m->dc, a->cat, a->lh[TZ_FLUX_POUT], m->dlora,
-                      BT);
+    lin_bwd_set(be, &L[TZ_FLUX_POUT], mp, dcat, m->dc, a->cat, a->lh[TZ_FLUX_POUT], m->dlora, BT);
     attend_bwd(m, a, a->vi, a->cat, dcat, I + F, n, T);
-    be->gelu_tanh_bwd(be, df, dcat + I, a->fi, BT * F, 0, F, I + F);
-    tz_linear_bwd_set(be, &L[TZ_FLUX_MLP], m->da, df, a->h1i, a->lh[TZ_FLUX_MLP], m->dlora, BT);
+    be->gelu_tanh_bwd(be, df, dcat + I, a->fi, BT * F, mm, F, I + F);
+    lin_bwd_set(be, &L[TZ_FLUX_MLP], mm, m->da, df, a->h1i, a->lh[TZ_FLUX_MLP], m->dlora, BT);
     be->rmsnorm_bwd(be, m->dqi, blk->nq->trainable ? blk->nq->g : NULL, m->dQ, a->qi, blk->nq->w,
                     a->rqi, BT * H, D, 0); /* written */
     be->rmsnorm_bwd(be, m->dki, blk->nk->trainable ? blk->nk->g : NULL, m->dK, a->ki, blk->nk->w,

@@ -194,8 +194,8 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
     lora_bias_fwd(be, l, y, h, x, 0, n);
 }
 
-/* tz_linear_bwd with x fp32 or, where x16, bf16 bit patterns, and dy also rounded once to
- * bf16 where dy16 is not NULL (the GEMMs read it; the bias gradient sums the fp32 dy);
+/* tz_linear_bwd but for the bias gradient (dy_prep's), with x fp32 or, where x16, bf16 bit
+ * patterns, and dy also rounded once to bf16 where dy16 is not NULL (the GEMMs read it);
  * dx_done: dx gets the base weight's part from the caller (the shared TurboQuant backward);
  * defer: dh [n, r] left in scratch, the A gradient and dx += dh A left to the caller;
  * dx_set: the base weight's part is written into dx, not added (its contents not read). */
@@ -224,7 +224,6 @@ static void linear_bwd_x(tz_backend *be, const tz_linear *l, float *dx, const fl
             tz_matmul_w(be, dx, dy, l->w, n, l->in, l->out, 0, 1.0f, bd);
         }
     }
-    if (l->bias && l->bias->g) be->bias_bwd(be, l->bias->g, dy, n, l->out); /* db += sum dy */
     if (!l->a) return;
     if (l->b->g) /* dB[out,r] += s dy^T h */
         mm16(be, l->b->g, d, d16, h, 0, l->out, l->r, n, 1, 0, l->scale, 1.0f);
@@ -319,17 +318,47 @@ int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, i
     return fwd > bwd ? fwd : bwd;
 }
 
-/* tz_linear_bwd, dx written (dx_set) or added to; x fp32, or bf16 bit patterns (x16) */
+/* A dy given in bf16 (dy16) is read only by the GEMMs, which round an fp32 dy to the same
+ * bits: it needs bf16 GEMM operands. */
+static void need_dy16(const tz_backend *be, const tz_linear *l) {
+    if (!tz_linear_rounds_bf16(be))
+        TZ_FATAL("linear %lld -> %lld: a dy given in bf16 needs bf16 GEMM operands",
+                 (long long)l->in, (long long)l->out);
+}
+
+/* The dy l's backward GEMMs read, with l's bias gradient (db += sum dy) taken: given16 where
+ * the op before made it in bf16 (dy then only for the bias), else dy rounded into room where
+ * room is not NULL (in the bias gradient's pass where there is one: one read of dy for both),
+ * else NULL (the GEMMs read the fp32 dy). */
+static const uint16_t *dy_prep(tz_backend *be, const tz_linear *l, const float *dy,
+                               const uint16_t *given16, uint16_t *room, int64_t n) {
+    const int db = l->bias && l->bias->g;
+    if (given16) need_dy16(be, l);
+    if (db && !dy)
+        TZ_FATAL("linear %lld -> %lld: its bias gradient sums dy in fp32, and only a bf16 dy "
+                 "was given", (long long)l->in, (long long)l->out);
+    uint16_t *d16 = given16 ? NULL : room;
+    if (db) be->bias_bwd(be, l->bias->g, dy, n, l->out, d16);
+    else if (d16) be->to_bf16(be, d16, dy, n * l->out);
+    return given16 ? given16 : d16;
+}
+
+/* tz_linear_bwd, dx written (dx_set) or added to; x fp32, or bf16 bit patterns (x16); dy
+ * fp32, or given already rounded (dy16; dy then only for a bias gradient) */
 static void linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
-                       const void *x, int x16, const float *h, float *scratch, int64_t n,
-                       int dx_set) {
+                       const uint16_t *dy16, const void *x, int x16, const float *h,
+                       float *scratch, int64_t n, int dx_set) {
     const tz_qweight *q = l->w->q;
     const int turbo = q && q->method == TZ_TQ_TURBOQUANT;
     const bwd_room r = l->tq && l->tq->act ? bwd_layout(be, &l, 1, n, turbo, dx != NULL,
                                                         l->tq->act, l->tq->act_floats)
                                            : (bwd_room){0};
-    if (r.dy16) be->to_bf16(be, r.dy16, dy, n * l->out);
-    linear_bwd_x(be, l, dx, dy, r.dy16, x, x16, h, scratch, n, 0, 0, dx_set);
+    dy16 = dy_prep(be, l, dy, dy16, r.dy16, n);
+    linear_bwd_x(be, l, dx, dy, dy16, x, x16, h, scratch, n, 0, 0, dx_set);
+}
+
+int tz_linear_takes_dy16(const tz_backend *be, const tz_linear *l) {
+    return tz_linear_rounds_bf16(be) && !grad(l->bias, 1);
 }
 
 /* A dense linear on an input kept in bf16: the fold's and rotation's paths are the
@@ -351,19 +380,26 @@ void tz_linear_fwd_x16(tz_backend *be, const tz_linear *l, float *y, float *h,
 }
 
 void tz_linear_bwd_set_x16(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
-                           const uint16_t *x16, const float *h, float *scratch, int64_t n) {
+                           const uint16_t *dy16, const uint16_t *x16, const float *h,
+                           float *scratch, int64_t n) {
     need_dense_x16(l, be);
-    linear_bwd(be, l, dx, dy, x16, 1, h, scratch, n, 1);
+    linear_bwd(be, l, dx, dy, dy16, x16, 1, h, scratch, n, 1);
 }
 
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                    const float *x, const float *h, float *scratch, int64_t n) {
-    linear_bwd(be, l, dx, dy, x, 0, h, scratch, n, 0);
+    linear_bwd(be, l, dx, dy, NULL, x, 0, h, scratch, n, 0);
 }
 
 void tz_linear_bwd_set(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                        const float *x, const float *h, float *scratch, int64_t n) {
-    linear_bwd(be, l, dx, dy, x, 0, h, scratch, n, 1);
+    linear_bwd(be, l, dx, dy, NULL, x, 0, h, scratch, n, 1);
+}
+
+void tz_linear_bwd_set16(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
+                         const uint16_t *dy16, const float *x, const float *h, float *scratch,
+                         int64_t n) {
+    linear_bwd(be, l, dx, dy, dy16, x, 0, h, scratch, n, 1);
 }
 
 /* ---- linears that read one input ---- */
@@ -485,10 +521,18 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
 void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
                           const float *const *dys, const float *x, const float *const *hs,
                           float *scratch, int64_t n, int dx_set) {
+    tz_linear_bwd_shared16(be, ls, count, dx, dys, NULL, x, hs, scratch, n, dx_set);
+}
+
+void tz_linear_bwd_shared16(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
+                            const float *const *dys, const uint16_t *const *dy16s,
+                            const float *x, const float *const *hs, float *scratch, int64_t n,
+                            int dx_set) {
     const int turbo = shareable(ls, count);
     if (!turbo && !shareable_dense(be, ls, count, n)) {
         for (int i = 0; i < count; i++)
-            linear_bwd(be, ls[i], dx, dys[i], x, 0, hs[i], scratch, n, dx_set && !i);
+            linear_bwd(be, ls[i], dx, dys ? dys[i] : NULL, dy16s ? dy16s[i] : NULL, x, 0, hs[i],
+                       scratch, n, dx_set && !i);
         return;
     }
     /* each dy and x rounded once for every GEMM that reads them (bwd_layout); TurboQuant:
@@ -508,13 +552,14 @@ void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count,
             }
     for (int i = 0; i < count; i++) {
         const tz_linear *l = ls[i];
-        const uint16_t *dy16 = r.dy16 && dy_readers(l, dx != NULL, 0) >= 2 ? r.dy16 : NULL;
-        if (dy16) be->to_bf16(be, r.dy16, dys[i], n * l->out);
+        const float *dy = dys ? dys[i] : NULL;
+        const uint16_t *dy16 = dy_prep(be, l, dy, dy16s ? dy16s[i] : NULL,
+                                       dy_readers(l, dx != NULL, 0) >= 2 ? r.dy16 : NULL, n);
         if (t) /* t (+)= dy_i W_rot_i */
-            qmatmul16(be, l, t, dy16 ? (const void *)dy16 : (const void *)dys[i],
-                      dy16 != NULL, n, 0, i ? 1.0f : 0.0f);
+            qmatmul16(be, l, t, dy16 ? (const void *)dy16 : (const void *)dy, dy16 != NULL, n,
+                      0, i ? 1.0f : 0.0f);
         const int keep = dh && l->a && l->a->g; /* dA and dx += dh A after the rotation */
-        linear_bwd_x(be, l, dx, dys[i], dy16, r.x16 ? (const void *)r.x16 : (const void *)x,
+        linear_bwd_x(be, l, dx, dy, dy16, r.x16 ? (const void *)r.x16 : (const void *)x,
                      r.x16 != NULL, hs[i], keep ? dh : scratch, n, turbo, keep,
                      !turbo && dx_set && !i);
         if (keep) dh += n * l->r;

@@ -82,7 +82,8 @@ int tz_linear_rounds_bf16(const tz_backend *be);
 void tz_linear_fwd_x16(tz_backend *be, const tz_linear *l, float *y, float *h,
                        const uint16_t *x16, int64_t n);
 void tz_linear_bwd_set_x16(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
-                           const uint16_t *x16, const float *h, float *scratch, int64_t n);
+                           const uint16_t *dy16, const uint16_t *x16, const float *h,
+                           float *scratch, int64_t n);
 /* Linears that read one input x [n, in] (q, k and v; gate and up): the same as
  * tz_linear_fwd(ls[i], ys[i], hs[i], x) and tz_linear_bwd(ls[i], dx, dys[i], x, hs[i]) for
  * i < count, in that order, with the work on x done once for all where every weight is
@@ -101,6 +102,25 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
 void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
                           const float *const *dys, const float *x, const float *const *hs,
                           float *scratch, int64_t n, int dx_set);
+/* tz_linear_bwd_shared with dy_i given already rounded to bf16 where dy16s[i] is not NULL
+ * (bit patterns [n, out_i], as the op that makes dy wrote it): what the backward's GEMMs read
+ * of an fp32 dy, so the same bits, without the rounding pass. dys may then be NULL (dys[i]
+ * is read only where dy16s[i] is NULL, or for a bias gradient). Each linear given a bf16 dy
+ * must take one (tz_linear_takes_dy16); fatal otherwise. dy16s NULL: tz_linear_bwd_shared. */
+void tz_linear_bwd_shared16(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
+                            const float *const *dys, const uint16_t *const *dy16s,
+                            const float *x, const float *const *hs, float *scratch, int64_t n,
+                            int dx_set);
+/* tz_linear_bwd_set with dy given already rounded to bf16 (dy16 [n, out], bit patterns, as the
+ * op that makes dy wrote it; dy fp32 only for a bias gradient, else NULL): the same bits
+ * without the rounding pass; fatal where l does not take one (tz_linear_takes_dy16). dy16
+ * NULL: tz_linear_bwd_set. tz_linear_bwd_set_x16 takes a dy16 likewise (NULL: none). */
+void tz_linear_bwd_set16(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
+                         const uint16_t *dy16, const float *x, const float *h, float *scratch,
+                         int64_t n);
+/* Whether l's backward on be can take its dy in bf16 alone: bf16 GEMM operands, and no bias
+ * gradient (it sums the fp32 dy). */
+int tz_linear_takes_dy16(const tz_backend *be, const tz_linear *l);
 /* Floats of a model's activation scratch (tz_tq_scratch.act) that the `count` linears ls,
  * reading one input of n rows (through tz_linear_*_shared where count > 1), use on be, in the
  * forward and, where backward, the backward (gradients as the parameters' trainable flags

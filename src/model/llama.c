@@ -399,11 +399,24 @@ static void lins_fwd(tz_backend *be, const tz_llama_layer *L, int first, float *
     const tz_linear *ls[3];
     tz_linear_fwd_shared(be, ls, ys, hs, lin_set(L, first, ls), x, n);
 }
+/* dy16: the dys are bf16 bit patterns (swiglu_bwd's out_bf16), else fp32 */
 static void lins_bwd(tz_backend *be, const tz_llama_layer *L, int first, float *dx,
-                     const float *const *dys, const float *x, const float *const *hs,
+                     const float *const *dys, int dy16, const float *x, const float *const *hs,
                      float *scratch, int64_t n, int dx_set) {
     const tz_linear *ls[3];
-    tz_linear_bwd_shared(be, ls, lin_set(L, first, ls), dx, dys, x, hs, scratch, n, dx_set);
+    const int count = lin_set(L, first, ls);
+    const uint16_t *d16[3] = {NULL, NULL, NULL};
+    for (int i = 0; dy16 && i < count; i++) d16[i] = (const uint16_t *)(const void *)dys[i];
+    tz_linear_bwd_shared16(be, ls, count, dx, dy16 ? NULL : dys, dy16 ? d16 : NULL, x, hs,
+                           scratch, n, dx_set);
+}
+
+/* Whether the gate and up projections' backward takes dg and du as swiglu_bwd writes them in
+ * bf16: where their GEMMs would round them to bf16 anyway (the same bits, without an fp32
+ * write and a rounding pass of each). */
+static int gate_up_dy16(const tz_backend *be, const tz_llama_layer *L) {
+    return tz_linear_takes_dy16(be, &L->lin[TZ_LIN_GATE]) &&
+           tz_linear_takes_dy16(be, &L->lin[TZ_LIN_UP]);
 }
 
 /* The MLP on n rows: out = down(swiglu(gate(h2), up(h2))), mlp_rows rows at a time (all n at
@@ -569,7 +582,7 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
         be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
     const float *dqkv[3] = {dq, dk, dv};
     const float *lqkv[3] = {a->lh[TZ_LIN_Q], a->lh[TZ_LIN_K], a->lh[TZ_LIN_V]};
-    lins_bwd(be, L, TZ_LIN_Q, m->dh, dqkv, a->h1, lqkv, m->dlora, BT, 1); /* dh written */
+    lins_bwd(be, L, TZ_LIN_Q, m->dh, dqkv, 0, a->h1, lqkv, m->dlora, BT, 1); /* dh written */
     /* dres += norm path: now dL/dx */
     be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C, 1);
 }
@@ -590,9 +603,10 @@ static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     /* each gradient written by the first op that makes it (no zeroing before) */
     tz_linear_bwd_set(be, &L->lin[TZ_LIN_DOWN], m->ds, m->dres, a->s, a->lh[TZ_LIN_DOWN], m->dlora,
                       BT);
-    be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, BT * F, 0);
+    const int gu16 = gate_up_dy16(be, L);
+    be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, BT * F, 0, gu16);
     const float *dgu[2] = {dg, m->du}, *lgu[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
-    lins_bwd(be, L, TZ_LIN_GATE, m->dh, dgu, a->h2, lgu, m->dlora, BT, 1);
+    lins_bwd(be, L, TZ_LIN_GATE, m->dh, dgu, gu16, a->h2, lgu, m->dlora, BT, 1);
     /* dres += norm path: now dL/dx2 */
     be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C, 1);
     attn_bwd(m, L, a, x, datt, dq, dk, dv, 0);
@@ -609,6 +623,7 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
     const int64_t BT = m->B * m->T, C = d->dim, F = d->hidden;
     const int64_t R = m->mlp_rows, r = m->o.lora.rank;
     const tz_linear *down = &L->lin[TZ_LIN_DOWN];
+    const int gu16 = gate_up_dy16(be, L);
     for (int64_t r0 = 0; r0 < BT; r0 += R) { /* each chunk writes its rows of dh */
         const int64_t c = BT - r0 < R ? BT - r0 : R;
         const float *h2 = a->h2 + r0 * C, *dres = m->dres + r0 * C;
@@ -621,9 +636,9 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
             be->matmul(be, lh_down, a->s, down->a->w, c, down->r, F, 0, 1, 1.0f, 0.0f);
         tz_linear_bwd_set(be, down, m->ds, dres, a->s, lh_down, m->dlora, c);
         float *dg = a->s; /* s was read for the last time */
-        be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, c * F, 0);
+        be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, c * F, 0, gu16);
         const float *dgu[2] = {dg, m->du}, *lgu[2] = {lh_gate, lh_up};
-        lins_bwd(be, L, TZ_LIN_GATE, dh, dgu, h2, lgu, m->dlora, c, 1);
+        lins_bwd(be, L, TZ_LIN_GATE, dh, dgu, gu16, h2, lgu, m->dlora, c, 1);
     }
     /* dres += norm path: now dL/dx2 */
     be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C, 1);

@@ -227,9 +227,10 @@ static void add_tq_matmul(oc_list *l, int64_t rows, int64_t cols, int bits, int 
                   * in another order (up to 2e-6 of the result's scale) */
                  .tol_fwd = 1e-5, .tol_bwd = 1e-5,
                  /* bf16 (A, levels, C bf16 values): each decoded weight rounded once to bf16
-                  * (up to 2^-9 relative), those errors summed over K random-signed products,
-                  * ~2^-9 of the result's scale and up to ~3x that at the largest element;
-                  * 15 x 2^-9. A wrong code or group moves many outputs by a level: >> this */
+                  * (up to 2^-8 relative, 2^-9 on average), those errors summed over K
+                  * random-signed products, ~2^-9 of the result's scale and up to ~3x that at
+                  * the largest element; 15 x 2^-9. A wrong code or group moves many outputs by
+                  * a level: >> this */
                  .tol_fwd_bf16 = 3e-2, .tol_bwd_bf16 = 3e-2};
     /* A in bf16: the forward reads its values as stored; no backward (A is no float input) */
     c.t[0] = a16 ? (oc_tensor)OC_T_BF16("A", M * K, 1.0f) : (oc_tensor)OC_T_IN("A", M * K);
@@ -286,10 +287,11 @@ static void add_tq_matmul_lora_b(oc_list *l, int64_t rows, int64_t cols, int bit
                  /* fp32 (the CPU's, the reference's arithmetic): sums in another order */
                  .tol_fwd = 1e-5,
                  /* bf16: tq_matmul's (each decoded weight rounded once, 3e-2 of the scale),
-                  * and h and s B rounded to bf16 (2^-9 relative each, summed over r products,
-                  * well inside it); the bias rounded to bf16 too (2^-9). Leaving the adapter
-                  * out moves the output by s h B^T, of the order of the result, and leaving the
-                  * bias out by the bias (values up to 4, against outputs of ~8): >> this */
+                  * and h and s B rounded to bf16 (2^-8 relative each at most, summed over r
+                  * products, well inside it); the bias rounded to bf16 too (2^-8). Leaving the
+                  * adapter out moves the output by s h B^T, of the order of the result, and
+                  * leaving the bias out by the bias (values up to 4, against outputs of ~8):
+                  * >> this */
                  .tol_fwd_bf16 = 3e-2};
     c.t[0] = (oc_tensor)OC_T_BF16("A", M * ld, 1.0f);
     c.t[1] = (oc_tensor)OC_T_IN("h", M * (rk ? rk : 1));

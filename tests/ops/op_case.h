@@ -48,6 +48,7 @@ enum {
     OC_WRITES = 2,  /* OC_DIN: the backward writes, not adds */
     OC_NOCHECK = 4, /* OC_OUT/OC_INOUT: not compared (scratch the op may leave anything in) */
     OC_POSITIVE = 8, /* OC_IN/OC_INOUT: uniform in [0, amp] (a second moment, a variance) */
+    OC_DIN16 = 16,   /* OC_DIN with OC_WRITES: written as bf16 bit patterns (n * 2 bytes) */
 };
 
 typedef struct oc_tensor {

@@ -227,7 +227,10 @@ static void run_case(tz_backend *be, const char *tag, const oc_case *c, int bf16
             float *g = malloc((size_t)(n > 0 ? n : 1) * 4);
             double *got = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
             double *fd = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
-            be->download(be, g, r.d[i], (size_t)n * 4);
+            const int b16 = t->kind == OC_DIN && (t->flags & OC_DIN16);
+            be->download(be, g, r.d[i], (size_t)n * (b16 ? 2 : 4));
+            for (int64_t k = n - 1; b16 && k >= 0; k--) /* widened in place, from the end */
+                g[k] = tz_bf16_to_f32(((const uint16_t *)g)[k]);
             int adds = t->kind == OC_DIN && !(t->flags & OC_WRITES);
             int64_t m = 0; /* elements 0, stride, 2 stride, ... and the last one */
             for (int64_t k = 0; k < n; k = k + stride < n || k == n - 1 ? k + stride : n - 1) {

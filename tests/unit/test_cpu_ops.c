@@ -122,7 +122,7 @@ static results run_all(const inputs *in) {
     be->xent_bwd(be, take(&r, (int64_t)XN * XV), in->logits, in->tgt, 0.5f, XN, XV);
     float *sw = take(&r, 3 * SN);
     be->swiglu_fwd(be, sw, in->g, in->u, SN);
-    be->swiglu_bwd(be, sw + SN, sw + 2 * SN, in->sdo, in->g, in->u, SN, 1);
+    be->swiglu_bwd(be, sw + SN, sw + 2 * SN, in->sdo, in->g, in->u, SN, 1, 0);
     const int64_t nrp = (int64_t)RB * RT * RH * RD;
     float *rp = take(&r, nrp);
     memcpy(rp, in->rp, sizeof(float) * (size_t)nrp);
@@ -136,7 +136,7 @@ static results run_all(const inputs *in) {
     be->layernorm_fwd(be, p, p + n, p + n + rows, in->x, rows, DC, 1e-6f);
     be->layernorm_bwd(be, p + n + 2 * rows, in->R, in->x, p + n, p + n + rows, rows, DC);
     p = take(&r, 2 * n + nm);
-    be->modulate_fwd(be, p, in->x, in->mod, in->mod + DC, ld, DB, DT, DC);
+    be->modulate_fwd(be, p, in->x, in->mod, in->mod + DC, ld, DB, DT, DC, 0);
     be->modulate_bwd(be, p + n, p + 2 * n, p + 2 * n + DC, in->R, in->x, in->mod + DC, ld, DB,
                      DT, DC, 1);
     p = take(&r, 2 * n + nm);
@@ -148,7 +148,7 @@ static results run_all(const inputs *in) {
     be->gelu_tanh_bwd(be, p + n, in->R, in->x, n, 1, 0, 0);
     be->silu_fwd(be, p + 2 * n, in->x, n);
     be->silu_bwd(be, p + 3 * n, in->R, in->x, n, 1);
-    be->bias_bwd(be, take(&r, DC), in->R, rows, DC);
+    be->bias_bwd(be, take(&r, DC), in->R, rows, DC, NULL);
     p = take(&r, rows + n);
     be->mse_fwd(be, p, in->x, DC, in->R, rows, DC);
     be->mse_bwd(be, p + rows, in->x, DC, in->R, 0.5f, rows, DC);

@@ -426,6 +426,38 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
         gh[k][j] = host_of(be, dx[k], n * in);
     }
     for (int i = 0; i < NL; i++) lin[i].tq = &sc;
+    /* each dy given already in bf16 (as swiglu_bwd writes them; v's fp32 dy too, for its bias
+     * gradient), with the planned scratch (way 1's bits) and, for dense weights, with the
+     * small one (the separate calls, way 2's): every gradient and dx those bits */
+    int d16same = 1, d16runs = 0;
+    for (int k = 1; k <= 1 + dense && tz_linear_rounds_bf16(be); k++, d16runs++) {
+        for (int i = 0; i < ps.n; i++)
+            if (ps.p[i]->g) be->fill(be, ps.p[i]->g, 0.0f, ps.p[i]->numel);
+        be->copy(be, dx[2], dx0, (size_t)(n * in) * 4);
+        uint16_t *d16[NL];
+        for (int i = 0; i < NL; i++) {
+            d16[i] = be->alloc(be, (size_t)(n * outs[i]) * 2);
+            be->to_bf16(be, d16[i], dy[i], n * outs[i]);
+            lin[i].tq = k == 2 ? &small : &sc;
+        }
+        const float *hk[NL] = {h[k & 1][0], NULL, h[k & 1][2]}, *dyb[NL] = {NULL, NULL, dy[2]};
+        const uint16_t *d16c[NL] = {d16[0], d16[1], d16[2]};
+        tz_linear_bwd_shared16(be, ls, NL, dx[2], dyb, d16c, x, hk, scr, n, 0);
+        int j = 0;
+        for (int i = 0; i < ps.n; i++)
+            if (ps.p[i]->g) {
+                float *g = host_of(be, ps.p[i]->g, ps.p[i]->numel);
+                d16same &= !memcmp(g, gh[k][j++], (size_t)ps.p[i]->numel * 4);
+                free(g);
+            }
+        float *g = host_of(be, dx[2], n * in);
+        d16same &= !memcmp(g, gh[k][j], (size_t)(n * in) * 4);
+        free(g);
+        for (int i = 0; i < NL; i++) be->release(be, d16[i]), lin[i].tq = &sc;
+    }
+    if (d16runs)
+        check(d16same, "%s: dy given in bf16: every gradient and dx = the fp32 dy's, bit for bit "
+              "(%s)", what, dense ? "planned scratch and without room" : "planned scratch");
     /* with bf16 GEMM operands the backward rounds dy (and x) once into the scratch past the
      * rotation's place; a backend whose GEMMs are fp32 leaves it alone */
     const int rounds = be->matmul_dtype == TZ_DT_BF16 && ((be->matmul_dtypes >> TZ_DT_BF16) & 1u);
