@@ -41,6 +41,7 @@ typedef struct {
     float scale;
     int vec4; /* the tensor-core kernels' staging may read float4s (fa_vec4) */
     int acc;  /* backward: add into dq, dk, dv (1), or write them (0: never read) */
+    int in16; /* q, k, v given in bf16 (tz_att_ld.in16): the flash kernels' TI */
 } att_shape;
 
 /* A backward output element: added to, or written without reading what was there. */
@@ -297,7 +298,7 @@ static att_shape make_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64
                  (long long)Hkv);
     const tz_att_ld ld = tz_att_ld_of(ldp, Hq, Hkv, D);
     att_shape s = {B, T, Hq, Hkv, D, Hq / Hkv, ld.q, ld.kv, ld.o, causal,
-                   1.0f / sqrtf((float)D), 0, 1};
+                   1.0f / sqrtf((float)D), 0, 1, ld.in16};
     return s;
 }
 
@@ -683,9 +684,50 @@ __device__ void fa_stage4(uint16_t *dst, const float *x, int64_t r0, int64_t T, 
         }
     }
 }
-/* A tile of N rows: vectorised where the shape allows. */
+/* fa_stage and fa_stage4 for x already in bf16 (tz_att_ld.in16): the same tiles, copied
+ * (fa_stage4's slots of 4 elements as one 8-byte load, x 8-byte aligned) */
+template <int DP>
+__device__ void fa_stage(uint16_t *dst, const uint16_t *x, int64_t r0, int n, int64_t T,
+                         int64_t ld, int64_t D) {
+    constexpr int LD = DP + 8;
+    for (int e = threadIdx.x; e < n * (DP / 2); e += blockDim.x) {
+        const int j = e / (DP / 2), d = 2 * (e % (DP / 2));
+        const int64_t t = r0 + j;
+        uint16_t lo = 0, hi = 0;
+        if (t < T) {
+            const uint16_t *row = x + t * ld;
+            if (d < D) lo = row[d];
+            if (d + 1 < D) hi = row[d + 1];
+        }
+        *(uint32_t *)(dst + j * LD + d) = tz_pack_u16(lo, hi);
+    }
+}
 template <int DP, int N>
-__device__ __forceinline__ void fa_tile(uint16_t *dst, const float *x, int64_t r0, int64_t T,
+__device__ void fa_stage4(uint16_t *dst, const uint16_t *x, int64_t r0, int64_t T, int64_t ld,
+                          int64_t D) {
+    constexpr int LD = DP + 8, C4 = DP / 4, PER = N * C4 / FA_THREADS;
+    constexpr int NB = PER <= 8 ? PER : PER % 8 == 0 ? 8 : PER % 5 == 0 ? 5 : PER % 4 == 0 ? 4 : 1;
+    static_assert(N * C4 % FA_THREADS == 0 && PER % NB == 0, "fa_stage4: slots per thread");
+#pragma unroll
+    for (int g0 = 0; g0 < PER; g0 += NB) {
+        uint2 v[NB];
+#pragma unroll
+        for (int i = 0; i < NB; i++) {
+            const int e = (int)threadIdx.x + (g0 + i) * FA_THREADS, j = e / C4, d = 4 * (e % C4);
+            const int64_t t = r0 + j;
+            v[i] = make_uint2(0u, 0u);
+            if (t < T && d < D) v[i] = *(const uint2 *)(x + t * ld + d);
+        }
+#pragma unroll
+        for (int i = 0; i < NB; i++) {
+            const int e = (int)threadIdx.x + (g0 + i) * FA_THREADS, j = e / C4, d = 4 * (e % C4);
+            *(uint2 *)(dst + j * LD + d) = v[i];
+        }
+    }
+}
+/* A tile of N rows: vectorised where the shape allows. */
+template <int DP, int N, class TI>
+__device__ __forceinline__ void fa_tile(uint16_t *dst, const TI *x, int64_t r0, int64_t T,
                                         int64_t ld, int64_t D, int vec4) {
     if (vec4) fa_stage4<DP, N>(dst, x, r0, T, ld, D);
     else fa_stage<DP>(dst, x, r0, N, T, ld, D);
@@ -710,6 +752,26 @@ __device__ __forceinline__ void fa_load_a(uint32_t a[KS][4], const float *x,
                 if (d + 1 < D) hi = row[d + 1];
             }
             a[kk][i] = tz_pack_bf16(lo, hi);
+        }
+}
+/* fa_load_a for x already in bf16 */
+template <int KS>
+__device__ __forceinline__ void fa_load_a(uint32_t a[KS][4], const uint16_t *x,
+                                          const int64_t rows[2], int64_t T, int64_t ld,
+                                          int64_t D) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int64_t t = rows[i & 1], d = kk * 16 + 2 * t4 + (i & 2 ? 8 : 0);
+            uint16_t lo = 0, hi = 0;
+            if (t < T) {
+                const uint16_t *row = x + t * ld;
+                if (d < D) lo = row[d];
+                if (d + 1 < D) hi = row[d + 1];
+            }
+            a[kk][i] = tz_pack_u16(lo, hi);
         }
 }
 
@@ -793,10 +855,9 @@ __device__ __forceinline__ float fa_quad_max(float v) {
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-template <int DP, bool LDM>
+template <int DP, bool LDM, class TI>
 __global__ void __launch_bounds__(FA_THREADS)
-    k_fa_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-             att_shape sh) {
+    k_fa_fwd(float *out, float *lse, const TI *q, const TI *k, const TI *v, att_shape sh) {
     constexpr int KS = DP / 16, DN = DP / 8, NT = FK / 8, LD = DP + 8;
     extern __shared__ float smem[];
     uint16_t *Ks = (uint16_t *)smem, *Vs = Ks + FK * LD;
@@ -805,7 +866,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t q0 = (int64_t)blockIdx.x * FQ;
     const int64_t rows[2] = {q0 + w * 16 + (lane >> 2), q0 + w * 16 + (lane >> 2) + 8};
     uint32_t qa[KS][4];
-    const float *kb = k + at(b, 0, kvh, T, sh.ldkv, D), *vb = v + at(b, 0, kvh, T, sh.ldkv, D);
+    const TI *kb = k + at(b, 0, kvh, T, sh.ldkv, D), *vb = v + at(b, 0, kvh, T, sh.ldkv, D);
     fa_load_a<KS>(qa, q + at(b, 0, h, T, sh.ldq, D), rows, T, sh.ldq, D);
     float o[DN][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -872,10 +933,10 @@ __global__ void __launch_bounds__(FA_THREADS)
 }
 
 /* dq[t] += scale sum_s P_ts (dP_ts - delta_t) k_s, P = exp(scale q.k - lse), dP = dO . v. */
-template <int DP, bool LDM>
+template <int DP, bool LDM, class TI>
 __global__ void __launch_bounds__(FA_THREADS)
-    k_fa_dq(float *dq, const float *dout, const float *lse, const float *delta, const float *q,
-            const float *k, const float *v, att_shape sh) {
+    k_fa_dq(float *dq, const float *dout, const float *lse, const float *delta, const TI *q,
+            const TI *k, const TI *v, att_shape sh) {
     constexpr int KS = DP / 16, DN = DP / 8, NT = FK / 8, LD = DP + 8;
     extern __shared__ float smem[];
     uint16_t *Ks = (uint16_t *)smem, *Vs = Ks + FK * LD;
@@ -884,7 +945,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t q0 = (int64_t)blockIdx.x * FQ;
     const int64_t rows[2] = {q0 + w * 16 + (lane >> 2), q0 + w * 16 + (lane >> 2) + 8};
     uint32_t qa[KS][4], ga[KS][4];
-    const float *kb = k + at(b, 0, kvh, T, sh.ldkv, D), *vb = v + at(b, 0, kvh, T, sh.ldkv, D);
+    const TI *kb = k + at(b, 0, kvh, T, sh.ldkv, D), *vb = v + at(b, 0, kvh, T, sh.ldkv, D);
     fa_load_a<KS>(qa, q + at(b, 0, h, T, sh.ldq, D), rows, T, sh.ldq, D);
     fa_load_a<KS>(ga, dout + at(b, 0, h, T, sh.ldo, D), rows, T, sh.ldo, D);
     float lr[2], dl[2], acc[DN][4];
@@ -944,10 +1005,10 @@ __global__ void __launch_bounds__(FA_THREADS)
 }
 
 /* dv[s] += sum_{h in group, t} P_ts dO_t;  dk[s] += scale sum P_ts (dP_ts - delta_t) q_t. */
-template <int DP, bool LDM>
+template <int DP, bool LDM, class TI>
 __global__ void __launch_bounds__(FA_THREADS)
     k_fa_dkv(float *dk, float *dv, const float *dout, const float *lse, const float *delta,
-             const float *q, const float *k, const float *v, att_shape sh) {
+             const TI *q, const TI *k, const TI *v, att_shape sh) {
     constexpr int KS = DP / 16, DN = DP / 8, NT = FQT / 8, LD = DP + 8;
     extern __shared__ float smem[];
     uint16_t *Qs = (uint16_t *)smem, *Gs = Qs + FQT * LD;
@@ -1031,12 +1092,13 @@ static int fa_dp(int64_t D) { return D <= 32 ? 32 : D <= 64 ? 64 : D <= 80 ? 80 
 static size_t fa_smem_fwd(int dp) { return (size_t)2 * FK * (dp + 8) * 2; }
 static size_t fa_smem_dkv(int dp) { return (size_t)2 * FQT * (dp + 8) * 2 + 2 * FQT * 4; }
 
-/* Whether every tensor the flash kernels stage is 16-byte aligned with D and its row stride
- * multiples of 4 (every row's float4s aligned). */
-static int fa_vec4(int64_t D, const void *const *p, const int64_t *ld, int n) {
+/* Whether every tensor the flash kernels stage is aligned to 4 of its elements (esz bytes
+ * each: 16 bytes in fp32, 8 in bf16) with D and its row stride multiples of 4 (every row's
+ * slots of 4 aligned). */
+static int fa_vec4(int64_t D, const void *const *p, const int64_t *ld, const int *esz, int n) {
     if (D % 4) return 0;
     for (int i = 0; i < n; i++)
-        if ((uintptr_t)p[i] % 16 || ld[i] % 4) return 0;
+        if ((uintptr_t)p[i] % (uintptr_t)(4 * esz[i]) || ld[i] % 4) return 0;
     return 1;
 }
 
@@ -1054,41 +1116,47 @@ static int fa_ldmatrix(void) {
     return !(e && !strcmp(e, "0"));
 }
 
-#define FA_LAUNCH(dp, ldm, KERNEL, grid, smem, st, ...)                                       \
+/* KERNEL<dp, ldm, TI> (TI: q, k and v's element type, float or bf16 bits) */
+#define FA_LAUNCH(dp, ldm, TI, KERNEL, grid, smem, st, ...)                                   \
     do {                                                                                      \
-        if (ldm) KERNEL<dp, true><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);               \
-        else KERNEL<dp, false><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);                  \
+        if (ldm) KERNEL<dp, true, TI><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);           \
+        else KERNEL<dp, false, TI><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);              \
     } while (0)
-#define FA_DISPATCH(dp, KERNEL, grid, smem, st, ...)                                          \
+#define FA_DISPATCH(dp, TI, KERNEL, grid, smem, st, ...)                                      \
     do {                                                                                      \
         const int ldm_ = fa_ldmatrix();                                                       \
-        if ((dp) == 32) FA_LAUNCH(32, ldm_, KERNEL, grid, smem, st, __VA_ARGS__);             \
-        else if ((dp) == 64) FA_LAUNCH(64, ldm_, KERNEL, grid, smem, st, __VA_ARGS__);        \
-        else if ((dp) == 80) FA_LAUNCH(80, ldm_, KERNEL, grid, smem, st, __VA_ARGS__);        \
-        else FA_LAUNCH(128, ldm_, KERNEL, grid, smem, st, __VA_ARGS__);                       \
+        if ((dp) == 32) FA_LAUNCH(32, ldm_, TI, KERNEL, grid, smem, st, __VA_ARGS__);         \
+        else if ((dp) == 64) FA_LAUNCH(64, ldm_, TI, KERNEL, grid, smem, st, __VA_ARGS__);    \
+        else if ((dp) == 80) FA_LAUNCH(80, ldm_, TI, KERNEL, grid, smem, st, __VA_ARGS__);    \
+        else FA_LAUNCH(128, ldm_, TI, KERNEL, grid, smem, st, __VA_ARGS__);                   \
         CUDA_LAUNCHED();                                                                      \
     } while (0)
 
-static void fa_fwd(tz_backend *be, float *out, float *lse, const float *q, const float *k,
-                   const float *v, const att_shape *shp) {
+template <class TI>
+static void fa_fwd(tz_backend *be, float *out, float *lse, const TI *q, const TI *k,
+                   const TI *v, const att_shape *shp) {
     att_shape sh = *shp;
     fa_check(&sh);
     const void *staged[] = {k, v};
     const int64_t lds[] = {sh.ldkv, sh.ldkv};
-    sh.vec4 = fa_vec4(sh.D, staged, lds, 2);
+    const int esz[] = {(int)sizeof(TI), (int)sizeof(TI)};
+    sh.vec4 = fa_vec4(sh.D, staged, lds, esz, 2);
     const int dp = fa_dp(sh.D);
     dim3 grid((unsigned)((sh.T + FQ - 1) / FQ), (unsigned)sh.Hq, (unsigned)sh.B);
-    FA_DISPATCH(dp, k_fa_fwd, grid, fa_smem_fwd(dp), tz_cuda_stream(be), out, lse, q, k, v, sh);
+    FA_DISPATCH(dp, TI, k_fa_fwd, grid, fa_smem_fwd(dp), tz_cuda_stream(be), out, lse, q, k, v,
+                sh);
 }
 
+template <class TI>
 static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
-                   const float *out, const float *lse, const float *q, const float *k,
-                   const float *v, const att_shape *shp, void *ws, size_t ws_bytes) {
+                   const float *out, const float *lse, const TI *q, const TI *k, const TI *v,
+                   const att_shape *shp, void *ws, size_t ws_bytes) {
     att_shape sh = *shp;
     fa_check(&sh);
     const void *staged[] = {q, k, v, dout};
     const int64_t lds[] = {sh.ldq, sh.ldkv, sh.ldkv, sh.ldo};
-    sh.vec4 = fa_vec4(sh.D, staged, lds, 4);
+    const int e = (int)sizeof(TI), esz[] = {e, e, e, 4};
+    sh.vec4 = fa_vec4(sh.D, staged, lds, esz, 4);
     const size_t db = tz_attention_delta_bytes(sh.B, sh.T, sh.Hq);
     if (!ws || ws_bytes < db)
         TZ_FATAL("attention_bwd with bf16 GEMM operands: %zu bytes of workspace lent, %zu "
@@ -1102,12 +1170,21 @@ static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     CUDA_LAUNCHED();
     const int dp = fa_dp(sh.D);
     dim3 gq((unsigned)((sh.T + FQ - 1) / FQ), (unsigned)sh.Hq, (unsigned)sh.B);
-    FA_DISPATCH(dp, k_fa_dq, gq, fa_smem_fwd(dp), st, dq, dout, lse, delta, q, k, v, sh);
+    FA_DISPATCH(dp, TI, k_fa_dq, gq, fa_smem_fwd(dp), st, dq, dout, lse, delta, q, k, v, sh);
     dim3 gk((unsigned)((sh.T + FKV - 1) / FKV), (unsigned)sh.Hkv, (unsigned)sh.B);
-    FA_DISPATCH(dp, k_fa_dkv, gk, fa_smem_dkv(dp), st, dk, dv, dout, lse, delta, q, k, v, sh);
+    FA_DISPATCH(dp, TI, k_fa_dkv, gk, fa_smem_dkv(dp), st, dk, dv, dout, lse, delta, q, k, v,
+                sh);
 }
 
 /* ================= the table's entries ================= */
+
+/* q, k, v in bf16 (tz_att_ld.in16) are read by the flash kernels on the tensor cores only */
+static void need_flash16(const tz_backend *be, int64_t D) {
+    if (!tz_attention_takes_bf16(be, D))
+        TZ_FATAL("attention: q, k and v in bf16 need the tensor-core flash kernels (bf16 GEMM "
+                 "operands, head dimension <= %d; here %s, D = %lld)", FA_MAXD,
+                 be->matmul_dtype == TZ_DT_BF16 ? "bf16" : "fp32", (long long)D);
+}
 
 static void cuda_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
                                const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
@@ -1117,7 +1194,11 @@ static void cuda_attention_fwd(tz_backend *be, float *out, float *lse, const flo
     be->att_ws = NULL, be->att_ws_bytes = 0; /* the loan ends with the call */
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal, ld);
     if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
-    if (be->matmul_dtype != TZ_DT_BF16) flash_fwd(be, out, lse, q, k, v, &sh);
+    if (sh.in16) {
+        need_flash16(be, D);
+        fa_fwd(be, out, lse, (const uint16_t *)(const void *)q, (const uint16_t *)(const void *)k,
+               (const uint16_t *)(const void *)v, &sh);
+    } else if (be->matmul_dtype != TZ_DT_BF16) flash_fwd(be, out, lse, q, k, v, &sh);
     else if (D <= FA_MAXD) fa_fwd(be, out, lse, q, k, v, &sh);
     else tc_fwd(be, out, lse, q, k, v, &sh, ws, ws_bytes);
 }
@@ -1133,7 +1214,13 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal, ld);
     sh.acc = accumulate != 0;
     if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
-    if (be->matmul_dtype != TZ_DT_BF16) flash_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh);
+    if (sh.in16) {
+        need_flash16(be, D);
+        fa_bwd(be, dq, dk, dv, dout, out, lse, (const uint16_t *)(const void *)q,
+               (const uint16_t *)(const void *)k, (const uint16_t *)(const void *)v, &sh, ws,
+               ws_bytes);
+    } else if (be->matmul_dtype != TZ_DT_BF16)
+        flash_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh);
     else if (D <= FA_MAXD) fa_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh, ws, ws_bytes);
     else tc_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh, ws, ws_bytes);
 }

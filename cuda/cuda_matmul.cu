@@ -106,9 +106,11 @@ void tz_cuda_gemm(tz_backend *be, float *C, const void *A, int a_bf16, const voi
                              (const float *)A, lda, &beta, C, (int)N));
 }
 
-void tz_cuda_gemm16_ld(tz_backend *be, float *C, int64_t ldc, const uint16_t *A, int64_t lda,
-                       const uint16_t *B, int64_t ldb, int transB, int64_t M, int64_t N,
-                       int64_t K, float alpha, float beta) {
+/* tz_cuda_gemm16_ld with C fp32 or (c_bf16) bf16 bits, the fp32 result rounded by the
+ * GEMM's epilogue */
+static void gemm16_ld(tz_backend *be, void *C, int c_bf16, int64_t ldc, const uint16_t *A,
+                      int64_t lda, const uint16_t *B, int64_t ldb, int transB, int64_t M,
+                      int64_t N, int64_t K, float alpha, float beta) {
     if (M <= 0 || N <= 0) return;
     if (be->matmul_dtype != TZ_DT_BF16) TZ_FATAL("matmul: strided bf16 operands with fp32 GEMMs");
     const int64_t bcols = transB ? K : N;
@@ -125,9 +127,14 @@ void tz_cuda_gemm16_ld(tz_backend *be, float *C, int64_t ldc, const uint16_t *A,
     CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     CUBLAS_CHECK(cublasGemmEx(h, transB ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, (int)N, (int)M,
                               (int)K, &alpha, B, CUDA_R_16BF, (int)ldb, A, CUDA_R_16BF, (int)lda,
-                              &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+                              &beta, C, c_bf16 ? CUDA_R_16BF : CUDA_R_32F, (int)ldc,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
+}
+void tz_cuda_gemm16_ld(tz_backend *be, float *C, int64_t ldc, const uint16_t *A, int64_t lda,
+                       const uint16_t *B, int64_t ldb, int transB, int64_t M, int64_t N,
+                       int64_t K, float alpha, float beta) {
+    gemm16_ld(be, C, 0, ldc, A, lda, B, ldb, transB, M, N, K, alpha, beta);
 }
 
 const uint16_t *tz_cuda_gemm_round(tz_backend *be, const float *A, int64_t n) {
@@ -187,8 +194,12 @@ static __global__ void k_bias_rows(uint16_t *dst, const T *src, const float *col
 }
 
 static void cuda_matmul_bias(tz_backend *be, float *C, const void *A, int a_bf16, const void *W,
-                             int w_bf16, const float *bias, int64_t M, int64_t N, int64_t K) {
+                             int w_bf16, const float *bias, int64_t M, int64_t N, int64_t K,
+                             int c_bf16) {
     if (M <= 0 || N <= 0) return;
+    if (c_bf16 && (be->matmul_dtype != TZ_DT_BF16 || K <= 0))
+        TZ_FATAL("matmul_bias: a bf16 output needs bf16 GEMMs and K > 0 (K = %lld)",
+                 (long long)K);
     if (be->matmul_dtype != TZ_DT_BF16 || K <= 0) { /* fp32: the product, then the bias */
         cuda_matmul16(be, C, A, a_bf16, W, w_bf16, M, N, K, 0, 1, 1.0f, 0.0f);
         be->bias_add_fwd(be, C, bias, M, N);
@@ -218,7 +229,7 @@ static void cuda_matmul_bias(tz_backend *be, float *C, const void *A, int a_bf16
         k_bias_rows<float><<<tz_cuda_blocks(N * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
             s + na, (const float *)W, bias, N, K, ld);
     CUDA_LAUNCHED();
-    tz_cuda_gemm16_ld(be, C, N, s, ld, s + na, ld, 1, M, N, ld, 1.0f, 0.0f);
+    gemm16_ld(be, C, c_bf16, N, s, ld, s + na, ld, 1, M, N, ld, 1.0f, 0.0f);
 }
 
 void tz_cuda_install_matmul(tz_backend *be) {

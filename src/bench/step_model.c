@@ -56,17 +56,20 @@ static void s_adamw(tz_backend *be, float *w, float *m, float *v, cf *g, const u
  * write 2: elementwise, a bandwidth-bound kernel the GEMM's arithmetic does not hide), then
  * read in bf16; with fp32 GEMMs an fp32 operand is read as it is. C fp32, read too where
  * beta != 0. */
-static void gemm_op(tz_backend *be, int64_t M, int64_t N, int64_t K, int a16, int b16,
-                    float beta, double a_reads, const char *op) {
+static void gemm_op3(tz_backend *be, int64_t M, int64_t N, int64_t K, int a16, int b16,
+                     float beta, double a_reads, double cb, const char *op) {
     const int r = be->matmul_dtype == TZ_DT_BF16;
     if (r && !a16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * M * K, op);
     if (r && !b16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * K * N, op);
     const double ab = a16 || r ? 2.0 : F, bb = b16 || r ? 2.0 : F;
     add_op(be, TZ_SM_GEMM, 2.0 * M * N * K,
            a_reads * ab * (double)M * K + bb * (double)K * N +
-               F * (double)M * N * (beta != 0.0f ? 2 : 1),
+               cb * (double)M * N * (beta != 0.0f ? 2 : 1),
            op);
 }
+/* C in fp32 (cb: C's bytes per element, 2 for a bf16 output) */
+#define gemm_op(be, M, N, K, a16, b16, beta, a_reads, op)                                       \
+    gemm_op3(be, M, N, K, a16, b16, beta, a_reads, F, op)
 /* booked under the calling op's name; A read once */
 #define gemm(be, M, N, K, a16, b16, beta) gemm_op(be, M, N, K, a16, b16, beta, 1.0, __func__)
 /* A quantized weight's GEMM decoded in chunks (tz_tq_chunked): one GEMM a chunk, each reading
@@ -97,10 +100,10 @@ static void s_matmul16(tz_backend *be, float *C, const void *A, int a16, const v
 }
 
 static void s_matmul_bias(tz_backend *be, float *C, const void *A, int a16, const void *W, int w16,
-                          cf *bias, int64_t M, int64_t N, int64_t K) {
+                          cf *bias, int64_t M, int64_t N, int64_t K, int c16) {
     (void)C, (void)A, (void)W, (void)bias;
     if (be->matmul_dtype == TZ_DT_BF16) { /* the bias along K: 8 more columns, no pass */
-        gemm(be, M, N, K + 8, a16, w16, 0.0f);
+        gemm_op3(be, M, N, K + 8, a16, w16, 0.0f, 1.0, c16 ? 2.0 : F, __func__);
         /* an operand already in bf16 is still copied into its rows of K + 8 (a cast's pass,
          * which gemm books for an fp32 one) */
         if (a16) add(be, TZ_SM_ELEMENT, 0, 2.0 * (double)M * K + 2.0 * (double)M * (K + 8));
@@ -139,23 +142,27 @@ static void s_rope_pairs(tz_backend *be, float *x, int64_t B, int64_t T, int64_t
 
 /* ---- attention: query-key pairs visible (causal: the lower triangle) ---- */
 static double pairs(int64_t T, int64_t S, int causal) { return causal ? (double)T * (T + 1) / 2 : (double)T * S; }
+/* q, k and v read in bf16 (tz_att_ld.in16): 2 bytes of each element fewer */
+static double qkv16_saves(const tz_att_ld *ld, int64_t BT, int64_t Hq, int64_t Hkv, int64_t D) {
+    return ld && ld->in16 ? (F - 2.0) * BT * (Hq + 2.0 * Hkv) * D : 0.0;
+}
 static void s_att_fwd(tz_backend *be, float *o, float *lse, cf *q, cf *k, cf *v, int64_t B, int64_t T,
                       int64_t Hq, int64_t Hkv, int64_t D, int causal, const tz_att_ld *ld) {
-    (void)o, (void)lse, (void)q, (void)k, (void)v, (void)ld;
+    (void)o, (void)lse, (void)q, (void)k, (void)v;
     /* S = QK^T and O = PV: 2 flops each per pair and head dimension */
     add(be, TZ_SM_ATTENTION, 4.0 * B * Hq * D * pairs(T, T, causal),
-        F * B * T * (2.0 * Hq * D + 2.0 * Hkv * D + Hq));
+        F * B * T * (2.0 * Hq * D + 2.0 * Hkv * D + Hq) - qkv16_saves(ld, B * T, Hq, Hkv, D));
 }
 static void s_att_bwd(tz_backend *be, float *dq, float *dk, float *dv, cf *d, cf *o, cf *lse, cf *q,
                       cf *k, cf *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int causal,
                       int acc, const tz_att_ld *ld) {
     (void)dq, (void)dk, (void)dv, (void)d, (void)o, (void)lse, (void)q, (void)k, (void)v;
-    (void)ld;
     /* S again, dP = dO V^T, dV += P^T dO, dQ += dS K, dK += dS^T Q: q, dO, O and k, v read,
      * dq, dk, dv written (and read first when added into); lse and delta */
     const double a = acc ? 1.0 : 0.0;
     add(be, TZ_SM_ATTENTION, 10.0 * B * Hq * D * pairs(T, T, causal),
-        F * B * T * ((4.0 + a) * Hq * D + (4.0 + 2.0 * a) * Hkv * D + Hq));
+        F * B * T * ((4.0 + a) * Hq * D + (4.0 + 2.0 * a) * Hkv * D + Hq) -
+            qkv16_saves(ld, B * T, Hq, Hkv, D));
 }
 static void s_att_cache(tz_backend *be, float *o, cf *q, cf *kc, cf *vc, int64_t B, int64_t T, int64_t S,
                         int64_t p, int64_t Hq, int64_t Hkv, int64_t D) {

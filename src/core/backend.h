@@ -53,9 +53,13 @@ static inline TZ_ADAMW_HD void tz_adamw_elem(float *w, float *m, float *v, float
  * (b, t) of q and of dq starts at (b*T + t) * q, of k, v, dk and dv at (b*T + t) * kv, of out
  * and of dout at (b*T + t) * o, head h at h*D within it. 0 in a field, or a NULL pointer:
  * dense (Hq*D, Hkv*D, Hq*D). A fused projection's output [B*T, (Hq + 2 Hkv) D] is read in
- * place with q = kv = (Hq + 2 Hkv) D (k and v pointing into the row). */
+ * place with q = kv = (Hq + 2 Hkv) D (k and v pointing into the row). in16: q, k and v hold
+ * bf16 bit patterns (their strides in bf16 elements), the form the tensor-core kernels round
+ * them to as they load them, so the results are those of the fp32 values they stand for;
+ * backends take it where tz_attention_takes_bf16 says (the CPU widens them). */
 typedef struct tz_att_ld {
     int64_t q, kv, o;
+    int in16;
 } tz_att_ld;
 /* The strides ld asks for, with dense ones for its 0 fields (every backend's attention
  * calls it). Fatal, naming them, when one is below its row's width (rows would overlap). */
@@ -150,9 +154,11 @@ struct tz_backend {
      * patterns, a frozen weight). With bf16 GEMMs the bias goes in along K (one more column:
      * A's 1, W's bf16(bias); the operands rounded into rows of K + 8 as matmul would round
      * them), so no pass over C adds it: C gains the bias rounded to bf16. Otherwise (the CPU:
-     * the reference) matmul16, then the bias added in fp32. */
+     * the reference) matmul16, then the bias added in fp32. c_bf16: C written as bf16 bit
+     * patterns, the fp32 result rounded as to_bf16 rounds it (the GEMM's own epilogue with bf16
+     * GEMMs; fatal with fp32 ones on a device). */
     void (*matmul_bias)(tz_backend *be, float *C, const void *A, int a_bf16, const void *W,
-                        int w_bf16, const float *bias, int64_t M, int64_t N, int64_t K);
+                        int w_bf16, const float *bias, int64_t M, int64_t N, int64_t K, int c_bf16);
 
     /* ---- embedding ----
      * out[t, :] = table[tok[t], :], t < n, table [V, C]. Token ids were validated by the
@@ -513,6 +519,13 @@ static inline size_t tz_attention_ws_bytes(const tz_backend *be, int64_t B, int6
     if (c < 16) c = T < 16 ? T : 16;
     return (size_t)nbuf * (size_t)(c * B * Hq) * (size_t)((T + 3) / 4 * 4) * 4 +
            (backward ? tz_attention_delta_bytes(B, T, Hq) : 0);
+}
+/* Whether be's attention takes q, k and v in bf16 (tz_att_ld.in16) at head dimension D:
+ * the host (it widens them, for tests) and a device's flash kernels on the tensor cores (bf16
+ * GEMM operands, D <= TZ_ATTENTION_FLASH_MAXD), which round them to bf16 as they load them
+ * anyway, so a model keeping them in bf16 gets the same results. */
+static inline int tz_attention_takes_bf16(const tz_backend *be, int64_t D) {
+    return !be->device || (be->matmul_dtype == TZ_DT_BF16 && D <= TZ_ATTENTION_FLASH_MAXD);
 }
 
 /* run.device and run.precision, as the config holds them (io/config.c parses the names, in

@@ -98,9 +98,41 @@ static void attend(tz_backend *be, float *out, float *lse, const float *q, const
     }
 }
 
+/* q, k, v given in bf16 (tz_att_ld.in16): widened to fp32 in the same row layout (each from
+ * its first element to its last row's last head), the exact values the bf16 stand for; the
+ * op then runs on those with in16 cleared. */
+typedef struct {
+    float *q, *k, *v;
+    tz_att_ld ld;
+} wide_qkv;
+static float *widen(const float *p, int64_t rows, int64_t ld, int64_t w) {
+    const int64_t n = rows > 0 ? (rows - 1) * ld + w : 0;
+    float *r = malloc((size_t)(n > 0 ? n : 1) * sizeof *r);
+    if (!r) TZ_FATAL("attention: out of host memory widening bf16 operands");
+    const uint16_t *s = (const uint16_t *)(const void *)p;
+    for (int64_t i = 0; i < n; i++) r[i] = tz_bf16_to_f32(s[i]);
+    return r;
+}
+static wide_qkv wide_of(const float *q, const float *k, const float *v, int64_t BT, int64_t Hq,
+                        int64_t Hkv, int64_t D, const tz_att_ld *ldp) {
+    wide_qkv w = {NULL, NULL, NULL, tz_att_ld_of(ldp, Hq, Hkv, D)};
+    if (!w.ld.in16) return w;
+    w.q = widen(q, BT, w.ld.q, Hq * D);
+    w.k = widen(k, BT, w.ld.kv, Hkv * D);
+    w.v = widen(v, BT, w.ld.kv, Hkv * D);
+    w.ld.in16 = 0;
+    return w;
+}
+
 static void cpu_attention_fwd(tz_backend *be, float *out, float *lse, const float *q,
                               const float *k, const float *v, int64_t B, int64_t T, int64_t Hq,
                               int64_t Hkv, int64_t D, int causal, const tz_att_ld *ld) {
+    wide_qkv w = wide_of(q, k, v, B * T, Hq, Hkv, D, ld);
+    if (w.q) {
+        attend(be, out, lse, w.q, w.k, w.v, B, T, T, 0, Hq, Hkv, D, causal, &w.ld);
+        free(w.q), free(w.k), free(w.v);
+        return;
+    }
     attend(be, out, lse, q, k, v, B, T, T, 0, Hq, Hkv, D, causal, ld);
 }
 
@@ -197,6 +229,13 @@ static void cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, c
                               const float *out, const float *lse, const float *q, const float *k,
                               const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                               int64_t D, int causal, int accumulate, const tz_att_ld *ld) {
+    wide_qkv w = wide_of(q, k, v, B * T, Hq, Hkv, D, ld);
+    if (w.q) {
+        cpu_attention_bwd(be, dq, dk, dv, dout, out, lse, w.q, w.k, w.v, B, T, Hq, Hkv, D, causal,
+                          accumulate, &w.ld);
+        free(w.q), free(w.k), free(w.v);
+        return;
+    }
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal, ld);
     if (B <= 0 || T <= 0 || D <= 0) return;
     if (!accumulate) { /* written: the blocks below add into zeros (the same bits) */

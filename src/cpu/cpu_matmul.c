@@ -267,9 +267,14 @@ static void cpu_matmul16(tz_backend *be, float *C, const void *A, int a_bf16, co
 
 /* The reference: the product (W widened exactly where stored in bf16), then the bias in fp32. */
 static void cpu_matmul_bias(tz_backend *be, float *C, const void *A, int a_bf16, const void *W,
-                            int w_bf16, const float *bias, int64_t M, int64_t N, int64_t K) {
-    be->matmul16(be, C, A, a_bf16, W, w_bf16, M, N, K, 0, 1, 1.0f, 0.0f);
-    be->bias_add_fwd(be, C, bias, M, N);
+                            int w_bf16, const float *bias, int64_t M, int64_t N, int64_t K,
+                            int c_bf16) {
+    float *c = c_bf16 ? tz_cpu_aligned_alloc((size_t)(M * N > 0 ? M * N : 1) * sizeof *c) : C;
+    be->matmul16(be, c, A, a_bf16, W, w_bf16, M, N, K, 0, 1, 1.0f, 0.0f);
+    be->bias_add_fwd(be, c, bias, M, N);
+    if (!c_bf16) return;
+    be->to_bf16(be, (uint16_t *)(void *)C, c, M * N);
+    free(c);
 }
 
 /* B in bf16 (a frozen weight): matmul16 with B's flag alone. */

@@ -245,6 +245,13 @@ static int keeps_x16(const tz_dit *m) {
     const tz_linear *L = m->blocks[0].lin;
     return !L[TZ_DIT_QKV].w->q && !L[TZ_DIT_FC1].w->q && !L[TZ_DIT_FC2].w->q;
 }
+/* Whether q, k, v are kept in bf16 too (tz_dit.qkv16): the attention's kernels read them so,
+ * and df (made for the MLP's hidden width) holds the projection's fp32 output meanwhile. */
+static int keeps_qkv16(const tz_dit *m) {
+    const tz_dit_dims *d = &m->d;
+    return keeps_x16(m) && tz_dit_mlp_hidden(d) >= 3 * d->hidden &&
+           tz_attention_takes_bf16(m->be, d->hidden / d->num_heads);
+}
 
 /* Walks every allocation of tz_dit_setup; with a NULL arena it only counts bytes. */
 static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
@@ -253,8 +260,8 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     const int64_t p2 = d->patch_size * d->patch_size, HW = d->input_size * d->input_size;
     const int64_t Cin = d->in_channels, Cout = tz_dit_out_channels(d), r = m->o.lora.rank;
     size_t total = 0;
-    const int x16 = keeps_x16(m);
-    if (a) m->x16 = x16;
+    const int x16 = keeps_x16(m), qkv16 = keeps_qkv16(m);
+    if (a) m->x16 = x16, m->qkv16 = qkv16;
     /* floats for n elements of the linear inputs: half as many in bf16 */
 #define XN(n) (x16 ? ((n) + 1) / 2 : (n))
 #define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
@@ -270,7 +277,7 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
         tz_dit_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
 #define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
         ACT(mod, B * 6 * Hd); ACT(mean1, BT); ACT(rstd1, BT); ACT(ln1, BT * Hd);
-        ACT(h1, XN(BT * Hd)); ACT(qkv, BT * 3 * Hd);
+        ACT(h1, XN(BT * Hd)); ACT(qkv, qkv16 ? (BT * 3 * Hd + 1) / 2 : BT * 3 * Hd);
         ACT(lse, BT * d->num_heads); ACT(att, BT * Hd); ACT(ao, BT * Hd); ACT(x2, BT * Hd);
         ACT(mean2, BT); ACT(rstd2, BT); ACT(ln2, BT * Hd); ACT(h2, XN(BT * Hd));
         ACT(f, BT * F); ACT(g, XN(BT * F)); ACT(mo, BT * Hd);

@@ -85,7 +85,8 @@ typedef struct tz_dit_block {
 
 /* Saved activations of one block ([n*T, ...] token rows, [n, ...] conditioning rows). */
 typedef struct tz_dit_acts {
-    /* qkv: [n*T, 3 hidden]; h1, h2, g: bf16 bit patterns where tz_dit.x16 */
+    /* qkv: [n*T, 3 hidden], bf16 bit patterns where tz_dit.qkv16; h1, h2, g: likewise where
+     * tz_dit.x16 */
     float *mod, *mean1, *rstd1, *ln1, *h1, *qkv, *lse, *att, *ao, *x2;
     float *mean2, *rstd2, *ln2, *h2, *f, *g, *mo;
     float *lh[TZ_DIT_LIN_N]; /* LoRA hidden x A^T per projection (NULL if not adapted) */
@@ -112,6 +113,10 @@ typedef struct tz_dit {
     /* the inputs of qkv, fc1 and fc2 (h1, h2, g) kept in bf16 for the backward: with bf16
      * GEMM operands, dense weights and a backward (the GEMMs read them rounded anyway) */
     int x16;
+    /* the fused projection's q, k, v kept in bf16 (made in fp32 in df, free in a forward, then
+     * rounded once): where x16 and attention takes them so (tz_attention_takes_bf16: the flash
+     * kernels on the tensor cores, which round them to bf16 as they load them anyway) */
+    int qkv16;
     tz_arena arena;
     float *img, *target, *patches, *tfreq, *t_h, *t_s, *temb, *c, *sc;
     int32_t *labels;

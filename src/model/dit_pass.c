@@ -26,7 +26,7 @@ static void timestep_features(float *out, const float *t, int64_t n, int64_t dim
  * bit patterns, rounded as the GEMMs would round the fp32 x, so the same bits either way. */
 static void lin_fwd(tz_dit *m, const tz_linear *l, float *y, float *h, const float *x,
                     int64_t rows) {
-    if (m->x16) tz_linear_fwd_x16(m->be, l, y, h, (const uint16_t *)(const void *)x, rows);
+    if (m->x16) tz_linear_fwd_x16(m->be, l, y, h, (const uint16_t *)(const void *)x, rows, 0);
     else tz_linear_fwd(m->be, l, y, h, x, rows);
 }
 /* The accumulate argument of the op that makes l's dy (gate_bwd, gelu_tanh_bwd): 2 (written
@@ -47,6 +47,18 @@ static void lin_bwd(tz_dit *m, const tz_linear *l, int mode, int xk, float *dx, 
     else tz_linear_bwd_set16(m->be, l, dx, dy, d16, x, h, m->dlora, rows);
 }
 
+/* Part j (0 q, 1 k, 2 v) of the fused projection's rows as kept in a (bf16 bits where
+ * m->qkv16), and the strides attention reads them at. */
+static const float *qkv_part(const tz_dit *m, const tz_dit_acts *a, int j) {
+    const int64_t o = j * m->d.hidden;
+    return m->qkv16 ? (const float *)(const void *)((const uint16_t *)(const void *)a->qkv + o)
+                    : a->qkv + o;
+}
+static tz_att_ld qkv_ld(const tz_dit *m) {
+    const int64_t w = 3 * m->d.hidden;
+    return (tz_att_ld){w, w, 0, m->qkv16};
+}
+
 /* One block: x -> out, saving its activations in a. */
 static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const float *x,
                       float *out) {
@@ -59,12 +71,20 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->layernorm_fwd(be, a->ln1, a->mean1, a->rstd1, x, BT, Hd, 1e-6f);
     /* with m->x16, modulate writes h1 and h2 in bf16 (its values as to_bf16 would round them) */
     be->modulate_fwd(be, a->h1, a->ln1, a->mod, a->mod + Hd, M, n, T, Hd, m->x16);
-    /* attention reads q, k and v where the fused projection writes them (rows of 3 hidden) */
-    lin_fwd(m, &L[TZ_DIT_QKV], a->qkv, a->lh[TZ_DIT_QKV], a->h1, BT);
-    const tz_att_ld ld = {3 * Hd, 3 * Hd, 0};
+    /* attention reads q, k and v where the fused projection writes them (rows of 3 hidden);
+     * with m->qkv16 kept in bf16: written so by the GEMM's epilogue where the linear can
+     * (tz_linear_writes_y16: no adapter), else made in df and rounded once */
+    if (m->qkv16 && tz_linear_writes_y16(be, &L[TZ_DIT_QKV]))
+        tz_linear_fwd_x16(be, &L[TZ_DIT_QKV], a->qkv, NULL, (const uint16_t *)(const void *)a->h1,
+                          BT, 1);
+    else if (m->qkv16) {
+        lin_fwd(m, &L[TZ_DIT_QKV], m->df, a->lh[TZ_DIT_QKV], a->h1, BT);
+        be->to_bf16(be, (uint16_t *)(void *)a->qkv, m->df, BT * 3 * Hd);
+    } else lin_fwd(m, &L[TZ_DIT_QKV], a->qkv, a->lh[TZ_DIT_QKV], a->h1, BT);
+    const tz_att_ld ld = qkv_ld(m);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    be->attention_fwd(be, a->att, a->lse, a->qkv, a->qkv + Hd, a->qkv + 2 * Hd, n, T,
-                      d->num_heads, d->num_heads, Hd / d->num_heads, 0, &ld);
+    be->attention_fwd(be, a->att, a->lse, qkv_part(m, a, 0), qkv_part(m, a, 1), qkv_part(m, a, 2),
+                      n, T, d->num_heads, d->num_heads, Hd / d->num_heads, 0, &ld);
     tz_linear_fwd(be, &L[TZ_DIT_PROJ], a->ao, a->lh[TZ_DIT_PROJ], a->att, BT);
     be->gate_fwd(be, a->x2, x, a->ao, a->mod + 2 * Hd, M, n, T, Hd);
     be->layernorm_fwd(be, a->ln2, a->mean2, a->rstd2, a->x2, BT, Hd, 1e-6f);
@@ -190,9 +210,10 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     lin_bwd(m, &L[TZ_DIT_PROJ], mp, 0, m->db, m->da, a->att, a->lh[TZ_DIT_PROJ], BT);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     /* dq, dk, dv written into the fused projection's gradient rows, as the forward read them */
-    const tz_att_ld ld = {3 * Hd, 3 * Hd, 0};
+    const tz_att_ld ld = qkv_ld(m);
     be->attention_bwd(be, m->dqkv, m->dqkv + Hd, m->dqkv + 2 * Hd, m->db, a->att, a->lse,
-                      a->qkv, a->qkv + Hd, a->qkv + 2 * Hd, n, T, nh, nh, Hd / nh, 0, 0, &ld);
+                      qkv_part(m, a, 0), qkv_part(m, a, 1), qkv_part(m, a, 2), n, T, nh, nh,
+                      Hd / nh, 0, 0, &ld);
     lin_bwd(m, &L[TZ_DIT_QKV], 0, 1, m->da, m->dqkv, a->h1, a->lh[TZ_DIT_QKV], BT);
     be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, a->ln1, a->mod + Hd, M, n, T, Hd, 0);
     be->layernorm_bwd(be, m->dres, m->db, x, a->mean1, a->rstd1, BT, Hd); /* now dL/dx */

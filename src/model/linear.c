@@ -154,7 +154,7 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
     if (g_probe && q && l->a) g_probe(g_probe_ctx, l, x, n);
     if (!q && l->bias && tz_linear_rounds_bf16(be) && sharing_on()) {
         /* y = [x | 1] [W | b]^T: the bias inside the GEMM (matmul_bias), then LoRA */
-        be->matmul_bias(be, y, x, 0, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in);
+        be->matmul_bias(be, y, x, 0, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in, 0);
         lora_fwd(be, l, y, h, x, 0, n);
         return;
     }
@@ -369,11 +369,18 @@ static void need_dense_x16(const tz_linear *l, const tz_backend *be) {
                  "operands", (long long)l->in, (long long)l->out);
 }
 
+int tz_linear_writes_y16(const tz_backend *be, const tz_linear *l) {
+    return !l->w->q && l->bias && !l->a && tz_linear_rounds_bf16(be);
+}
+
 void tz_linear_fwd_x16(tz_backend *be, const tz_linear *l, float *y, float *h,
-                       const uint16_t *x16, int64_t n) {
+                       const uint16_t *x16, int64_t n, int y16) {
     need_dense_x16(l, be);
+    if (y16 && !tz_linear_writes_y16(be, l))
+        TZ_FATAL("linear %lld -> %lld: an output in bf16 needs a dense weight with a bias, no "
+                 "adapter and bf16 GEMMs", (long long)l->in, (long long)l->out);
     if (l->bias) /* y = [x | 1] [W | b]^T, then LoRA */
-        be->matmul_bias(be, y, x16, 1, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in);
+        be->matmul_bias(be, y, x16, 1, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in, y16);
     else
         be->matmul16(be, y, x16, 1, l->w->w, l->w->w16, n, l->out, l->in, 0, 1, 1.0f, 0.0f);
     lora_fwd(be, l, y, h, x16, 1, n);
@@ -463,7 +470,7 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
             const tz_linear *l = ls[i];
             if (l->bias)
                 be->matmul_bias(be, ys[i], x, 0, l->w->w, l->w->w16, l->bias->w, n, l->out,
-                                l->in);
+                                l->in, 0);
             else
                 be->matmul16(be, ys[i], x16, 1, l->w->w, l->w->w16, n, l->out, l->in, 0, 1,
                              1.0f, 0.0f);

@@ -80,7 +80,11 @@ int tz_linear_rounds_bf16(const tz_backend *be);
  * with bf16 GEMM operands; fatal otherwise. For a model that keeps the inputs of its linears
  * in bf16 for the backward instead of fp32 (the DiT). */
 void tz_linear_fwd_x16(tz_backend *be, const tz_linear *l, float *y, float *h,
-                       const uint16_t *x16, int64_t n);
+                       const uint16_t *x16, int64_t n, int y16);
+/* Whether tz_linear_fwd_x16 can write y in bf16 (its y16: bit patterns, the fp32 result with
+ * the bias rounded by the GEMM's epilogue as to_bf16 rounds it): a dense weight with a bias
+ * (matmul_bias's c_bf16), no adapter (LoRA adds into an fp32 y) and bf16 GEMMs. */
+int tz_linear_writes_y16(const tz_backend *be, const tz_linear *l);
 void tz_linear_bwd_set_x16(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                            const uint16_t *dy16, const uint16_t *x16, const float *h,
                            float *scratch, int64_t n);

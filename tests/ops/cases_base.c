@@ -303,11 +303,12 @@ static void add_matmul(oc_list *l, int64_t M, int64_t N, int64_t K, int ta, int 
 }
 
 
-/* ---- matmul_bias: C = A W^T + bias, W fp32 or bf16 (p[3]), A fp32 or bf16 (p[4]) ----
+/* ---- matmul_bias: C = A W^T + bias, W fp32 or bf16 (p[3]), A fp32 or bf16 (p[4]), C fp32
+ * or bf16 (p[5]: the bf16 pass only, OC_DEVICE_BF16) ----
  * tensors: 0 A [M, K], 1 W [N, K], 2 bias [N], 3 C (NaN before: written) */
 static void mb_fwd(oc_run *r) {
     r->be->matmul_bias(r->be, OCF(r, 3), r->d[0], (int)OCP(r, 4), r->d[1], (int)OCP(r, 3),
-                       OCF(r, 2), OCP(r, 0), OCP(r, 1), OCP(r, 2));
+                       OCF(r, 2), OCP(r, 0), OCP(r, 1), OCP(r, 2), (int)OCP(r, 5));
 }
 static void mb_ref(oc_ref *r) {
     const int64_t M = r->c->p[0], N = r->c->p[1], K = r->c->p[2];
@@ -319,7 +320,7 @@ static void mb_ref(oc_ref *r) {
         }
 }
 static void add_matmul_bias(oc_list *l, int64_t M, int64_t N, int64_t K, int w16, int a16) {
-    oc_case c = {.ops = "matmul_bias", .nt = 4, .p = {M, N, K, w16, a16}, .flags = OC_GEMM,
+    oc_case c = {.ops = "matmul_bias", .nt = 4, .p = {M, N, K, w16, a16, 0}, .flags = OC_GEMM,
                  .fwd = mb_fwd, .ref = mb_ref,
                  /* K products summed in another order; bf16: the operands and the bias are
                   * bf16 values in that pass (its one extra column exact), so only the fp32 sums
@@ -331,6 +332,20 @@ static void add_matmul_bias(oc_list *l, int64_t M, int64_t N, int64_t K, int w16
     c.t[3] = (oc_tensor)OC_T_OUT("C", M * N);
     snprintf(c.name, sizeof c.name, "matmul_bias M %lld N %lld K %lld, A %s, W %s", (long long)M,
              (long long)N, (long long)K, a16 ? "bf16" : "fp32", w16 ? "bf16" : "fp32");
+    oc_add(l, &c);
+}
+/* C written in bf16 (c_bf16): a device's bf16 GEMM epilogue, the CPU's rounding after it */
+static void add_matmul_bias16(oc_list *l, int64_t M, int64_t N, int64_t K) {
+    oc_case c = {.ops = "matmul_bias", .nt = 4, .p = {M, N, K, 1, 1, 1},
+                 .flags = OC_GEMM | OC_DEVICE_BF16, .fwd = mb_fwd, .ref = mb_ref,
+                 /* matmul_bias's, then C rounded to bf16: 2^-8 of each value at most */
+                 .tol_fwd = 4e-3, .tol_fwd_bf16 = 4e-3};
+    c.t[0] = (oc_tensor)OC_T_BF16("A", M * K, 1.0f);
+    c.t[1] = (oc_tensor)OC_T_BF16("W", N * K, 1.0f);
+    c.t[2] = (oc_tensor)OC_T_INA("bias", N, 4.0f);
+    c.t[3] = (oc_tensor)OC_T_OUT16("C", M * N);
+    snprintf(c.name, sizeof c.name, "matmul_bias M %lld N %lld K %lld, A and W bf16, C bf16",
+             (long long)M, (long long)N, (long long)K);
     oc_add(l, &c);
 }
 
@@ -411,6 +426,7 @@ void oc_cases_base(oc_list *l) {
     add_matmul_bias(l, 13, 37, 45, 0, 0); /* K + 8 = 53: rows of odd length */
     add_matmul_bias(l, 9, 24, 64, 1, 0);
     add_matmul_bias(l, 11, 29, 45, 0, 1); /* A kept in bf16 */
+    add_matmul_bias16(l, 10, 27, 45);       /* C written in bf16 */
     add_matmul_bias(l, 7, 24, 64, 1, 1);
     /* A, B or both in bf16, every transposition once */
     add_matmul16(l, 21, 35, 40, 0, 0, 1, 0, 1.0, 0.0);

@@ -333,7 +333,7 @@ static void add_attention(oc_list *l, int64_t B, int64_t T, int64_t Hq, int64_t 
  * to a random start).
  * tensors: 0 qkv, 1 out, 2 lse, 3 dout, 4 dqkv; p: B, T, Hq, Hkv, D, causal, write, opad. */
 static tz_att_ld att_ld_of(const int64_t *p) {
-    const tz_att_ld ld = {(p[2] + 2 * p[3]) * p[4], (p[2] + 2 * p[3]) * p[4], p[2] * p[4] + p[7]};
+    const tz_att_ld ld = {(p[2] + 2 * p[3]) * p[4], (p[2] + 2 * p[3]) * p[4], p[2] * p[4] + p[7], 0};
     return ld;
 }
 static void attl_fwd(oc_run *r) {

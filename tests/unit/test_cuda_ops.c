@@ -463,6 +463,14 @@ static void bwd16_same(tz_backend *be, const char *tag, const pair *g, const pai
     be->gate_bwd(be, d16, NULL, dout->d, g->d, u->d, C, 2, T, C, 2);
     check(same16(be, d16, d32, 2 * T * C),
           "%s gate_bwd's dy into bf16 = its fp32 dy rounded by to_bf16, bit for bit", tag);
+    /* matmul_bias into bf16 (its GEMM's epilogue) = the fp32 C rounded, over bf16 operands */
+    if (be->matmul_dtype == TZ_DT_BF16) {
+        const int64_t M = 2 * T, N = 37, K = C;
+        be->matmul_bias(be, d32, g->d, 0, u->d, 0, dout->d, M, N, K, 0);
+        be->matmul_bias(be, d16, g->d, 0, u->d, 0, dout->d, M, N, K, 1);
+        check(same16(be, d16, d32, M * N),
+              "%s matmul_bias into bf16 = its fp32 C rounded by to_bf16, bit for bit", tag);
+    }
     be->modulate_fwd(be, d32, dout->d, u->d, u->d + 2 * C, C, 2, T, C, 0);
     be->modulate_fwd(be, d16, dout->d, u->d, u->d + 2 * C, C, 2, T, C, 1);
     check(same16(be, d16, d32, 2 * T * C),
@@ -481,6 +489,9 @@ static void test_activation(void) {
     expect("swiglu_bwd dg", &dg, 1e-6);
     expect("swiglu_bwd du", &du, 1e-6);
     bwd16_same(g_gpu, "gpu", &g, &u, &dout, n);
+    g_gpu->matmul_dtype = TZ_DT_BF16;
+    bwd16_same(g_gpu, "gpu bf16", &g, &u, &dout, n);
+    g_gpu->matmul_dtype = TZ_DT_F32;
     g_cpu->gelu_tanh_fwd(g_cpu, out.h, g.h, n, 0, 0, 0);
     g_gpu->gelu_tanh_fwd(g_gpu, out.d, g.d, n, 0, 0, 0);
     expect("gelu_tanh_fwd", &out, 1e-6);
@@ -771,6 +782,65 @@ static void test_attention_ldmatrix(int64_t B, int64_t T, int64_t Hq, int64_t Hk
     drop(&q), drop(&k), drop(&v), drop(&dout), drop(&out), drop(&lse);
     drop(&dq), drop(&dk), drop(&dv);
     g_gpu->matmul_dtype = TZ_DT_F32;
+}
+
+/* q, k and v given in bf16 (tz_att_ld.in16) against the same values in fp32, on be: the flash
+ * kernels round fp32 q, k, v to bf16 as they load them, so out, lse, dq, dk and dv are the same
+ * bits (the CPU widens them: its own bits too). fused: q, k, v read in place in the rows of
+ * one projection [B*T, (Hq + 2 Hkv) D] and their gradients written there, as the DiT's; else
+ * dense. */
+static void test_attention_in16(tz_backend *be, const char *tag, int64_t B, int64_t T,
+                                int64_t Hq, int64_t Hkv, int64_t D, int causal, int fused) {
+    const enum tz_dtype prev = be->matmul_dtype;
+    be->matmul_dtype = TZ_DT_BF16;
+    const int64_t BT = B * T, W = (Hq + 2 * Hkv) * D, n = BT * W;
+    const tz_att_ld ld32 = {fused ? W : 0, fused ? W : 0, 0, 0};
+    const tz_att_ld ld16 = {ld32.q, ld32.kv, 0, 1};
+    /* dense: q [BT, Hq D], then k, v [BT, Hkv D] each, back to back in one buffer */
+    const int64_t ok = fused ? Hq * D : BT * Hq * D, ov = fused ? (Hq + Hkv) * D : BT * (Hq + Hkv) * D;
+    float *h = malloc((size_t)n * 4), *hd = malloc((size_t)(BT * Hq * D) * 4);
+    for (int64_t i = 0; i < n; i++) h[i] = tz_bf16_to_f32(tz_f32_to_bf16(urand(1.0f)));
+    for (int64_t i = 0; i < BT * Hq * D; i++) hd[i] = urand(1.0f);
+    float *x = be->alloc(be, (size_t)n * 4), *dout = be->alloc(be, (size_t)(BT * Hq * D) * 4);
+    uint16_t *x16 = be->alloc(be, (size_t)n * 2);
+    be->upload(be, x, h, (size_t)n * 4), be->upload(be, dout, hd, (size_t)(BT * Hq * D) * 4);
+    be->to_bf16(be, x16, x, n);
+    const size_t wb = tz_attention_ws_bytes(be, B, T, Hq, D, 1);
+    void *ws = wb ? be->alloc(be, wb) : NULL;
+    float *res[2][3];
+    for (int w = 0; w < 2; w++) {
+        const float *q = w ? (const float *)(const void *)x16 : x;
+        const float *k = w ? (const float *)(const void *)(x16 + ok) : x + ok;
+        const float *v = w ? (const float *)(const void *)(x16 + ov) : x + ov;
+        float *out = be->alloc(be, (size_t)(BT * Hq * D) * 4), *lse = be->alloc(be, (size_t)(B * Hq * T) * 4);
+        float *dx = be->alloc(be, (size_t)n * 4);
+        be->fill(be, dx, 0.0f, n);
+        be->attention_fwd(be, out, lse, q, k, v, B, T, Hq, Hkv, D, causal, w ? &ld16 : &ld32);
+        be->att_ws = ws, be->att_ws_bytes = wb;
+        be->attention_bwd(be, dx, dx + ok, dx + ov, dout, out, lse, q, k, v, B, T, Hq, Hkv, D,
+                          causal, 0, w ? &ld16 : &ld32);
+        const int64_t cnt[3] = {BT * Hq * D, B * Hq * T, n};
+        float *dev[3] = {out, lse, dx};
+        for (int i = 0; i < 3; i++) {
+            res[w][i] = malloc((size_t)cnt[i] * 4);
+            be->download(be, res[w][i], dev[i], (size_t)cnt[i] * 4);
+            be->release(be, dev[i]);
+        }
+    }
+    int same = 1;
+    const int64_t cnt[3] = {BT * Hq * D, B * Hq * T, n};
+    for (int i = 0; i < 3; i++) {
+        same &= !memcmp(res[0][i], res[1][i], (size_t)cnt[i] * 4);
+        free(res[0][i]), free(res[1][i]);
+    }
+    check(same, "%s attention with q, k, v in bf16 (B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld "
+          "causal=%d, %s): out, lse, dq, dk, dv the bits of the same values in fp32", tag,
+          (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal,
+          fused ? "in place in fused rows" : "dense");
+    if (ws) be->release(be, ws);
+    be->release(be, x), be->release(be, x16), be->release(be, dout);
+    free(h), free(hd);
+    be->matmul_dtype = prev;
 }
 
 /* chunk (the GEMM path, D > TZ_ATTENTION_FLASH_MAXD): query rows per chunk, forced through
@@ -1429,6 +1499,15 @@ int main(int argc, char **argv) {
     test_attention_ldmatrix(1, 33, 2, 1, 72, 1);
     test_attention_ldmatrix(2, 40, 1, 1, 16, 1);
     test_attention_ldmatrix(1, 33, 1, 1, 37, 0);
+    /* q, k, v in bf16: vectorised staging (D 40, 72) and not (37), fused rows and dense, GQA */
+    for (int dev = 0; dev < 2; dev++) {
+        tz_backend *be = dev ? g_gpu : g_cpu;
+        const char *tag = dev ? "gpu" : "cpu";
+        test_attention_in16(be, tag, 2, 45, 4, 2, 40, 1, 1);
+        test_attention_in16(be, tag, 1, 33, 2, 1, 37, 0, 1);
+        test_attention_in16(be, tag, 1, 70, 1, 1, 128, 1, 0);
+        test_attention_in16(be, tag, 1, 33, 4, 1, 72, 1, 0);
+    }
     /* chunks of query rows through cuBLAS (D > 128) */
     test_attention_tc(2, 45, 4, 2, 136, 1, 16); /* chunks 16, 16, 13; rep 2, by group */
     test_attention_tc(1, 70, 3, 3, 144, 0, 64); /* 64 + 6, not causal */
