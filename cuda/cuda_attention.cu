@@ -685,7 +685,11 @@ __device__ void fa_stage4(uint16_t *dst, const float *x, int64_t r0, int64_t T, 
     }
 }
 /* fa_stage and fa_stage4 for x already in bf16 (tz_att_ld.in16): the same tiles, copied
- * (fa_stage4's slots of 4 elements as one 8-byte load, x 8-byte aligned) */
+ * (fa_stage4's slots of 4 elements as one 8-byte load, x 8-byte aligned). Twins of the fp32
+ * forms rather than one template over the element type (as fa_load_a's bf16 twin below):
+ * written as one template, through a per-element bf16 conversion and tz_pack_u16, the fp32
+ * dk/dv kernel at D = 128 spilled 36 bytes instead of 4 (nvcc 13 -Xptxas -v, sm_80 and
+ * sm_90), where tz_pack_bf16 on the fp32 pairs keeps it as it was. */
 template <int DP>
 __device__ void fa_stage(uint16_t *dst, const uint16_t *x, int64_t r0, int n, int64_t T,
                          int64_t ld, int64_t D) {
@@ -754,7 +758,7 @@ __device__ __forceinline__ void fa_load_a(uint32_t a[KS][4], const float *x,
             a[kk][i] = tz_pack_bf16(lo, hi);
         }
 }
-/* fa_load_a for x already in bf16 */
+/* fa_load_a for x already in bf16 (a twin: see fa_stage's) */
 template <int KS>
 __device__ __forceinline__ void fa_load_a(uint32_t a[KS][4], const uint16_t *x,
                                           const int64_t rows[2], int64_t T, int64_t ld,
