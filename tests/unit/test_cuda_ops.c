@@ -424,17 +424,25 @@ static void bias_bwd16_same(tz_backend *be, const char *tag, const float *dy, in
 
 /* ---- activations ---- */
 
-/* Whether d16 (n bf16 bit patterns, backend memory) holds d32's n floats rounded by to_bf16 */
-static int same16(tz_backend *be, const void *d16, const float *d32, int64_t n) {
+/* Whether d16 (n bf16 bit patterns, backend memory) holds d32's n floats rounded by to_bf16:
+ * to the bit, or (ulp) within one bf16 unit of it */
+static int near16(tz_backend *be, const void *d16, const float *d32, int64_t n, int ulp) {
     uint16_t *r16 = be->alloc(be, (size_t)n * 2);
     be->to_bf16(be, r16, d32, n);
     uint16_t *a = malloc((size_t)n * 2), *b = malloc((size_t)n * 2);
     be->download(be, a, r16, (size_t)n * 2);
     be->download(be, b, d16, (size_t)n * 2);
-    const int same = !memcmp(a, b, (size_t)n * 2);
+    int same = 1;
+    for (int64_t i = 0; i < n; i++) {
+        const int d = (int)a[i] - (int)b[i];
+        same &= ulp ? (a[i] >> 15) == (b[i] >> 15) && d >= -1 && d <= 1 : d == 0;
+    }
     free(a), free(b);
     be->release(be, r16);
     return same;
+}
+static int same16(tz_backend *be, const void *d16, const float *d32, int64_t n) {
+    return near16(be, d16, d32, n, 0);
 }
 
 /* The gradients the backward ops write in bf16 (swiglu_bwd's out_bf16, gate_bwd's and
@@ -463,13 +471,19 @@ static void bwd16_same(tz_backend *be, const char *tag, const pair *g, const pai
     be->gate_bwd(be, d16, NULL, dout->d, g->d, u->d, C, 2, T, C, 2);
     check(same16(be, d16, d32, 2 * T * C),
           "%s gate_bwd's dy into bf16 = its fp32 dy rounded by to_bf16, bit for bit", tag);
-    /* matmul_bias into bf16 (its GEMM's epilogue) = the fp32 C rounded, over bf16 operands */
+    /* matmul_bias into bf16 (its GEMM's epilogue) = the fp32 C rounded, over bf16 operands: to
+     * the bit on the emulation (one cuBLAS sum for both); a GPU's cuBLAS may take another
+     * kernel for a bf16 C, summing in another order: within one bf16 unit there */
     if (be->matmul_dtype == TZ_DT_BF16) {
         const int64_t M = 2 * T, N = 37, K = C;
+        tz_device_info di;
+        be->device_info(be, &di);
+        const int emu = strstr(di.name, "CPU emulation") != NULL;
         be->matmul_bias(be, d32, g->d, 0, u->d, 0, dout->d, M, N, K, 0);
         be->matmul_bias(be, d16, g->d, 0, u->d, 0, dout->d, M, N, K, 1);
-        check(same16(be, d16, d32, M * N),
-              "%s matmul_bias into bf16 = its fp32 C rounded by to_bf16, bit for bit", tag);
+        check(near16(be, d16, d32, M * N, !emu),
+              "%s matmul_bias into bf16 = its fp32 C rounded by to_bf16, %s", tag,
+              emu ? "bit for bit" : "within one bf16 unit");
     }
     be->modulate_fwd(be, d32, dout->d, u->d, u->d + 2 * C, C, 2, T, C, 0);
     be->modulate_fwd(be, d16, dout->d, u->d, u->d + 2 * C, C, 2, T, C, 1);
