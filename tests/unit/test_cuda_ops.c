@@ -1514,14 +1514,11 @@ int main(int argc, char **argv) {
     test_attention_ldmatrix(2, 40, 1, 1, 16, 1);
     test_attention_ldmatrix(1, 33, 1, 1, 37, 0);
     /* q, k, v in bf16: vectorised staging (D 40, 72) and not (37), fused rows and dense, GQA */
-    for (int dev = 0; dev < 2; dev++) {
-        tz_backend *be = dev ? g_gpu : g_cpu;
-        const char *tag = dev ? "gpu" : "cpu";
-        test_attention_in16(be, tag, 2, 45, 4, 2, 40, 1, 1);
-        test_attention_in16(be, tag, 1, 33, 2, 1, 37, 0, 1);
-        test_attention_in16(be, tag, 1, 70, 1, 1, 128, 1, 0);
-        test_attention_in16(be, tag, 1, 33, 4, 1, 72, 1, 0);
-    }
+    test_attention_in16(g_cpu, "cpu", 2, 21, 4, 2, 40, 1, 1); /* the CPU widens them */
+    test_attention_in16(g_gpu, "gpu", 2, 21, 4, 2, 40, 1, 1);
+    test_attention_in16(g_gpu, "gpu", 1, 33, 2, 1, 37, 0, 1);
+    test_attention_in16(g_gpu, "gpu", 1, 70, 1, 1, 128, 1, 0); /* two key tiles */
+    test_attention_in16(g_gpu, "gpu", 1, 20, 2, 1, 72, 1, 0);
     /* chunks of query rows through cuBLAS (D > 128) */
     test_attention_tc(2, 45, 4, 2, 136, 1, 16); /* chunks 16, 16, 13; rep 2, by group */
     test_attention_tc(1, 70, 3, 3, 144, 0, 64); /* 64 + 6, not causal */
