@@ -34,7 +34,6 @@ __device__ __forceinline__ float gelu_d(float v) {
            0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
 }
 
-
 /* swiglu_bwd's gradients written in bf16 (the same products as k_swiglu_bwd's) */
 static __global__ void k_swiglu_bwd16(uint16_t *dg, uint16_t *du, const float *dout,
                                       const float *g, const float *u, int64_t n) {

@@ -54,10 +54,10 @@ static void s_adamw(tz_backend *be, float *w, float *m, float *v, cf *g, const u
 /* A GEMM C[M, N] = A[M, K] B[K, N] (+ beta C), operands flagged bf16 where stored so. With
  * bf16 GEMMs each fp32 operand is first rounded by a cast kernel of its own (read 4 bytes,
  * write 2: elementwise, a bandwidth-bound kernel the GEMM's arithmetic does not hide), then
- * read in bf16; with fp32 GEMMs an fp32 operand is read as it is. C fp32, read too where
- * beta != 0. */
-static void gemm_op3(tz_backend *be, int64_t M, int64_t N, int64_t K, int a16, int b16,
-                     float beta, double a_reads, double cb, const char *op) {
+ * read in bf16; with fp32 GEMMs an fp32 operand is read as it is. C of cb bytes an element
+ * (fp32, or 2 for a bf16 output), read too where beta != 0. */
+static void gemm_op_c(tz_backend *be, int64_t M, int64_t N, int64_t K, int a16, int b16,
+                      float beta, double a_reads, double cb, const char *op) {
     const int r = be->matmul_dtype == TZ_DT_BF16;
     if (r && !a16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * M * K, op);
     if (r && !b16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * K * N, op);
@@ -67,9 +67,9 @@ static void gemm_op3(tz_backend *be, int64_t M, int64_t N, int64_t K, int a16, i
                cb * (double)M * N * (beta != 0.0f ? 2 : 1),
            op);
 }
-/* C in fp32 (cb: C's bytes per element, 2 for a bf16 output) */
+/* C in fp32 */
 #define gemm_op(be, M, N, K, a16, b16, beta, a_reads, op)                                       \
-    gemm_op3(be, M, N, K, a16, b16, beta, a_reads, F, op)
+    gemm_op_c(be, M, N, K, a16, b16, beta, a_reads, F, op)
 /* booked under the calling op's name; A read once */
 #define gemm(be, M, N, K, a16, b16, beta) gemm_op(be, M, N, K, a16, b16, beta, 1.0, __func__)
 /* A quantized weight's GEMM decoded in chunks (tz_tq_chunked): one GEMM a chunk, each reading
@@ -103,7 +103,7 @@ static void s_matmul_bias(tz_backend *be, float *C, const void *A, int a16, cons
                           cf *bias, int64_t M, int64_t N, int64_t K, int c16) {
     (void)C, (void)A, (void)W, (void)bias;
     if (be->matmul_dtype == TZ_DT_BF16) { /* the bias along K: 8 more columns, no pass */
-        gemm_op3(be, M, N, K + 8, a16, w16, 0.0f, 1.0, c16 ? 2.0 : F, __func__);
+        gemm_op_c(be, M, N, K + 8, a16, w16, 0.0f, 1.0, c16 ? 2.0 : F, __func__);
         /* an operand already in bf16 is still copied into its rows of K + 8 (a cast's pass,
          * which gemm books for an fp32 one) */
         if (a16) add(be, TZ_SM_ELEMENT, 0, 2.0 * (double)M * K + 2.0 * (double)M * (K + 8));

@@ -29,14 +29,8 @@ static void lin_fwd(tz_dit *m, const tz_linear *l, float *y, float *h, const flo
     if (m->x16) tz_linear_fwd_x16(m->be, l, y, h, (const uint16_t *)(const void *)x, rows, 0);
     else tz_linear_fwd(m->be, l, y, h, x, rows);
 }
-/* The accumulate argument of the op that makes l's dy (gate_bwd, gelu_tanh_bwd): 2 (written
- * in bf16) where l's backward takes it so (its GEMMs would round it to those bits: a frozen
- * bias), else 0 (fp32) */
-static int dy_mode(const tz_dit *m, const tz_linear *l) {
-    return tz_linear_takes_dy16(m->be, l) ? 2 : 0;
-}
 /* Its backward, dx written, from x as lin_fwd kept it (xk: the block's linears keep theirs,
- * m->x16) and dy as its op wrote it in mode (dy_mode). */
+ * m->x16) and dy as its op wrote it in mode (tz_linear_dy_mode). */
 static void lin_bwd(tz_dit *m, const tz_linear *l, int mode, int xk, float *dx, const float *dy,
                     const float *x, const float *h, int64_t rows) {
     const uint16_t *d16 = mode == 2 ? (const uint16_t *)(const void *)dy : NULL;
@@ -196,8 +190,9 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->fill(be, m->dmod, 0.0f, n * M); /* (the six chunks' column sums add into it) */
     /* MLP branch: out = x2 + gate_mlp * fc2(gelu(fc1(modulate(LN(x2))))); each activation
      * gradient written by the op that first makes it (no zeroing) */
-    const int m2 = dy_mode(m, &L[TZ_DIT_FC2]), m1 = dy_mode(m, &L[TZ_DIT_FC1]);
-    const int mp = dy_mode(m, &L[TZ_DIT_PROJ]);
+    const int m2 = tz_linear_dy_mode(be, &L[TZ_DIT_FC2]);
+    const int m1 = tz_linear_dy_mode(be, &L[TZ_DIT_FC1]);
+    const int mp = tz_linear_dy_mode(be, &L[TZ_DIT_PROJ]);
     be->gate_bwd(be, m->da, m->dmod + 5 * Hd, m->dres, a->mo, a->mod + 5 * Hd, M, n, T, Hd, m2);
     lin_bwd(m, &L[TZ_DIT_FC2], m2, 1, m->dg, m->da, a->g, a->lh[TZ_DIT_FC2], BT);
     be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F, m1, 0, 0);

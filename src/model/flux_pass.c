@@ -302,13 +302,7 @@ double tz_flux_forward_loss(tz_flux *m, const tz_flux_batch *in, const float *ta
 
 /* ---- backward ---- */
 
-/* The accumulate argument of the op that makes l's dy (gate_bwd, gelu_tanh_bwd): 2 (written
- * in bf16) where l's backward takes it so (its GEMMs would round it to those bits), else 0
- * (written in fp32) */
-static int dy_mode(const tz_backend *be, const tz_linear *l) {
-    return tz_linear_takes_dy16(be, l) ? 2 : 0;
-}
-/* tz_linear_bwd_set from a dy its op wrote in mode (dy_mode) */
+/* tz_linear_bwd_set from a dy its op wrote in mode (tz_linear_dy_mode) */
 static void lin_bwd_set(tz_backend *be, const tz_linear *l, int mode, float *dx, const float *dy,
                         const float *x, const float *h, float *scratch, int64_t n) {
     const uint16_t *d16 = mode == 2 ? (const uint16_t *)(const void *)dy : NULL;
@@ -332,7 +326,8 @@ static void stream_mlp_bwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
     be->gelu_tanh_fwd(be, g, f, R * F, 0, 0, 0);
     /* y = x2 + gate_mlp * mo */
     /* each activation gradient written by the op that first makes it: no zeroing */
-    const int m2 = dy_mode(be, ff2), m1 = dy_mode(be, ff1), mo_ = dy_mode(be, out_proj);
+    const int m2 = tz_linear_dy_mode(be, ff2), m1 = tz_linear_dy_mode(be, ff1);
+    const int mo_ = tz_linear_dy_mode(be, out_proj);
     be->gate_bwd(be, m->dc, dmod + 5 * I, dy, mo, mod + 5 * I, M, n, Ts, I, m2);
     lin_bwd_set(be, ff2, m2, dg, m->dc, g, *lh2, m->dlora, R);
     be->gelu_tanh_bwd(be, df, dg, f, R * F, m1, 0, 0);
@@ -428,7 +423,8 @@ static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     const tz_linear *L = blk->lin;
     be->fill(be, m->dmodi, 0.0f, n * M);
     /* out = x + gate * proj_out([att, gelu(proj_mlp(h))]) */
-    const int mp = dy_mode(be, &L[TZ_FLUX_POUT]), mm = dy_mode(be, &L[TZ_FLUX_MLP]);
+    const int mp = tz_linear_dy_mode(be, &L[TZ_FLUX_POUT]);
+    const int mm = tz_linear_dy_mode(be, &L[TZ_FLUX_MLP]);
     be->gate_bwd(be, m->dc, m->dmodi + 2 * I, m->dres, a->o, a->modi + 2 * I, M, n, T, I, mp);
     /* d[att, gelu] in wide0, both parts read where they are: the attention's dout (the first
      * I columns) and the GELU's (the rest), whose input gradient goes to wide1 */

@@ -361,6 +361,10 @@ int tz_linear_takes_dy16(const tz_backend *be, const tz_linear *l) {
     return tz_linear_rounds_bf16(be) && !grad(l->bias, 1);
 }
 
+int tz_linear_dy_mode(const tz_backend *be, const tz_linear *l) {
+    return tz_linear_takes_dy16(be, l) ? 2 : 0;
+}
+
 /* A dense linear on an input kept in bf16: the fold's and rotation's paths are the
  * quantized weights', which read x in fp32. */
 static void need_dense_x16(const tz_linear *l, const tz_backend *be) {

@@ -125,6 +125,10 @@ void tz_linear_bwd_set16(tz_backend *be, const tz_linear *l, float *dx, const fl
 /* Whether l's backward on be can take its dy in bf16 alone: bf16 GEMM operands, and no bias
  * gradient (it sums the fp32 dy). */
 int tz_linear_takes_dy16(const tz_backend *be, const tz_linear *l);
+/* The accumulate argument for the elementwise backward op that writes l's dy (gate_bwd,
+ * gelu_tanh_bwd): 2 (written in bf16) where l takes it so (tz_linear_takes_dy16), else 0
+ * (written in fp32); give that dy to tz_linear_bwd_set16 (or _set_x16) as dy16 when 2. */
+int tz_linear_dy_mode(const tz_backend *be, const tz_linear *l);
 /* Floats of a model's activation scratch (tz_tq_scratch.act) that the `count` linears ls,
  * reading one input of n rows (through tz_linear_*_shared where count > 1), use on be, in the
  * forward and, where backward, the backward (gradients as the parameters' trainable flags
