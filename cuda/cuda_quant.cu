@@ -98,10 +98,7 @@ template <bool VEC> static __device__ __forceinline__ void store8(uint16_t *p, c
         reinterpret_cast<uint4 *>(p)[0] = u;
     } else {
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const __nv_bfloat16 h = __float2bfloat16_rn(v[i]);
-            memcpy(p + i, &h, sizeof h);
-        }
+        for (int i = 0; i < 8; i++) p[i] = tz_bf16_bits(v[i]);
     }
 }
 

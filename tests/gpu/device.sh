@@ -18,11 +18,13 @@
 #   tests/gpu/device.sh optimes on the GPU machine: the 7B and DiT-XL/2 steps' GPU time op by
 #                               op (TZ_CUDA_OP_TIMES=1, two bench steps each), and the 7B's
 #                               attention again with TZ_FA_LDMATRIX=0 (fragments by plain reads).
-#   tests/gpu/device.sh speed   on the GPU machine, after a kernel change: test_cuda_ops, the
-#                               7B bench (and again with TZ_LINEAR_SHARED=0, with
-#                               TZ_TQ_DECODE_STREAM=0 and with TZ_WEIGHTS_STAGED=0) beside
-#                               anchor_peft.py lora, DiT-XL/2 with AdamW on the
-#                               GPU, both presets' op times (TZ_DEVICE_BUDGET applies).
+#   tests/gpu/device.sh speed   on the GPU machine, after a kernel change: test_cuda_ops and
+#                               test_gpu_model, the 7B bench beside anchor_peft.py lora,
+#                               DiT-XL/2 (AdamW on the host: peak against the plan; then on
+#                               the GPU), both presets' op times, Flux.1-dev (3 steps), then
+#                               the 7B again with TZ_LINEAR_SHARED=0, TZ_TQ_DECODE_STREAM=0 and
+#                               TZ_WEIGHTS_STAGED=0 while time is left (TZ_DEVICE_BUDGET
+#                               applies; about 140 s on an H200).
 #   tests/gpu/device.sh sanitize on the GPU machine: compute-sanitizer memcheck, racecheck and
 #                               synccheck over test_cuda_ops.
 #   tests/gpu/device.sh ncu     on the GPU machine: Nsight Compute on named kernels of the 7B
@@ -224,6 +226,19 @@ run_sanitize() {
   done
 }
 
+# speed_bench PRESET SUFFIX TITLE [ARGS...]: one bench of 6 steps (ARGS may override) into
+# bench-PRESET[SUFFIX].log while at least 60 s are left; its summary lines echoed
+speed_bench() {
+  local p=$1 sfx=$2 title=$3 log
+  shift 3
+  log="$out/bench-$p$sfx.log"
+  [ "$(left 20)" -gt 60 ] || { echo "== $title: not run (out of time)"; return; }
+  echo "== $title"
+  timeout "$(cap 90)" "$tz" bench --preset "$p" --set train.steps=6 "$@" > "$log" 2>&1 ||
+    echo "   (exit $?: see $(basename "$log"))"
+  grep -E 'bench:|bench memory|step split|allocator peak' "$log" | sed 's/^/   /'
+}
+
 table() {
   local a b c d e
   {
@@ -304,35 +319,37 @@ bench)
   table
   ;;
 speed)
-  # after a kernel change: its op checks on the GPU, then the 7B beside the anchor (same call)
-  # and both presets' op times; a short table last
+  # after a kernel change: its op checks on the GPU (and the whole models against the CPU),
+  # then the 7B beside the anchor (same call), DiT-XL/2 as planned and with AdamW on the GPU,
+  # both presets' op times, Flux.1-dev, the A/B switches while time is left; a table last
   setup
   : > "$out/tests.txt"
-  timeout "$(cap 90)" ".device/$build/tests/test_cuda_ops" > "$out/test_cuda_ops.log" 2>&1
-  rc=$?
-  grep FAIL "$out/test_cuda_ops.log" | head -5
-  record test_cuda_ops $rc "$out/test_cuda_ops.log"
-  echo "== turbozero bench --preset llama2-7b"
-  timeout "$(cap 60)" "$tz" bench --preset llama2-7b --set train.steps=6 > "$out/bench-llama2-7b.log" 2>&1
-  grep -E 'bench:|step split' "$out/bench-llama2-7b.log" | sed 's/^/   /'
-  echo "== TZ_LINEAR_SHARED=0 turbozero bench --preset llama2-7b (q, k, v and gate, up each on their own)"
-  TZ_LINEAR_SHARED=0 timeout "$(cap 60)" "$tz" bench --preset llama2-7b --set train.steps=6 \
-    > "$out/bench-llama2-7b-unshared.log" 2>&1
-  grep -E 'bench:|step split' "$out/bench-llama2-7b-unshared.log" | sed 's/^/   /'
-  echo "== TZ_TQ_DECODE_STREAM=0 turbozero bench --preset llama2-7b (the decode's chunks on the compute stream)"
-  TZ_TQ_DECODE_STREAM=0 timeout "$(cap 60)" "$tz" bench --preset llama2-7b --set train.steps=6 \
-    > "$out/bench-llama2-7b-nodecstream.log" 2>&1
-  grep -E 'bench:|step split' "$out/bench-llama2-7b-nodecstream.log" | sed 's/^/   /'
-  echo "== TZ_WEIGHTS_STAGED=0 turbozero bench --preset llama2-7b (the next step waits for all updated weights)"
-  TZ_WEIGHTS_STAGED=0 timeout "$(cap 60)" "$tz" bench --preset llama2-7b --set train.steps=6 \
-    > "$out/bench-llama2-7b-unstaged.log" 2>&1
-  grep -E 'bench:|step split' "$out/bench-llama2-7b-unstaged.log" | sed 's/^/   /'
+  for t in test_cuda_ops test_gpu_model; do
+    timeout "$(cap 90)" ".device/$build/tests/$t" > "$out/$t.log" 2>&1
+    rc=$?
+    grep FAIL "$out/$t.log" | head -5
+    record $t $rc "$out/$t.log"
+  done
+  "$tz" bench --preset llama2-7b --dry-run > "$out/plan-llama2-7b.log" 2>&1
+  speed_bench llama2-7b "" "turbozero bench --preset llama2-7b"
   anchor_run lora
-  echo "== turbozero bench --preset dit-xl-2 --set optim.offload=false"
-  timeout "$(cap 60)" "$tz" bench --preset dit-xl-2 --set train.steps=6 --set optim.offload=false \
-    > "$out/bench-dit-xl-2-gpuopt.log" 2>&1
-  grep -E 'bench:|step split' "$out/bench-dit-xl-2-gpuopt.log" | sed 's/^/   /'
+  "$tz" bench --preset dit-xl-2 --dry-run > "$out/plan-dit-xl-2.log" 2>&1
+  grep -m1 'planned backend memory' "$out/plan-dit-xl-2.log" | sed 's/^/   /'
+  speed_bench dit-xl-2 "" "turbozero bench --preset dit-xl-2 (AdamW on the host: peak against the plan)"
+  speed_bench dit-xl-2 -gpuopt "turbozero bench --preset dit-xl-2 --set optim.offload=false" \
+    --set optim.offload=false
   run_optimes
+  if [ "$(left 20)" -gt 90 ]; then
+    "$tz" bench --preset flux-dev --dry-run > "$out/plan-flux-dev.log" 2>&1
+    grep -m1 'planned backend memory' "$out/plan-flux-dev.log" | sed 's/^/   /'
+    speed_bench flux-dev "" "turbozero bench --preset flux-dev (3 steps)" --set train.steps=3
+  fi
+  TZ_LINEAR_SHARED=0 speed_bench llama2-7b -unshared \
+    "TZ_LINEAR_SHARED=0 turbozero bench --preset llama2-7b (q, k, v and gate, up each on their own)"
+  TZ_TQ_DECODE_STREAM=0 speed_bench llama2-7b -nodecstream \
+    "TZ_TQ_DECODE_STREAM=0 turbozero bench --preset llama2-7b (the decode's chunks on the compute stream)"
+  TZ_WEIGHTS_STAGED=0 speed_bench llama2-7b -unstaged \
+    "TZ_WEIGHTS_STAGED=0 turbozero bench --preset llama2-7b (the next step waits for all updated weights)"
   table
   ;;
 optimes)

@@ -424,6 +424,18 @@ static void bias_bwd16_same(tz_backend *be, const char *tag, const float *dy, in
 
 /* ---- activations ---- */
 
+/* Whether got holds want's n bf16 bit patterns; if not, the first element that differs and
+ * how many do, printed under what (a bit check's diagnosis on a GPU) */
+static int bits16_same(const char *what, const uint16_t *got, const uint16_t *want, int64_t n) {
+    int64_t first = -1, count = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (got[i] != want[i]) count++, first = first < 0 ? i : first;
+    if (count)
+        printf("  %s: %lld of %lld elements differ, the first at %lld: 0x%04x, expected 0x%04x\n",
+               what, (long long)count, (long long)n, (long long)first, got[first], want[first]);
+    return !count;
+}
+
 /* Whether d16 (n bf16 bit patterns, backend memory) holds d32's n floats rounded by to_bf16:
  * to the bit, or (ulp) within one bf16 unit of it */
 static int near16(tz_backend *be, const void *d16, const float *d32, int64_t n, int ulp) {
@@ -1021,8 +1033,13 @@ static void test_tq_matmul(void) {
         expect(what, &C, 1e-5);
         g_gpu->matmul_dtype = TZ_DT_BF16; /* C2 still holds C's first values */
         g_gpu->copy(g_gpu, C.d, C2.d, (size_t)(M * N) * 4);
+        /* whole, one GEMM of the matmul's shape: a GPU's cuBLAS may sum a chunk's narrower
+         * GEMM in another order (the chunks against the whole: dq_case, within 1e-5) */
+        const int chunks = g_gpu->tq_chunks;
+        g_gpu->tq_chunks = 0;
         g_gpu->tq_matmul(g_gpu, C.d, A.d, 0, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g,
                          M, tw, 0.9f, 0.4f);
+        g_gpu->tq_chunks = chunks;
         g_gpu->tq_dequant(g_gpu, tile.d, dcodes, dscales, lv.d, rows, cols, bits, g);
         g_gpu->matmul(g_gpu, C2.d, A.d, tile.d, M, N, K, 0, tw, 0.9f, 0.4f);
         g_gpu->matmul_dtype = TZ_DT_F32;
@@ -1094,8 +1111,10 @@ static void dq_case(int bits, int g, int64_t rows, int64_t cols, int w_off, int 
     g_gpu->tq_matmul(g_gpu, C.d, A.d, 0, w, dc + c_off, ds, dl, rows, cols, bits, g, M, 1, 1.0f,
                      0.0f);
     g_gpu->download(g_gpu, got16, w, (size_t)n * 2);
-    int same = 1;
-    for (int64_t i = 0; i < n; i++) same &= got16[i] == tz_f32_to_bf16(ref[i]);
+    uint16_t *ref16 = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) ref16[i] = tz_f32_to_bf16(ref[i]);
+    const int same = bits16_same("decoded bf16", got16, ref16, n);
+    free(ref16);
     check(same && ws_canary_ok(w, (size_t)n * 2),
           "tq decode to bf16 %s: the CPU's bits rounded, canary kept", shape);
     g_gpu->tq_matmul(g_gpu, dA.d, B.d, 0, w, dc + c_off, ds, dl, rows, cols, bits, g, M, 0, 1.0f,
@@ -1179,9 +1198,10 @@ static void rot_case(int g, int64_t rows, int64_t cols, int off) {
     g_cpu->tq_rotate16(g_cpu, h16, x.h + off, rows, cols, cols, g, 99, NULL);
     g_gpu->tq_rotate16(g_gpu, d16 + 8 + off, x.d + off, rows, cols, cols, g, 99, NULL);
     g_gpu->download(g_gpu, g16, d16, b16 + 32);
-    int same = !memcmp(g16 + 8 + off, h16, b16), kept = 1;
+    int same = bits16_same("rotated bf16", g16 + 8 + off, h16, rows * cols), kept = 1;
     for (int64_t i = 0; i < (int64_t)(b16 + 32) / 2; i++)
         if (i < 8 + off || i >= 8 + off + rows * cols) kept &= g16[i] == 0xA5A5;
+    if (!kept) printf("  rotated bf16: the canary either side overwritten\n");
     check(same && kept, "tq_rotate16 group %d, %lld x %lld%s: the CPU's bf16 bits, canary kept",
           g, (long long)rows, (long long)cols, off ? ", unaligned" : "");
     g_gpu->release(g_gpu, d16);
@@ -1205,6 +1225,10 @@ static void rot_case(int g, int64_t rows, int64_t cols, int off) {
     int xsame = 1;
     for (int64_t i = 0; i < rows * cols; i++) xsame &= hc[off + i] == tz_f32_to_bf16(x.h[off + i]);
     for (int64_t i = off + rows * cols; i < (int64_t)(b16 + 32) / 2; i++) xsame &= hc[i] == 0xA5A5;
+    if (!(same && kept && xsame))
+        printf("  rotated bf16 at a row stride: rows %s, gaps %s, x rounded %s\n",
+               same ? "the same" : "differ", kept ? "kept" : "overwritten",
+               xsame ? "right" : "wrong or its canary overwritten");
     check(same && kept && xsame, "tq_rotate16 group %d, %lld x %lld%s at row stride %lld: the "
           "same bits, the gaps kept, x rounded beside it (to_bf16's bits)", g, (long long)rows,
           (long long)cols, off ? ", unaligned" : "", (long long)ld);
