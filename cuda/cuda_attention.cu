@@ -632,6 +632,29 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
 #define FKV 64  /* keys per dk/dv block */
 #define FQT 32  /* query rows per shared tile of dk/dv */
 #define FA_THREADS 128
+#define FA_LOG2E 1.4426950408889634f
+
+/* The softmax in base 2 (FlashAttention-2's way): a score s enters as exp2(s scale log2(e) -
+ * m), one FFMA and one ex2 instead of expf's range reduction and a scale multiply, and the
+ * causal and sequence-end masks are applied only to the tiles that cross them (fa_mask_tile),
+ * a block-uniform test, so most tiles take no per-element comparison. On an H200 the per-score
+ * instructions, not the mma, set the kernels' pace (docs/benchmarks.md, "A third H200
+ * lease"). Masked scores are -inf, whose exp2 is 0. */
+__device__ __forceinline__ bool fa_mask_tile(bool causal, int64_t r0, int nr, int64_t c0, int nc,
+                                             int64_t T, bool keys_rows) {
+    /* rows [r0, r0 + nr) by columns [c0, c0 + nc); queries are the rows unless keys_rows */
+    const int64_t q_lo = keys_rows ? c0 : r0, k_hi = keys_rows ? r0 + nr - 1 : c0 + nc - 1;
+    return r0 + nr > T || c0 + nc > T || (causal && k_hi > q_lo);
+}
+/* x clamped to [-1, n]: a tile-relative column bound, int (the masked tiles' comparisons are
+ * 32-bit) */
+__device__ __forceinline__ int fa_clamp(int64_t x, int n) {
+    return x < -1 ? -1 : x > n ? n : (int)x;
+}
+/* The last of the n columns from key c0 that query t sees (-1: none; fa_clamp). */
+__device__ __forceinline__ int fa_last_key(const att_shape &sh, int64_t t, int64_t c0, int n) {
+    return t < sh.T ? fa_clamp((sh.causal && t < sh.T - 1 ? t : sh.T - 1) - c0, n) : -1;
+}
 
 /* The staging helpers take x at one (sequence, head): x + at(b, 0, h, T, ld, D), row t at
  * x + t ld (the kernels compute the base once, outside their loops). */
@@ -859,8 +882,10 @@ __device__ __forceinline__ float fa_quad_max(float v) {
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+/* Blocks a multiprocessor can hold by registers as before the base-2 softmax (four at DP = 32,
+ * three up to 80: at most 128 and 168 registers, about what it needs; ptxas -v) */
 template <int DP, bool LDM, class TI>
-__global__ void __launch_bounds__(FA_THREADS)
+__global__ void __launch_bounds__(FA_THREADS, DP <= 32 ? 4 : DP <= 80 ? 3 : 1)
     k_fa_fwd(float *out, float *lse, const TI *q, const TI *k, const TI *v, att_shape sh) {
     constexpr int KS = DP / 16, DN = DP / 8, NT = FK / 8, LD = DP + 8;
     extern __shared__ float smem[];
@@ -876,6 +901,7 @@ __global__ void __launch_bounds__(FA_THREADS)
 #pragma unroll
     for (int dn = 0; dn < DN; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
     const int64_t nkeys = sh.causal ? (q0 + FQ < T ? q0 + FQ : T) : T;
+    const float sl2 = sh.scale * FA_LOG2E; /* m: the rows' largest raw score so far */
     for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
         __syncthreads(); /* the previous tiles are no longer read */
         fa_tile<DP, FK>(Ks, kb, s0, T, sh.ldkv, D, sh.vec4);
@@ -885,29 +911,33 @@ __global__ void __launch_bounds__(FA_THREADS)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
         fa_mma_abt<DP, NT, LDM>(s, qa, Ks);
+        if (fa_mask_tile(sh.causal, q0, FQ, s0, FK, T, false)) {
+            const int last[2] = {fa_last_key(sh, rows[0], s0, FK), fa_last_key(sh, rows[1], s0, FK)};
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    if (nt * 8 + 2 * t4 + (i & 1) > last[i >> 1]) s[nt][i] = -INFINITY;
+        }
         float mx[2] = {m[0], m[1]};
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int64_t key = s0 + nt * 8 + 2 * t4 + (i & 1), t = rows[i >> 1];
-                const bool valid = visible(sh, t, key);
-                s[nt][i] = valid ? sh.scale * s[nt][i] : -INFINITY;
-                mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
-            }
-        float corr[2];
+            for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
+        float corr[2], mb[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             mx[r] = fa_quad_max(mx[r]);
-            corr[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mx[r]);
+            corr[r] = m[r] == -INFINITY ? 0.0f : exp2f((m[r] - mx[r]) * sl2);
             l[r] *= corr[r];
             m[r] = mx[r];
+            mb[r] = mx[r] == -INFINITY ? 0.0f : mx[r] * sl2; /* (a row past T: nothing seen) */
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const float p = s[nt][i] == -INFINITY ? 0.0f : expf(s[nt][i] - mx[i >> 1]);
+                const float p = exp2f(fmaf(s[nt][i], sl2, -mb[i >> 1]));
                 s[nt][i] = p;
                 l[i >> 1] += p;
             }
@@ -932,7 +962,7 @@ __global__ void __launch_bounds__(FA_THREADS)
                 const int64_t d = dn * 8 + 2 * t4 + j;
                 if (d < D) orow[d] = o[dn][2 * r + j] * inv;
             }
-        if (t4 == 0) lse[(b * sh.Hq + h) * T + t] = m[r] + logf(l[r]);
+        if (t4 == 0) lse[(b * sh.Hq + h) * T + t] = m[r] * sh.scale + logf(l[r]);
     }
 }
 
@@ -952,11 +982,12 @@ __global__ void __launch_bounds__(FA_THREADS)
     const TI *kb = k + at(b, 0, kvh, T, sh.ldkv, D), *vb = v + at(b, 0, kvh, T, sh.ldkv, D);
     fa_load_a<KS>(qa, q + at(b, 0, h, T, sh.ldq, D), rows, T, sh.ldq, D);
     fa_load_a<KS>(ga, dout + at(b, 0, h, T, sh.ldo, D), rows, T, sh.ldo, D);
-    float lr[2], dl[2], acc[DN][4];
+    float lr[2], dl[2], acc[DN][4]; /* lr: lse in base 2 */
+    const float sl2 = sh.scale * FA_LOG2E;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int64_t st = (b * sh.Hq + h) * T + rows[r];
-        lr[r] = rows[r] < T ? lse[st] : 0.0f;
+        lr[r] = rows[r] < T ? lse[st] * FA_LOG2E : 0.0f;
         dl[r] = rows[r] < T ? delta[st] : 0.0f;
     }
 #pragma unroll
@@ -981,14 +1012,21 @@ __global__ void __launch_bounds__(FA_THREADS)
                 for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.0f;
             fa_mma_abt<DP, HT, LDM>(s, qa, kh);
             fa_mma_abt<DP, HT, LDM>(dp, ga, vh);
+            const int64_t k0 = s0 + half * (FK / 2);
+            if (fa_mask_tile(sh.causal, q0, FQ, k0, FK / 2, T, false)) {
+                const int last[2] = {fa_last_key(sh, rows[0], k0, FK / 2),
+                                     fa_last_key(sh, rows[1], k0, FK / 2)};
+#pragma unroll
+                for (int nt = 0; nt < HT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        if (nt * 8 + 2 * t4 + (i & 1) > last[i >> 1]) s[nt][i] = -INFINITY;
+            }
 #pragma unroll
             for (int nt = 0; nt < HT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    const int64_t key = s0 + half * (FK / 2) + nt * 8 + 2 * t4 + (i & 1);
-                    const int64_t t = rows[i >> 1];
-                    const bool valid = visible(sh, t, key);
-                    const float p = valid ? expf(sh.scale * s[nt][i] - lr[i >> 1]) : 0.0f;
+                    const float p = exp2f(fmaf(s[nt][i], sl2, -lr[i >> 1]));
                     s[nt][i] = p * (dp[nt][i] - dl[i >> 1]); /* dS */
                 }
             fa_mma_ps<DP, HT, LDM>(acc, s, kh);
@@ -1031,6 +1069,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         for (int i = 0; i < 4; i++) ak[dn][i] = av[dn][i] = 0.0f;
     /* queries that can see a key of this block: t >= k0 when causal */
     const int64_t tq0 = sh.causal ? k0 / FQT * FQT : 0;
+    const float sl2 = sh.scale * FA_LOG2E;
     for (int64_t r = 0; r < sh.rep; r++) {
         const int64_t h = kvh * sh.rep + r;
         const float *lr = lse + (b * sh.Hq + h) * T, *dr = delta + (b * sh.Hq + h) * T;
@@ -1040,7 +1079,7 @@ __global__ void __launch_bounds__(FA_THREADS)
             fa_tile<DP, FQT>(Gs, dout + at(b, 0, h, T, sh.ldo, D), t0, T, sh.ldo, D, sh.vec4);
             if (threadIdx.x < FQT) {
                 const int64_t t = t0 + threadIdx.x;
-                Ls[threadIdx.x] = t < T ? lr[t] : 0.0f;
+                Ls[threadIdx.x] = t < T ? lr[t] * FA_LOG2E : 0.0f; /* lse in base 2 */
                 Ds[threadIdx.x] = t < T ? dr[t] : 0.0f;
             }
             __syncthreads();
@@ -1057,14 +1096,30 @@ __global__ void __launch_bounds__(FA_THREADS)
                     for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.0f;
                 fa_mma_abt<DP, HT, LDM>(s, ka, qh);  /* S^T: keys x queries */
                 fa_mma_abt<DP, HT, LDM>(dp, va, gh); /* dP^T */
+                const int64_t th = t0 + half * (FQT / 2);
+                if (fa_mask_tile(sh.causal, k0, FKV, th, FQT / 2, T, true)) {
+                    /* key s sees the queries t in [s if causal else 0, T - 1] */
+                    int lo[2], hi[2];
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const bool in = keys[r] < T;
+                        lo[r] = in ? fa_clamp((sh.causal ? keys[r] : 0) - th, FQT / 2) : FQT / 2;
+                        hi[r] = in ? fa_clamp(T - 1 - th, FQT / 2) : -1;
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < HT; nt++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const int j = nt * 8 + 2 * t4 + (i & 1);
+                            if (j < lo[i >> 1] || j > hi[i >> 1]) s[nt][i] = -INFINITY;
+                        }
+                }
 #pragma unroll
                 for (int nt = 0; nt < HT; nt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int j = half * (FQT / 2) + nt * 8 + 2 * t4 + (i & 1);
-                        const int64_t t = t0 + j, key = keys[i >> 1];
-                        const bool valid = visible(sh, t, key);
-                        const float p = valid ? expf(sh.scale * s[nt][i] - Ls[j]) : 0.0f;
+                        const float p = exp2f(fmaf(s[nt][i], sl2, -Ls[j]));
                         s[nt][i] = p;                        /* P^T */
                         dp[nt][i] = p * (dp[nt][i] - Ds[j]); /* dS^T */
                     }

@@ -25,6 +25,9 @@
 #                               the 7B again with TZ_LINEAR_SHARED=0, TZ_TQ_DECODE_STREAM=0 and
 #                               TZ_WEIGHTS_STAGED=0 while time is left (TZ_DEVICE_BUDGET
 #                               applies; about 140 s on an H200).
+#   tests/gpu/device.sh ab      on the GPU machine: the built CUDA module against another
+#                               (TZ_AB_MODULE=path): test_cuda_ops, the 7B and DiT-XL/2 op
+#                               times with each, then their benches interleaved, twice.
 #   tests/gpu/device.sh sanitize on the GPU machine: compute-sanitizer memcheck, racecheck and
 #                               synccheck over test_cuda_ops.
 #   tests/gpu/device.sh ncu     on the GPU machine: Nsight Compute on named kernels of the 7B
@@ -351,6 +354,47 @@ speed)
   TZ_WEIGHTS_STAGED=0 speed_bench llama2-7b -unstaged \
     "TZ_WEIGHTS_STAGED=0 turbozero bench --preset llama2-7b (the next step waits for all updated weights)"
   table
+  ;;
+ab)
+  # one module against another in one call: TZ_AB_MODULE names the other (an older build
+  # carried in .device, say); test_cuda_ops with the built one, both presets' op times with
+  # each, then the benches interleaved (other, built, other, built) so that a drift over the
+  # call falls on both alike; a table of step times and attention's op times last
+  setup
+  [ -e "${TZ_AB_MODULE:-}" ] || { echo "ab: TZ_AB_MODULE names no file" >&2; exit 2; }
+  : > "$out/tests.txt"
+  timeout "$(cap 90)" ".device/$build/tests/test_cuda_ops" > "$out/test_cuda_ops.log" 2>&1
+  rc=$?
+  grep FAIL "$out/test_cuda_ops.log" | head -5
+  record test_cuda_ops $rc "$out/test_cuda_ops.log"
+  mods=("$TZ_AB_MODULE" "$TZ_CUDA_MODULE")
+  for p in llama2-7b dit-xl-2; do
+    for i in 0 1; do
+      [ "$(left 20)" -gt 40 ] || continue
+      TZ_CUDA_MODULE=${mods[$i]} TZ_CUDA_OP_TIMES=1 timeout "$(cap 60)" "$tz" bench --preset $p \
+        --set train.steps=2 --set optim.offload=false > "$out/ab-optimes-$p-$i.log" 2>&1
+    done
+  done
+  for round in 1 2; do
+    for p in llama2-7b dit-xl-2; do
+      for i in 0 1; do
+        [ "$(left 20)" -gt 30 ] || continue
+        TZ_CUDA_MODULE=${mods[$i]} timeout "$(cap 60)" "$tz" bench --preset $p --set train.steps=6 \
+          --set optim.offload=false > "$out/ab-bench-$p-$i-$round.log" 2>&1
+      done
+    done
+  done
+  {
+    echo "GPU: $(cat "$out/gpu.txt")   (elapsed $((SECONDS - start)) s; 0 = $TZ_AB_MODULE, 1 = built)"
+    sed 's/^/test /' "$out/tests.txt"
+    for f in "$out"/ab-bench-*.log; do
+      printf '%-36s %s\n' "$(basename "$f" .log)" "$(grep -o 'step time median [0-9.]* s' "$f")"
+    done
+    for f in "$out"/ab-optimes-*.log; do
+      printf '%-36s %s\n' "$(basename "$f" .log)" "$(grep -E '^ +attention_(fwd|bwd) ' "$f" |
+        awk '{printf "%s %s us/call  ", $1, $6}')"
+    done
+  } | tee "$out/table.txt"
   ;;
 optimes)
   setup
