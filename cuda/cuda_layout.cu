@@ -105,40 +105,50 @@ static void rope_table(tz_backend *be, int64_t T, int64_t D, float theta, const 
     *sn = rc->sn;
 }
 
-/* One thread per rotated pair (row bt, head h, i < D/2). dir = +1 forward, -1 transpose. */
-static __global__ void k_rope(float *x, const float *cs, const float *sn, int64_t T, int64_t H,
-                              int64_t D, float dir, int64_t total) {
+/* One thread per rotated pair (row bt, head h, i < D/2). dir = +1 forward, -1 transpose. x
+ * rotated into y: in place (y = x, fp32), or into bf16 bit patterns (rope_fwd16: the same
+ * fp32 values, rounded as to_bf16 rounds). */
+template <class O>
+static __global__ void k_rope(O *y, const float *x, const float *cs, const float *sn, int64_t T,
+                              int64_t H, int64_t D, float dir, int64_t total) {
     int64_t half = D / 2;
     TZ_CUDA_FOR(p, total) {
         int64_t i = p % half, bh = p / half, bt = bh / H, t = bt % T;
-        float *x1 = x + bh * D, *x2 = x1 + half;
+        const float *x1 = x + bh * D, *x2 = x1 + half;
+        O *y1 = y + bh * D, *y2 = y1 + half;
         float c = cs[t * half + i], s = dir * sn[t * half + i];
         float a = x1[i], b = x2[i];
-        x1[i] = __fmul_rn(a, c) - __fmul_rn(b, s);
-        x2[i] = __fmul_rn(b, c) + __fmul_rn(a, s);
+        tz_put(y1 + i, __fmul_rn(a, c) - __fmul_rn(b, s));
+        tz_put(y2 + i, __fmul_rn(b, c) + __fmul_rn(a, s));
     }
 }
 
-static void rope_apply(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
-                       float theta, float dir) {
+template <class O>
+static void rope_apply(tz_backend *be, O *y, const float *x, int64_t B, int64_t T, int64_t H,
+                       int64_t D, float theta, float dir) {
     if (D % 2 != 0) TZ_FATAL("rope needs an even head dimension, got D=%lld", (long long)D);
     if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
     const float *cs, *sn;
     rope_table(be, T, D, theta, &cs, &sn);
     int64_t total = B * T * H * (D / 2);
-    k_rope<<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
-        x, cs, sn, T, H, D, dir, total);
+    k_rope<O><<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
+        y, x, cs, sn, T, H, D, dir, total);
     CUDA_LAUNCHED();
 }
 
 static void cuda_rope_fwd(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
                           float theta) {
-    rope_apply(be, x, B, T, H, D, theta, 1.0f);
+    rope_apply(be, x, x, B, T, H, D, theta, 1.0f);
 }
 
 static void cuda_rope_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H, int64_t D,
                           float theta) {
-    rope_apply(be, dx, B, T, H, D, theta, -1.0f);
+    rope_apply(be, dx, dx, B, T, H, D, theta, -1.0f);
+}
+
+static void cuda_rope_fwd16(tz_backend *be, uint16_t *y, const float *x, int64_t B, int64_t T,
+                            int64_t H, int64_t D, float theta) {
+    rope_apply(be, y, x, B, T, H, D, theta, 1.0f);
 }
 
 /* RoPE from a frequency table (D/2 floats of device memory) at positions pos0 + t: the angle
@@ -272,6 +282,7 @@ void tz_cuda_install_layout(tz_backend *be) {
     be->embedding_fwd_w16 = cuda_embedding_fwd_w16;
     be->embedding_bwd = cuda_embedding_bwd;
     be->rope_fwd = cuda_rope_fwd;
+    be->rope_fwd16 = cuda_rope_fwd16;
     be->rope_bwd = cuda_rope_bwd;
     be->rope_tab_fwd = cuda_rope_tab_fwd;
     be->rope_tab_bwd = cuda_rope_tab_bwd;

@@ -189,6 +189,11 @@ struct tz_backend {
                      float theta);
     void (*rope_bwd)(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H, int64_t D,
                      float theta);
+    /* rope_fwd into y [B, T, H, D] as bf16 bit patterns (x not changed): rope_fwd's values
+     * rounded as to_bf16 rounds, bit for bit (q and k for attention that reads them in bf16,
+     * tz_att_ld.in16, in one pass instead of a rotation and a rounding) */
+    void (*rope_fwd16)(tz_backend *be, uint16_t *y, const float *x, int64_t B, int64_t T,
+                       int64_t H, int64_t D, float theta);
     /* The same rotation with the frequencies given and the positions offset: inv_freq is
      * D/2 floats of backend memory (theta^(-2i/D), or a scaled table such as Llama 3's),
      * the position of row (b, t) is pos0 + t, the angle (float)(pos0 + t) * inv_freq[i].
@@ -448,7 +453,7 @@ struct tz_backend {
     X(destroy) X(alloc) X(release) X(upload) X(download) X(copy) X(sync) X(fill) X(scale)    \
     X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(adamw) X(matmul) X(matmul_bw16) X(matmul16) X(matmul_bias) X(embedding_fwd)        \
     X(embedding_bwd) X(embedding_fwd_w16) X(rmsnorm_fwd)                                      \
-    X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_tab_fwd) X(rope_tab_bwd) X(rope_pairs_fwd) X(rope_pairs_bwd) X(attention_fwd)   \
+    X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_fwd16) X(rope_tab_fwd) X(rope_tab_bwd) X(rope_pairs_fwd) X(rope_pairs_bwd) X(attention_fwd)   \
     X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \
     X(swiglu_bwd) X(xent_fwd) X(xent_bwd) X(layernorm_fwd) X(layernorm_bwd)                 \
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \

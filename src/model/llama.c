@@ -196,6 +196,16 @@ static int64_t mlp_rows_for(const tz_llama *m, int64_t BT) {
     return (BT + n - 1) / n;
 }
 
+/* Whether attention reads q, k, v in bf16 (tz_llama.att16): on a device that takes them so
+ * (tz_attention_takes_bf16: its flash kernels round q, k, v to bf16 as they load them, so
+ * the results are those of the fp32 values), in training, where RoPE can write q and k in
+ * bf16 in its pass (rope_fwd16) and v is rounded once for every tile that reads it. The CPU
+ * computes attention in fp32 and keeps it so. */
+static int keeps_att16(const tz_llama *m) {
+    return m->be->device && !m->o.forward_only && tz_linear_rounds_bf16(m->be) &&
+           tz_attention_takes_bf16(m->be, m->d.head_dim);
+}
+
 /* n floats rounded up to 64 bytes, the arena's alignment, for buffers cut from one take */
 static int64_t al16(int64_t n) { return (n + 15) / 16 * 16; }
 
@@ -215,7 +225,9 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
                                         sizeof(tz_llama_acts), BT * C,
                                         m->be->matmul_dtype == TZ_DT_BF16,
                                         (dev ? TZ_STACK_HOST : 0) | (xb_dh ? TZ_STACK_XB_OWN : 0));
+    const int att16 = keeps_att16(m);
     if (a) m->mlp_rows = m->mlp_rows_fwd = R, m->mlp_chunked = chunked, m->pool = NULL;
+    if (a) m->att16 = att16; /* (attention's inputs: att_inputs) */
     for (int i = 0; i < n_sets; i++) {
         tz_llama_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
 #define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
@@ -232,6 +244,9 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         if (!chunked) { ACT(g, BT * F); ACT(u, BT * F); ACT(s, BT * F); }
         for (int j = 0; j < TZ_LIN_N; j++)
             if (m->o.lora.targets & (1 << j)) ACT(lh[j], BT * m->o.lora.rank);
+        if (att16) { /* bf16: half a float each */
+            ACT(q16, (BT * qd + 1) / 2); ACT(k16, (BT * kvd + 1) / 2); ACT(v16, (BT * kvd + 1) / 2);
+        }
 #undef ACT
     }
     int64_t rows = m->head_rows_max > 0 ? m->head_rows_max : TZ_LLAMA_HEAD_FLOATS / d->vocab;
@@ -383,6 +398,28 @@ static void rope(tz_llama *m, float *x, int64_t B, int64_t T, int64_t H, int64_t
     else be->rope_tab_fwd(be, x, B, T, H, d->head_dim, m->inv_freq, pos0);
 }
 
+/* RoPE of x [B, T, H, head_dim] (positions 0..) into y in bf16: one pass where the theta op
+ * suffices, else the rotation in place and a rounding. */
+static void rope16(tz_llama *m, uint16_t *y, float *x, int64_t B, int64_t T, int64_t H) {
+    const tz_llama_dims *d = &m->d;
+    if (d->rope_type == TZ_ROPE_DEFAULT) {
+        m->be->rope_fwd16(m->be, y, x, B, T, H, d->head_dim, (float)d->theta);
+        return;
+    }
+    rope(m, x, B, T, H, 0, 0);
+    m->be->to_bf16(m->be, y, x, B * T * H * d->head_dim);
+}
+
+/* The attention's inputs as tz_llama_acts holds them: q, k, v, or (att16) their bf16 copies */
+static const tz_att_ld att16_ld = {0, 0, 0, 1};
+static void att_inputs(const tz_llama *m, const tz_llama_acts *a, const float *p[3],
+                       const tz_att_ld **ld) {
+    p[0] = m->att16 ? (const float *)(const void *)a->q16 : a->q;
+    p[1] = m->att16 ? (const float *)(const void *)a->k16 : a->k;
+    p[2] = m->att16 ? (const float *)(const void *)a->v16 : a->v;
+    *ld = m->att16 ? &att16_ld : NULL;
+}
+
 /* Rows r0.. of a [rows, width] buffer that may be NULL (a projection without adapter). */
 static float *rows_at(float *p, int64_t r0, int64_t width) { return p ? p + r0 * width : NULL; }
 
@@ -468,8 +505,14 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
         be->rmsnorm_fwd(be, a->k, a->rk, a->kn, L->k_norm->w, BT * d->n_kv_heads, d->head_dim,
                         (float)d->eps);
     }
-    rope(m, a->q, B, T, d->n_heads, pos0, 0);
-    rope(m, a->k, B, T, d->n_kv_heads, pos0, 0);
+    if (m->att16 && !kv) { /* q and k rotated into bf16, v rounded */
+        rope16(m, a->q16, a->q, B, T, d->n_heads);
+        rope16(m, a->k16, a->k, B, T, d->n_kv_heads);
+        be->to_bf16(be, a->v16, a->v, BT * d->n_kv_heads * d->head_dim);
+    } else {
+        rope(m, a->q, B, T, d->n_heads, pos0, 0);
+        rope(m, a->k, B, T, d->n_kv_heads, pos0, 0);
+    }
     if (kv) {
         const int64_t kvd = d->n_kv_heads * d->head_dim;
         be->copy(be, kv->k + pos0 * kvd, a->k, (size_t)(T * kvd) * sizeof(float));
@@ -477,9 +520,12 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
         be->attention_cache_fwd(be, a->att, a->q, kv->k, kv->v, 1, T, kv->cap, pos0,
                                 d->n_heads, d->n_kv_heads, d->head_dim);
     } else {
+        const float *in[3];
+        const tz_att_ld *ld;
+        att_inputs(m, a, in, &ld);
         be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-        be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, B, T, d->n_heads,
-                          d->n_kv_heads, d->head_dim, 1, NULL);
+        be->attention_fwd(be, a->att, a->lse, in[0], in[1], in[2], B, T, d->n_heads,
+                          d->n_kv_heads, d->head_dim, 1, ld);
     }
     tz_linear_fwd(be, &L->lin[TZ_LIN_O], a->x2, a->lh[TZ_LIN_O], a->att, BT);
     be->axpy(be, a->x2, 1.0f, x, BT * C); /* x2 = x + attn */
@@ -566,9 +612,12 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     const tz_llama_dims *d = &m->d;
     const int64_t B = m->B, T = m->T, BT = B * T, C = d->dim;
     tz_linear_bwd_set(be, &L->lin[TZ_LIN_O], datt, m->dres, a->att, a->lh[TZ_LIN_O], m->dlora, BT);
+    const float *in[3];
+    const tz_att_ld *ld;
+    att_inputs(m, a, in, &ld);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
-                      d->n_heads, d->n_kv_heads, d->head_dim, 1, 0, NULL); /* dq, dk, dv written */
+    be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, in[0], in[1], in[2], B, T,
+                      d->n_heads, d->n_kv_heads, d->head_dim, 1, 0, ld); /* dq, dk, dv written */
     rope(m, dq, B, T, d->n_heads, 0, 1);
     rope(m, dk, B, T, d->n_kv_heads, 0, 1);
     if (d->qk_norm) { /* through each head's RMSNorm: the gradients of q and k before it */

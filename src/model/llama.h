@@ -75,6 +75,7 @@ typedef struct tz_llama_acts {
     float *h1, *rstd1, *q, *k, *v, *att, *lse, *x2, *h2, *rstd2, *g, *u, *s;
     float *qn, *kn, *rq, *rk; /* dims.qk_norm: q and k before their norm, its 1/rms per head */
     float *lh[TZ_LIN_N]; /* LoRA hidden x A^T per projection (NULL if not adapted) */
+    uint16_t *q16, *k16, *v16; /* tz_llama.att16: q and k after RoPE, and v, in bf16 */
 } tz_llama_acts;
 
 typedef struct tz_llama {
@@ -117,6 +118,9 @@ typedef struct tz_llama {
                                * and the rotation buffer hold (at least mlp_rows) */
     int64_t mlp_rows_max;     /* 0: by TZ_LLAMA_MLP_FLOATS; > 0: at most this many (tests) */
     int mlp_chunked;
+    int att16;                /* attention reads q, k, v in bf16 (the set's q16, k16, v16):
+                               * a device whose flash kernels round them so as they load them,
+                               * so the same results from half the bytes (llama.c keeps_att16) */
     float *pool;              /* (with chunks) */
     float *loss_host;         /* BT floats on the host */
 } tz_llama;

@@ -26,8 +26,10 @@
 #                               TZ_WEIGHTS_STAGED=0 while time is left (TZ_DEVICE_BUDGET
 #                               applies; about 140 s on an H200).
 #   tests/gpu/device.sh ab      on the GPU machine: the built CUDA module against another
-#                               (TZ_AB_MODULE=path): test_cuda_ops, the 7B and DiT-XL/2 op
-#                               times with each, then their benches interleaved, twice.
+#                               (TZ_AB_MODULE=path; TZ_AB_TURBOZERO=path: its program, where
+#                               the change is in the program too): test_cuda_ops, the 7B and
+#                               DiT-XL/2 op times with each, then their benches interleaved,
+#                               twice.
 #   tests/gpu/device.sh sanitize on the GPU machine: compute-sanitizer memcheck, racecheck and
 #                               synccheck over test_cuda_ops.
 #   tests/gpu/device.sh ncu     on the GPU machine: Nsight Compute on named kernels of the 7B
@@ -357,9 +359,11 @@ speed)
   ;;
 ab)
   # one module against another in one call: TZ_AB_MODULE names the other (an older build
-  # carried in .device, say); test_cuda_ops with the built one, both presets' op times with
-  # each, then the benches interleaved (other, built, other, built) so that a drift over the
-  # call falls on both alike; a table of step times and attention's op times last
+  # carried in .device, say), TZ_AB_TURBOZERO the program to run it with where the change is
+  # in the program too (default: the built one); test_cuda_ops with the built module, both
+  # presets' op times with each, then the benches interleaved (other, built, other, built)
+  # so that a drift over the call falls on both alike; a table of step times and attention's
+  # op times last
   setup
   [ -e "${TZ_AB_MODULE:-}" ] || { echo "ab: TZ_AB_MODULE names no file" >&2; exit 2; }
   : > "$out/tests.txt"
@@ -368,10 +372,11 @@ ab)
   grep FAIL "$out/test_cuda_ops.log" | head -5
   record test_cuda_ops $rc "$out/test_cuda_ops.log"
   mods=("$TZ_AB_MODULE" "$TZ_CUDA_MODULE")
+  tzs=("${TZ_AB_TURBOZERO:-$tz}" "$tz")
   for p in llama2-7b dit-xl-2; do
     for i in 0 1; do
       [ "$(left 20)" -gt 40 ] || continue
-      TZ_CUDA_MODULE=${mods[$i]} TZ_CUDA_OP_TIMES=1 timeout "$(cap 60)" "$tz" bench --preset $p \
+      TZ_CUDA_MODULE=${mods[$i]} TZ_CUDA_OP_TIMES=1 timeout "$(cap 60)" "${tzs[$i]}" bench --preset $p \
         --set train.steps=2 --set optim.offload=false > "$out/ab-optimes-$p-$i.log" 2>&1
     done
   done
@@ -379,7 +384,7 @@ ab)
     for p in llama2-7b dit-xl-2; do
       for i in 0 1; do
         [ "$(left 20)" -gt 30 ] || continue
-        TZ_CUDA_MODULE=${mods[$i]} timeout "$(cap 60)" "$tz" bench --preset $p --set train.steps=6 \
+        TZ_CUDA_MODULE=${mods[$i]} timeout "$(cap 60)" "${tzs[$i]}" bench --preset $p --set train.steps=6 \
           --set optim.offload=false > "$out/ab-bench-$p-$i-$round.log" 2>&1
       done
     done

@@ -556,7 +556,40 @@ static int rope_same_row(tz_backend *be, const oc_case *c, char *msg, size_t len
     return diff != 0;
 }
 
+/* rope_fwd16 against rope_fwd and to_bf16: the same bits, x not changed */
+static int rope16_row(tz_backend *be, const oc_case *c, char *msg, size_t len) {
+    const int64_t B = c->p[0], T = c->p[1], H = c->p[2], D = c->p[3], n = B * T * H * D;
+    const float theta = (float)c->s[0];
+    float *h = malloc((size_t)n * 4), *kept = malloc((size_t)n * 4);
+    uint16_t *a = malloc((size_t)n * 2), *b = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) h[i] = (float)((i * 7919) % 2001 - 1000) / 999.0f;
+    float *x = be->alloc(be, (size_t)n * 4), *y = be->alloc(be, (size_t)n * 4);
+    uint16_t *y16 = be->alloc(be, (size_t)n * 2), *r16 = be->alloc(be, (size_t)n * 2);
+    be->upload(be, x, h, (size_t)n * 4);
+    be->upload(be, y, h, (size_t)n * 4);
+    be->rope_fwd16(be, y16, x, B, T, H, D, theta);
+    be->rope_fwd(be, y, B, T, H, D, theta);
+    be->to_bf16(be, r16, y, n);
+    be->download(be, a, y16, (size_t)n * 2);
+    be->download(be, b, r16, (size_t)n * 2);
+    be->download(be, kept, x, (size_t)n * 4);
+    be->release(be, x), be->release(be, y), be->release(be, y16), be->release(be, r16);
+    int64_t diff = 0;
+    for (int64_t i = 0; i < n; i++) diff += a[i] != b[i];
+    const int changed = memcmp(kept, h, (size_t)n * 4) != 0;
+    free(h), free(kept), free(a), free(b);
+    if (diff || changed)
+        snprintf(msg, len, "%lld of %lld elements differ%s", (long long)diff, (long long)n,
+                 changed ? "; x was changed" : "");
+    return diff || changed;
+}
+
 void oc_cases_llama(oc_list *l) {
+    oc_case r16 = {.ops = "rope_fwd16 rope_fwd to_bf16", .p = {2, 37, 3, 18}, .s = {10000.0},
+                   .custom = rope16_row};
+    snprintf(r16.name, sizeof r16.name,
+             "rope_fwd16 = rope_fwd then to_bf16, bit for bit, x kept (B 2 T 37 H 3 D 18)");
+    oc_add(l, &r16);
     oc_case same = {.ops = "rope_fwd rope_tab_fwd", .p = {2, 300, 2, 64}, .s = {10000.0},
                     .custom = rope_same_row};
     snprintf(same.name, sizeof same.name,

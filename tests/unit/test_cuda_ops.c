@@ -59,6 +59,7 @@ static pair mk(int64_t n, float amp) {
     return p;
 }
 static pair mkz(int64_t n) { return mk(n, 0.0f); }
+static int same16(tz_backend *be, const void *d16, const float *d32, int64_t n);
 static void drop(pair *p) {
     g_cpu->release(g_cpu, p->h);
     g_gpu->release(g_gpu, p->d);
@@ -350,6 +351,39 @@ static void test_layout(void) {
     expect("rope_tab_bwd (pos0 5)", &x, 2e-6);
     drop(&inv);
     drop(&x);
+    /* rope_fwd16: rope_fwd's values rounded by to_bf16, bit for bit, on each backend (x kept);
+     * the two backends' bf16 within one unit of each other (their fp32 within 1e-6 above) */
+    {
+        const int64_t nr = B * T * H * D;
+        pair r = mk(nr, 1.0f), r32 = mkz(nr);
+        uint16_t *y16 = g_gpu->alloc(g_gpu, (size_t)nr * 2), *h16 = malloc((size_t)nr * 2);
+        uint16_t *c16 = malloc((size_t)nr * 2), *g16 = malloc((size_t)nr * 2);
+        g_gpu->copy(g_gpu, r32.d, r.d, (size_t)nr * 4);
+        g_gpu->rope_fwd16(g_gpu, y16, r.d, B, T, H, D, 10000.0f);
+        g_gpu->rope_fwd(g_gpu, r32.d, B, T, H, D, 10000.0f);
+        const int same = same16(g_gpu, y16, r32.d, nr);
+        float *back = malloc((size_t)nr * 4);
+        g_gpu->download(g_gpu, back, r.d, (size_t)nr * 4);
+        const int kept = !memcmp(back, r.h, (size_t)nr * 4);
+        g_cpu->rope_fwd16(g_cpu, c16, r.h, B, T, H, D, 10000.0f);
+        memcpy(r32.h, r.h, (size_t)nr * 4);
+        g_cpu->rope_fwd(g_cpu, r32.h, B, T, H, D, 10000.0f);
+        int cpu_same = 1, near = 1;
+        g_gpu->download(g_gpu, g16, y16, (size_t)nr * 2);
+        for (int64_t i = 0; i < nr; i++) {
+            h16[i] = tz_f32_to_bf16(r32.h[i]);
+            cpu_same &= c16[i] == h16[i];
+            const int dd = (int)c16[i] - (int)g16[i];
+            near &= (c16[i] >> 15) == (g16[i] >> 15) && dd >= -1 && dd <= 1;
+        }
+        check(same && kept && cpu_same && near, "rope_fwd16: rope_fwd rounded by to_bf16, bit for "
+              "bit on each backend (%s, %s), x kept (%s), the backends within a bf16 unit (%s)",
+              same ? "device" : "DEVICE DIFFERS", cpu_same ? "CPU" : "CPU DIFFERS",
+              kept ? "yes" : "NO", near ? "yes" : "NO");
+        g_gpu->release(g_gpu, y16);
+        free(h16), free(c16), free(g16), free(back);
+        drop(&r), drop(&r32);
+    }
 
     for (int cl = 0; cl < 2; cl++) {
         const int64_t Bi = 2, Ci = 3, Hi = 12, Wi = 8, p = 4, P = Ci * p * p;

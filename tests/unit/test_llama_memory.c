@@ -30,12 +30,16 @@ typedef struct mcase {
     const char *what;
     int full, bits, tied;
     int64_t heads, kv, head_dim;
+    int rope3; /* Llama 3 RoPE scaling (the table form of RoPE) */
 } mcase;
 
 static tz_llama *make(tz_backend *be, const mcase *c, int ckpt, int64_t rows_max) {
     tz_llama_dims d = {.vocab = V, .dim = 48, .hidden = 80, .n_layers = 3, .n_heads = c->heads,
                        .n_kv_heads = c->kv, .head_dim = c->head_dim, .max_pos = 64,
                        .eps = 1e-5, .theta = 10000.0, .tied = c->tied};
+    if (c->rope3) /* some frequencies kept (i = 0), one smoothed, the rest scaled by 1/8 */
+        d.rope_type = TZ_ROPE_LLAMA3, d.rope_factor = 8.0, d.rope_low_freq = 1.0,
+        d.rope_high_freq = 4.0, d.rope_orig_max = 64;
     tz_model_opts o = {.full = c->full, .checkpointing = ckpt};
     if (!c->full) o.lora.targets = (1 << TZ_LIN_N) - 1, o.lora.rank = 4, o.lora.alpha = 8.0;
     if (c->bits) o.quant.bits = c->bits, o.quant.group = 64, o.quant.seed = 3;
@@ -148,10 +152,19 @@ static void device_case(tz_backend *cpu16, tz_backend *dev, const mcase *c, cons
      * once (tz_linear_fwd_shared; the CPU's GEMMs are fp32 and need none) */
     const size_t ad = (((size_t)d->tq.act_floats * 4 + 63) & ~(size_t)63) -
                       (((size_t)h->tq.act_floats * 4 + 63) & ~(size_t)63);
-    check(d->tq.act_floats >= h->tq.act_floats && d->arena.cap + want == h->arena.cap + ws + ad,
+    /* attention reads q, k, v in bf16 on the device (att16): one bf16 copy of each */
+    const int64_t qd = dd->n_heads * dd->head_dim, kvd = dd->n_kv_heads * dd->head_dim;
+    const size_t q16 = d->att16 ? (((size_t)(BT * qd + 1) / 2 * 4 + 63) & ~(size_t)63) +
+                                      2 * (((size_t)(BT * kvd + 1) / 2 * 4 + 63) & ~(size_t)63)
+                                : 0;
+    check(d->att16 && !h->att16, "device %s: attention reads q, k, v in bf16 (the CPU: fp32)",
+          c->what);
+    check(d->tq.act_floats >= h->tq.act_floats &&
+              d->arena.cap + want == h->arena.cap + ws + ad + q16,
           "device %s: arena %zu bytes + %zu (n_layers bf16 streams and xb) = the CPU's %zu "
-          "+ attention's workspace %zu + the bf16 input copy %zu", c->what, d->arena.cap, want,
-          h->arena.cap, ws, ad);
+          "+ attention's workspace %zu + the bf16 input copy %zu + q, k, v in bf16 %zu",
+          c->what, d->arena.cap, want,
+          h->arena.cap, ws, ad, q16);
     float *gh, *gd, *gd2, *bh = grads(h), *bd = grads(d);
     const double lh = step(h, bh, in, tg, &gh), ld = step(d, bd, in, tg, &gd);
     const double fd = tz_llama_forward(d, in, tg), ld2 = step(d, bd, in, tg, &gd2);
@@ -177,9 +190,10 @@ int main(int argc, char **argv) {
     for (int i = 0; i < BT; i++) in[i] = (i * 37 + 5) % V, tg[i] = (i * 53 + 1) % V;
     tg[9] = -1; /* an ignored row inside a chunk */
     const mcase cases[] = {
-        {"LoRA on all 7 projections of a 4-bit base, GQA 4/2, untied", 0, 4, 0, 4, 2, 12},
-        {"full training, dense, tied, 4/4 heads", 1, 0, 1, 4, 4, 12},
-        {"LoRA on a dense base, q wider than the model (4 x 16 > 48)", 0, 0, 0, 4, 2, 16},
+        {"LoRA on all 7 projections of a 4-bit base, GQA 4/2, untied", 0, 4, 0, 4, 2, 12, 0},
+        {"full training, dense, tied, 4/4 heads", 1, 0, 1, 4, 4, 12, 0},
+        {"LoRA on a dense base, q wider than the model (4 x 16 > 48)", 0, 0, 0, 4, 2, 16, 0},
+        {"LoRA on a 4-bit base, Llama 3 RoPE scaling", 0, 4, 0, 4, 2, 12, 1},
     };
     const int nc = (int)(sizeof cases / sizeof cases[0]);
     tz_backend *cpu = tz_cpu_backend_create(2), *cpu16 = tz_cpu_backend_create(2);
