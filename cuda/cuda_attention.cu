@@ -42,6 +42,7 @@ typedef struct {
     int vec4; /* the tensor-core kernels' staging may read float4s (fa_vec4) */
     int acc;  /* backward: add into dq, dk, dv (1), or write them (0: never read) */
     int in16; /* q, k, v given in bf16 (tz_att_ld.in16): the flash kernels' TI */
+    int pipe; /* forward and dq: bf16 K, V tiles copied ahead by cp.async (fa_pipe) */
 } att_shape;
 
 /* A backward output element: added to, or written without reading what was there. */
@@ -298,7 +299,7 @@ static att_shape make_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64
                  (long long)Hkv);
     const tz_att_ld ld = tz_att_ld_of(ldp, Hq, Hkv, D);
     att_shape s = {B, T, Hq, Hkv, D, Hq / Hkv, ld.q, ld.kv, ld.o, causal,
-                   1.0f / sqrtf((float)D), 0, 1, ld.in16};
+                   1.0f / sqrtf((float)D), 0, 1, ld.in16, 0};
     return s;
 }
 
@@ -760,6 +761,24 @@ __device__ __forceinline__ void fa_tile(uint16_t *dst, const TI *x, int64_t r0, 
     else fa_stage<DP>(dst, x, r0, N, T, ld, D);
 }
 
+/* Rows [r0, r0 + N) of bf16 x (rows at stride ld) into dst[N][DP + 8] by cp.async, 8
+ * elements (16 bytes) a copy, zeros past T and D; issued, not waited for (the caller commits
+ * and waits: tz_cp_async_wait, then __syncthreads). D and ld multiples of 8 and x 16-byte
+ * aligned (sh.pipe), so a copy is wholly inside D or wholly past it. */
+template <int DP, int N>
+__device__ __forceinline__ void fa_stage_async(uint16_t *dst, const uint16_t *x, int64_t r0,
+                                               int64_t T, int64_t ld, int64_t D) {
+    constexpr int LD = DP + 8, C8 = DP / 8, PER = (N * C8 + FA_THREADS - 1) / FA_THREADS;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int e = (int)threadIdx.x + i * FA_THREADS, j = e / C8, d = 8 * (e % C8);
+        if (N * C8 % FA_THREADS && e >= N * C8) break;
+        const int64_t t = r0 + j;
+        const bool in = t < T && d < D;
+        tz_cp_async16(dst + j * LD + d, in ? x + t * ld + d : x, in);
+    }
+}
+
 /* The A fragments of rows rows[0] (g) and rows[1] (g + 8) of x (rows at stride ld), KS
  * steps of 16 columns, rounded to bf16; zeros past T and D. */
 template <int KS>
@@ -882,12 +901,64 @@ __device__ __forceinline__ float fa_quad_max(float v) {
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+/* One tile of FK keys from s0 in the forward, for a warp's rows: S = Q K^T, the masks where
+ * the tile crosses them, the online softmax (the running maximum m of raw scores, the sum l,
+ * o rescaled) and o += P V. Ks, Vs: the staged tiles. */
+template <int DP, bool LDM>
+__device__ __forceinline__ void fa_fwd_tile(float (&o)[DP / 8][4], float (&m)[2], float (&l)[2],
+                                            const uint32_t (&qa)[DP / 16][4], const uint16_t *Ks,
+                                            const uint16_t *Vs, const att_shape &sh, int64_t q0,
+                                            int64_t s0, const int64_t (&rows)[2], float sl2) {
+    constexpr int DN = DP / 8, NT = FK / 8;
+    const int t4 = threadIdx.x & 3;
+    const int64_t T = sh.T;
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    fa_mma_abt<DP, NT, LDM>(s, qa, Ks);
+    if (fa_mask_tile(sh.causal, q0, FQ, s0, FK, T, false)) {
+        const int last[2] = {fa_last_key(sh, rows[0], s0, FK), fa_last_key(sh, rows[1], s0, FK)};
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (nt * 8 + 2 * t4 + (i & 1) > last[i >> 1]) s[nt][i] = -INFINITY;
+    }
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
+    float corr[2], mb[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fa_quad_max(mx[r]);
+        corr[r] = m[r] == -INFINITY ? 0.0f : exp2f((m[r] - mx[r]) * sl2);
+        l[r] *= corr[r];
+        m[r] = mx[r];
+        mb[r] = mx[r] == -INFINITY ? 0.0f : mx[r] * sl2; /* (a row past T: nothing seen) */
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float p = exp2f(fmaf(s[nt][i], sl2, -mb[i >> 1]));
+            s[nt][i] = p;
+            l[i >> 1] += p;
+        }
+#pragma unroll
+    for (int dn = 0; dn < DN; dn++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[dn][i] *= corr[i >> 1];
+    fa_mma_ps<DP, NT, LDM>(o, s, Vs);
+}
+
 /* Blocks a multiprocessor can hold by registers as before the base-2 softmax (four at DP = 32,
  * three up to 80: at most 128 and 168 registers, about what it needs; ptxas -v) */
-template <int DP, bool LDM, class TI>
+template <int DP, bool LDM, class TI, bool PIPE>
 __global__ void __launch_bounds__(FA_THREADS, DP <= 32 ? 4 : DP <= 80 ? 3 : 1)
     k_fa_fwd(float *out, float *lse, const TI *q, const TI *k, const TI *v, att_shape sh) {
-    constexpr int KS = DP / 16, DN = DP / 8, NT = FK / 8, LD = DP + 8;
+    constexpr int KS = DP / 16, DN = DP / 8, LD = DP + 8;
     extern __shared__ float smem[];
     uint16_t *Ks = (uint16_t *)smem, *Vs = Ks + FK * LD;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t4 = lane & 3;
@@ -902,50 +973,32 @@ __global__ void __launch_bounds__(FA_THREADS, DP <= 32 ? 4 : DP <= 80 ? 3 : 1)
     for (int dn = 0; dn < DN; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
     const int64_t nkeys = sh.causal ? (q0 + FQ < T ? q0 + FQ : T) : T;
     const float sl2 = sh.scale * FA_LOG2E; /* m: the rows' largest raw score so far */
-    for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
-        __syncthreads(); /* the previous tiles are no longer read */
-        fa_tile<DP, FK>(Ks, kb, s0, T, sh.ldkv, D, sh.vec4);
-        fa_tile<DP, FK>(Vs, vb, s0, T, sh.ldkv, D, sh.vec4);
-        __syncthreads();
-        float s[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-        fa_mma_abt<DP, NT, LDM>(s, qa, Ks);
-        if (fa_mask_tile(sh.causal, q0, FQ, s0, FK, T, false)) {
-            const int last[2] = {fa_last_key(sh, rows[0], s0, FK), fa_last_key(sh, rows[1], s0, FK)};
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    if (nt * 8 + 2 * t4 + (i & 1) > last[i >> 1]) s[nt][i] = -INFINITY;
+    if constexpr (PIPE) { /* two buffers: tile i + 1 copied in while tile i is computed */
+        uint16_t *Kn = Vs + FK * LD, *Vn = Kn + FK * LD;
+        fa_stage_async<DP, FK>(Ks, kb, 0, T, sh.ldkv, D);
+        fa_stage_async<DP, FK>(Vs, vb, 0, T, sh.ldkv, D);
+        tz_cp_async_commit();
+        for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
+            if (s0 + FK < nkeys) { /* (Kn, Vn were last read before the last barrier) */
+                fa_stage_async<DP, FK>(Kn, kb, s0 + FK, T, sh.ldkv, D);
+                fa_stage_async<DP, FK>(Vn, vb, s0 + FK, T, sh.ldkv, D);
+                tz_cp_async_commit();
+                tz_cp_async_wait<1>();
+            } else tz_cp_async_wait<0>();
+            __syncthreads(); /* tile s0 in Ks, Vs for every thread */
+            fa_fwd_tile<DP, LDM>(o, m, l, qa, Ks, Vs, sh, q0, s0, rows, sl2);
+            __syncthreads(); /* Ks, Vs no longer read: the next copies may go there */
+            uint16_t *sw = Ks;
+            Ks = Kn, Kn = sw, sw = Vs, Vs = Vn, Vn = sw;
         }
-        float mx[2] = {m[0], m[1]};
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
-        float corr[2], mb[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fa_quad_max(mx[r]);
-            corr[r] = m[r] == -INFINITY ? 0.0f : exp2f((m[r] - mx[r]) * sl2);
-            l[r] *= corr[r];
-            m[r] = mx[r];
-            mb[r] = mx[r] == -INFINITY ? 0.0f : mx[r] * sl2; /* (a row past T: nothing seen) */
+    } else {
+        for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
+            __syncthreads(); /* the previous tiles are no longer read */
+            fa_tile<DP, FK>(Ks, kb, s0, T, sh.ldkv, D, sh.vec4);
+            fa_tile<DP, FK>(Vs, vb, s0, T, sh.ldkv, D, sh.vec4);
+            __syncthreads();
+            fa_fwd_tile<DP, LDM>(o, m, l, qa, Ks, Vs, sh, q0, s0, rows, sl2);
         }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float p = exp2f(fmaf(s[nt][i], sl2, -mb[i >> 1]));
-                s[nt][i] = p;
-                l[i >> 1] += p;
-            }
-#pragma unroll
-        for (int dn = 0; dn < DN; dn++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) o[dn][i] *= corr[i >> 1];
-        fa_mma_ps<DP, NT, LDM>(o, s, Vs);
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) l[r] = fa_quad_sum(l[r]);
@@ -966,12 +1019,58 @@ __global__ void __launch_bounds__(FA_THREADS, DP <= 32 ? 4 : DP <= 80 ? 3 : 1)
     }
 }
 
+/* One tile of FK keys from s0 in dq's kernel, for a warp's rows: acc += dS K over the tile,
+ * dS = P (dP - delta), P = exp2(s scale log2(e) - lr), dP = dO V^T. */
+template <int DP, bool LDM>
+__device__ __forceinline__ void fa_dq_tile(float (&acc)[DP / 8][4], const uint32_t (&qa)[DP / 16][4],
+                                           const uint32_t (&ga)[DP / 16][4], const float (&lr)[2],
+                                           const float (&dl)[2], const uint16_t *Ks,
+                                           const uint16_t *Vs, const att_shape &sh, int64_t q0,
+                                           int64_t s0, const int64_t (&rows)[2], float sl2) {
+    constexpr int NT = FK / 8, LD = DP + 8;
+    const int t4 = threadIdx.x & 3;
+    const int64_t T = sh.T;
+    /* the tile's keys in two halves (HT n-tiles of S and dP at a time: 32 registers
+     * fewer than the whole tile's, which at D = 128 spilled), each half's dS K added onto
+     * acc in the order of the keys, as the whole tile's would be */
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        constexpr int HT = NT / 2;
+        const uint16_t *kh = Ks + half * (FK / 2) * LD, *vh = Vs + half * (FK / 2) * LD;
+        float s[HT][4], dp[HT][4];
+#pragma unroll
+        for (int nt = 0; nt < HT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.0f;
+        fa_mma_abt<DP, HT, LDM>(s, qa, kh);
+        fa_mma_abt<DP, HT, LDM>(dp, ga, vh);
+        const int64_t k0 = s0 + half * (FK / 2);
+        if (fa_mask_tile(sh.causal, q0, FQ, k0, FK / 2, T, false)) {
+            const int last[2] = {fa_last_key(sh, rows[0], k0, FK / 2),
+                                 fa_last_key(sh, rows[1], k0, FK / 2)};
+#pragma unroll
+            for (int nt = 0; nt < HT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    if (nt * 8 + 2 * t4 + (i & 1) > last[i >> 1]) s[nt][i] = -INFINITY;
+        }
+#pragma unroll
+        for (int nt = 0; nt < HT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float p = exp2f(fmaf(s[nt][i], sl2, -lr[i >> 1]));
+                s[nt][i] = p * (dp[nt][i] - dl[i >> 1]); /* dS */
+            }
+        fa_mma_ps<DP, HT, LDM>(acc, s, kh);
+    }
+}
+
 /* dq[t] += scale sum_s P_ts (dP_ts - delta_t) k_s, P = exp(scale q.k - lse), dP = dO . v. */
-template <int DP, bool LDM, class TI>
+template <int DP, bool LDM, class TI, bool PIPE>
 __global__ void __launch_bounds__(FA_THREADS)
     k_fa_dq(float *dq, const float *dout, const float *lse, const float *delta, const TI *q,
             const TI *k, const TI *v, att_shape sh) {
-    constexpr int KS = DP / 16, DN = DP / 8, NT = FK / 8, LD = DP + 8;
+    constexpr int KS = DP / 16, DN = DP / 8, LD = DP + 8;
     extern __shared__ float smem[];
     uint16_t *Ks = (uint16_t *)smem, *Vs = Ks + FK * LD;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t4 = lane & 3;
@@ -993,43 +1092,31 @@ __global__ void __launch_bounds__(FA_THREADS)
 #pragma unroll
     for (int dn = 0; dn < DN; dn++) acc[dn][0] = acc[dn][1] = acc[dn][2] = acc[dn][3] = 0.0f;
     const int64_t nkeys = sh.causal ? (q0 + FQ < T ? q0 + FQ : T) : T;
-    for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
-        __syncthreads();
-        fa_tile<DP, FK>(Ks, kb, s0, T, sh.ldkv, D, sh.vec4);
-        fa_tile<DP, FK>(Vs, vb, s0, T, sh.ldkv, D, sh.vec4);
-        __syncthreads();
-        /* the tile's keys in two halves (HT n-tiles of S and dP at a time: 32 registers
-         * fewer than the whole tile's, which at D = 128 spilled), each half's dS K added onto
-         * acc in the order of the keys, as the whole tile's would be */
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            constexpr int HT = NT / 2;
-            const uint16_t *kh = Ks + half * (FK / 2) * LD, *vh = Vs + half * (FK / 2) * LD;
-            float s[HT][4], dp[HT][4];
-#pragma unroll
-            for (int nt = 0; nt < HT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.0f;
-            fa_mma_abt<DP, HT, LDM>(s, qa, kh);
-            fa_mma_abt<DP, HT, LDM>(dp, ga, vh);
-            const int64_t k0 = s0 + half * (FK / 2);
-            if (fa_mask_tile(sh.causal, q0, FQ, k0, FK / 2, T, false)) {
-                const int last[2] = {fa_last_key(sh, rows[0], k0, FK / 2),
-                                     fa_last_key(sh, rows[1], k0, FK / 2)};
-#pragma unroll
-                for (int nt = 0; nt < HT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        if (nt * 8 + 2 * t4 + (i & 1) > last[i >> 1]) s[nt][i] = -INFINITY;
-            }
-#pragma unroll
-            for (int nt = 0; nt < HT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float p = exp2f(fmaf(s[nt][i], sl2, -lr[i >> 1]));
-                    s[nt][i] = p * (dp[nt][i] - dl[i >> 1]); /* dS */
-                }
-            fa_mma_ps<DP, HT, LDM>(acc, s, kh);
+    if constexpr (PIPE) { /* as k_fa_fwd's: tile i + 1 copied in while tile i is computed */
+        uint16_t *Kn = Vs + FK * LD, *Vn = Kn + FK * LD;
+        fa_stage_async<DP, FK>(Ks, kb, 0, T, sh.ldkv, D);
+        fa_stage_async<DP, FK>(Vs, vb, 0, T, sh.ldkv, D);
+        tz_cp_async_commit();
+        for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
+            if (s0 + FK < nkeys) {
+                fa_stage_async<DP, FK>(Kn, kb, s0 + FK, T, sh.ldkv, D);
+                fa_stage_async<DP, FK>(Vn, vb, s0 + FK, T, sh.ldkv, D);
+                tz_cp_async_commit();
+                tz_cp_async_wait<1>();
+            } else tz_cp_async_wait<0>();
+            __syncthreads();
+            fa_dq_tile<DP, LDM>(acc, qa, ga, lr, dl, Ks, Vs, sh, q0, s0, rows, sl2);
+            __syncthreads();
+            uint16_t *sw = Ks;
+            Ks = Kn, Kn = sw, sw = Vs, Vs = Vn, Vn = sw;
+        }
+    } else {
+        for (int64_t s0 = 0; s0 < nkeys; s0 += FK) {
+            __syncthreads();
+            fa_tile<DP, FK>(Ks, kb, s0, T, sh.ldkv, D, sh.vec4);
+            fa_tile<DP, FK>(Vs, vb, s0, T, sh.ldkv, D, sh.vec4);
+            __syncthreads();
+            fa_dq_tile<DP, LDM>(acc, qa, ga, lr, dl, Ks, Vs, sh, q0, s0, rows, sl2);
         }
     }
 #pragma unroll
@@ -1148,7 +1235,8 @@ __global__ void __launch_bounds__(FA_THREADS)
 /* DP for a head dimension: the instantiations (D padded to 32, 64, 80 or 128: DiT-XL/2's 72
  * to 80, Llama's 128 as it is). */
 static int fa_dp(int64_t D) { return D <= 32 ? 32 : D <= 64 ? 64 : D <= 80 ? 80 : 128; }
-static size_t fa_smem_fwd(int dp) { return (size_t)2 * FK * (dp + 8) * 2; }
+/* the forward's and dq's K and V tiles (two of each with sh.pipe: at DP = 128, 68 KiB) */
+static size_t fa_smem_fwd(int dp, int pipe) { return (size_t)(pipe ? 4 : 2) * FK * (dp + 8) * 2; }
 static size_t fa_smem_dkv(int dp) { return (size_t)2 * FQT * (dp + 8) * 2 + 2 * FQT * 4; }
 
 /* Whether every tensor the flash kernels stage is aligned to 4 of its elements (esz bytes
@@ -1159,6 +1247,21 @@ static int fa_vec4(int64_t D, const void *const *p, const int64_t *ld, const int
     for (int i = 0; i < n; i++)
         if ((uintptr_t)p[i] % (uintptr_t)(4 * esz[i]) || ld[i] % 4) return 0;
     return 1;
+}
+
+/* Whether the forward's and dq's bf16 K and V tiles are copied ahead by cp.async, two
+ * buffers of each (sh.pipe): q, k, v in bf16 with D and k, v's row stride multiples of 8 and
+ * k, v 16-byte aligned (every copy of 8 elements whole, inside D or past it), unless
+ * TZ_FA_ASYNC=0 (read at every call, for measuring what it gives: the same bits either way,
+ * which test_cuda_ops checks) or TZ_FA_LDMATRIX=0 (the cp.async kernels load with ldmatrix
+ * only). */
+static int fa_ldmatrix(void);
+static int fa_pipe(const att_shape *sh, const void *k, const void *v) {
+    if (!sh->in16 || sh->D % 8 || sh->ldkv % 8 || (uintptr_t)k % 16 || (uintptr_t)v % 16 ||
+        !fa_ldmatrix())
+        return 0;
+    const char *e = getenv("TZ_FA_ASYNC");
+    return !(e && !strcmp(e, "0"));
 }
 
 static void fa_check(const att_shape *sh) {
@@ -1175,11 +1278,53 @@ static int fa_ldmatrix(void) {
     return !(e && !strcmp(e, "0"));
 }
 
-/* KERNEL<dp, ldm, TI> (TI: q, k and v's element type, float or bf16 bits) */
+/* Lets kernel f take up to `bytes` of dynamic shared memory, past the 48 KiB every launch gets
+ * (cudaFuncAttributeMaxDynamicSharedMemorySize); once per kernel and size, the first time a
+ * launch needs it. */
+template <class F> static void fa_optin(F *f, size_t bytes) {
+    if (bytes <= 48 * 1024) return;
+    static const void *done[64];
+    static size_t done_bytes[64];
+    static int n = 0;
+    for (int i = 0; i < n; i++)
+        if (done[i] == (const void *)f && done_bytes[i] >= bytes) return;
+    CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (n < 64) done[n] = (const void *)f, done_bytes[n++] = bytes;
+}
+
+/* KERNEL<ARGS> launched with smem bytes of dynamic shared memory (ARGS: dp, ldm, TI[, PIPE];
+ * TI: q, k and v's element type, float or bf16 bits) */
+#define FA_GO(KERNEL, grid, smem, st, ...)                                                    \
+    do {                                                                                      \
+        fa_optin(KERNEL, smem);                                                               \
+        KERNEL<<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);                                  \
+    } while (0)
+#define FA_COMMA ,
+/* k_fa_dkv: KERNEL<dp, ldm, TI> */
 #define FA_LAUNCH(dp, ldm, TI, KERNEL, grid, smem, st, ...)                                   \
     do {                                                                                      \
-        if (ldm) KERNEL<dp, true, TI><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);           \
-        else KERNEL<dp, false, TI><<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);              \
+        if (ldm) FA_GO(KERNEL<dp FA_COMMA true FA_COMMA TI>, grid, smem, st, __VA_ARGS__);    \
+        else FA_GO(KERNEL<dp FA_COMMA false FA_COMMA TI>, grid, smem, st, __VA_ARGS__);       \
+    } while (0)
+/* k_fa_fwd, k_fa_dq: KERNEL<dp, ldm, TI, PIPE>, the cp.async form (sh.pipe: bf16 inputs
+ * only, and only with ldmatrix) a kernel of its own, since one kernel holding both loops
+ * spilled registers (at DP = 128 the dq kernel 96 bytes, at 80 the forward 80; each alone
+ * none; nvcc 13 -Xptxas -v, sm_90) */
+#define FA_LAUNCH_P(dp, ldm, pipe, TI, KERNEL, grid, smem, st, ...)                           \
+    do {                                                                                      \
+        if constexpr (sizeof(TI) == 2) {                                                      \
+            if (pipe) {                                                                       \
+                FA_GO(KERNEL<dp FA_COMMA true FA_COMMA TI FA_COMMA true>, grid, smem, st,     \
+                      __VA_ARGS__);                                                           \
+                break;                                                                        \
+            }                                                                                 \
+        }                                                                                     \
+        if (ldm)                                                                              \
+            FA_GO(KERNEL<dp FA_COMMA true FA_COMMA TI FA_COMMA false>, grid, smem, st,        \
+                  __VA_ARGS__);                                                               \
+        else                                                                                  \
+            FA_GO(KERNEL<dp FA_COMMA false FA_COMMA TI FA_COMMA false>, grid, smem, st,       \
+                  __VA_ARGS__);                                                               \
     } while (0)
 #define FA_DISPATCH(dp, TI, KERNEL, grid, smem, st, ...)                                      \
     do {                                                                                      \
@@ -1188,6 +1333,17 @@ static int fa_ldmatrix(void) {
         else if ((dp) == 64) FA_LAUNCH(64, ldm_, TI, KERNEL, grid, smem, st, __VA_ARGS__);    \
         else if ((dp) == 80) FA_LAUNCH(80, ldm_, TI, KERNEL, grid, smem, st, __VA_ARGS__);    \
         else FA_LAUNCH(128, ldm_, TI, KERNEL, grid, smem, st, __VA_ARGS__);                   \
+        CUDA_LAUNCHED();                                                                      \
+    } while (0)
+#define FA_DISPATCH_P(dp, pipe, TI, KERNEL, grid, smem, st, ...)                              \
+    do {                                                                                      \
+        const int ldm_ = fa_ldmatrix();                                                       \
+        if ((dp) == 32) FA_LAUNCH_P(32, ldm_, pipe, TI, KERNEL, grid, smem, st, __VA_ARGS__); \
+        else if ((dp) == 64)                                                                  \
+            FA_LAUNCH_P(64, ldm_, pipe, TI, KERNEL, grid, smem, st, __VA_ARGS__);             \
+        else if ((dp) == 80)                                                                  \
+            FA_LAUNCH_P(80, ldm_, pipe, TI, KERNEL, grid, smem, st, __VA_ARGS__);             \
+        else FA_LAUNCH_P(128, ldm_, pipe, TI, KERNEL, grid, smem, st, __VA_ARGS__);           \
         CUDA_LAUNCHED();                                                                      \
     } while (0)
 
@@ -1200,10 +1356,11 @@ static void fa_fwd(tz_backend *be, float *out, float *lse, const TI *q, const TI
     const int64_t lds[] = {sh.ldkv, sh.ldkv};
     const int esz[] = {(int)sizeof(TI), (int)sizeof(TI)};
     sh.vec4 = fa_vec4(sh.D, staged, lds, esz, 2);
+    sh.pipe = fa_pipe(&sh, k, v);
     const int dp = fa_dp(sh.D);
     dim3 grid((unsigned)((sh.T + FQ - 1) / FQ), (unsigned)sh.Hq, (unsigned)sh.B);
-    FA_DISPATCH(dp, TI, k_fa_fwd, grid, fa_smem_fwd(dp), tz_cuda_stream(be), out, lse, q, k, v,
-                sh);
+    FA_DISPATCH_P(dp, sh.pipe, TI, k_fa_fwd, grid, fa_smem_fwd(dp, sh.pipe), tz_cuda_stream(be),
+                  out, lse, q, k, v, sh);
 }
 
 template <class TI>
@@ -1216,6 +1373,7 @@ static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     const int64_t lds[] = {sh.ldq, sh.ldkv, sh.ldkv, sh.ldo};
     const int e = (int)sizeof(TI), esz[] = {e, e, e, 4};
     sh.vec4 = fa_vec4(sh.D, staged, lds, esz, 4);
+    sh.pipe = fa_pipe(&sh, k, v);
     const size_t db = tz_attention_delta_bytes(sh.B, sh.T, sh.Hq);
     if (!ws || ws_bytes < db)
         TZ_FATAL("attention_bwd with bf16 GEMM operands: %zu bytes of workspace lent, %zu "
@@ -1229,7 +1387,8 @@ static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     CUDA_LAUNCHED();
     const int dp = fa_dp(sh.D);
     dim3 gq((unsigned)((sh.T + FQ - 1) / FQ), (unsigned)sh.Hq, (unsigned)sh.B);
-    FA_DISPATCH(dp, TI, k_fa_dq, gq, fa_smem_fwd(dp), st, dq, dout, lse, delta, q, k, v, sh);
+    FA_DISPATCH_P(dp, sh.pipe, TI, k_fa_dq, gq, fa_smem_fwd(dp, sh.pipe), st, dq, dout, lse,
+                  delta, q, k, v, sh);
     dim3 gk((unsigned)((sh.T + FKV - 1) / FKV), (unsigned)sh.Hkv, (unsigned)sh.B);
     FA_DISPATCH(dp, TI, k_fa_dkv, gk, fa_smem_dkv(dp), st, dk, dv, dout, lse, delta, q, k, v,
                 sh);

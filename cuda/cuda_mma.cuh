@@ -116,4 +116,42 @@ __device__ __forceinline__ void tz_ldmatrix_x4(uint32_t r[4], const uint16_t *ro
 #endif
 }
 
+/* cp.async (sm_80 and later): 16 bytes copied from global to shared memory without passing
+ * through registers, so a thread can issue the next tile's loads and go on computing on the
+ * current one. `full` false: the 16 bytes are zeros and nothing is read (the PTX form's
+ * src-size of 0). Copies are grouped by tz_cp_async_commit; tz_cp_async_wait<N> returns once
+ * all but the newest N groups the thread committed are done, and other threads see them only
+ * after a __syncthreads that follows. dst and src 16-byte aligned. The CPU emulation does each
+ * copy as late as that allows (at the wait: tests/cuda_emu/emu/emu_runtime.cpp), so a read too
+ * early, or without the barrier, finds NaN bytes; anything else (no such GPU here) copies at
+ * once. */
+__device__ __forceinline__ void tz_cp_async16(void *dst, const void *src, bool full) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(full ? 16 : 0)
+                 : "memory");
+#elif defined(TZ_EMU_CUDA_RUNTIME_H)
+    tz_emu_cp_async(dst, src, 16, full ? 16 : 0);
+#else
+    uint32_t *o = (uint32_t *)dst;
+    const uint32_t *i = (const uint32_t *)src;
+    for (int j = 0; j < 4; j++) o[j] = full ? i[j] : 0u;
+#endif
+}
+__device__ __forceinline__ void tz_cp_async_commit(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#elif defined(TZ_EMU_CUDA_RUNTIME_H)
+    tz_emu_cp_async_commit();
+#endif
+}
+template <int N> __device__ __forceinline__ void tz_cp_async_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#elif defined(TZ_EMU_CUDA_RUNTIME_H)
+    tz_emu_cp_async_wait(N);
+#endif
+}
+
 #endif

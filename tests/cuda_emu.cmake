@@ -1,20 +1,23 @@
 # The CUDA backend's own code run on the CPU (tests/cuda_emu/emu/: libtzcuda_emu.so, built with the CUDA
 # backend): every CUDA op against the CPU op (test_cuda_ops, loading the emulated module), in
 # the two thread orders of the emulation (ascending and descending: a missing barrier shows in
-# one or the other), the op-case table in the forward order with every op called
+# one or the other; the descending run does cp.async copies at their issue, the ascending at
+# their wait, the two ends of when a GPU may do them), the op-case table in the forward order with every op called
 # (cuda_op_coverage; the reverse order is op_table_emu_reverse, tests/ops.cmake), and short
 # trainings on the emulated device against the CPU's (tests/cuda_emu/train_emu.sh). Not a GPU
 # result: see docs/gpu.md for what this proves.
 if(TARGET tzcuda_emu)
   foreach(order forward reverse)
     set(name cuda_ops_emu)
+    set(async late)
     if(order STREQUAL "reverse")
       set(name cuda_ops_emu_reverse)
+      set(async early)
     endif()
     # no SKIP_RETURN_CODE: test_cuda_ops skipping (77) here means the module did not load
     add_test(NAME ${name} COMMAND test_cuda_ops WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
     set_tests_properties(${name} PROPERTIES TIMEOUT 300 LABELS "emu;unit" ENVIRONMENT
-      "${TZ_TEST_ENV};TZ_CUDA_MODULE=$<TARGET_FILE:tzcuda_emu>;TZ_CUDA_EMU_ORDER=${order}")
+      "${TZ_TEST_ENV};TZ_CUDA_MODULE=$<TARGET_FILE:tzcuda_emu>;TZ_CUDA_EMU_ORDER=${order};TZ_CUDA_EMU_ASYNC=${async}")
   endforeach()
   add_test(NAME cuda_op_coverage
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu/op_coverage.sh $<TARGET_FILE:test_op_table>

@@ -26,7 +26,7 @@ if(TARGET tzcuda_emu)
   # no SKIP_RETURN_CODE: a skip (77) here means the emulated module did not load
   add_test(NAME op_table_emu_reverse COMMAND test_op_table cuda)
   set_tests_properties(op_table_emu_reverse PROPERTIES TIMEOUT 600 LABELS "emu;unit" ENVIRONMENT
-    "${TZ_TEST_ENV};TZ_CUDA_MODULE=$<TARGET_FILE:tzcuda_emu>;TZ_CUDA_EMU_ORDER=reverse")
+    "${TZ_TEST_ENV};TZ_CUDA_MODULE=$<TARGET_FILE:tzcuda_emu>;TZ_CUDA_EMU_ORDER=reverse;TZ_CUDA_EMU_ASYNC=early")
 endif()
 add_test(NAME op_table_cuda COMMAND test_op_table cuda)
 set_tests_properties(op_table_cuda PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600

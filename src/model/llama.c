@@ -226,12 +226,18 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
                                         m->be->matmul_dtype == TZ_DT_BF16,
                                         (dev ? TZ_STACK_HOST : 0) | (xb_dh ? TZ_STACK_XB_OWN : 0));
     const int att16 = keeps_att16(m);
+    /* With att16 the fp32 q, k, v live only from their GEMMs to rope16 and to_bf16, in the
+     * attention half of a layer's forward, when the MLP's buffers are free: they take the
+     * set's g and u (q in g, k and v in u: F at least qd and 2 kvd, as every Llama) or, with
+     * MLP chunks, the pool (grown to hold them where it must) instead of memory of their own. */
+    const int qkv_gu = att16 && !chunked && qd <= F && 2 * kvd <= F, qkv_pool = att16 && chunked;
     if (a) m->mlp_rows = m->mlp_rows_fwd = R, m->mlp_chunked = chunked, m->pool = NULL;
-    if (a) m->att16 = att16; /* (attention's inputs: att_inputs) */
+    if (a) m->att16 = att16, m->pool_floats = 0; /* (attention's inputs: att_inputs) */
     for (int i = 0; i < n_sets; i++) {
         tz_llama_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
 #define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
-        ACT(h1, BT * C); ACT(rstd1, BT); ACT(q, BT * qd); ACT(k, BT * kvd); ACT(v, BT * kvd);
+        ACT(h1, BT * C); ACT(rstd1, BT);
+        if (!qkv_gu && !qkv_pool) { ACT(q, BT * qd); ACT(k, BT * kvd); ACT(v, BT * kvd); }
         if (d->qk_norm) {
             ACT(qn, BT * qd); ACT(kn, BT * kvd);
             ACT(rq, BT * d->n_heads); ACT(rk, BT * d->n_kv_heads);
@@ -242,6 +248,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         } else ACT(h2, BT * C);
         ACT(rstd2, BT);
         if (!chunked) { ACT(g, BT * F); ACT(u, BT * F); ACT(s, BT * F); }
+        if (a && qkv_gu) s->q = s->g, s->k = s->u, s->v = s->u + BT * kvd;
         for (int j = 0; j < TZ_LIN_N; j++)
             if (m->o.lora.targets & (1 << j)) ACT(lh[j], BT * m->o.lora.rank);
         if (att16) { /* bf16: half a float each */
@@ -261,10 +268,16 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         if (al16(BT * C) + m->head_rows * d->vocab > n) n = al16(BT * C) + m->head_rows * d->vocab;
         const int64_t att_grads = 2 * al16(BT * kvd) + (fit ? 0 : 2 * al16(BT * qd));
         if (att_grads > n) n = att_grads;
+        const int64_t qkv = qkv_pool ? al16(BT * qd) + 2 * al16(BT * kvd) : 0;
+        if (qkv > n) n = qkv;
         TAKE(pool, n, "pool: MLP chunks, head, attention gradients");
         pool_floats = n;
         if (a) {
-            m->pool = pool;
+            m->pool = pool, m->pool_floats = n;
+            for (int i = 0; qkv_pool && i < n_sets; i++) { /* q, k, v in forward (above) */
+                tz_llama_acts *s = tz_layer_stack_set(&m->stack, i);
+                s->q = pool, s->k = pool + al16(BT * qd), s->v = s->k + al16(BT * kvd);
+            }
             tz_llama_acts *s = tz_layer_stack_set(&m->stack, 0);
             s->g = pool, s->u = pool + RF, s->s = pool + 2 * RF;
             m->du = pool + 3 * RF, m->ds = pool + 4 * RF;

@@ -120,8 +120,11 @@ typedef struct tz_llama {
     int mlp_chunked;
     int att16;                /* attention reads q, k, v in bf16 (the set's q16, k16, v16):
                                * a device whose flash kernels round them so as they load them,
-                               * so the same results from half the bytes (llama.c keeps_att16) */
+                               * so the same results from half the bytes (llama.c keeps_att16);
+                               * the fp32 q, k, v, read only to make those, then live in the
+                               * set's g and u or in the pool, free in that part of a forward */
     float *pool;              /* (with chunks) */
+    int64_t pool_floats;      /* its size (0: none) */
     float *loss_host;         /* BT floats on the host */
 } tz_llama;
 

@@ -27,9 +27,11 @@
 #                               applies; about 140 s on an H200).
 #   tests/gpu/device.sh ab      on the GPU machine: the built CUDA module against another
 #                               (TZ_AB_MODULE=path; TZ_AB_TURBOZERO=path: its program, where
-#                               the change is in the program too): test_cuda_ops, the 7B and
+#                               the change is in the program too), or against itself with
+#                               switches set (TZ_AB_ENV="TZ_FA_ASYNC=0 ..."; with
+#                               TZ_AB_MODULE, both apply to side 0): test_cuda_ops, the 7B and
 #                               DiT-XL/2 op times with each, then their benches interleaved,
-#                               twice.
+#                               TZ_AB_ROUNDS times (default 2).
 #   tests/gpu/device.sh sanitize on the GPU machine: compute-sanitizer memcheck, racecheck and
 #                               synccheck over test_cuda_ops.
 #   tests/gpu/device.sh ncu     on the GPU machine: Nsight Compute on named kernels of the 7B
@@ -360,37 +362,49 @@ speed)
 ab)
   # one module against another in one call: TZ_AB_MODULE names the other (an older build
   # carried in .device, say), TZ_AB_TURBOZERO the program to run it with where the change is
-  # in the program too (default: the built one); test_cuda_ops with the built module, both
-  # presets' op times with each, then the benches interleaved (other, built, other, built)
-  # so that a drift over the call falls on both alike; a table of step times and attention's
-  # op times last
+  # in the program too (default: the built one); or the built module against itself with the
+  # environment switches TZ_AB_ENV on side 0 (TZ_FA_ASYNC=0, TZ_TQ_DECODE_STREAM=0, ...);
+  # test_cuda_ops with the built module, both presets' op times with each, then the benches
+  # interleaved (0, 1, 0, 1, ...: TZ_AB_ROUNDS rounds) so that a drift over the call falls on
+  # both alike; a table of step times and attention's op times last
   setup
-  [ -e "${TZ_AB_MODULE:-}" ] || { echo "ab: TZ_AB_MODULE names no file" >&2; exit 2; }
+  [ -n "${TZ_AB_ENV:-}" ] || [ -e "${TZ_AB_MODULE:-}" ] ||
+    { echo "ab: neither TZ_AB_MODULE (a file) nor TZ_AB_ENV given" >&2; exit 2; }
+  [ -z "${TZ_AB_MODULE:-}" ] || [ -e "$TZ_AB_MODULE" ] ||
+    { echo "ab: TZ_AB_MODULE names no file" >&2; exit 2; }
+  read -r -a abenv <<< "${TZ_AB_ENV:-}"
   : > "$out/tests.txt"
   timeout "$(cap 90)" ".device/$build/tests/test_cuda_ops" > "$out/test_cuda_ops.log" 2>&1
   rc=$?
   grep FAIL "$out/test_cuda_ops.log" | head -5
   record test_cuda_ops $rc "$out/test_cuda_ops.log"
-  mods=("$TZ_AB_MODULE" "$TZ_CUDA_MODULE")
+  mods=("${TZ_AB_MODULE:-$TZ_CUDA_MODULE}" "$TZ_CUDA_MODULE")
   tzs=("${TZ_AB_TURBOZERO:-$tz}" "$tz")
+  # runs a command as side i: its module, and side 0 with TZ_AB_ENV
+  side() {
+    local i=$1
+    shift
+    if [ "$i" = 0 ]; then env "${abenv[@]}" TZ_CUDA_MODULE="${mods[0]}" "$@"
+    else env TZ_CUDA_MODULE="${mods[1]}" "$@"; fi
+  }
   for p in llama2-7b dit-xl-2; do
     for i in 0 1; do
       [ "$(left 20)" -gt 40 ] || continue
-      TZ_CUDA_MODULE=${mods[$i]} TZ_CUDA_OP_TIMES=1 timeout "$(cap 60)" "${tzs[$i]}" bench --preset $p \
+      side $i TZ_CUDA_OP_TIMES=1 timeout "$(cap 60)" "${tzs[$i]}" bench --preset $p \
         --set train.steps=2 --set optim.offload=false > "$out/ab-optimes-$p-$i.log" 2>&1
     done
   done
-  for round in 1 2; do
+  for round in $(seq 1 "${TZ_AB_ROUNDS:-2}"); do
     for p in llama2-7b dit-xl-2; do
       for i in 0 1; do
         [ "$(left 20)" -gt 30 ] || continue
-        TZ_CUDA_MODULE=${mods[$i]} timeout "$(cap 60)" "${tzs[$i]}" bench --preset $p --set train.steps=6 \
+        side $i timeout "$(cap 60)" "${tzs[$i]}" bench --preset $p --set train.steps=6 \
           --set optim.offload=false > "$out/ab-bench-$p-$i-$round.log" 2>&1
       done
     done
   done
   {
-    echo "GPU: $(cat "$out/gpu.txt")   (elapsed $((SECONDS - start)) s; 0 = $TZ_AB_MODULE, 1 = built)"
+    echo "GPU: $(cat "$out/gpu.txt")   (elapsed $((SECONDS - start)) s; 0 = ${TZ_AB_MODULE:-built} ${TZ_AB_ENV:-}, 1 = built)"
     sed 's/^/test /' "$out/tests.txt"
     for f in "$out"/ab-bench-*.log; do
       printf '%-36s %s\n' "$(basename "$f" .log)" "$(grep -o 'step time median [0-9.]* s' "$f")"

@@ -1571,12 +1571,16 @@ int main(int argc, char **argv) {
     test_attention_ldmatrix(1, 33, 2, 1, 72, 1);
     test_attention_ldmatrix(2, 40, 1, 1, 16, 1);
     test_attention_ldmatrix(1, 33, 1, 1, 37, 0);
-    /* q, k, v in bf16: vectorised staging (D 40, 72) and not (37), fused rows and dense, GQA */
+    /* q, k, v in bf16: vectorised staging (D 40, 72) and not (37), fused rows and dense, GQA;
+     * the bf16 ones with D a multiple of 8 through cp.async (fa_pipe), the fp32 ones not */
     test_attention_in16(g_cpu, "cpu", 2, 21, 4, 2, 40, 1, 1); /* the CPU widens them */
     test_attention_in16(g_gpu, "gpu", 2, 21, 4, 2, 40, 1, 1);
     test_attention_in16(g_gpu, "gpu", 1, 33, 2, 1, 37, 0, 1);
     test_attention_in16(g_gpu, "gpu", 1, 70, 1, 1, 128, 1, 0); /* two key tiles */
     test_attention_in16(g_gpu, "gpu", 1, 20, 2, 1, 72, 1, 0);
+    /* (D a multiple of 8: the K, V tiles copied ahead by cp.async, two buffers; 4 key tiles) */
+    test_attention_in16(g_gpu, "gpu", 2, 200, 4, 2, 64, 1, 0);
+    test_attention_in16(g_gpu, "gpu", 1, 45, 2, 1, 36, 1, 0); /* D 36: staged, not cp.async */
     /* chunks of query rows through cuBLAS (D > 128) */
     test_attention_tc(2, 45, 4, 2, 136, 1, 16); /* chunks 16, 16, 13; rep 2, by group */
     test_attention_tc(1, 70, 3, 3, 144, 0, 64); /* 64 + 6, not causal */

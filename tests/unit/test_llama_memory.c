@@ -159,12 +159,23 @@ static void device_case(tz_backend *cpu16, tz_backend *dev, const mcase *c, cons
                                 : 0;
     check(d->att16 && !h->att16, "device %s: attention reads q, k, v in bf16 (the CPU: fp32)",
           c->what);
+    /* the fp32 q, k, v, read only to make those copies, live in the pool (the MLP's chunks,
+     * free in the attention half of a forward), which grows to hold them where it must */
+    const size_t q32 = (((size_t)(BT * qd) * 4 + 63) & ~(size_t)63) +
+                       2 * (((size_t)(BT * kvd) * 4 + 63) & ~(size_t)63);
+    const size_t grow = (size_t)(d->pool_floats - h->pool_floats) * 4;
+    const tz_llama_acts *s = tz_layer_stack_set(&d->stack, 0);
+    const float *p0 = d->pool, *p1 = d->pool + d->pool_floats;
+    check(s->q >= p0 && s->k >= s->q + BT * qd && s->v >= s->k + BT * kvd &&
+              s->v + BT * kvd <= p1 && d->pool_floats >= h->pool_floats,
+          "device %s: q, k, v in fp32 in the pool (%lld floats; the CPU's %lld)", c->what,
+          (long long)d->pool_floats, (long long)h->pool_floats);
     check(d->tq.act_floats >= h->tq.act_floats &&
-              d->arena.cap + want == h->arena.cap + ws + ad + q16,
-          "device %s: arena %zu bytes + %zu (n_layers bf16 streams and xb) = the CPU's %zu "
-          "+ attention's workspace %zu + the bf16 input copy %zu + q, k, v in bf16 %zu",
-          c->what, d->arena.cap, want,
-          h->arena.cap, ws, ad, q16);
+              d->arena.cap + want + q32 == h->arena.cap + ws + ad + q16 + grow,
+          "device %s: arena %zu bytes + %zu (n_layers bf16 streams and xb) + %zu (q, k, v in "
+          "fp32) = the CPU's %zu + attention's workspace %zu + the bf16 input copy %zu + q, k, "
+          "v in bf16 %zu + the pool's growth %zu", c->what, d->arena.cap, want, q32,
+          h->arena.cap, ws, ad, q16, grow);
     float *gh, *gd, *gd2, *bh = grads(h), *bd = grads(d);
     const double lh = step(h, bh, in, tg, &gh), ld = step(d, bd, in, tg, &gd);
     const double fd = tz_llama_forward(d, in, tg), ld2 = step(d, bd, in, tg, &gd2);
@@ -180,6 +191,26 @@ static void device_case(tz_backend *cpu16, tz_backend *dev, const mcase *c, cons
           c->what, e, worst);
     check(memcmp(gd, gd2, (size_t)d->params.flat_numel * sizeof(float)) == 0,
           "device %s: the second step's gradients are the first's", c->what);
+    /* without checkpointing (no MLP chunks) the fp32 q, k, v take the set's g and u where
+     * they fit (the hidden size at least qd and 2 kvd, as in every Llama; not the MHA case
+     * here, 2 x 48 > 80), else memory of their own; against the CPU as above (the device's
+     * streams are not rounded to bf16 without checkpointing, so not its loss with it) */
+    tz_llama *n = make(dev, c, 0, 0);
+    float *gn, *bn = grads(n);
+    const tz_llama_acts *sn = tz_layer_stack_set(&n->stack, 0);
+    const int gu = qd <= dd->hidden && 2 * kvd <= dd->hidden;
+    check(!n->mlp_chunked && n->att16 &&
+              (gu ? sn->q == sn->g && sn->k == sn->u && sn->v == sn->u + BT * kvd
+                  : sn->q != sn->g && sn->k != sn->u),
+          "device %s, no checkpointing: q, k, v in fp32 %s", c->what,
+          gu ? "in the set's g and u" : "in their own memory (they do not fit g and u)");
+    const double ln = step(n, bn, in, tg, &gn), lne = fabs(lh - ln) / fabs(lh);
+    const double en = grad_err(h, gh, gn, &zero, &worst);
+    check(lne <= 2e-3 && en <= 5e-2 && zero == 0, "device %s, no checkpointing: loss %.9g, cpu "
+          "%.9g (relative %.2e, tol 2e-3), gradients within %.2e (%s; tol 5e-2)", c->what, ln,
+          lh, lne, en, worst);
+    free(gn);
+    drop(n, bn);
     free(gh), free(gd), free(gd2);
     drop(h, bh), drop(d, bd);
 }

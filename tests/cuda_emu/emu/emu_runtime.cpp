@@ -522,6 +522,9 @@ struct Thread {
     int pred;          /* __syncthreads_count/and/or predicate */
     uint64_t val, res; /* the value put in and the one taken out */
     const void *site;  /* where it waits (a return address in the kernel) */
+    int npend;         /* cp.async copies issued and not yet done (tz_emu_cp_async) */
+    int ngroups;       /* of the committed ones, the groups not yet waited for */
+    int gend[16];      /* each such group's end in the thread's copies */
 };
 
 /* The launch being run (one at a time: g_launch_mu). */
@@ -534,6 +537,7 @@ struct Launch {
     int nsync;   /* of them, waiting at __syncthreads */
     int cur;     /* the running thread */
     int reverse; /* run threads in descending order (TZ_CUDA_EMU_ORDER=reverse) */
+    int async_early; /* cp.async copies done at issue (TZ_CUDA_EMU_ASYNC=early), not at the wait */
     char *smem;
     size_t smem_bytes;
     Thread *th;
@@ -546,6 +550,15 @@ struct Launch {
 } L;
 pthread_mutex_t g_launch_mu = PTHREAD_MUTEX_INITIALIZER;
 size_t g_smem_limit = 48 * 1024;
+
+/* cp.async: each thread's copies issued and not done, in order (g_async + i * ASYNC_MAX) */
+enum { ASYNC_MAX = 256, ASYNC_GROUPS = 16 };
+struct AsyncCopy {
+    void *dst;
+    const void *src;
+    int bytes, src_bytes;
+};
+AsyncCopy *g_async;
 
 Fiber *g_fib;
 int g_nfib, g_cfib;
@@ -787,6 +800,9 @@ void release_sync(void) {
 void thread_exit(void) {
     int i = L.cur;
     Thread *t = &L.th[i];
+    if (t->npend)
+        kernel_error("thread %d returned with %d cp.async copies not waited for "
+                     "(cp.async.wait_group)", i, t->npend);
     t->state = T_DONE;
     L.live--;
     unsigned w = (unsigned)i >> 5, lane = (unsigned)i & 31u, w0 = w * 32;
@@ -814,7 +830,7 @@ void thread_exit(void) {
 
 void run_block(void) {
     unsigned n = L.n;
-    for (unsigned i = 0; i < n; i++) L.th[i].state = T_NEW;
+    for (unsigned i = 0; i < n; i++) L.th[i].state = T_NEW, L.th[i].npend = L.th[i].ngroups = 0;
     memset(L.waiting, 0, sizeof L.waiting);
     memset(L.exited, 0, sizeof L.exited);
     L.live = (int)n;
@@ -997,6 +1013,66 @@ __attribute__((noinline)) uint64_t tz_emu_warp(int kind, unsigned mask, uint64_t
 
 void *tz_emu_dyn_smem(void) { return L.smem_bytes ? L.smem : NULL; }
 
+/* cp.async (sm_80): a copy of `bytes` from global to shared memory, src_bytes of them read and
+ * the rest zeros, that completes at some time before the thread's cp.async.wait_group says
+ * its group is done, and is seen by other threads only after a barrier after that. Done here
+ * as late as that allows: at the wait, so a read of the destination before it finds the NaN
+ * bytes shared memory starts with, and another thread's read before the barrier finds them
+ * while the issuing thread has not reached its wait (the warps run ahead of each other). With
+ * TZ_CUDA_EMU_ASYNC=early, as early: at the issue, so a copy into a buffer that other warps
+ * still read (a missing barrier before it) overwrites what they have not read yet. */
+static void async_do(const AsyncCopy &c) {
+    if (c.src_bytes) memcpy(c.dst, c.src, (size_t)c.src_bytes);
+    memset((char *)c.dst + c.src_bytes, 0, (size_t)(c.bytes - c.src_bytes));
+}
+void tz_emu_cp_async(void *dst, const void *src, int bytes, int src_bytes) {
+    if (!L.in_kernel) die("cp.async issued outside a kernel");
+    const int i = L.cur;
+    Thread *t = &L.th[i];
+    const char *d = (const char *)dst;
+    if (bytes != 4 && bytes != 8 && bytes != 16)
+        kernel_error("thread %d: cp.async of %d bytes (4, 8 or 16)", i, bytes);
+    if (src_bytes < 0 || src_bytes > bytes)
+        kernel_error("thread %d: cp.async reads %d of its %d bytes", i, src_bytes, bytes);
+    if (!L.smem_bytes || d < L.smem || d + bytes > L.smem + L.smem_bytes)
+        kernel_error("thread %d: cp.async destination %p outside the launch's %zu bytes of "
+                     "dynamic shared memory", i, dst, L.smem_bytes);
+    if ((uintptr_t)dst % (uintptr_t)bytes || (src_bytes && (uintptr_t)src % (uintptr_t)bytes))
+        kernel_error("thread %d: cp.async of %d bytes from %p to %p, not aligned to its size",
+                     i, bytes, src, dst);
+    if (L.async_early) {
+        async_do(AsyncCopy{dst, src, bytes, src_bytes});
+        return;
+    }
+    if (t->npend == ASYNC_MAX)
+        kernel_error("thread %d: more than %d cp.async copies in flight", i, (int)ASYNC_MAX);
+    g_async[(size_t)i * ASYNC_MAX + (size_t)t->npend++] = AsyncCopy{dst, src, bytes, src_bytes};
+}
+
+void tz_emu_cp_async_commit(void) {
+    if (!L.in_kernel) die("cp.async.commit_group outside a kernel");
+    Thread *t = &L.th[L.cur];
+    if (t->ngroups == ASYNC_GROUPS)
+        kernel_error("thread %d: more than %d cp.async groups in flight", L.cur,
+                     (int)ASYNC_GROUPS);
+    t->gend[t->ngroups++] = t->npend;
+}
+
+/* cp.async.wait_group n: every committed group but the newest n done */
+void tz_emu_cp_async_wait(int n) {
+    if (!L.in_kernel) die("cp.async.wait_group outside a kernel");
+    Thread *t = &L.th[L.cur];
+    const int k = t->ngroups - n;
+    if (k <= 0) return;
+    AsyncCopy *c = g_async + (size_t)L.cur * ASYNC_MAX;
+    const int upto = t->gend[k - 1];
+    for (int j = 0; j < upto; j++) async_do(c[j]);
+    memmove(c, c + upto, (size_t)(t->npend - upto) * sizeof *c);
+    t->npend -= upto;
+    for (int g = k; g < t->ngroups; g++) t->gend[g - k] = t->gend[g] - upto;
+    t->ngroups = n;
+}
+
 void tz_emu_shared_fresh(void *p, size_t bytes) {
     /* the static shared variables seen so far and the block that last filled each */
     static struct {
@@ -1059,6 +1135,8 @@ cudaError_t tz_emu_launch_impl(const char *name, dim3 grid, dim3 block, size_t s
         order = e && !strcmp(e, "reverse");
     }
     L.reverse = order;
+    const char *ae = getenv("TZ_CUDA_EMU_ASYNC"); /* (read at each launch: tests switch it) */
+    L.async_early = ae && !strcmp(ae, "early");
     L.name = name;
     L.call = call;
     L.fn = fn;
@@ -1066,7 +1144,8 @@ cudaError_t tz_emu_launch_impl(const char *name, dim3 grid, dim3 block, size_t s
     if (L.th_cap < L.n) {
         free(L.th);
         L.th = (Thread *)calloc(1024, sizeof *L.th);
-        if (!L.th) die("out of host memory");
+        g_async = (AsyncCopy *)calloc((size_t)1024 * ASYNC_MAX, sizeof *g_async);
+        if (!L.th || !g_async) die("out of host memory");
         L.th_cap = 1024;
     }
     if (smem && L.smem_bytes != smem) { /* its end against a guard page */
