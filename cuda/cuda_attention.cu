@@ -4,8 +4,9 @@
  * same results, chosen by the GEMM operand type (be->matmul_dtype, run.precision) and the head
  * dimension D:
  *   bf16, D <= 128 (a GPU's default): flash style on the tensor cores, bf16 mma.sync tiles
- *     (cuda/cuda_mma.cuh), the scores kept in registers, online softmax in fp32; no
- *     workspace but delta (backward).
+ *     (cuda/cuda_mma.cuh), the scores kept in registers, online softmax in fp32, the next
+ *     tile copied into shared memory by cp.async while the current one is computed (bf16
+ *     inputs); no workspace but the backward's delta, lse in base 2 and dO in bf16.
  *   bf16, D > 128: chunks of query rows through cuBLAS strided-batched GEMMs on the tensor
  *     cores (TF32 products of the fp32 activations, fp32 sums), the chunk's scores in the
  *     workspace the caller lends (be->att_ws, core/backend.h), an fp32 softmax kernel between
@@ -33,6 +34,7 @@
 #define ROWS 8  /* warps per block */
 #define TILE 32 /* keys (queries) per shared-memory tile: one per lane */
 #define MAXD 128
+#define FA_LOG2E 1.4426950408889634f
 
 typedef struct {
     int64_t B, T, Hq, Hkv, D, rep;
@@ -42,7 +44,7 @@ typedef struct {
     int vec4; /* the tensor-core kernels' staging may read float4s (fa_vec4) */
     int acc;  /* backward: add into dq, dk, dv (1), or write them (0: never read) */
     int in16; /* q, k, v given in bf16 (tz_att_ld.in16): the flash kernels' TI */
-    int pipe; /* forward and dq: bf16 K, V tiles copied ahead by cp.async (fa_pipe) */
+    int pipe; /* the flash kernels' bf16 tiles copied ahead by cp.async (fa_pipe) */
 } att_shape;
 
 /* A backward output element: added to, or written without reading what was there. */
@@ -142,9 +144,13 @@ __global__ void k_att_fwd(float *out, float *lse, const float *q, const float *k
 
 /* delta[b, h, t] = dO . O over D, a warp per row; bf16_dout: dO rounded to bf16 first, as the
  * flash kernels' dP = dO . v sees it (then sum_s P_ts dP_ts - delta_t cancels the rounding of
- * dO, which is common to a row's every dP, instead of leaving it in every dS). */
+ * dO, which is common to a row's every dP, instead of leaving it in every dS). For the flash
+ * kernels that copy their tiles ahead (sh.pipe), also lse2 = lse log2(e) (the base-2 lse they
+ * use) and the rounded dO into dout16 [B, T, Hq, D] (dense): what their staging made of lse
+ * and dO, ready to be copied as it is. */
 static __global__ void k_att_delta(float *delta, const float *dout, const float *out,
-                                   att_shape sh, int bf16_dout = 0) {
+                                   att_shape sh, int bf16_dout = 0, float *lse2 = nullptr,
+                                   const float *lse = nullptr, uint16_t *dout16 = nullptr) {
     const int lane = threadIdx.x & 31;
     const int64_t rows = sh.B * sh.Hq * sh.T;
     for (int64_t idx = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; idx < rows;
@@ -152,11 +158,20 @@ static __global__ void k_att_delta(float *delta, const float *dout, const float 
         int64_t b = idx / (sh.Hq * sh.T), h = (idx / sh.T) % sh.Hq, t = idx % sh.T;
         const float *o = out + at(b, t, h, sh.T, sh.ldo, sh.D);
         const float *d = dout + at(b, t, h, sh.T, sh.ldo, sh.D);
+        uint16_t *d16 = dout16 ? dout16 + at(b, t, h, sh.T, sh.Hq * sh.D, sh.D) : nullptr;
         float s = 0.0f;
-        for (int64_t i = lane; i < sh.D; i += 32)
-            s += o[i] * (bf16_dout ? __bfloat162float(__float2bfloat16_rn(d[i])) : d[i]);
+        for (int64_t i = lane; i < sh.D; i += 32) {
+            if (!bf16_dout) {
+                s += o[i] * d[i];
+                continue;
+            }
+            const __nv_bfloat16 r = __float2bfloat16_rn(d[i]);
+            if (d16) d16[i] = __bfloat16_as_ushort(r);
+            s += o[i] * __bfloat162float(r);
+        }
         s = tz_warp_sum_f(s);
         if (lane == 0) delta[idx] = s;
+        if (lane == 0 && lse2) lse2[idx] = lse[idx] * FA_LOG2E;
     }
 }
 
@@ -612,7 +627,8 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
 
 /* ================= bf16: flash style on the tensor cores (head dimension <= 128) =========
  * FlashAttention-2's schedule with mma.sync m16n8k16 (cuda/cuda_mma.cuh): the scores and
- * probabilities of a tile never leave the registers, so no workspace but delta (backward).
+ * probabilities of a tile never leave the registers, so no workspace but the backward's delta
+ * (and, for the kernels that copy their tiles ahead, lse in base 2 and the rounded dO).
  * Operands are rounded to bf16 (q, k, v, dO as they are staged; P and dS before their
  * products), every product is summed in fp32, and the softmax statistics, lse, delta and the
  * results stay fp32. The head dimension is padded with zeros to DP, a multiple of 16.
@@ -633,7 +649,6 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
 #define FKV 64  /* keys per dk/dv block */
 #define FQT 32  /* query rows per shared tile of dk/dv */
 #define FA_THREADS 128
-#define FA_LOG2E 1.4426950408889634f
 
 /* The softmax in base 2 (FlashAttention-2's way): a score s enters as exp2(s scale log2(e) -
  * m), one FFMA and one ex2 instead of expf's range reduction and a scale multiply, and the
@@ -1069,7 +1084,7 @@ __device__ __forceinline__ void fa_dq_tile(float (&acc)[DP / 8][4], const uint32
 template <int DP, bool LDM, class TI, bool PIPE>
 __global__ void __launch_bounds__(FA_THREADS)
     k_fa_dq(float *dq, const float *dout, const float *lse, const float *delta, const TI *q,
-            const TI *k, const TI *v, att_shape sh) {
+            const TI *k, const TI *v, att_shape sh, const uint16_t *dout16, const float *lse2) {
     constexpr int KS = DP / 16, DN = DP / 8, LD = DP + 8;
     extern __shared__ float smem[];
     uint16_t *Ks = (uint16_t *)smem, *Vs = Ks + FK * LD;
@@ -1080,7 +1095,9 @@ __global__ void __launch_bounds__(FA_THREADS)
     uint32_t qa[KS][4], ga[KS][4];
     const TI *kb = k + at(b, 0, kvh, T, sh.ldkv, D), *vb = v + at(b, 0, kvh, T, sh.ldkv, D);
     fa_load_a<KS>(qa, q + at(b, 0, h, T, sh.ldq, D), rows, T, sh.ldq, D);
-    fa_load_a<KS>(ga, dout + at(b, 0, h, T, sh.ldo, D), rows, T, sh.ldo, D);
+    if constexpr (PIPE) /* dO as k_att_delta rounded it (the same values) */
+        fa_load_a<KS>(ga, dout16 + at(b, 0, h, T, sh.Hq * D, D), rows, T, sh.Hq * D, D);
+    else fa_load_a<KS>(ga, dout + at(b, 0, h, T, sh.ldo, D), rows, T, sh.ldo, D);
     float lr[2], dl[2], acc[DN][4]; /* lr: lse in base 2 */
     const float sl2 = sh.scale * FA_LOG2E;
 #pragma unroll
@@ -1133,12 +1150,87 @@ __global__ void __launch_bounds__(FA_THREADS)
     }
 }
 
+/* One tile of FQT query rows from t0 in dk/dv's kernel, for a warp's keys: av += P^T dO and
+ * ak += dS^T Q over the tile, from the staged Q, dO (Qs, Gs), base-2 lse and delta (Ls, Ds). */
+template <int DP, bool LDM>
+__device__ __forceinline__ void fa_dkv_tile(float (&ak)[DP / 8][4], float (&av)[DP / 8][4],
+                                            const uint32_t (&ka)[DP / 16][4],
+                                            const uint32_t (&va)[DP / 16][4], const uint16_t *Qs,
+                                            const uint16_t *Gs, const float *Ls, const float *Ds,
+                                            const att_shape &sh, int64_t k0, int64_t t0,
+                                            const int64_t (&keys)[2], float sl2) {
+    constexpr int NT = FQT / 8, LD = DP + 8;
+    const int t4 = threadIdx.x & 3;
+    const int64_t T = sh.T;
+    /* the tile's queries in two halves (as k_fa_dq's keys: fewer registers live, the
+     * same sums in the same order) */
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        constexpr int HT = NT / 2;
+        const uint16_t *qh = Qs + half * (FQT / 2) * LD, *gh = Gs + half * (FQT / 2) * LD;
+        float s[HT][4], dp[HT][4];
+#pragma unroll
+        for (int nt = 0; nt < HT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.0f;
+        fa_mma_abt<DP, HT, LDM>(s, ka, qh);  /* S^T: keys x queries */
+        fa_mma_abt<DP, HT, LDM>(dp, va, gh); /* dP^T */
+        const int64_t th = t0 + half * (FQT / 2);
+        if (fa_mask_tile(sh.causal, k0, FKV, th, FQT / 2, T, true)) {
+            /* key s sees the queries t in [s if causal else 0, T - 1] */
+            int lo[2], hi[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const bool in = keys[r] < T;
+                lo[r] = in ? fa_clamp((sh.causal ? keys[r] : 0) - th, FQT / 2) : FQT / 2;
+                hi[r] = in ? fa_clamp(T - 1 - th, FQT / 2) : -1;
+            }
+#pragma unroll
+            for (int nt = 0; nt < HT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int j = nt * 8 + 2 * t4 + (i & 1);
+                    if (j < lo[i >> 1] || j > hi[i >> 1]) s[nt][i] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int nt = 0; nt < HT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = half * (FQT / 2) + nt * 8 + 2 * t4 + (i & 1);
+                const float p = exp2f(fmaf(s[nt][i], sl2, -Ls[j]));
+                s[nt][i] = p;                        /* P^T */
+                dp[nt][i] = p * (dp[nt][i] - Ds[j]); /* dS^T */
+            }
+        fa_mma_ps<DP, HT, LDM>(av, s, gh);
+        fa_mma_ps<DP, HT, LDM>(ak, dp, qh);
+    }
+}
+
+/* dk/dv's staging by cp.async (sh.pipe): query head h's rows [t0, t0 + FQT) of q (bf16) and
+ * of the rounded dO (dout16), and their base-2 lse and delta (k_att_delta's), zeros past T. */
+template <int DP>
+__device__ __forceinline__ void fa_dkv_stage_async(uint16_t *Qd, uint16_t *Gd, float *Ld,
+                                                   float *Dd, const uint16_t *q,
+                                                   const uint16_t *dout16, const float *lse2,
+                                                   const float *delta, const att_shape &sh,
+                                                   int64_t b, int64_t h, int64_t t0) {
+    const int64_t T = sh.T, D = sh.D, ld16 = sh.Hq * D;
+    fa_stage_async<DP, FQT>(Qd, q + at(b, 0, h, T, sh.ldq, D), t0, T, sh.ldq, D);
+    fa_stage_async<DP, FQT>(Gd, dout16 + at(b, 0, h, T, ld16, D), t0, T, ld16, D);
+    const int i = (int)threadIdx.x, j = i % FQT; /* threads 0 .. 2 FQT - 1: lse2, then delta */
+    const int64_t t = t0 + j;
+    const float *src = (i < FQT ? lse2 : delta) + (b * sh.Hq + h) * T;
+    if (i < 2 * FQT) tz_cp_async4((i < FQT ? Ld : Dd) + j, t < T ? src + t : src, t < T);
+}
+
 /* dv[s] += sum_{h in group, t} P_ts dO_t;  dk[s] += scale sum P_ts (dP_ts - delta_t) q_t. */
-template <int DP, bool LDM, class TI>
+template <int DP, bool LDM, class TI, bool PIPE>
 __global__ void __launch_bounds__(FA_THREADS)
     k_fa_dkv(float *dk, float *dv, const float *dout, const float *lse, const float *delta,
-             const TI *q, const TI *k, const TI *v, att_shape sh) {
-    constexpr int KS = DP / 16, DN = DP / 8, NT = FQT / 8, LD = DP + 8;
+             const TI *q, const TI *k, const TI *v, att_shape sh, const uint16_t *dout16,
+             const float *lse2) {
+    constexpr int KS = DP / 16, DN = DP / 8, LD = DP + 8;
     extern __shared__ float smem[];
     uint16_t *Qs = (uint16_t *)smem, *Gs = Qs + FQT * LD;
     float *Ls = (float *)(Gs + FQT * LD), *Ds = Ls + FQT;
@@ -1157,61 +1249,44 @@ __global__ void __launch_bounds__(FA_THREADS)
     /* queries that can see a key of this block: t >= k0 when causal */
     const int64_t tq0 = sh.causal ? k0 / FQT * FQT : 0;
     const float sl2 = sh.scale * FA_LOG2E;
-    for (int64_t r = 0; r < sh.rep; r++) {
-        const int64_t h = kvh * sh.rep + r;
-        const float *lr = lse + (b * sh.Hq + h) * T, *dr = delta + (b * sh.Hq + h) * T;
-        for (int64_t t0 = tq0; t0 < T; t0 += FQT) {
-            __syncthreads();
-            fa_tile<DP, FQT>(Qs, q + at(b, 0, h, T, sh.ldq, D), t0, T, sh.ldq, D, sh.vec4);
-            fa_tile<DP, FQT>(Gs, dout + at(b, 0, h, T, sh.ldo, D), t0, T, sh.ldo, D, sh.vec4);
-            if (threadIdx.x < FQT) {
-                const int64_t t = t0 + threadIdx.x;
-                Ls[threadIdx.x] = t < T ? lr[t] * FA_LOG2E : 0.0f; /* lse in base 2 */
-                Ds[threadIdx.x] = t < T ? dr[t] : 0.0f;
-            }
-            __syncthreads();
-            /* the tile's queries in two halves (as k_fa_dq's keys: fewer registers live, the
-             * same sums in the same order) */
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                constexpr int HT = NT / 2;
-                const uint16_t *qh = Qs + half * (FQT / 2) * LD, *gh = Gs + half * (FQT / 2) * LD;
-                float s[HT][4], dp[HT][4];
-#pragma unroll
-                for (int nt = 0; nt < HT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) s[nt][i] = dp[nt][i] = 0.0f;
-                fa_mma_abt<DP, HT, LDM>(s, ka, qh);  /* S^T: keys x queries */
-                fa_mma_abt<DP, HT, LDM>(dp, va, gh); /* dP^T */
-                const int64_t th = t0 + half * (FQT / 2);
-                if (fa_mask_tile(sh.causal, k0, FKV, th, FQT / 2, T, true)) {
-                    /* key s sees the queries t in [s if causal else 0, T - 1] */
-                    int lo[2], hi[2];
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        const bool in = keys[r] < T;
-                        lo[r] = in ? fa_clamp((sh.causal ? keys[r] : 0) - th, FQT / 2) : FQT / 2;
-                        hi[r] = in ? fa_clamp(T - 1 - th, FQT / 2) : -1;
-                    }
-#pragma unroll
-                    for (int nt = 0; nt < HT; nt++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const int j = nt * 8 + 2 * t4 + (i & 1);
-                            if (j < lo[i >> 1] || j > hi[i >> 1]) s[nt][i] = -INFINITY;
-                        }
+    if constexpr (PIPE) { /* the group's tiles in one sequence, head after head: tile i + 1
+                           * copied in while tile i is computed (as k_fa_fwd's) */
+        uint16_t *Qn = (uint16_t *)(Ds + FQT), *Gn = Qn + FQT * LD;
+        float *Ln = (float *)(Gn + FQT * LD), *Dn = Ln + FQT;
+        const int64_t nq = (T - tq0 + FQT - 1) / FQT, ntiles = sh.rep * nq, h0 = kvh * sh.rep;
+        fa_dkv_stage_async<DP>(Qs, Gs, Ls, Ds, q, dout16, lse2, delta, sh, b, h0, tq0);
+        tz_cp_async_commit();
+        for (int64_t i = 0; i < ntiles; i++) {
+            if (i + 1 < ntiles) {
+                fa_dkv_stage_async<DP>(Qn, Gn, Ln, Dn, q, dout16, lse2, delta, sh, b,
+                                       h0 + (i + 1) / nq, tq0 + (i + 1) % nq * FQT);
+                tz_cp_async_commit();
+                tz_cp_async_wait<1>();
+            } else tz_cp_async_wait<0>();
+            __syncthreads(); /* tile i in Qs, Gs, Ls, Ds for every thread */
+            fa_dkv_tile<DP, LDM>(ak, av, ka, va, Qs, Gs, Ls, Ds, sh, k0, tq0 + i % nq * FQT, keys,
+                                 sl2);
+            __syncthreads(); /* no longer read: the next copies may go there */
+            uint16_t *sw = Qs;
+            Qs = Qn, Qn = sw, sw = Gs, Gs = Gn, Gn = sw;
+            float *fw = Ls;
+            Ls = Ln, Ln = fw, fw = Ds, Ds = Dn, Dn = fw;
+        }
+    } else {
+        for (int64_t r = 0; r < sh.rep; r++) {
+            const int64_t h = kvh * sh.rep + r;
+            const float *lr = lse + (b * sh.Hq + h) * T, *dr = delta + (b * sh.Hq + h) * T;
+            for (int64_t t0 = tq0; t0 < T; t0 += FQT) {
+                __syncthreads();
+                fa_tile<DP, FQT>(Qs, q + at(b, 0, h, T, sh.ldq, D), t0, T, sh.ldq, D, sh.vec4);
+                fa_tile<DP, FQT>(Gs, dout + at(b, 0, h, T, sh.ldo, D), t0, T, sh.ldo, D, sh.vec4);
+                if (threadIdx.x < FQT) {
+                    const int64_t t = t0 + threadIdx.x;
+                    Ls[threadIdx.x] = t < T ? lr[t] * FA_LOG2E : 0.0f; /* lse in base 2 */
+                    Ds[threadIdx.x] = t < T ? dr[t] : 0.0f;
                 }
-#pragma unroll
-                for (int nt = 0; nt < HT; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int j = half * (FQT / 2) + nt * 8 + 2 * t4 + (i & 1);
-                        const float p = exp2f(fmaf(s[nt][i], sl2, -Ls[j]));
-                        s[nt][i] = p;                        /* P^T */
-                        dp[nt][i] = p * (dp[nt][i] - Ds[j]); /* dS^T */
-                    }
-                fa_mma_ps<DP, HT, LDM>(av, s, gh);
-                fa_mma_ps<DP, HT, LDM>(ak, dp, qh);
+                __syncthreads();
+                fa_dkv_tile<DP, LDM>(ak, av, ka, va, Qs, Gs, Ls, Ds, sh, k0, t0, keys, sl2);
             }
         }
     }
@@ -1237,7 +1312,10 @@ __global__ void __launch_bounds__(FA_THREADS)
 static int fa_dp(int64_t D) { return D <= 32 ? 32 : D <= 64 ? 64 : D <= 80 ? 80 : 128; }
 /* the forward's and dq's K and V tiles (two of each with sh.pipe: at DP = 128, 68 KiB) */
 static size_t fa_smem_fwd(int dp, int pipe) { return (size_t)(pipe ? 4 : 2) * FK * (dp + 8) * 2; }
-static size_t fa_smem_dkv(int dp) { return (size_t)2 * FQT * (dp + 8) * 2 + 2 * FQT * 4; }
+/* dk/dv's Q and dO tiles and their rows' lse and delta (two sets with sh.pipe: 34.5 KiB at 128) */
+static size_t fa_smem_dkv(int dp, int pipe) {
+    return (size_t)(pipe ? 2 : 1) * (2 * FQT * (dp + 8) * 2 + 2 * FQT * 4);
+}
 
 /* Whether every tensor the flash kernels stage is aligned to 4 of its elements (esz bytes
  * each: 16 bytes in fp32, 8 in bf16) with D and its row stride multiples of 4 (every row's
@@ -1249,9 +1327,9 @@ static int fa_vec4(int64_t D, const void *const *p, const int64_t *ld, const int
     return 1;
 }
 
-/* Whether the forward's and dq's bf16 K and V tiles are copied ahead by cp.async, two
- * buffers of each (sh.pipe): q, k, v in bf16 with D and k, v's row stride multiples of 8 and
- * k, v 16-byte aligned (every copy of 8 elements whole, inside D or past it), unless
+/* Whether the flash kernels' bf16 tiles are copied ahead by cp.async, two buffers of each
+ * (sh.pipe): q, k, v in bf16 with D and k, v's row stride multiples of 8 and k, v 16-byte
+ * aligned (every copy of 8 elements whole, inside D or past it; the backward's q too), unless
  * TZ_FA_ASYNC=0 (read at every call, for measuring what it gives: the same bits either way,
  * which test_cuda_ops checks) or TZ_FA_LDMATRIX=0 (the cp.async kernels load with ldmatrix
  * only). */
@@ -1300,16 +1378,10 @@ template <class F> static void fa_optin(F *f, size_t bytes) {
         KERNEL<<<grid, FA_THREADS, smem, st>>>(__VA_ARGS__);                                  \
     } while (0)
 #define FA_COMMA ,
-/* k_fa_dkv: KERNEL<dp, ldm, TI> */
-#define FA_LAUNCH(dp, ldm, TI, KERNEL, grid, smem, st, ...)                                   \
-    do {                                                                                      \
-        if (ldm) FA_GO(KERNEL<dp FA_COMMA true FA_COMMA TI>, grid, smem, st, __VA_ARGS__);    \
-        else FA_GO(KERNEL<dp FA_COMMA false FA_COMMA TI>, grid, smem, st, __VA_ARGS__);       \
-    } while (0)
-/* k_fa_fwd, k_fa_dq: KERNEL<dp, ldm, TI, PIPE>, the cp.async form (sh.pipe: bf16 inputs
- * only, and only with ldmatrix) a kernel of its own, since one kernel holding both loops
- * spilled registers (at DP = 128 the dq kernel 96 bytes, at 80 the forward 80; each alone
- * none; nvcc 13 -Xptxas -v, sm_90) */
+/* KERNEL<dp, ldm, TI, PIPE>, the cp.async form (sh.pipe: bf16 inputs only, and only with
+ * ldmatrix) a kernel of its own, since one kernel holding both loops spilled registers (at
+ * DP = 128 the dq kernel 96 bytes, at 80 the forward 80; each alone none; nvcc 13 -Xptxas -v,
+ * sm_90) */
 #define FA_LAUNCH_P(dp, ldm, pipe, TI, KERNEL, grid, smem, st, ...)                           \
     do {                                                                                      \
         if constexpr (sizeof(TI) == 2) {                                                      \
@@ -1325,15 +1397,6 @@ template <class F> static void fa_optin(F *f, size_t bytes) {
         else                                                                                  \
             FA_GO(KERNEL<dp FA_COMMA false FA_COMMA TI FA_COMMA false>, grid, smem, st,       \
                   __VA_ARGS__);                                                               \
-    } while (0)
-#define FA_DISPATCH(dp, TI, KERNEL, grid, smem, st, ...)                                      \
-    do {                                                                                      \
-        const int ldm_ = fa_ldmatrix();                                                       \
-        if ((dp) == 32) FA_LAUNCH(32, ldm_, TI, KERNEL, grid, smem, st, __VA_ARGS__);         \
-        else if ((dp) == 64) FA_LAUNCH(64, ldm_, TI, KERNEL, grid, smem, st, __VA_ARGS__);    \
-        else if ((dp) == 80) FA_LAUNCH(80, ldm_, TI, KERNEL, grid, smem, st, __VA_ARGS__);    \
-        else FA_LAUNCH(128, ldm_, TI, KERNEL, grid, smem, st, __VA_ARGS__);                   \
-        CUDA_LAUNCHED();                                                                      \
     } while (0)
 #define FA_DISPATCH_P(dp, pipe, TI, KERNEL, grid, smem, st, ...)                              \
     do {                                                                                      \
@@ -1373,25 +1436,31 @@ static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     const int64_t lds[] = {sh.ldq, sh.ldkv, sh.ldkv, sh.ldo};
     const int e = (int)sizeof(TI), esz[] = {e, e, e, 4};
     sh.vec4 = fa_vec4(sh.D, staged, lds, esz, 4);
-    sh.pipe = fa_pipe(&sh, k, v);
+    /* (dk/dv's kernel copies q's tiles too: q as k and v) */
+    sh.pipe = fa_pipe(&sh, k, v) && (uintptr_t)q % 16 == 0 && sh.ldq % 8 == 0;
     const size_t db = tz_attention_delta_bytes(sh.B, sh.T, sh.Hq);
-    if (!ws || ws_bytes < db)
+    const size_t need = sh.pipe ? tz_attention_flash_ws_bytes(sh.B, sh.T, sh.Hq, sh.D) : db;
+    if (!ws || ws_bytes < need)
         TZ_FATAL("attention_bwd with bf16 GEMM operands: %zu bytes of workspace lent, %zu "
                  "planned for B=%lld T=%lld Hq=%lld D=%lld (be->att_ws, tz_attention_ws_bytes)",
                  ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh.B, sh.T, sh.Hq, sh.D, 1),
                  (long long)sh.B, (long long)sh.T, (long long)sh.Hq, (long long)sh.D);
+    /* the workspace: delta, then (sh.pipe) lse in base 2 and dO in bf16 for the copies */
     float *delta = (float *)ws;
+    float *lse2 = sh.pipe ? (float *)((char *)ws + db) : nullptr;
+    uint16_t *dout16 = sh.pipe ? (uint16_t *)((char *)ws + 2 * db) : nullptr;
     cudaStream_t st = tz_cuda_stream(be);
     const int64_t rows = sh.B * sh.Hq * sh.T;
-    k_att_delta<<<tz_cuda_blocks(rows * 32, 256), 256, 0, st>>>(delta, dout, out, sh, 1);
+    k_att_delta<<<tz_cuda_blocks(rows * 32, 256), 256, 0, st>>>(delta, dout, out, sh, 1, lse2,
+                                                                 lse, dout16);
     CUDA_LAUNCHED();
     const int dp = fa_dp(sh.D);
     dim3 gq((unsigned)((sh.T + FQ - 1) / FQ), (unsigned)sh.Hq, (unsigned)sh.B);
     FA_DISPATCH_P(dp, sh.pipe, TI, k_fa_dq, gq, fa_smem_fwd(dp, sh.pipe), st, dq, dout, lse,
-                  delta, q, k, v, sh);
+                  delta, q, k, v, sh, dout16, lse2);
     dim3 gk((unsigned)((sh.T + FKV - 1) / FKV), (unsigned)sh.Hkv, (unsigned)sh.B);
-    FA_DISPATCH(dp, TI, k_fa_dkv, gk, fa_smem_dkv(dp), st, dk, dv, dout, lse, delta, q, k, v,
-                sh);
+    FA_DISPATCH_P(dp, sh.pipe, TI, k_fa_dkv, gk, fa_smem_dkv(dp, sh.pipe), st, dk, dv, dout,
+                  lse, delta, q, k, v, sh, dout16, lse2);
 }
 
 /* ================= the table's entries ================= */

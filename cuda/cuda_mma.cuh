@@ -139,6 +139,20 @@ __device__ __forceinline__ void tz_cp_async16(void *dst, const void *src, bool f
     for (int j = 0; j < 4; j++) o[j] = full ? i[j] : 0u;
 #endif
 }
+/* tz_cp_async16 for 4 bytes (cp.async.ca: 4-byte copies go through L1); dst, src 4-byte
+ * aligned */
+__device__ __forceinline__ void tz_cp_async4(void *dst, const void *src, bool full) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+                 "r"(full ? 4 : 0)
+                 : "memory");
+#elif defined(TZ_EMU_CUDA_RUNTIME_H)
+    tz_emu_cp_async(dst, src, 4, full ? 4 : 0);
+#else
+    *(uint32_t *)dst = full ? *(const uint32_t *)src : 0u;
+#endif
+}
 __device__ __forceinline__ void tz_cp_async_commit(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -916,8 +916,11 @@ static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
                             : tz_attention_ws_bytes(g_gpu, B, T, Hq, D, 0);
     const size_t bb = chunk ? ws_for_chunk(chunk, B, T, Hq, 1)
                             : tz_attention_ws_bytes(g_gpu, B, T, Hq, D, 1);
-    check(!flash || (fb == 0 && bb == tz_attention_delta_bytes(B, T, Hq)),
-          "tc attention D=%lld: the flash path plans no workspace but delta", (long long)D);
+    check(!flash || (fb == 0 && bb == tz_attention_flash_ws_bytes(B, T, Hq, D) &&
+                     bb == 2 * tz_attention_delta_bytes(B, T, Hq) +
+                               (((size_t)(B * T * Hq * D) * 2 + 63) & ~(size_t)63)),
+          "tc attention D=%lld: the flash path plans no workspace but the backward's delta, "
+          "base-2 lse and bf16 dO", (long long)D);
     const int64_t cf = flash ? 0 : tz_attention_chunk(fb, B, T, Hq, 1);
     const int64_t cb =
         flash ? 0 : tz_attention_chunk(bb - tz_attention_delta_bytes(B, T, Hq), B, T, Hq, 2);
