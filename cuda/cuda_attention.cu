@@ -790,7 +790,7 @@ __device__ __forceinline__ void fa_stage_async(uint16_t *dst, const uint16_t *x,
         if (N * C8 % FA_THREADS && e >= N * C8) break;
         const int64_t t = r0 + j;
         const bool in = t < T && d < D;
-        tz_cp_async16(dst + j * LD + d, in ? x + t * ld + d : x, in);
+        tz_cp_async<16>(dst + j * LD + d, in ? x + t * ld + d : x, in);
     }
 }
 
@@ -1221,7 +1221,7 @@ __device__ __forceinline__ void fa_dkv_stage_async(uint16_t *Qd, uint16_t *Gd, f
     const int i = (int)threadIdx.x, j = i % FQT; /* threads 0 .. 2 FQT - 1: lse2, then delta */
     const int64_t t = t0 + j;
     const float *src = (i < FQT ? lse2 : delta) + (b * sh.Hq + h) * T;
-    if (i < 2 * FQT) tz_cp_async4((i < FQT ? Ld : Dd) + j, t < T ? src + t : src, t < T);
+    if (i < 2 * FQT) tz_cp_async<4>((i < FQT ? Ld : Dd) + j, t < T ? src + t : src, t < T);
 }
 
 /* dv[s] += sum_{h in group, t} P_ts dO_t;  dk[s] += scale sum P_ts (dP_ts - delta_t) q_t. */

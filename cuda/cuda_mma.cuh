@@ -116,41 +116,34 @@ __device__ __forceinline__ void tz_ldmatrix_x4(uint32_t r[4], const uint16_t *ro
 #endif
 }
 
-/* cp.async (sm_80 and later): 16 bytes copied from global to shared memory without passing
- * through registers, so a thread can issue the next tile's loads and go on computing on the
- * current one. `full` false: the 16 bytes are zeros and nothing is read (the PTX form's
- * src-size of 0). Copies are grouped by tz_cp_async_commit; tz_cp_async_wait<N> returns once
- * all but the newest N groups the thread committed are done, and other threads see them only
- * after a __syncthreads that follows. dst and src 16-byte aligned. The CPU emulation does each
- * copy as late as that allows (at the wait: tests/cuda_emu/emu/emu_runtime.cpp), so a read too
- * early, or without the barrier, finds NaN bytes; anything else (no such GPU here) copies at
- * once. */
-__device__ __forceinline__ void tz_cp_async16(void *dst, const void *src, bool full) {
+/* cp.async (sm_80 and later): N bytes (16, or 4) copied from global to shared memory without
+ * passing through registers, so a thread can issue the next tile's loads and go on computing
+ * on the current one (16: .cg, past L1; 4: .ca, the only way 4 bytes go). `full` false: the N
+ * bytes are zeros and nothing is read (the PTX form's src-size of 0). Copies are grouped by
+ * tz_cp_async_commit; tz_cp_async_wait<W> returns once all but the newest W groups the thread
+ * committed are done, and other threads see them only after a __syncthreads that follows.
+ * dst and src N-byte aligned. The CPU emulation does each copy as late as that allows (at the
+ * wait: tests/cuda_emu/emu/emu_runtime.cpp), or with TZ_CUDA_EMU_ASYNC=early as early (at the
+ * issue), so a read too early, or without the barrier, or a copy into a buffer still read,
+ * shows; anything else (no such GPU here) copies at once. */
+template <int N> __device__ __forceinline__ void tz_cp_async(void *dst, const void *src, bool full) {
+    static_assert(N == 16 || N == 4, "tz_cp_async: 16 or 4 bytes");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                 "r"(full ? 16 : 0)
-                 : "memory");
+    if constexpr (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                     "r"(full ? 16 : 0)
+                     : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+                     "r"(full ? 4 : 0)
+                     : "memory");
 #elif defined(TZ_EMU_CUDA_RUNTIME_H)
-    tz_emu_cp_async(dst, src, 16, full ? 16 : 0);
+    tz_emu_cp_async(dst, src, N, full ? N : 0);
 #else
     uint32_t *o = (uint32_t *)dst;
     const uint32_t *i = (const uint32_t *)src;
-    for (int j = 0; j < 4; j++) o[j] = full ? i[j] : 0u;
-#endif
-}
-/* tz_cp_async16 for 4 bytes (cp.async.ca: 4-byte copies go through L1); dst, src 4-byte
- * aligned */
-__device__ __forceinline__ void tz_cp_async4(void *dst, const void *src, bool full) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
-                 "r"(full ? 4 : 0)
-                 : "memory");
-#elif defined(TZ_EMU_CUDA_RUNTIME_H)
-    tz_emu_cp_async(dst, src, 4, full ? 4 : 0);
-#else
-    *(uint32_t *)dst = full ? *(const uint32_t *)src : 0u;
+    for (int j = 0; j < N / 4; j++) o[j] = full ? i[j] : 0u;
 #endif
 }
 __device__ __forceinline__ void tz_cp_async_commit(void) {

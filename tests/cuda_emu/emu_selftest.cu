@@ -473,17 +473,19 @@ static void expect_death(const char *what, void (*fn)(void), const char *p1, con
     printf("     status %#x, stderr: %s", status, buf);
 }
 
-/* cp.async (cuda_mma.cuh's tz_cp_async16) as the kernels use it: each of 32 threads copies its
- * 4 floats of src into slot t (group 0), and 16 bytes of zeros into slot 32 + t (group 1);
- * out[t] what slot t held before any wait, out[32 + t] slot t after wait_group 1, out[64 + t]
- * slot 32 + t before wait_group 0, and after it and a barrier out[96 + t] the neighbour's
- * slot (t + 1) % 32 and out[128 + t] the zero slot. */
+/* cp.async (cuda_mma.cuh's tz_cp_async) as the kernels use it: each of 32 threads copies its
+ * 4 floats of src into slot t (group 0), and 16 bytes of zeros into slot 32 + t and 4 bytes,
+ * src[t + 64], into float 256 + t (group 1); out[t] what slot t held before any wait,
+ * out[32 + t] slot t after wait_group 1, out[64 + t] slot 32 + t before wait_group 0, and
+ * after it and a barrier out[96 + t] the neighbour's slot (t + 1) % 32, out[128 + t] the zero
+ * slot and out[160 + t] the neighbour's 4 bytes. */
 static __global__ void k_cp_async(float *out, const float *src) {
     extern __shared__ float sm[];
     const int t = (int)threadIdx.x;
-    tz_cp_async16(sm + 4 * t, src + 4 * t, true);
+    tz_cp_async<16>(sm + 4 * t, src + 4 * t, true);
     tz_cp_async_commit();
-    tz_cp_async16(sm + 4 * (32 + t), src, false);
+    tz_cp_async<16>(sm + 4 * (32 + t), src, false);
+    tz_cp_async<4>(sm + 256 + t, src + 64 + t, true);
     tz_cp_async_commit();
     out[t] = sm[4 * t];
     tz_cp_async_wait<1>();
@@ -493,43 +495,46 @@ static __global__ void k_cp_async(float *out, const float *src) {
     __syncthreads();
     out[96 + t] = sm[4 * ((t + 1) % 32) + 3];
     out[128 + t] = sm[4 * (32 + t) + 2];
+    out[160 + t] = sm[256 + (t + 1) % 32];
 }
 static __global__ void k_cp_async_unwaited(const float *src) {
     extern __shared__ float sm[];
-    tz_cp_async16(sm, src, true);
+    tz_cp_async<16>(sm, src, true);
     tz_cp_async_commit();
 }
 static __global__ void k_cp_async_misaligned(const float *src) {
     extern __shared__ float sm[];
-    tz_cp_async16(sm + 1, src, true);
+    tz_cp_async<16>(sm + 1, src, true);
     tz_cp_async_commit();
     tz_cp_async_wait<0>();
 }
 
 static void test_cp_async(void) {
-    float src[128], out[160];
+    float src[128], out[192];
     for (int i = 0; i < 128; i++) src[i] = (float)i + 0.5f;
     float *ds, *dout;
     cudaMalloc(&ds, sizeof src), cudaMalloc(&dout, sizeof out);
     cudaMemcpy(ds, src, sizeof src, cudaMemcpyHostToDevice);
     for (int early = 0; early < 2; early++) {
         setenv("TZ_CUDA_EMU_ASYNC", early ? "early" : "late", 1);
-        k_cp_async<<<1, 32, 64 * 16>>>(dout, ds);
+        k_cp_async<<<1, 32, 64 * 16 + 32 * 4>>>(dout, ds);
         cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost);
-        int before = 0, after = 0, pend = 0, seen = 0, zero = 0;
+        int before = 0, after = 0, pend = 0, seen = 0, zero = 0, four = 0;
         for (int t = 0; t < 32; t++) {
             before += early ? out[t] == src[4 * t] : isnan(out[t]);
             after += out[32 + t] == src[4 * t];
             pend += early ? out[64 + t] == 0.0f : isnan(out[64 + t]);
             seen += out[96 + t] == src[4 * ((t + 1) % 32) + 3];
             zero += out[128 + t] == 0.0f;
+            four += out[160 + t] == src[64 + (t + 1) % 32];
         }
         check(before == 32 && pend == 32, "cp.async copies done %s (slots read before their "
               "wait: %d and %d of 32 as expected)", early ? "at issue" : "at the wait", before,
               pend);
-        check(after == 32 && seen == 32 && zero == 32, "cp.async %s: wait_group 1 leaves the "
-              "newest group, wait_group 0 and a barrier show every thread's copies, src-size 0 "
-              "zeros (%d, %d, %d of 32)", early ? "early" : "late", after, seen, zero);
+        check(after == 32 && seen == 32 && zero == 32 && four == 32, "cp.async %s: wait_group 1 "
+              "leaves the newest group, wait_group 0 and a barrier show every thread's copies "
+              "of 16 and of 4 bytes, src-size 0 zeros (%d, %d, %d, %d of 32)",
+              early ? "early" : "late", after, seen, four, zero);
     }
     unsetenv("TZ_CUDA_EMU_ASYNC");
     cudaFree(ds), cudaFree(dout);

@@ -265,7 +265,7 @@ void *tz_emu_dyn_smem(void);
  * thread of a block to pass there fills it with NaN bytes, so a block reads only what it
  * wrote, never what the previous block left. */
 void tz_emu_shared_fresh(void *p, size_t bytes);
-/* cp.async and its groups (cuda/cuda_mma.cuh's tz_cp_async16): each copy done at the latest
+/* cp.async and its groups (cuda/cuda_mma.cuh's tz_cp_async): each copy done at the latest
  * moment its wait allows (tests/cuda_emu/emu/emu_runtime.cpp) */
 void tz_emu_cp_async(void *dst, const void *src, int bytes, int src_bytes);
 void tz_emu_cp_async_commit(void);
