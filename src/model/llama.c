@@ -259,7 +259,6 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     int64_t rows = m->head_rows_max > 0 ? m->head_rows_max : TZ_LLAMA_HEAD_FLOATS / d->vocab;
     m->head_rows = rows < 1 ? 1 : rows < BT ? rows : BT;
     float *pool = NULL;
-    int64_t pool_floats = 0;
     if (chunked) {
         /* one pool, used in turn: the MLP's g, u, s, du, ds (mlp_rows each); the head's hf and
          * logits; backward's dk, dv (and dq, datt where they do not fit h2 and x2) */
@@ -270,8 +269,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         if (att_grads > n) n = att_grads;
         const int64_t qkv = qkv_pool ? al16(BT * qd) + 2 * al16(BT * kvd) : 0;
         if (qkv > n) n = qkv;
-        TAKE(pool, n, "pool: MLP chunks, head, attention gradients");
-        pool_floats = n;
+        TAKE(pool, n, "pool: fp32 q, k, v, MLP chunks, head, attention gradients");
         if (a) {
             m->pool = pool, m->pool_floats = n;
             for (int i = 0; qkv_pool && i < n_sets; i++) { /* q, k, v in forward (above) */
@@ -351,7 +349,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
      * the pool and whose rows x `in` of each MLP projection fit the rotation buffer */
     for (int64_t n = 1; a && chunked && n <= BT; n++) {
         const int64_t rf = (BT + n - 1) / n;
-        int fits = 3 * al16(rf * F) <= pool_floats;
+        int fits = 3 * al16(rf * F) <= m->pool_floats;
         for (int64_t l = 0; l < d->n_layers; l++)
             for (int j = TZ_LIN_GATE; j <= TZ_LIN_DOWN; j++) {
                 const tz_param *w = m->layers[l].lin[j].w;
