@@ -550,7 +550,7 @@ static void tc_fwd(tz_backend *be, float *out, float *lse, const float *q, const
     if (!ws || c < 1)
         TZ_FATAL("attention_fwd with bf16 GEMM operands: %zu bytes of workspace lent, %zu "
                  "planned for B=%lld T=%lld Hq=%lld (be->att_ws, tz_attention_ws_bytes)",
-                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh->B, sh->T, sh->Hq, sh->D, 0),
+                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh->B, sh->T, sh->Hq, sh->D, 0, 0),
                  (long long)sh->B, (long long)sh->T, (long long)sh->Hq);
     float *P = (float *)ws;
     cudaStream_t st = tz_cuda_stream(be);
@@ -592,7 +592,7 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     if (!ws || c < 1)
         TZ_FATAL("attention_bwd with bf16 GEMM operands: %zu bytes of workspace lent, %zu "
                  "planned for B=%lld T=%lld Hq=%lld (be->att_ws, tz_attention_ws_bytes)",
-                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh->B, sh->T, sh->Hq, sh->D, 1),
+                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh->B, sh->T, sh->Hq, sh->D, 1, 0),
                  (long long)sh->B, (long long)sh->T, (long long)sh->Hq);
     float *delta = (float *)ws;
     float *S = (float *)((char *)ws + db);
@@ -1443,7 +1443,7 @@ static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     if (!ws || ws_bytes < need)
         TZ_FATAL("attention_bwd with bf16 GEMM operands: %zu bytes of workspace lent, %zu "
                  "planned for B=%lld T=%lld Hq=%lld D=%lld (be->att_ws, tz_attention_ws_bytes)",
-                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh.B, sh.T, sh.Hq, sh.D, 1),
+                 ws ? ws_bytes : 0, tz_attention_ws_bytes(be, sh.B, sh.T, sh.Hq, sh.D, 1, sh.in16),
                  (long long)sh.B, (long long)sh.T, (long long)sh.Hq, (long long)sh.D);
     /* the workspace: delta, then (sh.pipe) lse in base 2 and dO in bf16 for the copies */
     float *delta = (float *)ws;

@@ -492,9 +492,10 @@ static inline int64_t tz_tq_tile_elems(const tz_backend *be, int64_t rows, int64
 /* Attention's workspace (be->att_ws). On a device backend with bf16 GEMM operands (a GPU)
  * attention runs on the tensor cores (cuda/cuda_attention.cu, docs/design/cuda.md): for a head
  * dimension up to TZ_ATTENTION_FLASH_MAXD flash style, the scores never leaving the chip, so
- * the forward wants no workspace and the backward delta (B*Hq*T floats), lse in base 2 (as
- * many) and dO rounded to bf16 (B*T*Hq*D, written by delta's pass for the kernels that copy
- * their tiles ahead: cp.async moves bytes, it cannot round); above it through
+ * the forward wants no workspace and the backward delta (B*Hq*T floats), and where q, k, v
+ * are given in bf16 (in16: tz_att_ld.in16) lse in base 2 (as many) and dO rounded to bf16
+ * (B*T*Hq*D, written by delta's pass for the kernels that copy their tiles ahead: cp.async
+ * moves bytes, it cannot round); above it through
  * tensor-core GEMMs over chunks of query rows, whose scores live in the workspace: the forward
  * holds one chunk of scores, the backward two (the probabilities and their gradients) plus
  * delta. A chunk of c query rows holds c rows of ceil4(T) floats for each of the B*Hq
@@ -523,10 +524,13 @@ static inline size_t tz_attention_flash_ws_bytes(int64_t B, int64_t T, int64_t H
            (((size_t)(B * T * Hq * D) * 2 + 63) & ~(size_t)63);
 }
 static inline size_t tz_attention_ws_bytes(const tz_backend *be, int64_t B, int64_t T,
-                                           int64_t Hq, int64_t D, int backward) {
+                                           int64_t Hq, int64_t D, int backward, int in16) {
     if (!be->device || be->matmul_dtype != TZ_DT_BF16 || B <= 0 || T <= 0 || Hq <= 0)
         return 0;
-    if (D <= TZ_ATTENTION_FLASH_MAXD) return backward ? tz_attention_flash_ws_bytes(B, T, Hq, D) : 0;
+    if (D <= TZ_ATTENTION_FLASH_MAXD)
+        return !backward ? 0
+               : in16    ? tz_attention_flash_ws_bytes(B, T, Hq, D)
+                         : tz_attention_delta_bytes(B, T, Hq);
     const int nbuf = backward ? 2 : 1;
     int64_t c = tz_attention_chunk(TZ_ATTENTION_WS_SCORES, B, T, Hq, nbuf);
     if (c < 16) c = T < 16 ? T : 16;

@@ -300,7 +300,7 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
     }
     /* attention's workspace, where the backend wants one (core/backend.h) */
     const size_t att_ws = tz_attention_ws_bytes(m->be, B, T, d->num_heads, d->hidden / d->num_heads,
-                                               !m->o.forward_only);
+                                               !m->o.forward_only, qkv16);
     if (a) m->att_ws = NULL, m->att_ws_bytes = att_ws;
     if (att_ws) TAKE(m->att_ws, (int64_t)(att_ws / sizeof(float)), "attention workspace");
     /* quantized weights: one decode tile for all of them; one activation scratch for the most

@@ -371,7 +371,8 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
         TAKE(m->dpred, Bi * Cout, "dprediction");
         TAKE(m->dlora, BT * (r > 0 ? r : 1), "dlora");
     }
-    const size_t att_ws = tz_attention_ws_bytes(m->be, B, T, H, d->head_dim, !m->o.forward_only);
+    const size_t att_ws = tz_attention_ws_bytes(m->be, B, T, H, d->head_dim, !m->o.forward_only,
+                                                0); /* (q, k, v in fp32) */
     if (a) m->att_ws = NULL, m->att_ws_bytes = att_ws;
     if (att_ws) TAKE(m->att_ws, (int64_t)(att_ws / sizeof(float)), "attention workspace");
     total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT, m->be, !m->o.forward_only,

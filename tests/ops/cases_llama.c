@@ -243,7 +243,7 @@ static void ref_attend(double *out, double *lse, const double *q, const double *
  * Each call gets the workspace the backend plans for it (tz_attention_ws_bytes), as the
  * models lend it. */
 static void *att_lend(tz_backend *be, int64_t B, int64_t T, int64_t Hq, int64_t D, int bwd) {
-    const size_t b = tz_attention_ws_bytes(be, B, T, Hq, D, bwd);
+    const size_t b = tz_attention_ws_bytes(be, B, T, Hq, D, bwd, 0); /* (q, k, v in fp32) */
     void *ws = b ? be->alloc(be, b) : NULL;
     be->att_ws = ws, be->att_ws_bytes = b;
     return ws;

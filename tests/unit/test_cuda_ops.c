@@ -807,7 +807,7 @@ static int ws_canary_ok(const void *ws, size_t lent) {
 static void test_attention_ldmatrix(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
                                     int causal) {
     g_gpu->matmul_dtype = TZ_DT_BF16;
-    const size_t wb = tz_attention_ws_bytes(g_gpu, B, T, Hq, D, 1);
+    const size_t wb = tz_attention_ws_bytes(g_gpu, B, T, Hq, D, 1, 0);
     void *ws = g_gpu->alloc(g_gpu, wb);
     pair q = mk(B * T * Hq * D, 1.0f), k = mk(B * T * Hkv * D, 1.0f), v = mk(B * T * Hkv * D, 1.0f);
     pair dout = mk(q.n, 1.0f), out = mkz(q.n), lse = mkz(B * Hq * T);
@@ -865,7 +865,7 @@ static void test_attention_in16(tz_backend *be, const char *tag, int64_t B, int6
     uint16_t *x16 = be->alloc(be, (size_t)n * 2);
     be->upload(be, x, h, (size_t)n * 4), be->upload(be, dout, hd, (size_t)(BT * Hq * D) * 4);
     be->to_bf16(be, x16, x, n);
-    const size_t wb = tz_attention_ws_bytes(be, B, T, Hq, D, 1);
+    const size_t wb = tz_attention_ws_bytes(be, B, T, Hq, D, 1, 1); /* (fp32 runs take less) */
     void *ws = wb ? be->alloc(be, wb) : NULL;
     float *res[2][3];
     for (int w = 0; w < 2; w++) {
@@ -913,14 +913,16 @@ static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
     if (flash) chunk = 0;
     const double tol = flash ? TOL_FA : TOL_TC, tol_lse = flash ? TOL_FA_LSE : TOL_TC;
     const size_t fb = chunk ? ws_for_chunk(chunk, B, T, Hq, 0)
-                            : tz_attention_ws_bytes(g_gpu, B, T, Hq, D, 0);
+                            : tz_attention_ws_bytes(g_gpu, B, T, Hq, D, 0, 0);
     const size_t bb = chunk ? ws_for_chunk(chunk, B, T, Hq, 1)
-                            : tz_attention_ws_bytes(g_gpu, B, T, Hq, D, 1);
-    check(!flash || (fb == 0 && bb == tz_attention_flash_ws_bytes(B, T, Hq, D) &&
-                     bb == 2 * tz_attention_delta_bytes(B, T, Hq) +
-                               (((size_t)(B * T * Hq * D) * 2 + 63) & ~(size_t)63)),
+                            : tz_attention_ws_bytes(g_gpu, B, T, Hq, D, 1, 0);
+    const size_t b16 = tz_attention_ws_bytes(g_gpu, B, T, Hq, D, 1, 1);
+    check(!flash || (fb == 0 && bb == tz_attention_delta_bytes(B, T, Hq) &&
+                     b16 == tz_attention_flash_ws_bytes(B, T, Hq, D) &&
+                     b16 == 2 * tz_attention_delta_bytes(B, T, Hq) +
+                                (((size_t)(B * T * Hq * D) * 2 + 63) & ~(size_t)63)),
           "tc attention D=%lld: the flash path plans no workspace but the backward's delta, "
-          "base-2 lse and bf16 dO", (long long)D);
+          "and with q, k, v in bf16 its base-2 lse and bf16 dO too", (long long)D);
     const int64_t cf = flash ? 0 : tz_attention_chunk(fb, B, T, Hq, 1);
     const int64_t cb =
         flash ? 0 : tz_attention_chunk(bb - tz_attention_delta_bytes(B, T, Hq), B, T, Hq, 2);

@@ -145,7 +145,7 @@ static void device_case(tz_backend *cpu16, tz_backend *dev, const mcase *c, cons
           "device %s: streams on the host, xb in dh, MLP in chunks of %lld rows", c->what,
           (long long)d->mlp_rows);
     /* the arena holds one bf16 slot instead of n_layers + 1 streams, and no xb (dh is) */
-    const size_t ws = (tz_attention_ws_bytes(dev, B, T, dd->n_heads, dd->head_dim, 1) + 63) & ~(size_t)63;
+    const size_t ws = (tz_attention_ws_bytes(dev, B, T, dd->n_heads, dd->head_dim, 1, 1) + 63) & ~(size_t)63;
     const size_t want = (size_t)dd->n_layers * stream +
                         (((size_t)(BT * dd->dim) * 4 + 63) & ~(size_t)63);
     /* the device's GEMMs round to bf16, so its linears' scratch may hold their input rounded
