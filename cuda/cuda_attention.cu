@@ -636,7 +636,8 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
  *     rows; K and V pass through shared memory in tiles of FK = 64 keys (bf16); the warp
  *     keeps its Q (and dO) as A fragments in registers, S = Q K^T in C fragments, and turns
  *     them into the A fragments of P V (dS K) without leaving the registers (the C layout of
- *     two 8-column tiles is the A layout of one 16-column step).
+ *     two 8-column tiles is the A layout of one 16-column step). The forward on bf16 inputs
+ *     copied ahead takes FQW = 128 rows a block instead, a warp 32 (k_fa_fwd_wide, below).
  *   dk, dv: a block of 4 warps owns FKV = 64 keys of one (b, kv head), a warp 16 keys; the
  *     group's query heads pass in order, their rows in tiles of FQT = 32 with dO, lse and
  *     delta; S^T = K Q^T and dP^T = V dO^T put the keys on the rows, so P^T and dS^T are
@@ -779,12 +780,14 @@ __device__ __forceinline__ void fa_tile(uint16_t *dst, const TI *x, int64_t r0, 
 /* Rows [r0, r0 + N) of bf16 x (rows at stride ld) into dst[N][DP + 8] by cp.async, 8
  * elements (16 bytes) a copy, zeros past T and D; issued, not waited for (the caller commits
  * and waits: tz_cp_async_wait, then __syncthreads). D and ld multiples of 8 and x 16-byte
- * aligned (sh.pipe), so a copy is wholly inside D or wholly past it. */
-template <int DP, int N>
+ * aligned (sh.pipe), so a copy is wholly inside D or wholly past it. UNROLL: how far the
+ * loop over a thread's copies is unrolled (all of it by default; 1 where the hoisted addresses
+ * of unrolled copies cost registers a kernel lacks: k_fa_fwd_wide). */
+template <int DP, int N, int UNROLL = (N * (DP / 8) + FA_THREADS - 1) / FA_THREADS>
 __device__ __forceinline__ void fa_stage_async(uint16_t *dst, const uint16_t *x, int64_t r0,
                                                int64_t T, int64_t ld, int64_t D) {
     constexpr int LD = DP + 8, C8 = DP / 8, PER = (N * C8 + FA_THREADS - 1) / FA_THREADS;
-#pragma unroll
+#pragma unroll(UNROLL)
     for (int i = 0; i < PER; i++) {
         const int e = (int)threadIdx.x + i * FA_THREADS, j = e / C8, d = 8 * (e % C8);
         if (N * C8 % FA_THREADS && e >= N * C8) break;
@@ -868,40 +871,49 @@ __device__ __forceinline__ void fa_mma_abt(float c[NT][4], const uint32_t a[DP /
         }
 }
 
+/* C[DP/8][4] += A s[kk * 16 .. kk * 16 + 15][0 .. DP) for one 16-row step kk of the staged
+ * tile s [..][DP], A the bf16 A fragments of a 16 x 16 block of P. B[k][n] = s[k][n]: two bf16
+ * of adjacent rows, two 16-bit reads; LDM: two n-tiles' B fragments by one
+ * ldmatrix.x4.trans (lane 8j + i addresses row kk * 16 + (j % 2) * 8 + i, columns
+ * (dn + j/2) * 8), the same values either way. */
+template <int DP, bool LDM>
+__device__ __forceinline__ void fa_mma_pv_step(float c[DP / 8][4], const uint32_t a[4],
+                                               const uint16_t *s, int kk) {
+    constexpr int LD = DP + 8;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const uint16_t *r = s + (kk * 16 + 2 * t4) * LD + g;
+#pragma unroll
+    for (int dn = 0; dn < DP / 8; dn += 2) {
+        uint32_t b[4];
+        if (LDM) {
+            const int j = lane >> 3, i = lane & 7;
+            tz_ldmatrix_x4<true>(b, s + (kk * 16 + (j & 1) * 8 + i) * LD + (dn + (j >> 1)) * 8);
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint16_t *q = r + (dn + h) * 8;
+                b[2 * h] = tz_pack_u16(q[0], q[LD]);
+                b[2 * h + 1] = tz_pack_u16(q[8 * LD], q[9 * LD]);
+            }
+        }
+        tz_mma_bf16_16816(c[dn], a, b);
+        tz_mma_bf16_16816(c[dn + 1], a, b + 2);
+    }
+}
+
 /* C[DP/8][4] += P s over KT = 2 * NT rows of the staged tile s [KT][DP], P the fp32 C
  * fragments p[NT][4] of a 16 x KT product rounded to bf16 into A fragments (C tiles 2kk and
- * 2kk + 1 are A step kk). B[k][n] = s[k][n]: two bf16 of adjacent rows, two 16-bit reads;
- * LDM: two n-tiles' B fragments by one ldmatrix.x4.trans (lane 8j + i addresses row
- * kk * 16 + (j % 2) * 8 + i, columns (dn + j/2) * 8), the same values either way. */
+ * 2kk + 1 are A step kk). */
 template <int DP, int NT, bool LDM>
 __device__ __forceinline__ void fa_mma_ps(float c[DP / 8][4], const float p[NT][4],
                                           const uint16_t *s) {
-    constexpr int LD = DP + 8;
-    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
         const uint32_t a[4] = {tz_pack_bf16(p[2 * kk][0], p[2 * kk][1]),
                                tz_pack_bf16(p[2 * kk][2], p[2 * kk][3]),
                                tz_pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
                                tz_pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-        const uint16_t *r = s + (kk * 16 + 2 * t4) * LD + g;
-#pragma unroll
-        for (int dn = 0; dn < DP / 8; dn += 2) {
-            uint32_t b[4];
-            if (LDM) {
-                const int j = lane >> 3, i = lane & 7;
-                tz_ldmatrix_x4<true>(b, s + (kk * 16 + (j & 1) * 8 + i) * LD + (dn + (j >> 1)) * 8);
-            } else {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint16_t *q = r + (dn + h) * 8;
-                    b[2 * h] = tz_pack_u16(q[0], q[LD]);
-                    b[2 * h + 1] = tz_pack_u16(q[8 * LD], q[9 * LD]);
-                }
-            }
-            tz_mma_bf16_16816(c[dn], a, b);
-            tz_mma_bf16_16816(c[dn + 1], a, b + 2);
-        }
+        fa_mma_pv_step<DP, LDM>(c, a, s, kk);
     }
 }
 
@@ -916,22 +928,20 @@ __device__ __forceinline__ float fa_quad_max(float v) {
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-/* One tile of FK keys from s0 in the forward, for a warp's rows: S = Q K^T, the masks where
- * the tile crosses them, the online softmax (the running maximum m of raw scores, the sum l,
- * o rescaled) and o += P V. Ks, Vs: the staged tiles. */
-template <int DP, bool LDM>
-__device__ __forceinline__ void fa_fwd_tile(float (&o)[DP / 8][4], float (&m)[2], float (&l)[2],
-                                            const uint32_t (&qa)[DP / 16][4], const uint16_t *Ks,
-                                            const uint16_t *Vs, const att_shape &sh, int64_t q0,
-                                            int64_t s0, const int64_t (&rows)[2], float sl2) {
+/* The forward's online softmax over one tile of FK keys from s0, for a warp's 16 rows (rows[0]
+ * and rows[1] its lane's two): the scores s masked where `masked` (the tile crosses the
+ * causal diagonal or the sequence's end), the running maximum m of raw scores and the sum l
+ * updated, o rescaled, and P = exp2(s scale log2(e) - m) rounded to bf16 as it is made, into
+ * pa as the A fragments of P V (C tiles 2kk and 2kk + 1 are A step kk): half the registers of
+ * the fp32 scores. Masked scores are -inf, whose exp2 is 0. */
+template <int DP, class R>
+__device__ __forceinline__ void fa_softmax_tile(float (&s)[FK / 8][4], float (&m)[2], float (&l)[2],
+                                                float (&o)[DP / 8][4], uint32_t (&pa)[FK / 16][4],
+                                                const att_shape &sh, bool masked, int64_t s0,
+                                                const R (&rows)[2], float sl2) {
     constexpr int DN = DP / 8, NT = FK / 8;
     const int t4 = threadIdx.x & 3;
-    const int64_t T = sh.T;
-    float s[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-    fa_mma_abt<DP, NT, LDM>(s, qa, Ks);
-    if (fa_mask_tile(sh.causal, q0, FQ, s0, FK, T, false)) {
+    if (masked) {
         const int last[2] = {fa_last_key(sh, rows[0], s0, FK), fa_last_key(sh, rows[1], s0, FK)};
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -956,16 +966,36 @@ __device__ __forceinline__ void fa_fwd_tile(float (&o)[DP / 8][4], float (&m)[2]
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float p = exp2f(fmaf(s[nt][i], sl2, -mb[i >> 1]));
-            s[nt][i] = p;
-            l[i >> 1] += p;
+        for (int i = 0; i < 4; i += 2) {
+            const float p0 = exp2f(fmaf(s[nt][i], sl2, -mb[i >> 1]));
+            const float p1 = exp2f(fmaf(s[nt][i + 1], sl2, -mb[i >> 1]));
+            l[i >> 1] += p0;
+            l[i >> 1] += p1;
+            pa[nt >> 1][(nt & 1) * 2 + (i >> 1)] = tz_pack_bf16(p0, p1);
         }
 #pragma unroll
     for (int dn = 0; dn < DN; dn++)
 #pragma unroll
         for (int i = 0; i < 4; i++) o[dn][i] *= corr[i >> 1];
-    fa_mma_ps<DP, NT, LDM>(o, s, Vs);
+}
+
+/* One tile of FK keys from s0 in the forward, for a warp's rows: S = Q K^T, the online softmax
+ * (fa_softmax_tile) and o += P V. Ks, Vs: the staged tiles. */
+template <int DP, bool LDM>
+__device__ __forceinline__ void fa_fwd_tile(float (&o)[DP / 8][4], float (&m)[2], float (&l)[2],
+                                            const uint32_t (&qa)[DP / 16][4], const uint16_t *Ks,
+                                            const uint16_t *Vs, const att_shape &sh, int64_t q0,
+                                            int64_t s0, const int64_t (&rows)[2], float sl2) {
+    constexpr int NT = FK / 8;
+    float s[NT][4];
+    uint32_t pa[NT / 2][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    fa_mma_abt<DP, NT, LDM>(s, qa, Ks);
+    fa_softmax_tile<DP>(s, m, l, o, pa, sh, fa_mask_tile(sh.causal, q0, FQ, s0, FK, sh.T, false),
+                        s0, rows, sl2);
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) fa_mma_pv_step<DP, LDM>(o, pa[kk], Vs, kk);
 }
 
 /* Blocks a multiprocessor can hold by registers as before the base-2 softmax (four at DP = 32,
@@ -1031,6 +1061,189 @@ __global__ void __launch_bounds__(FA_THREADS, DP <= 32 ? 4 : DP <= 80 ? 3 : 1)
                 if (d < D) orow[d] = o[dn][2 * r + j] * inv;
             }
         if (t4 == 0) lse[(b * sh.Hq + h) * T + t] = m[r] * sh.scale + logf(l[r]);
+    }
+}
+
+/* ---- the forward with 32 query rows a warp (FQW = 128 a block) ----
+ * FlashAttention-2's forward shape at D = 128 (128 query rows by 64 keys, 4 warps): each warp
+ * owns two 16-row m-tiles and multiplies both by every K and V fragment it loads, so a staged
+ * tile serves 128 queries instead of 64 (half the global and L2 reads of K and V per query),
+ * each B fragment loaded from shared memory feeds two mma instead of one, and a warp has two
+ * independent chains of mma and softmax to interleave. Two m-tiles' o and S take 192
+ * registers at D = 128, so Q cannot stay in registers as in k_fa_fwd (64 more): it is copied
+ * into shared memory with the first K and V tiles, and its A fragments are loaded by ldmatrix
+ * at each 16-column step (one ldmatrix.x4 per m-tile and step against four of K's). A warp
+ * skips the tiles its rows cannot see (causal: keys past its last row; rows past T), a
+ * warp-uniform test outside every barrier. The same products in the same order for every
+ * output as k_fa_fwd's, so the same bits (test_cuda_ops: bf16 against fp32 staged). The
+ * cp.async form only (sh.pipe with q aligned as k and v: fa_wide); TZ_FA_ROWS=64 takes
+ * k_fa_fwd, for measuring what it gives. Blocks run the last query rows (the most keys) first. */
+#define FQW 128 /* query rows per block of k_fa_fwd_wide */
+#define FMR 2   /* 16-row m-tiles per warp */
+
+/* The A fragments of step kk of a 16-row m-tile whose row 0 is s (a row-major [16][DP + 8]
+ * bf16 tile in shared memory), by one ldmatrix.x4: lane 8j + i addresses row (j % 2) * 8 + i,
+ * columns kk * 16 + (j / 2) * 8, so register j is a[j] of the mma A layout (cuda_mma.cuh). */
+template <int DP>
+__device__ __forceinline__ void fa_ldm_a(uint32_t a[4], const uint16_t *s, int kk) {
+    constexpr int LD = DP + 8;
+    const int lane = threadIdx.x & 31, j = lane >> 3, i = lane & 7;
+    tz_ldmatrix_x4<false>(a, s + ((j & 1) * 8 + i) * LD + kk * 16 + (j >> 1) * 8);
+}
+
+/* fa_fwd_tile for a warp's FMR m-tiles, their Q rows in shared memory from Qw (row r0 + 16 mt
+ * + i at Qw + (16 mt + i) (DP + 8)): S = Q K^T (fa_mma_abt's order: kk outer), the softmax of
+ * each m-tile (fa_softmax_tile), o += P V with each V fragment loaded once for all m-tiles.
+ * Up to DP = 80 each K fragment is loaded once for all m-tiles too; at 128 the m-tiles' scores
+ * are made one after the other (a K fragment loaded per m-tile), so that one m-tile's 32
+ * fp32 scores, not two, live beside the 128 of o: both at once spilled 64 bytes (nvcc 13,
+ * sm_90 -Xptxas -v), this none. */
+template <int DP>
+__device__ __forceinline__ void fa_fwd_tile_wide(float (&o)[FMR][DP / 8][4], float (&m)[FMR][2],
+                                                 float (&l)[FMR][2], const uint16_t *Qw,
+                                                 const uint16_t *Ks, const uint16_t *Vs,
+                                                 const att_shape &sh, int r0, int s0,
+                                                 const int (&rows)[FMR][2], float sl2) {
+    constexpr int DN = DP / 8, NT = FK / 8, LD = DP + 8;
+    constexpr bool SEQ = DP > 80;
+    const int lane = threadIdx.x & 31, j = lane >> 3, i8 = lane & 7;
+    const bool masked = fa_mask_tile(sh.causal, r0, 16 * FMR, s0, FK, sh.T, false);
+    uint32_t pa[FMR][NT / 2][4];
+    if constexpr (SEQ) {
+#pragma unroll
+        for (int mt = 0; mt < FMR; mt++) {
+            float s[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll 1
+            for (int kk = 0; kk < DP / 16; kk++) {
+                uint32_t a[4];
+                fa_ldm_a<DP>(a, Qw + mt * 16 * LD, kk);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt += 2) {
+                    uint32_t b[4];
+                    tz_ldmatrix_x4<false>(b, Ks + ((nt + (j >> 1)) * 8 + i8) * LD + kk * 16 +
+                                                 (j & 1) * 8);
+                    tz_mma_bf16_16816(s[nt], a, b);
+                    tz_mma_bf16_16816(s[nt + 1], a, b + 2);
+                }
+            }
+            fa_softmax_tile<DP>(s, m[mt], l[mt], o[mt], pa[mt], sh, masked, s0, rows[mt], sl2);
+        }
+    } else {
+        float s[FMR][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < FMR; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; kk++) {
+            uint32_t a[FMR][4];
+#pragma unroll
+            for (int mt = 0; mt < FMR; mt++) fa_ldm_a<DP>(a[mt], Qw + mt * 16 * LD, kk);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt += 2) {
+                uint32_t b[4];
+                tz_ldmatrix_x4<false>(b, Ks + ((nt + (j >> 1)) * 8 + i8) * LD + kk * 16 +
+                                             (j & 1) * 8);
+#pragma unroll
+                for (int mt = 0; mt < FMR; mt++) {
+                    tz_mma_bf16_16816(s[mt][nt], a[mt], b);
+                    tz_mma_bf16_16816(s[mt][nt + 1], a[mt], b + 2);
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < FMR; mt++)
+            fa_softmax_tile<DP>(s[mt], m[mt], l[mt], o[mt], pa[mt], sh, masked, s0, rows[mt], sl2);
+    }
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) /* (fa_mma_ps's order) */
+#pragma unroll
+        for (int dn = 0; dn < DN; dn += 2) {
+            uint32_t b[4];
+            tz_ldmatrix_x4<true>(b, Vs + (kk * 16 + (j & 1) * 8 + i8) * LD + (dn + (j >> 1)) * 8);
+#pragma unroll
+            for (int mt = 0; mt < FMR; mt++) {
+                tz_mma_bf16_16816(o[mt][dn], pa[mt][kk], b);
+                tz_mma_bf16_16816(o[mt][dn + 1], pa[mt][kk], b + 2);
+            }
+        }
+}
+
+template <int DP>
+__global__ void __launch_bounds__(FA_THREADS)
+    k_fa_fwd_wide(float *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                  att_shape sh) {
+    constexpr int DN = DP / 8, LD = DP + 8;
+    extern __shared__ float smem[];
+    uint16_t *Qs = (uint16_t *)smem, *Ks = Qs + FQW * LD, *Vs = Ks + FK * LD;
+    uint16_t *Kn = Vs + FK * LD, *Vn = Kn + FK * LD;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t4 = lane & 3;
+    const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / sh.rep, T = sh.T, D = sh.D;
+    /* (row and key indices in int: fa_wide takes T < 2^31 - FQW) */
+    const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * FQW, r0 = q0 + w * 16 * FMR, Ti = (int)T;
+    int rows[FMR][2];
+#pragma unroll
+    for (int mt = 0; mt < FMR; mt++)
+        rows[mt][0] = r0 + mt * 16 + (lane >> 2), rows[mt][1] = rows[mt][0] + 8;
+    const uint16_t *kb = k + at(b, 0, kvh, T, sh.ldkv, D), *vb = v + at(b, 0, kvh, T, sh.ldkv, D);
+    fa_stage_async<DP, FQW>(Qs, q + at(b, 0, h, T, sh.ldq, D), q0, T, sh.ldq, D);
+    fa_stage_async<DP, FK>(Ks, kb, 0, T, sh.ldkv, D);
+    fa_stage_async<DP, FK>(Vs, vb, 0, T, sh.ldkv, D);
+    tz_cp_async_commit();
+    float o[FMR][DN][4], m[FMR][2], l[FMR][2];
+#pragma unroll
+    for (int mt = 0; mt < FMR; mt++) {
+        m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+#pragma unroll
+        for (int dn = 0; dn < DN; dn++) o[mt][dn][0] = o[mt][dn][1] = o[mt][dn][2] = o[mt][dn][3] = 0.0f;
+    }
+    const int nkeys = sh.causal ? (q0 + FQW < Ti ? q0 + FQW : Ti) : Ti;
+    /* the next tiles' copies issued one at a time (not unrolled) up to DP = 80: unrolled,
+     * their hoisted addresses spilled 12 bytes at 80 (nvcc 13 sm_90 -Xptxas -v), so none */
+    constexpr int SU = DP <= 80 ? 1 : (FK * (DP / 8) + FA_THREADS - 1) / FA_THREADS;
+    /* the keys the warp's rows see: [0, wkeys); none where its rows are past T */
+    const int wkeys = r0 >= Ti ? 0 : sh.causal && r0 + 16 * FMR < Ti ? r0 + 16 * FMR : Ti;
+    const float sl2 = sh.scale * FA_LOG2E;
+    /* one barrier a tile: after it, tile s0 (and Q) is in shared memory for every thread and
+     * no thread still reads tile s0 - FK's buffers, which then take tile s0 + FK while tile s0
+     * is computed (the barrier stays the loop's first statement: the emulation tells barriers
+     * apart by where they are called from, and a barrier just after the warp's branch would
+     * be one the host compiler may copy into both of its arms) */
+    for (int s0 = 0; s0 < nkeys; s0 += FK) {
+        tz_cp_async_wait<0>();
+        __syncthreads();
+        if (s0 + FK < nkeys) {
+            fa_stage_async<DP, FK, SU>(Kn, kb, s0 + FK, T, sh.ldkv, D);
+            fa_stage_async<DP, FK, SU>(Vn, vb, s0 + FK, T, sh.ldkv, D);
+            tz_cp_async_commit();
+        }
+        if (s0 < wkeys)
+            fa_fwd_tile_wide<DP>(o, m, l, Qs + w * 16 * FMR * LD, Ks, Vs, sh, r0, s0, rows, sl2);
+        uint16_t *sw = Ks;
+        Ks = Kn, Kn = sw, sw = Vs, Vs = Vn, Vn = sw;
+    }
+#pragma unroll
+    for (int mt = 0; mt < FMR; mt++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) l[mt][r] = fa_quad_sum(l[mt][r]);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = rows[mt][r];
+            if (t >= Ti) continue;
+            float *orow = out + at(b, t, h, T, sh.ldo, D);
+            const float inv = 1.0f / l[mt][r];
+#pragma unroll
+            for (int dn = 0; dn < DN; dn++)
+#pragma unroll
+                for (int jj = 0; jj < 2; jj++) {
+                    const int64_t d = dn * 8 + 2 * t4 + jj;
+                    if (d < D) orow[d] = o[mt][dn][2 * r + jj] * inv;
+                }
+            if (t4 == 0) lse[(b * sh.Hq + h) * T + t] = m[mt][r] * sh.scale + logf(l[mt][r]);
+        }
     }
 }
 
@@ -1342,6 +1555,19 @@ static int fa_pipe(const att_shape *sh, const void *k, const void *v) {
     return !(e && !strcmp(e, "0"));
 }
 
+/* Whether the forward takes k_fa_fwd_wide (128 query rows a block): the cp.async form
+ * (sh.pipe) with q aligned and strided as k and v are (its Q tile copied too), unless
+ * TZ_FA_ROWS=64 (k_fa_fwd: for measuring what it gives; the same bits either way, which
+ * test_cuda_ops checks; read at every call). */
+static int fa_wide(const att_shape *sh, const void *q) {
+    if (!sh->pipe || (uintptr_t)q % 16 || sh->ldq % 8 || sh->T > INT_MAX - FQW) return 0;
+    const char *e = getenv("TZ_FA_ROWS");
+    return !(e && !strcmp(e, "64"));
+}
+/* k_fa_fwd_wide's Q tile and two buffers of K and V (at DP = 128, 102 KiB: two blocks a
+ * multiprocessor on an H100, as the registers allow) */
+static size_t fa_smem_wide(int dp) { return (size_t)(FQW + 4 * FK) * (dp + 8) * 2; }
+
 static void fa_check(const att_shape *sh) {
     if (sh->Hq > 65535 || sh->B > 65535 || (sh->T + FQ - 1) / FQ > 2147483647LL)
         TZ_FATAL("attention: B=%lld, T=%lld, Hq=%lld exceed the kernel's grid", (long long)sh->B,
@@ -1421,9 +1647,22 @@ static void fa_fwd(tz_backend *be, float *out, float *lse, const TI *q, const TI
     sh.vec4 = fa_vec4(sh.D, staged, lds, esz, 2);
     sh.pipe = fa_pipe(&sh, k, v);
     const int dp = fa_dp(sh.D);
+    cudaStream_t st = tz_cuda_stream(be);
+    if constexpr (sizeof(TI) == 2) {
+        if (fa_wide(&sh, q)) {
+            dim3 grid((unsigned)((sh.T + FQW - 1) / FQW), (unsigned)sh.Hq, (unsigned)sh.B);
+            const size_t smem = fa_smem_wide(dp);
+            if (dp == 32) FA_GO(k_fa_fwd_wide<32>, grid, smem, st, out, lse, q, k, v, sh);
+            else if (dp == 64) FA_GO(k_fa_fwd_wide<64>, grid, smem, st, out, lse, q, k, v, sh);
+            else if (dp == 80) FA_GO(k_fa_fwd_wide<80>, grid, smem, st, out, lse, q, k, v, sh);
+            else FA_GO(k_fa_fwd_wide<128>, grid, smem, st, out, lse, q, k, v, sh);
+            CUDA_LAUNCHED();
+            return;
+        }
+    }
     dim3 grid((unsigned)((sh.T + FQ - 1) / FQ), (unsigned)sh.Hq, (unsigned)sh.B);
-    FA_DISPATCH_P(dp, sh.pipe, TI, k_fa_fwd, grid, fa_smem_fwd(dp, sh.pipe), tz_cuda_stream(be),
-                  out, lse, q, k, v, sh);
+    FA_DISPATCH_P(dp, sh.pipe, TI, k_fa_fwd, grid, fa_smem_fwd(dp, sh.pipe), st, out, lse, q, k,
+                  v, sh);
 }
 
 template <class TI>

@@ -17,7 +17,9 @@
 #                               when time allows; a table of both last.
 #   tests/gpu/device.sh optimes on the GPU machine: the 7B and DiT-XL/2 steps' GPU time op by
 #                               op (TZ_CUDA_OP_TIMES=1, two bench steps each), and the 7B's
-#                               attention again with TZ_FA_LDMATRIX=0 (fragments by plain reads).
+#                               attention again with TZ_FA_ROWS=64 (the forward at 64 query
+#                               rows a block), TZ_FA_ASYNC=0 (tiles staged, not copied ahead)
+#                               and TZ_FA_LDMATRIX=0 (fragments by plain reads).
 #   tests/gpu/device.sh speed   on the GPU machine, after a kernel change: test_cuda_ops and
 #                               test_gpu_model, the 7B bench beside anchor_peft.py lora,
 #                               DiT-XL/2 (AdamW on the host: peak against the plan; then on
@@ -202,13 +204,18 @@ run_optimes() {
       > "$out/optimes-$p.log" 2>&1 || echo "   (exit $?: see optimes-$p.log)"
     grep -A14 'TZ_CUDA_OP_TIMES on' "$out/optimes-$p.log" | sed 's/^/   /'
   done
-  # the flash kernels' B fragments by plain reads instead of ldmatrix: attention's op times
-  [ "$(left 20)" -gt 60 ] || { echo "== TZ_FA_LDMATRIX=0 op times: not run (out of time)"; return; }
-  echo "== TZ_FA_LDMATRIX=0 TZ_CUDA_OP_TIMES=1 turbozero bench --preset llama2-7b (2 steps; attention)"
-  TZ_FA_LDMATRIX=0 TZ_CUDA_OP_TIMES=1 timeout "$(cap 100)" "$tz" bench --preset llama2-7b \
-    --set train.steps=2 > "$out/optimes-llama2-7b-noldm.log" 2>&1 || echo "   (exit $?)"
-  grep -A14 'TZ_CUDA_OP_TIMES on' "$out/optimes-llama2-7b-noldm.log" | grep -E 'attention|TZ_CUDA' |
-    sed 's/^/   /'
+  # attention's op times with each flash switch taking one step back: the forward at 64
+  # query rows a block (TZ_FA_ROWS=64), the tiles staged instead of copied ahead
+  # (TZ_FA_ASYNC=0), the B fragments by plain reads instead of ldmatrix (TZ_FA_LDMATRIX=0)
+  local sw
+  for sw in TZ_FA_ROWS=64 TZ_FA_ASYNC=0 TZ_FA_LDMATRIX=0; do
+    [ "$(left 20)" -gt 60 ] || { echo "== $sw op times: not run (out of time)"; continue; }
+    echo "== $sw TZ_CUDA_OP_TIMES=1 turbozero bench --preset llama2-7b (2 steps; attention)"
+    env "$sw" TZ_CUDA_OP_TIMES=1 timeout "$(cap 100)" "$tz" bench --preset llama2-7b \
+      --set train.steps=2 > "$out/optimes-llama2-7b-${sw%%=*}.log" 2>&1 || echo "   (exit $?)"
+    grep -A14 'TZ_CUDA_OP_TIMES on' "$out/optimes-llama2-7b-${sw%%=*}.log" | grep -E 'attention|TZ_CUDA' |
+      sed 's/^/   /'
+  done
 }
 
 # compute-sanitizer over test_cuda_ops: memcheck of the flash attention kernels (memcheck of

@@ -889,14 +889,37 @@ static void test_attention_in16(tz_backend *be, const char *tag, int64_t B, int6
     }
     int same = 1;
     const int64_t cnt[3] = {BT * Hq * D, B * Hq * T, n};
+    /* the device's bf16 forward again with 64 query rows a block (TZ_FA_ROWS=64: k_fa_fwd,
+     * where the default takes k_fa_fwd_wide's 128): the same bits */
+    int same64 = 1;
+    if (be->device) {
+        const char *prev64 = getenv("TZ_FA_ROWS");
+        char *saved64 = prev64 ? strdup(prev64) : NULL;
+        setenv("TZ_FA_ROWS", "64", 1);
+        float *out = be->alloc(be, (size_t)cnt[0] * 4), *lse = be->alloc(be, (size_t)cnt[1] * 4);
+        be->attention_fwd(be, out, lse, (const float *)(const void *)x16,
+                          (const float *)(const void *)(x16 + ok),
+                          (const float *)(const void *)(x16 + ov), B, T, Hq, Hkv, D, causal, &ld16);
+        float *dev[2] = {out, lse};
+        for (int i = 0; i < 2; i++) {
+            float *h64 = malloc((size_t)cnt[i] * 4);
+            be->download(be, h64, dev[i], (size_t)cnt[i] * 4);
+            same64 &= !memcmp(h64, res[1][i], (size_t)cnt[i] * 4);
+            free(h64), be->release(be, dev[i]);
+        }
+        if (saved64) setenv("TZ_FA_ROWS", saved64, 1);
+        else unsetenv("TZ_FA_ROWS");
+        free(saved64);
+    }
     for (int i = 0; i < 3; i++) {
         same &= !memcmp(res[0][i], res[1][i], (size_t)cnt[i] * 4);
         free(res[0][i]), free(res[1][i]);
     }
-    check(same, "%s attention with q, k, v in bf16 (B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld "
-          "causal=%d, %s): out, lse, dq, dk, dv the bits of the same values in fp32", tag,
-          (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal,
-          fused ? "in place in fused rows" : "dense");
+    check(same && same64, "%s attention with q, k, v in bf16 (B=%lld T=%lld Hq=%lld Hkv=%lld "
+          "D=%lld causal=%d, %s): out, lse, dq, dk, dv the bits of the same values in fp32%s",
+          tag, (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal,
+          fused ? "in place in fused rows" : "dense",
+          be->device ? "; the forward's with 64 query rows a block too" : "");
     if (ws) be->release(be, ws);
     be->release(be, x), be->release(be, x16), be->release(be, dout);
     free(h), free(hd);
@@ -1587,6 +1610,8 @@ int main(int argc, char **argv) {
      * query tiles of dk/dv's for each of the group's 2 heads) */
     test_attention_in16(g_gpu, "gpu", 1, 150, 2, 1, 64, 1, 0);
     test_attention_in16(g_gpu, "gpu", 1, 45, 2, 1, 36, 1, 0); /* D 36: staged, not cp.async */
+    /* (two forward blocks of 128 query rows, not causal: the second's warps 1-3 past T) */
+    test_attention_in16(g_gpu, "gpu", 1, 130, 1, 1, 32, 0, 1);
     /* chunks of query rows through cuBLAS (D > 128) */
     test_attention_tc(2, 45, 4, 2, 136, 1, 16); /* chunks 16, 16, 13; rep 2, by group */
     test_attention_tc(1, 70, 3, 3, 144, 0, 64); /* 64 + 6, not causal */
