@@ -215,7 +215,7 @@ tz_backend *tz_bench_plan_backend(void) {
     be->plan = 1;
     be->device = 1; /* nothing it hands out may be read on the host */
     be->matmul_dtypes = (1u << TZ_DT_F32) | (1u << TZ_DT_BF16); /* a GPU's, for run.precision */
-    be->tq_chunks = TZ_TQ_DEVICE_CHUNKS; /* a GPU's decode in chunks (with bf16 GEMMs) */
+    be->tq_chunks = tz_tq_device_chunks(); /* a GPU's decode in chunks (with bf16 GEMMs) */
     be->ctx = tz_xcalloc(1, sizeof(plan_ctx));
     be->destroy = plan_destroy;
     be->alloc = plan_alloc;
@@ -296,7 +296,7 @@ static int plan_open(plan_run *p, const tz_config *cfg, unsigned dtypes, int tra
     }
     p->be = tz_bench_plan_backend();
     p->be->matmul_dtypes = dtypes;
-    p->be->tq_chunks = (dtypes >> TZ_DT_BF16) & 1u ? TZ_TQ_DEVICE_CHUNKS : 0; /* as the backend */
+    p->be->tq_chunks = (dtypes >> TZ_DT_BF16) & 1u ? tz_tq_device_chunks() : 0; /* as the backend */
     tz_backend_set_precision(p->be, c->run.precision);
     p->t = tz_task_create(c, p->be, training, p->shapes_only);
     return 0;

@@ -1,6 +1,7 @@
 /* What every backend shares: the check that a backend's table is whole, the precision of its
  * GEMMs, its destruction. Choosing one by name and loading the CUDA module: backend/registry.c. */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
@@ -28,6 +29,17 @@ tz_att_ld tz_att_ld_of(const tz_att_ld *ld, int64_t Hq, int64_t Hkv, int64_t D) 
                  (long long)r.kv, (long long)r.o, (long long)(Hq * D), (long long)(Hkv * D),
                  (long long)(Hq * D), (long long)Hq, (long long)Hkv, (long long)D);
     return r;
+}
+
+int tz_tq_device_chunks(void) {
+    const char *e = getenv("TZ_TQ_CHUNKS");
+    if (!e || !*e) return TZ_TQ_DEVICE_CHUNKS;
+    char *end = NULL;
+    const long v = strtol(e, &end, 10);
+    if (*end || v < 1 || v > 16)
+        TZ_FATAL("TZ_TQ_CHUNKS=%s: expected a whole number from 1 to 16 (the chunks a GPU's "
+                 "decode of each quantized weight takes; default %d)", e, TZ_TQ_DEVICE_CHUNKS);
+    return (int)v;
 }
 
 int64_t tz_op_rows(const char *op, int64_t n, int64_t cols, int64_t ld) {

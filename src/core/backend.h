@@ -94,7 +94,7 @@ struct tz_backend {
      * (> 1: two chunk buffers in the tile, the next chunk decoded while the GEMM reads the
      * last; tz_tq_tile_elems says the tile's size); 0 or 1: whole (the CPU). */
     int tq_chunks;
-#define TZ_TQ_DEVICE_CHUNKS 4 /* the CUDA backend's (and a GPU's plan's) */
+#define TZ_TQ_DEVICE_CHUNKS 4 /* the CUDA backend's (and a GPU's plan's) by default */
     /* A workspace lent to the next attention_fwd or attention_bwd, which takes it back (NULL
      * and 0 after the call): att_ws_bytes bytes of backend memory from the caller's planned
      * memory, tz_attention_ws_bytes for the shape (below). A backend whose attention wants
@@ -466,6 +466,12 @@ struct tz_backend {
 /* tq_matmul's chunks where be decodes in them (tq_chunks > 1 with bf16 GEMMs): the forward
  * (transW = 1) takes W's rows, tz_tq_chunk_rows at a time; the backward (transW = 0) its
  * columns, tz_tq_chunk_cols (whole groups) at a time. Not chunked: all of W at once. */
+/* The chunks a GPU's decode takes (the CUDA backend's tq_chunks and a GPU plan's, so that the
+ * plan stays the allocator's peak): TZ_TQ_CHUNKS (a whole number from 1 to 16; 1: each weight
+ * decoded whole and multiplied by one GEMM, nothing overlapped), else TZ_TQ_DEVICE_CHUNKS.
+ * Fatal, naming the variable, for anything else. For measuring the overlap of the decode
+ * against the GEMMs' size (docs/gpu.md). */
+int tz_tq_device_chunks(void);
 static inline int tz_tq_chunked(const tz_backend *be) {
     return be->tq_chunks > 1 && be->matmul_dtype == TZ_DT_BF16;
 }

@@ -101,6 +101,20 @@ if [ -f "$emu" ]; then
   a=$(plan_bytes "$work/emu-plan.log") b=$(peak "$work/emu.log")
   [ -n "$a" ] && [ "$a" = "$b" ] && ok "llama-tiny on $where: allocator peak $b bytes, as planned" ||
     bad "llama-tiny on $where: planned ${a:-?} bytes, allocator peak ${b:-?}"
+  # each weight decoded whole (TZ_TQ_CHUNKS=1: one tile the size of the largest weight, not
+  # two quarters): the plan follows, still the peak, with the same loss; a bad value is named
+  c4=$a l4=$(grep -oE 'step 1/1 \| loss [0-9.]+' "$work/emu.log")
+  TZ_TQ_CHUNKS=1 TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --set train.threads=2 \
+    > "$work/emu1.log" 2>&1 || { bad "bench llama-tiny on $where, TZ_TQ_CHUNKS=1, failed"; tail -3 "$work/emu1.log"; }
+  TZ_TQ_CHUNKS=1 TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --dry-run > "$work/emu1-plan.log" 2>&1
+  a=$(plan_bytes "$work/emu1-plan.log") b=$(peak "$work/emu1.log") l1=$(grep -oE 'step 1/1 \| loss [0-9.]+' "$work/emu1.log")
+  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c4" ] && [ -n "$l1" ] && [ "$l1" = "$l4" ] &&
+    ok "llama-tiny on $where, TZ_TQ_CHUNKS=1: allocator peak $b bytes, as planned (in 4 chunks $c4), the same ${l1#step 1/1 | }" ||
+    bad "llama-tiny on $where, TZ_TQ_CHUNKS=1: planned ${a:-?} bytes, allocator peak ${b:-?} (4 chunks: ${c4:-?}); '${l1:-?}' against '${l4:-?}'"
+  TZ_TQ_CHUNKS=0 TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --dry-run > "$work/emu0.log" 2>&1
+  [ $? -ne 0 ] && grep -q 'TZ_TQ_CHUNKS=0: expected a whole number from 1 to 16' "$work/emu0.log" &&
+    ok "TZ_TQ_CHUNKS=0 refused, naming the variable and what it takes" ||
+    bad "TZ_TQ_CHUNKS=0: $(tail -1 "$work/emu0.log")"
   # flux-tiny streams 3 of its 4 blocks' codes through two slots: every copy into a slot and
   # every kernel reading one is checked for stream order by the emulation (with the saved
   # streams on the host, and without checkpointing, where nothing else orders the streams)

@@ -24,8 +24,8 @@
 #                               test_gpu_model, the 7B bench beside anchor_peft.py lora,
 #                               DiT-XL/2 (AdamW on the host: peak against the plan; then on
 #                               the GPU), both presets' op times, Flux.1-dev (3 steps), then
-#                               the 7B again with TZ_LINEAR_SHARED=0, TZ_TQ_DECODE_STREAM=0 and
-#                               TZ_WEIGHTS_STAGED=0 while time is left (TZ_DEVICE_BUDGET
+#                               the 7B again with TZ_LINEAR_SHARED=0, TZ_TQ_DECODE_STREAM=0,
+#                               TZ_WEIGHTS_STAGED=0 and TZ_TQ_CHUNKS=1 while time is left (TZ_DEVICE_BUDGET
 #                               applies; about 140 s on an H200).
 #   tests/gpu/device.sh ab      on the GPU machine: the built CUDA module against another
 #                               (TZ_AB_MODULE=path; TZ_AB_TURBOZERO=path: its program, where
@@ -274,6 +274,10 @@ table() {
       read -r a b c <<< "$(ours "$out/bench-llama2-7b-unstaged.log")"
       printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, TZ_WEIGHTS_STAGED=0" "$a tok" "$b alloc" "$c used"
     fi
+    if [ -e "$out/bench-llama2-7b-whole.log" ]; then
+      read -r a b c <<< "$(ours "$out/bench-llama2-7b-whole.log")"
+      printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, TZ_TQ_CHUNKS=1" "$a tok" "$b alloc" "$c used"
+    fi
     read -r a b c <<< "$(anchor "$out/anchor-lora.log")"
     printf '%-44s %12s %14s %14s\n' "anchor peft LoRA r16, bf16" "$a tok" "$b alloc" "$c reserved"
     read -r a b c <<< "$(anchor "$out/anchor-full.log")"
@@ -364,6 +368,8 @@ speed)
     "TZ_TQ_DECODE_STREAM=0 turbozero bench --preset llama2-7b (the decode's chunks on the compute stream)"
   TZ_WEIGHTS_STAGED=0 speed_bench llama2-7b -unstaged \
     "TZ_WEIGHTS_STAGED=0 turbozero bench --preset llama2-7b (the next step waits for all updated weights)"
+  TZ_TQ_CHUNKS=1 speed_bench llama2-7b -whole \
+    "TZ_TQ_CHUNKS=1 turbozero bench --preset llama2-7b (each weight decoded whole, one GEMM)"
   table
   ;;
 ab)
