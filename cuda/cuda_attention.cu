@@ -1303,7 +1303,9 @@ __global__ void __launch_bounds__(FA_THREADS)
     uint16_t *Ks = (uint16_t *)smem, *Vs = Ks + FK * LD;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t4 = lane & 3;
     const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / sh.rep, T = sh.T, D = sh.D;
-    const int64_t q0 = (int64_t)blockIdx.x * FQ;
+    /* the last query rows (causal: the most keys) first, as k_fa_fwd_wide's, so the longest
+     * blocks do not start last and leave the GPU a tail of them */
+    const int64_t q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * FQ;
     const int64_t rows[2] = {q0 + w * 16 + (lane >> 2), q0 + w * 16 + (lane >> 2) + 8};
     uint32_t qa[KS][4], ga[KS][4];
     const TI *kb = k + at(b, 0, kvh, T, sh.ldkv, D), *vb = v + at(b, 0, kvh, T, sh.ldkv, D);
