@@ -1548,27 +1548,36 @@ static int fa_vec4(int64_t D, const void *const *p, const int64_t *ld, const int
  * TZ_FA_ASYNC=0 (read at every call, for measuring what it gives: the same bits either way,
  * which test_cuda_ops checks) or TZ_FA_LDMATRIX=0 (the cp.async kernels load with ldmatrix
  * only). */
+/* k_fa_fwd_wide's Q tile and two buffers of K and V (at DP = 128, 102 KiB: two blocks a
+ * multiprocessor on an H100, as the registers allow) */
+static size_t fa_smem_wide(int dp) { return (size_t)(FQW + 4 * FK) * (dp + 8) * 2; }
+/* Whether a block of `bytes` of dynamic shared memory fits the device (its opt-in limit per
+ * block: 227 KiB on an H100, 163 on an A100, 99 on sm_86 and sm_89, which run the sm_80
+ * code): a form that does not fit is not taken, its fallback is. */
+static int fa_fits(tz_backend *be, size_t bytes) { return bytes <= tz_cuda_ctx_of(be)->smem_optin; }
+
 static int fa_ldmatrix(void);
-static int fa_pipe(const att_shape *sh, const void *k, const void *v) {
+static int fa_pipe(tz_backend *be, const att_shape *sh, const void *k, const void *v) {
+    const int dp = fa_dp(sh->D);
     if (!sh->in16 || sh->D % 8 || sh->ldkv % 8 || (uintptr_t)k % 16 || (uintptr_t)v % 16 ||
-        !fa_ldmatrix())
+        !fa_ldmatrix() || !fa_fits(be, fa_smem_fwd(dp, 1)) || !fa_fits(be, fa_smem_dkv(dp, 1)))
         return 0;
     const char *e = getenv("TZ_FA_ASYNC");
     return !(e && !strcmp(e, "0"));
 }
 
 /* Whether the forward takes k_fa_fwd_wide (128 query rows a block): the cp.async form
- * (sh.pipe) with q aligned and strided as k and v are (its Q tile copied too), unless
- * TZ_FA_ROWS=64 (k_fa_fwd: for measuring what it gives; the same bits either way, which
- * test_cuda_ops checks; read at every call). */
-static int fa_wide(const att_shape *sh, const void *q) {
-    if (!sh->pipe || (uintptr_t)q % 16 || sh->ldq % 8 || sh->T > INT_MAX - FQW) return 0;
+ * (sh.pipe) with q aligned and strided as k and v are (its Q tile copied too) where its shared
+ * memory fits (fa_fits: not at D = 128 on sm_86 or sm_89), unless TZ_FA_ROWS=64 (k_fa_fwd: for
+ * measuring what it gives; the same bits either way, which test_cuda_ops checks; read at
+ * every call). */
+static int fa_wide(tz_backend *be, const att_shape *sh, const void *q) {
+    if (!sh->pipe || (uintptr_t)q % 16 || sh->ldq % 8 || sh->T > INT_MAX - FQW ||
+        !fa_fits(be, fa_smem_wide(fa_dp(sh->D))))
+        return 0;
     const char *e = getenv("TZ_FA_ROWS");
     return !(e && !strcmp(e, "64"));
 }
-/* k_fa_fwd_wide's Q tile and two buffers of K and V (at DP = 128, 102 KiB: two blocks a
- * multiprocessor on an H100, as the registers allow) */
-static size_t fa_smem_wide(int dp) { return (size_t)(FQW + 4 * FK) * (dp + 8) * 2; }
 
 static void fa_check(const att_shape *sh) {
     if (sh->Hq > 65535 || sh->B > 65535 || (sh->T + FQ - 1) / FQ > 2147483647LL)
@@ -1647,11 +1656,11 @@ static void fa_fwd(tz_backend *be, float *out, float *lse, const TI *q, const TI
     const int64_t lds[] = {sh.ldkv, sh.ldkv};
     const int esz[] = {(int)sizeof(TI), (int)sizeof(TI)};
     sh.vec4 = fa_vec4(sh.D, staged, lds, esz, 2);
-    sh.pipe = fa_pipe(&sh, k, v);
+    sh.pipe = fa_pipe(be, &sh, k, v);
     const int dp = fa_dp(sh.D);
     cudaStream_t st = tz_cuda_stream(be);
     if constexpr (sizeof(TI) == 2) {
-        if (fa_wide(&sh, q)) {
+        if (fa_wide(be, &sh, q)) {
             dim3 grid((unsigned)((sh.T + FQW - 1) / FQW), (unsigned)sh.Hq, (unsigned)sh.B);
             const size_t smem = fa_smem_wide(dp);
             if (dp == 32) FA_GO(k_fa_fwd_wide<32>, grid, smem, st, out, lse, q, k, v, sh);
@@ -1678,7 +1687,7 @@ static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     const int e = (int)sizeof(TI), esz[] = {e, e, e, 4};
     sh.vec4 = fa_vec4(sh.D, staged, lds, esz, 4);
     /* (dk/dv's kernel copies q's tiles too: q as k and v) */
-    sh.pipe = fa_pipe(&sh, k, v) && (uintptr_t)q % 16 == 0 && sh.ldq % 8 == 0;
+    sh.pipe = fa_pipe(be, &sh, k, v) && (uintptr_t)q % 16 == 0 && sh.ldq % 8 == 0;
     const size_t db = tz_attention_delta_bytes(sh.B, sh.T, sh.Hq);
     const size_t need = sh.pipe ? tz_attention_flash_ws_bytes(sh.B, sh.T, sh.Hq, sh.D) : db;
     if (!ws || ws_bytes < need)

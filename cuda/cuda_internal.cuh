@@ -144,6 +144,7 @@ typedef struct tz_cuda_ctx {
     tz_cuda_rope_cache rope;
     tz_cuda_sign_cache signs;
     char name[320];      /* the device's name, for messages */
+    size_t smem_optin;   /* the most dynamic shared memory a block may opt in to */
 } tz_cuda_ctx;
 
 static inline tz_cuda_ctx *tz_cuda_ctx_of(tz_backend *be) { return (tz_cuda_ctx *)be->ctx; }

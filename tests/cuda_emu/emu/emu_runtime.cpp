@@ -550,6 +550,22 @@ struct Launch {
 } L;
 pthread_mutex_t g_launch_mu = PTHREAD_MUTEX_INITIALIZER;
 size_t g_smem_limit = 48 * 1024;
+/* The most dynamic shared memory a block may opt in to: an H100's 227 KiB, or
+ * TZ_CUDA_EMU_SMEM_OPTIN bytes (a smaller GPU's: 101376 for sm_86 and sm_89; from 16 KiB, below
+ * any GPU's 48, so that the small head sizes of the tests reach the kernels' fallbacks too),
+ * which the device properties report and cudaFuncSetAttribute holds to. */
+size_t smem_optin(void) {
+    static size_t v = 0;
+    if (!v) {
+        const char *e = getenv("TZ_CUDA_EMU_SMEM_OPTIN");
+        char *end = NULL;
+        const long long x = e && *e ? strtoll(e, &end, 10) : 0;
+        if (e && *e && (*end || x < 16 * 1024 || x > 227 * 1024))
+            die("TZ_CUDA_EMU_SMEM_OPTIN=%s: expected bytes from 16384 to 232448", e);
+        v = x ? (size_t)x : 227 * 1024;
+    }
+    return v;
+}
 
 /* cp.async: each thread's copies issued and not done, in order (g_async + i * ASYNC_MAX) */
 enum { ASYNC_MAX = 256, ASYNC_GROUPS = 16 };
@@ -1122,6 +1138,11 @@ cudaError_t tz_emu_launch_impl(const char *name, dim3 grid, dim3 block, size_t s
                     "without cudaFuncSetAttribute", name, smem, g_smem_limit);
         return fail(cudaErrorInvalidValue);
     }
+    if (smem > smem_optin()) { /* (TZ_CUDA_EMU_SMEM_OPTIN below 48 KiB) */
+        tz_emu_note("kernel %s: %zu bytes of dynamic shared memory exceed the device's %zu",
+                    name, smem, smem_optin());
+        return fail(cudaErrorInvalidValue);
+    }
     if (pending()) return cudaSuccess; /* a lost context runs nothing more */
     if (fault_here(name)) { /* found by the next synchronising call, as a GPU's fault is */
         __atomic_store_n(&g_pending, (int)cudaErrorIllegalAddress, __ATOMIC_RELAXED);
@@ -1269,7 +1290,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
     snprintf(p->name, sizeof p->name, "CPU emulation of CUDA, not a GPU");
     p->totalGlobalMem = mem_total();
     p->sharedMemPerBlock = 48 * 1024;
-    p->sharedMemPerBlockOptin = 227 * 1024;
+    p->sharedMemPerBlockOptin = smem_optin();
     p->totalConstMem = 64 * 1024;
     p->regsPerBlock = 65536;
     p->warpSize = 32;
@@ -1607,7 +1628,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
 cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v) {
     if (!f) return fail(cudaErrorInvalidValue);
     if (a == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-        if (v < 0 || v > 227 * 1024) return fail(cudaErrorInvalidValue);
+        if (v < 0 || (size_t)v > smem_optin()) return fail(cudaErrorInvalidValue);
         /* one limit for all kernels here (launches do not say which function they run) */
         if ((size_t)v > g_smem_limit) g_smem_limit = (size_t)v;
     }
