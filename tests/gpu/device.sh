@@ -34,6 +34,11 @@
 #                               TZ_AB_MODULE, both apply to side 0): test_cuda_ops, the 7B and
 #                               DiT-XL/2 op times with each, then their benches interleaved,
 #                               TZ_AB_ROUNDS times (default 2).
+#   tests/gpu/device.sh sweep   on the GPU machine: the 7B bench with each A/B switch of
+#                               TZ_SWEEP (default TZ_FA_ROWS=64, TZ_FA_ASYNC=0, TZ_TQ_CHUNKS=1
+#                               and 2, TZ_TQ_DECODE_STREAM=0, TZ_WEIGHTS_STAGED=0,
+#                               TZ_LINEAR_SHARED=0) between runs without any, TZ_AB_ROUNDS
+#                               rounds (default 1; about 15 runs of 25 s a round).
 #   tests/gpu/device.sh sanitize on the GPU machine: compute-sanitizer memcheck, racecheck and
 #                               synccheck over test_cuda_ops.
 #   tests/gpu/device.sh ncu     on the GPU machine: Nsight Compute on named kernels of the 7B
@@ -371,6 +376,40 @@ speed)
   TZ_TQ_CHUNKS=1 speed_bench llama2-7b -whole \
     "TZ_TQ_CHUNKS=1 turbozero bench --preset llama2-7b (each weight decoded whole, one GEMM)"
   table
+  ;;
+sweep)
+  # the built module with each switch of TZ_SWEEP (default: every A/B switch not yet settled)
+  # against none, on the 7B LoRA bench with AdamW on the GPU (the host's optimizer would set
+  # the step), interleaved none, switch 1, none, switch 2, ..., none, TZ_AB_ROUNDS rounds
+  # (default 1), so that each switch has a run without it on either side (the runs drift over
+  # a call by as much as a switch can change); a table of the step times' medians last
+  setup
+  read -r -a sweep <<< "${TZ_SWEEP:-TZ_FA_ROWS=64 TZ_FA_ASYNC=0 TZ_TQ_CHUNKS=1 TZ_TQ_CHUNKS=2 TZ_TQ_DECODE_STREAM=0 TZ_WEIGHTS_STAGED=0 TZ_LINEAR_SHARED=0}"
+  sweep_run() { # sweep_run TAG [VAR=VALUE]: one 7B bench, its log sweep-TAG.log
+    local tag=$1 log="$out/sweep-$1.log"
+    shift
+    [ "$(left 20)" -gt 35 ] || { echo "== sweep $tag: not run (out of time)"; return; }
+    env "$@" timeout "$(cap 60)" "$tz" bench --preset llama2-7b --set train.steps=6 \
+      --set optim.offload=false > "$log" 2>&1 || echo "   (sweep $tag: exit $?)"
+    echo "== sweep $tag ${*:-(none)}: $(grep -o 'step time median [0-9.]* s' "$log")"
+  }
+  k=0 # (the logs numbered in the order they ran, for the table)
+  for round in $(seq 1 "${TZ_AB_ROUNDS:-1}"); do
+    sweep_run "$(printf %02d $k)-none"
+    for sw in "${sweep[@]}"; do
+      k=$((k + 1))
+      sweep_run "$(printf %02d $k)-${sw%%=*}-${sw#*=}" "$sw"
+      k=$((k + 1))
+      sweep_run "$(printf %02d $k)-none"
+    done
+    k=$((k + 1))
+  done
+  {
+    echo "GPU: $(cat "$out/gpu.txt")   (elapsed $((SECONDS - start)) s; llama2-7b, optim.offload = false)"
+    for f in "$out"/sweep-*.log; do
+      printf '%-40s %s\n' "$(basename "$f" .log)" "$(grep -o 'step time median [0-9.]* s' "$f")"
+    done
+  } | tee "$out/table.txt"
   ;;
 ab)
   # one module against another in one call: TZ_AB_MODULE names the other (an older build
