@@ -1567,13 +1567,15 @@ static int fa_pipe(tz_backend *be, const att_shape *sh, const void *k, const voi
 }
 
 /* Whether the forward takes k_fa_fwd_wide (128 query rows a block): the cp.async form
- * (sh.pipe) with q aligned and strided as k and v are (its Q tile copied too) where its shared
- * memory fits (fa_fits: not at D = 128 on sm_86 or sm_89), unless TZ_FA_ROWS=64 (k_fa_fwd: for
- * measuring what it gives; the same bits either way, which test_cuda_ops checks; read at
- * every call). */
+ * (sh.pipe) with q aligned and strided as k and v are (its Q tile copied too) where a
+ * multiprocessor holds two of its blocks, as it does k_fa_fwd's (each block's shared memory
+ * and the 1 KiB the runtime keeps for it: an H100's 228 KiB holds two at D = 128, an A100's
+ * 164 one, sm_86's and sm_89's 100 none), unless TZ_FA_ROWS=64 (k_fa_fwd: for measuring what
+ * it gives; the same bits either way, which test_cuda_ops checks; read at every call). */
 static int fa_wide(tz_backend *be, const att_shape *sh, const void *q) {
+    const size_t bytes = fa_smem_wide(fa_dp(sh->D));
     if (!sh->pipe || (uintptr_t)q % 16 || sh->ldq % 8 || sh->T > INT_MAX - FQW ||
-        !fa_fits(be, fa_smem_wide(fa_dp(sh->D))))
+        !fa_fits(be, bytes) || 2 * (bytes + 1024) > tz_cuda_ctx_of(be)->smem_sm)
         return 0;
     const char *e = getenv("TZ_FA_ROWS");
     return !(e && !strcmp(e, "64"));

@@ -469,6 +469,7 @@ tz_backend *tz_cuda_module_create(int device) {
     snprintf(c->name, sizeof c->name, "GPU %d (%s, sm_%d%d)", c->device, prop.name, prop.major,
              prop.minor);
     c->smem_optin = prop.sharedMemPerBlockOptin;
+    c->smem_sm = prop.sharedMemPerMultiprocessor;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&c->zeroed, cudaEventDisableTiming));

@@ -145,6 +145,7 @@ typedef struct tz_cuda_ctx {
     tz_cuda_sign_cache signs;
     char name[320];      /* the device's name, for messages */
     size_t smem_optin;   /* the most dynamic shared memory a block may opt in to */
+    size_t smem_sm;      /* shared memory a multiprocessor has for its blocks */
 } tz_cuda_ctx;
 
 static inline tz_cuda_ctx *tz_cuda_ctx_of(tz_backend *be) { return (tz_cuda_ctx *)be->ctx; }

@@ -1291,6 +1291,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
     p->totalGlobalMem = mem_total();
     p->sharedMemPerBlock = 48 * 1024;
     p->sharedMemPerBlockOptin = smem_optin();
+    p->sharedMemPerMultiprocessor = smem_optin() + 1024; /* (an H100's 228 KiB by default) */
     p->totalConstMem = 64 * 1024;
     p->regsPerBlock = 65536;
     p->warpSize = 32;

@@ -135,6 +135,7 @@ typedef struct tz_emu_event *cudaEvent_t;
 struct cudaDeviceProp {
     char name[256];
     size_t totalGlobalMem, sharedMemPerBlock, sharedMemPerBlockOptin, totalConstMem;
+    size_t sharedMemPerMultiprocessor;
     int regsPerBlock, warpSize, maxThreadsPerBlock, maxThreadsDim[3], maxGridSize[3];
     int clockRate, major, minor, multiProcessorCount, maxThreadsPerMultiProcessor;
     int pciBusID, pciDeviceID, pciDomainID, integrated, canMapHostMemory, concurrentKernels;
