@@ -1066,15 +1066,14 @@ __global__ void __launch_bounds__(FA_THREADS, DP <= 32 ? 4 : DP <= 80 ? 3 : 1)
 
 /* ---- the forward with 32 query rows a warp (FQW = 128 a block) ----
  * FlashAttention-2's forward shape at D = 128 (128 query rows by 64 keys, 4 warps): each warp
- * owns two 16-row m-tiles and multiplies both by every K and V fragment it loads, so a staged
- * tile serves 128 queries instead of 64 (half the global and L2 reads of K and V per query),
- * each B fragment loaded from shared memory feeds two mma instead of one, and a warp has two
- * independent chains of mma and softmax to interleave. Two m-tiles' o and S take 192
- * registers at D = 128, so Q cannot stay in registers as in k_fa_fwd (64 more): it is copied
- * into shared memory with the first K and V tiles, and its A fragments are loaded by ldmatrix
- * at each 16-column step (one ldmatrix.x4 per m-tile and step against four of K's). A warp
- * skips the tiles its rows cannot see (causal: keys past its last row; rows past T), a
- * warp-uniform test outside every barrier. The same products in the same order for every
+ * owns two 16-row m-tiles, so a staged tile serves 128 queries instead of 64 (half the global
+ * and L2 reads of K and V per query), each V fragment loaded from shared memory feeds both
+ * m-tiles' mma (up to D = 80 each K fragment too: fa_fwd_tile_wide), and a warp has two
+ * chains of mma and softmax to interleave. Two m-tiles' o take 128 registers at D = 128, so
+ * Q cannot stay in registers as in k_fa_fwd (64 more): it is copied into shared memory with
+ * the first K and V tiles, and its A fragments are loaded by ldmatrix at each 16-column step
+ * (one ldmatrix.x4 per m-tile and step). A warp skips the tiles its rows cannot see (causal:
+ * keys past its last row; rows past T): a warp-uniform test with no barrier inside. The same products in the same order for every
  * output as k_fa_fwd's, so the same bits (test_cuda_ops: bf16 against fp32 staged). The
  * cp.async form only (sh.pipe with q aligned as k and v: fa_wide); TZ_FA_ROWS=64 takes
  * k_fa_fwd, for measuring what it gives. Blocks run the last query rows (the most keys) first. */
@@ -1095,9 +1094,10 @@ __device__ __forceinline__ void fa_ldm_a(uint32_t a[4], const uint16_t *s, int k
  * + i at Qw + (16 mt + i) (DP + 8)): S = Q K^T (fa_mma_abt's order: kk outer), the softmax of
  * each m-tile (fa_softmax_tile), o += P V with each V fragment loaded once for all m-tiles.
  * Up to DP = 80 each K fragment is loaded once for all m-tiles too; at 128 the m-tiles' scores
- * are made one after the other (a K fragment loaded per m-tile), so that one m-tile's 32
- * fp32 scores, not two, live beside the 128 of o: both at once spilled 64 bytes (nvcc 13,
- * sm_90 -Xptxas -v), this none. */
+ * are made one after the other (a K fragment loaded per m-tile) over 16-column steps not
+ * unrolled, so that one m-tile's 32 fp32 scores, not two, live beside the 128 of o: both at
+ * once spilled 64 to 112 bytes (nvcc 13, sm_90 -Xptxas -v), the steps unrolled 44, this 8
+ * (sm_80: none). */
 template <int DP>
 __device__ __forceinline__ void fa_fwd_tile_wide(float (&o)[FMR][DP / 8][4], float (&m)[FMR][2],
                                                  float (&l)[FMR][2], const uint16_t *Qw,
