@@ -492,7 +492,8 @@ all)
   exit $rc
   ;;
 *)
-  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+  # the usage: the comment at the top, every line of it
+  awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'
   exit 2
   ;;
 esac
