@@ -102,29 +102,23 @@ if [ -f "$emu" ]; then
   [ -n "$a" ] && [ "$a" = "$b" ] && ok "llama-tiny on $where: allocator peak $b bytes, as planned" ||
     bad "llama-tiny on $where: planned ${a:-?} bytes, allocator peak ${b:-?}"
   # each weight decoded whole (TZ_TQ_CHUNKS=1: one tile the size of the largest weight, not
-  # two quarters): the plan follows, still the peak, with the same loss (on the emulation,
-  # whose GEMMs sum alike at any width; a GPU's cuBLAS may not); a bad value is named
+  # two quarters): the plan follows, still the peak; and, on the emulation, with less shared
+  # memory a block (TZ_CUDA_EMU_SMEM_OPTIN=24576: under the wide attention forward's 30 KiB at
+  # this head size, as sm_86's 99 KiB is at 128), so that the forward falls back to 64 query
+  # rows a block (where it did not, its launch fails): the same loss (the emulation's GEMMs
+  # sum alike at any width; a GPU's cuBLAS may not, and a GPU's limit is its own). One run for
+  # both. A bad chunk count is refused, named.
   c4=$a l4=$(grep -oE 'step 1/1 \| loss [0-9.]+' "$work/emu.log")
-  TZ_TQ_CHUNKS=1 TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --set train.threads=2 \
-    > "$work/emu1.log" 2>&1 || { bad "bench llama-tiny on $where, TZ_TQ_CHUNKS=1, failed"; tail -3 "$work/emu1.log"; }
+  smem=() && [ -z "${TZ_BENCH_CUDA_MODULE:-}" ] && smem=(TZ_CUDA_EMU_SMEM_OPTIN=24576)
+  env "${smem[@]}" TZ_TQ_CHUNKS=1 TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small \
+    --set train.threads=2 > "$work/emu1.log" 2>&1 ||
+    { bad "bench llama-tiny on $where, TZ_TQ_CHUNKS=1 ${smem[*]}, failed"; grep -m1 -o 'kernel .*' "$work/emu1.log"; }
   TZ_TQ_CHUNKS=1 TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --dry-run > "$work/emu1-plan.log" 2>&1
   a=$(plan_bytes "$work/emu1-plan.log") b=$(peak "$work/emu1.log") l1=$(grep -oE 'step 1/1 \| loss [0-9.]+' "$work/emu1.log")
   [ -n "${TZ_BENCH_CUDA_MODULE:-}" ] && l4=$l1
   [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c4" ] && [ -n "$l1" ] && [ "$l1" = "$l4" ] &&
-    ok "llama-tiny on $where, TZ_TQ_CHUNKS=1: allocator peak $b bytes, as planned (in 4 chunks $c4), the same ${l1#step 1/1 | }" ||
-    bad "llama-tiny on $where, TZ_TQ_CHUNKS=1: planned ${a:-?} bytes, allocator peak ${b:-?} (4 chunks: ${c4:-?}); '${l1:-?}' against '${l4:-?}'"
-  # a device with less shared memory a block (TZ_CUDA_EMU_SMEM_OPTIN: the emulation's limit,
-  # here under the wide attention forward's 30 KiB at this head size, as sm_86's 99 KiB is at
-  # 128): the forward falls back to 64 query rows a block, the same loss (where it did not,
-  # its launch fails); the GPU's own limit is its own
-  if [ -z "${TZ_BENCH_CUDA_MODULE:-}" ]; then
-    TZ_CUDA_EMU_SMEM_OPTIN=24576 TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small \
-      --set train.threads=2 > "$work/emus.log" 2>&1
-    l1=$(grep -oE 'step 1/1 \| loss [0-9.]+' "$work/emus.log")
-    [ -n "$l1" ] && [ "$l1" = "$l4" ] &&
-      ok "llama-tiny on $where with 24 KiB of shared memory a block: the wide attention forward left for the 64-row one, the same ${l1#step 1/1 | }" ||
-      bad "llama-tiny on $where, 24 KiB of shared memory a block: '${l1:-?}' against '${l4:-?}' ($(grep -m1 -o 'kernel .*' "$work/emus.log"))"
-  fi
+    ok "llama-tiny on $where, TZ_TQ_CHUNKS=1 ${smem[*]}: allocator peak $b bytes, as planned (in 4 chunks $c4), the same ${l1#step 1/1 | }" ||
+    bad "llama-tiny on $where, TZ_TQ_CHUNKS=1 ${smem[*]}: planned ${a:-?} bytes, allocator peak ${b:-?} (4 chunks: ${c4:-?}); '${l1:-?}' against '${l4:-?}'"
   TZ_TQ_CHUNKS=0 TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --dry-run > "$work/emu0.log" 2>&1
   [ $? -ne 0 ] && grep -q 'TZ_TQ_CHUNKS=0: expected a whole number from 1 to 16' "$work/emu0.log" &&
     ok "TZ_TQ_CHUNKS=0 refused, naming the variable and what it takes" ||
