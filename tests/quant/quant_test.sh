@@ -66,7 +66,7 @@ common=(--set data.seq_len=128 --set train.steps=40 --set train.micro_batch=8
         --set optim.warmup=5 --set train.threads=2)
 "$tz" train $cfg "${common[@]}" --set run.dir="$work/lora-dense" > "$work/lora-dense.log" 2>&1 || bad "dense LoRA run failed"
 "$tz" train $cfg "${common[@]}" --set run.dir="$work/lora-q4" --set model.path="$work/tq4" > "$work/lora-q4.log" 2>&1 ||
-  { bad "4-bit LoRA run failed"; tail -5 "$work/lora-q4.log"; }
+  { bad "4-bit LoRA run failed"; tail -40 "$work/lora-q4.log"; } # (a crash's whole backtrace)
 losses() { grep -o '"eval_loss": [0-9.]*' "$1/metrics.jsonl" | awk '{print $2}'; }
 d0=$(losses "$work/lora-dense" | head -1) d1=$(losses "$work/lora-dense" | tail -1)
 q0=$(losses "$work/lora-q4" | head -1) q1=$(losses "$work/lora-q4" | tail -1)
