@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # A real one-node Slurm cluster in a private folder, for tests and trying the sbatch
 # template without a cluster: munged with its own key and socket, slurmctld and slurmd on
-# non-default ports, 8 CPUs (config_overrides lets several tasks share 2 cores).
+# non-default ports, 8 CPUs (config_overrides lets several tasks share 2 cores). A requeued
+# job waits out its credential's lifetime (cred_expire, 10 s here, 120 by default) and is then
+# started by the main scheduling pass, run every second here (sched_interval; 60 by default,
+# which left a requeued job pending for up to a minute).
 #   slurm/local-cluster.sh start DIR   -> prints "export SLURM_CONF=DIR/slurm.conf" (stdout)
 #                                         and the node's CPUs and memory (stderr)
 #   slurm/local-cluster.sh stop DIR
@@ -43,6 +46,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=pmix
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=1
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 MailProg=/bin/true

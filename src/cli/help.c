@@ -43,8 +43,8 @@ static const tz_help_page pages[] = {
      "(DiT). train.eval_windows limits the windows (Llama) or images (DiT), 0 = all.\n",
      "turbozero eval inputs/llama/finetune.cfg --set model.adapter=runs/a/adapter"},
     {"bench", "time train.steps training steps; no evaluation, no output files",
-     "turbozero bench CONFIG [--dry-run] [--set section.key=value ...]\n"
-     "turbozero bench --preset NAME [--dry-run] [--set section.key=value ...]",
+     "turbozero bench CONFIG [--dry-run] [--no-split] [--set section.key=value ...]\n"
+     "turbozero bench --preset NAME [--dry-run] [--no-split] [--set section.key=value ...]",
      SET_FLAG
      "  --preset NAME            a model shape built in memory with random weights and\n"
      "                           random data (no files read), with its recipe; --set\n"
@@ -59,6 +59,8 @@ static const tz_help_page pages[] = {
      "                           planning backend that allocates nothing; print parameters,\n"
      "                           the backend memory a rank would allocate, the host memory,\n"
      "                           whether this machine holds them, and a step's arithmetic\n"
+     "  --no-split               on a GPU, leave out the 2 extra steps that time the step\n"
+     "                           split (and its line)\n"
      "Prints step time (median after 2 warm-up steps), tokens/s (images/s for DiT), host\n"
      "shard and activation memory, peak RSS; the allocator's peak and the device's memory in\n"
      "use (cudaMemGetInfo; the host's RAM on the CPU backend); the step split into forward,\n"

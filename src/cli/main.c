@@ -374,13 +374,18 @@ static int cmd_collective(int argc, char **argv, int (*fn)(const tz_config *, tz
     return rc;
 }
 
-/* bench CONFIG | bench --preset NAME, then [--dry-run] [--set k=v ...]: --dry-run plans the
- * memory of a rank without allocating it (a preset, or any model folder) */
+/* bench CONFIG | bench --preset NAME, then [--dry-run] [--no-split] [--set k=v ...]: --dry-run
+ * plans the memory of a rank without allocating it (a preset, or any model folder);
+ * --no-split leaves out a device's extra steps for the step split */
 static int cmd_bench(int argc, char **argv) {
     int dry = 0, n = 0;
     for (int i = 0; i < argc; i++) {
         if (i >= 2 && !strcmp(argv[i], "--dry-run")) {
             dry = 1;
+            continue;
+        }
+        if (i >= 2 && !strcmp(argv[i], "--no-split")) {
+            tz_bench_set_split(0);
             continue;
         }
         if (i >= 2 && !strcmp(argv[i], "--preset")) {
@@ -455,26 +460,11 @@ static void default_wait_policy(char **argv) {
     execv("/proc/self/exe", argv);
 }
 
-/* Started without a launcher (no mpirun, no srun with PMI or PMIx: the variables each sets
- * in its processes), the program is an MPI singleton of one rank. Open MPI 4 then starts a
- * helper daemon and every transport it has, about 0.35 s of the start of every command; a
- * singleton that talks only to itself needs neither: ess_singleton_isolated (no daemon, no
- * MPI_Comm_spawn, which nothing here uses) and the ob1 messaging layer (its "self" path)
- * start it in about 0.02 s. A value the user set is kept; under a launcher nothing changes. */
-static void default_singleton_mpi(void) {
-    static const char *launched[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK",
-                                     "PMI_FD", "PMI_SIZE"};
-    for (size_t i = 0; i < sizeof launched / sizeof *launched; i++)
-        if (getenv(launched[i])) return;
-    setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
-    setenv("OMPI_MCA_pml", "ob1", 0);
-}
-
 int main(int argc, char **argv) {
     int hrc = answer_help(argc, argv);
     if (hrc >= 0) return hrc;
     default_wait_policy(argv);
-    default_singleton_mpi();
+    tz_mpi_singleton_defaults();
     /* train: SIGUSR1, SIGTERM and SIGINT stop it with status 75 from here on, also during
      * start-up (loading, resuming), so that a job stopped early is requeued */
     if (!strcmp(argv[1], "train")) tz_ckpt_signals_install();

@@ -111,6 +111,16 @@ int tz_numa_node_of_pci(const char *bus_id) {
     return node < 0 ? -1 : node;
 }
 
+/* (world.h) */
+void tz_mpi_singleton_defaults(void) {
+    static const char *launched[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK",
+                                     "PMI_FD", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof launched / sizeof *launched; i++)
+        if (getenv(launched[i])) return;
+    setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+    setenv("OMPI_MCA_pml", "ob1", 0);
+}
+
 void tz_world_init(tz_world *w, int device_index_or_minus1) {
     memset(w, 0, sizeof *w);
     w->local = MPI_COMM_NULL;

@@ -27,6 +27,15 @@ struct tz_world {
     int cores, node_cores, node_threads;
 };
 
+/* Call before MPI_Init (every program of this project does). Started without a launcher (no
+ * mpirun, no srun with PMI or PMIx: the variables each sets in its processes), a program is
+ * an MPI singleton of one rank. Open MPI 4 then starts a helper daemon and every transport it
+ * has, about 0.35 s of the start of every command; a singleton that talks only to itself
+ * needs neither: ess_singleton_isolated (no daemon, no MPI_Comm_spawn, which nothing here
+ * uses) and the ob1 messaging layer (its "self" path) start it in about 0.02 s. A value the
+ * user set is kept; under a launcher nothing changes. */
+void tz_mpi_singleton_defaults(void);
+
 /* Fills w from MPI_COMM_WORLD (MPI must be initialised), sets the log rank, and binds the
  * rank to a NUMA node: with several nodes, node = local_rank % nodes (the CPU choice; the GPU
  * code re-binds with tz_world_bind_numa and the device's real node). device is recorded.

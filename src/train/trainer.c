@@ -731,6 +731,9 @@ static int bench_on_gpu(const tz_config *cfg) {
            (cfg->run.device == TZ_DEVICE_AUTO && tz_cuda_device_count() > 0);
 }
 
+static int g_bench_split = 1;
+void tz_bench_set_split(int on) { g_bench_split = on; }
+
 int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     const tz_bench_preset *bp = tz_bench_preset_of(cfg);
     if (bp && bp->gpu_only && !bench_on_gpu(cfg))
@@ -758,12 +761,12 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     /* the phase split: on the host, of the timed steps themselves (the clock costs nothing
      * there); on a device, of extra steps after them, since it synchronises at every phase
      * boundary and would slow the timed ones */
-    const int64_t extra = r.be->device && !r.qzo && steps > 0 ? 2 : 0;
+    const int64_t extra = r.be->device && !r.qzo && steps > 0 && g_bench_split ? 2 : 0;
     double *dt = tz_xmalloc((size_t)(steps > 0 ? steps : 1) * sizeof *dt);
     size_t used_max = 0, mem_total = 0;
     for (int64_t step = 0; step < steps + extra; step++) {
         if (step == warm && !r.qzo) tz_zero_clock_reset(&r.z); /* host-step phases after the warm-up */
-        clk.on = !r.qzo && (extra ? step >= steps : step >= warm);
+        clk.on = !r.qzo && (r.be->device ? extra && step >= steps : step >= warm);
         tz_bench_step_begin(&clk);
         double t0 = now_s();
         step_result s = train_step(&r, step);

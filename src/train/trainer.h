@@ -24,5 +24,8 @@ int tz_eval_run(const tz_config *cfg, tz_world *world, tz_comm *comm);
 /* train.steps training steps without evaluation or output files; prints timing and memory
  * (the figures of docs/benchmarks.md). Collective. */
 int tz_bench_run(const tz_config *cfg, tz_world *world, tz_comm *comm);
+/* bench --no-split (on = 0): on a device, no extra synchronised steps for the step split
+ * (nor its line); on the host the split costs nothing and stays. */
+void tz_bench_set_split(int on);
 
 #endif

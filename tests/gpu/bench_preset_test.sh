@@ -94,13 +94,17 @@ done
 emu=${TZ_BENCH_CUDA_MODULE:-$(dirname "$tz")/libtzcuda_emu.so}
 where="the emulated device" && [ -n "${TZ_BENCH_CUDA_MODULE:-}" ] && where="the GPU"
 if [ -f "$emu" ]; then
+  # (--no-split: bench_preset_emu checks a device's split; 2 extra steps each here cost 20 s)
   small="--set run.device=cuda --set data.seq_len=32 --set train.micro_batch=2 --set train.steps=1"
-  TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --set train.threads=2 > "$work/emu.log" 2>&1 ||
+  TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --no-split --set train.threads=2 > "$work/emu.log" 2>&1 ||
     { bad "bench llama-tiny on $where failed"; tail -3 "$work/emu.log"; }
   TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --dry-run > "$work/emu-plan.log" 2>&1
   a=$(plan_bytes "$work/emu-plan.log") b=$(peak "$work/emu.log")
   [ -n "$a" ] && [ "$a" = "$b" ] && ok "llama-tiny on $where: allocator peak $b bytes, as planned" ||
     bad "llama-tiny on $where: planned ${a:-?} bytes, allocator peak ${b:-?}"
+  n=$(grep -c 'bench step\|bench extra step\|step split' "$work/emu.log")
+  [ "$n" = 1 ] && ok "bench --no-split on $where: the timed step alone, no split" ||
+    bad "bench --no-split on $where: $n lines of steps and split, expected the one timed step"
   # each weight decoded whole (TZ_TQ_CHUNKS=1: one tile the size of the largest weight, not
   # two quarters): the plan follows, still the peak; and, on the emulation, with less shared
   # memory a block (TZ_CUDA_EMU_SMEM_OPTIN=24576: under the wide attention forward's 30 KiB at
@@ -111,7 +115,7 @@ if [ -f "$emu" ]; then
   c4=$a l4=$(grep -oE 'step 1/1 \| loss [0-9.]+' "$work/emu.log")
   smem=() && [ -z "${TZ_BENCH_CUDA_MODULE:-}" ] && smem=(TZ_CUDA_EMU_SMEM_OPTIN=24576)
   env "${smem[@]}" TZ_TQ_CHUNKS=1 TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small \
-    --set train.threads=2 > "$work/emu1.log" 2>&1 ||
+    --no-split --set train.threads=2 > "$work/emu1.log" 2>&1 ||
     { bad "bench llama-tiny on $where, TZ_TQ_CHUNKS=1 ${smem[*]}, failed"; grep -m1 -o 'kernel .*' "$work/emu1.log"; }
   TZ_TQ_CHUNKS=1 TZ_CUDA_MODULE=$emu "$tz" bench --preset llama-tiny $small --dry-run > "$work/emu1-plan.log" 2>&1
   a=$(plan_bytes "$work/emu1-plan.log") b=$(peak "$work/emu1.log") l1=$(grep -oE 'step 1/1 \| loss [0-9.]+' "$work/emu1.log")
@@ -128,7 +132,7 @@ if [ -f "$emu" ]; then
   # streams on the host, and without checkpointing, where nothing else orders the streams)
   for ck in true false; do
     fx="--set run.device=cuda --set train.steps=1 --set train.checkpointing=$ck"
-    TZ_CUDA_MODULE=$emu "$tz" bench --preset flux-tiny $fx --set train.threads=2 > "$work/emuf.log" 2>&1 ||
+    TZ_CUDA_MODULE=$emu "$tz" bench --preset flux-tiny $fx --no-split --set train.threads=2 > "$work/emuf.log" 2>&1 ||
       { bad "bench flux-tiny on $where (checkpointing $ck) failed"; grep -m2 -i "emulation\|fatal" "$work/emuf.log"; continue; }
     TZ_CUDA_MODULE=$emu "$tz" bench --preset flux-tiny $fx --dry-run > "$work/emuf-plan.log" 2>&1
     a=$(plan_bytes "$work/emuf-plan.log") b=$(peak "$work/emuf.log")
@@ -139,7 +143,7 @@ if [ -f "$emu" ]; then
     # (with checkpointing, the recipe's setting; the other case costs 7 s of emulation more)
     [ $ck = true ] || continue
     TZ_CUDA_MODULE=$emu "$tz" bench --preset flux-tiny $fx --set quant.offload_blocks=0 \
-      --set train.threads=2 > "$work/emuf0.log" 2>&1
+      --no-split --set train.threads=2 > "$work/emuf0.log" 2>&1
     a=$(grep -oE 'step 1/1 \| loss [0-9.]+' "$work/emuf.log") b=$(grep -oE 'step 1/1 \| loss [0-9.]+' "$work/emuf0.log")
     [ -n "$a" ] && [ "$a" = "$b" ] && ok "flux-tiny, checkpointing $ck: streamed and resident blocks give the same ${a#step 1/1 | }" ||
       bad "flux-tiny, checkpointing $ck: streamed '${a:-?}', resident '${b:-?}'"

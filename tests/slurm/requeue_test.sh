@@ -29,7 +29,7 @@ id=$(TZ_CKPT_FAULT=rank=0,at=step,step=3,do=pause TZ_BIN="$tz" sbatch --parsable
        --cpus-per-task=1 -o "$work/job.out" slurm/train.sbatch inputs/llama/finetune.cfg "$@" --set run.dir="$work/srun")
 for _ in $(seq 1 600); do grep -q "TZ_CKPT_FAULT: pause" "$work/job.out" 2>/dev/null && break; sleep 0.2; done
 scancel --batch --signal=USR1 "$id"   # to the batch shell only, as --signal=B:USR1 does
-for _ in $(seq 1 1500); do  # the requeued job starts again after about 12 s
+for _ in $(seq 1 1500); do  # the requeued job starts again after about 11 s (local-cluster.sh)
   [ -z "$(squeue -h -j "$id" 2>/dev/null)" ] && break
   sleep 0.2
 done

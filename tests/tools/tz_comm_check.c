@@ -333,6 +333,7 @@ static void check_select_one_rank(tz_comm *c) {
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     int fatal_rank = -1, mpi_error_rank = -1;
     for (int i = 1; i + 1 < argc; i++) {

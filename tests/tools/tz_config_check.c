@@ -3,10 +3,12 @@
 #include <mpi.h>
 #include <stdio.h>
 
+#include "comm/world.h"
 #include "io/config.h"
 #include "task/family.h"
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     if (argc < 2) {
         fprintf(stderr, "usage: tz_config_check FILE [section.key=value ...]\n");

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/world.h"
 #include "backend/registry.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -92,6 +93,7 @@ static void run_sampler(const char *kind, const char *out) {
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     const char *out = arg(argc, argv, "--out", NULL), *sampler = arg(argc, argv, "--sampler", NULL);
     const char *mdir = arg(argc, argv, "--model-out", NULL);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/world.h"
 #include "backend/registry.h"
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -31,6 +32,7 @@ static float *read_all(const tz_safetensors *st, const char *name, int64_t *nume
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     if (argc < 4) TZ_FATAL("usage: tz_flux_dump MODEL_DIR INPUTS OUT [--ckpt 0|1]");
     const int ckpt = argc > 5 && !strcmp(argv[4], "--ckpt") ? atoi(argv[5]) : 0;

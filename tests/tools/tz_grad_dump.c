@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/world.h"
 #include "backend/registry.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -19,6 +20,7 @@ static const char *arg(int argc, char **argv, const char *name, const char *def)
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     const char *model = arg(argc, argv, "--model", NULL), *out = arg(argc, argv, "--out", NULL);
     if (!model || !out) TZ_FATAL("usage: tz_grad_dump --model DIR --out FILE [--mode lora|full] "

@@ -43,6 +43,7 @@ static double triad_gbs(int64_t n, int reps) {
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     const int64_t P = (int64_t)atof(arg(argc, argv, "--params", "9e7"));
     const int steps = atoi(arg(argc, argv, "--steps", "6")), accum = atoi(arg(argc, argv, "--accum", "1"));

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/world.h"
 #include "backend/registry.h"
 #include "core/dtype.h"
 #include "model/llama.h"
@@ -67,6 +68,7 @@ static double run(tz_llama *m, const int32_t *in, const int32_t *tgt, float **g)
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     tz_backend *b32 = tz_cpu_backend_create(2), *b16 = tz_cpu_backend_create(2);
     b16->matmul_dtype = TZ_DT_BF16; /* storage as on a GPU; the CPU's GEMMs stay fp32 */

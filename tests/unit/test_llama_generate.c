@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "comm/world.h"
 #include "backend/registry.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -216,6 +217,7 @@ static void check_long_tokens(tz_backend *be) {
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     tz_backend *be = tz_cpu_backend_create(0);
     check_ops(be);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/world.h"
 #include "backend/registry.h"
 #include "model/llama.h"
 #include "tz_check.h"
@@ -36,6 +37,7 @@ static tz_llama *make(tz_backend *be, int tied, int full, int64_t head_rows_max,
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     tz_backend *be = tz_cpu_backend_create(2);
     const int64_t B = 2, T = 16, BT = B * T, V = 97;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm/world.h"
 #include "backend/registry.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -28,6 +29,7 @@ static float *logits_of(tz_llama *m, const int32_t *in, const int32_t *tg) {
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     tz_backend *be = tz_cpu_backend_create(0);
     const int64_t B = 2, T = 11;

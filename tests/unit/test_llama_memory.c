@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/world.h"
 #include "backend/registry.h"
 #include "core/rng.h"
 #include "model/llama.h"
@@ -216,6 +217,7 @@ static void device_case(tz_backend *cpu16, tz_backend *dev, const mcase *c, cons
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     int32_t in[BT], tg[BT];
     for (int i = 0; i < BT; i++) in[i] = (i * 37 + 5) % V, tg[i] = (i * 53 + 1) % V;

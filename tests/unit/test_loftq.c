@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/world.h"
 #include "backend/registry.h"
 #include "core/rng.h"
 #include "model/llama.h"
@@ -314,6 +315,7 @@ static void test_walk(void) {
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     tz_backend *cpu = tz_cpu_backend_create(2);
     float *w = spectral_matrix(11, 0.6);

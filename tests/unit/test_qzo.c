@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/world.h"
 #include "backend/registry.h"
 #include "core/dtype.h"
 #include "model/llama.h"
@@ -94,6 +95,7 @@ static void scale_gradient(tz_llama *f, const tz_qzo *q, double *G) {
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     tz_backend *be = tz_cpu_backend_create(2);
     batch b;

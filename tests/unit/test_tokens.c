@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "comm/world.h"
 #include "io/tokens.h"
 #include "train/data.h"
 #include "tz_check.h"
@@ -48,6 +49,7 @@ static int try_bad(const char *path, size_t off, const void *patch, size_t plen,
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     char path[64], err[512];
     snprintf(path, sizeof path, "tok_%d.tok", (int)getpid());

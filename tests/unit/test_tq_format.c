@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm/world.h"
 #include "backend/registry.h"
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -184,6 +185,7 @@ static void test_malformed(void) {
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     tz_backend *be = tz_cpu_backend_create(2);
     snprintf(g_dir, sizeof g_dir, "tq_format_%d", (int)getpid());

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/world.h"
 #include "backend/registry.h"
 #include "core/rng.h"
 #include "model/llama.h"
@@ -47,6 +48,7 @@ static float *bind(tz_backend *be, tz_llama *m) {
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     tz_backend *be = tz_cpu_backend_create(2);
     count_start(be);

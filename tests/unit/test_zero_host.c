@@ -110,6 +110,7 @@ static void reference(tz_backend *be, int accum, double clip, float *out, double
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
     tz_world w;
     tz_world_init(&w, -1);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/world.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "optim/zero_plan.h"
@@ -297,6 +298,7 @@ static void test_bad(void) {
 }
 
 int main(int argc, char **argv) {
+    tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv); /* only so a TZ_FATAL path could finalise cleanly */
     test_fixed();
     test_bad();
