@@ -147,6 +147,18 @@ static __global__ void k_shuffles(int *out) {
     if (d != (double)((lane ^ 1) + (threadIdx.x & ~31)) * 10 + 0.5) o[0] = -1;
 }
 
+/* two half-warps at different collectives, each with its own mask */
+static __global__ void k_half_masks(int *out) {
+    int lane = threadIdx.x & 31, v = threadIdx.x * 10;
+    if (lane < 16) {
+        out[2 * threadIdx.x] = __shfl_xor_sync(0x0000ffffu, v, 1);
+        out[2 * threadIdx.x + 1] = (int)__ballot_sync(0x0000ffffu, lane % 3 == 0);
+    } else {
+        out[2 * threadIdx.x] = __shfl_down_sync(0xffff0000u, v, 4);
+        out[2 * threadIdx.x + 1] = __all_sync(0xffff0000u, lane > 15);
+    }
+}
+
 static __global__ void k_read_dyn(float *out) {
     extern __shared__ float dyn[];
     out[threadIdx.x] = dyn[threadIdx.x];
@@ -263,6 +275,16 @@ static void test_threads(void) {
     }
     check(bad == 0, "shuffles (idx, up, down, xor, width 8, double), ballot, any, all (%d wrong)",
           bad);
+    k_half_masks<<<1, 64>>>(s);
+    cudaMemcpy(hs, s, 64 * 2 * sizeof *hs, cudaMemcpyDeviceToHost);
+    bad = 0;
+    for (int t = 0; t < 64; t++) {
+        int l = t & 31;
+        int w0 = l < 16 ? (t ^ 1) * 10 : (l + 4 < 32 ? t + 4 : t) * 10;
+        int w1 = l < 16 ? 0x9249 : 1;
+        bad += hs[2 * t] != w0 || hs[2 * t + 1] != w1;
+    }
+    check(bad == 0, "half-warps at different collectives with their own masks (%d wrong)", bad);
     cudaFree(s);
 }
 

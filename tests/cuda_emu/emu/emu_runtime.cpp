@@ -472,8 +472,11 @@ namespace {
 const size_t STACK_BYTES = 256 * 1024;
 
 #if TZ_EMU_ASM_SWITCH
-/* tz_emu_switch(save, load): saves the callee-saved registers, the SSE and x87 control words
- * and the stack pointer in *save, and resumes the context whose stack pointer is load. */
+/* tz_emu_switch(save, load): saves the callee-saved registers and the stack pointer in *save,
+ * and resumes the context whose stack pointer is load. The SSE and x87 control words (which
+ * the ABI also counts as callee-saved) are not switched: all fibers run on one thread whose
+ * rounding and exception state nothing in a kernel changes, and loading them at each switch
+ * (ldmxcsr, fldcw) was about a tenth of the emulation's time. */
 extern "C" void tz_emu_switch(void **save, void *load);
 __asm__(".text\n"
         ".p2align 4\n"
@@ -485,14 +488,8 @@ __asm__(".text\n"
         "  pushq %r13\n"
         "  pushq %r14\n"
         "  pushq %r15\n"
-        "  subq $16, %rsp\n"
-        "  stmxcsr 8(%rsp)\n"
-        "  fnstcw (%rsp)\n"
         "  movq %rsp, (%rdi)\n"
         "  movq %rsi, %rsp\n"
-        "  ldmxcsr 8(%rsp)\n"
-        "  fldcw (%rsp)\n"
-        "  addq $16, %rsp\n"
         "  popq %r15\n"
         "  popq %r14\n"
         "  popq %r13\n"
@@ -512,7 +509,7 @@ struct Fiber {
 #endif
 };
 
-enum { T_NEW, T_READY, T_SYNC, T_WARP, T_DONE };
+enum { T_NEW, T_READY, T_SYNC, T_WARP, T_DONE }; /* runnable: state <= T_READY */
 struct Thread {
     int state;
     int fiber;
@@ -647,18 +644,14 @@ int new_fiber(void) {
     Fiber *f = &g_fib[g_nfib];
     f->mem = mem;
 #if TZ_EMU_ASM_SWITCH
-    char *top = mem + page + STACK_BYTES;
+    /* each stack starts at its own offset within a page: the fibers of a block stop at the
+     * same depth of the same code, and stacks at one offset all fall in the same few L1
+     * cache sets, a miss at nearly every switch */
+    char *top = mem + page + STACK_BYTES - (size_t)(g_nfib % 64) * 64;
     uint64_t *sp = (uint64_t *)((uintptr_t)top & ~(uintptr_t)15);
     *--sp = 0;                                 /* the entry's return address: none */
     *--sp = (uint64_t)(uintptr_t)&tz_emu_fiber_entry; /* where the first switch returns */
     for (int r = 0; r < 6; r++) *--sp = 0;     /* rbp rbx r12 r13 r14 r15 */
-    sp -= 2;
-    uint32_t mx;
-    uint16_t cw;
-    __asm__ volatile("stmxcsr %0" : "=m"(mx));
-    __asm__ volatile("fnstcw %0" : "=m"(cw));
-    memcpy((char *)sp, &cw, sizeof cw);
-    memcpy((char *)sp + 8, &mx, sizeof mx);
     f->sp = sp;
 #else
     getcontext(&f->uc);
@@ -676,20 +669,21 @@ int new_fiber(void) {
  * or its end) before another starts, the schedule that most often exposes a missing
  * barrier between warps (one warp overwriting shared memory that others have yet to read). */
 int next_runnable(int from) {
-    int n = (int)L.n;
+    const int n = (int)L.n, rev = L.reverse;
+    const Thread *th = L.th;
+    /* (no divisions: this runs at every switch, 32 times a warp collective) */
     if (from >= 0) {
-        int w0 = from & ~31, m = n - w0 < 32 ? n - w0 : 32, lane = from - w0;
-        for (int k = 1; k < m; k++) {
-            int i = w0 + (L.reverse ? ((lane - k) % m + m) % m : (lane + k) % m);
-            int s = L.th[i].state;
-            if (s == T_NEW || s == T_READY) return i;
+        const int w0 = from & ~31, last = (n - w0 < 32 ? n : w0 + 32) - 1;
+        int i = from;
+        for (int k = w0; k < last; k++) {
+            i = rev ? (i == w0 ? last : i - 1) : (i == last ? w0 : i + 1);
+            if (th[i].state <= T_READY) return i;
         }
     }
-    for (int k = 1; k <= n; k++) {
-        int i = from < 0 ? (L.reverse ? n - k : k - 1)
-                         : (L.reverse ? ((from - k) % n + n) % n : (from + k) % n);
-        int s = L.th[i].state;
-        if (s == T_NEW || s == T_READY) return i;
+    int i = from >= 0 ? from : rev ? n : -1;
+    for (int k = 0; k < n; k++) {
+        i = rev ? (i == 0 ? n - 1 : i - 1) : (i + 1 == n ? 0 : i + 1);
+        if (th[i].state <= T_READY) return i;
     }
     return -1;
 }
@@ -968,22 +962,29 @@ __attribute__((noinline)) uint64_t tz_emu_warp(int kind, unsigned mask, uint64_t
     t->width = width;
     t->site = __builtin_return_address(0);
     t->state = T_WARP;
-    /* complete when every lane of the mask waits here */
+    /* complete when every lane of the mask waits here (a full mask: all 32 are, at some
+     * collective; a partial one: each lane of it must be checked) */
     int need = mask == ~0u ? 32 : __builtin_popcount(mask);
     if (++L.waiting[w] < need) {
         yield();
         return t->res;
     }
-    for (unsigned l = 0; l < 32; l++)
-        if ((mask >> l & 1u) && L.th[w0 + l].state != T_WARP) {
-            yield();
-            return t->res;
-        }
+    if (mask != ~0u)
+        for (unsigned m = mask; m; m &= m - 1)
+            if (L.th[w0 + (unsigned)__builtin_ctz(m)].state != T_WARP) {
+                yield();
+                return t->res;
+            }
     L.waiting[w] -= need;
     /* all here: the same operation and mask everywhere, then each lane's result */
     unsigned ballot = 0;
-    for (unsigned l = 0; l < 32; l++) {
-        if (!(mask >> l & 1u)) continue;
+    if (kind == TZ_EMU_BALLOT)
+        for (unsigned m = mask; m; m &= m - 1) {
+            unsigned l = (unsigned)__builtin_ctz(m);
+            if (L.th[w0 + l].val) ballot |= 1u << l;
+        }
+    for (unsigned m = mask; m; m &= m - 1) {
+        unsigned l = (unsigned)__builtin_ctz(m);
         Thread *o = &L.th[w0 + l];
         if (o->kind != kind || o->mask != mask || o->width != width) {
             char a[160], b[160];
@@ -992,11 +993,6 @@ __attribute__((noinline)) uint64_t tz_emu_warp(int kind, unsigned mask, uint64_t
                          site_name(t->site, a, sizeof a), l, coll_name(o->kind), o->mask,
                          site_name(o->site, b, sizeof b));
         }
-        if (o->val) ballot |= 1u << l;
-    }
-    for (unsigned l = 0; l < 32; l++) {
-        if (!(mask >> l & 1u)) continue;
-        Thread *o = &L.th[w0 + l];
         unsigned base = l & ~(unsigned)(width - 1), src = l;
         switch (kind) {
         case TZ_EMU_SHFL_IDX: src = base + ((unsigned)o->arg & (unsigned)(width - 1)); break;
