@@ -382,14 +382,16 @@ sweep)
   # against none, on the 7B LoRA bench with AdamW on the GPU (the host's optimizer would set
   # the step), interleaved none, switch 1, none, switch 2, ..., none, TZ_AB_ROUNDS rounds
   # (default 1), so that each switch has a run without it on either side (the runs drift over
-  # a call by as much as a switch can change); a table of the step times' medians last
+  # a call by as much as a switch can change); a table of the step times' medians last. Each
+  # run without the step split's 2 extra synchronised steps (--no-split: a few seconds of
+  # device time a run, for a line the sweep does not read).
   setup
   read -r -a sweep <<< "${TZ_SWEEP:-TZ_FA_ROWS=64 TZ_FA_ASYNC=0 TZ_TQ_CHUNKS=1 TZ_TQ_CHUNKS=2 TZ_TQ_DECODE_STREAM=0 TZ_WEIGHTS_STAGED=0 TZ_LINEAR_SHARED=0}"
   sweep_run() { # sweep_run TAG [VAR=VALUE]: one 7B bench, its log sweep-TAG.log
     local tag=$1 log="$out/sweep-$1.log"
     shift
     [ "$(left 20)" -gt 35 ] || { echo "== sweep $tag: not run (out of time)"; return; }
-    env "$@" timeout "$(cap 60)" "$tz" bench --preset llama2-7b --set train.steps=6 \
+    env "$@" timeout "$(cap 60)" "$tz" bench --preset llama2-7b --set train.steps=6 --no-split \
       --set optim.offload=false > "$log" 2>&1 || echo "   (sweep $tag: exit $?)"
     echo "== sweep $tag ${*:-(none)}: $(grep -o 'step time median [0-9.]* s' "$log")"
   }
