@@ -1073,10 +1073,11 @@ __global__ void __launch_bounds__(FA_THREADS, DP <= 32 ? 4 : DP <= 80 ? 3 : 1)
  * Q cannot stay in registers as in k_fa_fwd (64 more): it is copied into shared memory with
  * the first K and V tiles, and its A fragments are loaded by ldmatrix at each 16-column step
  * (one ldmatrix.x4 per m-tile and step). A warp skips the tiles its rows cannot see (causal:
- * keys past its last row; rows past T): a warp-uniform test with no barrier inside. The same products in the same order for every
- * output as k_fa_fwd's, so the same bits (test_cuda_ops: bf16 against fp32 staged). The
- * cp.async form only (sh.pipe with q aligned as k and v: fa_wide); TZ_FA_ROWS=64 takes
- * k_fa_fwd, for measuring what it gives. Blocks run the last query rows (the most keys) first. */
+ * keys past its last row; rows past T): a warp-uniform test with no barrier inside. The same
+ * products in the same order for every output as k_fa_fwd's, so the same bits (test_cuda_ops:
+ * bf16 against fp32 staged). The cp.async form only (sh.pipe with q aligned as k and v:
+ * fa_wide); TZ_FA_ROWS=64 takes k_fa_fwd, for measuring what it gives. Blocks run the last
+ * query rows (the most keys) first. */
 #define FQW 128 /* query rows per block of k_fa_fwd_wide */
 #define FMR 2   /* 16-row m-tiles per warp */
 
@@ -1542,20 +1543,22 @@ static int fa_vec4(int64_t D, const void *const *p, const int64_t *ld, const int
     return 1;
 }
 
-/* Whether the flash kernels' bf16 tiles are copied ahead by cp.async, two buffers of each
- * (sh.pipe): q, k, v in bf16 with D and k, v's row stride multiples of 8 and k, v 16-byte
- * aligned (every copy of 8 elements whole, inside D or past it; the backward's q too), unless
- * TZ_FA_ASYNC=0 (read at every call, for measuring what it gives: the same bits either way,
- * which test_cuda_ops checks) or TZ_FA_LDMATRIX=0 (the cp.async kernels load with ldmatrix
- * only). */
 /* k_fa_fwd_wide's Q tile and two buffers of K and V (at DP = 128, 102 KiB: two blocks a
  * multiprocessor on an H100, as the registers allow) */
 static size_t fa_smem_wide(int dp) { return (size_t)(FQW + 4 * FK) * (dp + 8) * 2; }
 /* Whether a block of `bytes` of dynamic shared memory fits the device (its opt-in limit per
  * block: 227 KiB on an H100, 163 on an A100, 99 on sm_86 and sm_89, which run the sm_80
  * code): a form that does not fit is not taken, its fallback is. */
-static int fa_fits(tz_backend *be, size_t bytes) { return bytes <= tz_cuda_ctx_of(be)->smem_optin; }
+static int fa_fits(tz_backend *be, size_t bytes) {
+    return bytes <= tz_cuda_ctx_of(be)->smem_optin;
+}
 
+/* Whether the flash kernels' bf16 tiles are copied ahead by cp.async, two buffers of each
+ * (sh.pipe): q, k, v in bf16 with D and k, v's row stride multiples of 8 and k, v 16-byte
+ * aligned (every copy of 8 elements whole, inside D or past it; the backward's q too), where
+ * the forward's and dk/dv's buffers fit the device (fa_fits), unless TZ_FA_ASYNC=0 (read at
+ * every call, for measuring what it gives: the same bits either way, which test_cuda_ops
+ * checks) or TZ_FA_LDMATRIX=0 (the cp.async kernels load with ldmatrix only). */
 static int fa_ldmatrix(void);
 static int fa_pipe(tz_backend *be, const att_shape *sh, const void *k, const void *v) {
     const int dp = fa_dp(sh->D);
