@@ -45,6 +45,8 @@ typedef struct {
     int acc;  /* backward: add into dq, dk, dv (1), or write them (0: never read) */
     int in16; /* q, k, v given in bf16 (tz_att_ld.in16): the flash kernels' TI */
     int pipe; /* the flash kernels' bf16 tiles copied ahead by cp.async (fa_pipe) */
+    int dv16; /* backward: dv written in bf16 (tz_att_ld.dv16; the flash kernels on the
+               * tensor cores, accumulate 0) */
 } att_shape;
 
 /* A backward output element: added to, or written without reading what was there. */
@@ -314,7 +316,7 @@ static att_shape make_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64
                  (long long)Hkv);
     const tz_att_ld ld = tz_att_ld_of(ldp, Hq, Hkv, D);
     att_shape s = {B, T, Hq, Hkv, D, Hq / Hkv, ld.q, ld.kv, ld.o, causal,
-                   1.0f / sqrtf((float)D), 0, 1, ld.in16, 0};
+                   1.0f / sqrtf((float)D), 0, 1, ld.in16, 0, ld.dv16};
     return s;
 }
 
@@ -1516,7 +1518,8 @@ __global__ void __launch_bounds__(FA_THREADS)
             for (int j = 0; j < 2; j++) {
                 const int64_t d = dn * 8 + 2 * t4 + j;
                 if (d < D) {
-                    att_out(dv + o + d, av[dn][2 * r + j], sh);
+                    if (sh.dv16) ((uint16_t *)dv)[o + d] = tz_bf16_bits(av[dn][2 * r + j]);
+                    else att_out(dv + o + d, av[dn][2 * r + j], sh);
                     att_out(dk + o + d, sh.scale * ak[dn][2 * r + j], sh);
                 }
             }
@@ -1755,6 +1758,11 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
     be->att_ws = NULL, be->att_ws_bytes = 0;
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal, ld);
     sh.acc = accumulate != 0;
+    if (sh.dv16 && (sh.acc || !tz_attention_takes_bf16(be, D)))
+        TZ_FATAL("attention_bwd: dv in bf16 (tz_att_ld.dv16) is written by the tensor-core "
+                 "flash kernels only (bf16 GEMM operands, head dimension <= %d, accumulate "
+                 "0; here %s, D = %lld, accumulate %d)", FA_MAXD,
+                 be->matmul_dtype == TZ_DT_BF16 ? "bf16" : "fp32", (long long)D, accumulate);
     if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
     if (sh.in16) {
         need_flash16(be, D);

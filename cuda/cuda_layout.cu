@@ -106,8 +106,8 @@ static void rope_table(tz_backend *be, int64_t T, int64_t D, float theta, const 
 }
 
 /* One thread per rotated pair (row bt, head h, i < D/2). dir = +1 forward, -1 transpose. x
- * rotated into y: in place (y = x, fp32), or into bf16 bit patterns (rope_fwd16: the same
- * fp32 values, rounded as to_bf16 rounds). */
+ * rotated into y: in place (y = x, fp32), or into bf16 bit patterns (rope_fwd16, rope_bwd16:
+ * the same fp32 values, rounded as to_bf16 rounds). */
 template <class O>
 static __global__ void k_rope(O *y, const float *x, const float *cs, const float *sn, int64_t T,
                               int64_t H, int64_t D, float dir, int64_t total) {
@@ -149,6 +149,11 @@ static void cuda_rope_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, int64
 static void cuda_rope_fwd16(tz_backend *be, uint16_t *y, const float *x, int64_t B, int64_t T,
                             int64_t H, int64_t D, float theta) {
     rope_apply(be, y, x, B, T, H, D, theta, 1.0f);
+}
+
+static void cuda_rope_bwd16(tz_backend *be, uint16_t *dy, const float *dx, int64_t B, int64_t T,
+                            int64_t H, int64_t D, float theta) {
+    rope_apply(be, dy, dx, B, T, H, D, theta, -1.0f);
 }
 
 /* RoPE from a frequency table (D/2 floats of device memory) at positions pos0 + t: the angle
@@ -283,6 +288,7 @@ void tz_cuda_install_layout(tz_backend *be) {
     be->embedding_bwd = cuda_embedding_bwd;
     be->rope_fwd = cuda_rope_fwd;
     be->rope_fwd16 = cuda_rope_fwd16;
+    be->rope_bwd16 = cuda_rope_bwd16;
     be->rope_bwd = cuda_rope_bwd;
     be->rope_tab_fwd = cuda_rope_tab_fwd;
     be->rope_tab_bwd = cuda_rope_tab_bwd;

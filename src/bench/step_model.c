@@ -163,10 +163,10 @@ static void s_att_bwd(tz_backend *be, float *dq, float *dk, float *dv, cf *d, cf
     (void)dq, (void)dk, (void)dv, (void)d, (void)o, (void)lse, (void)q, (void)k, (void)v;
     /* S again, dP = dO V^T, dV += P^T dO, dQ += dS K, dK += dS^T Q: q, dO, O and k, v read,
      * dq, dk, dv written (and read first when added into); lse and delta */
-    const double a = acc ? 1.0 : 0.0;
+    const double a = acc ? 1.0 : 0.0, dv16 = ld && ld->dv16 ? (F - 2.0) * B * T * Hkv * D : 0.0;
     add(be, TZ_SM_ATTENTION, 10.0 * B * Hq * D * pairs(T, T, causal),
         F * B * T * ((4.0 + a) * Hq * D + (4.0 + 2.0 * a) * Hkv * D + Hq) -
-            qkv16_saves(ld, B * T, Hq, Hkv, D));
+            qkv16_saves(ld, B * T, Hq, Hkv, D) - dv16);
 }
 static void s_att_cache(tz_backend *be, float *o, cf *q, cf *kc, cf *vc, int64_t B, int64_t T, int64_t S,
                         int64_t p, int64_t Hq, int64_t Hkv, int64_t D) {
@@ -280,7 +280,8 @@ void tz_step_model_install(tz_backend *be, const tz_step_rates *r) {
     be->from_bf16 = s_from_bf16, be->sumsq = s_sumsq, be->adamw = s_adamw, be->matmul = s_matmul;
     be->matmul_bw16 = s_matmul_bw16, be->matmul16 = s_matmul16, be->matmul_bias = s_matmul_bias, be->embedding_fwd = s_emb_fwd, be->embedding_bwd = s_emb_bwd;
     be->embedding_fwd_w16 = s_emb_w16, be->rmsnorm_fwd = s_rms_fwd, be->rmsnorm_bwd = s_rms_bwd;
-    be->rope_fwd = s_rope, be->rope_bwd = s_rope, be->rope_fwd16 = s_rope16, be->rope_tab_fwd = s_rope_tab;
+    be->rope_fwd = s_rope, be->rope_bwd = s_rope, be->rope_fwd16 = s_rope16, be->rope_bwd16 = s_rope16;
+    be->rope_tab_fwd = s_rope_tab;
     be->rope_tab_bwd = s_rope_tab, be->rope_pairs_fwd = s_rope_pairs, be->rope_pairs_bwd = s_rope_pairs;
     be->attention_fwd = s_att_fwd, be->attention_bwd = s_att_bwd;
     be->attention_cache_fwd = s_att_cache, be->swiglu_fwd = s_swiglu_fwd;

@@ -16,12 +16,13 @@ _Static_assert(sizeof(tz_backend) == offsetof(tz_backend, destroy) +
                "TZ_BACKEND_OPS (core/backend.h) must list every op of struct tz_backend");
 
 tz_att_ld tz_att_ld_of(const tz_att_ld *ld, int64_t Hq, int64_t Hkv, int64_t D) {
-    tz_att_ld r = {Hq * D, Hkv * D, Hq * D, 0};
+    tz_att_ld r = {Hq * D, Hkv * D, Hq * D, 0, 0};
     if (ld) {
         if (ld->q) r.q = ld->q;
         if (ld->kv) r.kv = ld->kv;
         if (ld->o) r.o = ld->o;
         r.in16 = ld->in16 != 0;
+        r.dv16 = ld->dv16 != 0;
     }
     if (r.q < Hq * D || r.kv < Hkv * D || r.o < Hq * D)
         TZ_FATAL("attention: row strides q %lld, kv %lld, out %lld below the rows' widths "

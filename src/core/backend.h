@@ -56,10 +56,13 @@ static inline TZ_ADAMW_HD void tz_adamw_elem(float *w, float *m, float *v, float
  * place with q = kv = (Hq + 2 Hkv) D (k and v pointing into the row). in16: q, k and v hold
  * bf16 bit patterns (their strides in bf16 elements), the form the tensor-core kernels round
  * them to as they load them, so the results are those of the fp32 values they stand for;
- * backends take it where tz_attention_takes_bf16 says (the CPU widens them). */
+ * backends take it where tz_attention_takes_bf16 says (the CPU widens them). dv16 (backward,
+ * accumulate 0): dv written as bf16 bit patterns at kv (in bf16 elements), the fp32 values
+ * rounded as to_bf16 rounds them, for a v projection whose backward GEMMs read dv in bf16
+ * (tz_linear_takes_dy16); backends take it where tz_attention_takes_bf16 says. */
 typedef struct tz_att_ld {
     int64_t q, kv, o;
-    int in16;
+    int in16, dv16;
 } tz_att_ld;
 /* The strides ld asks for, with dense ones for its 0 fields (every backend's attention
  * calls it). Fatal, naming them, when one is below its row's width (rows would overlap). */
@@ -193,6 +196,11 @@ struct tz_backend {
      * rounded as to_bf16 rounds, bit for bit (q and k for attention that reads them in bf16,
      * tz_att_ld.in16, in one pass instead of a rotation and a rounding) */
     void (*rope_fwd16)(tz_backend *be, uint16_t *y, const float *x, int64_t B, int64_t T,
+                       int64_t H, int64_t D, float theta);
+    /* rope_bwd into dy [B, T, H, D] as bf16 bit patterns (dx not changed): rope_bwd's values
+     * rounded as to_bf16 rounds, bit for bit (the gradients of q and k for projections whose
+     * backward GEMMs read them in bf16, tz_linear_takes_dy16) */
+    void (*rope_bwd16)(tz_backend *be, uint16_t *dy, const float *dx, int64_t B, int64_t T,
                        int64_t H, int64_t D, float theta);
     /* The same rotation with the frequencies given and the positions offset: inv_freq is
      * D/2 floats of backend memory (theta^(-2i/D), or a scaled table such as Llama 3's),
@@ -453,7 +461,7 @@ struct tz_backend {
     X(destroy) X(alloc) X(release) X(upload) X(download) X(copy) X(sync) X(fill) X(scale)    \
     X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(adamw) X(matmul) X(matmul_bw16) X(matmul16) X(matmul_bias) X(embedding_fwd)        \
     X(embedding_bwd) X(embedding_fwd_w16) X(rmsnorm_fwd)                                      \
-    X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_fwd16) X(rope_tab_fwd) X(rope_tab_bwd) X(rope_pairs_fwd) X(rope_pairs_bwd) X(attention_fwd)   \
+    X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_fwd16) X(rope_bwd16) X(rope_tab_fwd) X(rope_tab_bwd) X(rope_pairs_fwd) X(rope_pairs_bwd) X(attention_fwd)   \
     X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \
     X(swiglu_bwd) X(xent_fwd) X(xent_bwd) X(layernorm_fwd) X(layernorm_bwd)                 \
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \

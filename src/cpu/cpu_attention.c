@@ -229,6 +229,21 @@ static void cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, c
                               const float *out, const float *lse, const float *q, const float *k,
                               const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                               int64_t D, int causal, int accumulate, const tz_att_ld *ld) {
+    if (ld && ld->dv16) { /* dv into fp32 rows at the same stride, then each row rounded */
+        if (accumulate)
+            TZ_FATAL("attention_bwd: dv in bf16 (tz_att_ld.dv16) is written, never added to");
+        tz_att_ld l32 = tz_att_ld_of(ld, Hq, Hkv, D);
+        l32.dv16 = 0;
+        const int64_t BT = B * T, w = Hkv * D, n = BT > 0 ? (BT - 1) * l32.kv + w : 0;
+        float *t = tz_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *t);
+        cpu_attention_bwd(be, dq, dk, t, dout, out, lse, q, k, v, B, T, Hq, Hkv, D, causal, 0,
+                          &l32);
+        uint16_t *d16 = (uint16_t *)(void *)dv;
+        for (int64_t r = 0; r < BT && w > 0; r++)
+            be->to_bf16(be, d16 + r * l32.kv, t + r * l32.kv, w);
+        free(t);
+        return;
+    }
     wide_qkv w = wide_of(q, k, v, B * T, Hq, Hkv, D, ld);
     if (w.q) {
         cpu_attention_bwd(be, dq, dk, dv, dout, out, lse, w.q, w.k, w.v, B, T, Hq, Hkv, D, causal,

@@ -117,16 +117,26 @@ static void cpu_rope_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, int64_
     rope_theta(be, dx, B, T, H, D, theta, -1.0f);
 }
 
-/* rope_fwd on a copy, rounded (the specification; a device backend fuses the two) */
-static void cpu_rope_fwd16(tz_backend *be, uint16_t *y, const float *x, int64_t B, int64_t T,
-                           int64_t H, int64_t D, float theta) {
+/* rope on a copy, rounded (the specification; a device backend fuses the two) */
+static void rope_theta16(tz_backend *be, uint16_t *y, const float *x, int64_t B, int64_t T,
+                         int64_t H, int64_t D, float theta, float dir) {
     const int64_t n = B * T * H * D;
     if (n <= 0) return;
     float *t = tz_xmalloc((size_t)n * sizeof(float));
     memcpy(t, x, (size_t)n * sizeof(float));
-    rope_theta(be, t, B, T, H, D, theta, 1.0f);
+    rope_theta(be, t, B, T, H, D, theta, dir);
     be->to_bf16(be, y, t, n);
     free(t);
+}
+
+static void cpu_rope_fwd16(tz_backend *be, uint16_t *y, const float *x, int64_t B, int64_t T,
+                           int64_t H, int64_t D, float theta) {
+    rope_theta16(be, y, x, B, T, H, D, theta, 1.0f);
+}
+
+static void cpu_rope_bwd16(tz_backend *be, uint16_t *dy, const float *dx, int64_t B, int64_t T,
+                           int64_t H, int64_t D, float theta) {
+    rope_theta16(be, dy, dx, B, T, H, D, theta, -1.0f);
 }
 
 static void cpu_rope_tab_fwd(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H,
@@ -226,6 +236,7 @@ void TZ_CPU_K(tz_cpu_install_layout)(tz_backend *be) {
     be->rope_pairs_fwd = cpu_rope_pairs_fwd;
     be->rope_pairs_bwd = cpu_rope_pairs_bwd;
     be->rope_fwd16 = cpu_rope_fwd16;
+    be->rope_bwd16 = cpu_rope_bwd16;
     be->patchify = cpu_patchify;
     be->unpatchify = cpu_unpatchify;
     be->copy2d = cpu_copy2d;

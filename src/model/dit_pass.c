@@ -50,7 +50,7 @@ static const float *qkv_part(const tz_dit *m, const tz_dit_acts *a, int j) {
 }
 static tz_att_ld qkv_ld(const tz_dit *m) {
     const int64_t w = 3 * m->d.hidden;
-    return (tz_att_ld){w, w, 0, m->qkv16};
+    return (tz_att_ld){w, w, 0, m->qkv16, 0};
 }
 
 /* One block: x -> out, saving its activations in a. */

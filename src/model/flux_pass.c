@@ -107,7 +107,7 @@ static void attend(tz_flux *m, tz_flux_acts *a, const float *V, float *out, int6
     tz_backend *be = m->be;
     be->rope_pairs_fwd(be, a->Q, n, T, m->d.heads, m->d.head_dim, m->cs);
     be->rope_pairs_fwd(be, a->K, n, T, m->d.heads, m->d.head_dim, m->cs);
-    const tz_att_ld ld = {0, 0, ldo, 0};
+    const tz_att_ld ld = {0, 0, ldo, 0, 0};
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_fwd(be, out, a->lse, a->Q, a->K, V, n, T, m->d.heads, m->d.heads,
                       m->d.head_dim, 0, &ld);
@@ -362,7 +362,7 @@ static void attend_bwd(tz_flux *m, tz_flux_acts *a, const float *V, const float 
                        const float *dout, int64_t ldo, int64_t n, int64_t T) {
     tz_backend *be = m->be;
     const int64_t H = m->d.heads, D = m->d.head_dim;
-    const tz_att_ld ld = {0, 0, ldo, 0};
+    const tz_att_ld ld = {0, 0, ldo, 0, 0};
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_bwd(be, m->dQ, m->dK, m->dV, dout, out, a->lse, a->Q, a->K, V, n, T, H, H, D,
                       0, 0, &ld); /* dQ, dK, dV written */

@@ -256,7 +256,7 @@ static int dy_readers(const tz_linear *l, int dx, int plan) {
  * (dy W_rot's place is kept with or without dx.) Each where the scratch has room (act, cap
  * floats), else NULL and the GEMMs round their fp32 operand themselves (the same bits, more
  * traffic). act NULL: plan (grad()), with room for all; floats: what the backward takes of
- * the scratch. */
+ * the scratch. given16: every dy comes in bf16 (no dy16 room). */
 typedef struct {
     uint16_t *dy16, *x16;
     float *dh;
@@ -273,7 +273,7 @@ static void *take(float *act, int64_t *off, int64_t cap, int64_t fl) {
 }
 
 static bwd_room bwd_layout(const tz_backend *be, const tz_linear *const *ls, int count,
-                           int64_t n, int turbo, int dx, float *act, int64_t cap) {
+                           int64_t n, int turbo, int dx, int given16, float *act, int64_t cap) {
     bwd_room r = {0};
     const int plan = act == NULL;
     int64_t off = turbo ? al16(n * ls[0]->in) : 0, maxout = 0, ranks = 0;
@@ -281,7 +281,7 @@ static bwd_room bwd_layout(const tz_backend *be, const tz_linear *const *ls, int
     for (int i = 0; i < count; i++) {
         const tz_linear *l = ls[i];
         maxout = l->out > maxout ? l->out : maxout;
-        dy |= dy_readers(l, dx, plan) >= 2;
+        dy |= !given16 && dy_readers(l, dx, plan) >= 2;
         wx |= grad(l->w, plan);
         if (l->a && grad(l->a, plan)) ax = 1, ranks += l->r;
     }
@@ -314,7 +314,8 @@ int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, i
         fwd = f > fwd ? f : fwd;
     }
     if (!backward) return fwd;
-    const int64_t bwd = bwd_layout(be, ls, count, n, turbo, 1, NULL, 0).floats;
+    const int64_t bwd =
+        bwd_layout(be, ls, count, n, turbo, 1, backward == TZ_LINEAR_BWD_DY16, NULL, 0).floats;
     return fwd > bwd ? fwd : bwd;
 }
 
@@ -351,7 +352,8 @@ static void linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const floa
     const tz_qweight *q = l->w->q;
     const int turbo = q && q->method == TZ_TQ_TURBOQUANT;
     const bwd_room r = l->tq && l->tq->act ? bwd_layout(be, &l, 1, n, turbo, dx != NULL,
-                                                        l->tq->act, l->tq->act_floats)
+                                                        dy16 != NULL, l->tq->act,
+                                                        l->tq->act_floats)
                                            : (bwd_room){0};
     dy16 = dy_prep(be, l, dy, dy16, r.dy16, n);
     linear_bwd_x(be, l, dx, dy, dy16, x, x16, h, scratch, n, 0, 0, dx_set);
@@ -550,7 +552,9 @@ void tz_linear_bwd_shared16(tz_backend *be, const tz_linear *const *ls, int coun
      * dx (+)= R^T (sum_i dy_i W_rot_i), one inverse rotation for all, then LoRA's dh_i A_i
      * where the dh's are kept (else before it); dense: tz_linear_bwd's order, the same bits */
     const tz_linear *l0 = ls[0];
-    const bwd_room r = bwd_layout(be, ls, count, n, turbo, dx != NULL, l0->tq->act,
+    int given16 = dy16s != NULL;
+    for (int i = 0; given16 && i < count; i++) given16 = dy16s[i] != NULL;
+    const bwd_room r = bwd_layout(be, ls, count, n, turbo, dx != NULL, given16, l0->tq->act,
                                   l0->tq->act_floats);
     if (r.x16) be->to_bf16(be, r.x16, x, n * l0->in);
     float *t = turbo && dx ? act_buffer(l0, n) : NULL, *dh = r.dh;

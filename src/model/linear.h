@@ -134,7 +134,10 @@ int tz_linear_dy_mode(const tz_backend *be, const tz_linear *l);
  * forward and, where backward, the backward (gradients as the parameters' trainable flags
  * say): a TurboQuant weight's rotated input and dy W_rot; where be's GEMMs round to bf16, the
  * backward's copies of dy and x rounded once for the GEMMs that read them. A backward without
- * the room lets each GEMM round its operands (the same bits, more traffic). */
+ * the room lets each GEMM round its operands (the same bits, more traffic). backward
+ * TZ_LINEAR_BWD_DY16: the backward with every dy given in bf16 (tz_linear_bwd_shared16's
+ * dy16s, tz_linear_bwd_set16's dy16), which then takes no room for rounding them. */
+#define TZ_LINEAR_BWD_DY16 2
 int64_t tz_linear_act_floats(const tz_backend *be, const tz_linear *const *ls, int count,
                              int64_t n, int backward);
 

@@ -206,8 +206,33 @@ static int keeps_att16(const tz_llama *m) {
            tz_attention_takes_bf16(m->be, m->d.head_dim);
 }
 
+/* Whether the gate and up projections' backward takes dg and du as swiglu_bwd writes them in
+ * bf16: where their GEMMs would round them to bf16 anyway (the same bits, without an fp32
+ * write and a rounding pass of each). */
+static int gate_up_dy16(const tz_backend *be, const tz_llama_layer *L) {
+    return tz_linear_takes_dy16(be, &L->lin[TZ_LIN_GATE]) &&
+           tz_linear_takes_dy16(be, &L->lin[TZ_LIN_UP]);
+}
+
 /* n floats rounded up to 64 bytes, the arena's alignment, for buffers cut from one take */
 static int64_t al16(int64_t n) { return (n + 15) / 16 * 16; }
+/* the floats that hold n bf16, likewise rounded */
+static int64_t half16(int64_t n) { return al16((n + 1) / 2); }
+
+/* Whether attention's backward writes dv in bf16 (tz_att_ld.dv16), and RoPE's backward the
+ * gradients of q and k (rope_bwd16, llama.h qk16), for the q, k, v projections: where
+ * attention reads q, k, v in bf16 (att16: the flash kernels, which write dv so) and the
+ * projections' backward GEMMs read their dy in bf16 (tz_linear_takes_dy16), the bits those
+ * GEMMs read, without an fp32 write and a rounding pass of each. q and k so where RoPE is the
+ * theta op (rope_type default) and no head norm comes between it and the projections. */
+static int v_dy16(const tz_llama *m, const tz_llama_layer *L) {
+    return m->att16 && tz_linear_takes_dy16(m->be, &L->lin[TZ_LIN_V]);
+}
+static int qk_dy16(const tz_backend *be, const tz_llama_dims *d, const tz_llama_layer *L) {
+    return d->rope_type == TZ_ROPE_DEFAULT && !d->qk_norm &&
+           tz_linear_takes_dy16(be, &L->lin[TZ_LIN_Q]) &&
+           tz_linear_takes_dy16(be, &L->lin[TZ_LIN_K]);
+}
 
 /* Walks every allocation of tz_llama_setup; with a NULL arena it only counts bytes. */
 static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
@@ -233,6 +258,15 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     const int qkv_gu = att16 && !chunked && qd <= F && 2 * kvd <= F, qkv_pool = att16 && chunked;
     if (a) m->mlp_rows = m->mlp_rows_fwd = R, m->mlp_chunked = chunked, m->pool = NULL;
     if (a) m->att16 = att16, m->pool_floats = 0; /* (attention's inputs: att_inputs) */
+    /* the gradients of q and k in bf16 (qk_dy16) where a layer takes them, and room for them:
+     * with MLP chunks at the pool's end (below), else where datt was (read by then): the
+     * set's g (B*T*F floats, bwd_in_set below) where they fit, or datt's own memory */
+    int qk16 = 0;
+    for (int64_t l = 0; att16 && l < d->n_layers; l++)
+        qk16 |= qk_dy16(m->be, d, &m->layers[l]);
+    const int64_t qk16_floats = half16(BT * kvd) + half16(BT * qd); /* dk's, then dq's */
+    if (!chunked && qd <= F && 2 * kvd <= F && qk16_floats > BT * F) qk16 = 0;
+    if (a) m->qk16 = qk16, m->qk16_room = NULL;
     for (int i = 0; i < n_sets; i++) {
         tz_llama_acts *s = a ? tz_layer_stack_set(&m->stack, i) : NULL;
 #define ACT(field, n) TAKE(s->field, n, #field) /* s is NULL only while sizing */
@@ -265,13 +299,15 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         const int64_t RF = al16(R * F), fit = qd <= C;
         int64_t n = 5 * RF;
         if (al16(BT * C) + m->head_rows * d->vocab > n) n = al16(BT * C) + m->head_rows * d->vocab;
-        const int64_t att_grads = 2 * al16(BT * kvd) + (fit ? 0 : 2 * al16(BT * qd));
+        const int64_t att_grads0 = 2 * al16(BT * kvd) + (fit ? 0 : 2 * al16(BT * qd));
+        const int64_t att_grads = att_grads0 + (qk16 ? qk16_floats : 0);
         if (att_grads > n) n = att_grads;
         const int64_t qkv = qkv_pool ? al16(BT * qd) + 2 * al16(BT * kvd) : 0;
         if (qkv > n) n = qkv;
         TAKE(pool, n, "pool: fp32 q, k, v, MLP chunks, head, attention gradients");
         if (a) {
             m->pool = pool, m->pool_floats = n;
+            m->qk16_room = qk16 ? pool + att_grads0 : NULL;
             for (int i = 0; qkv_pool && i < n_sets; i++) { /* q, k, v in forward (above) */
                 tz_llama_acts *s = tz_layer_stack_set(&m->stack, i);
                 s->q = pool, s->k = pool + al16(BT * qd), s->v = s->k + al16(BT * kvd);
@@ -308,9 +344,9 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
              * Llama) */
             m->bwd_in_set = qd <= F && 2 * kvd <= F;
             if (a && m->bwd_in_set) m->dq = m->dk = m->dv = m->datt = m->dg = NULL;
-            if (!m->bwd_in_set) {
+            if (!m->bwd_in_set) { /* (datt grown to hold the bf16 dq, dk where it must) */
                 TAKE(m->dq, BT * qd, "dq"); TAKE(m->dk, BT * kvd, "dk"); TAKE(m->dv, BT * kvd, "dv");
-                TAKE(m->datt, BT * qd, "datt");
+                TAKE(m->datt, qk16 && qk16_floats > BT * qd ? qk16_floats : BT * qd, "datt");
                 TAKE(m->dg, BT * F, "dg");
             }
             TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
@@ -328,20 +364,31 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
      * mlp_rows rows; q, k, v and gate, up share their input (tz_linear_*_shared) */
     int64_t act = 0;
     const int bwd = !m->o.forward_only;
-    for (int64_t l = 0; l < d->n_layers; l++)
+    for (int64_t l = 0; l < d->n_layers; l++) {
+        const tz_llama_layer *L = &m->layers[l];
+        /* the linears whose dy comes in bf16 (attn_bwd, layer_bwd) take no room to round it */
+        int given[TZ_LIN_N] = {0};
+        given[TZ_LIN_Q] = given[TZ_LIN_K] = qk16 && qk_dy16(m->be, d, L);
+        given[TZ_LIN_V] = att16 && tz_linear_takes_dy16(m->be, &L->lin[TZ_LIN_V]);
+        given[TZ_LIN_GATE] = given[TZ_LIN_UP] = gate_up_dy16(m->be, L);
         for (int j = 0; j < TZ_LIN_N; j++) {
-            const tz_linear *lin = m->layers[l].lin, *lj = &lin[j];
+            const tz_linear *lj = &L->lin[j];
             const tz_qweight *q = lj->w->q;
             if (q && q->method != TZ_TQ_TURBOQUANT) continue; /* absmax: no scratch */
             const int64_t nr = j >= TZ_LIN_GATE ? R : BT;
-            int64_t n = tz_linear_act_floats(m->be, &lj, 1, nr, bwd);
+            const int mode = bwd && given[j] ? TZ_LINEAR_BWD_DY16 : bwd;
+            int64_t n = tz_linear_act_floats(m->be, &lj, 1, nr, mode);
             if (n > act) act = n;
             if (j != TZ_LIN_Q && j != TZ_LIN_GATE) continue;
             /* the group it leads, on one input: q, k, v; gate, up */
             const tz_linear *grp[3] = {lj, lj + 1, lj + 2};
-            n = tz_linear_act_floats(m->be, grp, j == TZ_LIN_Q ? 3 : 2, nr, bwd);
+            const int count = j == TZ_LIN_Q ? 3 : 2;
+            int all = bwd;
+            for (int i = 0; i < count; i++) all &= given[j + i];
+            n = tz_linear_act_floats(m->be, grp, count, nr, all ? TZ_LINEAR_BWD_DY16 : bwd);
             if (n > act) act = n;
         }
+    }
     total += tz_quant_scratch_walk_act(
         &m->tq, &m->params, a, act, m->be,
         tz_linear_fold_cols(m->be, m->o.lora.targets ? m->o.lora.rank : 0, m->d.qkv_bias));
@@ -422,7 +469,7 @@ static void rope16(tz_llama *m, uint16_t *y, float *x, int64_t B, int64_t T, int
 }
 
 /* The attention's inputs as tz_llama_acts holds them: q, k, v, or (att16) their bf16 copies */
-static const tz_att_ld att16_ld = {0, 0, 0, 1};
+static const tz_att_ld att16_ld = {0, 0, 0, 1, 0};
 static void att_inputs(const tz_llama *m, const tz_llama_acts *a, const float *p[3],
                        const tz_att_ld **ld) {
     p[0] = m->att16 ? (const float *)(const void *)a->q16 : a->q;
@@ -447,24 +494,23 @@ static void lins_fwd(tz_backend *be, const tz_llama_layer *L, int first, float *
     const tz_linear *ls[3];
     tz_linear_fwd_shared(be, ls, ys, hs, lin_set(L, first, ls), x, n);
 }
-/* dy16: the dys are bf16 bit patterns (swiglu_bwd's out_bf16), else fp32 */
+/* Each linear's dy: d16[i] in bf16 bit patterns where not NULL (swiglu_bwd's out_bf16,
+ * rope_bwd16, attention's dv16), else dys[i] in fp32 */
 static void lins_bwd(tz_backend *be, const tz_llama_layer *L, int first, float *dx,
-                     const float *const *dys, int dy16, const float *x, const float *const *hs,
-                     float *scratch, int64_t n, int dx_set) {
+                     const float *const *dys, const uint16_t *const *d16, const float *x,
+                     const float *const *hs, float *scratch, int64_t n, int dx_set) {
     const tz_linear *ls[3];
-    const int count = lin_set(L, first, ls);
-    const uint16_t *d16[3] = {NULL, NULL, NULL};
-    for (int i = 0; dy16 && i < count; i++) d16[i] = (const uint16_t *)(const void *)dys[i];
-    tz_linear_bwd_shared16(be, ls, count, dx, dy16 ? NULL : dys, dy16 ? d16 : NULL, x, hs,
-                           scratch, n, dx_set);
+    tz_linear_bwd_shared16(be, ls, lin_set(L, first, ls), dx, dys, d16, x, hs, scratch, n,
+                           dx_set);
 }
-
-/* Whether the gate and up projections' backward takes dg and du as swiglu_bwd writes them in
- * bf16: where their GEMMs would round them to bf16 anyway (the same bits, without an fp32
- * write and a rounding pass of each). */
-static int gate_up_dy16(const tz_backend *be, const tz_llama_layer *L) {
-    return tz_linear_takes_dy16(be, &L->lin[TZ_LIN_GATE]) &&
-           tz_linear_takes_dy16(be, &L->lin[TZ_LIN_UP]);
+/* dg and du as swiglu_bwd wrote them: in bf16 (gu16) or fp32 */
+static void gate_up_bwd(tz_backend *be, const tz_llama_layer *L, float *dx, float *dg, float *du,
+                        int gu16, const float *x, const float *const *hs, float *scratch,
+                        int64_t n) {
+    const float *dys[2] = {gu16 ? NULL : dg, gu16 ? NULL : du};
+    const uint16_t *d16[2] = {gu16 ? (const uint16_t *)(const void *)dg : NULL,
+                              gu16 ? (const uint16_t *)(const void *)du : NULL};
+    lins_bwd(be, L, TZ_LIN_GATE, dx, dys, d16, x, hs, scratch, n, 1);
 }
 
 /* The MLP on n rows: out = down(swiglu(gate(h2), up(h2))), mlp_rows rows at a time (all n at
@@ -626,11 +672,23 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     const float *in[3];
     const tz_att_ld *ld;
     att_inputs(m, a, in, &ld);
+    tz_att_ld ldv = ld ? *ld : (tz_att_ld){0};
+    ldv.dv16 = v_dy16(m, L);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, in[0], in[1], in[2], B, T,
-                      d->n_heads, d->n_kv_heads, d->head_dim, 1, 0, ld); /* dq, dk, dv written */
-    rope(m, dq, B, T, d->n_heads, 0, 1);
-    rope(m, dk, B, T, d->n_kv_heads, 0, 1);
+                      d->n_heads, d->n_kv_heads, d->head_dim, 1, 0,
+                      ldv.dv16 ? &ldv : ld); /* dq, dk, dv written */
+    uint16_t *dq16 = NULL, *dk16 = NULL;
+    if (m->qk16 && qk_dy16(be, d, L)) { /* into datt's memory (read), or the pool's room */
+        float *room = m->qk16_room ? m->qk16_room : datt;
+        dk16 = (uint16_t *)(void *)room;
+        dq16 = (uint16_t *)(void *)(room + half16(BT * d->n_kv_heads * d->head_dim));
+        be->rope_bwd16(be, dq16, dq, B, T, d->n_heads, d->head_dim, (float)d->theta);
+        be->rope_bwd16(be, dk16, dk, B, T, d->n_kv_heads, d->head_dim, (float)d->theta);
+    } else {
+        rope(m, dq, B, T, d->n_heads, 0, 1);
+        rope(m, dk, B, T, d->n_kv_heads, 0, 1);
+    }
     if (d->qk_norm) { /* through each head's RMSNorm: the gradients of q and k before it */
         be->rmsnorm_bwd(be, m->dqn, L->q_norm->g, dq, a->qn, L->q_norm->w, a->rq,
                         BT * d->n_heads, d->head_dim, 0); /* written */
@@ -640,9 +698,11 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     }
     if (remake_h1) /* h1 again, in its memory: the same op on the same x */
         be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
-    const float *dqkv[3] = {dq, dk, dv};
+    const float *dqkv[3] = {dq16 ? NULL : dq, dk16 ? NULL : dk, ldv.dv16 ? NULL : dv};
+    const uint16_t *d16[3] = {dq16, dk16,
+                              ldv.dv16 ? (const uint16_t *)(const void *)dv : NULL};
     const float *lqkv[3] = {a->lh[TZ_LIN_Q], a->lh[TZ_LIN_K], a->lh[TZ_LIN_V]};
-    lins_bwd(be, L, TZ_LIN_Q, m->dh, dqkv, 0, a->h1, lqkv, m->dlora, BT, 1); /* dh written */
+    lins_bwd(be, L, TZ_LIN_Q, m->dh, dqkv, d16, a->h1, lqkv, m->dlora, BT, 1); /* dh written */
     /* dres += norm path: now dL/dx */
     be->rmsnorm_bwd(be, m->dres, L->attn_norm->g, m->dh, x, L->attn_norm->w, a->rstd1, BT, C, 1);
 }
@@ -665,8 +725,8 @@ static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
                       BT);
     const int gu16 = gate_up_dy16(be, L);
     be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, BT * F, 0, gu16);
-    const float *dgu[2] = {dg, m->du}, *lgu[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
-    lins_bwd(be, L, TZ_LIN_GATE, m->dh, dgu, gu16, a->h2, lgu, m->dlora, BT, 1);
+    const float *lgu[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
+    gate_up_bwd(be, L, m->dh, dg, m->du, gu16, a->h2, lgu, m->dlora, BT);
     /* dres += norm path: now dL/dx2 */
     be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C, 1);
     attn_bwd(m, L, a, x, datt, dq, dk, dv, 0);
@@ -697,8 +757,8 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
         tz_linear_bwd_set(be, down, m->ds, dres, a->s, lh_down, m->dlora, c);
         float *dg = a->s; /* s was read for the last time */
         be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, c * F, 0, gu16);
-        const float *dgu[2] = {dg, m->du}, *lgu[2] = {lh_gate, lh_up};
-        lins_bwd(be, L, TZ_LIN_GATE, dh, dgu, gu16, h2, lgu, m->dlora, c, 1);
+        const float *lgu[2] = {lh_gate, lh_up};
+        gate_up_bwd(be, L, dh, dg, m->du, gu16, h2, lgu, m->dlora, c);
     }
     /* dres += norm path: now dL/dx2 */
     be->rmsnorm_bwd(be, m->dres, L->mlp_norm->g, m->dh, a->x2, L->mlp_norm->w, a->rstd2, BT, C, 1);

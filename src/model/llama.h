@@ -123,6 +123,11 @@ typedef struct tz_llama {
                                * so the same results from half the bytes (llama.c keeps_att16);
                                * the fp32 q, k, v, read only to make those, then live in the
                                * set's g and u or in the pool, free in that part of a forward */
+    int qk16;                 /* backward: RoPE's backward writes the gradients of q and k in
+                               * bf16 (rope_bwd16) for projections that read them so (llama.c
+                               * qk_dy16), into qk16_room (with chunks: the pool's end) or,
+                               * without, the memory datt held (read by then) */
+    float *qk16_room;
     float *pool;              /* (with chunks) */
     int64_t pool_floats;      /* its size (0: none) */
     float *loss_host;         /* BT floats on the host */

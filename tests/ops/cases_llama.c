@@ -333,7 +333,8 @@ static void add_attention(oc_list *l, int64_t B, int64_t T, int64_t Hq, int64_t 
  * to a random start).
  * tensors: 0 qkv, 1 out, 2 lse, 3 dout, 4 dqkv; p: B, T, Hq, Hkv, D, causal, write, opad. */
 static tz_att_ld att_ld_of(const int64_t *p) {
-    const tz_att_ld ld = {(p[2] + 2 * p[3]) * p[4], (p[2] + 2 * p[3]) * p[4], p[2] * p[4] + p[7], 0};
+    const tz_att_ld ld = {(p[2] + 2 * p[3]) * p[4], (p[2] + 2 * p[3]) * p[4], p[2] * p[4] + p[7],
+                          0, 0};
     return ld;
 }
 static void attl_fwd(oc_run *r) {
@@ -556,9 +557,11 @@ static int rope_same_row(tz_backend *be, const oc_case *c, char *msg, size_t len
     return diff != 0;
 }
 
-/* rope_fwd16 against rope_fwd and to_bf16: the same bits, x not changed */
+/* rope_fwd16 against rope_fwd and to_bf16 (p[4] 1: rope_bwd16 against rope_bwd): the same
+ * bits, x not changed */
 static int rope16_row(tz_backend *be, const oc_case *c, char *msg, size_t len) {
     const int64_t B = c->p[0], T = c->p[1], H = c->p[2], D = c->p[3], n = B * T * H * D;
+    const int bwd = c->p[4] != 0;
     const float theta = (float)c->s[0];
     float *h = malloc((size_t)n * 4), *kept = malloc((size_t)n * 4);
     uint16_t *a = malloc((size_t)n * 2), *b = malloc((size_t)n * 2);
@@ -567,8 +570,8 @@ static int rope16_row(tz_backend *be, const oc_case *c, char *msg, size_t len) {
     uint16_t *y16 = be->alloc(be, (size_t)n * 2), *r16 = be->alloc(be, (size_t)n * 2);
     be->upload(be, x, h, (size_t)n * 4);
     be->upload(be, y, h, (size_t)n * 4);
-    be->rope_fwd16(be, y16, x, B, T, H, D, theta);
-    be->rope_fwd(be, y, B, T, H, D, theta);
+    (bwd ? be->rope_bwd16 : be->rope_fwd16)(be, y16, x, B, T, H, D, theta);
+    (bwd ? be->rope_bwd : be->rope_fwd)(be, y, B, T, H, D, theta);
     be->to_bf16(be, r16, y, n);
     be->download(be, a, y16, (size_t)n * 2);
     be->download(be, b, r16, (size_t)n * 2);
@@ -590,6 +593,11 @@ void oc_cases_llama(oc_list *l) {
     snprintf(r16.name, sizeof r16.name,
              "rope_fwd16 = rope_fwd then to_bf16, bit for bit, x kept (B 2 T 37 H 3 D 18)");
     oc_add(l, &r16);
+    oc_case b16 = {.ops = "rope_bwd16 rope_bwd to_bf16", .p = {2, 37, 3, 18, 1}, .s = {10000.0},
+                   .custom = rope16_row};
+    snprintf(b16.name, sizeof b16.name,
+             "rope_bwd16 = rope_bwd then to_bf16, bit for bit, dx kept (B 2 T 37 H 3 D 18)");
+    oc_add(l, &b16);
     oc_case same = {.ops = "rope_fwd rope_tab_fwd", .p = {2, 300, 2, 64}, .s = {10000.0},
                     .custom = rope_same_row};
     snprintf(same.name, sizeof same.name,

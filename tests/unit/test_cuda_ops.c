@@ -352,22 +352,24 @@ static void test_layout(void) {
     drop(&inv);
     drop(&x);
     /* rope_fwd16: rope_fwd's values rounded by to_bf16, bit for bit, on each backend (x kept);
-     * the two backends' bf16 within one unit of each other (their fp32 within 1e-6 above) */
-    {
+     * the two backends' bf16 within one unit of each other (their fp32 within 1e-6 above);
+     * rope_bwd16 likewise against rope_bwd */
+    for (int bwd = 0; bwd < 2; bwd++) {
+        const char *op = bwd ? "rope_bwd16" : "rope_fwd16", *op32 = bwd ? "rope_bwd" : "rope_fwd";
         const int64_t nr = B * T * H * D;
         pair r = mk(nr, 1.0f), r32 = mkz(nr);
         uint16_t *y16 = g_gpu->alloc(g_gpu, (size_t)nr * 2), *h16 = malloc((size_t)nr * 2);
         uint16_t *c16 = malloc((size_t)nr * 2), *g16 = malloc((size_t)nr * 2);
         g_gpu->copy(g_gpu, r32.d, r.d, (size_t)nr * 4);
-        g_gpu->rope_fwd16(g_gpu, y16, r.d, B, T, H, D, 10000.0f);
-        g_gpu->rope_fwd(g_gpu, r32.d, B, T, H, D, 10000.0f);
+        (bwd ? g_gpu->rope_bwd16 : g_gpu->rope_fwd16)(g_gpu, y16, r.d, B, T, H, D, 10000.0f);
+        (bwd ? g_gpu->rope_bwd : g_gpu->rope_fwd)(g_gpu, r32.d, B, T, H, D, 10000.0f);
         const int same = same16(g_gpu, y16, r32.d, nr);
         float *back = malloc((size_t)nr * 4);
         g_gpu->download(g_gpu, back, r.d, (size_t)nr * 4);
         const int kept = !memcmp(back, r.h, (size_t)nr * 4);
-        g_cpu->rope_fwd16(g_cpu, c16, r.h, B, T, H, D, 10000.0f);
+        (bwd ? g_cpu->rope_bwd16 : g_cpu->rope_fwd16)(g_cpu, c16, r.h, B, T, H, D, 10000.0f);
         memcpy(r32.h, r.h, (size_t)nr * 4);
-        g_cpu->rope_fwd(g_cpu, r32.h, B, T, H, D, 10000.0f);
+        (bwd ? g_cpu->rope_bwd : g_cpu->rope_fwd)(g_cpu, r32.h, B, T, H, D, 10000.0f);
         int cpu_same = 1, near = 1;
         g_gpu->download(g_gpu, g16, y16, (size_t)nr * 2);
         for (int64_t i = 0; i < nr; i++) {
@@ -376,8 +378,8 @@ static void test_layout(void) {
             const int dd = (int)c16[i] - (int)g16[i];
             near &= (c16[i] >> 15) == (g16[i] >> 15) && dd >= -1 && dd <= 1;
         }
-        check(same && kept && cpu_same && near, "rope_fwd16: rope_fwd rounded by to_bf16, bit for "
-              "bit on each backend (%s, %s), x kept (%s), the backends within a bf16 unit (%s)",
+        check(same && kept && cpu_same && near, "%s: %s rounded by to_bf16, bit for bit on each "
+              "backend (%s, %s), x kept (%s), the backends within a bf16 unit (%s)", op, op32,
               same ? "device" : "DEVICE DIFFERS", cpu_same ? "CPU" : "CPU DIFFERS",
               kept ? "yes" : "NO", near ? "yes" : "NO");
         g_gpu->release(g_gpu, y16);
@@ -854,8 +856,8 @@ static void test_attention_in16(tz_backend *be, const char *tag, int64_t B, int6
     const enum tz_dtype prev = be->matmul_dtype;
     be->matmul_dtype = TZ_DT_BF16;
     const int64_t BT = B * T, W = (Hq + 2 * Hkv) * D, n = BT * W;
-    const tz_att_ld ld32 = {fused ? W : 0, fused ? W : 0, 0, 0};
-    const tz_att_ld ld16 = {ld32.q, ld32.kv, 0, 1};
+    const tz_att_ld ld32 = {fused ? W : 0, fused ? W : 0, 0, 0, 0};
+    const tz_att_ld ld16 = {ld32.q, ld32.kv, 0, 1, 0};
     /* dense: q [BT, Hq D], then k, v [BT, Hkv D] each, back to back in one buffer */
     const int64_t ok = fused ? Hq * D : BT * Hq * D, ov = fused ? (Hq + Hkv) * D : BT * (Hq + Hkv) * D;
     float *h = malloc((size_t)n * 4), *hd = malloc((size_t)(BT * Hq * D) * 4);
@@ -911,6 +913,40 @@ static void test_attention_in16(tz_backend *be, const char *tag, int64_t B, int6
         else unsetenv("TZ_FA_ROWS");
         free(saved64);
     }
+    /* dv written in bf16 (tz_att_ld.dv16) into its own buffer laid out as x16: the fp32 dv
+     * rounded by to_bf16, bit for bit, at its stride, nothing else of its rows written; dq
+     * and dk the fp32 run's bits */
+    int dv_same = 1, dv_kept = 1, qk_same = 1;
+    {
+        const tz_att_ld ldv = {ld16.q, ld16.kv, 0, 1, 1};
+        float *out = be->alloc(be, (size_t)cnt[0] * 4), *lse = be->alloc(be, (size_t)cnt[1] * 4);
+        float *dx = be->alloc(be, (size_t)n * 4);
+        uint16_t *dv16 = be->alloc(be, (size_t)n * 2), *h16 = malloc((size_t)n * 2);
+        float *hx = malloc((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) h16[i] = 0x7fc1; /* a NaN to_bf16 never writes */
+        be->upload(be, dv16, h16, (size_t)n * 2);
+        be->fill(be, dx, 0.0f, n);
+        const float *q = (const float *)(const void *)x16;
+        const float *k = (const float *)(const void *)(x16 + ok);
+        const float *v = (const float *)(const void *)(x16 + ov);
+        be->attention_fwd(be, out, lse, q, k, v, B, T, Hq, Hkv, D, causal, &ld16);
+        be->att_ws = ws, be->att_ws_bytes = wb;
+        be->attention_bwd(be, dx, dx + ok, (float *)(void *)(dv16 + ov), dout, out, lse, q, k, v,
+                          B, T, Hq, Hkv, D, causal, 0, &ldv);
+        be->download(be, hx, dx, (size_t)n * 4), be->download(be, h16, dv16, (size_t)n * 2);
+        for (int64_t i = 0; i < n; i++) {
+            const int is_dv = fused ? i % W >= (Hq + Hkv) * D : i >= ov;
+            if (is_dv) {
+                dv_same &= h16[i] == tz_f32_to_bf16(res[0][2][i]);
+                qk_same &= hx[i] == 0.0f; /* dx's dv part not written */
+            } else {
+                dv_kept &= h16[i] == 0x7fc1;
+                qk_same &= !memcmp(&hx[i], &res[0][2][i], 4);
+            }
+        }
+        be->release(be, out), be->release(be, lse), be->release(be, dx), be->release(be, dv16);
+        free(h16), free(hx);
+    }
     for (int i = 0; i < 3; i++) {
         same &= !memcmp(res[0][i], res[1][i], (size_t)cnt[i] * 4);
         free(res[0][i]), free(res[1][i]);
@@ -920,6 +956,11 @@ static void test_attention_in16(tz_backend *be, const char *tag, int64_t B, int6
           tag, (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal,
           fused ? "in place in fused rows" : "dense",
           be->device ? "; the forward's with 64 query rows a block too" : "");
+    check(dv_same && dv_kept && qk_same, "%s attention_bwd with dv in bf16 (dv16; T=%lld Hq=%lld "
+          "Hkv=%lld D=%lld, %s): dv the fp32 dv rounded, bit for bit (%s), the rest of its rows "
+          "kept (%s), dq and dk the fp32 run's bits (%s)", tag, (long long)T, (long long)Hq,
+          (long long)Hkv, (long long)D, fused ? "fused rows" : "dense", dv_same ? "yes" : "NO",
+          dv_kept ? "yes" : "NO", qk_same ? "yes" : "NO");
     if (ws) be->release(be, ws);
     be->release(be, x), be->release(be, x16), be->release(be, dout);
     free(h), free(hd);
