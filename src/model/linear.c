@@ -197,7 +197,8 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
 /* tz_linear_bwd but for the bias gradient (dy_prep's), with x fp32 or, where x16, bf16 bit
  * patterns, and dy also rounded once to bf16 where dy16 is not NULL (the GEMMs read it);
  * dx_done: dx gets the base weight's part from the caller (the shared TurboQuant backward);
- * defer: dh [n, r] left in scratch, the A gradient and dx += dh A left to the caller;
+ * defer: dh left in scratch transposed, dh^T [r, n], the A gradient and dx += dh A left to
+ * the caller;
  * dx_set: the base weight's part is written into dx, not added (its contents not read). */
 static void linear_bwd_x(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                          const uint16_t *dy16, const void *x, int x16, const float *h,
@@ -227,9 +228,12 @@ static void linear_bwd_x(tz_backend *be, const tz_linear *l, float *dx, const fl
     if (!l->a) return;
     if (l->b->g) /* dB[out,r] += s dy^T h */
         mm16(be, l->b->g, d, d16, h, 0, l->out, l->r, n, 1, 0, l->scale, 1.0f);
+    if (defer) { /* dh^T[r,n] = s B^T dy^T */
+        mm16(be, scratch, l->b->w, 0, d, d16, l->r, n, l->out, 1, 1, l->scale, 0.0f);
+        return;
+    }
     /* dh[n,r] = s dy B */
     mm16(be, scratch, d, d16, l->b->w, 0, n, l->r, l->out, 0, 0, l->scale, 0.0f);
-    if (defer) return;
     if (l->a->g) /* dA[r,in] += dh^T x */
         mm16(be, l->a->g, scratch, 0, x, x16, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
     if (dx) /* dx += dh A */
@@ -250,15 +254,19 @@ static int dy_readers(const tz_linear *l, int dx, int plan) {
  *   dy16: each dy rounded once in turn (n * the largest out), where two GEMMs or more read it;
  *   x16:  x rounded once (n * in) for every GEMM of the linears that reads it, where a weight
  *         gradient reads it in turn with dy, or the weights are dense;
- *   dh:   where only the LoRA A gradients of TurboQuant weights read x: every dh [n, r] kept
- *         (n * the ranks), so that x is rounded after the inverse rotation, into the place of
- *         dy W_rot, and the A gradients taken then.
+ *   dh:   where only the LoRA A gradients of TurboQuant weights read x: every dh kept (n *
+ *         the ranks), so that x is rounded after the inverse rotation, into the place of
+ *         dy W_rot, and the A gradients taken then; each kept transposed, dh^T [r, n], one
+ *         after another, so that together they are [dh_1 .. dh_k]^T [ranks, n];
+ *   astack: with dh, where dx is wanted: the kept adapters' A rounded to bf16, stacked
+ *         [A_1; ..; A_k] (ranks * in), so that dx += [dh_1 .. dh_k] [A_1; ..; A_k] is one
+ *         GEMM, one read and write of dx instead of one for each adapter.
  * (dy W_rot's place is kept with or without dx.) Each where the scratch has room (act, cap
  * floats), else NULL and the GEMMs round their fp32 operand themselves (the same bits, more
  * traffic). act NULL: plan (grad()), with room for all; floats: what the backward takes of
  * the scratch. given16: every dy comes in bf16 (no dy16 room). */
 typedef struct {
-    uint16_t *dy16, *x16;
+    uint16_t *dy16, *x16, *astack;
     float *dh;
     int64_t floats;
 } bwd_room;
@@ -290,7 +298,11 @@ static bwd_room bwd_layout(const tz_backend *be, const tz_linear *const *ls, int
     if (plan) cap = INT64_MAX;
     if (dy) r.dy16 = take(act, &off, cap, half16(n * maxout));
     if (count > 1 && (wx || (ax && !turbo))) r.x16 = take(act, &off, cap, half16(n * ls[0]->in));
-    else if (count > 1 && ax) r.dh = take(act, &off, cap, al16(n * ranks));
+    else if (count > 1 && ax) {
+        const int64_t o0 = off;
+        r.dh = take(act, &off, cap, al16(n * ranks));
+        if (off > o0 && dx) r.astack = take(act, &off, cap, half16(ranks * ls[0]->in));
+    }
     r.floats = off;
     return r;
 }
@@ -581,15 +593,20 @@ void tz_linear_bwd_shared16(tz_backend *be, const tz_linear *const *ls, int coun
     }
     if (t) be->tq_rotate_bwd(be, dx, t, n, l0->in, l0->w->q->group, l0->w->q->seed, !dx_set);
     if (!r.dh) return;
-    /* x rounded into the place of dy W_rot, free now; dA_i[r,in] += dh_i^T x, dx += dh_i A_i */
+    /* x rounded into the place of dy W_rot, free now; dA_i[r,in] += dh_i^T x; dx += dh_i A_i,
+     * for all of them at once where the stacked A's have room */
     uint16_t *x16 = (uint16_t *)(void *)act_buffer(l0, n);
     be->to_bf16(be, x16, x, n * l0->in);
     dh = r.dh;
+    int64_t ranks = 0;
     for (int i = 0; i < count; i++) {
         const tz_linear *l = ls[i];
         if (!(l->a && l->a->g)) continue;
-        mm16(be, l->a->g, dh, 0, x16, 1, l->r, l->in, n, 1, 0, 1.0f, 1.0f);
-        if (dx) be->matmul(be, dx, dh, l->a->w, n, l->in, l->r, 0, 0, 1.0f, 1.0f);
-        dh += n * l->r;
+        mm16(be, l->a->g, dh, 0, x16, 1, l->r, l->in, n, 0, 0, 1.0f, 1.0f);
+        if (dx && r.astack) be->to_bf16(be, r.astack + ranks * l0->in, l->a->w, l->r * l->in);
+        else if (dx) be->matmul(be, dx, dh, l->a->w, n, l->in, l->r, 1, 0, 1.0f, 1.0f);
+        dh += n * l->r, ranks += l->r;
     }
+    if (dx && r.astack) /* dx[n,in] += [dh_i]^T^T [A_i] over the ranks */
+        be->matmul16(be, dx, r.dh, 0, r.astack, 1, n, l0->in, ranks, 1, 0, 1.0f, 1.0f);
 }
