@@ -4,8 +4,9 @@
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-static __global__ void k_swiglu_fwd(float *out, const float *g, const float *u, int64_t n) {
-    TZ_CUDA_FOR(i, n) out[i] = g[i] * sigmoid(g[i]) * u[i];
+template <class T>
+static __global__ void k_swiglu_fwd(T *out, const float *g, const float *u, int64_t n) {
+    TZ_CUDA_FOR(i, n) tz_put(out + i, g[i] * sigmoid(g[i]) * u[i]);
 }
 
 /* d silu(g)/dg = sig * (1 + g * (1 - sig)). */
@@ -97,8 +98,9 @@ static __global__ void k_silu_bwd(float *dx, const float *dout, const float *x, 
 }
 
 static void cuda_swiglu_fwd(tz_backend *be, float *out, const float *g, const float *u,
-                            int64_t n) {
-    TZ_CUDA_LAUNCH(k_swiglu_fwd, n, out, g, u, n);
+                            int64_t n, int out_bf16) {
+    if (out_bf16) TZ_CUDA_LAUNCH(k_swiglu_fwd<uint16_t>, n, (uint16_t *)(void *)out, g, u, n);
+    else TZ_CUDA_LAUNCH(k_swiglu_fwd<float>, n, out, g, u, n);
 }
 static void cuda_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *dout,
                             const float *g, const float *u, int64_t n, int accumulate,

@@ -176,7 +176,10 @@ static void s_att_cache(tz_backend *be, float *o, cf *q, cf *kc, cf *vc, int64_t
 }
 
 /* ---- activations, losses, DiT's ops, layout ---- */
-static void s_swiglu_fwd(tz_backend *be, float *o, cf *g, cf *u, int64_t n) { (void)o, (void)g, (void)u; add(be, TZ_SM_ELEMENT, 6.0 * n, 3 * F * n); }
+static void s_swiglu_fwd(tz_backend *be, float *o, cf *g, cf *u, int64_t n, int o16) { /* reads 2, writes 1 (fp32 or bf16) */
+    (void)o, (void)g, (void)u;
+    add(be, TZ_SM_ELEMENT, 6.0 * n, (2 * F + (o16 ? 2 : F)) * n);
+}
 static void s_swiglu_bwd(tz_backend *be, float *dg, float *du, cf *d, cf *g, cf *u, int64_t n, int acc, int o16) { /* reads 3, writes 2 (fp32 or bf16), reads 2 more to add */
     (void)dg, (void)du, (void)d, (void)g, (void)u;
     add(be, TZ_SM_ELEMENT, 10.0 * n, (3 * F + (o16 ? 4 : 2 * F) + (acc ? 2 * F : 0)) * n);

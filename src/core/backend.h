@@ -252,10 +252,12 @@ struct tz_backend {
                                 int64_t Hq, int64_t Hkv, int64_t D);
 
     /* ---- SwiGLU: out = silu(g) * u, n elements. bwd: dg, du += ... (accumulate = 0: dg,
-     * du = ..., their contents not read: no zeroing before); out_bf16 (accumulate 0 only):
-     * dg and du written as bf16 bit patterns, rounded to nearest even as to_bf16 rounds, in
-     * the first n * 2 bytes of each (the form a backward's bf16 GEMMs read them in) ---- */
-    void (*swiglu_fwd)(tz_backend *be, float *out, const float *g, const float *u, int64_t n);
+     * du = ..., their contents not read: no zeroing before); out_bf16 (bwd: accumulate 0
+     * only): out (fwd), dg and du (bwd) written as bf16 bit patterns, rounded to nearest even
+     * as to_bf16 rounds, in the first n * 2 bytes of each (the form bf16 GEMMs read them
+     * in) ---- */
+    void (*swiglu_fwd)(tz_backend *be, float *out, const float *g, const float *u, int64_t n,
+                       int out_bf16);
     void (*swiglu_bwd)(tz_backend *be, float *dg, float *du, const float *dout, const float *g,
                        const float *u, int64_t n, int accumulate, int out_bf16);
 

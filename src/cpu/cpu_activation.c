@@ -12,8 +12,18 @@
 
 /* ---- SwiGLU: out = silu(g) * u ---- */
 
-static void cpu_swiglu_fwd(tz_backend *be, float *out, const float *g, const float *u, int64_t n) {
+static void cpu_swiglu_fwd(tz_backend *be, float *out, const float *g, const float *u, int64_t n,
+                           int out_bf16) {
     int nt = tz_cpu_threads(be);
+    if (out_bf16) {
+        uint16_t *o16 = (uint16_t *)(void *)out;
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
+        for (int64_t i = 0; i < n; i++) {
+            float sig = 1.0f / (1.0f + tz_cpu_expf(-g[i]));
+            o16[i] = tz_f32_to_bf16(g[i] * sig * u[i]);
+        }
+        return;
+    }
 #pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
     for (int64_t i = 0; i < n; i++) {
         float sig = 1.0f / (1.0f + tz_cpu_expf(-g[i]));

@@ -407,7 +407,9 @@ void tz_linear_fwd_x16(tz_backend *be, const tz_linear *l, float *y, float *h,
 void tz_linear_bwd_set_x16(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                            const uint16_t *dy16, const uint16_t *x16, const float *h,
                            float *scratch, int64_t n) {
-    need_dense_x16(l, be);
+    if (!tz_linear_rounds_bf16(be)) /* (any weight: its backward reads x in GEMMs only) */
+        TZ_FATAL("linear %lld -> %lld: an input kept in bf16 needs bf16 GEMM operands",
+                 (long long)l->in, (long long)l->out);
     linear_bwd(be, l, dx, dy, dy16, x16, 1, h, scratch, n, 1);
 }
 

@@ -78,7 +78,10 @@ int tz_linear_rounds_bf16(const tz_backend *be);
  * patterns: what the GEMMs read of it with bf16 operands, so the same bits as giving them the
  * fp32 x): a dense weight's (a bias folded along K, LoRA's A read from x16 too) on a backend
  * with bf16 GEMM operands; fatal otherwise. For a model that keeps the inputs of its linears
- * in bf16 for the backward instead of fp32 (the DiT). */
+ * in bf16 for the backward instead of fp32 (the DiT). The backward takes a quantized weight
+ * too: it reads x only in the GEMMs of the weight's and A's gradients (its dx goes through
+ * the weight), so any weight on a backend with bf16 GEMM operands (the Llama's down
+ * projection in a backward with MLP chunks, whose input SwiGLU writes in bf16). */
 void tz_linear_fwd_x16(tz_backend *be, const tz_linear *l, float *y, float *h,
                        const uint16_t *x16, int64_t n, int y16);
 /* Whether tz_linear_fwd_x16 can write y in bf16 (its y16: bit patterns, the fp32 result with

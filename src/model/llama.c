@@ -529,7 +529,7 @@ static void mlp_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, floa
         float *ys[2] = {g, u};
         float *hs[2] = {rows_at(a->lh[TZ_LIN_GATE], r0, r), rows_at(a->lh[TZ_LIN_UP], r0, r)};
         lins_fwd(be, L, TZ_LIN_GATE, ys, hs, h2, c);
-        be->swiglu_fwd(be, s, g, u, c * F);
+        be->swiglu_fwd(be, s, g, u, c * F, 0);
         tz_linear_fwd(be, &L->lin[TZ_LIN_DOWN], out + r0 * C,
                       rows_at(a->lh[TZ_LIN_DOWN], r0, r), s, c);
     }
@@ -744,6 +744,11 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
     const int64_t R = m->mlp_rows, r = m->o.lora.rank;
     const tz_linear *down = &L->lin[TZ_LIN_DOWN];
     const int gu16 = gate_up_dy16(be, L);
+    /* s is read here only by GEMMs (the down projection's LoRA hidden and its backward), which
+     * round it to bf16 where their operands are bf16: SwiGLU then writes it so, the same bits
+     * without the fp32 write and a rounding pass for each GEMM */
+    const int s16 = tz_linear_rounds_bf16(be);
+    const uint16_t *s_16 = (const uint16_t *)(const void *)a->s;
     for (int64_t r0 = 0; r0 < BT; r0 += R) { /* each chunk writes its rows of dh */
         const int64_t c = BT - r0 < R ? BT - r0 : R;
         const float *h2 = a->h2 + r0 * C, *dres = m->dres + r0 * C;
@@ -751,10 +756,13 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
         float *lh_gate = rows_at(a->lh[TZ_LIN_GATE], r0, r), *lh_up = rows_at(a->lh[TZ_LIN_UP], r0, r);
         float *ys[2] = {a->g, a->u}, *hs[2] = {lh_gate, lh_up};
         lins_fwd(be, L, TZ_LIN_GATE, ys, hs, h2, c);
-        be->swiglu_fwd(be, a->s, a->g, a->u, c * F);
-        if (down->a) /* the down projection's LoRA hidden s A^T, as its forward made it */
+        be->swiglu_fwd(be, a->s, a->g, a->u, c * F, s16);
+        if (down->a && s16) /* the down projection's LoRA hidden s A^T, as its forward made it */
+            be->matmul16(be, lh_down, s_16, 1, down->a->w, 0, c, down->r, F, 0, 1, 1.0f, 0.0f);
+        else if (down->a)
             be->matmul(be, lh_down, a->s, down->a->w, c, down->r, F, 0, 1, 1.0f, 0.0f);
-        tz_linear_bwd_set(be, down, m->ds, dres, a->s, lh_down, m->dlora, c);
+        if (s16) tz_linear_bwd_set_x16(be, down, m->ds, dres, NULL, s_16, lh_down, m->dlora, c);
+        else tz_linear_bwd_set(be, down, m->ds, dres, a->s, lh_down, m->dlora, c);
         float *dg = a->s; /* s was read for the last time */
         be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, c * F, 0, gu16);
         const float *lgu[2] = {lh_gate, lh_up};

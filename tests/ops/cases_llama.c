@@ -449,7 +449,7 @@ static void add_attention_cache(oc_list *l, int64_t B, int64_t T, int64_t S, int
  * tensors: 0 g, 1 u, 2 out, 3 dout, 4 dg, 5 du; p: n */
 
 static void swi_fwd(oc_run *r) {
-    r->be->swiglu_fwd(r->be, OCF(r, 2), OCF(r, 0), OCF(r, 1), OCP(r, 0));
+    r->be->swiglu_fwd(r->be, OCF(r, 2), OCF(r, 0), OCF(r, 1), OCP(r, 0), OCP(r, 1) == 2);
 }
 static void swi_bwd(oc_run *r) {
     r->be->swiglu_bwd(r->be, OCF(r, 4), OCF(r, 5), OCF(r, 3), OCF(r, 0), OCF(r, 1), OCP(r, 0),
@@ -462,24 +462,24 @@ static void swi_ref(oc_ref *r) {
     }
 }
 
-/* write: the backward writes dg, du (accumulate = 0) instead of adding to them; 2: in bf16
- * (out_bf16) */
+/* write: the backward writes dg, du (accumulate = 0) instead of adding to them; 2: those and
+ * the forward's out in bf16 (out_bf16) */
 static void add_swiglu(oc_list *l, int64_t n, int write) {
     oc_case c = {.ops = "swiglu_fwd swiglu_bwd", .nt = 6, .p = {n, write}, .fwd = swi_fwd,
                  .ref = swi_ref, .bwd = swi_bwd,
                  /* an expf of a few ulps and a few fp32 roundings per element; in bf16, the
                   * rounding of each gradient: 2^-8 of it at most (bf16 keeps 8 significant
                   * bits; u = 2^-8 = 3.9e-3), so of the largest */
-                 .tol_fwd = 1e-6, .tol_bwd = write == 2 ? 4e-3 : 1e-6};
+                 .tol_fwd = write == 2 ? 4e-3 : 1e-6, .tol_bwd = write == 2 ? 4e-3 : 1e-6};
     c.t[0] = (oc_tensor)OC_T_INA("g", n, 4.0f);
     c.t[1] = (oc_tensor)OC_T_INA("u", n, 2.0f);
-    c.t[2] = (oc_tensor)OC_T_OUT("out", n);
+    c.t[2] = write == 2 ? (oc_tensor)OC_T_OUT16("out", n) : (oc_tensor)OC_T_OUT("out", n);
     c.t[3] = (oc_tensor)OC_T_DOUT("dout", 2);
     c.t[4] = (oc_tensor)OC_T_DIN("dg", 0);
     c.t[5] = (oc_tensor)OC_T_DIN("du", 1);
     if (write) c.t[4].flags = c.t[5].flags = OC_WRITES | (write == 2 ? OC_DIN16 : 0);
     snprintf(c.name, sizeof c.name, "swiglu n %lld%s", (long long)n,
-             write == 2 ? ", gradients written in bf16" : write ? ", written" : "");
+             write == 2 ? ", out and gradients written in bf16" : write ? ", written" : "");
     oc_add(l, &c);
 }
 

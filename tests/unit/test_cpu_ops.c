@@ -121,7 +121,7 @@ static results run_all(const inputs *in) {
     be->xent_fwd(be, take(&r, XN), in->logits, in->tgt, XN, XV);
     be->xent_bwd(be, take(&r, (int64_t)XN * XV), in->logits, in->tgt, 0.5f, XN, XV);
     float *sw = take(&r, 3 * SN);
-    be->swiglu_fwd(be, sw, in->g, in->u, SN);
+    be->swiglu_fwd(be, sw, in->g, in->u, SN, 0);
     be->swiglu_bwd(be, sw + SN, sw + 2 * SN, in->sdo, in->g, in->u, SN, 1, 0);
     const int64_t nrp = (int64_t)RB * RT * RH * RD;
     float *rp = take(&r, nrp);

@@ -503,6 +503,10 @@ static void bwd16_same(tz_backend *be, const char *tag, const pair *g, const pai
     be->swiglu_bwd(be, d16, d16 + n, dout->d, g->d, u->d, n, 0, 1);
     check(same16(be, d16, d32, n) && same16(be, d16 + n, d32 + n, n),
           "%s swiglu_bwd into bf16 = its fp32 gradients rounded by to_bf16, bit for bit", tag);
+    be->swiglu_fwd(be, d32, g->d, u->d, n, 0);
+    be->swiglu_fwd(be, d16, g->d, u->d, n, 1);
+    check(same16(be, d16, d32, n),
+          "%s swiglu_fwd into bf16 = its fp32 out rounded by to_bf16, bit for bit", tag);
     be->gelu_tanh_bwd(be, d32, dout->d, g->d, n, 0, 0, 0);
     be->gelu_tanh_bwd(be, d16, dout->d, g->d, n, 2, 0, 0);
     int gsame = same16(be, d16, d32, n);
@@ -544,7 +548,7 @@ static void test_activation(void) {
     const int64_t n = 10007;
     pair g = mk(n, 6.0f), u = mk(n, 2.0f), out = mkz(n), dout = mk(n, 1.0f);
     pair dg = mk(n, 1.0f), du = mk(n, 1.0f);
-    g_cpu->swiglu_fwd(g_cpu, out.h, g.h, u.h, n), g_gpu->swiglu_fwd(g_gpu, out.d, g.d, u.d, n);
+    g_cpu->swiglu_fwd(g_cpu, out.h, g.h, u.h, n, 0), g_gpu->swiglu_fwd(g_gpu, out.d, g.d, u.d, n, 0);
     expect("swiglu_fwd", &out, 1e-6);
     g_cpu->swiglu_bwd(g_cpu, dg.h, du.h, dout.h, g.h, u.h, n, 1, 0);
     g_gpu->swiglu_bwd(g_gpu, dg.d, du.d, dout.d, g.d, u.d, n, 1, 0);

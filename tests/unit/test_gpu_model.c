@@ -458,6 +458,39 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
     if (d16runs)
         check(d16same, "%s: dy given in bf16: every gradient and dx = the fp32 dy's, bit for bit "
               "(%s)", what, dense ? "planned scratch and without room" : "planned scratch");
+    /* x given in bf16 (tz_linear_bwd_set_x16, as the Llama's chunked backward gives the down
+     * projection SwiGLU's output): each linear's gradients and dx those of its fp32 x, bit for
+     * bit, quantized weights included (their backward reads x in GEMMs only) */
+    if (tz_linear_rounds_bf16(be)) {
+        uint16_t *x16 = be->alloc(be, (size_t)(n * in) * 2);
+        be->to_bf16(be, x16, x, n * in);
+        const float *hx16[NL] = {h[0][0], NULL, h[0][2]};
+        int x16same = 1;
+        for (int i = 0; i < NL; i++) {
+            float *got[2][3 * NL + 1];
+            int ng16 = 0;
+            for (int w = 0; w < 2; w++) {
+                for (int p = 0; p < ps.n; p++)
+                    if (ps.p[p]->g) be->fill(be, ps.p[p]->g, 0.0f, ps.p[p]->numel);
+                if (w) tz_linear_bwd_set_x16(be, ls[i], dx[2], dy[i], NULL, x16, hx16[i], scr, n);
+                else tz_linear_bwd_set(be, ls[i], dx[2], dy[i], x, hx16[i], scr, n);
+                ng16 = 0;
+                for (int p = 0; p < ps.n; p++)
+                    if (ps.p[p]->g) got[w][ng16++] = host_of(be, ps.p[p]->g, ps.p[p]->numel);
+                got[w][ng16] = host_of(be, dx[2], n * in);
+            }
+            for (int j = 0, p = 0; p < ps.n; p++)
+                if (ps.p[p]->g) {
+                    x16same &= !memcmp(got[0][j], got[1][j], (size_t)ps.p[p]->numel * 4);
+                    free(got[0][j]), free(got[1][j]), j++;
+                }
+            x16same &= !memcmp(got[0][ng16], got[1][ng16], (size_t)(n * in) * 4);
+            free(got[0][ng16]), free(got[1][ng16]);
+        }
+        be->release(be, x16);
+        check(x16same, "%s: x given in bf16 (tz_linear_bwd_set_x16): each linear's gradients and "
+              "dx = the fp32 x's, bit for bit", what);
+    }
     /* with bf16 GEMM operands the backward rounds dy (and x) once into the scratch past the
      * rotation's place; a backend whose GEMMs are fp32 leaves it alone */
     const int rounds = be->matmul_dtype == TZ_DT_BF16 && ((be->matmul_dtypes >> TZ_DT_BF16) & 1u);
