@@ -158,39 +158,55 @@ static void cuda_rope_bwd16(tz_backend *be, uint16_t *dy, const float *dx, int64
 
 /* RoPE from a frequency table (D/2 floats of device memory) at positions pos0 + t: the angle
  * is (float)(pos0 + t) * inv_freq[i] as on the CPU, cos and sin by the device's cosf/sinf
- * (within 2 ulp of the host's). One thread per rotated pair. */
-static __global__ void k_rope_tab(float *x, const float *inv, int64_t T, int64_t H, int64_t D,
-                                  int64_t pos0, float dir, int64_t total) {
+ * (within 2 ulp of the host's). One thread per rotated pair. x rotated into y: in place (y =
+ * x, fp32), or into bf16 bit patterns (rope_tab_fwd16, rope_tab_bwd16), as k_rope's. */
+template <class O>
+static __global__ void k_rope_tab(O *y, const float *x, const float *inv, int64_t T, int64_t H,
+                                  int64_t D, int64_t pos0, float dir, int64_t total) {
     int64_t half = D / 2;
     TZ_CUDA_FOR(p, total) {
         int64_t i = p % half, bh = p / half, bt = bh / H, t = bt % T;
-        float *x1 = x + bh * D, *x2 = x1 + half;
+        const float *x1 = x + bh * D, *x2 = x1 + half;
+        O *y1 = y + bh * D, *y2 = y1 + half;
         float ang = (float)(pos0 + t) * inv[i];
         float c = cosf(ang), s = dir * sinf(ang);
         float a = x1[i], b = x2[i];
-        x1[i] = __fmul_rn(a, c) - __fmul_rn(b, s);
-        x2[i] = __fmul_rn(b, c) + __fmul_rn(a, s);
+        tz_put(y1 + i, __fmul_rn(a, c) - __fmul_rn(b, s));
+        tz_put(y2 + i, __fmul_rn(b, c) + __fmul_rn(a, s));
     }
 }
 
-static void rope_tab_apply(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
-                           const float *inv_freq, int64_t pos0, float dir) {
+template <class O>
+static void rope_tab_apply(tz_backend *be, O *y, const float *x, int64_t B, int64_t T, int64_t H,
+                           int64_t D, const float *inv_freq, int64_t pos0, float dir) {
     if (D % 2 != 0) TZ_FATAL("rope needs an even head dimension, got D=%lld", (long long)D);
     if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
     int64_t total = B * T * H * (D / 2);
-    k_rope_tab<<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
-                 tz_cuda_stream(be)>>>(x, inv_freq, T, H, D, pos0, dir, total);
+    k_rope_tab<O><<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
+                    tz_cuda_stream(be)>>>(y, x, inv_freq, T, H, D, pos0, dir, total);
     CUDA_LAUNCHED();
 }
 
 static void cuda_rope_tab_fwd(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H,
                               int64_t D, const float *inv_freq, int64_t pos0) {
-    rope_tab_apply(be, x, B, T, H, D, inv_freq, pos0, 1.0f);
+    rope_tab_apply(be, x, x, B, T, H, D, inv_freq, pos0, 1.0f);
 }
 
 static void cuda_rope_tab_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H,
                               int64_t D, const float *inv_freq, int64_t pos0) {
-    rope_tab_apply(be, dx, B, T, H, D, inv_freq, pos0, -1.0f);
+    rope_tab_apply(be, dx, dx, B, T, H, D, inv_freq, pos0, -1.0f);
+}
+
+static void cuda_rope_tab_fwd16(tz_backend *be, uint16_t *y, const float *x, int64_t B,
+                                int64_t T, int64_t H, int64_t D, const float *inv_freq,
+                                int64_t pos0) {
+    rope_tab_apply(be, y, x, B, T, H, D, inv_freq, pos0, 1.0f);
+}
+
+static void cuda_rope_tab_bwd16(tz_backend *be, uint16_t *y, const float *x, int64_t B,
+                                int64_t T, int64_t H, int64_t D, const float *inv_freq,
+                                int64_t pos0) {
+    rope_tab_apply(be, y, x, B, T, H, D, inv_freq, pos0, -1.0f);
 }
 
 /* RoPE of adjacent pairs from a (cos, sin) table per position; one thread per pair. The
@@ -292,6 +308,8 @@ void tz_cuda_install_layout(tz_backend *be) {
     be->rope_bwd = cuda_rope_bwd;
     be->rope_tab_fwd = cuda_rope_tab_fwd;
     be->rope_tab_bwd = cuda_rope_tab_bwd;
+    be->rope_tab_fwd16 = cuda_rope_tab_fwd16;
+    be->rope_tab_bwd16 = cuda_rope_tab_bwd16;
     be->rope_pairs_fwd = cuda_rope_pairs_fwd;
     be->rope_pairs_bwd = cuda_rope_pairs_bwd;
     be->patchify = cuda_patchify;

@@ -139,6 +139,10 @@ static void s_rope_tab(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H
     (void)x, (void)f, (void)p;
     add(be, TZ_SM_ELEMENT, 3.0 * B * T * H * D, 2 * F * B * T * H * D);
 }
+static void s_rope_tab16(tz_backend *be, uint16_t *y, cf *x, int64_t B, int64_t T, int64_t H, int64_t D, cf *f, int64_t p) {
+    (void)y, (void)x, (void)f, (void)p; /* fp32 in, bf16 out */
+    add(be, TZ_SM_ELEMENT, 3.0 * B * T * H * D, (F + 2) * (double)(B * T * H * D));
+}
 static void s_rope_pairs(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D, cf *cs) {
     (void)x, (void)cs; /* the table is read per position: small beside x */
     add(be, TZ_SM_ELEMENT, 3.0 * B * T * H * D, 2 * F * B * T * H * D);
@@ -285,6 +289,7 @@ void tz_step_model_install(tz_backend *be, const tz_step_rates *r) {
     be->embedding_fwd_w16 = s_emb_w16, be->rmsnorm_fwd = s_rms_fwd, be->rmsnorm_bwd = s_rms_bwd;
     be->rope_fwd = s_rope, be->rope_bwd = s_rope, be->rope_fwd16 = s_rope16, be->rope_bwd16 = s_rope16;
     be->rope_tab_fwd = s_rope_tab;
+    be->rope_tab_fwd16 = s_rope_tab16, be->rope_tab_bwd16 = s_rope_tab16;
     be->rope_tab_bwd = s_rope_tab, be->rope_pairs_fwd = s_rope_pairs, be->rope_pairs_bwd = s_rope_pairs;
     be->attention_fwd = s_att_fwd, be->attention_bwd = s_att_bwd;
     be->attention_cache_fwd = s_att_cache, be->swiglu_fwd = s_swiglu_fwd;

@@ -211,6 +211,13 @@ struct tz_backend {
                          const float *inv_freq, int64_t pos0);
     void (*rope_tab_bwd)(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H, int64_t D,
                          const float *inv_freq, int64_t pos0);
+    /* rope_tab_fwd and rope_tab_bwd into y as bf16 bit patterns (x not changed): their values
+     * rounded as to_bf16 rounds, bit for bit (rope_fwd16's and rope_bwd16's forms for a RoPE
+     * with a frequency table, as Llama 3's rope_scaling makes) */
+    void (*rope_tab_fwd16)(tz_backend *be, uint16_t *y, const float *x, int64_t B, int64_t T,
+                           int64_t H, int64_t D, const float *inv_freq, int64_t pos0);
+    void (*rope_tab_bwd16)(tz_backend *be, uint16_t *y, const float *x, int64_t B, int64_t T,
+                           int64_t H, int64_t D, const float *inv_freq, int64_t pos0);
     /* RoPE of adjacent pairs with a per-position table (Flux: three axes of positions per
      * token, the angles computed by the caller), in place on x [B, T, H, D]: cs holds
      * T * D/2 (cos, sin) pairs, backend memory, cs[2 (t D/2 + i)] = cos and + 1 = sin of the
@@ -463,7 +470,9 @@ struct tz_backend {
     X(destroy) X(alloc) X(release) X(upload) X(download) X(copy) X(sync) X(fill) X(scale)    \
     X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(adamw) X(matmul) X(matmul_bw16) X(matmul16) X(matmul_bias) X(embedding_fwd)        \
     X(embedding_bwd) X(embedding_fwd_w16) X(rmsnorm_fwd)                                      \
-    X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_fwd16) X(rope_bwd16) X(rope_tab_fwd) X(rope_tab_bwd) X(rope_pairs_fwd) X(rope_pairs_bwd) X(attention_fwd)   \
+    X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_fwd16) X(rope_bwd16) X(rope_tab_fwd)         \
+    X(rope_tab_bwd) X(rope_tab_fwd16) X(rope_tab_bwd16) X(rope_pairs_fwd) X(rope_pairs_bwd)   \
+    X(attention_fwd)                                                                          \
     X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \
     X(swiglu_bwd) X(xent_fwd) X(xent_bwd) X(layernorm_fwd) X(layernorm_bwd)                 \
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \

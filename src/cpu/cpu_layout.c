@@ -151,6 +151,31 @@ static void cpu_rope_tab_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, in
     rope_apply(be, dx, B, T, H, D, inv_freq, pos0, -1.0f);
 }
 
+/* rope_tab on a copy, rounded (the specification, as rope_theta16's) */
+static void rope_tab16(tz_backend *be, uint16_t *y, const float *x, int64_t B, int64_t T,
+                       int64_t H, int64_t D, const float *inv_freq, int64_t pos0, float dir) {
+    if (D % 2 != 0) TZ_FATAL("rope needs an even head dimension, got D=%lld", (long long)D);
+    const int64_t n = B * T * H * D;
+    if (n <= 0) return;
+    float *t = tz_xmalloc((size_t)n * sizeof(float));
+    memcpy(t, x, (size_t)n * sizeof(float));
+    rope_apply(be, t, B, T, H, D, inv_freq, pos0, dir);
+    be->to_bf16(be, y, t, n);
+    free(t);
+}
+
+static void cpu_rope_tab_fwd16(tz_backend *be, uint16_t *y, const float *x, int64_t B,
+                               int64_t T, int64_t H, int64_t D, const float *inv_freq,
+                               int64_t pos0) {
+    rope_tab16(be, y, x, B, T, H, D, inv_freq, pos0, 1.0f);
+}
+
+static void cpu_rope_tab_bwd16(tz_backend *be, uint16_t *y, const float *x, int64_t B,
+                               int64_t T, int64_t H, int64_t D, const float *inv_freq,
+                               int64_t pos0) {
+    rope_tab16(be, y, x, B, T, H, D, inv_freq, pos0, -1.0f);
+}
+
 /* Pairs (2i, 2i+1) rotated by the table's angle (dir -1: the inverse); one writer per
  * element. */
 static void rope_pairs(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H, int64_t D,
@@ -233,6 +258,8 @@ void TZ_CPU_K(tz_cpu_install_layout)(tz_backend *be) {
     be->rope_bwd = cpu_rope_bwd;
     be->rope_tab_fwd = cpu_rope_tab_fwd;
     be->rope_tab_bwd = cpu_rope_tab_bwd;
+    be->rope_tab_fwd16 = cpu_rope_tab_fwd16;
+    be->rope_tab_bwd16 = cpu_rope_tab_bwd16;
     be->rope_pairs_fwd = cpu_rope_pairs_fwd;
     be->rope_pairs_bwd = cpu_rope_pairs_bwd;
     be->rope_fwd16 = cpu_rope_fwd16;

@@ -223,14 +223,13 @@ static int64_t half16(int64_t n) { return al16((n + 1) / 2); }
  * gradients of q and k (rope_bwd16, llama.h qk16), for the q, k, v projections: where
  * attention reads q, k, v in bf16 (att16: the flash kernels, which write dv so) and the
  * projections' backward GEMMs read their dy in bf16 (tz_linear_takes_dy16), the bits those
- * GEMMs read, without an fp32 write and a rounding pass of each. q and k so where RoPE is the
- * theta op (rope_type default) and no head norm comes between it and the projections. */
+ * GEMMs read, without an fp32 write and a rounding pass of each. q and k so where no head norm
+ * comes between RoPE and the projections. */
 static int v_dy16(const tz_llama *m, const tz_llama_layer *L) {
     return m->att16 && tz_linear_takes_dy16(m->be, &L->lin[TZ_LIN_V]);
 }
 static int qk_dy16(const tz_backend *be, const tz_llama_dims *d, const tz_llama_layer *L) {
-    return d->rope_type == TZ_ROPE_DEFAULT && !d->qk_norm &&
-           tz_linear_takes_dy16(be, &L->lin[TZ_LIN_Q]) &&
+    return !d->qk_norm && tz_linear_takes_dy16(be, &L->lin[TZ_LIN_Q]) &&
            tz_linear_takes_dy16(be, &L->lin[TZ_LIN_K]);
 }
 
@@ -431,6 +430,21 @@ void tz_llama_setup(tz_llama *m, int64_t B, int64_t T) {
 
 /* ---- forward ---- */
 
+/* The frequency table of a RoPE with one (rope_scaling) in backend memory, made on first use:
+ * a model that never needs it holds none. */
+static const float *inv_freq_of(tz_llama *m) {
+    if (!m->inv_freq) {
+        const tz_llama_dims *d = &m->d;
+        const size_t bytes = (size_t)(d->head_dim / 2) * sizeof(float);
+        float *inv = tz_xmalloc(bytes);
+        tz_llama_inv_freq(d, inv);
+        m->inv_freq = m->be->alloc(m->be, bytes);
+        m->be->upload(m->be, m->inv_freq, inv, bytes);
+        free(inv);
+    }
+    return m->inv_freq;
+}
+
 /* RoPE on x [B, T, H, head_dim] at positions pos0 + t: the theta op where it suffices (no
  * scaling, no offset; every backend has it), else the op with the frequency table. */
 static void rope(tz_llama *m, float *x, int64_t B, int64_t T, int64_t H, int64_t pos0, int bwd) {
@@ -444,28 +458,20 @@ static void rope(tz_llama *m, float *x, int64_t B, int64_t T, int64_t H, int64_t
     if (!be->rope_tab_fwd || !be->rope_tab_bwd)
         TZ_FATAL("llama: the %s backend has no RoPE with a frequency table (needed for "
                  "rope_scaling and for generation)", be->name);
-    if (!m->inv_freq) { /* made on first use: a model that never needs it holds none */
-        const size_t bytes = (size_t)(d->head_dim / 2) * sizeof(float);
-        float *inv = tz_xmalloc(bytes);
-        tz_llama_inv_freq(d, inv);
-        m->inv_freq = be->alloc(be, bytes);
-        be->upload(be, m->inv_freq, inv, bytes);
-        free(inv);
-    }
-    if (bwd) be->rope_tab_bwd(be, x, B, T, H, d->head_dim, m->inv_freq, pos0);
-    else be->rope_tab_fwd(be, x, B, T, H, d->head_dim, m->inv_freq, pos0);
+    if (bwd) be->rope_tab_bwd(be, x, B, T, H, d->head_dim, inv_freq_of(m), pos0);
+    else be->rope_tab_fwd(be, x, B, T, H, d->head_dim, inv_freq_of(m), pos0);
 }
 
-/* RoPE of x [B, T, H, head_dim] (positions 0..) into y in bf16: one pass where the theta op
- * suffices, else the rotation in place and a rounding. */
-static void rope16(tz_llama *m, uint16_t *y, float *x, int64_t B, int64_t T, int64_t H) {
+/* RoPE of x [B, T, H, head_dim] (positions 0..) into y in bf16, x kept: one pass, the theta op
+ * or the one with the frequency table (bwd: the inverse rotation, for a gradient). */
+static void rope16(tz_llama *m, uint16_t *y, const float *x, int64_t B, int64_t T, int64_t H,
+                   int bwd) {
+    tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
-    if (d->rope_type == TZ_ROPE_DEFAULT) {
-        m->be->rope_fwd16(m->be, y, x, B, T, H, d->head_dim, (float)d->theta);
-        return;
-    }
-    rope(m, x, B, T, H, 0, 0);
-    m->be->to_bf16(m->be, y, x, B * T * H * d->head_dim);
+    const int64_t D = d->head_dim;
+    if (d->rope_type == TZ_ROPE_DEFAULT)
+        (bwd ? be->rope_bwd16 : be->rope_fwd16)(be, y, x, B, T, H, D, (float)d->theta);
+    else (bwd ? be->rope_tab_bwd16 : be->rope_tab_fwd16)(be, y, x, B, T, H, D, inv_freq_of(m), 0);
 }
 
 /* The attention's inputs as tz_llama_acts holds them: q, k, v, or (att16) their bf16 copies */
@@ -563,8 +569,8 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
                         (float)d->eps);
     }
     if (m->att16 && !kv) { /* q and k rotated into bf16, v rounded */
-        rope16(m, a->q16, a->q, B, T, d->n_heads);
-        rope16(m, a->k16, a->k, B, T, d->n_kv_heads);
+        rope16(m, a->q16, a->q, B, T, d->n_heads, 0);
+        rope16(m, a->k16, a->k, B, T, d->n_kv_heads, 0);
         be->to_bf16(be, a->v16, a->v, BT * d->n_kv_heads * d->head_dim);
     } else {
         rope(m, a->q, B, T, d->n_heads, pos0, 0);
@@ -683,8 +689,8 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
         float *room = m->qk16_room ? m->qk16_room : datt;
         dk16 = (uint16_t *)(void *)room;
         dq16 = (uint16_t *)(void *)(room + half16(BT * d->n_kv_heads * d->head_dim));
-        be->rope_bwd16(be, dq16, dq, B, T, d->n_heads, d->head_dim, (float)d->theta);
-        be->rope_bwd16(be, dk16, dk, B, T, d->n_kv_heads, d->head_dim, (float)d->theta);
+        rope16(m, dq16, dq, B, T, d->n_heads, 1);
+        rope16(m, dk16, dk, B, T, d->n_kv_heads, 1);
     } else {
         rope(m, dq, B, T, d->n_heads, 0, 1);
         rope(m, dk, B, T, d->n_kv_heads, 0, 1);

@@ -557,12 +557,20 @@ static int rope_same_row(tz_backend *be, const oc_case *c, char *msg, size_t len
     return diff != 0;
 }
 
-/* rope_fwd16 against rope_fwd and to_bf16 (p[4] 1: rope_bwd16 against rope_bwd): the same
- * bits, x not changed */
+/* rope_fwd16 against rope_fwd and to_bf16 (p[4] 1: rope_bwd16 against rope_bwd; p[5] > 0:
+ * rope_tab_fwd16 or rope_tab_bwd16 against rope_tab_fwd or rope_tab_bwd, with rope_tab_freqs'
+ * scaled table at pos0 p[5] - 1): the same bits, x not changed */
 static int rope16_row(tz_backend *be, const oc_case *c, char *msg, size_t len) {
     const int64_t B = c->p[0], T = c->p[1], H = c->p[2], D = c->p[3], n = B * T * H * D;
-    const int bwd = c->p[4] != 0;
+    const int bwd = c->p[4] != 0, tab = c->p[5] > 0;
+    const int64_t pos0 = tab ? c->p[5] - 1 : 0;
     const float theta = (float)c->s[0];
+    float freqs[256], *inv = NULL;
+    if (tab) {
+        rope_tab_freqs(freqs, D, c->s[0]);
+        inv = be->alloc(be, (size_t)(D / 2) * sizeof(float));
+        be->upload(be, inv, freqs, (size_t)(D / 2) * sizeof(float));
+    }
     float *h = malloc((size_t)n * 4), *kept = malloc((size_t)n * 4);
     uint16_t *a = malloc((size_t)n * 2), *b = malloc((size_t)n * 2);
     for (int64_t i = 0; i < n; i++) h[i] = (float)((i * 7919) % 2001 - 1000) / 999.0f;
@@ -570,13 +578,19 @@ static int rope16_row(tz_backend *be, const oc_case *c, char *msg, size_t len) {
     uint16_t *y16 = be->alloc(be, (size_t)n * 2), *r16 = be->alloc(be, (size_t)n * 2);
     be->upload(be, x, h, (size_t)n * 4);
     be->upload(be, y, h, (size_t)n * 4);
-    (bwd ? be->rope_bwd16 : be->rope_fwd16)(be, y16, x, B, T, H, D, theta);
-    (bwd ? be->rope_bwd : be->rope_fwd)(be, y, B, T, H, D, theta);
+    if (tab) {
+        (bwd ? be->rope_tab_bwd16 : be->rope_tab_fwd16)(be, y16, x, B, T, H, D, inv, pos0);
+        (bwd ? be->rope_tab_bwd : be->rope_tab_fwd)(be, y, B, T, H, D, inv, pos0);
+    } else {
+        (bwd ? be->rope_bwd16 : be->rope_fwd16)(be, y16, x, B, T, H, D, theta);
+        (bwd ? be->rope_bwd : be->rope_fwd)(be, y, B, T, H, D, theta);
+    }
     be->to_bf16(be, r16, y, n);
     be->download(be, a, y16, (size_t)n * 2);
     be->download(be, b, r16, (size_t)n * 2);
     be->download(be, kept, x, (size_t)n * 4);
     be->release(be, x), be->release(be, y), be->release(be, y16), be->release(be, r16);
+    if (inv) be->release(be, inv);
     int64_t diff = 0;
     for (int64_t i = 0; i < n; i++) diff += a[i] != b[i];
     const int changed = memcmp(kept, h, (size_t)n * 4) != 0;
@@ -598,6 +612,15 @@ void oc_cases_llama(oc_list *l) {
     snprintf(b16.name, sizeof b16.name,
              "rope_bwd16 = rope_bwd then to_bf16, bit for bit, dx kept (B 2 T 37 H 3 D 18)");
     oc_add(l, &b16);
+    for (int bwd = 0; bwd < 2; bwd++) {
+        oc_case t16 = {.ops = bwd ? "alloc upload rope_tab_bwd16 rope_tab_bwd to_bf16 release"
+                                  : "alloc upload rope_tab_fwd16 rope_tab_fwd to_bf16 release",
+                       .p = {2, 37, 3, 18, bwd, 1 + 11}, .s = {500000.0}, .custom = rope16_row};
+        snprintf(t16.name, sizeof t16.name, "rope_tab_%s16 = rope_tab_%s then to_bf16, bit for "
+                 "bit, x kept (scaled table, pos0 11, B 2 T 37 H 3 D 18)", bwd ? "bwd" : "fwd",
+                 bwd ? "bwd" : "fwd");
+        oc_add(l, &t16);
+    }
     oc_case same = {.ops = "rope_fwd rope_tab_fwd", .p = {2, 300, 2, 64}, .s = {10000.0},
                     .custom = rope_same_row};
     snprintf(same.name, sizeof same.name,

@@ -349,27 +349,41 @@ static void test_layout(void) {
     g_cpu->rope_tab_bwd(g_cpu, x.h, B, T, H, D, inv.h, 5);
     g_gpu->rope_tab_bwd(g_gpu, x.d, B, T, H, D, inv.d, 5);
     expect("rope_tab_bwd (pos0 5)", &x, 2e-6);
-    drop(&inv);
     drop(&x);
     /* rope_fwd16: rope_fwd's values rounded by to_bf16, bit for bit, on each backend (x kept);
      * the two backends' bf16 within one unit of each other (their fp32 within 1e-6 above);
-     * rope_bwd16 likewise against rope_bwd */
-    for (int bwd = 0; bwd < 2; bwd++) {
-        const char *op = bwd ? "rope_bwd16" : "rope_fwd16", *op32 = bwd ? "rope_bwd" : "rope_fwd";
+     * rope_bwd16 likewise against rope_bwd, and rope_tab_fwd16, rope_tab_bwd16 against
+     * rope_tab_fwd, rope_tab_bwd (the scaled table above, pos0 7) */
+    for (int v = 0; v < 4; v++) {
+        const int bwd = v & 1, tab = v >> 1;
+        const char *ops[4] = {"rope_fwd16", "rope_bwd16", "rope_tab_fwd16", "rope_tab_bwd16"};
+        const char *op = ops[v], *op32[4] = {"rope_fwd", "rope_bwd", "rope_tab_fwd", "rope_tab_bwd"};
         const int64_t nr = B * T * H * D;
         pair r = mk(nr, 1.0f), r32 = mkz(nr);
         uint16_t *y16 = g_gpu->alloc(g_gpu, (size_t)nr * 2), *h16 = malloc((size_t)nr * 2);
         uint16_t *c16 = malloc((size_t)nr * 2), *g16 = malloc((size_t)nr * 2);
         g_gpu->copy(g_gpu, r32.d, r.d, (size_t)nr * 4);
-        (bwd ? g_gpu->rope_bwd16 : g_gpu->rope_fwd16)(g_gpu, y16, r.d, B, T, H, D, 10000.0f);
-        (bwd ? g_gpu->rope_bwd : g_gpu->rope_fwd)(g_gpu, r32.d, B, T, H, D, 10000.0f);
+        if (tab) {
+            (bwd ? g_gpu->rope_tab_bwd16 : g_gpu->rope_tab_fwd16)(g_gpu, y16, r.d, B, T, H, D,
+                                                                  inv.d, 7);
+            (bwd ? g_gpu->rope_tab_bwd : g_gpu->rope_tab_fwd)(g_gpu, r32.d, B, T, H, D, inv.d, 7);
+        } else {
+            (bwd ? g_gpu->rope_bwd16 : g_gpu->rope_fwd16)(g_gpu, y16, r.d, B, T, H, D, 10000.0f);
+            (bwd ? g_gpu->rope_bwd : g_gpu->rope_fwd)(g_gpu, r32.d, B, T, H, D, 10000.0f);
+        }
         const int same = same16(g_gpu, y16, r32.d, nr);
         float *back = malloc((size_t)nr * 4);
         g_gpu->download(g_gpu, back, r.d, (size_t)nr * 4);
         const int kept = !memcmp(back, r.h, (size_t)nr * 4);
-        (bwd ? g_cpu->rope_bwd16 : g_cpu->rope_fwd16)(g_cpu, c16, r.h, B, T, H, D, 10000.0f);
         memcpy(r32.h, r.h, (size_t)nr * 4);
-        (bwd ? g_cpu->rope_bwd : g_cpu->rope_fwd)(g_cpu, r32.h, B, T, H, D, 10000.0f);
+        if (tab) {
+            (bwd ? g_cpu->rope_tab_bwd16 : g_cpu->rope_tab_fwd16)(g_cpu, c16, r.h, B, T, H, D,
+                                                                  inv.h, 7);
+            (bwd ? g_cpu->rope_tab_bwd : g_cpu->rope_tab_fwd)(g_cpu, r32.h, B, T, H, D, inv.h, 7);
+        } else {
+            (bwd ? g_cpu->rope_bwd16 : g_cpu->rope_fwd16)(g_cpu, c16, r.h, B, T, H, D, 10000.0f);
+            (bwd ? g_cpu->rope_bwd : g_cpu->rope_fwd)(g_cpu, r32.h, B, T, H, D, 10000.0f);
+        }
         int cpu_same = 1, near = 1;
         g_gpu->download(g_gpu, g16, y16, (size_t)nr * 2);
         for (int64_t i = 0; i < nr; i++) {
@@ -379,13 +393,14 @@ static void test_layout(void) {
             near &= (c16[i] >> 15) == (g16[i] >> 15) && dd >= -1 && dd <= 1;
         }
         check(same && kept && cpu_same && near, "%s: %s rounded by to_bf16, bit for bit on each "
-              "backend (%s, %s), x kept (%s), the backends within a bf16 unit (%s)", op, op32,
+              "backend (%s, %s), x kept (%s), the backends within a bf16 unit (%s)", op, op32[v],
               same ? "device" : "DEVICE DIFFERS", cpu_same ? "CPU" : "CPU DIFFERS",
               kept ? "yes" : "NO", near ? "yes" : "NO");
         g_gpu->release(g_gpu, y16);
         free(h16), free(c16), free(g16), free(back);
         drop(&r), drop(&r32);
     }
+    drop(&inv);
 
     for (int cl = 0; cl < 2; cl++) {
         const int64_t Bi = 2, Ci = 3, Hi = 12, Wi = 8, p = 4, P = Ci * p * p;
