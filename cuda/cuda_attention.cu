@@ -45,14 +45,21 @@ typedef struct {
     int acc;  /* backward: add into dq, dk, dv (1), or write them (0: never read) */
     int in16; /* q, k, v given in bf16 (tz_att_ld.in16): the flash kernels' TI */
     int pipe; /* the flash kernels' bf16 tiles copied ahead by cp.async (fa_pipe) */
-    int dv16; /* backward: dv written in bf16 (tz_att_ld.dv16; the flash kernels on the
-               * tensor cores, accumulate 0) */
+    int d16;  /* backward: the gradients written in bf16 (tz_att_ld.d16: TZ_ATT_DQ16, DK16,
+               * DV16; the flash kernels on the tensor cores, accumulate 0) */
 } att_shape;
 
 /* A backward output element: added to, or written without reading what was there. */
 __device__ __forceinline__ void att_out(float *p, float x, const att_shape &sh) {
     if (sh.acc) *p += x;
     else *p = x;
+}
+/* The flash kernels' gradient element i of g (TZ_ATT_DQ16, DK16 or DV16: which): in bf16 bit
+ * patterns where sh.d16 names it (written), else as att_out. */
+__device__ __forceinline__ void att_out16(float *g, int64_t i, float x, const att_shape &sh,
+                                          int which) {
+    if (sh.d16 & which) ((uint16_t *)g)[i] = tz_bf16_bits(x);
+    else att_out(g + i, x, sh);
 }
 
 
@@ -316,7 +323,7 @@ static att_shape make_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64
                  (long long)Hkv);
     const tz_att_ld ld = tz_att_ld_of(ldp, Hq, Hkv, D);
     att_shape s = {B, T, Hq, Hkv, D, Hq / Hkv, ld.q, ld.kv, ld.o, causal,
-                   1.0f / sqrtf((float)D), 0, 1, ld.in16, 0, ld.dv16};
+                   1.0f / sqrtf((float)D), 0, 1, ld.in16, 0, ld.d16};
     return s;
 }
 
@@ -1357,13 +1364,13 @@ __global__ void __launch_bounds__(FA_THREADS)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (rows[r] >= T) continue;
-        float *row = dq + at(b, rows[r], h, T, sh.ldq, D);
+        const int64_t row = at(b, rows[r], h, T, sh.ldq, D);
 #pragma unroll
         for (int dn = 0; dn < DN; dn++)
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int64_t d = dn * 8 + 2 * t4 + j;
-                if (d < D) att_out(row + d, sh.scale * acc[dn][2 * r + j], sh);
+                if (d < D) att_out16(dq, row + d, sh.scale * acc[dn][2 * r + j], sh, TZ_ATT_DQ16);
             }
     }
 }
@@ -1518,9 +1525,8 @@ __global__ void __launch_bounds__(FA_THREADS)
             for (int j = 0; j < 2; j++) {
                 const int64_t d = dn * 8 + 2 * t4 + j;
                 if (d < D) {
-                    if (sh.dv16) ((uint16_t *)dv)[o + d] = tz_bf16_bits(av[dn][2 * r + j]);
-                    else att_out(dv + o + d, av[dn][2 * r + j], sh);
-                    att_out(dk + o + d, sh.scale * ak[dn][2 * r + j], sh);
+                    att_out16(dv, o + d, av[dn][2 * r + j], sh, TZ_ATT_DV16);
+                    att_out16(dk, o + d, sh.scale * ak[dn][2 * r + j], sh, TZ_ATT_DK16);
                 }
             }
     }
@@ -1758,10 +1764,10 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
     be->att_ws = NULL, be->att_ws_bytes = 0;
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal, ld);
     sh.acc = accumulate != 0;
-    if (sh.dv16 && (sh.acc || !tz_attention_takes_bf16(be, D)))
-        TZ_FATAL("attention_bwd: dv in bf16 (tz_att_ld.dv16) is written by the tensor-core "
-                 "flash kernels only (bf16 GEMM operands, head dimension <= %d, accumulate "
-                 "0; here %s, D = %lld, accumulate %d)", FA_MAXD,
+    if (sh.d16 && (sh.acc || !tz_attention_takes_bf16(be, D)))
+        TZ_FATAL("attention_bwd: gradients in bf16 (tz_att_ld.d16) are written by the "
+                 "tensor-core flash kernels only (bf16 GEMM operands, head dimension <= %d, "
+                 "accumulate 0; here %s, D = %lld, accumulate %d)", FA_MAXD,
                  be->matmul_dtype == TZ_DT_BF16 ? "bf16" : "fp32", (long long)D, accumulate);
     if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
     if (sh.in16) {

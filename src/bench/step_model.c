@@ -167,10 +167,14 @@ static void s_att_bwd(tz_backend *be, float *dq, float *dk, float *dv, cf *d, cf
     (void)dq, (void)dk, (void)dv, (void)d, (void)o, (void)lse, (void)q, (void)k, (void)v;
     /* S again, dP = dO V^T, dV += P^T dO, dQ += dS K, dK += dS^T Q: q, dO, O and k, v read,
      * dq, dk, dv written (and read first when added into); lse and delta */
-    const double a = acc ? 1.0 : 0.0, dv16 = ld && ld->dv16 ? (F - 2.0) * B * T * Hkv * D : 0.0;
+    const int d16 = ld ? ld->d16 : 0; /* gradients written in bf16: 2 bytes each fewer */
+    const double a = acc ? 1.0 : 0.0,
+                 g16 = (F - 2.0) * B * T *
+                       ((d16 & TZ_ATT_DQ16 ? Hq : 0) + (d16 & TZ_ATT_DK16 ? Hkv : 0) +
+                        (d16 & TZ_ATT_DV16 ? Hkv : 0)) * (double)D;
     add(be, TZ_SM_ATTENTION, 10.0 * B * Hq * D * pairs(T, T, causal),
         F * B * T * ((4.0 + a) * Hq * D + (4.0 + 2.0 * a) * Hkv * D + Hq) -
-            qkv16_saves(ld, B * T, Hq, Hkv, D) - dv16);
+            qkv16_saves(ld, B * T, Hq, Hkv, D) - g16);
 }
 static void s_att_cache(tz_backend *be, float *o, cf *q, cf *kc, cf *vc, int64_t B, int64_t T, int64_t S,
                         int64_t p, int64_t Hq, int64_t Hkv, int64_t D) {

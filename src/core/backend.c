@@ -22,7 +22,7 @@ tz_att_ld tz_att_ld_of(const tz_att_ld *ld, int64_t Hq, int64_t Hkv, int64_t D) 
         if (ld->kv) r.kv = ld->kv;
         if (ld->o) r.o = ld->o;
         r.in16 = ld->in16 != 0;
-        r.dv16 = ld->dv16 != 0;
+        r.d16 = ld->d16 & (TZ_ATT_DQ16 | TZ_ATT_DK16 | TZ_ATT_DV16);
     }
     if (r.q < Hq * D || r.kv < Hkv * D || r.o < Hq * D)
         TZ_FATAL("attention: row strides q %lld, kv %lld, out %lld below the rows' widths "

@@ -56,13 +56,15 @@ static inline TZ_ADAMW_HD void tz_adamw_elem(float *w, float *m, float *v, float
  * place with q = kv = (Hq + 2 Hkv) D (k and v pointing into the row). in16: q, k and v hold
  * bf16 bit patterns (their strides in bf16 elements), the form the tensor-core kernels round
  * them to as they load them, so the results are those of the fp32 values they stand for;
- * backends take it where tz_attention_takes_bf16 says (the CPU widens them). dv16 (backward,
- * accumulate 0): dv written as bf16 bit patterns at kv (in bf16 elements), the fp32 values
- * rounded as to_bf16 rounds them, for a v projection whose backward GEMMs read dv in bf16
- * (tz_linear_takes_dy16); backends take it where tz_attention_takes_bf16 says. */
+ * backends take it where tz_attention_takes_bf16 says (the CPU widens them). d16 (backward,
+ * accumulate 0): the gradients it names (TZ_ATT_DQ16, TZ_ATT_DK16, TZ_ATT_DV16) written as bf16
+ * bit patterns at their strides (in bf16 elements), the fp32 values rounded as to_bf16 rounds
+ * them, for projections whose backward GEMMs read their dy in bf16 (tz_linear_takes_dy16: the
+ * Llama's v, the DiT's fused q, k, v); backends take it where tz_attention_takes_bf16 says. */
+enum { TZ_ATT_DQ16 = 1, TZ_ATT_DK16 = 2, TZ_ATT_DV16 = 4 };
 typedef struct tz_att_ld {
     int64_t q, kv, o;
-    int in16, dv16;
+    int in16, d16;
 } tz_att_ld;
 /* The strides ld asks for, with dense ones for its 0 fields (every backend's attention
  * calls it). Fatal, naming them, when one is below its row's width (rows would overlap). */

@@ -229,19 +229,30 @@ static void cpu_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv, c
                               const float *out, const float *lse, const float *q, const float *k,
                               const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                               int64_t D, int causal, int accumulate, const tz_att_ld *ld) {
-    if (ld && ld->dv16) { /* dv into fp32 rows at the same stride, then each row rounded */
+    if (ld && ld->d16) { /* each bf16 gradient into fp32 rows at its stride, then rounded */
         if (accumulate)
-            TZ_FATAL("attention_bwd: dv in bf16 (tz_att_ld.dv16) is written, never added to");
+            TZ_FATAL("attention_bwd: gradients in bf16 (tz_att_ld.d16) are written, never "
+                     "added to");
         tz_att_ld l32 = tz_att_ld_of(ld, Hq, Hkv, D);
-        l32.dv16 = 0;
-        const int64_t BT = B * T, w = Hkv * D, n = BT > 0 ? (BT - 1) * l32.kv + w : 0;
-        float *t = tz_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *t);
-        cpu_attention_bwd(be, dq, dk, t, dout, out, lse, q, k, v, B, T, Hq, Hkv, D, causal, 0,
-                          &l32);
-        uint16_t *d16 = (uint16_t *)(void *)dv;
-        for (int64_t r = 0; r < BT && w > 0; r++)
-            be->to_bf16(be, d16 + r * l32.kv, t + r * l32.kv, w);
-        free(t);
+        const int d16 = l32.d16;
+        l32.d16 = 0;
+        const int64_t BT = B * T;
+        float *g[3] = {dq, dk, dv}, *t[3] = {NULL, NULL, NULL};
+        const int64_t lds[3] = {l32.q, l32.kv, l32.kv}, ws[3] = {Hq * D, Hkv * D, Hkv * D};
+        for (int i = 0; i < 3; i++)
+            if (d16 & (1 << i)) {
+                const int64_t n = BT > 0 ? (BT - 1) * lds[i] + ws[i] : 0;
+                t[i] = tz_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+            }
+        cpu_attention_bwd(be, t[0] ? t[0] : dq, t[1] ? t[1] : dk, t[2] ? t[2] : dv, dout, out,
+                          lse, q, k, v, B, T, Hq, Hkv, D, causal, 0, &l32);
+        for (int i = 0; i < 3; i++) {
+            if (!t[i]) continue;
+            uint16_t *o16 = (uint16_t *)(void *)g[i];
+            for (int64_t r = 0; r < BT && ws[i] > 0; r++)
+                be->to_bf16(be, o16 + r * lds[i], t[i] + r * lds[i], ws[i]);
+            free(t[i]);
+        }
         return;
     }
     wide_qkv w = wide_of(q, k, v, B * T, Hq, Hkv, D, ld);

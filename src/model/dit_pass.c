@@ -204,12 +204,21 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->gate_bwd(be, m->da, m->dmod + 2 * Hd, m->dres, a->ao, a->mod + 2 * Hd, M, n, T, Hd, mp);
     lin_bwd(m, &L[TZ_DIT_PROJ], mp, 0, m->db, m->da, a->att, a->lh[TZ_DIT_PROJ], BT);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    /* dq, dk, dv written into the fused projection's gradient rows, as the forward read them */
-    const tz_att_ld ld = qkv_ld(m);
-    be->attention_bwd(be, m->dqkv, m->dqkv + Hd, m->dqkv + 2 * Hd, m->db, a->att, a->lse,
-                      qkv_part(m, a, 0), qkv_part(m, a, 1), qkv_part(m, a, 2), n, T, nh, nh,
-                      Hd / nh, 0, 0, &ld);
-    lin_bwd(m, &L[TZ_DIT_QKV], 0, 1, m->da, m->dqkv, a->h1, a->lh[TZ_DIT_QKV], BT);
+    /* dq, dk, dv written into the fused projection's gradient rows, as the forward read them;
+     * in bf16 (tz_att_ld.d16) where attention reads q, k, v so (qkv16: its flash kernels) and
+     * the projection's backward GEMMs read its dy so (no bias gradient, which sums the fp32
+     * dy: LoRA), the bits those GEMMs would have rounded */
+    const int mq = m->qkv16 ? tz_linear_dy_mode(be, &L[TZ_DIT_QKV]) : 0;
+    tz_att_ld ld = qkv_ld(m);
+    float *dqkv[3] = {m->dqkv, m->dqkv + Hd, m->dqkv + 2 * Hd};
+    if (mq == 2) {
+        ld.d16 = TZ_ATT_DQ16 | TZ_ATT_DK16 | TZ_ATT_DV16;
+        for (int j = 0; j < 3; j++) /* the same rows in bf16: [B*T, 3 Hd] at stride 3 Hd */
+            dqkv[j] = (float *)(void *)((uint16_t *)(void *)m->dqkv + j * Hd);
+    }
+    be->attention_bwd(be, dqkv[0], dqkv[1], dqkv[2], m->db, a->att, a->lse, qkv_part(m, a, 0),
+                      qkv_part(m, a, 1), qkv_part(m, a, 2), n, T, nh, nh, Hd / nh, 0, 0, &ld);
+    lin_bwd(m, &L[TZ_DIT_QKV], mq, 1, m->da, m->dqkv, a->h1, a->lh[TZ_DIT_QKV], BT);
     be->modulate_bwd(be, m->db, m->dmod, m->dmod + Hd, m->da, a->ln1, a->mod + Hd, M, n, T, Hd, 0);
     be->layernorm_bwd(be, m->dres, m->db, x, a->mean1, a->rstd1, BT, Hd); /* now dL/dx */
     /* the modulation: mod = adaLN(silu(c)) */

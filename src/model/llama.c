@@ -219,7 +219,7 @@ static int64_t al16(int64_t n) { return (n + 15) / 16 * 16; }
 /* the floats that hold n bf16, likewise rounded */
 static int64_t half16(int64_t n) { return al16((n + 1) / 2); }
 
-/* Whether attention's backward writes dv in bf16 (tz_att_ld.dv16), and RoPE's backward the
+/* Whether attention's backward writes dv in bf16 (tz_att_ld.d16), and RoPE's backward the
  * gradients of q and k (rope_bwd16, llama.h qk16), for the q, k, v projections: where
  * attention reads q, k, v in bf16 (att16: the flash kernels, which write dv so) and the
  * projections' backward GEMMs read their dy in bf16 (tz_linear_takes_dy16), the bits those
@@ -501,7 +501,7 @@ static void lins_fwd(tz_backend *be, const tz_llama_layer *L, int first, float *
     tz_linear_fwd_shared(be, ls, ys, hs, lin_set(L, first, ls), x, n);
 }
 /* Each linear's dy: d16[i] in bf16 bit patterns where not NULL (swiglu_bwd's out_bf16,
- * rope_bwd16, attention's dv16), else dys[i] in fp32 */
+ * rope_bwd16, attention's bf16 dv), else dys[i] in fp32 */
 static void lins_bwd(tz_backend *be, const tz_llama_layer *L, int first, float *dx,
                      const float *const *dys, const uint16_t *const *d16, const float *x,
                      const float *const *hs, float *scratch, int64_t n, int dx_set) {
@@ -679,11 +679,11 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     const tz_att_ld *ld;
     att_inputs(m, a, in, &ld);
     tz_att_ld ldv = ld ? *ld : (tz_att_ld){0};
-    ldv.dv16 = v_dy16(m, L);
+    ldv.d16 = v_dy16(m, L) ? TZ_ATT_DV16 : 0;
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
     be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, in[0], in[1], in[2], B, T,
                       d->n_heads, d->n_kv_heads, d->head_dim, 1, 0,
-                      ldv.dv16 ? &ldv : ld); /* dq, dk, dv written */
+                      ldv.d16 ? &ldv : ld); /* dq, dk, dv written */
     uint16_t *dq16 = NULL, *dk16 = NULL;
     if (m->qk16 && qk_dy16(be, d, L)) { /* into datt's memory (read), or the pool's room */
         float *room = m->qk16_room ? m->qk16_room : datt;
@@ -704,9 +704,9 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     }
     if (remake_h1) /* h1 again, in its memory: the same op on the same x */
         be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
-    const float *dqkv[3] = {dq16 ? NULL : dq, dk16 ? NULL : dk, ldv.dv16 ? NULL : dv};
+    const float *dqkv[3] = {dq16 ? NULL : dq, dk16 ? NULL : dk, ldv.d16 ? NULL : dv};
     const uint16_t *d16[3] = {dq16, dk16,
-                              ldv.dv16 ? (const uint16_t *)(const void *)dv : NULL};
+                              ldv.d16 ? (const uint16_t *)(const void *)dv : NULL};
     const float *lqkv[3] = {a->lh[TZ_LIN_Q], a->lh[TZ_LIN_K], a->lh[TZ_LIN_V]};
     lins_bwd(be, L, TZ_LIN_Q, m->dh, dqkv, d16, a->h1, lqkv, m->dlora, BT, 1); /* dh written */
     /* dres += norm path: now dL/dx */

@@ -932,38 +932,45 @@ static void test_attention_in16(tz_backend *be, const char *tag, int64_t B, int6
         else unsetenv("TZ_FA_ROWS");
         free(saved64);
     }
-    /* dv written in bf16 (tz_att_ld.dv16) into its own buffer laid out as x16: the fp32 dv
-     * rounded by to_bf16, bit for bit, at its stride, nothing else of its rows written; dq
-     * and dk the fp32 run's bits */
-    int dv_same = 1, dv_kept = 1, qk_same = 1;
-    {
-        const tz_att_ld ldv = {ld16.q, ld16.kv, 0, 1, 1};
+    /* gradients written in bf16 (tz_att_ld.d16) into a buffer laid out as x16: dv alone (the
+     * Llama's), then dq, dk and dv (the DiT's fused rows): each the fp32 run's rounded by
+     * to_bf16, bit for bit, at its stride, nothing else of the rows written; the others the
+     * fp32 run's bits, in dx */
+    int g_same = 1, g_kept = 1, rest_same = 1;
+    for (int mi = 0; mi < 2; mi++) {
+        const int m16 = mi ? TZ_ATT_DQ16 | TZ_ATT_DK16 | TZ_ATT_DV16 : TZ_ATT_DV16;
+        const tz_att_ld ldg = {ld16.q, ld16.kv, 0, 1, m16};
         float *out = be->alloc(be, (size_t)cnt[0] * 4), *lse = be->alloc(be, (size_t)cnt[1] * 4);
         float *dx = be->alloc(be, (size_t)n * 4);
-        uint16_t *dv16 = be->alloc(be, (size_t)n * 2), *h16 = malloc((size_t)n * 2);
+        uint16_t *g16 = be->alloc(be, (size_t)n * 2), *h16 = malloc((size_t)n * 2);
         float *hx = malloc((size_t)n * 4);
         for (int64_t i = 0; i < n; i++) h16[i] = 0x7fc1; /* a NaN to_bf16 never writes */
-        be->upload(be, dv16, h16, (size_t)n * 2);
+        be->upload(be, g16, h16, (size_t)n * 2);
         be->fill(be, dx, 0.0f, n);
         const float *q = (const float *)(const void *)x16;
         const float *k = (const float *)(const void *)(x16 + ok);
         const float *v = (const float *)(const void *)(x16 + ov);
+        float *gp[3];
+        const int64_t offs[3] = {0, ok, ov};
+        for (int j = 0; j < 3; j++)
+            gp[j] = m16 & (1 << j) ? (float *)(void *)(g16 + offs[j]) : dx + offs[j];
         be->attention_fwd(be, out, lse, q, k, v, B, T, Hq, Hkv, D, causal, &ld16);
         be->att_ws = ws, be->att_ws_bytes = wb;
-        be->attention_bwd(be, dx, dx + ok, (float *)(void *)(dv16 + ov), dout, out, lse, q, k, v,
-                          B, T, Hq, Hkv, D, causal, 0, &ldv);
-        be->download(be, hx, dx, (size_t)n * 4), be->download(be, h16, dv16, (size_t)n * 2);
+        be->attention_bwd(be, gp[0], gp[1], gp[2], dout, out, lse, q, k, v, B, T, Hq, Hkv, D,
+                          causal, 0, &ldg);
+        be->download(be, hx, dx, (size_t)n * 4), be->download(be, h16, g16, (size_t)n * 2);
         for (int64_t i = 0; i < n; i++) {
-            const int is_dv = fused ? i % W >= (Hq + Hkv) * D : i >= ov;
-            if (is_dv) {
-                dv_same &= h16[i] == tz_f32_to_bf16(res[0][2][i]);
-                qk_same &= hx[i] == 0.0f; /* dx's dv part not written */
+            const int64_t c = fused ? i % W : i;
+            const int part = c < (fused ? Hq * D : ok) ? 0 : c < (fused ? (Hq + Hkv) * D : ov) ? 1 : 2;
+            if (m16 & (1 << part)) {
+                g_same &= h16[i] == tz_f32_to_bf16(res[0][2][i]);
+                rest_same &= hx[i] == 0.0f; /* dx's part not written */
             } else {
-                dv_kept &= h16[i] == 0x7fc1;
-                qk_same &= !memcmp(&hx[i], &res[0][2][i], 4);
+                g_kept &= h16[i] == 0x7fc1;
+                rest_same &= !memcmp(&hx[i], &res[0][2][i], 4);
             }
         }
-        be->release(be, out), be->release(be, lse), be->release(be, dx), be->release(be, dv16);
+        be->release(be, out), be->release(be, lse), be->release(be, dx), be->release(be, g16);
         free(h16), free(hx);
     }
     for (int i = 0; i < 3; i++) {
@@ -975,11 +982,12 @@ static void test_attention_in16(tz_backend *be, const char *tag, int64_t B, int6
           tag, (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal,
           fused ? "in place in fused rows" : "dense",
           be->device ? "; the forward's with 64 query rows a block too" : "");
-    check(dv_same && dv_kept && qk_same, "%s attention_bwd with dv in bf16 (dv16; T=%lld Hq=%lld "
-          "Hkv=%lld D=%lld, %s): dv the fp32 dv rounded, bit for bit (%s), the rest of its rows "
-          "kept (%s), dq and dk the fp32 run's bits (%s)", tag, (long long)T, (long long)Hq,
-          (long long)Hkv, (long long)D, fused ? "fused rows" : "dense", dv_same ? "yes" : "NO",
-          dv_kept ? "yes" : "NO", qk_same ? "yes" : "NO");
+    check(g_same && g_kept && rest_same, "%s attention_bwd with gradients in bf16 (d16: dv, then "
+          "dq, dk, dv; T=%lld Hq=%lld Hkv=%lld D=%lld, %s): each the fp32 one rounded, bit for "
+          "bit (%s), the rest of their rows kept (%s), the fp32 gradients the fp32 run's bits "
+          "(%s)", tag, (long long)T, (long long)Hq, (long long)Hkv, (long long)D,
+          fused ? "fused rows" : "dense", g_same ? "yes" : "NO", g_kept ? "yes" : "NO",
+          rest_same ? "yes" : "NO");
     if (ws) be->release(be, ws);
     be->release(be, x), be->release(be, x16), be->release(be, dout);
     free(h), free(hd);
