@@ -609,6 +609,6 @@ void tz_linear_bwd_shared16(tz_backend *be, const tz_linear *const *ls, int coun
         else if (dx) be->matmul(be, dx, dh, l->a->w, n, l->in, l->r, 1, 0, 1.0f, 1.0f);
         dh += n * l->r, ranks += l->r;
     }
-    if (dx && r.astack) /* dx[n,in] += [dh_i]^T^T [A_i] over the ranks */
+    if (dx && r.astack) /* dx[n,in] += (dh^T)^T [A_1; ..; A_k], the kept dh^T one [ranks, n] */
         be->matmul16(be, dx, r.dh, 0, r.astack, 1, n, l0->in, ranks, 1, 0, 1.0f, 1.0f);
 }
