@@ -100,6 +100,7 @@ int tz_linear_rounds_bf16(const tz_backend *be) {
 }
 
 static int sharing_on(void);
+static int stacking_on(void);
 
 static tz_linear_probe g_probe;
 static void *g_probe_ctx;
@@ -301,7 +302,8 @@ static bwd_room bwd_layout(const tz_backend *be, const tz_linear *const *ls, int
     else if (count > 1 && ax) {
         const int64_t o0 = off;
         r.dh = take(act, &off, cap, al16(n * ranks));
-        if (off > o0 && dx) r.astack = take(act, &off, cap, half16(ranks * ls[0]->in));
+        if (off > o0 && dx && stacking_on())
+            r.astack = take(act, &off, cap, half16(ranks * ls[0]->in));
     }
     r.floats = off;
     return r;
@@ -437,6 +439,18 @@ static int sharing_on(void) {
     static int on = -1;
     if (on < 0) {
         const char *e = getenv("TZ_LINEAR_SHARED");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
+/* TZ_LORA_STACK=0: a shared group's adapters add dh_i A_i into dx one GEMM each, without the
+ * stacked A's (bwd_layout's astack; the same results to fp32 rounding: for measuring on a GPU
+ * the stack's small rounding passes against the GEMMs' passes over dx it saves). Read once. */
+static int stacking_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TZ_LORA_STACK");
         on = !(e && !strcmp(e, "0"));
     }
     return on;
