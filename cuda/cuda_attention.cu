@@ -1303,6 +1303,29 @@ __device__ __forceinline__ void fa_dq_tile(float (&acc)[DP / 8][4], const uint32
     }
 }
 
+/* k_fa_dq's stores of a warp's rows: in bf16 (G16: tz_att_ld.d16's TZ_ATT_DQ16), or as
+ * att_out (a tail of its own, so that the fp32 one keeps its registers) */
+template <int DN, bool G16>
+__device__ __forceinline__ void fa_dq_out(float *dq, const float (&acc)[DN][4],
+                                          const int64_t (&rows)[2], int64_t b, int64_t h, int t4,
+                                          const att_shape &sh) {
+    const int64_t T = sh.T, D = sh.D;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rows[r] >= T) continue;
+        const int64_t row = at(b, rows[r], h, T, sh.ldq, D);
+#pragma unroll
+        for (int dn = 0; dn < DN; dn++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int64_t d = dn * 8 + 2 * t4 + j;
+                if (d >= D) continue;
+                if constexpr (G16) ((uint16_t *)dq)[row + d] = tz_bf16_bits(sh.scale * acc[dn][2 * r + j]);
+                else att_out(dq + row + d, sh.scale * acc[dn][2 * r + j], sh);
+            }
+    }
+}
+
 /* dq[t] += scale sum_s P_ts (dP_ts - delta_t) k_s, P = exp(scale q.k - lse), dP = dO . v. */
 template <int DP, bool LDM, class TI, bool PIPE>
 __global__ void __launch_bounds__(FA_THREADS)
@@ -1361,18 +1384,8 @@ __global__ void __launch_bounds__(FA_THREADS)
             fa_dq_tile<DP, LDM>(acc, qa, ga, lr, dl, Ks, Vs, sh, q0, s0, rows, sl2);
         }
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (rows[r] >= T) continue;
-        const int64_t row = at(b, rows[r], h, T, sh.ldq, D);
-#pragma unroll
-        for (int dn = 0; dn < DN; dn++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int64_t d = dn * 8 + 2 * t4 + j;
-                if (d < D) att_out16(dq, row + d, sh.scale * acc[dn][2 * r + j], sh, TZ_ATT_DQ16);
-            }
-    }
+    if (sh.d16 & TZ_ATT_DQ16) fa_dq_out<DN, true>(dq, acc, rows, b, h, t4, sh);
+    else fa_dq_out<DN, false>(dq, acc, rows, b, h, t4, sh);
 }
 
 /* One tile of FQT query rows from t0 in dk/dv's kernel, for a warp's keys: av += P^T dO and
@@ -1449,6 +1462,33 @@ __device__ __forceinline__ void fa_dkv_stage_async(uint16_t *Qd, uint16_t *Gd, f
     if (i < 2 * FQT) tz_cp_async<4>((i < FQT ? Ld : Dd) + j, t < T ? src + t : src, t < T);
 }
 
+/* k_fa_dkv's stores of a warp's keys: dk (K16) and dv (V16) in bf16 bit patterns (sh.d16's
+ * TZ_ATT_DK16, TZ_ATT_DV16; written) or as att_out; a tail for each form, so that each keeps
+ * only the registers it needs */
+template <int DN, bool K16, bool V16>
+__device__ __forceinline__ void fa_dkv_out(float *dk, float *dv, const float (&ak)[DN][4],
+                                           const float (&av)[DN][4], const int64_t (&keys)[2],
+                                           int64_t b, int64_t kvh, int t4, const att_shape &sh) {
+    const int64_t T = sh.T, D = sh.D;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (keys[r] >= T) continue;
+        const int64_t o = at(b, keys[r], kvh, T, sh.ldkv, D);
+#pragma unroll
+        for (int dn = 0; dn < DN; dn++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int64_t d = dn * 8 + 2 * t4 + j;
+                if (d >= D) continue;
+                if constexpr (V16) ((uint16_t *)dv)[o + d] = tz_bf16_bits(av[dn][2 * r + j]);
+                else att_out(dv + o + d, av[dn][2 * r + j], sh);
+                if constexpr (K16)
+                    ((uint16_t *)dk)[o + d] = tz_bf16_bits(sh.scale * ak[dn][2 * r + j]);
+                else att_out(dk + o + d, sh.scale * ak[dn][2 * r + j], sh);
+            }
+    }
+}
+
 /* dv[s] += sum_{h in group, t} P_ts dO_t;  dk[s] += scale sum P_ts (dP_ts - delta_t) q_t. */
 template <int DP, bool LDM, class TI, bool PIPE>
 __global__ void __launch_bounds__(FA_THREADS)
@@ -1515,21 +1555,10 @@ __global__ void __launch_bounds__(FA_THREADS)
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (keys[r] >= T) continue;
-        const int64_t o = at(b, keys[r], kvh, T, sh.ldkv, D);
-#pragma unroll
-        for (int dn = 0; dn < DN; dn++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int64_t d = dn * 8 + 2 * t4 + j;
-                if (d < D) {
-                    att_out16(dv, o + d, av[dn][2 * r + j], sh, TZ_ATT_DV16);
-                    att_out16(dk, o + d, sh.scale * ak[dn][2 * r + j], sh, TZ_ATT_DK16);
-                }
-            }
-    }
+    if (sh.d16 & TZ_ATT_DK16) fa_dkv_out<DN, true, true>(dk, dv, ak, av, keys, b, kvh, t4, sh);
+    else if (sh.d16 & TZ_ATT_DV16)
+        fa_dkv_out<DN, false, true>(dk, dv, ak, av, keys, b, kvh, t4, sh);
+    else fa_dkv_out<DN, false, false>(dk, dv, ak, av, keys, b, kvh, t4, sh);
 }
 
 /* DP for a head dimension: the instantiations (D padded to 32, 64, 80 or 128: DiT-XL/2's 72
