@@ -26,11 +26,4 @@ if(TARGET tzcuda_emu)
     ENVIRONMENT "${TZ_TEST_ENV};TZ_CUDA_MODULE=$<TARGET_FILE:tzcuda_emu>" LABELS "emu")
   set_tests_properties(bench_preset_emu PROPERTIES PASS_REGULAR_EXPRESSION
     "GPU [0-9.]+ of [0-9.]+ GiB in use.*step split, mean of 2 extra steps: forward [0-9.]+ s")
-  # The same model checks with a shared group's LoRA GEMMs one per adapter (TZ_LORA_STACK=0,
-  # linear.c stacking_on): the path a scratch without room for the stacked A's takes too.
-  add_test(NAME test_gpu_model_emu_nostack COMMAND test_gpu_model
-           WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
-  set_tests_properties(test_gpu_model_emu_nostack PROPERTIES TIMEOUT 300
-    ENVIRONMENT "${TZ_TEST_ENV};TZ_CUDA_MODULE=$<TARGET_FILE:tzcuda_emu>;TZ_LORA_STACK=0"
-    LABELS "emu")
 endif()

@@ -446,14 +446,18 @@ static int sharing_on(void) {
 
 /* TZ_LORA_STACK=0: a shared group's adapters add dh_i A_i into dx one GEMM each, without the
  * stacked A's (bwd_layout's astack; the same results to fp32 rounding: for measuring on a GPU
- * the stack's small rounding passes against the GEMMs' passes over dx it saves). Read once. */
+ * the stack's small rounding passes against the GEMMs' passes over dx it saves). Read once;
+ * tz_linear_set_stacking overrides it. */
+static int g_stacking = -1;
+void tz_linear_set_stacking(int on) { g_stacking = on < 0 ? -1 : on != 0; }
 static int stacking_on(void) {
-    static int on = -1;
-    if (on < 0) {
+    static int env = -1;
+    if (g_stacking >= 0) return g_stacking;
+    if (env < 0) {
         const char *e = getenv("TZ_LORA_STACK");
-        on = !(e && !strcmp(e, "0"));
+        env = !(e && !strcmp(e, "0"));
     }
-    return on;
+    return env;
 }
 
 /* Whether the `count` linears can share the work on their input: two or more TurboQuant

@@ -573,6 +573,11 @@ int main(void) {
         shared_case(g_gpu, "gpu fp32", mode);
         g_gpu->matmul_dtype = TZ_DT_BF16;
         shared_case(g_gpu, "gpu bf16", mode);
+        if (mode == 3) { /* each adapter's GEMM on the transposed dh, without the stack */
+            tz_linear_set_stacking(0);
+            shared_case(g_gpu, "gpu bf16, LoRA stack off", mode);
+            tz_linear_set_stacking(-1);
+        }
         g_gpu->matmul_dtype = TZ_DT_F32;
     }
     llama_case("llama tied, GQA 4/2, full", 1, 2, 0, 0, 0);
