@@ -54,13 +54,6 @@ __device__ __forceinline__ void att_out(float *p, float x, const att_shape &sh) 
     if (sh.acc) *p += x;
     else *p = x;
 }
-/* The flash kernels' gradient element i of g (TZ_ATT_DQ16, DK16 or DV16: which): in bf16 bit
- * patterns where sh.d16 names it (written), else as att_out. */
-__device__ __forceinline__ void att_out16(float *g, int64_t i, float x, const att_shape &sh,
-                                          int which) {
-    if (sh.d16 & which) ((uint16_t *)g)[i] = tz_bf16_bits(x);
-    else att_out(g + i, x, sh);
-}
 
 
 /* Whether query t sees key s: both within the sequence, and s <= t when causal. */
@@ -1320,7 +1313,8 @@ __device__ __forceinline__ void fa_dq_out(float *dq, const float (&acc)[DN][4],
             for (int j = 0; j < 2; j++) {
                 const int64_t d = dn * 8 + 2 * t4 + j;
                 if (d >= D) continue;
-                if constexpr (G16) ((uint16_t *)dq)[row + d] = tz_bf16_bits(sh.scale * acc[dn][2 * r + j]);
+                if constexpr (G16)
+                    ((uint16_t *)dq)[row + d] = tz_bf16_bits(sh.scale * acc[dn][2 * r + j]);
                 else att_out(dq + row + d, sh.scale * acc[dn][2 * r + j], sh);
             }
     }
