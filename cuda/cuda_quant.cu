@@ -159,11 +159,19 @@ static __global__ void k_rotate(O *out, const float *in, const float *signs, int
     }
 }
 
+/* wcols > 0: in's rows are columns [c0, c0 + cols) of rows of wcols (tq_rotate16_at's and
+ * tq_rotate_bwd_at's window): the signs from c0 of the whole row's (one cache entry). */
 template <class O>
 static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_t cols,
                    int64_t ldo, int group, uint64_t seed, int inverse, const char *op,
-                   uint16_t *xc = NULL) {
-    const float *s = row_signs(be, rows, cols, group, seed, op);
+                   uint16_t *xc = NULL, int64_t c0 = 0, int64_t wcols = 0) {
+    if (wcols > 0) {
+        check_rows(rows, cols, group, op);
+        if (c0 < 0 || c0 % group || c0 + cols > wcols)
+            TZ_FATAL("%s: columns [%lld, %lld) are not whole groups of %d inside a row of %lld",
+                     op, (long long)c0, (long long)(c0 + cols), group, (long long)wcols);
+    }
+    const float *s = row_signs(be, rows, wcols > 0 ? wcols : cols, group, seed, op) + c0;
     if (rows <= 0) return;
     if (cols > INT32_MAX - ROT_SPAN)
         TZ_FATAL("%s: rows of %lld columns exceed the kernel's int indices", op, (long long)cols);
@@ -171,7 +179,7 @@ static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_
         for (int64_t r0 = 0; r0 < rows; r0 += 65535) {
             int64_t n = rows - r0 < 65535 ? rows - r0 : 65535;
             rotate(be, out + r0 * ldo, in + r0 * cols, n, cols, ldo, group, seed, inverse, op,
-                   xc ? xc + r0 * cols : NULL);
+                   xc ? xc + r0 * cols : NULL, c0, wcols);
         }
         return;
     }
@@ -203,6 +211,21 @@ static void cuda_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_
 static void cuda_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
                                int64_t cols, int group, uint64_t seed, int accumulate) {
     rotate(be, dx, dy, rows, cols, cols, group, seed, accumulate ? 1 : 2, "tq_rotate_bwd");
+}
+
+static void cuda_tq_rotate16_at(tz_backend *be, uint16_t *y, const float *x, int64_t rows,
+                                int64_t cols, int64_t ldy, int group, uint64_t seed, int64_t c0,
+                                int64_t wcols, uint16_t *xc) {
+    if (ldy < cols) TZ_FATAL("tq_rotate16_at: row stride %lld below %lld columns",
+                             (long long)ldy, (long long)cols);
+    rotate(be, y, x, rows, cols, ldy, group, seed, 0, "tq_rotate16_at", xc, c0, wcols);
+}
+
+static void cuda_tq_rotate_bwd_at(tz_backend *be, float *dx, const float *dy, int64_t rows,
+                                  int64_t cols, int group, uint64_t seed, int accumulate,
+                                  int64_t c0, int64_t wcols) {
+    rotate(be, dx, dy, rows, cols, cols, group, seed, accumulate ? 1 : 2, "tq_rotate_bwd_at",
+           (uint16_t *)NULL, c0, wcols);
 }
 
 /* The decode: a thread decodes octets, 8 consecutive weights of one group (g is a multiple of
@@ -508,6 +531,8 @@ void tz_cuda_install_quant(tz_backend *be) {
     be->tq_rotate = cuda_tq_rotate;
     be->tq_rotate16 = cuda_tq_rotate16;
     be->tq_rotate_bwd = cuda_tq_rotate_bwd;
+    be->tq_rotate16_at = cuda_tq_rotate16_at;
+    be->tq_rotate_bwd_at = cuda_tq_rotate_bwd_at;
     be->tq_dequant = cuda_tq_dequant;
     be->tq_matmul = cuda_tq_matmul;
     be->tq_matmul_lora = cuda_tq_matmul_lora;

@@ -242,6 +242,19 @@ static void s_rot_bwd(tz_backend *be, float *dx, cf *dy, int64_t rows, int64_t c
     add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 2),
         (acc ? 3 : 2) * F * rows * cols);
 }
+static void s_rot16_at(tz_backend *be, uint16_t *y, cf *x, int64_t rows, int64_t cols,
+                       int64_t ldy, int group, uint64_t seed, int64_t c0, int64_t wcols,
+                       uint16_t *xc) {
+    (void)y, (void)x, (void)seed, (void)ldy, (void)c0, (void)wcols;
+    add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 1),
+        (F + (xc ? 4 : 2)) * rows * cols);
+}
+static void s_rot_bwd_at(tz_backend *be, float *dx, cf *dy, int64_t rows, int64_t cols,
+                         int group, uint64_t seed, int acc, int64_t c0, int64_t wcols) {
+    (void)dx, (void)dy, (void)seed, (void)c0, (void)wcols;
+    add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 2),
+        (acc ? 3 : 2) * F * rows * cols);
+}
 static void s_dequant(tz_backend *be, float *w, const uint8_t *c, const uint16_t *s, cf *l, int64_t rows,
                       int64_t cols, int bits, int group) {
     (void)w, (void)c, (void)s, (void)l;
@@ -304,7 +317,8 @@ void tz_step_model_install(tz_backend *be, const tz_step_rates *r) {
     be->silu_bwd = s_act_bwd, be->bias_add_fwd = s_bias_add, be->bias_bwd = s_bias_bwd;
     be->mse_fwd = s_mse_fwd, be->mse_bwd = s_mse_bwd, be->patchify = s_patch;
     be->unpatchify = s_patch, be->copy2d = s_copy2d, be->tq_rotate = s_rot;
-    be->tq_rotate16 = s_rot16, be->tq_rotate_bwd = s_rot_bwd, be->tq_dequant = s_dequant;
+    be->tq_rotate16 = s_rot16, be->tq_rotate_bwd = s_rot_bwd,
+    be->tq_rotate16_at = s_rot16_at, be->tq_rotate_bwd_at = s_rot_bwd_at, be->tq_dequant = s_dequant;
     be->tq_matmul = s_tq_matmul, be->tq_matmul_lora = s_tq_matmul_lora;
 }
 

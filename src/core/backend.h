@@ -391,6 +391,17 @@ struct tz_backend {
                         int64_t ldy, int group, uint64_t seed, uint16_t *xc);
     void (*tq_rotate_bwd)(tz_backend *be, float *dx, const float *dy, int64_t rows,
                           int64_t cols, int group, uint64_t seed, int accumulate);
+    /* tq_rotate16 and tq_rotate_bwd on a window of columns: x (dy) [rows, cols] is columns
+     * [c0, c0 + cols) of rows of wcols (a wider weight's input: the Llama's MLP in column
+     * chunks), so its group j takes the signs of group column c0 / group + j; xc as
+     * tq_rotate16's. c0 and cols multiples of group, c0 + cols <= wcols (fatal otherwise).
+     * c0 = 0 and wcols = cols: tq_rotate16 and tq_rotate_bwd, the same bits. */
+    void (*tq_rotate16_at)(tz_backend *be, uint16_t *y, const float *x, int64_t rows,
+                           int64_t cols, int64_t ldy, int group, uint64_t seed, int64_t c0,
+                           int64_t wcols, uint16_t *xc);
+    void (*tq_rotate_bwd_at)(tz_backend *be, float *dx, const float *dy, int64_t rows,
+                             int64_t cols, int group, uint64_t seed, int accumulate, int64_t c0,
+                             int64_t wcols);
     void (*tq_dequant)(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
                        const float *levels, int64_t rows, int64_t cols, int bits, int group);
     /* A GEMM with a quantized weight W [rows, cols] (tq_dequant's w from codes, scales,
@@ -479,7 +490,7 @@ struct tz_backend {
     X(swiglu_bwd) X(xent_fwd) X(xent_bwd) X(layernorm_fwd) X(layernorm_bwd)                 \
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \
     X(gelu_tanh_bwd) X(silu_fwd) X(silu_bwd) X(bias_add_fwd) X(bias_bwd) X(mse_fwd)         \
-    X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate16) X(tq_rotate_bwd)            \
+    X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate16) X(tq_rotate_bwd) X(tq_rotate16_at) X(tq_rotate_bwd_at) \
     X(tq_dequant) X(tq_matmul) X(tq_matmul_lora) X(host_alloc) X(host_free) X(host_register)                   \
     X(host_unregister) X(download_async) X(upload_async) X(event_mark) X(event_wait)          \
     X(event_done) X(event_free) X(device_info)

@@ -44,12 +44,24 @@ static void cpu_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows
     free(s);
 }
 
-/* tq_rotate group by group, each rounded to bf16 as it is stored. */
-static void cpu_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_t rows,
-                            int64_t cols, int64_t ldy, int group, uint64_t seed, uint16_t *xc) {
-    if (ldy < cols) TZ_FATAL("tq_rotate16: row stride %lld below %lld columns", (long long)ldy,
+/* A window's signs: columns [c0, c0 + cols) of a row of wcols (the whole row: c0 = 0, wcols
+ * = cols); *base receives what to free. */
+static const float *window_signs(int64_t rows, int64_t cols, int group, uint64_t seed,
+                                 int64_t c0, int64_t wcols, const char *op, float **base) {
+    check_rows(rows, cols, group, op);
+    if (c0 < 0 || c0 % group || c0 + cols > wcols)
+        TZ_FATAL("%s: columns [%lld, %lld) are not whole groups of %d inside a row of %lld", op,
+                 (long long)c0, (long long)(c0 + cols), group, (long long)wcols);
+    *base = row_signs(rows, wcols, group, seed, op);
+    return *base + c0;
+}
+
+/* tq_rotate group by group, each rounded to bf16 as it is stored; s the window's signs. */
+static void rotate16_signed(tz_backend *be, uint16_t *y, const float *x, int64_t rows,
+                            int64_t cols, int64_t ldy, int group, const float *s, uint16_t *xc,
+                            const char *op) {
+    if (ldy < cols) TZ_FATAL("%s: row stride %lld below %lld columns", op, (long long)ldy,
                              (long long)cols);
-    float *s = row_signs(rows, cols, group, seed, "tq_rotate16");
     const float inv = (float)(1.0 / sqrt((double)group));
     int nt = tz_cpu_threads(be);
 #pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= TZ_CPU_PAR_MIN)
@@ -63,12 +75,27 @@ static void cpu_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_t
                     xc[r * cols + j + i] = tz_f32_to_bf16(x[r * cols + j + i]);
         }
     }
+}
+
+static void cpu_tq_rotate16(tz_backend *be, uint16_t *y, const float *x, int64_t rows,
+                            int64_t cols, int64_t ldy, int group, uint64_t seed, uint16_t *xc) {
+    float *s = row_signs(rows, cols, group, seed, "tq_rotate16");
+    rotate16_signed(be, y, x, rows, cols, ldy, group, s, xc, "tq_rotate16");
     free(s);
 }
 
-static void cpu_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
-                              int64_t cols, int group, uint64_t seed, int accumulate) {
-    float *s = row_signs(rows, cols, group, seed, "tq_rotate_bwd");
+static void cpu_tq_rotate16_at(tz_backend *be, uint16_t *y, const float *x, int64_t rows,
+                               int64_t cols, int64_t ldy, int group, uint64_t seed, int64_t c0,
+                               int64_t wcols, uint16_t *xc) {
+    float *base;
+    const float *s = window_signs(rows, cols, group, seed, c0, wcols, "tq_rotate16_at", &base);
+    rotate16_signed(be, y, x, rows, cols, ldy, group, s, xc, "tq_rotate16_at");
+    free(base);
+}
+
+/* The inverse rotation with the window's signs s. */
+static void rotate_bwd_signed(tz_backend *be, float *dx, const float *dy, int64_t rows,
+                              int64_t cols, int group, const float *s, int accumulate) {
     const float inv = (float)(1.0 / sqrt((double)group));
     const int g = group;
     int nt = tz_cpu_threads(be);
@@ -87,7 +114,22 @@ static void cpu_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_
                 for (int i = 0; i < g; i++) dxr[j + i] = t[i] * (s[j + i] * inv);
         }
     }
+}
+
+static void cpu_tq_rotate_bwd(tz_backend *be, float *dx, const float *dy, int64_t rows,
+                              int64_t cols, int group, uint64_t seed, int accumulate) {
+    float *s = row_signs(rows, cols, group, seed, "tq_rotate_bwd");
+    rotate_bwd_signed(be, dx, dy, rows, cols, group, s, accumulate);
     free(s);
+}
+
+static void cpu_tq_rotate_bwd_at(tz_backend *be, float *dx, const float *dy, int64_t rows,
+                                 int64_t cols, int group, uint64_t seed, int accumulate,
+                                 int64_t c0, int64_t wcols) {
+    float *base;
+    const float *s = window_signs(rows, cols, group, seed, c0, wcols, "tq_rotate_bwd_at", &base);
+    rotate_bwd_signed(be, dx, dy, rows, cols, group, s, accumulate);
+    free(base);
 }
 
 static void cpu_tq_dequant(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
@@ -153,6 +195,8 @@ void TZ_CPU_K(tz_cpu_install_quant)(tz_backend *be) {
     be->tq_rotate = cpu_tq_rotate;
     be->tq_rotate16 = cpu_tq_rotate16;
     be->tq_rotate_bwd = cpu_tq_rotate_bwd;
+    be->tq_rotate16_at = cpu_tq_rotate16_at;
+    be->tq_rotate_bwd_at = cpu_tq_rotate_bwd_at;
     be->tq_dequant = cpu_tq_dequant;
     be->tq_matmul = cpu_tq_matmul;
     be->tq_matmul_lora = cpu_tq_matmul_lora;

@@ -110,6 +110,8 @@ void tz_linear_set_probe(tz_linear_probe fn, void *ctx) {
     g_probe_ctx = ctx;
 }
 
+int tz_linear_probing(void) { return g_probe != NULL; }
+
 /* Floats, rounded up to 64 bytes, of n fp32 or of n bf16 values. */
 static int64_t al16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 static int64_t half16(int64_t n) { return al16((n + 1) / 2); }

@@ -156,6 +156,10 @@ int64_t tz_linear_fold_cols(const tz_backend *be, int64_t r, int bias);
  * and cleared around the forward passes that calibrate. */
 typedef void (*tz_linear_probe)(void *ctx, const tz_linear *l, const float *x, int64_t n);
 void tz_linear_set_probe(tz_linear_probe fn, void *ctx);
+/* Whether a probe is set: a model that would run a linear on part of its weight or input at
+ * a time (the Llama's MLP in chunks of columns) runs it whole then, so the probe sees the
+ * weight and the input it knows. */
+int tz_linear_probing(void);
 /* Whether a shared group's adapters add dh A into dx in one GEMM over their stacked A's (1),
  * or one GEMM each (0: the path of a scratch without room for the stack); -1: as
  * TZ_LORA_STACK says (the default: stacked unless it is 0). For tests. */

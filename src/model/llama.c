@@ -233,6 +233,138 @@ static int qk_dy16(const tz_backend *be, const tz_llama_dims *d, const tz_llama_
            tz_linear_takes_dy16(be, &L->lin[TZ_LIN_K]);
 }
 
+/* ---- the MLP in chunks of columns (tz_llama.mlp_cols) ----
+ * With frozen TurboQuant weights, chunks of rows decode gate, up and down once for every
+ * chunk (each chunk's GEMMs read all of each weight); chunks of the hidden size instead take
+ * a part of each: rows f0.. of gate and up (contiguous codes, and of their adapters' B) and
+ * columns f0.. of down (whole groups: its codes, scales and A copied out into the pool, its
+ * input's rotation from group column f0 on: tq_rotate16_at, tq_rotate_bwd_at), so every
+ * weight is decoded once a pass. Sums over the hidden size (down's product, its adapter's
+ * hidden, the input gradient through gate and up) then add the chunks' parts: the results
+ * equal the chunks of rows' to fp32 rounding. */
+
+/* Whether every layer's MLP can run in chunks of columns: a backend whose GEMMs round to
+ * bf16 (a GPU's; the plan's for one); gate, up and down frozen TurboQuant weights without a
+ * bias (their adapters' B in fp32); gate and up of one rotation; the hidden size a multiple
+ * of twice down's group (its scales' windows are whole floats). TZ_MLP_COLS=0 in the
+ * environment: chunks of rows (for measuring the two, docs/gpu.md). */
+static int mlp_cols_ok(const tz_llama *m) {
+    const tz_backend *be = m->be;
+    const char *e = getenv("TZ_MLP_COLS");
+    if (m->mlp_cols_max < 0 || (e && !strcmp(e, "0")) || !tz_linear_rounds_bf16(be)) return 0;
+    for (int64_t l = 0; l < m->d.n_layers; l++) {
+        const tz_linear *lin = m->layers[l].lin;
+        for (int j = TZ_LIN_GATE; j <= TZ_LIN_DOWN; j++) {
+            const tz_param *w = lin[j].w;
+            if (!w->q || w->q->method != TZ_TQ_TURBOQUANT || w->trainable || lin[j].bias ||
+                (lin[j].a && lin[j].b->w16))
+                return 0;
+        }
+        const tz_qweight *g = lin[TZ_LIN_GATE].w->q, *u = lin[TZ_LIN_UP].w->q;
+        const tz_qweight *dn = lin[TZ_LIN_DOWN].w->q;
+        if (g->group != u->group || g->seed != u->seed || m->d.hidden % (2 * dn->group))
+            return 0;
+    }
+    return 1;
+}
+
+/* Down's window of fc columns: codes and scales floats (whole floats: fc a multiple of twice
+ * the group), the most over the layers */
+static int64_t win_codes_floats(const tz_llama *m, int64_t fc) {
+    int64_t most = 0;
+    for (int64_t l = 0; l < m->d.n_layers; l++) {
+        const tz_qweight *q = m->layers[l].lin[TZ_LIN_DOWN].w->q;
+        const int64_t f = m->d.dim * (fc / q->group) * TZ_TQ_GROUP_BYTES(q->group, q->bits) / 4;
+        most = f > most ? f : most;
+    }
+    return most;
+}
+static int64_t win_scales_floats(const tz_llama *m, int64_t fc) {
+    int64_t most = 0;
+    for (int64_t l = 0; l < m->d.n_layers; l++) {
+        const int64_t f = m->d.dim * (fc / m->layers[l].lin[TZ_LIN_DOWN].w->q->group) / 2;
+        most = f > most ? f : most;
+    }
+    return most;
+}
+/* the unit of a chunk: twice the largest group of down */
+static int64_t cols_unit(const tz_llama *m) {
+    int64_t g = 0;
+    for (int64_t l = 0; l < m->d.n_layers; l++) {
+        const int64_t q = m->layers[l].lin[TZ_LIN_DOWN].w->q->group;
+        g = q > g ? q : g;
+    }
+    return 2 * g;
+}
+/* fc rounded up to the unit */
+static int64_t cols_round(int64_t fc, int64_t unit) { return (fc + unit - 1) / unit * unit; }
+
+/* Columns of the hidden size at a time in backward for BT rows: equal chunks (whole units) of
+ * at most TZ_LLAMA_MLP_FLOATS / BT columns (or mlp_cols_max), one unit at least; 0 where the
+ * MLP cannot run so (mlp_cols_ok). */
+static int64_t mlp_cols_for(const tz_llama *m, int64_t BT) {
+    if (!mlp_cols_ok(m)) return 0;
+    const int64_t F = m->d.hidden, unit = cols_unit(m);
+    int64_t most = TZ_LLAMA_MLP_FLOATS / BT;
+    if (m->mlp_cols_max > 0 && m->mlp_cols_max < most) most = m->mlp_cols_max;
+    most = most / unit * unit;
+    if (most < unit) most = unit;
+    const int64_t k = (F + most - 1) / most;
+    return cols_round((F + k - 1) / k, unit);
+}
+
+/* The view of gate and up restricted to rows [f0, f0 + fc) of each (their outputs' columns):
+ * the codes and scales of those rows, the adapter's B rows and their gradient's; A whole. */
+typedef struct gu_view {
+    tz_linear lin[2];
+    tz_param w[2], b[2];
+    tz_qweight q[2];
+    const tz_linear *ls[2];
+} gu_view;
+static void gu_view_at(gu_view *v, const tz_llama_layer *L, int64_t f0, int64_t fc) {
+    for (int i = 0; i < 2; i++) {
+        const tz_linear *l = &L->lin[TZ_LIN_GATE + i];
+        const tz_qweight *q = l->w->q;
+        const int64_t per_row = l->in / q->group;
+        v->q[i] = *q;
+        if (q->codes) v->q[i].codes = q->codes + f0 * per_row * TZ_TQ_GROUP_BYTES(q->group, q->bits);
+        v->q[i].scales = q->scales + f0 * per_row;
+        v->w[i] = *l->w;
+        v->w[i].q = &v->q[i];
+        v->w[i].shape[0] = fc, v->w[i].numel = fc * l->in;
+        v->lin[i] = *l;
+        v->lin[i].out = fc;
+        v->lin[i].w = &v->w[i];
+        if (l->a) {
+            v->b[i] = *l->b;
+            v->b[i].w = l->b->w + f0 * l->r;
+            v->b[i].g = l->b->g ? l->b->g + f0 * l->r : NULL;
+            v->b[i].shape[0] = fc, v->b[i].numel = fc * l->r;
+            v->lin[i].b = &v->b[i];
+        }
+        v->ls[i] = &v->lin[i];
+    }
+}
+
+/* Columns [f0, f0 + fc) of down (W [dim, hidden]) into the pool's window: its codes and
+ * scales as a weight [dim, fc] of its own (*w), and its adapter's A [r, fc] where it has one
+ * (into a). */
+static void down_window(tz_backend *be, const tz_linear *down, int64_t f0, int64_t fc,
+                        uint8_t *codes, uint16_t *scales, float *a, tz_qweight *w) {
+    const tz_qweight *q = down->w->q;
+    const int64_t F = down->in, C = down->out, gb = TZ_TQ_GROUP_BYTES(q->group, q->bits);
+    if (!q->codes) TZ_FATAL("%s: a streamed weight used while its block is not loaded", down->w->name);
+    be->copy2d(be, (float *)(void *)codes, fc / q->group * gb / 4,
+               (const float *)(const void *)(q->codes + f0 / q->group * gb),
+               F / q->group * gb / 4, C, fc / q->group * gb / 4);
+    be->copy2d(be, (float *)(void *)scales, fc / q->group / 2,
+               (const float *)(const void *)(q->scales + f0 / q->group), F / q->group / 2, C,
+               fc / q->group / 2);
+    *w = *q;
+    w->codes = codes, w->scales = scales;
+    if (down->a) be->copy2d(be, a, fc, down->a->w + f0, F, down->r, fc);
+}
+
 /* Walks every allocation of tz_llama_setup; with a NULL arena it only counts bytes. */
 static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     const tz_llama_dims *d = &m->d;
@@ -240,6 +372,8 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
     const int64_t qd = d->n_heads * d->head_dim, kvd = d->n_kv_heads * d->head_dim;
     const int64_t R = mlp_rows_for(m, BT);
     const int chunked = R < BT;
+    const int64_t FC = chunked ? mlp_cols_for(m, BT) : 0; /* chunks of columns instead */
+    const int64_t r_down = m->layers[0].lin[TZ_LIN_DOWN].a ? m->o.lora.rank : 0;
     size_t total = 0;
 #define TAKE(ptr, n, what) TZ_ARENA_TAKE(a, &total, ptr, n, what)
     /* on a device backend, bf16 streams live on the host and xb is dh (free in forward) */
@@ -256,6 +390,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
      * MLP chunks, the pool (grown to hold them where it must) instead of memory of their own. */
     const int qkv_gu = att16 && !chunked && qd <= F && 2 * kvd <= F, qkv_pool = att16 && chunked;
     if (a) m->mlp_rows = m->mlp_rows_fwd = R, m->mlp_chunked = chunked, m->pool = NULL;
+    if (a) m->mlp_cols = m->mlp_cols_fwd = FC, memset(&m->mlp_fc, 0, sizeof m->mlp_fc);
     if (a) m->att16 = att16, m->pool_floats = 0; /* (attention's inputs: att_inputs) */
     /* the gradients of q and k in bf16 (qk_dy16) where a layer takes them, and room for them:
      * with MLP chunks at the pool's end (below), else where datt was (read by then): the
@@ -303,6 +438,17 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         if (att_grads > n) n = att_grads;
         const int64_t qkv = qkv_pool ? al16(BT * qd) + 2 * al16(BT * kvd) : 0;
         if (qkv > n) n = qkv;
+        /* chunks of columns: g, u, s, du, ds of BT x FC, dres in bf16, down's window and its
+         * adapter's pieces */
+        const int64_t RC = al16(BT * FC),
+                      fc_win = FC ? al16(win_codes_floats(m, FC)) + al16(win_scales_floats(m, FC))
+                                  : 0;
+        const int64_t fc_all = FC ? 5 * RC + half16(BT * C) + fc_win +
+                                        (r_down ? al16(BT * r_down) + 2 * al16(r_down * FC) +
+                                                      al16(r_down * F)
+                                                : 0)
+                                  : 0;
+        if (fc_all > n) n = fc_all;
         TAKE(pool, n, "pool: fp32 q, k, v, MLP chunks, head, attention gradients");
         if (a) {
             m->pool = pool, m->pool_floats = n;
@@ -315,6 +461,24 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
             s->g = pool, s->u = pool + RF, s->s = pool + 2 * RF;
             m->du = pool + 3 * RF, m->ds = pool + 4 * RF;
             m->hf = pool, m->logits = pool + al16(BT * C);
+            if (FC) {
+                float *p = pool;
+                m->mlp_fc.g = p, m->mlp_fc.u = p + RC, m->mlp_fc.s = p + 2 * RC;
+                m->mlp_fc.du = p + 3 * RC, m->mlp_fc.ds = p + 4 * RC;
+                p += 5 * RC;
+                m->mlp_fc.dres16 = (uint16_t *)(void *)p;
+                p += half16(BT * C);
+                m->mlp_fc.codes = (uint8_t *)(void *)p;
+                p += al16(win_codes_floats(m, FC));
+                m->mlp_fc.scales = (uint16_t *)(void *)p;
+                p += al16(win_scales_floats(m, FC));
+                if (r_down) {
+                    m->mlp_fc.dh = p, p += al16(BT * r_down);
+                    m->mlp_fc.a = p, p += al16(r_down * FC);
+                    m->mlp_fc.da = p, p += al16(r_down * FC);
+                    m->mlp_fc.da_all = p;
+                }
+            }
         }
     } else {
         TAKE(m->hf, BT * C, "final norm");
@@ -387,6 +551,15 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
             n = tz_linear_act_floats(m->be, grp, count, nr, all ? TZ_LINEAR_BWD_DY16 : bwd);
             if (n > act) act = n;
         }
+        if (FC) { /* chunks of columns: gate and up on every row, FC of their outputs; down's
+                   * input rotated and rounded (two bf16 copies of BT x FC) */
+            gu_view v;
+            gu_view_at(&v, L, 0, FC);
+            int64_t n = tz_linear_act_floats(m->be, v.ls, 2, BT,
+                                             gate_up_dy16(m->be, L) ? TZ_LINEAR_BWD_DY16 : bwd);
+            if (n > act) act = n;
+            if (2 * half16(BT * FC) > act) act = 2 * half16(BT * FC);
+        }
     }
     total += tz_quant_scratch_walk_act(
         &m->tq, &m->params, a, act, m->be,
@@ -403,6 +576,19 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
             }
         if (fits) {
             m->mlp_rows_fwd = rf;
+            break;
+        }
+    }
+    /* and in chunks of columns: g, u, s only, down's window and its A's, so the fewest
+     * equal chunks (whole units) that fit the pool and whose two bf16 copies of down's input
+     * fit the rotation buffer (FC's do: the pool and the buffer were sized for it) */
+    for (int64_t k = 1; a && FC && k <= d->hidden; k++) {
+        const int64_t fc = cols_round((d->hidden + k - 1) / k, cols_unit(m));
+        if (fc > d->hidden && k > 1) continue;
+        const int64_t need = 3 * al16(BT * fc) + al16(win_codes_floats(m, fc)) +
+                             al16(win_scales_floats(m, fc)) + (r_down ? al16(r_down * fc) : 0);
+        if (need <= m->pool_floats && 2 * half16(BT * fc) <= m->tq.act_floats) {
+            m->mlp_cols_fwd = fc;
             break;
         }
     }
@@ -519,10 +705,54 @@ static void gate_up_bwd(tz_backend *be, const tz_llama_layer *L, float *dx, floa
     lins_bwd(be, L, TZ_LIN_GATE, dx, dys, d16, x, hs, scratch, n, 1);
 }
 
+/* The MLP on n rows in chunks of mlp_cols_fwd columns (tz_llama.mlp_cols): each chunk's g, u
+ * and s on every row, s rotated from its group column on (and rounded, for the adapter) and
+ * multiplied by down's window of columns, added into out; down's adapter hidden s A^T
+ * likewise, then out += scale h B^T once. */
+static void mlp_fwd_cols(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, float *out,
+                         int64_t n) {
+    tz_backend *be = m->be;
+    const int64_t C = m->d.dim, F = m->d.hidden, FC = m->mlp_cols_fwd;
+    const tz_linear *down = &L->lin[TZ_LIN_DOWN];
+    const tz_qweight *q = down->w->q;
+    /* the forward's layout of the pool: g, u, s, down's window, its A's */
+    float *g = m->pool, *u = g + al16(n * FC), *s = u + al16(n * FC), *p = s + al16(n * FC);
+    uint8_t *codes = (uint8_t *)(void *)p;
+    p += al16(win_codes_floats(m, FC));
+    uint16_t *scales = (uint16_t *)(void *)p;
+    float *aw = p + al16(win_scales_floats(m, FC));
+    /* s rotated, and s itself, in bf16 in the rotation buffer (gate's and up's are read by
+     * then) */
+    uint16_t *sr = (uint16_t *)(void *)m->tq.act, *s16 = sr + 2 * half16(n * FC);
+    float *hd = a->lh[TZ_LIN_DOWN];
+    for (int64_t f0 = 0; f0 < F; f0 += FC) {
+        const int64_t fc = F - f0 < FC ? F - f0 : FC;
+        gu_view v;
+        gu_view_at(&v, L, f0, fc);
+        float *ys[2] = {g, u}, *hs[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
+        tz_linear_fwd_shared(be, v.ls, ys, hs, 2, a->h2, n);
+        be->swiglu_fwd(be, s, g, u, n * fc, 0);
+        tz_qweight w;
+        down_window(be, down, f0, fc, codes, scales, aw, &w);
+        be->tq_rotate16_at(be, sr, s, n, fc, fc, q->group, q->seed, f0, F, down->a ? s16 : NULL);
+        be->tq_matmul(be, out, sr, 1, down->tq->tile, w.codes, w.scales, w.levels, C, fc,
+                      w.bits, w.group, n, 1, 1.0f, f0 ? 1.0f : 0.0f);
+        if (down->a) /* h (+)= s A^T over this window */
+            be->matmul16(be, hd, s16, 1, aw, 0, n, down->r, fc, 0, 1, 1.0f, f0 ? 1.0f : 0.0f);
+    }
+    if (down->a) /* out += scale h B^T */
+        be->matmul(be, out, hd, down->b->w, n, C, down->r, 0, 1, down->scale, 1.0f);
+}
+
 /* The MLP on n rows: out = down(swiglu(gate(h2), up(h2))), mlp_rows rows at a time (all n at
- * once without chunks: g, u and s then hold every row, as backward reads them). */
+ * once without chunks: g, u and s then hold every row, as backward reads them), or in chunks
+ * of columns (mlp_fwd_cols; not while a probe watches the linears: it knows them whole). */
 static void mlp_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, float *out,
                     int64_t n) {
+    if (m->mlp_cols && !tz_linear_probing()) {
+        mlp_fwd_cols(m, L, a, out, n);
+        return;
+    }
     tz_backend *be = m->be;
     const int64_t C = m->d.dim, F = m->d.hidden, r = m->o.lora.rank;
     const int64_t R = m->mlp_chunked ? m->mlp_rows_fwd : n;
@@ -738,6 +968,59 @@ static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     attn_bwd(m, L, a, x, datt, dq, dk, dv, 0);
 }
 
+/* The MLP's backward in chunks of columns (tz_llama.mlp_cols), from m->dres = dL/d(layer
+ * output): dres rounded once; per chunk, g, u, s made again on every row (s in bf16: only
+ * GEMMs read it), ds = R^T (dres W_rot) on down's window of columns (+ dh A), SwiGLU's
+ * backward, and gate's and up's on their rows of the chunk, added into dh; down's adapter's
+ * hidden, its A's gradient a window at a time, its B's gradient once at the end. */
+static void mlp_bwd_cols(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a) {
+    tz_backend *be = m->be;
+    const int64_t BT = m->B * m->T, C = m->d.dim, F = m->d.hidden, FC = m->mlp_cols;
+    const tz_linear *down = &L->lin[TZ_LIN_DOWN];
+    const tz_qweight *q = down->w->q;
+    const int gu16 = gate_up_dy16(be, L);
+    const int64_t r = down->r;
+    const tz_llama_mlp_fc *P = &m->mlp_fc;
+    float *hd = a->lh[TZ_LIN_DOWN];
+    be->to_bf16(be, P->dres16, m->dres, BT * C);
+    if (down->a) /* dh = scale dres B */
+        be->matmul16(be, P->dh, P->dres16, 1, down->b->w, 0, BT, r, C, 0, 0, down->scale, 0.0f);
+    for (int64_t f0 = 0; f0 < F; f0 += FC) {
+        const int64_t fc = F - f0 < FC ? F - f0 : FC;
+        gu_view v;
+        gu_view_at(&v, L, f0, fc);
+        float *ys[2] = {P->g, P->u}, *hs[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
+        tz_linear_fwd_shared(be, v.ls, ys, hs, 2, a->h2, BT);
+        be->swiglu_fwd(be, P->s, P->g, P->u, BT * fc, 1);
+        const uint16_t *s16 = (const uint16_t *)(const void *)P->s;
+        tz_qweight w;
+        down_window(be, down, f0, fc, P->codes, P->scales, P->a, &w);
+        /* ds = R^T (dres W_rot's columns), through du's memory */
+        be->tq_matmul(be, P->du, P->dres16, 1, down->tq->tile, w.codes, w.scales, w.levels, C,
+                      fc, w.bits, w.group, BT, 0, 1.0f, 0.0f);
+        be->tq_rotate_bwd_at(be, P->ds, P->du, BT, fc, q->group, q->seed, 0, f0, F);
+        if (down->a) {
+            /* h (+)= s A^T, as the forward made it; dA's window = dh^T s; ds += dh A */
+            be->matmul16(be, hd, s16, 1, P->a, 0, BT, r, fc, 0, 1, 1.0f, f0 ? 1.0f : 0.0f);
+            if (down->a->g) {
+                be->matmul16(be, P->da, P->dh, 0, s16, 1, r, fc, BT, 1, 0, 1.0f, 0.0f);
+                be->copy2d(be, P->da_all + f0, F, P->da, fc, r, fc);
+            }
+            be->matmul(be, P->ds, P->dh, P->a, BT, fc, r, 0, 0, 1.0f, 1.0f);
+        }
+        float *dg = P->s; /* s was read for the last time */
+        be->swiglu_bwd(be, dg, P->du, P->ds, P->g, P->u, BT * fc, 0, gu16);
+        const float *dys[2] = {gu16 ? NULL : dg, gu16 ? NULL : P->du};
+        const uint16_t *d16[2] = {gu16 ? (const uint16_t *)(const void *)dg : NULL,
+                                  gu16 ? (const uint16_t *)(const void *)P->du : NULL};
+        const float *lgu[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
+        tz_linear_bwd_shared16(be, v.ls, 2, m->dh, dys, d16, a->h2, lgu, m->dlora, BT, f0 == 0);
+    }
+    if (down->a && down->b->g) /* dB += scale dres^T h */
+        be->matmul16(be, down->b->g, P->dres16, 1, hd, 0, C, r, BT, 1, 0, down->scale, 1.0f);
+    if (down->a && down->a->g) be->axpy(be, down->a->g, 1.0f, P->da_all, r * F);
+}
+
 /* layer_bwd with MLP chunks (tz_llama.mlp_chunked): a holds the layer's activations up to
  * h2 (x2 and h2 included); each chunk's g, u, s are made again from h2 (and the down
  * projection's LoRA hidden from s), then its gradients go back to dh; h1 is made again from
@@ -755,7 +1038,8 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
      * without the fp32 write and a rounding pass for each GEMM */
     const int s16 = tz_linear_rounds_bf16(be);
     const uint16_t *s_16 = (const uint16_t *)(const void *)a->s;
-    for (int64_t r0 = 0; r0 < BT; r0 += R) { /* each chunk writes its rows of dh */
+    if (m->mlp_cols) mlp_bwd_cols(m, L, a);
+    for (int64_t r0 = 0; !m->mlp_cols && r0 < BT; r0 += R) { /* each chunk: its rows of dh */
         const int64_t c = BT - r0 < R ? BT - r0 : R;
         const float *h2 = a->h2 + r0 * C, *dres = m->dres + r0 * C;
         float *dh = m->dh + r0 * C, *lh_down = rows_at(a->lh[TZ_LIN_DOWN], r0, r);

@@ -68,7 +68,10 @@ typedef struct tz_llama_layer {
  * gradients) on chunks of rows when the B*T rows of a hidden-sized buffer exceed this many
  * floats (24 MiB): equal chunks of at most TZ_LLAMA_MLP_FLOATS / hidden rows each in backward
  * (at Llama-2-7B's hidden 11008 and 2048 tokens, four of 512), fewer in forward, which needs
- * three hidden-sized buffers instead of five (there three of 683). See tz_llama.mlp_rows. */
+ * three hidden-sized buffers instead of five (there three of 683). See tz_llama.mlp_rows.
+ * With frozen TurboQuant MLP weights on a GPU, chunks of the hidden size instead, all rows at
+ * once, at most TZ_LLAMA_MLP_FLOATS / (B*T) columns each in backward (the 7B: four of 2,816;
+ * in forward three of 3,840), so that each weight is decoded once a pass (tz_llama.mlp_cols). */
 #define TZ_LLAMA_MLP_FLOATS ((int64_t)6 << 20)
 
 typedef struct tz_llama_acts {
@@ -77,6 +80,16 @@ typedef struct tz_llama_acts {
     float *lh[TZ_LIN_N]; /* LoRA hidden x A^T per projection (NULL if not adapted) */
     uint16_t *q16, *k16, *v16; /* tz_llama.att16: q and k after RoPE, and v, in bf16 */
 } tz_llama_acts;
+
+/* The backward's buffers of the MLP in chunks of columns (tz_llama.mlp_cols), in the pool. */
+typedef struct tz_llama_mlp_fc {
+    float *g, *u, *s, *du, *ds;  /* B*T x mlp_cols each */
+    uint16_t *dres16;            /* dres rounded once for the down projection's GEMMs */
+    uint8_t *codes;              /* a window of down's codes, [dim, mlp_cols] */
+    uint16_t *scales;            /* and of its scales */
+    float *dh, *a, *da, *da_all; /* its adapter: dh [B*T, r], A's window [r, mlp_cols] and
+                                  * its gradient's, the whole gradient [r, hidden] */
+} tz_llama_mlp_fc;
 
 typedef struct tz_llama {
     tz_llama_dims d;
@@ -118,6 +131,17 @@ typedef struct tz_llama {
                                * and the rotation buffer hold (at least mlp_rows) */
     int64_t mlp_rows_max;     /* 0: by TZ_LLAMA_MLP_FLOATS; > 0: at most this many (tests) */
     int mlp_chunked;
+    /* MLP chunks of columns instead of rows (llama.c's mlp_cols_ok: a device with bf16 GEMMs,
+     * frozen TurboQuant gate, up and down weights): every row at once on mlp_cols columns of
+     * the hidden size at a time (gate's and up's rows, down's columns), so that each weight
+     * is decoded once a pass instead of once a chunk of rows; 0: chunks of rows. The pool
+     * then holds g, u, s, du, ds of B*T x mlp_cols each, dres rounded to bf16, the window of
+     * the down projection's codes and scales, and its adapter's pieces (mlp_fc). */
+    int64_t mlp_cols;         /* in backward (a multiple of twice down's group) */
+    int64_t mlp_cols_fwd;     /* in forward (g, u, s only: as many as the pool holds) */
+    int64_t mlp_cols_max;     /* 0: by TZ_LLAMA_MLP_FLOATS; > 0: at most this many (tests);
+                               * < 0: chunks of rows (tests, and TZ_MLP_COLS=0) */
+    tz_llama_mlp_fc mlp_fc;
     int att16;                /* attention reads q, k, v in bf16 (the set's q16, k16, v16):
                                * a device whose flash kernels round them so as they load them,
                                * so the same results from half the bytes (llama.c keeps_att16);

@@ -248,7 +248,11 @@ size_t tz_quant_scratch_walk(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,
 
 size_t tz_quant_scratch_walk_act(tz_tq_scratch *s, const tz_params *ps, tz_arena *a,
                                  int64_t act_floats, const tz_backend *be, int64_t fold_cols) {
-    const size_t tile_elem = tz_dtype_size(be->matmul_dtype);
+    /* the tile holds the type the backend decodes into: bf16 where its GEMMs take bf16
+     * (tq_matmul decodes straight into it), else fp32 (a backend told bf16 without bf16
+     * GEMMs, as a test tells the CPU, decodes into fp32 and multiplies in fp32) */
+    const size_t tile_elem =
+        be->matmul_dtype == TZ_DT_BF16 && ((be->matmul_dtypes >> TZ_DT_BF16) & 1u) ? 2 : 4;
     int64_t tile = 0;
     for (int i = 0; i < ps->n; i++) {
         const tz_param *p = ps->p[i];

@@ -52,12 +52,13 @@ static int parity(unsigned v) {
 
 /* y[r, group j] = R_j x[r, group j] (inv = 0) or R_j^T x (inv = 1), R_j = H diag(s_j)/sqrt(g)
  * with H[i][k] = (-1)^popcount(i & k), as an explicit matrix. y and x distinct. */
-static void ref_rotate(double *y, const double *x, int64_t rows, int64_t cols, int g,
-                       uint64_t seed, int inv) {
+/* ref_rotate of the columns of a window whose first group is group column j0 of the row */
+static void ref_rotate_at(double *y, const double *x, int64_t rows, int64_t cols, int g,
+                          uint64_t seed, int inv, int64_t j0) {
     double s[256];
     const double nrm = 1.0 / sqrt((double)g);
     for (int64_t j = 0; j < cols / g; j++) {
-        for (int i = 0; i < g; i++) s[i] = ref_sign(seed, j, i);
+        for (int i = 0; i < g; i++) s[i] = ref_sign(seed, j0 + j, i);
         for (int64_t r = 0; r < rows; r++) {
             const double *xg = x + r * cols + j * g;
             double *yg = y + r * cols + j * g;
@@ -72,6 +73,11 @@ static void ref_rotate(double *y, const double *x, int64_t rows, int64_t cols, i
             }
         }
     }
+}
+
+static void ref_rotate(double *y, const double *x, int64_t rows, int64_t cols, int g,
+                       uint64_t seed, int inv) {
+    ref_rotate_at(y, x, rows, cols, g, seed, inv, 0);
 }
 
 /* ---- tq_rotate forward, tq_rotate_bwd backward ----
@@ -158,6 +164,50 @@ static void add_rotate16(oc_list *l, int64_t rows, int64_t cols, int g, uint64_t
     c.t[2] = (oc_tensor)OC_T_OUT("y", rows * cols);
     snprintf(c.name, sizeof c.name, "tq_rotate16 rows %lld cols %lld group %d seed %llu",
              (long long)rows, (long long)cols, g, (unsigned long long)seed);
+    oc_add(l, &c);
+}
+
+/* ---- tq_rotate16_at forward (read back through from_bf16), tq_rotate_bwd_at backward: a
+ * window of columns [c0, c0 + cols) of rows of wcols ----
+ * p: rows, cols, group, seed, c0, wcols, write. tensors: 0 x, 1 y16 (bf16 scratch, not
+ * compared), 2 y, 3 dy, 4 dx. The reference is the exact rotation (the backward's
+ * differences need it smooth); the forward's bf16 rounding is in its tolerance. */
+static void rot_at_fwd(oc_run *r) {
+    const int64_t n = OCP(r, 0) * OCP(r, 1);
+    r->be->tq_rotate16_at(r->be, OCH(r, 1), OCF(r, 0), OCP(r, 0), OCP(r, 1), OCP(r, 1),
+                          (int)OCP(r, 2), (uint64_t)OCP(r, 3), OCP(r, 4), OCP(r, 5), NULL);
+    r->be->from_bf16(r->be, OCF(r, 2), OCH(r, 1), n);
+}
+static void rot_at_bwd(oc_run *r) {
+    r->be->tq_rotate_bwd_at(r->be, OCF(r, 4), OCF(r, 3), OCP(r, 0), OCP(r, 1), (int)OCP(r, 2),
+                            (uint64_t)OCP(r, 3), !OCP(r, 6), OCP(r, 4), OCP(r, 5));
+}
+static void rot_at_ref(oc_ref *r) {
+    const oc_case *c = r->c;
+    ref_rotate_at(r->v[2], r->v[0], c->p[0], c->p[1], (int)c->p[2], (uint64_t)c->p[3], 0,
+                  c->p[4] / c->p[2]);
+}
+
+static void add_rotate_at(oc_list *l, int64_t rows, int64_t cols, int g, uint64_t seed,
+                          int64_t c0, int64_t wcols, int write) {
+    if (rows * cols > QMAX) abort();
+    oc_case c = {.ops = "tq_rotate16_at tq_rotate_bwd_at from_bf16", .nt = 5,
+                 .p = {rows, cols, g, (int64_t)seed, c0, wcols, write}, .fwd = rot_at_fwd,
+                 .ref = rot_at_ref, .bwd = rot_at_bwd,
+                 /* forward: bf16's rounding, 2^-8 of an element at most (a group column's
+                  * wrong signs move elements by far more); backward: tq_rotate_bwd's */
+                 .tol_fwd = 4e-3, .tol_bwd = 1e-6};
+    c.t[0] = (oc_tensor)OC_T_IN("x", rows * cols);
+    c.t[1] = (oc_tensor)OC_T_OUT("y16", (rows * cols + 1) / 2);
+    c.t[1].flags = OC_NOCHECK;
+    c.t[2] = (oc_tensor)OC_T_OUT("y", rows * cols);
+    c.t[3] = (oc_tensor)OC_T_DOUT("dy", 2);
+    c.t[4] = (oc_tensor)OC_T_DIN("dx", 0);
+    if (write) c.t[4].flags = OC_WRITES;
+    snprintf(c.name, sizeof c.name,
+             "tq_rotate16_at rows %lld cols %lld group %d seed %llu, columns from %lld of %lld%s",
+             (long long)rows, (long long)cols, g, (unsigned long long)seed, (long long)c0,
+             (long long)wcols, write ? ", dx written" : "");
     oc_add(l, &c);
 }
 
@@ -353,4 +403,8 @@ void oc_cases_quant(oc_list *l) {
     add_rotate16(l, 3, 192, 64, 7);
     add_rotate16(l, 2, 256, 128, 0x9E3779B97F4A7C15ull);
     add_rotate16(l, 2, 512, 256, 12345);
+    /* windows: the middle two group columns of six, the last of three, the first of four */
+    add_rotate_at(l, 3, 128, 64, 7, 128, 384, 0);
+    add_rotate_at(l, 2, 128, 128, 0x9E3779B97F4A7C15ull, 256, 384, 1);
+    add_rotate_at(l, 2, 256, 256, 12345, 0, 1024, 0);
 }

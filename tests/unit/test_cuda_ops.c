@@ -1370,6 +1370,61 @@ static void rot_case(int g, int64_t rows, int64_t cols, int off) {
     drop(&x), drop(&y), drop(&dx);
 }
 
+/* A window of columns [c0, c0 + wc) of rows of cols (the Llama's MLP in column chunks):
+ * tq_rotate16_at on it gives the bits tq_rotate16 gives those columns of the whole rows (on
+ * the device and on the CPU), and tq_rotate_bwd_at, written and added, the whole rows'
+ * tq_rotate_bwd there (the same arithmetic on the same values: bit for bit). */
+static void rot_window_case(int g, int64_t rows, int64_t cols, int64_t c0, int64_t wc) {
+    pair x = mk(rows * cols, 1.0f), dx = mkz(rows * cols);
+    pair xw = mk(rows * wc, 0.0f), dxw = mk(rows * wc, 1.0f), dxa = mk(rows * wc, 1.0f);
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(xw.h + r * wc, x.h + r * cols + c0, (size_t)wc * 4);
+    g_gpu->upload(g_gpu, xw.d, xw.h, (size_t)(rows * wc) * 4);
+    const size_t bw = (size_t)(rows * wc) * 2, bf = (size_t)(rows * cols) * 2;
+    uint16_t *hf = malloc(bf), *hw = malloc(bw), *gw = malloc(bw);
+    uint16_t *dw = g_gpu->alloc(g_gpu, bw);
+    g_cpu->tq_rotate16(g_cpu, hf, x.h, rows, cols, cols, g, 77, NULL);
+    uint16_t *dxc = g_gpu->alloc(g_gpu, bw), *gxc = malloc(bw);
+    g_cpu->tq_rotate16_at(g_cpu, hw, xw.h, rows, wc, wc, g, 77, c0, cols, NULL);
+    g_gpu->tq_rotate16_at(g_gpu, dw, xw.d, rows, wc, wc, g, 77, c0, cols, dxc);
+    g_gpu->download(g_gpu, gw, dw, bw);
+    g_gpu->download(g_gpu, gxc, dxc, bw);
+    int same = 1, xsame = 1;
+    for (int64_t i = 0; i < rows * wc; i++) xsame &= gxc[i] == tz_f32_to_bf16(xw.h[i]);
+    check(xsame, "tq_rotate16_at group %d: x rounded beside it (to_bf16's bits)", g);
+    g_gpu->release(g_gpu, dxc);
+    free(gxc);
+    for (int64_t r = 0; r < rows; r++)
+        same &= !memcmp(hw + r * wc, hf + r * cols + c0, (size_t)wc * 2) &&
+                !memcmp(gw + r * wc, hf + r * cols + c0, (size_t)wc * 2);
+    check(same, "tq_rotate16_at group %d, columns [%lld, %lld) of %lld: the whole rows' bits "
+          "there (CPU and device)", g, (long long)c0, (long long)(c0 + wc), (long long)cols);
+    /* the inverse: the whole rows' dx (written) against the window's, written and added */
+    float *full = malloc((size_t)(rows * cols) * 4), *got = malloc((size_t)(rows * wc) * 4);
+    float *start = malloc((size_t)(rows * wc) * 4);
+    memcpy(start, dxa.h, (size_t)(rows * wc) * 4);
+    g_gpu->tq_rotate_bwd(g_gpu, dx.d, x.d, rows, cols, g, 77, 0);
+    g_gpu->download(g_gpu, full, dx.d, (size_t)(rows * cols) * 4);
+    g_gpu->tq_rotate_bwd_at(g_gpu, dxw.d, xw.d, rows, wc, g, 77, 0, c0, cols);
+    g_gpu->tq_rotate_bwd_at(g_gpu, dxa.d, xw.d, rows, wc, g, 77, 1, c0, cols);
+    g_cpu->tq_rotate_bwd_at(g_cpu, dxw.h, xw.h, rows, wc, g, 77, 0, c0, cols);
+    int wsame = 1, asame = 1;
+    g_gpu->download(g_gpu, got, dxw.d, (size_t)(rows * wc) * 4);
+    for (int64_t r = 0; r < rows; r++)
+        wsame &= !memcmp(got + r * wc, full + r * cols + c0, (size_t)wc * 4);
+    g_gpu->download(g_gpu, got, dxa.d, (size_t)(rows * wc) * 4);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < wc; j++)
+            asame &= got[r * wc + j] == start[r * wc + j] + full[r * cols + c0 + j];
+    check(wsame && asame, "tq_rotate_bwd_at group %d, columns [%lld, %lld) of %lld: the whole "
+          "rows' dx there, written (%s) and added (%s)", g, (long long)c0, (long long)(c0 + wc),
+          (long long)cols, wsame ? "same" : "differs", asame ? "same" : "differs");
+    expect("tq_rotate_bwd_at against the CPU's", &dxw, 1e-6);
+    g_gpu->release(g_gpu, dw);
+    free(hf), free(hw), free(gw), free(full), free(got), free(start);
+    drop(&x), drop(&dx), drop(&xw), drop(&dxw), drop(&dxa);
+}
+
 /* Every bit width and group at 7 rows of 3 groups; a tensor ending inside a block's second
  * half (5 x 1280 at 256: 800 octets); one group; unaligned outputs and codes; a larger one. */
 static void test_tq_decode(void) {
@@ -1386,6 +1441,9 @@ static void test_tq_decode(void) {
     rot_case(128, 5, 1152, 1); /* unaligned */
     rot_case(256, 3, 1280, 0);
     rot_case(64, 1, 64, 1);
+    rot_window_case(64, 3, 1088, 320, 448);  /* groups 5 .. 11 of 17 */
+    rot_window_case(128, 2, 1152, 1024, 128); /* the last group */
+    rot_window_case(256, 4, 1280, 0, 512);   /* the first two */
 }
 
 static void test_quant(void) {

@@ -12,7 +12,11 @@
  *    one), bf16 GEMM operands: the streams on the host (one bf16 slot in the arena), chunks
  *    and all, against the CPU with the same bf16 storage within test_gpu_model's bf16
  *    tolerances, and a second step's loss equal to the first's bit for bit (the streams come
- *    back from the host as they went). */
+ *    back from the host as they went);
+ *  - on a device backend, a 4-bit MLP in chunks of columns (tz_llama.mlp_cols) against the
+ *    same model in chunks of rows and against the CPU: each MLP weight decoded once a pass
+ *    (the elements tq_matmul and tq_matmul_lora decode, counted), the loss and gradients
+ *    within the rounding that adding the chunks' parts in another order makes. */
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -32,17 +36,21 @@ typedef struct mcase {
     int full, bits, tied;
     int64_t heads, kv, head_dim;
     int rope3; /* Llama 3 RoPE scaling (the table form of RoPE) */
+    int targets; /* LoRA's projections (1 << TZ_LIN_*); 0: all seven */
 } mcase;
 
-static tz_llama *make(tz_backend *be, const mcase *c, int ckpt, int64_t rows_max) {
-    tz_llama_dims d = {.vocab = V, .dim = 48, .hidden = 80, .n_layers = 3, .n_heads = c->heads,
+static tz_llama *make_dims(tz_backend *be, const mcase *c, int ckpt, int64_t rows_max,
+                           int64_t dim, int64_t hidden, int64_t cols_max) {
+    tz_llama_dims d = {.vocab = V, .dim = dim, .hidden = hidden, .n_layers = 3, .n_heads = c->heads,
                        .n_kv_heads = c->kv, .head_dim = c->head_dim, .max_pos = 64,
                        .eps = 1e-5, .theta = 10000.0, .tied = c->tied};
     if (c->rope3) /* some frequencies kept (i = 0), one smoothed, the rest scaled by 1/8 */
         d.rope_type = TZ_ROPE_LLAMA3, d.rope_factor = 8.0, d.rope_low_freq = 1.0,
         d.rope_high_freq = 4.0, d.rope_orig_max = 64;
     tz_model_opts o = {.full = c->full, .checkpointing = ckpt};
-    if (!c->full) o.lora.targets = (1 << TZ_LIN_N) - 1, o.lora.rank = 4, o.lora.alpha = 8.0;
+    if (!c->full)
+        o.lora.targets = c->targets ? c->targets : (1 << TZ_LIN_N) - 1, o.lora.rank = 4,
+        o.lora.alpha = 8.0;
     if (c->bits) o.quant.bits = c->bits, o.quant.group = 64, o.quant.seed = 3;
     tz_llama *m = tz_llama_create(be, &d, &o);
     tz_llama_init_random(m, 7);
@@ -56,8 +64,13 @@ static tz_llama *make(tz_backend *be, const mcase *c, int ckpt, int64_t rows_max
         free(h);
     }
     m->mlp_rows_max = rows_max;
+    m->mlp_cols_max = cols_max;
     tz_llama_setup(m, B, T);
     return m;
+}
+
+static tz_llama *make(tz_backend *be, const mcase *c, int ckpt, int64_t rows_max) {
+    return make_dims(be, c, ckpt, rows_max, 48, 80, 0);
 }
 
 /* Loss of one forward + backward into zeroed gradients; *g receives them on the host (flat,
@@ -83,15 +96,16 @@ static void drop(tz_llama *m, float *dg) {
     be->release(be, dg);
 }
 
-/* max over trainable tensors of max |a - b| / max |a|; *zero counts tensors all zero in a */
-static double grad_err(const tz_llama *m, const float *a, const float *b, int *zero,
-                       const char **worst) {
+/* max over trainable tensors (whose names hold `only`, where not NULL) of max |a - b| /
+ * max |a|; *zero counts tensors all zero in a */
+static double grad_err_of(const tz_llama *m, const float *a, const float *b, int *zero,
+                          const char **worst, const char *only) {
     double w = 0.0;
     *zero = 0;
     *worst = "-";
     for (int i = 0; i < m->params.n; i++) {
         const tz_param *p = m->params.p[i];
-        if (!p->trainable) continue;
+        if (!p->trainable || (only && !strstr(p->name, only))) continue;
         double e = 0.0, s = 0.0;
         for (int64_t k = 0; k < p->numel; k++) {
             const double x = a[p->flat_off + k], y = b[p->flat_off + k], d = fabs(x - y);
@@ -103,6 +117,11 @@ static double grad_err(const tz_llama *m, const float *a, const float *b, int *z
         if (!(rel <= w)) w = rel, *worst = p->name;
     }
     return w;
+}
+
+static double grad_err(const tz_llama *m, const float *a, const float *b, int *zero,
+                       const char **worst) {
+    return grad_err_of(m, a, b, zero, worst, NULL);
 }
 
 static void chunks_case(tz_backend *be, const mcase *c, const int32_t *in, const int32_t *tg,
@@ -216,6 +235,99 @@ static void device_case(tz_backend *cpu16, tz_backend *dev, const mcase *c, cons
     drop(h, bh), drop(d, bd);
 }
 
+/* Elements of quantized weights decoded (tq_matmul's and tq_matmul_lora's rows x cols),
+ * counted around the device's ops. */
+static int64_t g_decoded;
+static void (*g_tqm)(tz_backend *, float *, const void *, int, float *, const uint8_t *,
+                     const uint16_t *, const float *, int64_t, int64_t, int, int, int64_t, int,
+                     float, float);
+static void (*g_tqml)(tz_backend *, float *, uint16_t *, int64_t, const float *, const float *,
+                      int64_t, float, float *, const uint8_t *, const uint16_t *, const float *,
+                      int64_t, int64_t, int, int, int64_t, const float *);
+static void count_tqm(tz_backend *be, float *C, const void *A, int a16, float *tile,
+                      const uint8_t *c, const uint16_t *s, const float *l, int64_t rows,
+                      int64_t cols, int bits, int group, int64_t M, int tw, float al, float be_) {
+    g_decoded += rows * cols;
+    g_tqm(be, C, A, a16, tile, c, s, l, rows, cols, bits, group, M, tw, al, be_);
+}
+static void count_tqml(tz_backend *be, float *C, uint16_t *A, int64_t ld, const float *h,
+                       const float *Bm, int64_t r, float sc, float *tile, const uint8_t *c,
+                       const uint16_t *s, const float *l, int64_t rows, int64_t cols, int bits,
+                       int group, int64_t M, const float *bias) {
+    g_decoded += rows * cols;
+    g_tqml(be, C, A, ld, h, Bm, r, sc, tile, c, s, l, rows, cols, bits, group, M, bias);
+}
+
+/* A 4-bit MLP (dim 64, hidden 384, group 64) in chunks of 128 columns against chunks of 5
+ * rows, both on the device, and against the CPU (bf16 storage, chunks of rows). */
+static void cols_case(tz_backend *cpu16, tz_backend *dev, const mcase *cs, const int32_t *in,
+                      const int32_t *tg) {
+    const mcase c = *cs;
+    const int64_t C = 64, F = 384, L = 3, kvd = 2 * 16;
+    tz_llama *h = make_dims(cpu16, &c, 1, 5, C, F, 0);
+    tz_llama *rw = make_dims(dev, &c, 1, 5, C, F, -1), *cl = make_dims(dev, &c, 1, 5, C, F, 128);
+    check(!h->mlp_cols && !rw->mlp_cols && rw->mlp_chunked && cl->mlp_cols == 128 &&
+              cl->mlp_cols_fwd >= 128 && F % cl->mlp_cols_fwd < cl->mlp_cols_fwd,
+          "device %s: the MLP in chunks of %lld columns (forward %lld), of rows where told "
+          "(%lld rows), the CPU in chunks of rows", c.what, (long long)cl->mlp_cols,
+          (long long)cl->mlp_cols_fwd, (long long)rw->mlp_rows);
+    g_tqm = dev->tq_matmul, g_tqml = dev->tq_matmul_lora;
+    dev->tq_matmul = count_tqm, dev->tq_matmul_lora = count_tqml;
+    float *gh, *gr, *gc, *gc2, *bh = grads(h), *br = grads(rw), *bc = grads(cl);
+    const double lh = step(h, bh, in, tg, &gh);
+    g_decoded = 0;
+    const double lr = step(rw, br, in, tg, &gr);
+    const int64_t dec_rows = g_decoded;
+    g_decoded = 0;
+    const double lc = step(cl, bc, in, tg, &gc);
+    const int64_t dec_cols = g_decoded;
+    /* forward, the backward's recomputation (not of the last layer's attention, whose
+     * activations are still there) and the input gradient: three passes over every weight of
+     * attention; gate and up three (the backward makes g and u again), down two */
+    const int64_t att = C * C + 2 * kvd * C + C * C, once = L * (3 * att + 8 * C * F) - att;
+    check(dec_cols == once && dec_rows > dec_cols,
+          "device %s: %lld elements decoded in a step in chunks of columns (each weight once "
+          "a pass: %lld), %lld in chunks of rows", c.what, (long long)dec_cols, (long long)once,
+          (long long)dec_rows);
+    dev->tq_matmul = g_tqm, dev->tq_matmul_lora = g_tqml;
+    const double fc = tz_llama_forward(cl, in, tg), lc2 = step(cl, bc, in, tg, &gc2);
+    /* the same operands rounded to bf16 either way; only down's sum over the hidden size (and
+     * the input gradient's through gate and up) adds the chunks' parts in another order:
+     * fp32 rounding, which can move a later bf16 rounding by one step (2^-8 of an element) */
+    const double le = fabs(lc - lr) / fabs(lr);
+    check(le <= 1e-4 && lc == lc2 && lc == fc && isfinite(lc),
+          "device %s: loss %.9g in chunks of columns, %.9g of rows (relative %.2e, tol 1e-4); "
+          "a second step %.9g and eval %.9g as the first", c.what, lc, lr, le, lc2, fc);
+    int zero;
+    const char *worst;
+    const double e = grad_err(cl, gr, gc, &zero, &worst);
+    check(e <= 2e-2 && zero == 0, "device %s: gradients in chunks of columns within %.2e of "
+          "those in chunks of rows (%s; tol 2e-2)", c.what, e, worst);
+    /* the last layer's gate and up B and down A gradients read the same bf16 operands either
+     * way (dg, du and h; dh and s), so only fp32's sums differ between them; its other
+     * adapters' read a sum over the hidden size (gate's and up's dh, down's hidden) that the
+     * chunks round to bf16 part by part, and the layers before it gradients that went through
+     * bf16 roundings since (above) */
+    const char *tight[] = {"layers.2.mlp.gate_proj.lora_B", "layers.2.mlp.up_proj.lora_B",
+                           "layers.2.mlp.down_proj.lora_A"};
+    double el = 0.0;
+    const char *tw = "-";
+    for (int i = 0; i < 3; i++) {
+        const double t = grad_err_of(cl, gr, gc, &zero, &worst, tight[i]);
+        if (!(t <= el)) el = t, tw = worst;
+    }
+    check(el <= 1e-5, "device %s: the last layer's gate and up B and down A gradients in chunks "
+          "of columns within %.2e of those in chunks of rows (%s; tol 1e-5)", c.what, el, tw);
+    const double ec = grad_err(h, gh, gc, &zero, &worst), lce = fabs(lh - lc) / fabs(lh);
+    check(lce <= 2e-3 && ec <= 5e-2 && zero == 0, "device %s: in chunks of columns, loss "
+          "within %.2e (tol 2e-3) and gradients within %.2e (%s; tol 5e-2) of the cpu's", c.what, lce, ec,
+          worst);
+    check(memcmp(gc, gc2, (size_t)cl->params.flat_numel * sizeof(float)) == 0,
+          "device %s: in chunks of columns, the second step's gradients are the first's", c.what);
+    free(gh), free(gr), free(gc), free(gc2);
+    drop(h, bh), drop(rw, br), drop(cl, bc);
+}
+
 int main(int argc, char **argv) {
     tz_mpi_singleton_defaults();
     MPI_Init(&argc, &argv);
@@ -223,10 +335,10 @@ int main(int argc, char **argv) {
     for (int i = 0; i < BT; i++) in[i] = (i * 37 + 5) % V, tg[i] = (i * 53 + 1) % V;
     tg[9] = -1; /* an ignored row inside a chunk */
     const mcase cases[] = {
-        {"LoRA on all 7 projections of a 4-bit base, GQA 4/2, untied", 0, 4, 0, 4, 2, 12, 0},
-        {"full training, dense, tied, 4/4 heads", 1, 0, 1, 4, 4, 12, 0},
-        {"LoRA on a dense base, q wider than the model (4 x 16 > 48)", 0, 0, 0, 4, 2, 16, 0},
-        {"LoRA on a 4-bit base, Llama 3 RoPE scaling", 0, 4, 0, 4, 2, 12, 1},
+        {"LoRA on all 7 projections of a 4-bit base, GQA 4/2, untied", 0, 4, 0, 4, 2, 12, 0, 0},
+        {"full training, dense, tied, 4/4 heads", 1, 0, 1, 4, 4, 12, 0, 0},
+        {"LoRA on a dense base, q wider than the model (4 x 16 > 48)", 0, 0, 0, 4, 2, 16, 0, 0},
+        {"LoRA on a 4-bit base, Llama 3 RoPE scaling", 0, 4, 0, 4, 2, 12, 1, 0},
     };
     const int nc = (int)(sizeof cases / sizeof cases[0]);
     tz_backend *cpu = tz_cpu_backend_create(2), *cpu16 = tz_cpu_backend_create(2);
@@ -238,6 +350,14 @@ int main(int argc, char **argv) {
         tz_backend *dev = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
         tz_backend_set_precision(dev, TZ_PRECISION_BF16);
         for (int i = 0; i < nc; i++) device_case(cpu16, dev, &cases[i], in, tg);
+        const mcase cc[] = {
+            {"LoRA on all 7 projections of a 4-bit base, hidden 384", 0, 4, 0, 4, 2, 16, 0, 0},
+            {"LoRA on q and v of a 4-bit base, hidden 384", 0, 4, 0, 4, 2, 16, 0,
+             (1 << TZ_LIN_Q) | (1 << TZ_LIN_V)},
+            {"LoRA on gate and up of a 4-bit base, hidden 384", 0, 4, 0, 4, 2, 16, 0,
+             (1 << TZ_LIN_GATE) | (1 << TZ_LIN_UP)},
+        };
+        for (int i = 0; i < 3; i++) cols_case(cpu16, dev, &cc[i], in, tg);
         tz_backend_destroy(dev);
     } else {
         printf("skip the device cases: %s\n",
