@@ -318,7 +318,8 @@ void tz_step_model_install(tz_backend *be, const tz_step_rates *r) {
     be->mse_fwd = s_mse_fwd, be->mse_bwd = s_mse_bwd, be->patchify = s_patch;
     be->unpatchify = s_patch, be->copy2d = s_copy2d, be->tq_rotate = s_rot;
     be->tq_rotate16 = s_rot16, be->tq_rotate_bwd = s_rot_bwd,
-    be->tq_rotate16_at = s_rot16_at, be->tq_rotate_bwd_at = s_rot_bwd_at, be->tq_dequant = s_dequant;
+    be->tq_rotate16_at = s_rot16_at, be->tq_rotate_bwd_at = s_rot_bwd_at;
+    be->tq_dequant = s_dequant;
     be->tq_matmul = s_tq_matmul, be->tq_matmul_lora = s_tq_matmul_lora;
 }
 

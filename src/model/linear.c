@@ -201,7 +201,7 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
  * patterns, and dy also rounded once to bf16 where dy16 is not NULL (the GEMMs read it);
  * dx_done: dx gets the base weight's part from the caller (the shared TurboQuant backward);
  * defer: dh left in scratch transposed, dh^T [r, n], the A gradient and dx += dh A left to
- * the caller;
+ * the caller (2: added to what scratch holds, the dh of a part of dy before);
  * dx_set: the base weight's part is written into dx, not added (its contents not read). */
 static void linear_bwd_x(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                          const uint16_t *dy16, const void *x, int x16, const float *h,
@@ -231,8 +231,9 @@ static void linear_bwd_x(tz_backend *be, const tz_linear *l, float *dx, const fl
     if (!l->a) return;
     if (l->b->g) /* dB[out,r] += s dy^T h */
         mm16(be, l->b->g, d, d16, h, 0, l->out, l->r, n, 1, 0, l->scale, 1.0f);
-    if (defer) { /* dh^T[r,n] = s B^T dy^T */
-        mm16(be, scratch, l->b->w, 0, d, d16, l->r, n, l->out, 1, 1, l->scale, 0.0f);
+    if (defer) { /* dh^T[r,n] (+)= s B^T dy^T */
+        mm16(be, scratch, l->b->w, 0, d, d16, l->r, n, l->out, 1, 1, l->scale,
+             defer == 2 ? 1.0f : 0.0f);
         return;
     }
     /* dh[n,r] = s dy B */
@@ -565,18 +566,80 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
     }
 }
 
+/* How tz_linear_fwd_shared_prep and _apply run the linears ls on n rows of their input with
+ * `room` floats for it: 1, the fold path (x rotated into bf16 rows of *ld, x in bf16 after
+ * them for the adapters' h); 2, no adapter or bias: x rotated into bf16 rows of in, each
+ * product on it; 0, neither (tz_linear_fwd_shared's other paths). */
+static int prep_mode(const tz_backend *be, const tz_linear *const *ls, int count, int64_t n,
+                     int64_t room, int64_t *ld) {
+    if (!shareable(ls, count) || !tz_linear_rounds_bf16(be)) return 0;
+    int64_t emax = 0;
+    int adapted = 0;
+    for (int i = 0; i < count; i++) {
+        emax = fold_ext(ls[i]) > emax ? fold_ext(ls[i]) : emax;
+        adapted |= ls[i]->a != NULL;
+    }
+    *ld = fold_ld(ls[0]->in, emax);
+    if (!emax) return half16(n * ls[0]->in) <= room ? 2 : 0;
+    int fold = al16((n * *ld + 1) / 2) + (adapted ? (n * ls[0]->in + 1) / 2 : 0) <= room;
+    for (int i = 0; i < count && fold; i++) fold = folds(be, ls[i], *ld);
+    return fold;
+}
+
+int64_t tz_linear_fwd_prep_floats(const tz_linear *const *ls, int count, int64_t n) {
+    int64_t emax = 0;
+    for (int i = 0; i < count; i++) emax = fold_ext(ls[i]) > emax ? fold_ext(ls[i]) : emax;
+    return al16((n * fold_ld(ls[0]->in, emax) + 1) / 2) + half16(n * ls[0]->in);
+}
+
+int tz_linear_fwd_shared_prep(tz_backend *be, const tz_linear *const *ls, float *const *hs,
+                              int count, const float *x, int64_t n, float *room,
+                              int64_t room_floats) {
+    int64_t ld;
+    const int mode = g_probe || !room ? 0 : prep_mode(be, ls, count, n, room_floats, &ld);
+    if (!mode) return 0;
+    const tz_qweight *q0 = ls[0]->w->q;
+    int adapted = 0;
+    for (int i = 0; i < count; i++) adapted |= ls[i]->a != NULL;
+    uint16_t *xr16 = (uint16_t *)(void *)room;
+    uint16_t *x16 = adapted ? (uint16_t *)(void *)(room + al16((n * ld + 1) / 2)) : NULL;
+    be->tq_rotate16(be, xr16, x, n, ls[0]->in, ld, q0->group, q0->seed, x16);
+    for (int i = 0; i < count; i++)
+        if (ls[i]->a) /* h = x A^T */
+            mm16(be, hs[i], x16, 1, ls[i]->a->w, 0, n, ls[i]->r, ls[i]->in, 0, 1, 1.0f, 0.0f);
+    return 1;
+}
+
+void tz_linear_fwd_shared_apply(tz_backend *be, const tz_linear *const *ls, float *const *ys,
+                                const float *const *hs, int count, int64_t n, float *room) {
+    int64_t ld;
+    const int mode = prep_mode(be, ls, count, n, INT64_MAX, &ld);
+    if (!mode)
+        TZ_FATAL("linear %lld -> %lld: a prepared forward needs TurboQuant weights of one "
+                 "rotation whose adapters fold", (long long)ls[0]->in, (long long)ls[0]->out);
+    for (int i = 0; i < count; i++) {
+        if (mode == 1) fold_matmul(be, ls[i], ys[i], (uint16_t *)(void *)room, ld, hs[i], n);
+        else qmatmul16(be, ls[i], ys[i], room, 1, n, 1, 0.0f);
+    }
+}
+
 void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
                           const float *const *dys, const float *x, const float *const *hs,
                           float *scratch, int64_t n, int dx_set) {
     tz_linear_bwd_shared16(be, ls, count, dx, dys, NULL, x, hs, scratch, n, dx_set);
 }
 
-void tz_linear_bwd_shared16(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
-                            const float *const *dys, const uint16_t *const *dy16s,
-                            const float *x, const float *const *hs, float *scratch, int64_t n,
-                            int dx_set) {
-    const int turbo = shareable(ls, count);
+/* tz_linear_bwd_shared16 over the parts of dy (part: TZ_LINEAR_PART_FIRST, _LAST; both: the
+ * whole); see tz_linear_bwd_shared_part. */
+static void bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
+                       const float *const *dys, const uint16_t *const *dy16s, const float *x,
+                       const float *const *hs, float *scratch, int64_t n, int dx_set, int part) {
+    const int turbo = shareable(ls, count), first = part & TZ_LINEAR_PART_FIRST,
+              last = part & TZ_LINEAR_PART_LAST;
     if (!turbo && !shareable_dense(be, ls, count, n)) {
+        if (part != (TZ_LINEAR_PART_FIRST | TZ_LINEAR_PART_LAST))
+            TZ_FATAL("linear %lld -> %lld: a backward in parts needs TurboQuant weights of one "
+                     "rotation", (long long)ls[0]->in, (long long)ls[0]->out);
         for (int i = 0; i < count; i++)
             linear_bwd(be, ls[i], dx, dys ? dys[i] : NULL, dy16s ? dy16s[i] : NULL, x, 0, hs[i],
                        scratch, n, dx_set && !i);
@@ -584,21 +647,29 @@ void tz_linear_bwd_shared16(tz_backend *be, const tz_linear *const *ls, int coun
     }
     /* each dy and x rounded once for every GEMM that reads them (bwd_layout); TurboQuant:
      * dx (+)= R^T (sum_i dy_i W_rot_i), one inverse rotation for all, then LoRA's dh_i A_i
-     * where the dh's are kept (else before it); dense: tz_linear_bwd's order, the same bits */
+     * where the dh's are kept (else before it); dense: tz_linear_bwd's order, the same bits.
+     * In parts: the sum and the kept dh's added up part by part in the scratch, the rotation
+     * and what follows it after the last */
     const tz_linear *l0 = ls[0];
     int given16 = dy16s != NULL;
     for (int i = 0; given16 && i < count; i++) given16 = dy16s[i] != NULL;
+    if (!last || !first) { /* the scratch's layout the same in every part */
+        if (!turbo || !given16 || !dx)
+            TZ_FATAL("linear %lld -> %lld: a backward in parts needs TurboQuant weights, dx and "
+                     "every dy in bf16", (long long)l0->in, (long long)l0->out);
+    }
     const bwd_room r = bwd_layout(be, ls, count, n, turbo, dx != NULL, given16, l0->tq->act,
                                   l0->tq->act_floats);
     if (r.x16) be->to_bf16(be, r.x16, x, n * l0->in);
     float *t = turbo && dx ? act_buffer(l0, n) : NULL, *dh = r.dh;
-    if (t && dx_set) /* an adapter's dx += dh A before the rotation: dx zeroed first */
+    /* an adapter's dx += dh A before the rotation: dx zeroed first (by the first part; the
+     * last knows it from the same layout) */
+    int zeroed = 0;
+    if (t && dx_set)
         for (int i = 0; i < count; i++)
-            if (ls[i]->a && !(r.dh && ls[i]->a->g)) {
-                be->fill(be, dx, 0.0f, n * l0->in);
-                dx_set = 0;
-                break;
-            }
+            if (ls[i]->a && !(r.dh && ls[i]->a->g)) zeroed = 1;
+    if (zeroed && first) be->fill(be, dx, 0.0f, n * l0->in);
+    if (zeroed) dx_set = 0;
     for (int i = 0; i < count; i++) {
         const tz_linear *l = ls[i];
         const float *dy = dys ? dys[i] : NULL;
@@ -606,13 +677,14 @@ void tz_linear_bwd_shared16(tz_backend *be, const tz_linear *const *ls, int coun
                                        dy_readers(l, dx != NULL, 0) >= 2 ? r.dy16 : NULL, n);
         if (t) /* t (+)= dy_i W_rot_i */
             qmatmul16(be, l, t, dy16 ? (const void *)dy16 : (const void *)dy, dy16 != NULL, n,
-                      0, i ? 1.0f : 0.0f);
+                      0, i || !first ? 1.0f : 0.0f);
         const int keep = dh && l->a && l->a->g; /* dA and dx += dh A after the rotation */
         linear_bwd_x(be, l, dx, dy, dy16, r.x16 ? (const void *)r.x16 : (const void *)x,
-                     r.x16 != NULL, hs[i], keep ? dh : scratch, n, turbo, keep,
-                     !turbo && dx_set && !i);
+                     r.x16 != NULL, hs[i], keep ? dh : scratch, n, turbo,
+                     keep ? (first ? 1 : 2) : 0, !turbo && dx_set && !i);
         if (keep) dh += n * l->r;
     }
+    if (!last) return;
     if (t) be->tq_rotate_bwd(be, dx, t, n, l0->in, l0->w->q->group, l0->w->q->seed, !dx_set);
     if (!r.dh) return;
     /* x rounded into the place of dy W_rot, free now; dA_i[r,in] += dh_i^T x; dx += dh_i A_i,
@@ -631,4 +703,19 @@ void tz_linear_bwd_shared16(tz_backend *be, const tz_linear *const *ls, int coun
     }
     if (dx && r.astack) /* dx[n,in] += (dh^T)^T [A_1; ..; A_k], the kept dh^T one [ranks, n] */
         be->matmul16(be, dx, r.dh, 0, r.astack, 1, n, l0->in, ranks, 1, 0, 1.0f, 1.0f);
+}
+
+void tz_linear_bwd_shared16(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
+                            const float *const *dys, const uint16_t *const *dy16s,
+                            const float *x, const float *const *hs, float *scratch, int64_t n,
+                            int dx_set) {
+    bwd_shared(be, ls, count, dx, dys, dy16s, x, hs, scratch, n, dx_set,
+               TZ_LINEAR_PART_FIRST | TZ_LINEAR_PART_LAST);
+}
+
+void tz_linear_bwd_shared_part(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
+                               const uint16_t *const *dy16s, const float *x,
+                               const float *const *hs, float *scratch, int64_t n, int dx_set,
+                               int part) {
+    bwd_shared(be, ls, count, dx, NULL, dy16s, x, hs, scratch, n, dx_set, part);
 }

@@ -118,6 +118,38 @@ void tz_linear_bwd_shared16(tz_backend *be, const tz_linear *const *ls, int coun
                             const float *const *dys, const uint16_t *const *dy16s,
                             const float *x, const float *const *hs, float *scratch, int64_t n,
                             int dx_set);
+/* tz_linear_fwd_shared in two steps, for running the linears on parts of their weights (the
+ * same input, other rows of each weight: the Llama's MLP in chunks of the hidden size):
+ * _prep rotates x (and rounds it, for the adapters) once into `room` (room_floats floats,
+ * tz_linear_fwd_prep_floats at most; backend memory the caller keeps until the last _apply)
+ * and writes each adapter's h = x A^T into hs[i]; _apply then makes the products, ys[i] =
+ * x ls[i]^T (+ LoRA), for linears of the same input, rotation and adapters' ranks as _prep's
+ * (rows of them: tz_linears whose w, b point into the whole's). The same bits as
+ * tz_linear_fwd_shared. _prep returns 0 and does nothing where that path does not apply (not
+ * TurboQuant weights of one rotation with bf16 GEMMs, adapters that do not fold into the
+ * tile, a room too small, a probe set): then call tz_linear_fwd_shared for each part. */
+int64_t tz_linear_fwd_prep_floats(const tz_linear *const *ls, int count, int64_t n);
+int tz_linear_fwd_shared_prep(tz_backend *be, const tz_linear *const *ls, float *const *hs,
+                              int count, const float *x, int64_t n, float *room,
+                              int64_t room_floats);
+void tz_linear_fwd_shared_apply(tz_backend *be, const tz_linear *const *ls, float *const *ys,
+                                const float *const *hs, int count, int64_t n, float *room);
+/* tz_linear_bwd_shared16 for a dy in parts (the columns of each dy_i that rows of each weight
+ * make: the Llama's MLP in chunks of the hidden size), every dy given in bf16 (dy16s), with
+ * dx: call it for each part in turn with ls the rows of that part, the first with
+ * TZ_LINEAR_PART_FIRST, the last with TZ_LINEAR_PART_LAST (both: the whole, as
+ * tz_linear_bwd_shared16), and the same dx, x, hs, scratch, n and dx_set each time. The sum
+ * dy W_rot and the adapters' kept dh add up part by part in the activation scratch (the parts
+ * between leave it as they found it for the next: nothing else may use it between the calls);
+ * the inverse rotation into dx, the A gradients and dx += dh A once, after the last. Equal to
+ * the whole's to fp32 rounding (and the bf16 rounding of each part's dh where dh is not
+ * kept). Fatal for weights other than TurboQuant of one rotation. */
+#define TZ_LINEAR_PART_FIRST 1
+#define TZ_LINEAR_PART_LAST 2
+void tz_linear_bwd_shared_part(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
+                               const uint16_t *const *dy16s, const float *x,
+                               const float *const *hs, float *scratch, int64_t n, int dx_set,
+                               int part);
 /* tz_linear_bwd_set with dy given already rounded to bf16 (dy16 [n, out], bit patterns, as the
  * op that makes dy wrote it; dy fp32 only for a bias gradient, else NULL): the same bits
  * without the rounding pass; fatal where l does not take one (tz_linear_takes_dy16). dy16

@@ -327,7 +327,8 @@ static void gu_view_at(gu_view *v, const tz_llama_layer *L, int64_t f0, int64_t 
         const tz_qweight *q = l->w->q;
         const int64_t per_row = l->in / q->group;
         v->q[i] = *q;
-        if (q->codes) v->q[i].codes = q->codes + f0 * per_row * TZ_TQ_GROUP_BYTES(q->group, q->bits);
+        if (q->codes)
+            v->q[i].codes = q->codes + f0 * per_row * TZ_TQ_GROUP_BYTES(q->group, q->bits);
         v->q[i].scales = q->scales + f0 * per_row;
         v->w[i] = *l->w;
         v->w[i].q = &v->q[i];
@@ -353,7 +354,8 @@ static void down_window(tz_backend *be, const tz_linear *down, int64_t f0, int64
                         uint8_t *codes, uint16_t *scales, float *a, tz_qweight *w) {
     const tz_qweight *q = down->w->q;
     const int64_t F = down->in, C = down->out, gb = TZ_TQ_GROUP_BYTES(q->group, q->bits);
-    if (!q->codes) TZ_FATAL("%s: a streamed weight used while its block is not loaded", down->w->name);
+    if (!q->codes)
+        TZ_FATAL("%s: a streamed weight used while its block is not loaded", down->w->name);
     be->copy2d(be, (float *)(void *)codes, fc / q->group * gb / 4,
                (const float *)(const void *)(q->codes + f0 / q->group * gb),
                F / q->group * gb / 4, C, fc / q->group * gb / 4);
@@ -363,6 +365,13 @@ static void down_window(tz_backend *be, const tz_linear *down, int64_t f0, int64
     *w = *q;
     w->codes = codes, w->scales = scales;
     if (down->a) be->copy2d(be, a, fc, down->a->w + f0, F, down->r, fc);
+}
+
+/* The forward's pool in chunks of fc columns on BT rows: g, u, s, s rotated and s in bf16,
+ * down's window and its A's (r_down: its adapter's rank, 0 without) */
+static int64_t fwd_cols_floats(const tz_llama *m, int64_t BT, int64_t fc, int64_t r_down) {
+    return 3 * al16(BT * fc) + 2 * half16(BT * fc) + al16(win_codes_floats(m, fc)) +
+           al16(win_scales_floats(m, fc)) + (r_down ? al16(r_down * fc) : 0);
 }
 
 /* Walks every allocation of tz_llama_setup; with a NULL arena it only counts bytes. */
@@ -443,7 +452,13 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         const int64_t RC = al16(BT * FC),
                       fc_win = FC ? al16(win_codes_floats(m, FC)) + al16(win_scales_floats(m, FC))
                                   : 0;
-        const int64_t fc_all = FC ? 5 * RC + half16(BT * C) + fc_win +
+        int64_t xr = 0; /* gate's and up's input, rotated once for all chunks */
+        if (FC) {
+            gu_view v;
+            gu_view_at(&v, &m->layers[0], 0, FC);
+            xr = al16(tz_linear_fwd_prep_floats(v.ls, 2, BT));
+        }
+        const int64_t fc_all = FC ? 5 * RC + half16(BT * C) + fc_win + xr +
                                         (r_down ? al16(BT * r_down) + 2 * al16(r_down * FC) +
                                                       al16(r_down * F)
                                                 : 0)
@@ -472,6 +487,8 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
                 p += al16(win_codes_floats(m, FC));
                 m->mlp_fc.scales = (uint16_t *)(void *)p;
                 p += al16(win_scales_floats(m, FC));
+                m->mlp_fc.xr = p, m->mlp_fc.xr_floats = xr;
+                p += xr;
                 if (r_down) {
                     m->mlp_fc.dh = p, p += al16(BT * r_down);
                     m->mlp_fc.a = p, p += al16(r_down * FC);
@@ -558,7 +575,6 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
             int64_t n = tz_linear_act_floats(m->be, v.ls, 2, BT,
                                              gate_up_dy16(m->be, L) ? TZ_LINEAR_BWD_DY16 : bwd);
             if (n > act) act = n;
-            if (2 * half16(BT * FC) > act) act = 2 * half16(BT * FC);
         }
     }
     total += tz_quant_scratch_walk_act(
@@ -579,15 +595,12 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
             break;
         }
     }
-    /* and in chunks of columns: g, u, s only, down's window and its A's, so the fewest
-     * equal chunks (whole units) that fit the pool and whose two bf16 copies of down's input
-     * fit the rotation buffer (FC's do: the pool and the buffer were sized for it) */
+    /* and in chunks of columns: g, u, s, down's input rotated and rounded, its window and its
+     * A's, so the fewest equal chunks (whole units) that fit the pool (FC's do) */
     for (int64_t k = 1; a && FC && k <= d->hidden; k++) {
         const int64_t fc = cols_round((d->hidden + k - 1) / k, cols_unit(m));
         if (fc > d->hidden && k > 1) continue;
-        const int64_t need = 3 * al16(BT * fc) + al16(win_codes_floats(m, fc)) +
-                             al16(win_scales_floats(m, fc)) + (r_down ? al16(r_down * fc) : 0);
-        if (need <= m->pool_floats && 2 * half16(BT * fc) <= m->tq.act_floats) {
+        if (fwd_cols_floats(m, BT, fc, r_down) <= m->pool_floats) {
             m->mlp_cols_fwd = fc;
             break;
         }
@@ -715,22 +728,31 @@ static void mlp_fwd_cols(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a,
     const int64_t C = m->d.dim, F = m->d.hidden, FC = m->mlp_cols_fwd;
     const tz_linear *down = &L->lin[TZ_LIN_DOWN];
     const tz_qweight *q = down->w->q;
-    /* the forward's layout of the pool: g, u, s, down's window, its A's */
+    /* the forward's layout of the pool: g, u, s, s rotated and s in bf16, down's window, its
+     * A's (fwd_cols_floats) */
     float *g = m->pool, *u = g + al16(n * FC), *s = u + al16(n * FC), *p = s + al16(n * FC);
+    uint16_t *sr = (uint16_t *)(void *)p, *s16 = sr + 2 * half16(n * FC);
+    p += 2 * half16(n * FC);
     uint8_t *codes = (uint8_t *)(void *)p;
     p += al16(win_codes_floats(m, FC));
     uint16_t *scales = (uint16_t *)(void *)p;
     float *aw = p + al16(win_scales_floats(m, FC));
-    /* s rotated, and s itself, in bf16 in the rotation buffer (gate's and up's are read by
-     * then) */
-    uint16_t *sr = (uint16_t *)(void *)m->tq.act, *s16 = sr + 2 * half16(n * FC);
     float *hd = a->lh[TZ_LIN_DOWN];
+    float *hs[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
+    /* gate's and up's input rotated (and rounded, and their adapters' h) once for every
+     * chunk, in the rotation buffer */
+    gu_view v0;
+    gu_view_at(&v0, L, 0, FC);
+    const int prepared = tz_linear_fwd_shared_prep(be, v0.ls, hs, 2, a->h2, n, m->tq.act,
+                                                   m->tq.act_floats);
     for (int64_t f0 = 0; f0 < F; f0 += FC) {
         const int64_t fc = F - f0 < FC ? F - f0 : FC;
         gu_view v;
         gu_view_at(&v, L, f0, fc);
-        float *ys[2] = {g, u}, *hs[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
-        tz_linear_fwd_shared(be, v.ls, ys, hs, 2, a->h2, n);
+        float *ys[2] = {g, u};
+        if (prepared)
+            tz_linear_fwd_shared_apply(be, v.ls, ys, (const float *const *)hs, 2, n, m->tq.act);
+        else tz_linear_fwd_shared(be, v.ls, ys, hs, 2, a->h2, n);
         be->swiglu_fwd(be, s, g, u, n * fc, 0);
         tz_qweight w;
         down_window(be, down, f0, fc, codes, scales, aw, &w);
@@ -985,12 +1007,22 @@ static void mlp_bwd_cols(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a)
     be->to_bf16(be, P->dres16, m->dres, BT * C);
     if (down->a) /* dh = scale dres B */
         be->matmul16(be, P->dh, P->dres16, 1, down->b->w, 0, BT, r, C, 0, 0, down->scale, 0.0f);
+    /* gate's and up's input rotated once for every chunk, in the pool (the rotation buffer
+     * holds their backward's sums from chunk to chunk), where that path applies (else each
+     * chunk makes it, and takes their backward whole) */
+    float *hs[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
+    gu_view v0;
+    gu_view_at(&v0, L, 0, FC);
+    const int prepared = tz_linear_fwd_shared_prep(be, v0.ls, hs, 2, a->h2, BT, P->xr,
+                                                   P->xr_floats);
     for (int64_t f0 = 0; f0 < F; f0 += FC) {
         const int64_t fc = F - f0 < FC ? F - f0 : FC;
         gu_view v;
         gu_view_at(&v, L, f0, fc);
-        float *ys[2] = {P->g, P->u}, *hs[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
-        tz_linear_fwd_shared(be, v.ls, ys, hs, 2, a->h2, BT);
+        float *ys[2] = {P->g, P->u};
+        if (prepared)
+            tz_linear_fwd_shared_apply(be, v.ls, ys, (const float *const *)hs, 2, BT, P->xr);
+        else tz_linear_fwd_shared(be, v.ls, ys, hs, 2, a->h2, BT);
         be->swiglu_fwd(be, P->s, P->g, P->u, BT * fc, 1);
         const uint16_t *s16 = (const uint16_t *)(const void *)P->s;
         tz_qweight w;
@@ -1014,7 +1046,13 @@ static void mlp_bwd_cols(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a)
         const uint16_t *d16[2] = {gu16 ? (const uint16_t *)(const void *)dg : NULL,
                                   gu16 ? (const uint16_t *)(const void *)P->du : NULL};
         const float *lgu[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
-        tz_linear_bwd_shared16(be, v.ls, 2, m->dh, dys, d16, a->h2, lgu, m->dlora, BT, f0 == 0);
+        if (prepared && gu16) /* the sums kept from chunk to chunk, finished after the last */
+            tz_linear_bwd_shared_part(be, v.ls, 2, m->dh, d16, a->h2, lgu, m->dlora, BT, 1,
+                                      (f0 == 0 ? TZ_LINEAR_PART_FIRST : 0) |
+                                          (f0 + fc == F ? TZ_LINEAR_PART_LAST : 0));
+        else
+            tz_linear_bwd_shared16(be, v.ls, 2, m->dh, dys, d16, a->h2, lgu, m->dlora, BT,
+                                   f0 == 0);
     }
     if (down->a && down->b->g) /* dB += scale dres^T h */
         be->matmul16(be, down->b->g, P->dres16, 1, hd, 0, C, r, BT, 1, 0, down->scale, 1.0f);

@@ -89,6 +89,9 @@ typedef struct tz_llama_mlp_fc {
     uint16_t *scales;            /* and of its scales */
     float *dh, *a, *da, *da_all; /* its adapter: dh [B*T, r], A's window [r, mlp_cols] and
                                   * its gradient's, the whole gradient [r, hidden] */
+    float *xr;                   /* h2 rotated and rounded once for gate's and up's chunks
+                                  * (tz_linear_fwd_shared_prep's room) */
+    int64_t xr_floats;
 } tz_llama_mlp_fc;
 
 typedef struct tz_llama {

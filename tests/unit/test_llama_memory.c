@@ -298,11 +298,17 @@ static void cols_case(tz_backend *cpu16, tz_backend *dev, const mcase *cs, const
     check(le <= 1e-4 && lc == lc2 && lc == fc && isfinite(lc),
           "device %s: loss %.9g in chunks of columns, %.9g of rows (relative %.2e, tol 1e-4); "
           "a second step %.9g and eval %.9g as the first", c.what, lc, lr, le, lc2, fc);
+    /* gate's and up's backward adds its chunks' sums (dy W_rot, the adapters' dh) in fp32 and
+     * rounds dh to bf16 once, as the chunks of rows do: fp32's rounding, which can move a later
+     * bf16 rounding by a step (2^-8 of an element; tol 4e-3); with TZ_LINEAR_SHARED=0 each
+     * chunk's dh is rounded on its own, bf16 roundings of parts (tol 2e-2) */
+    const char *sh = getenv("TZ_LINEAR_SHARED");
+    const double tol = sh && !strcmp(sh, "0") ? 2e-2 : 4e-3;
     int zero;
     const char *worst;
     const double e = grad_err(cl, gr, gc, &zero, &worst);
-    check(e <= 2e-2 && zero == 0, "device %s: gradients in chunks of columns within %.2e of "
-          "those in chunks of rows (%s; tol 2e-2)", c.what, e, worst);
+    check(e <= tol && zero == 0, "device %s: gradients in chunks of columns within %.2e of "
+          "those in chunks of rows (%s; tol %.0e)", c.what, e, worst, tol);
     /* the last layer's gate and up B and down A gradients read the same bf16 operands either
      * way (dg, du and h; dh and s), so only fp32's sums differ between them; its other
      * adapters' read a sum over the hidden size (gate's and up's dh, down's hidden) that the
