@@ -258,16 +258,17 @@ static void count_tqml(tz_backend *be, float *C, uint16_t *A, int64_t ld, const 
     g_tqml(be, C, A, ld, h, Bm, r, sc, tile, c, s, l, rows, cols, bits, group, M, bias);
 }
 
-/* A 4-bit MLP (dim 64, hidden 384, group 64) in chunks of 128 columns against chunks of 5
- * rows, both on the device, and against the CPU (bf16 storage, chunks of rows). */
+/* A 4-bit MLP (dim 64, hidden 640, group 64) in chunks of 256 columns (the last of 128)
+ * against chunks of 5 rows, both on the device, and against the CPU (bf16 storage, chunks of
+ * rows). */
 static void cols_case(tz_backend *cpu16, tz_backend *dev, const mcase *cs, const int32_t *in,
                       const int32_t *tg) {
     const mcase c = *cs;
-    const int64_t C = 64, F = 384, L = 3, kvd = 2 * 16;
+    const int64_t C = 64, F = 640, L = 3, kvd = 2 * 16;
     tz_llama *h = make_dims(cpu16, &c, 1, 5, C, F, 0);
-    tz_llama *rw = make_dims(dev, &c, 1, 5, C, F, -1), *cl = make_dims(dev, &c, 1, 5, C, F, 128);
-    check(!h->mlp_cols && !rw->mlp_cols && rw->mlp_chunked && cl->mlp_cols == 128 &&
-              cl->mlp_cols_fwd >= 128 && F % cl->mlp_cols_fwd < cl->mlp_cols_fwd,
+    tz_llama *rw = make_dims(dev, &c, 1, 5, C, F, -1), *cl = make_dims(dev, &c, 1, 5, C, F, 256);
+    check(!h->mlp_cols && !rw->mlp_cols && rw->mlp_chunked && cl->mlp_cols == 256 &&
+              cl->mlp_cols_fwd >= 256 && cl->mlp_cols_fwd % 128 == 0,
           "device %s: the MLP in chunks of %lld columns (forward %lld), of rows where told "
           "(%lld rows), the CPU in chunks of rows", c.what, (long long)cl->mlp_cols,
           (long long)cl->mlp_cols_fwd, (long long)rw->mlp_rows);
@@ -299,31 +300,40 @@ static void cols_case(tz_backend *cpu16, tz_backend *dev, const mcase *cs, const
           "device %s: loss %.9g in chunks of columns, %.9g of rows (relative %.2e, tol 1e-4); "
           "a second step %.9g and eval %.9g as the first", c.what, lc, lr, le, lc2, fc);
     /* gate's and up's backward adds its chunks' sums (dy W_rot, the adapters' dh) in fp32 and
-     * rounds dh to bf16 once, as the chunks of rows do: fp32's rounding, which can move a later
-     * bf16 rounding by a step (2^-8 of an element; tol 4e-3); with TZ_LINEAR_SHARED=0 each
-     * chunk's dh is rounded on its own, bf16 roundings of parts (tol 2e-2) */
+     * rounds dh to bf16 once, as the chunks of rows do; down's product adds its parts in fp32:
+     * fp32's rounding, which can move later bf16 roundings by a step (2^-8 of an element)
+     * each, a few of them compounding over the layers (1e-2); with TZ_LINEAR_SHARED=0 each
+     * chunk's dh is rounded on its own too, bf16 roundings of parts (2e-2). A wrong window or
+     * sum is off by the gradients' own size. */
     const char *sh = getenv("TZ_LINEAR_SHARED");
-    const double tol = sh && !strcmp(sh, "0") ? 2e-2 : 4e-3;
+    const double tol = sh && !strcmp(sh, "0") ? 2e-2 : 1e-2;
     int zero;
     const char *worst;
     const double e = grad_err(cl, gr, gc, &zero, &worst);
     check(e <= tol && zero == 0, "device %s: gradients in chunks of columns within %.2e of "
           "those in chunks of rows (%s; tol %.0e)", c.what, e, worst, tol);
-    /* the last layer's gate and up B and down A gradients read the same bf16 operands either
-     * way (dg, du and h; dh and s), so only fp32's sums differ between them; its other
-     * adapters' read a sum over the hidden size (gate's and up's dh, down's hidden) that the
-     * chunks round to bf16 part by part, and the layers before it gradients that went through
-     * bf16 roundings since (above) */
-    const char *tight[] = {"layers.2.mlp.gate_proj.lora_B", "layers.2.mlp.up_proj.lora_B",
-                           "layers.2.mlp.down_proj.lora_A"};
-    double el = 0.0;
-    const char *tw = "-";
-    for (int i = 0; i < 3; i++) {
-        const double t = grad_err_of(cl, gr, gc, &zero, &worst, tight[i]);
-        if (!(t <= el)) el = t, tw = worst;
+    /* where the two forwards made the same bits (down's product sums the hidden size in
+     * parts, which fp32 may round otherwise), the last layer's gate and up B and down A
+     * gradients read the same bf16 operands either way (dg, du and h; dh and s): only fp32's
+     * sums differ between them. (Its other adapters' read sums over the hidden size that the
+     * chunks add in parts; the layers before it gradients that went through bf16 roundings
+     * since: above.) */
+    if (lc == lr) {
+        const char *tight[] = {"layers.2.mlp.gate_proj.lora_B", "layers.2.mlp.up_proj.lora_B",
+                               "layers.2.mlp.down_proj.lora_A"};
+        double el = 0.0;
+        const char *tw = "-";
+        for (int i = 0; i < 3; i++) {
+            const double t = grad_err_of(cl, gr, gc, &zero, &worst, tight[i]);
+            if (!(t <= el)) el = t, tw = worst;
+        }
+        check(el <= 1e-5, "device %s: the last layer's gate and up B and down A gradients in "
+              "chunks of columns within %.2e of those in chunks of rows (%s; tol 1e-5)", c.what,
+              el, tw);
+    } else {
+        printf("  (device %s: the forwards' losses differ in fp32's last bits, so the last "
+               "layer's adapter gradients are compared only as above)\n", c.what);
     }
-    check(el <= 1e-5, "device %s: the last layer's gate and up B and down A gradients in chunks "
-          "of columns within %.2e of those in chunks of rows (%s; tol 1e-5)", c.what, el, tw);
     const double ec = grad_err(h, gh, gc, &zero, &worst), lce = fabs(lh - lc) / fabs(lh);
     check(lce <= 2e-3 && ec <= 5e-2 && zero == 0, "device %s: in chunks of columns, loss "
           "within %.2e (tol 2e-3) and gradients within %.2e (%s; tol 5e-2) of the cpu's", c.what, lce, ec,
@@ -357,13 +367,15 @@ int main(int argc, char **argv) {
         tz_backend_set_precision(dev, TZ_PRECISION_BF16);
         for (int i = 0; i < nc; i++) device_case(cpu16, dev, &cases[i], in, tg);
         const mcase cc[] = {
-            {"LoRA on all 7 projections of a 4-bit base, hidden 384", 0, 4, 0, 4, 2, 16, 0, 0},
-            {"LoRA on q and v of a 4-bit base, hidden 384", 0, 4, 0, 4, 2, 16, 0,
+            {"LoRA on all 7 projections of a 4-bit base, hidden 640", 0, 4, 0, 4, 2, 16, 0, 0},
+            {"LoRA on q and v of a 4-bit base, hidden 640", 0, 4, 0, 4, 2, 16, 0,
              (1 << TZ_LIN_Q) | (1 << TZ_LIN_V)},
-            {"LoRA on gate and up of a 4-bit base, hidden 384", 0, 4, 0, 4, 2, 16, 0,
+            {"LoRA on gate and up of a 4-bit base, hidden 640", 0, 4, 0, 4, 2, 16, 0,
              (1 << TZ_LIN_GATE) | (1 << TZ_LIN_UP)},
+            {"LoRA on down of a 4-bit base, hidden 640", 0, 4, 0, 4, 2, 16, 0,
+             1 << TZ_LIN_DOWN},
         };
-        for (int i = 0; i < 3; i++) cols_case(cpu16, dev, &cc[i], in, tg);
+        for (int i = 0; i < 4; i++) cols_case(cpu16, dev, &cc[i], in, tg);
         tz_backend_destroy(dev);
     } else {
         printf("skip the device cases: %s\n",
