@@ -321,15 +321,27 @@ static void stream_mlp_bwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
     const int64_t n = m->n, I = tz_flux_inner(&m->d), F = tz_flux_mlp(&m->d), M = 6 * I;
     const int64_t R = n * Ts;
     /* the GELU output again (the forward's op on the same f: the same values), then its
-     * gradient; the pre-GELU gradient takes the GELU output's place once that is read */
+     * gradient; the pre-GELU gradient takes the GELU output's place once that is read. Only
+     * ff2's backward GEMMs read that output (its weight's and adapter's gradients; its dx
+     * goes through the weight): where they round it to bf16, the GELU writes it so (the same
+     * bits, without an fp32 write and a rounding pass) */
     float *g = m->wide0, *dg = m->wide1, *df = m->wide0;
-    be->gelu_tanh_fwd(be, g, f, R * F, 0, 0, 0);
+    const int g16 = tz_linear_rounds_bf16(be), g_read = tz_linear_bwd_reads_x(ff2);
+    if (g_read) be->gelu_tanh_fwd(be, g, f, R * F, 0, 0, g16); /* (else nothing reads it) */
     /* y = x2 + gate_mlp * mo */
     /* each activation gradient written by the op that first makes it: no zeroing */
     const int m2 = tz_linear_dy_mode(be, ff2), m1 = tz_linear_dy_mode(be, ff1);
     const int mo_ = tz_linear_dy_mode(be, out_proj);
     be->gate_bwd(be, m->dc, dmod + 5 * I, dy, mo, mod + 5 * I, M, n, Ts, I, m2);
-    lin_bwd_set(be, ff2, m2, dg, m->dc, g, *lh2, m->dlora, R);
+    if (!g_read) {
+        lin_bwd_set(be, ff2, m2, dg, m->dc, NULL, *lh2, m->dlora, R);
+    } else if (g16) {
+        const uint16_t *dc16 = m2 == 2 ? (const uint16_t *)(const void *)m->dc : NULL;
+        tz_linear_bwd_set_x16(be, ff2, dg, dc16 ? NULL : m->dc, dc16,
+                              (const uint16_t *)(const void *)g, *lh2, m->dlora, R);
+    } else {
+        lin_bwd_set(be, ff2, m2, dg, m->dc, g, *lh2, m->dlora, R);
+    }
     be->gelu_tanh_bwd(be, df, dg, f, R * F, m1, 0, 0);
     lin_bwd_set(be, ff1, m1, m->da, df, h2, *lh1, m->dlora, R);
     be->modulate_bwd(be, m->db, dmod + 3 * I, dmod + 4 * I, m->da, ln2, mod + 4 * I, M, n, Ts, I,

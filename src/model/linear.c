@@ -376,6 +376,8 @@ static void linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const floa
     linear_bwd_x(be, l, dx, dy, dy16, x, x16, h, scratch, n, 0, 0, dx_set);
 }
 
+int tz_linear_bwd_reads_x(const tz_linear *l) { return l->w->g || (l->a && l->a->g); }
+
 int tz_linear_takes_dy16(const tz_backend *be, const tz_linear *l) {
     return tz_linear_rounds_bf16(be) && !grad(l->bias, 1);
 }

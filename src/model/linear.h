@@ -157,6 +157,10 @@ void tz_linear_bwd_shared_part(tz_backend *be, const tz_linear *const *ls, int c
 void tz_linear_bwd_set16(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                          const uint16_t *dy16, const float *x, const float *h, float *scratch,
                          int64_t n);
+/* Whether l's backward reads its input x: for its weight's gradient, or its adapter's A
+ * gradient (its dx goes through the weights, its B gradient through the adapter's hidden).
+ * Where not, the backward takes x = NULL, and what makes x need not be made again for it. */
+int tz_linear_bwd_reads_x(const tz_linear *l);
 /* Whether l's backward on be can take its dy in bf16 alone: bf16 GEMM operands, and no bias
  * gradient (it sums the fp32 dy). */
 int tz_linear_takes_dy16(const tz_backend *be, const tz_linear *l);

@@ -1023,7 +1023,7 @@ static void mlp_bwd_cols(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a)
         if (prepared)
             tz_linear_fwd_shared_apply(be, v.ls, ys, (const float *const *)hs, 2, BT, P->xr);
         else tz_linear_fwd_shared(be, v.ls, ys, hs, 2, a->h2, BT);
-        be->swiglu_fwd(be, P->s, P->g, P->u, BT * fc, 1);
+        if (down->a) be->swiglu_fwd(be, P->s, P->g, P->u, BT * fc, 1); /* (read by its adapter) */
         const uint16_t *s16 = (const uint16_t *)(const void *)P->s;
         tz_qweight w;
         down_window(be, down, f0, fc, P->codes, P->scales, P->a, &w);
@@ -1076,6 +1076,7 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
      * without the fp32 write and a rounding pass for each GEMM */
     const int s16 = tz_linear_rounds_bf16(be);
     const uint16_t *s_16 = (const uint16_t *)(const void *)a->s;
+    const int s_read = down->a || tz_linear_bwd_reads_x(down);
     if (m->mlp_cols) mlp_bwd_cols(m, L, a);
     for (int64_t r0 = 0; !m->mlp_cols && r0 < BT; r0 += R) { /* each chunk: its rows of dh */
         const int64_t c = BT - r0 < R ? BT - r0 : R;
@@ -1084,12 +1085,15 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
         float *lh_gate = rows_at(a->lh[TZ_LIN_GATE], r0, r), *lh_up = rows_at(a->lh[TZ_LIN_UP], r0, r);
         float *ys[2] = {a->g, a->u}, *hs[2] = {lh_gate, lh_up};
         lins_fwd(be, L, TZ_LIN_GATE, ys, hs, h2, c);
-        be->swiglu_fwd(be, a->s, a->g, a->u, c * F, s16);
+        /* (s only where down's backward reads it: a frozen down without an adapter does not) */
+        if (s_read) be->swiglu_fwd(be, a->s, a->g, a->u, c * F, s16);
         if (down->a && s16) /* the down projection's LoRA hidden s A^T, as its forward made it */
             be->matmul16(be, lh_down, s_16, 1, down->a->w, 0, c, down->r, F, 0, 1, 1.0f, 0.0f);
         else if (down->a)
             be->matmul(be, lh_down, a->s, down->a->w, c, down->r, F, 0, 1, 1.0f, 0.0f);
-        if (s16) tz_linear_bwd_set_x16(be, down, m->ds, dres, NULL, s_16, lh_down, m->dlora, c);
+        if (!s_read) tz_linear_bwd_set(be, down, m->ds, dres, NULL, lh_down, m->dlora, c);
+        else if (s16)
+            tz_linear_bwd_set_x16(be, down, m->ds, dres, NULL, s_16, lh_down, m->dlora, c);
         else tz_linear_bwd_set(be, down, m->ds, dres, a->s, lh_down, m->dlora, c);
         float *dg = a->s; /* s was read for the last time */
         be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, c * F, 0, gu16);
