@@ -179,18 +179,38 @@ static void cuda_matmul_bw16(tz_backend *be, float *C, const float *A, const uin
 static __device__ __forceinline__ uint16_t to_bf16_bits(float x) { return tz_bf16_bits(x); }
 static __device__ __forceinline__ uint16_t to_bf16_bits(uint16_t x) { return x; }
 
-/* Row m of the fp32 [rows, K] src (bf16: already bf16) rounded into dst's row of ld = K + 8,
- * then column K: bf16(col[m]) (col NULL: 1), then zeros: an operand of matmul_bias. */
+/* Row m of the fp32 [rows, K] src (bf16: already bf16) rounded into dst's row of ld, then r
+ * columns bf16(s * ext[m, :]) (LoRA's h with s = 1, or its B scaled), then where `one`:
+ * bf16(col[m]) (col NULL: 1), then zeros: an operand of matmul_bias (r = 0, one = 1) and
+ * matmul_lora. */
 template <class T>
-static __global__ void k_bias_rows(uint16_t *dst, const T *src, const float *col, int64_t rows,
-                                   int64_t K, int64_t ld) {
+static __global__ void k_fold_rows(uint16_t *dst, const T *src, const float *ext, int64_t r,
+                                   float s, const float *col, int one, int64_t rows, int64_t K,
+                                   int64_t ld) {
     TZ_CUDA_FOR(i, rows * ld) {
         const int64_t m = i / ld, k = i - m * ld;
         uint16_t v = 0;
         if (k < K) v = to_bf16_bits(src[m * K + k]);
-        else if (k == K) v = to_bf16_bits(col ? col[m] : 1.0f);
+        else if (k < K + r) v = to_bf16_bits(s * ext[m * r + (k - K)]);
+        else if (k == K + r && one) v = to_bf16_bits(col ? col[m] : 1.0f);
         dst[i] = v;
     }
+}
+
+/* An operand [rows, K] (fp32, or bf16 where b16) with its extra columns into dst's rows of ld
+ * (k_fold_rows). */
+static void fold_rows(tz_backend *be, uint16_t *dst, const void *src, int b16, const float *ext,
+                      int64_t r, float s, const float *col, int one, int64_t rows, int64_t K,
+                      int64_t ld) {
+    cudaStream_t st = tz_cuda_stream(be);
+    if (b16)
+        k_fold_rows<uint16_t><<<tz_cuda_blocks(rows * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
+                                st>>>(dst, (const uint16_t *)src, ext, r, s, col, one, rows, K,
+                                      ld);
+    else
+        k_fold_rows<float><<<tz_cuda_blocks(rows * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
+                             st>>>(dst, (const float *)src, ext, r, s, col, one, rows, K, ld);
+    CUDA_LAUNCHED();
 }
 
 static void cuda_matmul_bias(tz_backend *be, float *C, const void *A, int a_bf16, const void *W,
@@ -214,22 +234,44 @@ static void cuda_matmul_bias(tz_backend *be, float *C, const void *A, int a_bf16
     TZ_CUDA_KERNEL_READS(be, A, (size_t)(M * K) * (a_bf16 ? 2 : 4), "gemm operand A");
     TZ_CUDA_KERNEL_READS(be, W, (size_t)(N * K) * (w_bf16 ? 2 : 4), "gemm operand B");
     TZ_CUDA_KERNEL_READS(be, bias, (size_t)N * 4, "bias");
-    cudaStream_t st = tz_cuda_stream(be);
-    if (a_bf16)
-        k_bias_rows<uint16_t><<<tz_cuda_blocks(M * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
-            s, (const uint16_t *)A, (const float *)NULL, M, K, ld);
-    else
-        k_bias_rows<float><<<tz_cuda_blocks(M * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
-            s, (const float *)A, (const float *)NULL, M, K, ld);
-    CUDA_LAUNCHED();
-    if (w_bf16)
-        k_bias_rows<uint16_t><<<tz_cuda_blocks(N * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
-            s + na, (const uint16_t *)W, bias, N, K, ld);
-    else
-        k_bias_rows<float><<<tz_cuda_blocks(N * ld, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
-            s + na, (const float *)W, bias, N, K, ld);
-    CUDA_LAUNCHED();
+    fold_rows(be, s, A, a_bf16, NULL, 0, 1.0f, NULL, 1, M, K, ld);
+    fold_rows(be, s + na, W, w_bf16, NULL, 0, 1.0f, bias, 1, N, K, ld);
     gemm16_ld(be, C, c_bf16, N, s, ld, s + na, ld, 1, M, N, ld, 1.0f, 0.0f);
+}
+
+/* [A | h | 1] [W | s B | b]^T over K + (r + 1 with a bias) rounded up to 8 columns, both
+ * operands rounded into the GEMM operands' buffer (as matmul_bias and tq_matmul_lora fold). */
+static void cuda_matmul_lora(tz_backend *be, float *C, const void *A, int a_bf16, const void *W,
+                             int w_bf16, const float *h, const float *B, int64_t r, float s,
+                             const float *bias, int64_t M, int64_t N, int64_t K) {
+    if (M <= 0 || N <= 0) return;
+    if (r <= 0) {
+        if (bias) cuda_matmul_bias(be, C, A, a_bf16, W, w_bf16, bias, M, N, K, 0);
+        else cuda_matmul16(be, C, A, a_bf16, W, w_bf16, M, N, K, 0, 1, 1.0f, 0.0f);
+        return;
+    }
+    if (be->matmul_dtype != TZ_DT_BF16 || K <= 0) { /* fp32: the products, then the bias */
+        cuda_matmul16(be, C, A, a_bf16, W, w_bf16, M, N, K, 0, 1, 1.0f, 0.0f);
+        cuda_matmul(be, C, h, B, M, N, r, 0, 1, s, 1.0f);
+        if (bias) be->bias_add_fwd(be, C, bias, M, N);
+        return;
+    }
+    const int nb = bias != NULL;
+    const int64_t ld = K + ((r + nb + 7) & ~(int64_t)7), na = (M * ld + 127) / 128 * 128;
+    const size_t bytes = (size_t)(na + N * ld) * 2;
+    uint16_t *o = (uint16_t *)gemm_operands(be, bytes);
+    if (!a_bf16) check_apart(A, M * K, o, bytes, "A");
+    if (!w_bf16) check_apart(W, N * K, o, bytes, "B");
+    check_apart(h, M * r, o, bytes, "h");
+    check_apart(B, N * r, o, bytes, "LoRA's B");
+    TZ_CUDA_KERNEL_READS(be, A, (size_t)(M * K) * (a_bf16 ? 2 : 4), "gemm operand A");
+    TZ_CUDA_KERNEL_READS(be, W, (size_t)(N * K) * (w_bf16 ? 2 : 4), "gemm operand B");
+    TZ_CUDA_KERNEL_READS(be, h, (size_t)(M * r) * 4, "LoRA's h");
+    TZ_CUDA_KERNEL_READS(be, B, (size_t)(N * r) * 4, "LoRA's B");
+    if (bias) TZ_CUDA_KERNEL_READS(be, bias, (size_t)N * 4, "bias");
+    fold_rows(be, o, A, a_bf16, h, r, 1.0f, NULL, nb, M, K, ld);
+    fold_rows(be, o + na, W, w_bf16, B, r, s, bias, nb, N, K, ld);
+    gemm16_ld(be, C, 0, N, o, ld, o + na, ld, 1, M, N, ld, 1.0f, 0.0f);
 }
 
 void tz_cuda_install_matmul(tz_backend *be) {
@@ -237,4 +279,5 @@ void tz_cuda_install_matmul(tz_backend *be) {
     be->matmul_bw16 = cuda_matmul_bw16;
     be->matmul16 = cuda_matmul16;
     be->matmul_bias = cuda_matmul_bias;
+    be->matmul_lora = cuda_matmul_lora;
 }

@@ -115,6 +115,30 @@ static void s_matmul_bias(tz_backend *be, float *C, const void *A, int a16, cons
     add(be, TZ_SM_ELEMENT, (double)M * N, 2 * F * (double)M * N + F * (double)N);
 }
 
+static void s_matmul_lora(tz_backend *be, float *C, const void *A, int a16, const void *W, int w16,
+                          cf *h, cf *B, int64_t r, float s, cf *bias, int64_t M, int64_t N,
+                          int64_t K) {
+    (void)C, (void)A, (void)W, (void)h, (void)B, (void)s;
+    const int64_t e = r + (bias != NULL);
+    if (r <= 0 && bias) { /* matmul_bias's */
+        s_matmul_bias(be, C, A, a16, W, w16, bias, M, N, K, 0);
+        return;
+    }
+    if (r <= 0 || be->matmul_dtype != TZ_DT_BF16) { /* the products, then the bias's pass */
+        gemm(be, M, N, K, a16, w16, 0.0f);
+        if (r > 0) gemm(be, M, N, r, 0, 0, 1.0f);
+        if (bias) add(be, TZ_SM_ELEMENT, (double)M * N, 2 * F * (double)M * N + F * (double)N);
+        return;
+    }
+    /* along K: K + e rounded up to 8 columns; h's and s B's columns (and the bias's) written
+     * after the operands' rows, an operand already in bf16 copied into them */
+    const int64_t ld = K + ((e + 7) & ~(int64_t)7);
+    gemm_op_c(be, M, N, ld, a16, w16, 0.0f, 1.0, F, __func__);
+    if (a16) add(be, TZ_SM_ELEMENT, 0, 2.0 * (double)M * K + 2.0 * (double)M * ld);
+    if (w16) add(be, TZ_SM_ELEMENT, 0, 2.0 * (double)N * K + 2.0 * (double)N * ld);
+    add(be, TZ_SM_ELEMENT, 0, F * (double)r * (M + N) + (bias ? F * (double)N : 0.0));
+}
+
 /* ---- embedding, norms, rope ---- */
 static void s_emb_fwd(tz_backend *be, float *o, const int32_t *t, cf *w, int64_t n, int64_t C) { (void)o, (void)t, (void)w; add(be, TZ_SM_ELEMENT, 0, 2 * F * n * C); }
 static void s_emb_bwd(tz_backend *be, float *dw, const int32_t *t, cf *d, int64_t n, int64_t C) { (void)dw, (void)t, (void)d; add(be, TZ_SM_ELEMENT, (double)n * C, 3 * F * n * C); }
@@ -302,7 +326,7 @@ void tz_step_model_install(tz_backend *be, const tz_step_rates *r) {
     be->event_done = s_event_done, be->event_free = s_event_free;
     be->fill = s_fill, be->scale = s_scale, be->axpy = s_axpy, be->to_bf16 = s_to_bf16;
     be->from_bf16 = s_from_bf16, be->sumsq = s_sumsq, be->adamw = s_adamw, be->matmul = s_matmul;
-    be->matmul_bw16 = s_matmul_bw16, be->matmul16 = s_matmul16, be->matmul_bias = s_matmul_bias, be->embedding_fwd = s_emb_fwd, be->embedding_bwd = s_emb_bwd;
+    be->matmul_bw16 = s_matmul_bw16, be->matmul16 = s_matmul16, be->matmul_bias = s_matmul_bias, be->matmul_lora = s_matmul_lora, be->embedding_fwd = s_emb_fwd, be->embedding_bwd = s_emb_bwd;
     be->embedding_fwd_w16 = s_emb_w16, be->rmsnorm_fwd = s_rms_fwd, be->rmsnorm_bwd = s_rms_bwd;
     be->rope_fwd = s_rope, be->rope_bwd = s_rope, be->rope_fwd16 = s_rope16, be->rope_bwd16 = s_rope16;
     be->rope_tab_fwd = s_rope_tab;

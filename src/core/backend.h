@@ -164,6 +164,16 @@ struct tz_backend {
      * GEMMs; fatal with fp32 ones on a device). */
     void (*matmul_bias)(tz_backend *be, float *C, const void *A, int a_bf16, const void *W,
                         int w_bf16, const float *bias, int64_t M, int64_t N, int64_t K, int c_bf16);
+    /* A dense linear with its LoRA path (and bias, where not NULL): C[M,N] = A[M,K] W[N,K]^T
+     * + s h[M,r] B[N,r]^T (+ bias[N]) (C written; A, W as matmul_bias takes them; h = x
+     * A_lora^T and B fp32). With bf16 GEMMs LoRA and the bias go in along K, as
+     * tq_matmul_lora folds them into a quantized weight's GEMM: A's rows [A | bf16(h) | 1 |
+     * 0..], W's [W | bf16(s B) | bf16(bias) | 0..], K + (r + 1 for a bias) rounded up to 8
+     * columns, one GEMM and no pass over C. Otherwise (the CPU: the reference) matmul16, C +=
+     * s h B^T in fp32, then the bias. r = 0: matmul_bias (h and B unread; a NULL bias: none). */
+    void (*matmul_lora)(tz_backend *be, float *C, const void *A, int a_bf16, const void *W,
+                        int w_bf16, const float *h, const float *B, int64_t r, float s,
+                        const float *bias, int64_t M, int64_t N, int64_t K);
 
     /* ---- embedding ----
      * out[t, :] = table[tok[t], :], t < n, table [V, C]. Token ids were validated by the
@@ -481,7 +491,7 @@ struct tz_backend {
  * op is added here as well. */
 #define TZ_BACKEND_OPS(X)                                                                    \
     X(destroy) X(alloc) X(release) X(upload) X(download) X(copy) X(sync) X(fill) X(scale)    \
-    X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(adamw) X(matmul) X(matmul_bw16) X(matmul16) X(matmul_bias) X(embedding_fwd)        \
+    X(axpy) X(to_bf16) X(from_bf16) X(sumsq) X(adamw) X(matmul) X(matmul_bw16) X(matmul16) X(matmul_bias) X(matmul_lora) X(embedding_fwd)        \
     X(embedding_bwd) X(embedding_fwd_w16) X(rmsnorm_fwd)                                      \
     X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_fwd16) X(rope_bwd16) X(rope_tab_fwd)         \
     X(rope_tab_bwd) X(rope_tab_fwd16) X(rope_tab_bwd16) X(rope_pairs_fwd) X(rope_pairs_bwd)   \

@@ -277,6 +277,15 @@ static void cpu_matmul_bias(tz_backend *be, float *C, const void *A, int a_bf16,
     free(c);
 }
 
+/* The reference: the product, LoRA's path in fp32 (C += s h B^T), then the bias. */
+static void cpu_matmul_lora(tz_backend *be, float *C, const void *A, int a_bf16, const void *W,
+                            int w_bf16, const float *h, const float *B, int64_t r, float s,
+                            const float *bias, int64_t M, int64_t N, int64_t K) {
+    be->matmul16(be, C, A, a_bf16, W, w_bf16, M, N, K, 0, 1, 1.0f, 0.0f);
+    if (r > 0) be->matmul(be, C, h, B, M, N, r, 0, 1, s, 1.0f);
+    if (bias) be->bias_add_fwd(be, C, bias, M, N);
+}
+
 /* B in bf16 (a frozen weight): matmul16 with B's flag alone. */
 static void cpu_matmul_bw16(tz_backend *be, float *C, const float *A, const uint16_t *B,
                             int64_t M, int64_t N, int64_t K, int transA, int transB, float alpha,
@@ -289,4 +298,5 @@ void TZ_CPU_K(tz_cpu_install_matmul)(tz_backend *be) {
     be->matmul_bw16 = cpu_matmul_bw16;
     be->matmul16 = cpu_matmul16;
     be->matmul_bias = cpu_matmul_bias;
+    be->matmul_lora = cpu_matmul_lora;
 }

@@ -151,14 +151,37 @@ int64_t tz_linear_fold_cols(const tz_backend *be, int64_t r, int bias) {
     return e > 0 && tz_linear_rounds_bf16(be) && sharing_on() ? fold_ld(0, e) : 0;
 }
 
+/* Whether a dense l's bias and LoRA path go inside its GEMM along K on n rows (matmul_bias,
+ * matmul_lora): bf16 GEMMs, and a bias (its fold copies both operands into rows of K + 8
+ * anyway: the adapter's columns come almost free), or an adapter alone where copying the
+ * operands into rows of K + r costs less than the pass over y the adapter's GEMM saves
+ * ((n + out) (in + r) bf16 written and read against n x out fp32: the DiT's many rows, not a
+ * Llama's). */
+static int dense_folds(const tz_backend *be, const tz_linear *l, int64_t n) {
+    if (l->w->q || !(l->bias || l->a) || !tz_linear_rounds_bf16(be) || !sharing_on()) return 0;
+    if (!l->a) return 1;
+    if (!be->matmul_lora || l->b->w16) return 0;
+    const int64_t k = l->in + ((l->r + 7) & ~(int64_t)7);
+    return l->bias || (n + l->out) * k < 2 * n * l->out;
+}
+/* y = [x | x A^T | 1] [W | s B | b]^T (dense_folds), x fp32 or bf16 (x16), h = x A^T kept */
+static void dense_fold_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const void *x,
+                           int x16, int64_t n) {
+    if (!l->a) { /* y = [x | 1] [W | b]^T */
+        be->matmul_bias(be, y, x, x16, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in, 0);
+        return;
+    }
+    mm16(be, h, x, x16, l->a->w, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f);
+    be->matmul_lora(be, y, x, x16, l->w->w, l->w->w16, h, l->b->w, l->r, l->scale,
+                    l->bias ? l->bias->w : NULL, n, l->out, l->in);
+}
+
 void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
                    int64_t n) {
     const tz_qweight *q = l->w->q;
     if (g_probe && q && l->a) g_probe(g_probe_ctx, l, x, n);
-    if (!q && l->bias && tz_linear_rounds_bf16(be) && sharing_on()) {
-        /* y = [x | 1] [W | b]^T: the bias inside the GEMM (matmul_bias), then LoRA */
-        be->matmul_bias(be, y, x, 0, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in, 0);
-        lora_fwd(be, l, y, h, x, 0, n);
+    if (dense_folds(be, l, n)) { /* the bias and LoRA inside the GEMM */
+        dense_fold_fwd(be, l, y, h, x, 0, n);
         return;
     }
     if (!q) { /* y[n,out] = x[n,in] . W[out,in]^T */
@@ -404,6 +427,10 @@ void tz_linear_fwd_x16(tz_backend *be, const tz_linear *l, float *y, float *h,
     if (y16 && !tz_linear_writes_y16(be, l))
         TZ_FATAL("linear %lld -> %lld: an output in bf16 needs a dense weight with a bias, no "
                  "adapter and bf16 GEMMs", (long long)l->in, (long long)l->out);
+    if (l->a && dense_folds(be, l, n)) { /* y = [x | x A^T | 1] [W | s B | b]^T */
+        dense_fold_fwd(be, l, y, h, x16, 1, n);
+        return;
+    }
     if (l->bias) /* y = [x | 1] [W | b]^T, then LoRA */
         be->matmul_bias(be, y, x16, 1, l->w->w, l->w->w16, l->bias->w, n, l->out, l->in, y16);
     else
@@ -511,6 +538,10 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
         if (x16) be->to_bf16(be, x16, x, n * ls[0]->in);
         for (int i = 0; i < count; i++) {
             const tz_linear *l = ls[i];
+            if (l->a && dense_folds(be, l, n) && x16) { /* LoRA and the bias along K */
+                dense_fold_fwd(be, l, ys[i], hs[i], x16, 1, n);
+                continue;
+            }
             if (l->bias)
                 be->matmul_bias(be, ys[i], x, 0, l->w->w, l->w->w16, l->bias->w, n, l->out,
                                 l->in, 0);

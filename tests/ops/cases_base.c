@@ -334,6 +334,45 @@ static void add_matmul_bias(oc_list *l, int64_t M, int64_t N, int64_t K, int w16
              (long long)N, (long long)K, a16 ? "bf16" : "fp32", w16 ? "bf16" : "fp32");
     oc_add(l, &c);
 }
+/* ---- matmul_lora: C = A W^T + s h B^T (+ bias), A, W fp32 or bf16 (p[4], p[3]), rank p[5],
+ * a bias where p[6]; s[0] the scale ----
+ * tensors: 0 A [M, K], 1 W [N, K], 2 h [M, r], 3 B [N, r], 4 bias [N], 5 C (written) */
+static void ml_fwd(oc_run *r) {
+    r->be->matmul_lora(r->be, OCF(r, 5), r->d[0], (int)OCP(r, 4), r->d[1], (int)OCP(r, 3),
+                       OCF(r, 2), OCF(r, 3), OCP(r, 5), (float)OCS(r, 0),
+                       OCP(r, 6) ? OCF(r, 4) : NULL, OCP(r, 0), OCP(r, 1), OCP(r, 2));
+}
+static void ml_ref(oc_ref *r) {
+    const int64_t M = r->c->p[0], N = r->c->p[1], K = r->c->p[2], R = r->c->p[5];
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double acc = r->c->p[6] ? r->v[4][n] : 0.0, lo = 0.0;
+            for (int64_t k = 0; k < K; k++) acc += r->v[0][m * K + k] * r->v[1][n * K + k];
+            for (int64_t k = 0; k < R; k++) lo += r->v[2][m * R + k] * r->v[3][n * R + k];
+            r->v[5][m * N + n] = acc + r->c->s[0] * lo;
+        }
+}
+static void add_matmul_lora(oc_list *l, int64_t M, int64_t N, int64_t K, int64_t R, double sc,
+                            int bias, int w16, int a16, double tol_bf16) {
+    oc_case c = {.ops = "matmul_lora", .nt = 6, .p = {M, N, K, w16, a16, R, bias},
+                 .s = {sc}, .flags = OC_GEMM, .fwd = ml_fwd, .ref = ml_ref,
+                 /* K + r products summed in another order; with bf16 operands the inputs are
+                  * bf16 values, so the folded columns are exact where s B is (s a power of 2)
+                  * and within 2^-9 of each s B otherwise (tol_bf16). Leaving LoRA or the bias
+                  * out moves C by the order of 1 */
+                 .tol_fwd = 1e-5, .tol_fwd_bf16 = tol_bf16};
+    c.t[0] = a16 ? (oc_tensor)OC_T_BF16("A", M * K, 1.0f) : (oc_tensor)OC_T_IN("A", M * K);
+    c.t[1] = w16 ? (oc_tensor)OC_T_BF16("W", N * K, 1.0f) : (oc_tensor)OC_T_IN("W", N * K);
+    c.t[2] = (oc_tensor)OC_T_INA("h", M * (R > 0 ? R : 1), 2.0f);
+    c.t[3] = (oc_tensor)OC_T_INA("B", N * (R > 0 ? R : 1), 1.0f);
+    c.t[4] = (oc_tensor)OC_T_INA("bias", N, 4.0f);
+    c.t[5] = (oc_tensor)OC_T_OUT("C", M * N);
+    snprintf(c.name, sizeof c.name,
+             "matmul_lora M %lld N %lld K %lld rank %lld scale %g%s, A %s, W %s", (long long)M,
+             (long long)N, (long long)K, (long long)R, sc, bias ? ", a bias" : "",
+             a16 ? "bf16" : "fp32", w16 ? "bf16" : "fp32");
+    oc_add(l, &c);
+}
 /* C written in bf16 (c_bf16): a device's bf16 GEMM epilogue, the CPU's rounding after it */
 static void add_matmul_bias16(oc_list *l, int64_t M, int64_t N, int64_t K) {
     oc_case c = {.ops = "matmul_bias", .nt = 4, .p = {M, N, K, 1, 1, 1},
@@ -428,6 +467,12 @@ void oc_cases_base(oc_list *l) {
     add_matmul_bias(l, 11, 29, 45, 0, 1); /* A kept in bf16 */
     add_matmul_bias16(l, 10, 27, 45);       /* C written in bf16 */
     add_matmul_bias(l, 7, 24, 64, 1, 1);
+    /* LoRA along K: rank 5 and a bias (K + 6 -> 53 columns), rank 16 without (80), rank 7
+     * and a bias with an inexact scale (one block of 8), rank 0 (matmul_bias) */
+    add_matmul_lora(l, 13, 37, 45, 5, 2.0, 1, 0, 0, 0.0);
+    add_matmul_lora(l, 9, 24, 64, 16, 0.5, 0, 1, 0, 0.0);
+    add_matmul_lora(l, 11, 29, 45, 7, 0.75, 1, 0, 1, 4e-3);
+    add_matmul_lora(l, 7, 24, 64, 0, 1.0, 1, 1, 1, 0.0);
     /* A, B or both in bf16, every transposition once */
     add_matmul16(l, 21, 35, 40, 0, 0, 1, 0, 1.0, 0.0);
     add_matmul16(l, 21, 35, 40, 1, 1, 1, 0, 0.5, 1.0);
