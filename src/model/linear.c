@@ -526,6 +526,9 @@ static uint16_t *act16(const tz_linear *l, int64_t n, int which) {
     return (uint16_t *)(void *)act_buffer(l, n) + (which ? n * l->in : 0);
 }
 
+static int fwd_prep(tz_backend *be, const tz_linear *const *ls, float *const *hs, int count,
+                    const float *x, int64_t n, float *room, int64_t room_floats);
+
 void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *const *ys,
                           float *const *hs, int count, const float *x, int64_t n) {
     if (shareable_dense(be, ls, count, n)) {
@@ -563,24 +566,12 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
         if (g_probe && ls[i]->a) g_probe(g_probe_ctx, ls[i], x, n);
         adapted |= ls[i]->a != NULL;
     }
-    /* the LoRA paths and the biases folded into the base GEMMs: x rotated into bf16 rows of
-     * ld (room after each for the adapter's h and the bias's 1), x rounded once after them
-     * for the h = x A^T */
-    int64_t emax = 0;
-    for (int i = 0; i < count; i++) emax = fold_ext(ls[i]) > emax ? fold_ext(ls[i]) : emax;
-    const int64_t ld = fold_ld(l0->in, emax), rot = al16((n * ld + 1) / 2);
-    int fold = emax && rot + (adapted ? (n * l0->in + 1) / 2 : 0) <= l0->tq->act_floats;
-    for (int i = 0; i < count && fold; i++) fold = folds(be, ls[i], ld);
-    if (fold) {
-        uint16_t *xr16 = (uint16_t *)(void *)l0->tq->act;
-        uint16_t *x16 = adapted ? (uint16_t *)(void *)(l0->tq->act + rot) : NULL;
-        be->tq_rotate16(be, xr16, x, n, l0->in, ld, q0->group, q0->seed, x16);
-        for (int i = 0; i < count; i++) {
-            const tz_linear *l = ls[i];
-            if (l->a) /* h = x A^T */
-                mm16(be, hs[i], x16, 1, l->a->w, 0, n, l->r, l->in, 0, 1, 1.0f, 0.0f);
-            fold_matmul(be, l, ys[i], xr16, ld, hs[i], n);
-        }
+    /* the LoRA paths and the biases folded into the base GEMMs (x rotated into bf16 rows
+     * with room for the adapters' h and the bias's 1, x rounded once after them for the h =
+     * x A^T), or with bf16 GEMMs and neither, the plain products on x rotated into bf16:
+     * the prepared path, in the rotation buffer */
+    if (fwd_prep(be, ls, hs, count, x, n, l0->tq->act, l0->tq->act_floats)) {
+        tz_linear_fwd_shared_apply(be, ls, ys, (const float *const *)hs, count, n, l0->tq->act);
         return;
     }
     const void *xr = act_buffer(l0, n), *xl = x;
@@ -619,17 +610,23 @@ static int prep_mode(const tz_backend *be, const tz_linear *const *ls, int count
     return fold;
 }
 
+int tz_linear_fwd_shared_prep(tz_backend *be, const tz_linear *const *ls, float *const *hs,
+                              int count, const float *x, int64_t n, float *room,
+                              int64_t room_floats) {
+    /* (not while a probe watches: it gets the whole forward, tz_linear_fwd_shared) */
+    return g_probe ? 0 : fwd_prep(be, ls, hs, count, x, n, room, room_floats);
+}
+
 int64_t tz_linear_fwd_prep_floats(const tz_linear *const *ls, int count, int64_t n) {
     int64_t emax = 0;
     for (int i = 0; i < count; i++) emax = fold_ext(ls[i]) > emax ? fold_ext(ls[i]) : emax;
     return al16((n * fold_ld(ls[0]->in, emax) + 1) / 2) + half16(n * ls[0]->in);
 }
 
-int tz_linear_fwd_shared_prep(tz_backend *be, const tz_linear *const *ls, float *const *hs,
-                              int count, const float *x, int64_t n, float *room,
-                              int64_t room_floats) {
+static int fwd_prep(tz_backend *be, const tz_linear *const *ls, float *const *hs, int count,
+                    const float *x, int64_t n, float *room, int64_t room_floats) {
     int64_t ld;
-    const int mode = g_probe || !room ? 0 : prep_mode(be, ls, count, n, room_floats, &ld);
+    const int mode = room ? prep_mode(be, ls, count, n, room_floats, &ld) : 0;
     if (!mode) return 0;
     const tz_qweight *q0 = ls[0]->w->q;
     int adapted = 0;

@@ -599,7 +599,6 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
      * A's, so the fewest equal chunks (whole units) that fit the pool (FC's do) */
     for (int64_t k = 1; a && FC && k <= d->hidden; k++) {
         const int64_t fc = cols_round((d->hidden + k - 1) / k, cols_unit(m));
-        if (fc > d->hidden && k > 1) continue;
         if (fwd_cols_floats(m, BT, fc, r_down) <= m->pool_floats) {
             m->mlp_cols_fwd = fc;
             break;
