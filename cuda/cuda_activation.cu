@@ -4,17 +4,23 @@
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-template <class T>
-static __global__ void k_swiglu_fwd(T *out, const float *g, const float *u, int64_t n) {
-    TZ_CUDA_FOR(i, n) tz_put(out + i, g[i] * sigmoid(g[i]) * u[i]);
+/* T: the output's type; I: g's and u's (fp32, or bf16 bits: TZ_SWIGLU_IN16) */
+template <class T, class I>
+static __global__ void k_swiglu_fwd(T *out, const I *g, const I *u, int64_t n) {
+    TZ_CUDA_FOR(i, n) {
+        const float gi = tz_get(g + i);
+        tz_put(out + i, gi * sigmoid(gi) * tz_get(u + i));
+    }
 }
 
 /* d silu(g)/dg = sig * (1 + g * (1 - sig)). */
-static __global__ void k_swiglu_bwd(float *dg, float *du, const float *dout, const float *g,
-                                    const float *u, int64_t n, int accumulate) {
+template <class I>
+static __global__ void k_swiglu_bwd(float *dg, float *du, const float *dout, const I *g,
+                                    const I *u, int64_t n, int accumulate) {
     TZ_CUDA_FOR(i, n) {
-        float sig = sigmoid(g[i]), silu = g[i] * sig;
-        const float a = dout[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig))), b = dout[i] * silu;
+        const float gi = tz_get(g + i), ui = tz_get(u + i);
+        float sig = sigmoid(gi), silu = gi * sig;
+        const float a = dout[i] * ui * (sig * (1.0f + gi * (1.0f - sig))), b = dout[i] * silu;
         dg[i] = accumulate ? dg[i] + a : a;
         du[i] = accumulate ? du[i] + b : b;
     }
@@ -36,11 +42,13 @@ __device__ __forceinline__ float gelu_d(float v) {
 }
 
 /* swiglu_bwd's gradients written in bf16 (the same products as k_swiglu_bwd's) */
-static __global__ void k_swiglu_bwd16(uint16_t *dg, uint16_t *du, const float *dout,
-                                      const float *g, const float *u, int64_t n) {
+template <class I>
+static __global__ void k_swiglu_bwd16(uint16_t *dg, uint16_t *du, const float *dout, const I *g,
+                                      const I *u, int64_t n) {
     TZ_CUDA_FOR(i, n) {
-        float sig = sigmoid(g[i]), silu = g[i] * sig;
-        tz_put(dg + i, dout[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig))));
+        const float gi = tz_get(g + i), ui = tz_get(u + i);
+        float sig = sigmoid(gi), silu = gi * sig;
+        tz_put(dg + i, dout[i] * ui * (sig * (1.0f + gi * (1.0f - sig))));
         tz_put(du + i, dout[i] * silu);
     }
 }
@@ -98,20 +106,30 @@ static __global__ void k_silu_bwd(float *dx, const float *dout, const float *x, 
 }
 
 static void cuda_swiglu_fwd(tz_backend *be, float *out, const float *g, const float *u,
-                            int64_t n, int out_bf16) {
-    if (out_bf16) TZ_CUDA_LAUNCH(k_swiglu_fwd<uint16_t>, n, (uint16_t *)(void *)out, g, u, n);
-    else TZ_CUDA_LAUNCH(k_swiglu_fwd<float>, n, out, g, u, n);
+                            int64_t n, int flags) {
+    uint16_t *o16 = (uint16_t *)(void *)out;
+    const uint16_t *g16 = (const uint16_t *)(const void *)g, *u16 = (const uint16_t *)(const void *)u;
+    switch (flags & (TZ_SWIGLU_OUT16 | TZ_SWIGLU_IN16)) {
+    case 0: TZ_CUDA_LAUNCH((k_swiglu_fwd<float, float>), n, out, g, u, n); break;
+    case TZ_SWIGLU_OUT16: TZ_CUDA_LAUNCH((k_swiglu_fwd<uint16_t, float>), n, o16, g, u, n); break;
+    case TZ_SWIGLU_IN16: TZ_CUDA_LAUNCH((k_swiglu_fwd<float, uint16_t>), n, out, g16, u16, n); break;
+    default: TZ_CUDA_LAUNCH((k_swiglu_fwd<uint16_t, uint16_t>), n, o16, g16, u16, n);
+    }
 }
 static void cuda_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *dout,
                             const float *g, const float *u, int64_t n, int accumulate,
-                            int out_bf16) {
-    if (!out_bf16) {
-        TZ_CUDA_LAUNCH(k_swiglu_bwd, n, dg, du, dout, g, u, n, accumulate);
+                            int flags) {
+    const int in16 = (flags & TZ_SWIGLU_IN16) != 0;
+    const uint16_t *g16 = (const uint16_t *)(const void *)g, *u16 = (const uint16_t *)(const void *)u;
+    if (!(flags & TZ_SWIGLU_OUT16)) {
+        if (in16) TZ_CUDA_LAUNCH(k_swiglu_bwd<uint16_t>, n, dg, du, dout, g16, u16, n, accumulate);
+        else TZ_CUDA_LAUNCH(k_swiglu_bwd<float>, n, dg, du, dout, g, u, n, accumulate);
         return;
     }
     if (accumulate) TZ_FATAL("swiglu_bwd: bf16 gradients are written, not accumulated");
-    TZ_CUDA_LAUNCH(k_swiglu_bwd16, n, (uint16_t *)(void *)dg, (uint16_t *)(void *)du, dout, g,
-                   u, n);
+    uint16_t *dg16 = (uint16_t *)(void *)dg, *du16 = (uint16_t *)(void *)du;
+    if (in16) TZ_CUDA_LAUNCH(k_swiglu_bwd16<uint16_t>, n, dg16, du16, dout, g16, u16, n);
+    else TZ_CUDA_LAUNCH(k_swiglu_bwd16<float>, n, dg16, du16, dout, g, u, n);
 }
 static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
                                int64_t cols, int64_t ld, int out_bf16) {

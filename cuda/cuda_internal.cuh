@@ -191,6 +191,12 @@ __device__ __forceinline__ uint16_t tz_bf16_bits(float x) {
  * type they write). */
 __device__ __forceinline__ void tz_put(float *p, float v) { *p = v; }
 __device__ __forceinline__ void tz_put(uint16_t *p, float v) { *p = tz_bf16_bits(v); }
+/* An input element: fp32, or bf16 bits widened exactly (kernels templated on the type they
+ * read). */
+__device__ __forceinline__ float tz_get(const float *p) { return *p; }
+__device__ __forceinline__ float tz_get(const uint16_t *p) {
+    return __uint_as_float((unsigned)*p << 16);
+}
 
 /* Block-wide reductions in a fixed tree (warp shuffles, then the warps' partials in order):
  * the same inputs give the same bits every time. blockDim.x a multiple of 32, at most 1024;
@@ -289,6 +295,11 @@ void tz_cuda_gemm(tz_backend *be, float *C, const void *A, int a_bf16, const voi
 void tz_cuda_gemm16_ld(tz_backend *be, float *C, int64_t ldc, const uint16_t *A, int64_t lda,
                        const uint16_t *B, int64_t ldb, int transB, int64_t M, int64_t N,
                        int64_t K, float alpha, float beta);
+/* The same with C in bf16 bits, the fp32 result rounded by the GEMM's epilogue (beta then
+ * reads C as bf16: the callers give 0). */
+void tz_cuda_gemm16_ld_c16(tz_backend *be, uint16_t *C, int64_t ldc, const uint16_t *A,
+                           int64_t lda, const uint16_t *B, int64_t ldb, int transB, int64_t M,
+                           int64_t N, int64_t K, float alpha, float beta);
 /* A [n] fp32 rounded to bf16 into the bf16 GEMM's operand buffer (valid until the next GEMM
  * that rounds an operand), for several GEMMs on it. */
 const uint16_t *tz_cuda_gemm_round(tz_backend *be, const float *A, int64_t n);

@@ -136,6 +136,11 @@ void tz_cuda_gemm16_ld(tz_backend *be, float *C, int64_t ldc, const uint16_t *A,
                        int64_t K, float alpha, float beta) {
     gemm16_ld(be, C, 0, ldc, A, lda, B, ldb, transB, M, N, K, alpha, beta);
 }
+void tz_cuda_gemm16_ld_c16(tz_backend *be, uint16_t *C, int64_t ldc, const uint16_t *A,
+                           int64_t lda, const uint16_t *B, int64_t ldb, int transB, int64_t M,
+                           int64_t N, int64_t K, float alpha, float beta) {
+    gemm16_ld(be, C, 1, ldc, A, lda, B, ldb, transB, M, N, K, alpha, beta);
+}
 
 const uint16_t *tz_cuda_gemm_round(tz_backend *be, const float *A, int64_t n) {
     const size_t bytes = (size_t)n * sizeof(__nv_bfloat16);

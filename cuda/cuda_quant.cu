@@ -453,12 +453,12 @@ struct dec_chunks {
  * LoRA's columns after cols (s B's rows of the chunk; zeros without B). transW = 0: C[M, cols]
  * (row stride cols) = alpha A W + beta C, A bf16 [M, rows]: W's columns, whole groups a chunk
  * at a time, each decoded into a [rows, chunk] buffer. Each chunk's GEMM writes its own
- * columns of C. */
+ * columns of C (c_bf16, transW = 1 only: in bf16, C then [M, rows] bf16 elements). */
 static void tq_chunks(tz_backend *be, float *C, const uint16_t *A, uint16_t *tile,
                       const uint8_t *codes, const uint16_t *scales, const float *levels,
                       int64_t rows, int64_t cols, int64_t ld, const float *B, int64_t r, float s,
                       const float *bias, int bits, int group, int64_t M, int transW, float alpha,
-                      float beta, const char *op) {
+                      float beta, const char *op, int c_bf16) {
     const int64_t total = transW ? rows : cols;
     const int64_t step = transW ? tz_tq_chunk_rows(be, rows) : tz_tq_chunk_cols(be, cols, group);
     const int64_t buf_elems = transW ? step * ld : rows * step;
@@ -475,7 +475,11 @@ static void tq_chunks(tz_backend *be, float *C, const uint16_t *A, uint16_t *til
             lora_cols(ch.st, buf, ld, cols, B ? B + k0 * r : NULL, B ? r : 0, s, bias != NULL,
                       bias ? bias + k0 : NULL, nk);
         ch.decoded(i);
-        if (transW) tz_cuda_gemm16_ld(be, C + k0, rows, A, ld, buf, ld, 1, M, nk, ld, alpha, beta);
+        if (transW && c_bf16)
+            tz_cuda_gemm16_ld_c16(be, reinterpret_cast<uint16_t *>(C) + k0, rows, A, ld, buf, ld,
+                                  1, M, nk, ld, alpha, beta);
+        else if (transW)
+            tz_cuda_gemm16_ld(be, C + k0, rows, A, ld, buf, ld, 1, M, nk, ld, alpha, beta);
         else tz_cuda_gemm16_ld(be, C + k0, cols, A, rows, buf, nk, 0, M, nk, rows, alpha, beta);
         ch.used(i);
     }
@@ -495,7 +499,7 @@ static void cuda_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, 
         const uint16_t *a16 = a_bf16 ? (const uint16_t *)A : tz_cuda_gemm_round(be, (const float *)A, M * K);
         uint16_t *t16 = reinterpret_cast<uint16_t *>(tile);
         tq_chunks(be, C, a16, t16, codes, scales, levels, rows, cols, cols, NULL, 0, 0.0f, NULL,
-                  bits, group, M, transW, alpha, beta, "tq_matmul");
+                  bits, group, M, transW, alpha, beta, "tq_matmul", 0);
     } else if (be->matmul_dtype == TZ_DT_BF16) {
         __nv_bfloat16 *w16 = (__nv_bfloat16 *)tile;
         dequant(be, w16, codes, scales, levels, rows, cols, bits, group, "tq_matmul");
@@ -513,7 +517,7 @@ static void cuda_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t l
                                 const float *h, const float *B, int64_t r, float s, float *tile,
                                 const uint8_t *codes, const uint16_t *scales,
                                 const float *levels, int64_t rows, int64_t cols, int bits,
-                                int group, int64_t M, const float *bias) {
+                                int group, int64_t M, const float *bias, int c_bf16) {
     if (be->matmul_dtype != TZ_DT_BF16) TZ_FATAL("tq_matmul_lora: for bf16 GEMMs only");
     const int nb = bias != NULL;
     if (ld < cols + r + nb || ld % 8)
@@ -524,7 +528,7 @@ static void cuda_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t l
     uint16_t *t16 = reinterpret_cast<uint16_t *>(tile);
     lora_cols(tz_cuda_stream(be), A, ld, cols, h, r, 1.0f, nb, NULL, M); /* (the bias's 1s) */
     tq_chunks(be, C, A, t16, codes, scales, levels, rows, cols, ld, r ? B : NULL, r, s, bias,
-              bits, group, M, 1, 1.0f, 0.0f, "tq_matmul_lora");
+              bits, group, M, 1, 1.0f, 0.0f, "tq_matmul_lora", c_bf16);
 }
 
 void tz_cuda_install_quant(tz_backend *be) {

@@ -208,13 +208,16 @@ static void s_att_cache(tz_backend *be, float *o, cf *q, cf *kc, cf *vc, int64_t
 }
 
 /* ---- activations, losses, DiT's ops, layout ---- */
-static void s_swiglu_fwd(tz_backend *be, float *o, cf *g, cf *u, int64_t n, int o16) { /* reads 2, writes 1 (fp32 or bf16) */
+/* (the bytes of g and u read: fp32, or bf16 with TZ_SWIGLU_IN16) */
+static double gu_bytes(int flags) { return flags & TZ_SWIGLU_IN16 ? 4.0 : 2 * F; }
+static void s_swiglu_fwd(tz_backend *be, float *o, cf *g, cf *u, int64_t n, int fl) { /* reads 2, writes 1 (fp32 or bf16) */
     (void)o, (void)g, (void)u;
-    add(be, TZ_SM_ELEMENT, 6.0 * n, (2 * F + (o16 ? 2 : F)) * n);
+    add(be, TZ_SM_ELEMENT, 6.0 * n, (gu_bytes(fl) + (fl & TZ_SWIGLU_OUT16 ? 2 : F)) * n);
 }
-static void s_swiglu_bwd(tz_backend *be, float *dg, float *du, cf *d, cf *g, cf *u, int64_t n, int acc, int o16) { /* reads 3, writes 2 (fp32 or bf16), reads 2 more to add */
+static void s_swiglu_bwd(tz_backend *be, float *dg, float *du, cf *d, cf *g, cf *u, int64_t n, int acc, int fl) { /* reads 3, writes 2 (fp32 or bf16), reads 2 more to add */
     (void)dg, (void)du, (void)d, (void)g, (void)u;
-    add(be, TZ_SM_ELEMENT, 10.0 * n, (3 * F + (o16 ? 4 : 2 * F) + (acc ? 2 * F : 0)) * n);
+    add(be, TZ_SM_ELEMENT, 10.0 * n,
+        (F + gu_bytes(fl) + (fl & TZ_SWIGLU_OUT16 ? 4 : 2 * F) + (acc ? 2 * F : 0)) * n);
 }
 static void s_xent_fwd(tz_backend *be, float *l, cf *x, const int32_t *t, int64_t n, int64_t V) { (void)l, (void)x, (void)t; add(be, TZ_SM_LOSS, 4.0 * n * V, F * n * V); }
 static void s_xent_bwd(tz_backend *be, float *d, cf *x, const int32_t *t, float dl, int64_t n, int64_t V) { (void)d, (void)x, (void)t, (void)dl; add(be, TZ_SM_LOSS, 4.0 * n * V, 2 * F * n * V); }
@@ -300,14 +303,15 @@ static void s_tq_matmul(tz_backend *be, float *C, const void *A, int a16, float 
 static void s_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld, cf *h, cf *B,
                              int64_t r, float sc, float *tile, const uint8_t *c,
                              const uint16_t *s, cf *l, int64_t rows, int64_t cols, int bits,
-                             int group, int64_t M, cf *bias) {
+                             int group, int64_t M, cf *bias, int c16) {
     (void)C, (void)A, (void)h, (void)B, (void)sc, (void)tile, (void)c, (void)s, (void)l;
     /* the decode into bf16, the columns of B and h (and the bias's) written after it (read
      * fp32, written bf16; the padding to ld written), one GEMM over ld */
     add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, 2.0));
     add(be, TZ_SM_ELEMENT, 0,
         (F * r + 2.0 * (ld - cols)) * (double)(rows + M) + (bias ? F * (double)rows : 0.0));
-    gemm_op(be, M, rows, ld, 1, 1, 0.0f, tq_a_reads(be, rows, cols, group, 1), __func__);
+    gemm_op_c(be, M, rows, ld, 1, 1, 0.0f, tq_a_reads(be, rows, cols, group, 1), c16 ? 2.0 : F,
+              __func__);
 }
 
 /* ---- copies and events ---- */

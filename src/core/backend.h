@@ -62,6 +62,8 @@ static inline TZ_ADAMW_HD void tz_adamw_elem(float *w, float *m, float *v, float
  * them, for projections whose backward GEMMs read their dy in bf16 (tz_linear_takes_dy16: the
  * Llama's v, the DiT's fused q, k, v); backends take it where tz_attention_takes_bf16 says. */
 enum { TZ_ATT_DQ16 = 1, TZ_ATT_DK16 = 2, TZ_ATT_DV16 = 4 };
+/* swiglu_fwd's and swiglu_bwd's flags (below) */
+enum { TZ_SWIGLU_OUT16 = 1, TZ_SWIGLU_IN16 = 2 };
 typedef struct tz_att_ld {
     int64_t q, kv, o;
     int in16, d16;
@@ -271,14 +273,16 @@ struct tz_backend {
                                 int64_t Hq, int64_t Hkv, int64_t D);
 
     /* ---- SwiGLU: out = silu(g) * u, n elements. bwd: dg, du += ... (accumulate = 0: dg,
-     * du = ..., their contents not read: no zeroing before); out_bf16 (bwd: accumulate 0
-     * only): out (fwd), dg and du (bwd) written as bf16 bit patterns, rounded to nearest even
-     * as to_bf16 rounds, in the first n * 2 bytes of each (the form bf16 GEMMs read them
-     * in) ---- */
+     * du = ..., their contents not read: no zeroing before). flags, TZ_SWIGLU_*: OUT16
+     * (bwd: accumulate 0 only): out (fwd), dg and du (bwd) written as bf16 bit patterns,
+     * rounded to nearest even as to_bf16 rounds, in the first n * 2 bytes of each (the form
+     * bf16 GEMMs read them in); IN16: g and u hold bf16 bit patterns (a GEMM's bf16 output,
+     * tq_matmul_lora's c_bf16), widened exactly: the results of their fp32 values, bit for
+     * bit. (1 and 0 as flags are the out_bf16 of before.) ---- */
     void (*swiglu_fwd)(tz_backend *be, float *out, const float *g, const float *u, int64_t n,
-                       int out_bf16);
+                       int flags);
     void (*swiglu_bwd)(tz_backend *be, float *dg, float *du, const float *dout, const float *g,
-                       const float *u, int64_t n, int accumulate, int out_bf16);
+                       const float *u, int64_t n, int accumulate, int flags);
 
     /* ---- cross-entropy fused with softmax over logits [n, V] ----
      * fwd: loss[r] = logsumexp(logits[r]) - logits[r, target[r]], or 0 where
@@ -441,11 +445,14 @@ struct tz_backend {
      * same way, one column after h (ld >= cols + r + 1): A's is 1, W's bf16(bias), so C
      * gains the bias rounded to bf16 (no pass over C to add it). For backends whose GEMMs
      * round to bf16 (fatal otherwise); the CPU's is the reference: A's first cols read from
-     * bf16, the rest in fp32, C = A W^T + s h B^T + bias. */
+     * bf16, the rest in fp32, C = A W^T + s h B^T + bias. c_bf16: C written as bf16 bit
+     * patterns [M, rows] (its first M * rows * 2 bytes), the fp32 result rounded to nearest
+     * even by the GEMM's epilogue (an output only bf16 consumers read: swiglu's IN16). */
     void (*tq_matmul_lora)(tz_backend *be, float *C, uint16_t *A, int64_t ld, const float *h,
                            const float *B, int64_t r, float s, float *tile, const uint8_t *codes,
                            const uint16_t *scales, const float *levels, int64_t rows,
-                           int64_t cols, int bits, int group, int64_t M, const float *bias);
+                           int64_t cols, int bits, int group, int64_t M, const float *bias,
+                           int c_bf16);
 
     /* ---- the offload: pinned host memory, asynchronous copies, events (optim/zero.c) ----
      * A backend has two queues: TZ_QUEUE_COMPUTE, where every op above runs, and

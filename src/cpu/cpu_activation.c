@@ -12,15 +12,25 @@
 
 /* ---- SwiGLU: out = silu(g) * u ---- */
 
+/* g's and u's i-th value: fp32, or (TZ_SWIGLU_IN16) bf16 bit patterns widened */
+static inline float gu_at(const float *p, int in16, int64_t i) {
+    return in16 ? tz_bf16_to_f32(((const uint16_t *)(const void *)p)[i]) : p[i];
+}
+
 static void cpu_swiglu_fwd(tz_backend *be, float *out, const float *g, const float *u, int64_t n,
-                           int out_bf16) {
+                           int flags) {
     int nt = tz_cpu_threads(be);
-    if (out_bf16) {
+    const int in16 = (flags & TZ_SWIGLU_IN16) != 0;
+    if (flags & TZ_SWIGLU_OUT16 || in16) {
         uint16_t *o16 = (uint16_t *)(void *)out;
+        const int out16 = (flags & TZ_SWIGLU_OUT16) != 0;
 #pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
         for (int64_t i = 0; i < n; i++) {
-            float sig = 1.0f / (1.0f + tz_cpu_expf(-g[i]));
-            o16[i] = tz_f32_to_bf16(g[i] * sig * u[i]);
+            const float gi = gu_at(g, in16, i), ui = gu_at(u, in16, i);
+            float sig = 1.0f / (1.0f + tz_cpu_expf(-gi));
+            const float o = gi * sig * ui;
+            if (out16) o16[i] = tz_f32_to_bf16(o);
+            else out[i] = o;
         }
         return;
     }
@@ -33,17 +43,31 @@ static void cpu_swiglu_fwd(tz_backend *be, float *out, const float *g, const flo
 
 /* d silu(g)/dg = sig * (1 + g * (1 - sig)). */
 static void cpu_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *dout, const float *g,
-                           const float *u, int64_t n, int accumulate, int out_bf16) {
+                           const float *u, int64_t n, int accumulate, int flags) {
     int nt = tz_cpu_threads(be);
-    if (out_bf16) {
+    const int in16 = (flags & TZ_SWIGLU_IN16) != 0;
+    if (flags & TZ_SWIGLU_OUT16) {
         if (accumulate) TZ_FATAL("swiglu_bwd: bf16 gradients are written, not accumulated");
         uint16_t *g16 = (uint16_t *)(void *)dg, *u16 = (uint16_t *)(void *)du;
 #pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
         for (int64_t i = 0; i < n; i++) {
-            float sig = 1.0f / (1.0f + tz_cpu_expf(-g[i]));
-            float silu = g[i] * sig;
-            g16[i] = tz_f32_to_bf16(dout[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig))));
+            const float gi = gu_at(g, in16, i), ui = gu_at(u, in16, i);
+            float sig = 1.0f / (1.0f + tz_cpu_expf(-gi));
+            float silu = gi * sig;
+            g16[i] = tz_f32_to_bf16(dout[i] * ui * (sig * (1.0f + gi * (1.0f - sig))));
             u16[i] = tz_f32_to_bf16(dout[i] * silu);
+        }
+        return;
+    }
+    if (in16) {
+#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
+        for (int64_t i = 0; i < n; i++) {
+            const float gi = gu_at(g, 1, i), ui = gu_at(u, 1, i);
+            float sig = 1.0f / (1.0f + tz_cpu_expf(-gi));
+            float silu = gi * sig;
+            const float a = dout[i] * ui * (sig * (1.0f + gi * (1.0f - sig))), b = dout[i] * silu;
+            dg[i] = accumulate ? dg[i] + a : a;
+            du[i] = accumulate ? du[i] + b : b;
         }
         return;
     }

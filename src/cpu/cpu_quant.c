@@ -163,13 +163,13 @@ static void cpu_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, f
 }
 
 /* The reference: A's first cols from bf16 and the decoded W in fp32, h, B and the bias in
- * fp32 (not rounded), C = A W^T + s h B^T + bias; A's rest written as the op says (h rounded,
- * the bias's 1, zeros). */
+ * fp32 (not rounded), C = A W^T + s h B^T + bias (then rounded, c_bf16); A's rest written as
+ * the op says (h rounded, the bias's 1, zeros). */
 static void cpu_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld,
                                const float *h, const float *B, int64_t r, float s, float *tile,
                                const uint8_t *codes, const uint16_t *scales,
                                const float *levels, int64_t rows, int64_t cols, int bits,
-                               int group, int64_t M, const float *bias) {
+                               int group, int64_t M, const float *bias, int c_bf16) {
     (void)tile;
     const int64_t nb = bias != NULL;
     if (ld < cols + r + nb || ld % 8)
@@ -188,6 +188,8 @@ static void cpu_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld
     be->matmul(be, C, a, w, M, rows, cols, 0, 1, 1.0f, 0.0f);
     if (r) be->matmul(be, C, h, B, M, rows, r, 0, 1, s, 1.0f);
     if (bias) be->bias_add_fwd(be, C, bias, M, rows);
+    if (c_bf16) /* rounded in place, row-major from the start (the bf16 never overtakes) */
+        for (int64_t i = 0; i < M * rows; i++) ((uint16_t *)(void *)C)[i] = tz_f32_to_bf16(C[i]);
     free(a);
 }
 

@@ -138,12 +138,12 @@ static int folds(const tz_backend *be, const tz_linear *l, int64_t ld) {
  * h = x A^T already in h (n x r); without an adapter or a bias their columns are left out
  * (the padding zeros). */
 static void fold_matmul(tz_backend *be, const tz_linear *l, float *y, uint16_t *xr, int64_t ld,
-                        const float *h, int64_t n) {
+                        const float *h, int64_t n, int y16) {
     const tz_qweight *q = l->w->q;
     if (!q->codes) TZ_FATAL("%s: a streamed weight used while its block is not loaded", l->w->name);
     be->tq_matmul_lora(be, y, xr, ld, l->a ? h : NULL, l->a ? l->b->w : NULL, l->a ? l->r : 0,
                        l->scale, l->tq->tile, q->codes, q->scales, q->levels, l->out, l->in,
-                       q->bits, q->group, n, l->bias ? l->bias->w : NULL);
+                       q->bits, q->group, n, l->bias ? l->bias->w : NULL, y16);
 }
 
 int64_t tz_linear_fold_cols(const tz_backend *be, int64_t r, int bias) {
@@ -201,7 +201,7 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
         if (l->a) /* h = x A^T */
             mm16(be, h, x16 ? (const void *)x16 : (const void *)x, x16 != NULL, l->a->w, 0, n,
                  l->r, l->in, 0, 1, 1.0f, 0.0f);
-        fold_matmul(be, l, y, xr, ld, h, n);
+        fold_matmul(be, l, y, xr, ld, h, n, 0);
         return;
     } else if (q->method == TZ_TQ_TURBOQUANT) { /* y = x_rot . W_rot^T */
         float *xr = act_buffer(l, n);
@@ -529,8 +529,27 @@ static uint16_t *act16(const tz_linear *l, int64_t n, int which) {
 static int fwd_prep(tz_backend *be, const tz_linear *const *ls, float *const *hs, int count,
                     const float *x, int64_t n, float *room, int64_t room_floats);
 
+static int prep_mode(const tz_backend *be, const tz_linear *const *ls, int count, int64_t n,
+                     int64_t room, int64_t *ld);
+
+int tz_linear_shared_y16(const tz_backend *be, const tz_linear *const *ls, int count,
+                         int64_t n) {
+    int64_t ld;
+    return be->tq_matmul_lora && ls[0]->tq && ls[0]->tq->act &&
+           prep_mode(be, ls, count, n, ls[0]->tq->act_floats, &ld) != 0;
+}
+
 void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *const *ys,
                           float *const *hs, int count, const float *x, int64_t n) {
+    tz_linear_fwd_shared16(be, ls, ys, hs, count, x, n, 0);
+}
+
+void tz_linear_fwd_shared16(tz_backend *be, const tz_linear *const *ls, float *const *ys,
+                            float *const *hs, int count, const float *x, int64_t n, int y16) {
+    if (y16 && !tz_linear_shared_y16(be, ls, count, n))
+        TZ_FATAL("linear %lld -> %lld: outputs in bf16 need TurboQuant weights of one rotation "
+                 "on the prepared path (tz_linear_shared_y16)", (long long)ls[0]->in,
+                 (long long)ls[0]->out);
     if (shareable_dense(be, ls, count, n)) {
         /* x rounded once for every GEMM that reads it: the linears without a bias and the
          * adapters (a linear with a bias rounds x into its own operand, matmul_bias: the same
@@ -571,7 +590,8 @@ void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *con
      * x A^T), or with bf16 GEMMs and neither, the plain products on x rotated into bf16:
      * the prepared path, in the rotation buffer */
     if (fwd_prep(be, ls, hs, count, x, n, l0->tq->act, l0->tq->act_floats)) {
-        tz_linear_fwd_shared_apply(be, ls, ys, (const float *const *)hs, count, n, l0->tq->act);
+        tz_linear_fwd_shared_apply(be, ls, ys, (const float *const *)hs, count, n, l0->tq->act,
+                                   y16);
         return;
     }
     const void *xr = act_buffer(l0, n), *xl = x;
@@ -641,14 +661,22 @@ static int fwd_prep(tz_backend *be, const tz_linear *const *ls, float *const *hs
 }
 
 void tz_linear_fwd_shared_apply(tz_backend *be, const tz_linear *const *ls, float *const *ys,
-                                const float *const *hs, int count, int64_t n, float *room) {
+                                const float *const *hs, int count, int64_t n, float *room,
+                                int y16) {
     int64_t ld;
     const int mode = prep_mode(be, ls, count, n, INT64_MAX, &ld);
     if (!mode)
         TZ_FATAL("linear %lld -> %lld: a prepared forward needs TurboQuant weights of one "
                  "rotation whose adapters fold", (long long)ls[0]->in, (long long)ls[0]->out);
+    if (y16 && !be->tq_matmul_lora)
+        TZ_FATAL("linear %lld -> %lld: outputs in bf16 need the backend's tq_matmul_lora",
+                 (long long)ls[0]->in, (long long)ls[0]->out);
     for (int i = 0; i < count; i++) {
-        if (mode == 1) fold_matmul(be, ls[i], ys[i], (uint16_t *)(void *)room, ld, hs[i], n);
+        /* (a bf16 y without adapters: the folded product with nothing folded, r = 0 at
+         * ld = in) */
+        const int o16 = (y16 >> i) & 1;
+        if (mode == 1 || o16)
+            fold_matmul(be, ls[i], ys[i], (uint16_t *)(void *)room, ld, hs[i], n, o16);
         else qmatmul16(be, ls[i], ys[i], room, 1, n, 1, 0.0f);
     }
 }

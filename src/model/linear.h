@@ -106,6 +106,17 @@ void tz_linear_bwd_set_x16(tz_backend *be, const tz_linear *l, float *dx, const 
  * not added to (tz_linear_bwd_set's). */
 void tz_linear_fwd_shared(tz_backend *be, const tz_linear *const *ls, float *const *ys,
                           float *const *hs, int count, const float *x, int64_t n);
+/* tz_linear_fwd_shared with ys[i] written as bf16 bit patterns [n, out] where bit i of the
+ * mask y16 is set (the prepared path's products with the GEMM's epilogue rounding:
+ * tz_linear_fwd_shared_apply's y16), for outputs read only where they are rounded or widened
+ * exactly; fatal where tz_linear_shared_y16 says no. y16 = 0: tz_linear_fwd_shared. */
+void tz_linear_fwd_shared16(tz_backend *be, const tz_linear *const *ls, float *const *ys,
+                            float *const *hs, int count, const float *x, int64_t n, int y16);
+/* Whether tz_linear_fwd_shared16 can write the outputs of ls on n rows in bf16: TurboQuant
+ * weights of one rotation on bf16 GEMMs whose adapters fold, with room for the prepared path
+ * in their scratch, and a backend with tq_matmul_lora. True for n, true for fewer rows. */
+int tz_linear_shared_y16(const tz_backend *be, const tz_linear *const *ls, int count,
+                         int64_t n);
 void tz_linear_bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, float *dx,
                           const float *const *dys, const float *x, const float *const *hs,
                           float *scratch, int64_t n, int dx_set);
@@ -127,13 +138,18 @@ void tz_linear_bwd_shared16(tz_backend *be, const tz_linear *const *ls, int coun
  * (rows of them: tz_linears whose w, b point into the whole's). The same bits as
  * tz_linear_fwd_shared. _prep returns 0 and does nothing where that path does not apply (not
  * TurboQuant weights of one rotation with bf16 GEMMs, adapters that do not fold into the
- * tile, a room too small, a probe set): then call tz_linear_fwd_shared for each part. */
+ * tile, a room too small, a probe set): then call tz_linear_fwd_shared for each part.
+ * y16: a mask, bit i: ys[i] written as bf16 bit patterns [n, out] (tq_matmul_lora's c_bf16:
+ * the fp32 result rounded by the GEMM, the bits to_bf16 makes of the fp32 ys on the
+ * emulation), for outputs read only where they are rounded or widened exactly (SwiGLU's
+ * TZ_SWIGLU_IN16, attention's bf16 v). */
 int64_t tz_linear_fwd_prep_floats(const tz_linear *const *ls, int count, int64_t n);
 int tz_linear_fwd_shared_prep(tz_backend *be, const tz_linear *const *ls, float *const *hs,
                               int count, const float *x, int64_t n, float *room,
                               int64_t room_floats);
 void tz_linear_fwd_shared_apply(tz_backend *be, const tz_linear *const *ls, float *const *ys,
-                                const float *const *hs, int count, int64_t n, float *room);
+                                const float *const *hs, int count, int64_t n, float *room,
+                                int y16);
 /* tz_linear_bwd_shared16 for a dy in parts (the columns of each dy_i that rows of each weight
  * make: the Llama's MLP in chunks of the hidden size), every dy given in bf16 (dy16s), with
  * dx: call it for each part in turn with ls the rows of that part, the first with

@@ -693,10 +693,29 @@ static int lin_set(const tz_llama_layer *L, int first, const tz_linear **ls) {
     for (int i = 0; i < n; i++) ls[i] = &L->lin[first + i];
     return n;
 }
-static void lins_fwd(tz_backend *be, const tz_llama_layer *L, int first, float *const *ys,
-                     float *const *hs, const float *x, int64_t n) {
+/* Whether gate and up write g and u in bf16 (tz_linear_fwd_shared16; SwiGLU then reads them
+ * widened, TZ_SWIGLU_IN16: a GEMM's bf16 epilogue instead of an fp32 write and read of
+ * each), decided for the most rows the MLP takes at once in either pass (chunks of rows: the
+ * forward's or the backward's; else all n), so that the forward and the backward's
+ * recomputation round alike. (In chunks of columns the prepared path decides, mlp_fwd_cols.) */
+static int gu_out16(const tz_llama *m, const tz_llama_layer *L, int64_t n) {
+    if (m->mlp_chunked) n = m->mlp_rows > m->mlp_rows_fwd ? m->mlp_rows : m->mlp_rows_fwd;
     const tz_linear *ls[3];
-    tz_linear_fwd_shared(be, ls, ys, hs, lin_set(L, first, ls), x, n);
+    return tz_linear_shared_y16(m->be, ls, lin_set(L, TZ_LIN_GATE, ls), n);
+}
+/* Whether the v projection writes attention's bf16 v itself (its GEMM's epilogue rounding,
+ * the bits to_bf16 would make of its fp32 output on the emulation: an fp32 write, a read and
+ * a pass fewer), on the shared path of q, k and v */
+static int v16_direct(const tz_llama *m, const tz_llama_layer *L, int64_t n) {
+    const tz_linear *ls[3];
+    return tz_linear_shared_y16(m->be, ls, lin_set(L, TZ_LIN_Q, ls), n);
+}
+/* gate and up on n rows of h2 into g and u, in bf16 where y16 */
+static void gate_up_fwd(tz_backend *be, const tz_llama_layer *L, float *g, float *u,
+                        float *const *hs, const float *h2, int64_t n, int y16) {
+    const tz_linear *ls[3];
+    float *ys[2] = {g, u};
+    tz_linear_fwd_shared16(be, ls, ys, hs, lin_set(L, TZ_LIN_GATE, ls), h2, n, y16 ? 3 : 0);
 }
 /* Each linear's dy: d16[i] in bf16 bit patterns where not NULL (swiglu_bwd's out_bf16,
  * rope_bwd16, attention's bf16 dv), else dys[i] in fp32 */
@@ -744,15 +763,17 @@ static void mlp_fwd_cols(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a,
     gu_view_at(&v0, L, 0, FC);
     const int prepared = tz_linear_fwd_shared_prep(be, v0.ls, hs, 2, a->h2, n, m->tq.act,
                                                    m->tq.act_floats);
+    const int in16 = prepared ? TZ_SWIGLU_IN16 : 0; /* g and u in bf16 (the prepared path) */
     for (int64_t f0 = 0; f0 < F; f0 += FC) {
         const int64_t fc = F - f0 < FC ? F - f0 : FC;
         gu_view v;
         gu_view_at(&v, L, f0, fc);
         float *ys[2] = {g, u};
         if (prepared)
-            tz_linear_fwd_shared_apply(be, v.ls, ys, (const float *const *)hs, 2, n, m->tq.act);
+            tz_linear_fwd_shared_apply(be, v.ls, ys, (const float *const *)hs, 2, n, m->tq.act,
+                                       3);
         else tz_linear_fwd_shared(be, v.ls, ys, hs, 2, a->h2, n);
-        be->swiglu_fwd(be, s, g, u, n * fc, 0);
+        be->swiglu_fwd(be, s, g, u, n * fc, in16);
         tz_qweight w;
         down_window(be, down, f0, fc, codes, scales, aw, &w);
         be->tq_rotate16_at(be, sr, s, n, fc, fc, q->group, q->seed, f0, F, down->a ? s16 : NULL);
@@ -780,13 +801,13 @@ static void mlp_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, floa
     /* chunks: g, u, s of mlp_rows_fwd rows each from the pool */
     float *g = a->g, *u = a->u, *s = a->s;
     if (m->mlp_chunked) g = m->pool, u = g + al16(R * F), s = u + al16(R * F);
+    const int y16 = gu_out16(m, L, n);
     for (int64_t r0 = 0; r0 < n; r0 += R) {
         const int64_t c = n - r0 < R ? n - r0 : R;
         const float *h2 = a->h2 + r0 * C;
-        float *ys[2] = {g, u};
         float *hs[2] = {rows_at(a->lh[TZ_LIN_GATE], r0, r), rows_at(a->lh[TZ_LIN_UP], r0, r)};
-        lins_fwd(be, L, TZ_LIN_GATE, ys, hs, h2, c);
-        be->swiglu_fwd(be, s, g, u, c * F, 0);
+        gate_up_fwd(be, L, g, u, hs, h2, c, y16);
+        be->swiglu_fwd(be, s, g, u, c * F, y16 ? TZ_SWIGLU_IN16 : 0);
         tz_linear_fwd(be, &L->lin[TZ_LIN_DOWN], out + r0 * C,
                       rows_at(a->lh[TZ_LIN_DOWN], r0, r), s, c);
     }
@@ -811,8 +832,14 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     const int64_t BT = B * T, C = d->dim, pos0 = kv ? kv->pos0 : 0;
     be->rmsnorm_fwd(be, a->h1, a->rstd1, x, L->attn_norm->w, BT, C, (float)d->eps);
     const int qkn = d->qk_norm;
-    float *ys[3] = {qkn ? a->qn : a->q, qkn ? a->kn : a->k, a->v};
-    lins_fwd(be, L, TZ_LIN_Q, ys, a->lh + TZ_LIN_Q, a->h1, BT);
+    /* v straight into bf16 by its GEMM where attention reads it so and the shared path can
+     * (v16_direct), else in fp32 and rounded below */
+    const int v16 = m->att16 && !kv && v16_direct(m, L, BT);
+    float *ys[3] = {qkn ? a->qn : a->q, qkn ? a->kn : a->k,
+                    v16 ? (float *)(void *)a->v16 : a->v};
+    const tz_linear *lq[3];
+    tz_linear_fwd_shared16(be, lq, ys, a->lh + TZ_LIN_Q, lin_set(L, TZ_LIN_Q, lq), a->h1, BT,
+                           v16 ? 4 : 0);
     if (qkn) { /* Qwen3: each head of q and k through its RMSNorm */
         be->rmsnorm_fwd(be, a->q, a->rq, a->qn, L->q_norm->w, BT * d->n_heads, d->head_dim,
                         (float)d->eps);
@@ -822,7 +849,7 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     if (m->att16 && !kv) { /* q and k rotated into bf16, v rounded */
         rope16(m, a->q16, a->q, B, T, d->n_heads, 0);
         rope16(m, a->k16, a->k, B, T, d->n_kv_heads, 0);
-        be->to_bf16(be, a->v16, a->v, BT * d->n_kv_heads * d->head_dim);
+        if (!v16) be->to_bf16(be, a->v16, a->v, BT * d->n_kv_heads * d->head_dim);
     } else {
         rope(m, a->q, B, T, d->n_heads, pos0, 0);
         rope(m, a->k, B, T, d->n_kv_heads, pos0, 0);
@@ -981,7 +1008,8 @@ static void layer_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     tz_linear_bwd_set(be, &L->lin[TZ_LIN_DOWN], m->ds, m->dres, a->s, a->lh[TZ_LIN_DOWN], m->dlora,
                       BT);
     const int gu16 = gate_up_dy16(be, L);
-    be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, BT * F, 0, gu16);
+    be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, BT * F, 0,
+                   (gu16 ? TZ_SWIGLU_OUT16 : 0) | (gu_out16(m, L, BT) ? TZ_SWIGLU_IN16 : 0));
     const float *lgu[2] = {a->lh[TZ_LIN_GATE], a->lh[TZ_LIN_UP]};
     gate_up_bwd(be, L, m->dh, dg, m->du, gu16, a->h2, lgu, m->dlora, BT);
     /* dres += norm path: now dL/dx2 */
@@ -1014,15 +1042,17 @@ static void mlp_bwd_cols(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a)
     gu_view_at(&v0, L, 0, FC);
     const int prepared = tz_linear_fwd_shared_prep(be, v0.ls, hs, 2, a->h2, BT, P->xr,
                                                    P->xr_floats);
+    const int in16 = prepared ? TZ_SWIGLU_IN16 : 0; /* g and u in bf16, as the forward's */
     for (int64_t f0 = 0; f0 < F; f0 += FC) {
         const int64_t fc = F - f0 < FC ? F - f0 : FC;
         gu_view v;
         gu_view_at(&v, L, f0, fc);
         float *ys[2] = {P->g, P->u};
         if (prepared)
-            tz_linear_fwd_shared_apply(be, v.ls, ys, (const float *const *)hs, 2, BT, P->xr);
+            tz_linear_fwd_shared_apply(be, v.ls, ys, (const float *const *)hs, 2, BT, P->xr, 3);
         else tz_linear_fwd_shared(be, v.ls, ys, hs, 2, a->h2, BT);
-        if (down->a) be->swiglu_fwd(be, P->s, P->g, P->u, BT * fc, 1); /* (read by its adapter) */
+        if (down->a) /* (read by its adapter) */
+            be->swiglu_fwd(be, P->s, P->g, P->u, BT * fc, TZ_SWIGLU_OUT16 | in16);
         const uint16_t *s16 = (const uint16_t *)(const void *)P->s;
         tz_qweight w;
         down_window(be, down, f0, fc, P->codes, P->scales, P->a, &w);
@@ -1040,7 +1070,8 @@ static void mlp_bwd_cols(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a)
             be->matmul(be, P->ds, P->dh, P->a, BT, fc, r, 0, 0, 1.0f, 1.0f);
         }
         float *dg = P->s; /* s was read for the last time */
-        be->swiglu_bwd(be, dg, P->du, P->ds, P->g, P->u, BT * fc, 0, gu16);
+        be->swiglu_bwd(be, dg, P->du, P->ds, P->g, P->u, BT * fc, 0,
+                       (gu16 ? TZ_SWIGLU_OUT16 : 0) | in16);
         const float *dys[2] = {gu16 ? NULL : dg, gu16 ? NULL : P->du};
         const uint16_t *d16[2] = {gu16 ? (const uint16_t *)(const void *)dg : NULL,
                                   gu16 ? (const uint16_t *)(const void *)P->du : NULL};
@@ -1076,16 +1107,18 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
     const int s16 = tz_linear_rounds_bf16(be);
     const uint16_t *s_16 = (const uint16_t *)(const void *)a->s;
     const int s_read = down->a || tz_linear_bwd_reads_x(down);
+    const int y16 = !m->mlp_cols && gu_out16(m, L, BT), in16 = y16 ? TZ_SWIGLU_IN16 : 0;
     if (m->mlp_cols) mlp_bwd_cols(m, L, a);
     for (int64_t r0 = 0; !m->mlp_cols && r0 < BT; r0 += R) { /* each chunk: its rows of dh */
         const int64_t c = BT - r0 < R ? BT - r0 : R;
         const float *h2 = a->h2 + r0 * C, *dres = m->dres + r0 * C;
         float *dh = m->dh + r0 * C, *lh_down = rows_at(a->lh[TZ_LIN_DOWN], r0, r);
         float *lh_gate = rows_at(a->lh[TZ_LIN_GATE], r0, r), *lh_up = rows_at(a->lh[TZ_LIN_UP], r0, r);
-        float *ys[2] = {a->g, a->u}, *hs[2] = {lh_gate, lh_up};
-        lins_fwd(be, L, TZ_LIN_GATE, ys, hs, h2, c);
+        float *hs[2] = {lh_gate, lh_up};
+        gate_up_fwd(be, L, a->g, a->u, hs, h2, c, y16);
         /* (s only where down's backward reads it: a frozen down without an adapter does not) */
-        if (s_read) be->swiglu_fwd(be, a->s, a->g, a->u, c * F, s16);
+        if (s_read)
+            be->swiglu_fwd(be, a->s, a->g, a->u, c * F, (s16 ? TZ_SWIGLU_OUT16 : 0) | in16);
         if (down->a && s16) /* the down projection's LoRA hidden s A^T, as its forward made it */
             be->matmul16(be, lh_down, s_16, 1, down->a->w, 0, c, down->r, F, 0, 1, 1.0f, 0.0f);
         else if (down->a)
@@ -1095,7 +1128,8 @@ static void layer_bwd_chunked(tz_llama *m, const tz_llama_layer *L, tz_llama_act
             tz_linear_bwd_set_x16(be, down, m->ds, dres, NULL, s_16, lh_down, m->dlora, c);
         else tz_linear_bwd_set(be, down, m->ds, dres, a->s, lh_down, m->dlora, c);
         float *dg = a->s; /* s was read for the last time */
-        be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, c * F, 0, gu16);
+        be->swiglu_bwd(be, dg, m->du, m->ds, a->g, a->u, c * F, 0,
+                       (gu16 ? TZ_SWIGLU_OUT16 : 0) | in16);
         const float *lgu[2] = {lh_gate, lh_up};
         gate_up_bwd(be, L, dh, dg, m->du, gu16, h2, lgu, m->dlora, c);
     }

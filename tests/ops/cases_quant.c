@@ -302,15 +302,15 @@ static void add_tq_matmul(oc_list *l, int64_t rows, int64_t cols, int bits, int 
 }
 
 /* ---- tq_matmul_lora: C = [A | h | 1] [W | s B | b]^T, one GEMM along cols + (ld - cols) ----
- * p: rows, cols, bits, group, M, r, ld, bias; s: scale. tensors: 0 A (bf16 [M, ld]: the first
- * cols of each row read, the rest written by the op), 1 h [M, r], 2 B [rows, r], 3 codes,
- * 4 scales, 5 levels, 6 C, 7 tile (bf16 [rows, ld], scratch), 8 bias [rows] (read where
- * p[7]). */
+ * p: rows, cols, bits, group, M, r, ld, flags (1: a bias, 2: C in bf16); s: scale. tensors:
+ * 0 A (bf16 [M, ld]: the first cols of each row read, the rest written by the op), 1 h [M, r],
+ * 2 B [rows, r], 3 codes, 4 scales, 5 levels, 6 C, 7 tile (bf16 [rows, ld], scratch), 8 bias
+ * [rows] (read where p[7] & 1). */
 static void tql_fwd(oc_run *r) {
     r->be->tq_matmul_lora(r->be, OCF(r, 6), OCH(r, 0), OCP(r, 6), OCF(r, 1), OCF(r, 2),
                           OCP(r, 5), (float)OCS(r, 0), OCF(r, 7), OCB(r, 3), OCH(r, 4),
                           OCF(r, 5), OCP(r, 0), OCP(r, 1), (int)OCP(r, 2), (int)OCP(r, 3),
-                          OCP(r, 4), OCP(r, 7) ? OCF(r, 8) : NULL);
+                          OCP(r, 4), OCP(r, 7) & 1 ? OCF(r, 8) : NULL, (int)(OCP(r, 7) >> 1));
 }
 static void tql_ref(oc_ref *r) {
     const oc_case *c = r->c;
@@ -322,20 +322,21 @@ static void tql_ref(oc_ref *r) {
             double acc = 0.0, lo = 0.0;
             for (int64_t k = 0; k < cols; k++) acc += r->v[0][m * ld + k] * w[o * cols + k];
             for (int64_t j = 0; j < rk; j++) lo += r->v[1][m * rk + j] * r->v[2][o * rk + j];
-            r->v[6][m * rows + o] = acc + c->s[0] * lo + (c->p[7] ? r->v[8][o] : 0.0);
+            r->v[6][m * rows + o] = acc + c->s[0] * lo + (c->p[7] & 1 ? r->v[8][o] : 0.0);
         }
 }
 
-/* bias: a bias folded in too (its column after h's) */
-static void add_tq_matmul_lora_b(oc_list *l, int64_t rows, int64_t cols, int bits, int g,
-                                 int64_t M, int64_t rk, double scale, int bias) {
+/* bias: a bias folded in too (its column after h's); c16: C written in bf16 (c_bf16) */
+static void add_tq_matmul_lora_bc(oc_list *l, int64_t rows, int64_t cols, int bits, int g,
+                                  int64_t M, int64_t rk, double scale, int bias, int c16) {
     const int64_t ld = cols + ((rk + bias + 7) & ~(int64_t)7);
     if (rows * cols > QMAX) abort();
-    oc_case c = {.ops = "tq_matmul_lora", .nt = 9, .p = {rows, cols, bits, g, M, rk, ld, bias},
-                 .s = {scale}, .flags = OC_GEMM | OC_DEVICE_BF16, .fwd = tql_fwd,
-                 .ref = tql_ref,
-                 /* fp32 (the CPU's, the reference's arithmetic): sums in another order */
-                 .tol_fwd = 1e-5,
+    oc_case c = {.ops = "tq_matmul_lora", .nt = 9,
+                 .p = {rows, cols, bits, g, M, rk, ld, bias | c16 << 1}, .s = {scale},
+                 .flags = OC_GEMM | OC_DEVICE_BF16, .fwd = tql_fwd, .ref = tql_ref,
+                 /* fp32 (the CPU's, the reference's arithmetic): sums in another order; C in
+                  * bf16: its rounding, 2^-8 of the largest at most */
+                 .tol_fwd = c16 ? 4e-3 : 1e-5,
                  /* bf16: tq_matmul's (each decoded weight rounded once, 3e-2 of the scale),
                   * and h and s B rounded to bf16 (2^-8 relative each at most, summed over r
                   * products, well inside it); the bias rounded to bf16 too (2^-8). Leaving the
@@ -349,15 +350,19 @@ static void add_tq_matmul_lora_b(oc_list *l, int64_t rows, int64_t cols, int bit
     c.t[3] = (oc_tensor)OC_T_U8("codes", rows * cols * bits / 8, 0, 0);
     c.t[4] = (oc_tensor)OC_T_BF16("scales", rows * cols / g, 0.5f);
     c.t[5] = (oc_tensor)OC_T_INA("levels", 1 << bits, 2.0f);
-    c.t[6] = (oc_tensor)OC_T_OUT("C", M * rows);
+    c.t[6] = c16 ? (oc_tensor)OC_T_OUT16("C", M * rows) : (oc_tensor)OC_T_OUT("C", M * rows);
     c.t[7] = (oc_tensor)OC_T_OUT("tile", (rows * ld + 1) / 2);
     c.t[7].flags = OC_NOCHECK;
     c.t[8] = (oc_tensor)OC_T_INA("bias", rows, 4.0f);
     snprintf(c.name, sizeof c.name,
-             "tq_matmul_lora rows %lld cols %lld bits %d group %d M %lld r %lld ld %lld scale %g%s",
+             "tq_matmul_lora rows %lld cols %lld bits %d group %d M %lld r %lld ld %lld scale %g%s%s",
              (long long)rows, (long long)cols, bits, g, (long long)M, (long long)rk,
-             (long long)ld, scale, bias ? ", bias" : "");
+             (long long)ld, scale, bias ? ", bias" : "", c16 ? ", C in bf16" : "");
     oc_add(l, &c);
+}
+static void add_tq_matmul_lora_b(oc_list *l, int64_t rows, int64_t cols, int bits, int g,
+                                 int64_t M, int64_t rk, double scale, int bias) {
+    add_tq_matmul_lora_bc(l, rows, cols, bits, g, M, rk, scale, bias, 0);
 }
 static void add_tq_matmul_lora(oc_list *l, int64_t rows, int64_t cols, int bits, int g,
                                int64_t M, int64_t rk, double scale) {
@@ -399,6 +404,8 @@ void oc_cases_quant(oc_list *l) {
     add_tq_matmul_lora_b(l, 5, 256, 4, 128, 3, 16, 2.0, 1); /* r 16 + bias: ld cols + 24 */
     add_tq_matmul_lora_b(l, 6, 192, 3, 64, 2, 7, 0.75, 1);  /* r 7 + bias: one block of 8 */
     add_tq_matmul_lora_b(l, 4, 128, 4, 64, 3, 0, 1.0, 1);   /* the bias alone */
+    add_tq_matmul_lora_bc(l, 6, 192, 3, 64, 2, 7, 0.75, 1, 1); /* C in bf16 */
+    add_tq_matmul_lora_bc(l, 5, 256, 4, 128, 3, 0, 1.0, 0, 1); /* nothing folded, C in bf16 */
     /* tq_rotate16: every group, two and three group columns */
     add_rotate16(l, 3, 192, 64, 7);
     add_rotate16(l, 2, 256, 128, 0x9E3779B97F4A7C15ull);

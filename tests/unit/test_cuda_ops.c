@@ -559,6 +559,45 @@ static void bwd16_same(tz_backend *be, const char *tag, const pair *g, const pai
     be->release(be, d32), be->release(be, d16);
 }
 
+/* Whether n floats of backend memory a and b are the same bits */
+static int dev_same(tz_backend *be, const float *a, const float *b, int64_t n) {
+    float *x = malloc((size_t)n * 8), *y = x + n;
+    be->download(be, x, a, (size_t)n * 4), be->download(be, y, b, (size_t)n * 4);
+    const int same = !memcmp(x, y, (size_t)n * 4);
+    free(x);
+    return same;
+}
+
+/* SwiGLU on g and u given in bf16 (TZ_SWIGLU_IN16: a GEMM's bf16 output) = SwiGLU on their
+ * values widened to fp32 (from_bf16), bit for bit, every output form: forward into fp32 and
+ * into bf16, backward written and accumulated in fp32, written in bf16 */
+static void in16_same(tz_backend *be, const char *tag, const pair *g, const pair *u,
+                      const pair *dout, int64_t n) {
+    uint16_t *gu16 = be->alloc(be, (size_t)(2 * n) * 2);
+    float *guw = be->alloc(be, (size_t)(2 * n) * 4), *o = be->alloc(be, (size_t)(4 * n) * 4);
+    float *w = o + 2 * n; /* (o: the IN16 results, w: the widened inputs') */
+    be->to_bf16(be, gu16, g->d, n), be->to_bf16(be, gu16 + n, u->d, n);
+    be->from_bf16(be, guw, gu16, 2 * n);
+    const float *g16 = (const float *)(const void *)gu16;
+    const float *u16 = (const float *)(const void *)(gu16 + n);
+    int same = 1;
+    for (int out16 = 0; out16 < 2; out16++) {
+        const int64_t cmp = out16 ? (n + 1) / 2 : n; /* floats holding the outputs */
+        be->swiglu_fwd(be, o, g16, u16, n, TZ_SWIGLU_IN16 | out16);
+        be->swiglu_fwd(be, w, guw, guw + n, n, out16);
+        same &= dev_same(be, o, w, cmp);
+        for (int acc = 0; acc < 2 - out16; acc++) { /* (bf16: written only) */
+            if (acc) be->fill(be, o, 0.25f, 2 * n), be->fill(be, w, 0.25f, 2 * n);
+            be->swiglu_bwd(be, o, o + n, dout->d, g16, u16, n, acc, TZ_SWIGLU_IN16 | out16);
+            be->swiglu_bwd(be, w, w + n, dout->d, guw, guw + n, n, acc, out16);
+            same &= dev_same(be, o, w, cmp) && dev_same(be, o + n, w + n, cmp);
+        }
+    }
+    check(same, "%s swiglu_fwd and swiglu_bwd on g, u in bf16 (TZ_SWIGLU_IN16) = on their values "
+          "widened, bit for bit (fp32 and bf16 outputs, gradients written and accumulated)", tag);
+    be->release(be, gu16), be->release(be, guw), be->release(be, o);
+}
+
 static void test_activation(void) {
     const int64_t n = 10007;
     pair g = mk(n, 6.0f), u = mk(n, 2.0f), out = mkz(n), dout = mk(n, 1.0f);
@@ -570,6 +609,8 @@ static void test_activation(void) {
     expect("swiglu_bwd dg", &dg, 1e-6);
     expect("swiglu_bwd du", &du, 1e-6);
     bwd16_same(g_gpu, "gpu", &g, &u, &dout, n);
+    in16_same(g_cpu, "cpu", &g, &u, &dout, n);
+    in16_same(g_gpu, "gpu", &g, &u, &dout, n);
     g_gpu->matmul_dtype = TZ_DT_BF16;
     bwd16_same(g_gpu, "gpu bf16", &g, &u, &dout, n);
     g_gpu->matmul_dtype = TZ_DT_F32;
@@ -1281,16 +1322,28 @@ static void dq_case(int bits, int g, int64_t rows, int64_t cols, int w_off, int 
         pair bias = mk(rows, 1.0f);
         g_gpu->matmul_dtype = TZ_DT_BF16;
         g_gpu->tq_matmul_lora(g_gpu, L1.d, a16, ld, h.d, Bl.d, rk, 0.75f, w, dc + c_off, ds, dl,
-                              rows, cols, bits, g, M, bias.d);
+                              rows, cols, bits, g, M, bias.d, 0);
+        /* C in bf16 (c_bf16), in chunks: each chunk's GEMM rounds its columns */
+        pair L3 = mkz(M * rows);
+        g_gpu->tq_matmul_lora(g_gpu, L3.d, a16, ld, h.d, Bl.d, rk, 0.75f, w, dc + c_off, ds, dl,
+                              rows, cols, bits, g, M, bias.d, 1);
         g_gpu->tq_chunks = 0;
         g_gpu->tq_matmul_lora(g_gpu, L2.d, a16, ld, h.d, Bl.d, rk, 0.75f, w, dc + c_off, ds, dl,
-                              rows, cols, bits, g, M, bias.d);
+                              rows, cols, bits, g, M, bias.d, 0);
         g_gpu->tq_chunks = chunks;
         g_gpu->matmul_dtype = TZ_DT_F32;
         const double el = dev_rel(L2.d, L1.d, M * rows);
         check(el <= 1e-5, "tq_matmul_lora %s, rank 5, a bias: in chunks = whole (within %.1e of "
               "the largest, tolerance 1e-5)", shape, el);
-        drop(&h), drop(&Bl), drop(&L1), drop(&L2), drop(&bias);
+        /* to the bit on the emulation (one cuBLAS sum for both); a GPU's cuBLAS may sum a
+         * bf16 C in another order: within one bf16 unit there */
+        tz_device_info di;
+        g_gpu->device_info(g_gpu, &di);
+        const int emu = strstr(di.name, "CPU emulation") != NULL;
+        check(near16(g_gpu, L3.d, L1.d, M * rows, !emu),
+              "tq_matmul_lora %s, C in bf16 = its fp32 C rounded by to_bf16, %s", shape,
+              emu ? "bit for bit" : "within one bf16 unit");
+        drop(&h), drop(&Bl), drop(&L1), drop(&L2), drop(&L3), drop(&bias);
         g_gpu->release(g_gpu, a16);
         free(a16h);
     }

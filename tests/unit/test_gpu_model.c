@@ -376,7 +376,7 @@ static void shared_case(tz_backend *be, const char *what0, int mode) {
      * and not the same bits (the fold ran) */
     void (*lora_op)(tz_backend *, float *, uint16_t *, int64_t, const float *, const float *,
                     int64_t, float, float *, const uint8_t *, const uint16_t *, const float *,
-                    int64_t, int64_t, int, int, int64_t, const float *) = be->tq_matmul_lora;
+                    int64_t, int64_t, int, int, int64_t, const float *, int) = be->tq_matmul_lora;
     void (*dense_op)(tz_backend *, float *, const void *, int, const void *, int, const float *,
                      const float *, int64_t, float, const float *, int64_t, int64_t, int64_t) =
         be->matmul_lora;

@@ -243,7 +243,8 @@ static void (*g_tqm)(tz_backend *, float *, const void *, int, float *, const ui
                      float, float);
 static void (*g_tqml)(tz_backend *, float *, uint16_t *, int64_t, const float *, const float *,
                       int64_t, float, float *, const uint8_t *, const uint16_t *, const float *,
-                      int64_t, int64_t, int, int, int64_t, const float *);
+                      int64_t, int64_t, int, int, int64_t, const float *, int);
+static int64_t g_out16; /* elements tq_matmul_lora wrote in bf16 (c_bf16) */
 static void count_tqm(tz_backend *be, float *C, const void *A, int a16, float *tile,
                       const uint8_t *c, const uint16_t *s, const float *l, int64_t rows,
                       int64_t cols, int bits, int group, int64_t M, int tw, float al, float be_) {
@@ -253,9 +254,10 @@ static void count_tqm(tz_backend *be, float *C, const void *A, int a16, float *t
 static void count_tqml(tz_backend *be, float *C, uint16_t *A, int64_t ld, const float *h,
                        const float *Bm, int64_t r, float sc, float *tile, const uint8_t *c,
                        const uint16_t *s, const float *l, int64_t rows, int64_t cols, int bits,
-                       int group, int64_t M, const float *bias) {
+                       int group, int64_t M, const float *bias, int c16) {
     g_decoded += rows * cols;
-    g_tqml(be, C, A, ld, h, Bm, r, sc, tile, c, s, l, rows, cols, bits, group, M, bias);
+    if (c16) g_out16 += M * rows;
+    g_tqml(be, C, A, ld, h, Bm, r, sc, tile, c, s, l, rows, cols, bits, group, M, bias, c16);
 }
 
 /* A 4-bit MLP (dim 64, hidden 640, group 64) in chunks of 256 columns (the last of 128)
@@ -276,12 +278,12 @@ static void cols_case(tz_backend *cpu16, tz_backend *dev, const mcase *cs, const
     dev->tq_matmul = count_tqm, dev->tq_matmul_lora = count_tqml;
     float *gh, *gr, *gc, *gc2, *bh = grads(h), *br = grads(rw), *bc = grads(cl);
     const double lh = step(h, bh, in, tg, &gh);
-    g_decoded = 0;
+    g_decoded = 0, g_out16 = 0;
     const double lr = step(rw, br, in, tg, &gr);
-    const int64_t dec_rows = g_decoded;
-    g_decoded = 0;
+    const int64_t dec_rows = g_decoded, out16_rows = g_out16;
+    g_decoded = 0, g_out16 = 0;
     const double lc = step(cl, bc, in, tg, &gc);
-    const int64_t dec_cols = g_decoded;
+    const int64_t dec_cols = g_decoded, out16_cols = g_out16;
     /* forward, the backward's recomputation (not of the last layer's attention, whose
      * activations are still there) and the input gradient: three passes over every weight of
      * attention; gate and up three (the backward makes g and u again), down two */
@@ -290,11 +292,21 @@ static void cols_case(tz_backend *cpu16, tz_backend *dev, const mcase *cs, const
           "device %s: %lld elements decoded in a step in chunks of columns (each weight once "
           "a pass: %lld), %lld in chunks of rows", c.what, (long long)dec_cols, (long long)once,
           (long long)dec_rows);
+    /* g and u written in bf16 by their GEMMs (SwiGLU reads them so), in the forward and in
+     * the backward's recomputation, every row of every layer, either way; and v, which
+     * attention reads in bf16, in the passes above */
+    const int64_t gu = 2 * 2 * L * BT * F, v = (2 * L - 1) * BT * kvd;
+    check(out16_cols == gu + v && out16_rows == gu + v,
+          "device %s: gate's, up's and v's outputs written in bf16 by their GEMMs: %lld "
+          "elements in chunks of columns, %lld of rows (two passes of g and u, %lld, and v's "
+          "%lld)", c.what, (long long)out16_cols, (long long)out16_rows, (long long)gu,
+          (long long)v);
     dev->tq_matmul = g_tqm, dev->tq_matmul_lora = g_tqml;
     const double fc = tz_llama_forward(cl, in, tg), lc2 = step(cl, bc, in, tg, &gc2);
-    /* the same operands rounded to bf16 either way; only down's sum over the hidden size (and
-     * the input gradient's through gate and up) adds the chunks' parts in another order:
-     * fp32 rounding, which can move a later bf16 rounding by one step (2^-8 of an element) */
+    /* the same operands rounded to bf16 either way (g and u too); only down's sum over the
+     * hidden size (and the input gradient's through gate and up) adds the chunks' parts in
+     * another order: fp32 rounding, which can move a later bf16 rounding by one step (2^-8
+     * of an element) */
     const double le = fabs(lc - lr) / fabs(lr);
     check(le <= 1e-4 && lc == lc2 && lc == fc && isfinite(lc),
           "device %s: loss %.9g in chunks of columns, %.9g of rows (relative %.2e, tol 1e-4); "
