@@ -8,8 +8,7 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-
 template <class T, class I>
 static __global__ void k_swiglu_fwd(T *out, const I *g, const I *u, int64_t n) {
     TZ_CUDA_FOR(i, n) {
-        const float gi = tz_get(g + i);
-        tz_put(out + i, gi * sigmoid(gi) * tz_get(u + i));
+        tz_put(out + i, tz_silu_mul(tz_get(g + i), tz_get(u + i)));
     }
 }
 

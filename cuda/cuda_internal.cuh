@@ -197,6 +197,11 @@ __device__ __forceinline__ float tz_get(const float *p) { return *p; }
 __device__ __forceinline__ float tz_get(const uint16_t *p) {
     return __uint_as_float((unsigned)*p << 16);
 }
+/* SwiGLU's value silu(g) * u, as every kernel that makes it computes it (swiglu_fwd,
+ * swiglu_rot16_at: the same bits) */
+__device__ __forceinline__ float tz_silu_mul(float g, float u) {
+    return g * (1.0f / (1.0f + expf(-g))) * u;
+}
 
 /* Block-wide reductions in a fixed tree (warp shuffles, then the warps' partials in order):
  * the same inputs give the same bits every time. blockDim.x a multiple of 32, at most 1024;

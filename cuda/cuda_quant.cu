@@ -102,20 +102,46 @@ template <bool VEC> static __device__ __forceinline__ void store8(uint16_t *p, c
     }
 }
 
+/* What k_rotate rotates, 8 elements from element i of its [rows, cols] input: an fp32 x as
+ * stored, or SwiGLU's output made from g and u in bf16 (swiglu_rot16_at: s = silu(g) u as
+ * swiglu_fwd makes it, tz_silu_mul, never stored in fp32). */
+struct rot_in_f32 {
+    const float *x;
+    template <bool VEC> __device__ __forceinline__ void load(float *v, int64_t i) const {
+        load8<VEC>(v, x + i);
+    }
+};
+struct rot_in_swiglu {
+    const uint16_t *g, *u;
+    template <bool VEC> __device__ __forceinline__ void load(float *v, int64_t i) const {
+        uint16_t a[8], b[8];
+        if (VEC) {
+            const uint4 ga = reinterpret_cast<const uint4 *>(g + i)[0];
+            const uint4 ub = reinterpret_cast<const uint4 *>(u + i)[0];
+            memcpy(a, &ga, sizeof a), memcpy(b, &ub, sizeof b);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) a[k] = g[i + k], b[k] = u[i + k];
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = tz_silu_mul(tz_get(a + k), tz_get(b + k));
+    }
+};
+
 /* inverse = 0: y = (H (s*x)) * inv, written (as fp32, or rounded to bf16 where O is
  * uint16_t) at row stride ldo, and x itself rounded to bf16 into xc [rows, cols] where xc is
  * not NULL; inverse = 1 (O float only): dx += (H dy) * (s * inv); inverse = 2: dx = (H dy) *
- * (s * inv), dx not read.
+ * (s * inv), dx not read. x as `in` loads it (I: rot_in_f32, rot_in_swiglu).
  * lanes = g / 8. VEC: in, out's rows, xc (and signs, from cudaMalloc) 16-byte aligned. */
-template <bool VEC, class O>
-static __global__ void k_rotate(O *out, const float *in, const float *signs, int cols,
-                                int64_t ldo, int lanes, float inv, int inverse, uint16_t *xc) {
+template <bool VEC, class O, class I>
+static __global__ void k_rotate(O *out, I in, const float *signs, int cols, int64_t ldo,
+                                int lanes, float inv, int inverse, uint16_t *xc) {
     const int c = (blockIdx.x * ROT_THREADS + threadIdx.x) * 8, lane = threadIdx.x & 31;
     const bool live = c < cols;
     const int64_t row = (int64_t)blockIdx.y * cols;
     float v[8], s[8];
     if (live) {
-        load8<VEC>(v, in + row + c);
+        in.template load<VEC>(v, row + c);
         load8<true>(s, signs + c);
         if (xc) store8<VEC>(xc + row + c, v);
     } else {
@@ -161,10 +187,18 @@ static __global__ void k_rotate(O *out, const float *in, const float *signs, int
 
 /* wcols > 0: in's rows are columns [c0, c0 + cols) of rows of wcols (tq_rotate16_at's and
  * tq_rotate_bwd_at's window): the signs from c0 of the whole row's (one cache entry). */
-template <class O>
-static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_t cols,
-                   int64_t ldo, int group, uint64_t seed, int inverse, const char *op,
-                   uint16_t *xc = NULL, int64_t c0 = 0, int64_t wcols = 0) {
+/* (the base address of what in reads, for the alignment test) */
+static uintptr_t rot_in_bits(const rot_in_f32 &in) { return (uintptr_t)in.x; }
+static uintptr_t rot_in_bits(const rot_in_swiglu &in) { return (uintptr_t)in.g | (uintptr_t)in.u; }
+static rot_in_f32 rot_in_rows(const rot_in_f32 &in, int64_t off) { return rot_in_f32{in.x + off}; }
+static rot_in_swiglu rot_in_rows(const rot_in_swiglu &in, int64_t off) {
+    return rot_in_swiglu{in.g + off, in.u + off};
+}
+
+template <class O, class I>
+static void rotate_in(tz_backend *be, O *out, I in, int64_t rows, int64_t cols, int64_t ldo,
+                      int group, uint64_t seed, int inverse, const char *op, uint16_t *xc,
+                      int64_t c0, int64_t wcols) {
     if (wcols > 0) {
         check_rows(rows, cols, group, op);
         if (c0 < 0 || c0 % group || c0 + cols > wcols)
@@ -178,8 +212,8 @@ static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_
     if (rows > 65535) { /* grid.y limit: in slices of rows */
         for (int64_t r0 = 0; r0 < rows; r0 += 65535) {
             int64_t n = rows - r0 < 65535 ? rows - r0 : 65535;
-            rotate(be, out + r0 * ldo, in + r0 * cols, n, cols, ldo, group, seed, inverse, op,
-                   xc ? xc + r0 * cols : NULL, c0, wcols);
+            rotate_in(be, out + r0 * ldo, rot_in_rows(in, r0 * cols), n, cols, ldo, group, seed,
+                      inverse, op, xc ? xc + r0 * cols : NULL, c0, wcols);
         }
         return;
     }
@@ -187,13 +221,21 @@ static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_
     const int c = (int)cols, lanes = group / 8;
     dim3 grid((unsigned)((cols + ROT_SPAN - 1) / ROT_SPAN), (unsigned)rows);
     cudaStream_t st = tz_cuda_stream(be);
-    if (!(((uintptr_t)out | (uintptr_t)in | (uintptr_t)xc | (uintptr_t)(ldo * (int64_t)sizeof(O))) &
+    if (!(((uintptr_t)out | rot_in_bits(in) | (uintptr_t)xc |
+           (uintptr_t)(ldo * (int64_t)sizeof(O))) &
           15))
-        k_rotate<true, O><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, ldo, lanes, inv, inverse, xc);
+        k_rotate<true, O, I><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, ldo, lanes, inv,
+                                                           inverse, xc);
     else
-        k_rotate<false, O><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, ldo, lanes, inv, inverse,
-                                                         xc);
+        k_rotate<false, O, I><<<grid, ROT_THREADS, 0, st>>>(out, in, s, c, ldo, lanes, inv,
+                                                            inverse, xc);
     CUDA_LAUNCHED();
+}
+template <class O>
+static void rotate(tz_backend *be, O *out, const float *in, int64_t rows, int64_t cols,
+                   int64_t ldo, int group, uint64_t seed, int inverse, const char *op,
+                   uint16_t *xc = NULL, int64_t c0 = 0, int64_t wcols = 0) {
+    rotate_in(be, out, rot_in_f32{in}, rows, cols, ldo, group, seed, inverse, op, xc, c0, wcols);
 }
 
 static void cuda_tq_rotate(tz_backend *be, float *y, const float *x, int64_t rows, int64_t cols,
@@ -219,6 +261,16 @@ static void cuda_tq_rotate16_at(tz_backend *be, uint16_t *y, const float *x, int
     if (ldy < cols) TZ_FATAL("tq_rotate16_at: row stride %lld below %lld columns",
                              (long long)ldy, (long long)cols);
     rotate(be, y, x, rows, cols, ldy, group, seed, 0, "tq_rotate16_at", xc, c0, wcols);
+}
+
+static void cuda_swiglu_rot16_at(tz_backend *be, uint16_t *y, const uint16_t *g,
+                                 const uint16_t *u, int64_t rows, int64_t cols, int64_t ldy,
+                                 int group, uint64_t seed, int64_t c0, int64_t wcols,
+                                 uint16_t *sc) {
+    if (ldy < cols) TZ_FATAL("swiglu_rot16_at: row stride %lld below %lld columns",
+                             (long long)ldy, (long long)cols);
+    rotate_in(be, y, rot_in_swiglu{g, u}, rows, cols, ldy, group, seed, 0, "swiglu_rot16_at", sc,
+              c0, wcols);
 }
 
 static void cuda_tq_rotate_bwd_at(tz_backend *be, float *dx, const float *dy, int64_t rows,
@@ -537,6 +589,7 @@ void tz_cuda_install_quant(tz_backend *be) {
     be->tq_rotate_bwd = cuda_tq_rotate_bwd;
     be->tq_rotate16_at = cuda_tq_rotate16_at;
     be->tq_rotate_bwd_at = cuda_tq_rotate_bwd_at;
+    be->swiglu_rot16_at = cuda_swiglu_rot16_at;
     be->tq_dequant = cuda_tq_dequant;
     be->tq_matmul = cuda_tq_matmul;
     be->tq_matmul_lora = cuda_tq_matmul_lora;

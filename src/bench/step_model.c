@@ -276,6 +276,14 @@ static void s_rot16_at(tz_backend *be, uint16_t *y, cf *x, int64_t rows, int64_t
     add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 1),
         (F + (xc ? 4 : 2)) * rows * cols);
 }
+/* g and u read in bf16 (SwiGLU's arithmetic, 6 per element, as swiglu_fwd's), the rotation */
+static void s_swiglu_rot16_at(tz_backend *be, uint16_t *y, const uint16_t *g, const uint16_t *u,
+                              int64_t rows, int64_t cols, int64_t ldy, int group, uint64_t seed,
+                              int64_t c0, int64_t wcols, uint16_t *sc) {
+    (void)y, (void)g, (void)u, (void)seed, (void)ldy, (void)c0, (void)wcols;
+    add(be, TZ_SM_QUANT, (double)rows * cols * (log2((double)group) + 7),
+        (4.0 + (sc ? 4 : 2)) * rows * cols);
+}
 static void s_rot_bwd_at(tz_backend *be, float *dx, cf *dy, int64_t rows, int64_t cols,
                          int group, uint64_t seed, int acc, int64_t c0, int64_t wcols) {
     (void)dx, (void)dy, (void)seed, (void)c0, (void)wcols;
@@ -347,6 +355,7 @@ void tz_step_model_install(tz_backend *be, const tz_step_rates *r) {
     be->unpatchify = s_patch, be->copy2d = s_copy2d, be->tq_rotate = s_rot;
     be->tq_rotate16 = s_rot16, be->tq_rotate_bwd = s_rot_bwd,
     be->tq_rotate16_at = s_rot16_at, be->tq_rotate_bwd_at = s_rot_bwd_at;
+    be->swiglu_rot16_at = s_swiglu_rot16_at;
     be->tq_dequant = s_dequant;
     be->tq_matmul = s_tq_matmul, be->tq_matmul_lora = s_tq_matmul_lora;
 }

@@ -416,6 +416,14 @@ struct tz_backend {
     void (*tq_rotate_bwd_at)(tz_backend *be, float *dx, const float *dy, int64_t rows,
                              int64_t cols, int group, uint64_t seed, int accumulate, int64_t c0,
                              int64_t wcols);
+    /* SwiGLU into tq_rotate16_at in one pass: y = tq_rotate16_at of s = silu(g) * u (g, u
+     * [rows, cols] bf16 bit patterns, a GEMM's bf16 outputs), the bits swiglu_fwd(s, g, u,
+     * TZ_SWIGLU_IN16) then tq_rotate16_at(y, s, ..., sc) make, s stored only as its bf16
+     * copy sc [rows, cols] where sc is not NULL (the window's LoRA input). No fp32 s written
+     * or read: the Llama's MLP forward in chunks of columns. */
+    void (*swiglu_rot16_at)(tz_backend *be, uint16_t *y, const uint16_t *g, const uint16_t *u,
+                            int64_t rows, int64_t cols, int64_t ldy, int group, uint64_t seed,
+                            int64_t c0, int64_t wcols, uint16_t *sc);
     void (*tq_dequant)(tz_backend *be, float *w, const uint8_t *codes, const uint16_t *scales,
                        const float *levels, int64_t rows, int64_t cols, int bits, int group);
     /* A GEMM with a quantized weight W [rows, cols] (tq_dequant's w from codes, scales,
@@ -508,7 +516,7 @@ struct tz_backend {
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \
     X(gelu_tanh_bwd) X(silu_fwd) X(silu_bwd) X(bias_add_fwd) X(bias_bwd) X(mse_fwd)         \
     X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate16) X(tq_rotate_bwd)  \
-    X(tq_rotate16_at) X(tq_rotate_bwd_at)                                                     \
+    X(tq_rotate16_at) X(tq_rotate_bwd_at) X(swiglu_rot16_at)                                \
     X(tq_dequant) X(tq_matmul) X(tq_matmul_lora) X(host_alloc) X(host_free) X(host_register)                   \
     X(host_unregister) X(download_async) X(upload_async) X(event_mark) X(event_wait)          \
     X(event_done) X(event_free) X(device_info)

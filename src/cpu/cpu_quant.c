@@ -193,7 +193,22 @@ static void cpu_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld
     free(a);
 }
 
+/* The reference: swiglu_fwd into an fp32 s of its own, then tq_rotate16_at of it. */
+static void cpu_swiglu_rot16_at(tz_backend *be, uint16_t *y, const uint16_t *g,
+                                const uint16_t *u, int64_t rows, int64_t cols, int64_t ldy,
+                                int group, uint64_t seed, int64_t c0, int64_t wcols,
+                                uint16_t *sc) {
+    const int64_t n = rows * cols;
+    float *s = malloc((size_t)(n > 0 ? n : 1) * sizeof *s);
+    if (!s) TZ_FATAL("swiglu_rot16_at: out of host memory");
+    be->swiglu_fwd(be, s, (const float *)(const void *)g, (const float *)(const void *)u, n,
+                   TZ_SWIGLU_IN16);
+    be->tq_rotate16_at(be, y, s, rows, cols, ldy, group, seed, c0, wcols, sc);
+    free(s);
+}
+
 void TZ_CPU_K(tz_cpu_install_quant)(tz_backend *be) {
+    be->swiglu_rot16_at = cpu_swiglu_rot16_at;
     be->tq_rotate = cpu_tq_rotate;
     be->tq_rotate16 = cpu_tq_rotate16;
     be->tq_rotate_bwd = cpu_tq_rotate_bwd;

@@ -141,6 +141,10 @@ static void fold_matmul(tz_backend *be, const tz_linear *l, float *y, uint16_t *
                         const float *h, int64_t n, int y16) {
     const tz_qweight *q = l->w->q;
     if (!q->codes) TZ_FATAL("%s: a streamed weight used while its block is not loaded", l->w->name);
+    const int64_t need = tz_tq_tile_elems(be, l->out, l->in, ld, q->group);
+    if (!l->tq || !l->tq->tile || need > l->tq->tile_elems)
+        TZ_FATAL("%s: no scratch tile of %lld elements for the quantized weight", l->w->name,
+                 (long long)need);
     be->tq_matmul_lora(be, y, xr, ld, l->a ? h : NULL, l->a ? l->b->w : NULL, l->a ? l->r : 0,
                        l->scale, l->tq->tile, q->codes, q->scales, q->levels, l->out, l->in,
                        q->bits, q->group, n, l->bias ? l->bias->w : NULL, y16);

@@ -773,10 +773,18 @@ static void mlp_fwd_cols(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a,
             tz_linear_fwd_shared_apply(be, v.ls, ys, (const float *const *)hs, 2, n, m->tq.act,
                                        3);
         else tz_linear_fwd_shared(be, v.ls, ys, hs, 2, a->h2, n);
-        be->swiglu_fwd(be, s, g, u, n * fc, in16);
+        /* s rotated from its group column on (and rounded, for the adapter); from g and u in
+         * bf16 in one pass, s never stored in fp32 (swiglu_rot16_at) */
+        if (in16)
+            be->swiglu_rot16_at(be, sr, (const uint16_t *)(const void *)g,
+                                (const uint16_t *)(const void *)u, n, fc, fc, q->group, q->seed,
+                                f0, F, down->a ? s16 : NULL);
+        else be->swiglu_fwd(be, s, g, u, n * fc, 0);
         tz_qweight w;
         down_window(be, down, f0, fc, codes, scales, aw, &w);
-        be->tq_rotate16_at(be, sr, s, n, fc, fc, q->group, q->seed, f0, F, down->a ? s16 : NULL);
+        if (!in16)
+            be->tq_rotate16_at(be, sr, s, n, fc, fc, q->group, q->seed, f0, F,
+                               down->a ? s16 : NULL);
         be->tq_matmul(be, out, sr, 1, down->tq->tile, w.codes, w.scales, w.levels, C, fc,
                       w.bits, w.group, n, 1, 1.0f, f0 ? 1.0f : 0.0f);
         if (down->a) /* h (+)= s A^T over this window */

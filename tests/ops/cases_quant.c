@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/dtype.h"
 #include "core/rng.h"
@@ -369,7 +370,80 @@ static void add_tq_matmul_lora(oc_list *l, int64_t rows, int64_t cols, int bits,
     add_tq_matmul_lora_b(l, rows, cols, bits, g, M, rk, scale, 0);
 }
 
+/* swiglu_rot16_at against swiglu_fwd (TZ_SWIGLU_IN16) into an fp32 s, then tq_rotate16_at of
+ * s with its bf16 copy: the rotated bits and the copy the same, g and u kept. p: rows, cols
+ * (the window's), group, c0, wcols, ldy, sc (1: the copy asked for), unaligned (1: g, u, y
+ * and the copy 2 bytes past an alignment). The same arithmetic in the same order on the
+ * same values: bit for bit on the CPU and the emulation; on a GPU the compiler may contract
+ * another way in the one kernel than in the two, so within one bf16 unit there. */
+static int swiglu_rot_row(tz_backend *be, const oc_case *c, char *msg, size_t len) {
+    const int64_t rows = c->p[0], cols = c->p[1], c0 = c->p[3], wcols = c->p[4], ldy = c->p[5];
+    const int group = (int)c->p[2], sc = c->p[6] != 0, off = c->p[7] ? 1 : 0;
+    const int64_t n = rows * cols, ny = rows * ldy;
+    tz_device_info di;
+    be->device_info(be, &di);
+    const int gpu = be->device && !strstr(di.name, "CPU emulation");
+    uint16_t *h = malloc((size_t)(2 * n + 4 * ny + 4 * n + 8) * 2);
+    uint16_t *a = h + 2 * n + 4, *b = a + ny, *ca = b + ny, *cb = ca + n, *back = cb + n;
+    for (int64_t i = 0; i < 2 * n; i++) /* g in [-6, 6), u in [-2, 2) */
+        h[i] = tz_f32_to_bf16((float)((i * 7919) % 2003 - 1001) / (i < n ? 167.0f : 500.0f));
+    uint16_t *gu = be->alloc(be, (size_t)(2 * n + 8) * 2);
+    uint16_t *y1 = be->alloc(be, (size_t)(ny + 8) * 2), *y2 = be->alloc(be, (size_t)(ny + 8) * 2);
+    uint16_t *c1 = be->alloc(be, (size_t)(n + 8) * 2), *c2 = be->alloc(be, (size_t)(n + 8) * 2);
+    float *s = be->alloc(be, (size_t)(n > 0 ? n : 1) * 4);
+    be->fill(be, (float *)(void *)y1, 0.0f, (ny + 8) / 2), be->fill(be, (float *)(void *)y2, 0.0f, (ny + 8) / 2);
+    uint16_t *g = gu + off, *u = gu + off + n + 4;
+    be->upload(be, g, h, (size_t)n * 2);
+    be->upload(be, u, h + n, (size_t)n * 2);
+    be->swiglu_rot16_at(be, y1 + off, g, u, rows, cols, ldy, group, 99, c0, wcols,
+                        sc ? c1 + off : NULL);
+    be->swiglu_fwd(be, s, (const float *)(const void *)g, (const float *)(const void *)u, n,
+                   TZ_SWIGLU_IN16);
+    be->tq_rotate16_at(be, y2 + off, s, rows, cols, ldy, group, 99, c0, wcols,
+                       sc ? c2 + off : NULL);
+    be->download(be, a, y1 + off, (size_t)ny * 2), be->download(be, b, y2 + off, (size_t)ny * 2);
+    if (sc) be->download(be, ca, c1 + off, (size_t)n * 2), be->download(be, cb, c2 + off, (size_t)n * 2);
+    be->download(be, back, g, (size_t)n * 2);
+    int changed = memcmp(back, h, (size_t)n * 2) != 0;
+    be->download(be, back, u, (size_t)n * 2);
+    changed |= memcmp(back, h + n, (size_t)n * 2) != 0;
+    be->release(be, gu), be->release(be, y1), be->release(be, y2), be->release(be, c1);
+    be->release(be, c2), be->release(be, s);
+    int64_t diff = 0, far = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < ldy; j++) { /* (the row's gap past cols: left as it was) */
+            const int d = (int)a[r * ldy + j] - (int)b[r * ldy + j];
+            diff += d != 0, far += d < -1 || d > 1 || (a[r * ldy + j] ^ b[r * ldy + j]) >> 15;
+        }
+    for (int64_t i = 0; sc && i < n; i++) diff += ca[i] != cb[i], far += ca[i] != cb[i];
+    free(h);
+    const int bad = changed || far || (diff && !gpu);
+    if (bad || diff)
+        snprintf(msg, len, "%lld of %lld elements differ (%lld by more than one bf16 unit)%s",
+                 (long long)diff, (long long)(ny + (sc ? n : 0)), (long long)far,
+                 changed ? "; g or u was changed" : "");
+    return bad;
+}
+
+static void add_swiglu_rot(oc_list *l, int64_t rows, int64_t cols, int g, int64_t c0,
+                           int64_t wcols, int64_t ldy, int sc, int off) {
+    oc_case c = {.ops = "swiglu_rot16_at swiglu_fwd tq_rotate16_at alloc upload download fill "
+                        "release device_info",
+                 .p = {rows, cols, g, c0, wcols, ldy, sc, off}, .custom = swiglu_rot_row};
+    snprintf(c.name, sizeof c.name,
+             "swiglu_rot16_at = swiglu_fwd (g, u in bf16) then tq_rotate16_at, bit for bit (%lld x "
+             "%lld, group %d, columns from %lld of %lld, row stride %lld%s%s)",
+             (long long)rows, (long long)cols, g, (long long)c0, (long long)wcols, (long long)ldy,
+             sc ? ", s in bf16 beside it" : "", off ? ", unaligned" : "");
+    oc_add(l, &c);
+}
+
 void oc_cases_quant(oc_list *l) {
+    /* SwiGLU into the rotation: a window inside the row, the first, with and without the
+     * copy of s, at a wider row stride, unaligned */
+    add_swiglu_rot(l, 3, 128, 64, 128, 384, 128, 1, 0);
+    add_swiglu_rot(l, 5, 256, 128, 0, 512, 256, 0, 0);
+    add_swiglu_rot(l, 2, 256, 256, 256, 512, 264, 1, 1);
     /* three, two and one group columns (distinct signs per column), several rows */
     add_rotate(l, 3, 192, 64, 7, 0, 0);
     add_rotate(l, 2, 256, 128, 0x9E3779B97F4A7C15ull, 0, 0);
