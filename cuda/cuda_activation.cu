@@ -87,6 +87,21 @@ static __global__ void k_gelu_bwd_rows(T *dx, const float *dout, const float *x,
         }
 }
 
+/* GELU's dx as k_gelu_bwd makes it (accumulate 0: 0 + dout gelu'(x), the same expression),
+ * rounded into dx16 as it is summed: bias_bwd's column sums (colsum_a16's) of a dx never
+ * stored in fp32 */
+struct colsum_gelu16 {
+    const float *dout, *x;
+    uint16_t *dx16;
+    int64_t T, C;
+    __device__ double operator()(int64_t b, int64_t t, int64_t c) const {
+        const int64_t i = (b * T + t) * C + c;
+        const float v = 0.0f + dout[i] * gelu_d(x[i]);
+        dx16[i] = tz_bf16_bits(v);
+        return (double)v;
+    }
+};
+
 static dim3 rows_grid(int64_t rows, int64_t cols) {
     const int64_t bx = (cols + TZ_CUDA_THREADS - 1) / TZ_CUDA_THREADS;
     return dim3((unsigned)(bx < 64 ? bx : 64), (unsigned)(rows < 65535 ? rows : 65535), 1);
@@ -129,6 +144,10 @@ static void cuda_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *d
     uint16_t *dg16 = (uint16_t *)(void *)dg, *du16 = (uint16_t *)(void *)du;
     if (in16) TZ_CUDA_LAUNCH(k_swiglu_bwd16<uint16_t>, n, dg16, du16, dout, g16, u16, n);
     else TZ_CUDA_LAUNCH(k_swiglu_bwd16<float>, n, dg16, du16, dout, g, u, n);
+}
+static void cuda_gelu_tanh_bwd_bias(tz_backend *be, uint16_t *dx16, float *dbias,
+                                    const float *dout, const float *x, int64_t rows, int64_t C) {
+    tz_cuda_colsum(be, dbias, 0, colsum_gelu16{dout, x, dx16, rows, C}, 1, rows, C);
 }
 static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
                                int64_t cols, int64_t ld, int out_bf16) {
@@ -177,6 +196,7 @@ void tz_cuda_install_activation(tz_backend *be) {
     be->swiglu_bwd = cuda_swiglu_bwd;
     be->gelu_tanh_fwd = cuda_gelu_tanh_fwd;
     be->gelu_tanh_bwd = cuda_gelu_tanh_bwd;
+    be->gelu_tanh_bwd_bias = cuda_gelu_tanh_bwd_bias;
     be->silu_fwd = cuda_silu_fwd;
     be->silu_bwd = cuda_silu_bwd;
 }

@@ -243,6 +243,10 @@ static void s_gelu_bwd(tz_backend *be, float *dx, cf *d, cf *x, int64_t n, int a
 }
 static void s_bias_add(tz_backend *be, float *y, cf *b, int64_t rows, int64_t C) { (void)y, (void)b; add(be, TZ_SM_ELEMENT, (double)rows * C, 2 * F * rows * C); }
 static void s_bias_bwd(tz_backend *be, float *db, cf *dy, int64_t rows, int64_t C, uint16_t *d16) { (void)db, (void)dy; add(be, TZ_SM_ELEMENT, (double)rows * C, (F + (d16 ? 2 : 0)) * rows * C); }
+static void s_gelu_bwd_bias(tz_backend *be, uint16_t *d16, float *db, cf *d, cf *x, int64_t rows, int64_t C) { /* GELU's backward and the bias's column sums: reads dout and x, writes dx in bf16 */
+    (void)d16, (void)db, (void)d, (void)x;
+    add(be, TZ_SM_ELEMENT, 13.0 * rows * C, (2 * F + 2) * rows * C);
+}
 static void s_mse_fwd(tz_backend *be, float *s, cf *p, int64_t ld, cf *t, int64_t rows, int64_t n) { (void)s, (void)p, (void)ld, (void)t; add(be, TZ_SM_LOSS, 3.0 * rows * n, 2 * F * rows * n); }
 static void s_mse_bwd(tz_backend *be, float *d, cf *p, int64_t ld, cf *t, float dl, int64_t rows, int64_t n) { (void)d, (void)p, (void)ld, (void)t, (void)dl; add(be, TZ_SM_LOSS, 3.0 * rows * n, 3 * F * rows * n); }
 static void s_patch(tz_backend *be, float *a, cf *b, int64_t B, int64_t C, int64_t H, int64_t W, int64_t p, int cl) { (void)a, (void)b, (void)p, (void)cl; add(be, TZ_SM_ELEMENT, 0, 2 * F * B * C * H * W); }
@@ -351,6 +355,7 @@ void tz_step_model_install(tz_backend *be, const tz_step_rates *r) {
     be->modulate_bwd = s_mod_bwd, be->gate_fwd = s_gate_fwd, be->gate_bwd = s_gate_bwd;
     be->gelu_tanh_fwd = s_gelu_fwd, be->gelu_tanh_bwd = s_gelu_bwd, be->silu_fwd = s_act_fwd;
     be->silu_bwd = s_act_bwd, be->bias_add_fwd = s_bias_add, be->bias_bwd = s_bias_bwd;
+    be->gelu_tanh_bwd_bias = s_gelu_bwd_bias;
     be->mse_fwd = s_mse_fwd, be->mse_bwd = s_mse_bwd, be->patchify = s_patch;
     be->unpatchify = s_patch, be->copy2d = s_copy2d, be->tq_rotate = s_rot;
     be->tq_rotate16 = s_rot16, be->tq_rotate_bwd = s_rot_bwd,

@@ -359,6 +359,14 @@ struct tz_backend {
     void (*bias_add_fwd)(tz_backend *be, float *y, const float *bias, int64_t rows, int64_t C);
     void (*bias_bwd)(tz_backend *be, float *dbias, const float *dy, int64_t rows, int64_t C,
                      uint16_t *dy16);
+    /* gelu_tanh_bwd's dx (accumulate 0, dense) for a linear with a trained bias, that
+     * linear's bias gradient taken in the same pass: dbias[c] += sum_r dx[r,c] (bias_bwd's
+     * sums, in its order) and dx written only as bf16 bit patterns into dx16 [rows, C] (the
+     * dy its bf16 GEMMs read), never in fp32: the bits of gelu_tanh_bwd(dx, dout, x, rows *
+     * C, 0, 0, 0) then bias_bwd(dbias, dx, rows, C, dx16). (The DiT's fc1 in full
+     * fine-tuning: one read of dout and x instead of an fp32 dx written and read again.) */
+    void (*gelu_tanh_bwd_bias)(tz_backend *be, uint16_t *dx16, float *dbias, const float *dout,
+                               const float *x, int64_t rows, int64_t C);
 
     /* Squared error per row: sse[r] = sum_{i<n} (pred[r*ld + i] - target[r*n + i])^2 (in
      * double, stored as float); pred rows may be longer than n (ld >= n: extra channels are
@@ -514,8 +522,8 @@ struct tz_backend {
     X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \
     X(swiglu_bwd) X(xent_fwd) X(xent_bwd) X(layernorm_fwd) X(layernorm_bwd)                 \
     X(modulate_fwd) X(modulate_bwd) X(gate_fwd) X(gate_bwd) X(gelu_tanh_fwd)                \
-    X(gelu_tanh_bwd) X(silu_fwd) X(silu_bwd) X(bias_add_fwd) X(bias_bwd) X(mse_fwd)         \
-    X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate16) X(tq_rotate_bwd)  \
+    X(gelu_tanh_bwd) X(silu_fwd) X(silu_bwd) X(bias_add_fwd) X(bias_bwd)                    \
+    X(gelu_tanh_bwd_bias) X(mse_fwd) X(mse_bwd) X(patchify) X(unpatchify) X(copy2d) X(tq_rotate) X(tq_rotate16) X(tq_rotate_bwd)  \
     X(tq_rotate16_at) X(tq_rotate_bwd_at) X(swiglu_rot16_at)                                \
     X(tq_dequant) X(tq_matmul) X(tq_matmul_lora) X(host_alloc) X(host_free) X(host_register)                   \
     X(host_unregister) X(download_async) X(upload_async) X(event_mark) X(event_wait)          \

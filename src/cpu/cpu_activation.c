@@ -165,6 +165,17 @@ static void cpu_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, cons
     }
 }
 
+/* The reference: gelu_tanh_bwd into an fp32 dx of its own, then bias_bwd of it. */
+static void cpu_gelu_tanh_bwd_bias(tz_backend *be, uint16_t *dx16, float *dbias,
+                                   const float *dout, const float *x, int64_t rows, int64_t C) {
+    const int64_t n = rows * C;
+    float *dx = malloc((size_t)(n > 0 ? n : 1) * sizeof *dx);
+    if (!dx) TZ_FATAL("gelu_tanh_bwd_bias: out of host memory");
+    be->gelu_tanh_bwd(be, dx, dout, x, n, 0, 0, 0);
+    be->bias_bwd(be, dbias, dx, rows, C, dx16);
+    free(dx);
+}
+
 static void cpu_silu_fwd(tz_backend *be, float *out, const float *x, int64_t n) {
     int nt = tz_cpu_threads(be);
 #pragma omp parallel for simd schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
@@ -185,6 +196,7 @@ static void cpu_silu_bwd(tz_backend *be, float *dx, const float *dout, const flo
 void TZ_CPU_K(tz_cpu_install_activation)(tz_backend *be) {
     be->swiglu_fwd = cpu_swiglu_fwd;
     be->swiglu_bwd = cpu_swiglu_bwd;
+    be->gelu_tanh_bwd_bias = cpu_gelu_tanh_bwd_bias;
     be->gelu_tanh_fwd = cpu_gelu_tanh_fwd;
     be->gelu_tanh_bwd = cpu_gelu_tanh_bwd;
     be->silu_fwd = cpu_silu_fwd;

@@ -195,8 +195,17 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     const int mp = tz_linear_dy_mode(be, &L[TZ_DIT_PROJ]);
     be->gate_bwd(be, m->da, m->dmod + 5 * Hd, m->dres, a->mo, a->mod + 5 * Hd, M, n, T, Hd, m2);
     lin_bwd(m, &L[TZ_DIT_FC2], m2, 1, m->dg, m->da, a->g, a->lh[TZ_DIT_FC2], BT);
-    be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F, m1, 0, 0);
-    lin_bwd(m, &L[TZ_DIT_FC1], m1, 1, m->db, m->df, a->h2, a->lh[TZ_DIT_FC1], BT);
+    if (!m1 && be->gelu_tanh_bwd_bias && tz_linear_takes_dy16_db(be, &L[TZ_DIT_FC1])) {
+        /* fc1's trained bias: its gradient summed in GELU's backward pass, which writes dy
+         * only in bf16 (no fp32 df written and read again) */
+        uint16_t *df16 = (uint16_t *)(void *)m->df;
+        be->gelu_tanh_bwd_bias(be, df16, L[TZ_DIT_FC1].bias->g, m->dg, a->f, BT, F);
+        tz_linear_bwd_set_db16(be, &L[TZ_DIT_FC1], m->db, df16, a->h2, m->x16,
+                               a->lh[TZ_DIT_FC1], m->dlora, BT);
+    } else {
+        be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F, m1, 0, 0);
+        lin_bwd(m, &L[TZ_DIT_FC1], m1, 1, m->db, m->df, a->h2, a->lh[TZ_DIT_FC1], BT);
+    }
     be->modulate_bwd(be, m->da, m->dmod + 3 * Hd, m->dmod + 4 * Hd, m->db, a->ln2,
                      a->mod + 4 * Hd, M, n, T, Hd, 0);
     be->layernorm_bwd(be, m->dres, m->da, a->x2, a->mean2, a->rstd2, BT, Hd); /* now dL/dx2 */

@@ -376,8 +376,9 @@ static void need_dy16(const tz_backend *be, const tz_linear *l) {
  * room is not NULL (in the bias gradient's pass where there is one: one read of dy for both),
  * else NULL (the GEMMs read the fp32 dy). */
 static const uint16_t *dy_prep(tz_backend *be, const tz_linear *l, const float *dy,
-                               const uint16_t *given16, uint16_t *room, int64_t n) {
-    const int db = l->bias && l->bias->g;
+                               const uint16_t *given16, uint16_t *room, int64_t n,
+                               int db_done) {
+    const int db = l->bias && l->bias->g && !db_done;
     if (given16) need_dy16(be, l);
     if (db && !dy)
         TZ_FATAL("linear %lld -> %lld: its bias gradient sums dy in fp32, and only a bf16 dy "
@@ -388,19 +389,24 @@ static const uint16_t *dy_prep(tz_backend *be, const tz_linear *l, const float *
     return given16 ? given16 : d16;
 }
 
-/* tz_linear_bwd, dx written (dx_set) or added to; x fp32, or bf16 bit patterns (x16); dy
- * fp32, or given already rounded (dy16; dy then only for a bias gradient) */
+/* linear_bwd's modes: dx written, not added to; the bias gradient taken already (by the op
+ * that made dy16) */
+enum { LB_SET = 1, LB_DB_DONE = 2 };
+
+/* tz_linear_bwd, dx written (mode LB_SET) or added to; x fp32, or bf16 bit patterns (x16);
+ * dy fp32, or given already rounded (dy16; dy then only for a bias gradient, none with
+ * LB_DB_DONE) */
 static void linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                        const uint16_t *dy16, const void *x, int x16, const float *h,
-                       float *scratch, int64_t n, int dx_set) {
+                       float *scratch, int64_t n, int mode) {
     const tz_qweight *q = l->w->q;
     const int turbo = q && q->method == TZ_TQ_TURBOQUANT;
     const bwd_room r = l->tq && l->tq->act ? bwd_layout(be, &l, 1, n, turbo, dx != NULL,
                                                         dy16 != NULL, l->tq->act,
                                                         l->tq->act_floats)
                                            : (bwd_room){0};
-    dy16 = dy_prep(be, l, dy, dy16, r.dy16, n);
-    linear_bwd_x(be, l, dx, dy, dy16, x, x16, h, scratch, n, 0, 0, dx_set);
+    dy16 = dy_prep(be, l, dy, dy16, r.dy16, n, mode & LB_DB_DONE);
+    linear_bwd_x(be, l, dx, dy, dy16, x, x16, h, scratch, n, 0, 0, mode & LB_SET);
 }
 
 int tz_linear_bwd_reads_x(const tz_linear *l) { return l->w->g || (l->a && l->a->g); }
@@ -411,6 +417,18 @@ int tz_linear_takes_dy16(const tz_backend *be, const tz_linear *l) {
 
 int tz_linear_dy_mode(const tz_backend *be, const tz_linear *l) {
     return tz_linear_takes_dy16(be, l) ? 2 : 0;
+}
+
+int tz_linear_takes_dy16_db(const tz_backend *be, const tz_linear *l) {
+    return tz_linear_rounds_bf16(be) && l->bias && l->bias->g;
+}
+
+void tz_linear_bwd_set_db16(tz_backend *be, const tz_linear *l, float *dx, const uint16_t *dy16,
+                            const void *x, int x16, const float *h, float *scratch, int64_t n) {
+    if (!tz_linear_takes_dy16_db(be, l))
+        TZ_FATAL("linear %lld -> %lld: a bf16 dy with the bias gradient taken needs a trained "
+                 "bias and bf16 GEMM operands", (long long)l->in, (long long)l->out);
+    linear_bwd(be, l, dx, NULL, dy16, x, x16, h, scratch, n, LB_SET | LB_DB_DONE);
 }
 
 /* A dense linear on an input kept in bf16: the fold's and rotation's paths are the
@@ -448,7 +466,7 @@ void tz_linear_bwd_set_x16(tz_backend *be, const tz_linear *l, float *dx, const 
     if (!tz_linear_rounds_bf16(be)) /* (any weight: its backward reads x in GEMMs only) */
         TZ_FATAL("linear %lld -> %lld: an input kept in bf16 needs bf16 GEMM operands",
                  (long long)l->in, (long long)l->out);
-    linear_bwd(be, l, dx, dy, dy16, x16, 1, h, scratch, n, 1);
+    linear_bwd(be, l, dx, dy, dy16, x16, 1, h, scratch, n, LB_SET);
 }
 
 void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
@@ -458,13 +476,13 @@ void tz_linear_bwd(tz_backend *be, const tz_linear *l, float *dx, const float *d
 
 void tz_linear_bwd_set(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                        const float *x, const float *h, float *scratch, int64_t n) {
-    linear_bwd(be, l, dx, dy, NULL, x, 0, h, scratch, n, 1);
+    linear_bwd(be, l, dx, dy, NULL, x, 0, h, scratch, n, LB_SET);
 }
 
 void tz_linear_bwd_set16(tz_backend *be, const tz_linear *l, float *dx, const float *dy,
                          const uint16_t *dy16, const float *x, const float *h, float *scratch,
                          int64_t n) {
-    linear_bwd(be, l, dx, dy, dy16, x, 0, h, scratch, n, 1);
+    linear_bwd(be, l, dx, dy, dy16, x, 0, h, scratch, n, LB_SET);
 }
 
 /* ---- linears that read one input ---- */
@@ -736,7 +754,8 @@ static void bwd_shared(tz_backend *be, const tz_linear *const *ls, int count, fl
         const tz_linear *l = ls[i];
         const float *dy = dys ? dys[i] : NULL;
         const uint16_t *dy16 = dy_prep(be, l, dy, dy16s ? dy16s[i] : NULL,
-                                       dy_readers(l, dx != NULL, 0) >= 2 ? r.dy16 : NULL, n);
+                                       dy_readers(l, dx != NULL, 0) >= 2 ? r.dy16 : NULL, n,
+                                       0);
         if (t) /* t (+)= dy_i W_rot_i */
             qmatmul16(be, l, t, dy16 ? (const void *)dy16 : (const void *)dy, dy16 != NULL, n,
                       0, i || !first ? 1.0f : 0.0f);

@@ -184,6 +184,14 @@ int tz_linear_takes_dy16(const tz_backend *be, const tz_linear *l);
  * gelu_tanh_bwd): 2 (written in bf16) where l takes it so (tz_linear_takes_dy16), else 0
  * (written in fp32); give that dy to tz_linear_bwd_set16 (or _set_x16) as dy16 when 2. */
 int tz_linear_dy_mode(const tz_backend *be, const tz_linear *l);
+/* Whether l's backward can take its dy in bf16 with its bias gradient taken by the op that
+ * made dy (gelu_tanh_bwd_bias: that op sums the fp32 dy it never stores): bf16 GEMM operands
+ * and a bias whose gradient is wanted. Then tz_linear_bwd_set_db16: tz_linear_bwd_set with
+ * dy16 [n, out] (bf16 bit patterns) and no bias gradient left to take; x fp32, or bf16 bit
+ * patterns where x16. Fatal where the first says no. */
+int tz_linear_takes_dy16_db(const tz_backend *be, const tz_linear *l);
+void tz_linear_bwd_set_db16(tz_backend *be, const tz_linear *l, float *dx, const uint16_t *dy16,
+                            const void *x, int x16, const float *h, float *scratch, int64_t n);
 /* Floats of a model's activation scratch (tz_tq_scratch.act) that the `count` linears ls,
  * reading one input of n rows (through tz_linear_*_shared where count > 1), use on be, in the
  * forward and, where backward, the backward (gradients as the parameters' trainable flags

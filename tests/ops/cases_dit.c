@@ -2,6 +2,7 @@
  * residual, GELU-tanh and SiLU, bias, squared error, patches and strided copies). */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/op_case.h"
@@ -492,7 +493,58 @@ static void add_rope_pairs(oc_list *l, int64_t B, int64_t T, int64_t H, int64_t 
     oc_add(l, &c);
 }
 
+/* gelu_tanh_bwd_bias against gelu_tanh_bwd (written) then bias_bwd with its bf16 copy: dbias
+ * (added to what it held) and dx16 the same bits, dout and x kept. p: rows, C. The same
+ * arithmetic in the same order on the same values (the column sums in bias_bwd's order): bit
+ * for bit on every backend. */
+static int gelu_bias_row(tz_backend *be, const oc_case *c, char *msg, size_t len) {
+    const int64_t rows = c->p[0], C = c->p[1], n = rows * C;
+    float *h = malloc((size_t)(3 * n + 2 * C) * 4), *db0 = h + 2 * n, *back = db0 + C;
+    uint16_t *a = malloc((size_t)(2 * n) * 2), *b = a + n;
+    for (int64_t i = 0; i < 2 * n; i++) /* dout in [-1, 1), x in [-4, 4) */
+        h[i] = (float)((i * 7919) % 2003 - 1001) / (i < n ? 1001.0f : 250.0f);
+    for (int64_t j = 0; j < C; j++) db0[j] = 0.125f * (float)(j % 7) - 0.25f;
+    float *dout = be->alloc(be, (size_t)n * 4), *x = be->alloc(be, (size_t)n * 4);
+    float *dx = be->alloc(be, (size_t)n * 4), *d1 = be->alloc(be, (size_t)C * 4);
+    float *d2 = be->alloc(be, (size_t)C * 4);
+    uint16_t *x1 = be->alloc(be, (size_t)n * 2), *x2 = be->alloc(be, (size_t)n * 2);
+    be->upload(be, dout, h, (size_t)n * 4), be->upload(be, x, h + n, (size_t)n * 4);
+    be->upload(be, d1, db0, (size_t)C * 4), be->upload(be, d2, db0, (size_t)C * 4);
+    be->gelu_tanh_bwd_bias(be, x1, d1, dout, x, rows, C);
+    be->gelu_tanh_bwd(be, dx, dout, x, n, 0, 0, 0);
+    be->bias_bwd(be, d2, dx, rows, C, x2);
+    be->download(be, a, x1, (size_t)n * 2), be->download(be, b, x2, (size_t)n * 2);
+    int64_t diff = 0;
+    for (int64_t i = 0; i < n; i++) diff += a[i] != b[i];
+    float *g1 = back, *g2 = back + C;
+    be->download(be, g1, d1, (size_t)C * 4), be->download(be, g2, d2, (size_t)C * 4);
+    const int64_t ddiff = memcmp(g1, g2, (size_t)C * 4) != 0;
+    float *kept = malloc((size_t)(2 * n) * 4);
+    be->download(be, kept, dout, (size_t)n * 4), be->download(be, kept + n, x, (size_t)n * 4);
+    const int changed = memcmp(kept, h, (size_t)(2 * n) * 4) != 0;
+    be->release(be, dout), be->release(be, x), be->release(be, dx), be->release(be, d1);
+    be->release(be, d2), be->release(be, x1), be->release(be, x2);
+    free(h), free(a), free(kept);
+    if (diff || ddiff || changed)
+        snprintf(msg, len, "%lld of %lld dx elements differ, the bias gradient %s%s",
+                 (long long)diff, (long long)n, ddiff ? "differs" : "the same",
+                 changed ? "; dout or x was changed" : "");
+    return diff || ddiff || changed;
+}
+
+static void add_gelu_bias(oc_list *l, int64_t rows, int64_t C) {
+    oc_case c = {.ops = "gelu_tanh_bwd_bias gelu_tanh_bwd bias_bwd alloc upload download "
+                        "release",
+                 .p = {rows, C}, .custom = gelu_bias_row};
+    snprintf(c.name, sizeof c.name,
+             "gelu_tanh_bwd_bias = gelu_tanh_bwd then bias_bwd with dy in bf16, bit for bit, the "
+             "bias gradient added to (%lld x %lld)", (long long)rows, (long long)C);
+    oc_add(l, &c);
+}
+
 void oc_cases_dit(oc_list *l) {
+    add_gelu_bias(l, 37, 129);
+    add_gelu_bias(l, 300, 64); /* rows in more than one of the column sums' chunks */
     add_rope_pairs(l, 2, 7, 3, 16);
     add_rope_pairs(l, 1, 1, 1, 2);
     add_layernorm(l, 13, 37, 0.0f, 2.0f, 1e-6);
