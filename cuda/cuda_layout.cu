@@ -211,37 +211,46 @@ static void cuda_rope_tab_bwd16(tz_backend *be, uint16_t *y, const float *x, int
 
 /* RoPE of adjacent pairs from a (cos, sin) table per position; one thread per pair. The
  * products rounded apart (__fmul_rn), as the CPU rounds them. */
-static __global__ void k_rope_pairs(float *x, const float *cs, int64_t T, int64_t H, int64_t D,
-                                    float dir, int64_t total) {
+template <class O>
+static __global__ void k_rope_pairs(O *y, const float *x, const float *cs, int64_t T, int64_t H,
+                                    int64_t D, float dir, int64_t total) {
     const int64_t half = D / 2;
     TZ_CUDA_FOR(p, total) {
         const int64_t i = p % half, r = p / half, t = (r / H) % T;
-        float *v = x + r * D;
+        const float *v = x + r * D;
+        O *w = y + r * D;
         const float c = cs[t * D + 2 * i], s = dir * cs[t * D + 2 * i + 1];
         const float a = v[2 * i], b = v[2 * i + 1];
-        v[2 * i] = __fmul_rn(a, c) - __fmul_rn(b, s);
-        v[2 * i + 1] = __fmul_rn(b, c) + __fmul_rn(a, s);
+        tz_put(w + 2 * i, __fmul_rn(a, c) - __fmul_rn(b, s));
+        tz_put(w + 2 * i + 1, __fmul_rn(b, c) + __fmul_rn(a, s));
     }
 }
 
-static void rope_pairs_apply(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H,
-                             int64_t D, const float *cs, float dir) {
+/* y = x (in place, fp32) or y in bf16 bits (rope_pairs_fwd16) */
+template <class O>
+static void rope_pairs_apply(tz_backend *be, O *y, const float *x, int64_t B, int64_t T,
+                             int64_t H, int64_t D, const float *cs, float dir) {
     if (D % 2 != 0) TZ_FATAL("rope needs an even head dimension, got D=%lld", (long long)D);
     if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return;
     const int64_t total = B * T * H * (D / 2);
-    k_rope_pairs<<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
-                   tz_cuda_stream(be)>>>(x, cs, T, H, D, dir, total);
+    k_rope_pairs<O><<<tz_cuda_blocks(total, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0,
+                      tz_cuda_stream(be)>>>(y, x, cs, T, H, D, dir, total);
     CUDA_LAUNCHED();
 }
 
 static void cuda_rope_pairs_fwd(tz_backend *be, float *x, int64_t B, int64_t T, int64_t H,
                                 int64_t D, const float *cs) {
-    rope_pairs_apply(be, x, B, T, H, D, cs, 1.0f);
+    rope_pairs_apply(be, x, x, B, T, H, D, cs, 1.0f);
 }
 
 static void cuda_rope_pairs_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H,
                                 int64_t D, const float *cs) {
-    rope_pairs_apply(be, dx, B, T, H, D, cs, -1.0f);
+    rope_pairs_apply(be, dx, dx, B, T, H, D, cs, -1.0f);
+}
+
+static void cuda_rope_pairs_fwd16(tz_backend *be, uint16_t *y, const float *x, int64_t B,
+                                  int64_t T, int64_t H, int64_t D, const float *cs) {
+    rope_pairs_apply(be, y, x, B, T, H, D, cs, 1.0f);
 }
 
 /* ---- patches ---- */
@@ -312,6 +321,7 @@ void tz_cuda_install_layout(tz_backend *be) {
     be->rope_tab_bwd16 = cuda_rope_tab_bwd16;
     be->rope_pairs_fwd = cuda_rope_pairs_fwd;
     be->rope_pairs_bwd = cuda_rope_pairs_bwd;
+    be->rope_pairs_fwd16 = cuda_rope_pairs_fwd16;
     be->patchify = cuda_patchify;
     be->unpatchify = cuda_unpatchify;
     be->copy2d = cuda_copy2d;

@@ -242,6 +242,11 @@ struct tz_backend {
                            const float *cs);
     void (*rope_pairs_bwd)(tz_backend *be, float *dx, int64_t B, int64_t T, int64_t H,
                            int64_t D, const float *cs);
+    /* rope_pairs_fwd into y [B, T, H, D] as bf16 bit patterns (x not changed): its values
+     * rounded as to_bf16 rounds, bit for bit (Flux's q and k for attention that reads them in
+     * bf16, tz_att_ld.in16: one pass instead of a rotation in place and a rounding) */
+    void (*rope_pairs_fwd16)(tz_backend *be, uint16_t *y, const float *x, int64_t B, int64_t T,
+                             int64_t H, int64_t D, const float *cs);
 
     /* ---- scaled dot-product attention with grouped-query heads ----
      * q [B,T,Hq,D], k, v [B,T,Hkv,D], Hq % Hkv == 0, query head h reads kv head h/(Hq/Hkv).
@@ -518,6 +523,7 @@ struct tz_backend {
     X(embedding_bwd) X(embedding_fwd_w16) X(rmsnorm_fwd)                                      \
     X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_fwd16) X(rope_bwd16) X(rope_tab_fwd)         \
     X(rope_tab_bwd) X(rope_tab_fwd16) X(rope_tab_bwd16) X(rope_pairs_fwd) X(rope_pairs_bwd)   \
+    X(rope_pairs_fwd16)                                                                       \
     X(attention_fwd)                                                                          \
     X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \
     X(swiglu_bwd) X(xent_fwd) X(xent_bwd) X(layernorm_fwd) X(layernorm_bwd)                 \

@@ -205,6 +205,18 @@ static void cpu_rope_pairs_bwd(tz_backend *be, float *dx, int64_t B, int64_t T, 
     rope_pairs(be, dx, B, T, H, D, cs, -1.0f);
 }
 
+/* The reference: rope_pairs_fwd on a copy of x, then to_bf16 of it. */
+static void cpu_rope_pairs_fwd16(tz_backend *be, uint16_t *y, const float *x, int64_t B,
+                                 int64_t T, int64_t H, int64_t D, const float *cs) {
+    const int64_t n = B * T * H * D;
+    float *t = malloc((size_t)(n > 0 ? n : 1) * sizeof *t);
+    if (!t) TZ_FATAL("rope_pairs_fwd16: out of host memory");
+    memcpy(t, x, (size_t)(n > 0 ? n : 0) * sizeof *t);
+    rope_pairs(be, t, B, T, H, D, cs, 1.0f);
+    be->to_bf16(be, y, t, n);
+    free(t);
+}
+
 /* ---- patches ---- */
 
 /* to_tok = 1: tok <- img; 0: img <- tok. One work item per (b, token); every element has one
@@ -262,6 +274,7 @@ void TZ_CPU_K(tz_cpu_install_layout)(tz_backend *be) {
     be->rope_tab_bwd16 = cpu_rope_tab_bwd16;
     be->rope_pairs_fwd = cpu_rope_pairs_fwd;
     be->rope_pairs_bwd = cpu_rope_pairs_bwd;
+    be->rope_pairs_fwd16 = cpu_rope_pairs_fwd16;
     be->rope_fwd16 = cpu_rope_fwd16;
     be->rope_bwd16 = cpu_rope_bwd16;
     be->patchify = cpu_patchify;

@@ -304,6 +304,12 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
                                               m->be->matmul_dtype == TZ_DT_BF16,
                                               m->be->device ? TZ_STACK_HOST : 0);
     const int single_only = d->layers == 0, double_only = d->single_layers == 0;
+    const int att16 = m->be->device && tz_linear_rounds_bf16(m->be) &&
+                      tz_attention_takes_bf16(m->be, d->head_dim);
+    /* with att16 the fp32 Q and K live only from their RMSNorms to RoPE's pass into bf16, at
+     * the start of the attention, when wide1 is free: they take its memory (below) */
+    const int qk_wide = att16 && F >= 2 * I;
+    if (a) m->att16 = att16;
     for (int s = 0; s < n_sets; s++) {
         tz_flux_acts *x = a ? tz_layer_stack_set(&m->stack, s) : NULL;
         /* with checkpointing one set serves both kinds; else set s is layer s's */
@@ -312,8 +318,11 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
 #define ACT(field, n) TAKE(x->field, n, #field)
         /* the i fields: the image stream's in a double block, every token's in a single one */
         const int64_t Ni = sgl ? BT : Bi;
-        ACT(modi, B * 6 * I); ACT(Q, BT * I); ACT(K, BT * I); ACT(V, BT * I);
+        ACT(modi, B * 6 * I); ACT(V, BT * I);
+        if (!qk_wide) { ACT(Q, BT * I); ACT(K, BT * I); }
         ACT(lse, BT * H);
+        if (att16) { ACT(Q16, (BT * I + 1) / 2); ACT(K16, (BT * I + 1) / 2); ACT(V16, (BT * I + 1) / 2); }
+        else if (x) x->Q16 = x->K16 = x->V16 = NULL;
         ACT(ln1i, Ni * I); ACT(mean1i, Ni); ACT(rstd1i, Ni); ACT(h1i, Ni * I);
         ACT(qi, Ni * I); ACT(ki, Ni * I); ACT(vi, Ni * I); ACT(rqi, Ni * H); ACT(rki, Ni * H);
         ACT(fi, Ni * F);
@@ -353,6 +362,10 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
     TAKE(m->pred, Bi * Cout, "prediction"); TAKE(m->sse, B, "squared errors");
     if (m->norm_out.a) TAKE(m->f_lh, B * r, "final adaLN lora");
     TAKE(m->wide1, BT * F, "wide scratch 1 (GELU output, its gradient)");
+    for (int s = 0; a && qk_wide && s < n_sets; s++) { /* (att16: Q and K before RoPE) */
+        tz_flux_acts *x = tz_layer_stack_set(&m->stack, s);
+        x->Q = m->wide1, x->K = m->wide1 + BT * I;
+    }
     if (!m->o.forward_only) {
         TAKE(m->dres, BT * I, "dres");
         if (own) { TAKE(m->dyi, Bi * I, "dyi"); TAKE(m->dyc, Bc * I, "dyc"); }
@@ -372,7 +385,7 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
         TAKE(m->dlora, BT * (r > 0 ? r : 1), "dlora");
     }
     const size_t att_ws = tz_attention_ws_bytes(m->be, B, T, H, d->head_dim, !m->o.forward_only,
-                                                0); /* (q, k, v in fp32) */
+                                                att16); /* (q, k, v in bf16 where att16) */
     if (a) m->att_ws = NULL, m->att_ws_bytes = att_ws;
     if (att_ws) TAKE(m->att_ws, (int64_t)(att_ws / sizeof(float)), "attention workspace");
     total += tz_quant_scratch_walk(&m->tq, &m->params, a, BT, m->be, !m->o.forward_only,

@@ -70,6 +70,7 @@ typedef struct tz_flux_acts {
     float *qi, *ki, *vi, *qc, *kc, *vc;   /* projections before the RMSNorms */
     float *rqi, *rki, *rqc, *rkc;         /* the RMSNorms' 1/rms per (token, head) */
     float *Q, *K, *V, *lse, *att;         /* the joint attention over [n, T, heads, D] */
+    uint16_t *Q16, *K16, *V16;            /* tz_flux.att16: Q, K after RoPE, and V, in bf16 */
     float *atti, *attc, *aoi, *aoc;       /* its output split, and projected */
     float *x2i, *x2c;                     /* after the attention residual */
     float *ln2i, *mean2i, *rstd2i, *h2i, *ln2c, *mean2c, *rstd2c, *h2c;
@@ -93,6 +94,9 @@ typedef struct tz_flux {
     tz_tq_scratch tq;
     void *att_ws;
     size_t att_ws_bytes;
+    int att16; /* attention reads Q, K, V in bf16 (the set's Q16, K16, V16): a device whose
+                * flash kernels round them so as they stage them (the same results, half the
+                * bytes staged, and the tiles copied ahead) */
     /* activations for batches of up to B samples of Ti image and Tt text tokens */
     int64_t B, n, Ti, Tt;
     tz_arena arena;

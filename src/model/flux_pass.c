@@ -100,17 +100,34 @@ static void rms_back(tz_backend *be, float *dx, const float *dQ, const float *x,
 
 static tz_flux_acts *acts_of(tz_flux *m, int64_t k) { return tz_layer_stack_set(&m->stack, k); }
 
+/* Attention's inputs as a holds them: Q and K after RoPE and V (fp32), or (att16) their
+ * bf16 copies */
+static void att_inputs(const tz_flux *m, const tz_flux_acts *a, const float *V,
+                       const float *in[3]) {
+    in[0] = m->att16 ? (const float *)(const void *)a->Q16 : a->Q;
+    in[1] = m->att16 ? (const float *)(const void *)a->K16 : a->K;
+    in[2] = m->att16 ? (const float *)(const void *)a->V16 : V;
+}
+
 /* The joint attention into out, rows at stride ldo (a single block's go straight into the
  * first I columns of its cat, where proj_out reads them). */
 static void attend(tz_flux *m, tz_flux_acts *a, const float *V, float *out, int64_t ldo,
                    int64_t n, int64_t T) {
     tz_backend *be = m->be;
-    be->rope_pairs_fwd(be, a->Q, n, T, m->d.heads, m->d.head_dim, m->cs);
-    be->rope_pairs_fwd(be, a->K, n, T, m->d.heads, m->d.head_dim, m->cs);
-    const tz_att_ld ld = {0, 0, ldo, 0, 0};
+    const int64_t H = m->d.heads, D = m->d.head_dim;
+    const float *in[3];
+    if (m->att16) { /* Q and K rotated into bf16 in one pass each, V rounded (att16) */
+        be->rope_pairs_fwd16(be, a->Q16, a->Q, n, T, H, D, m->cs);
+        be->rope_pairs_fwd16(be, a->K16, a->K, n, T, H, D, m->cs);
+        be->to_bf16(be, a->V16, V, n * T * H * D);
+    } else {
+        be->rope_pairs_fwd(be, a->Q, n, T, H, D, m->cs);
+        be->rope_pairs_fwd(be, a->K, n, T, H, D, m->cs);
+    }
+    att_inputs(m, a, V, in);
+    const tz_att_ld ld = {0, 0, ldo, m->att16, 0};
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    be->attention_fwd(be, out, a->lse, a->Q, a->K, V, n, T, m->d.heads, m->d.heads,
-                      m->d.head_dim, 0, &ld);
+    be->attention_fwd(be, out, a->lse, in[0], in[1], in[2], n, T, H, H, D, 0, &ld);
 }
 
 /* ---- forward ---- */
@@ -374,10 +391,12 @@ static void attend_bwd(tz_flux *m, tz_flux_acts *a, const float *V, const float 
                        const float *dout, int64_t ldo, int64_t n, int64_t T) {
     tz_backend *be = m->be;
     const int64_t H = m->d.heads, D = m->d.head_dim;
-    const tz_att_ld ld = {0, 0, ldo, 0, 0};
+    const tz_att_ld ld = {0, 0, ldo, m->att16, 0};
+    const float *in[3];
+    att_inputs(m, a, V, in);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    be->attention_bwd(be, m->dQ, m->dK, m->dV, dout, out, a->lse, a->Q, a->K, V, n, T, H, H, D,
-                      0, 0, &ld); /* dQ, dK, dV written */
+    be->attention_bwd(be, m->dQ, m->dK, m->dV, dout, out, a->lse, in[0], in[1], in[2], n, T, H,
+                      H, D, 0, 0, &ld); /* dQ, dK, dV written */
     be->rope_pairs_bwd(be, m->dQ, n, T, H, D, m->cs);
     be->rope_pairs_bwd(be, m->dK, n, T, H, D, m->cs);
 }

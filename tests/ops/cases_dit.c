@@ -493,6 +493,36 @@ static void add_rope_pairs(oc_list *l, int64_t B, int64_t T, int64_t H, int64_t 
     oc_add(l, &c);
 }
 
+/* rope_pairs_fwd16 against rope_pairs_fwd (in place on a copy) then to_bf16: the same bits,
+ * x kept. p: B, T, H, D. */
+static int rope_pairs16_row(tz_backend *be, const oc_case *c, char *msg, size_t len) {
+    const int64_t B = c->p[0], T = c->p[1], H = c->p[2], D = c->p[3], n = B * T * H * D;
+    float *h = malloc((size_t)(2 * n + T * D) * 4), *kept = h + n, *tab = kept + n;
+    uint16_t *a = malloc((size_t)(2 * n) * 2), *b = a + n;
+    for (int64_t i = 0; i < n; i++) h[i] = (float)((i * 7919) % 2001 - 1000) / 999.0f;
+    for (int64_t i = 0; i < T * D; i++) tab[i] = (float)((i * 104729) % 1999 - 999) / 1000.0f;
+    float *x = be->alloc(be, (size_t)n * 4), *y = be->alloc(be, (size_t)n * 4);
+    float *cs = be->alloc(be, (size_t)(T * D) * 4);
+    uint16_t *y16 = be->alloc(be, (size_t)n * 2), *r16 = be->alloc(be, (size_t)n * 2);
+    be->upload(be, x, h, (size_t)n * 4), be->upload(be, y, h, (size_t)n * 4);
+    be->upload(be, cs, tab, (size_t)(T * D) * 4);
+    be->rope_pairs_fwd16(be, y16, x, B, T, H, D, cs);
+    be->rope_pairs_fwd(be, y, B, T, H, D, cs);
+    be->to_bf16(be, r16, y, n);
+    be->download(be, a, y16, (size_t)n * 2), be->download(be, b, r16, (size_t)n * 2);
+    be->download(be, kept, x, (size_t)n * 4);
+    be->release(be, x), be->release(be, y), be->release(be, cs), be->release(be, y16);
+    be->release(be, r16);
+    int64_t diff = 0;
+    for (int64_t i = 0; i < n; i++) diff += a[i] != b[i];
+    const int changed = memcmp(kept, h, (size_t)n * 4) != 0;
+    free(h), free(a);
+    if (diff || changed)
+        snprintf(msg, len, "%lld of %lld elements differ%s", (long long)diff, (long long)n,
+                 changed ? "; x was changed" : "");
+    return diff || changed;
+}
+
 /* gelu_tanh_bwd_bias against gelu_tanh_bwd (written) then bias_bwd with its bf16 copy: dbias
  * (added to what it held) and dx16 the same bits, dout and x kept. p: rows, C. The same
  * arithmetic in the same order on the same values (the column sums in bias_bwd's order): bit
@@ -543,6 +573,12 @@ static void add_gelu_bias(oc_list *l, int64_t rows, int64_t C) {
 }
 
 void oc_cases_dit(oc_list *l) {
+    oc_case rp16 = {.ops = "rope_pairs_fwd16 rope_pairs_fwd to_bf16 alloc upload download release",
+                    .p = {2, 37, 3, 18}, .custom = rope_pairs16_row};
+    snprintf(rp16.name, sizeof rp16.name,
+             "rope_pairs_fwd16 = rope_pairs_fwd then to_bf16, bit for bit, x kept (B 2 T 37 H 3 "
+             "D 18)");
+    oc_add(l, &rp16);
     add_gelu_bias(l, 37, 129);
     add_gelu_bias(l, 300, 64); /* rows in more than one of the column sums' chunks */
     add_rope_pairs(l, 2, 7, 3, 16);
