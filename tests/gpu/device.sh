@@ -419,7 +419,8 @@ ab)
   # carried in .device, say), TZ_AB_TURBOZERO the program to run it with where the change is
   # in the program too (default: the built one); or the built module against itself with the
   # environment switches TZ_AB_ENV on side 0 (TZ_FA_ASYNC=0, TZ_TQ_DECODE_STREAM=0, ...);
-  # test_cuda_ops with the built module, both presets' op times with each, then the benches
+  # test_cuda_ops with the built module, the presets' op times with each (TZ_AB_PRESETS,
+  # default llama2-7b and dit-xl-2; flux-dev for Flux's kernels), then the benches
   # interleaved (0, 1, 0, 1, ...: TZ_AB_ROUNDS rounds) so that a drift over the call falls on
   # both alike; a table of step times and attention's op times last
   setup
@@ -442,7 +443,7 @@ ab)
     if [ "$i" = 0 ]; then env "${abenv[@]}" TZ_CUDA_MODULE="${mods[0]}" "$@"
     else env TZ_CUDA_MODULE="${mods[1]}" "$@"; fi
   }
-  for p in llama2-7b dit-xl-2; do
+  for p in ${TZ_AB_PRESETS:-llama2-7b dit-xl-2}; do
     for i in 0 1; do
       [ "$(left 20)" -gt 40 ] || continue
       side $i TZ_CUDA_OP_TIMES=1 timeout "$(cap 60)" "${tzs[$i]}" bench --preset $p \
@@ -450,7 +451,7 @@ ab)
     done
   done
   for round in $(seq 1 "${TZ_AB_ROUNDS:-2}"); do
-    for p in llama2-7b dit-xl-2; do
+    for p in ${TZ_AB_PRESETS:-llama2-7b dit-xl-2}; do
       for i in 0 1; do
         [ "$(left 20)" -gt 30 ] || continue
         side $i timeout "$(cap 60)" "${tzs[$i]}" bench --preset $p --set train.steps=6 \
