@@ -304,8 +304,9 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
                                               m->be->matmul_dtype == TZ_DT_BF16,
                                               m->be->device ? TZ_STACK_HOST : 0);
     const int single_only = d->layers == 0, double_only = d->single_layers == 0;
+    const char *ea = getenv("TZ_FLUX_ATT16"); /* 0: fp32 inputs (for measuring; the same bits) */
     const int att16 = m->be->device && tz_linear_rounds_bf16(m->be) &&
-                      tz_attention_takes_bf16(m->be, d->head_dim);
+                      tz_attention_takes_bf16(m->be, d->head_dim) && !(ea && !strcmp(ea, "0"));
     /* with att16 the fp32 Q and K live only from their RMSNorms to RoPE's pass into bf16, at
      * the start of the attention, when wide1 is free: they take its memory (below) */
     const int qk_wide = att16 && F >= 2 * I;

@@ -132,6 +132,23 @@ CFG
   for dev in cpu cuda; do run flux1-$dev $dev "$work/flux1.cfg"; done
   compare "Flux LoRA, one sample per step, checkpointing" "$work/flux1-cpu" "$work/flux1-cuda" \
     adapter/adapter_model.safetensors 3
+  # attention on bf16 inputs (tz_flux.att16: a device with bf16 GEMMs) against fp32 inputs
+  # (TZ_FLUX_ATT16=0): the flash kernels round their inputs as they stage them, so a bf16
+  # training saves the same bytes either way (and the switch changes the plan: it is on)
+  for a16 in 1 0; do
+    TZ_FLUX_ATT16=$a16 timeout 300 "$tz" train "$work/flux1.cfg" --set run.device=cuda \
+      --set run.precision=bf16 --set run.dir="$work/flux16-$a16" > "$work/flux16-$a16.log" 2>&1 ||
+      { bad "flux16-$a16 (cuda, bf16) failed"; tail -5 "$work/flux16-$a16.log"; }
+    TZ_FLUX_ATT16=$a16 "$tz" bench --preset flux-tiny --dry-run 2>&1 |
+      grep -m1 -o 'planned backend memory per rank: [0-9.]* GiB ([0-9]* bytes)' > "$work/plan16-$a16"
+  done
+  if cmp -s "$work/flux16-1/adapter/adapter_model.safetensors" \
+       "$work/flux16-0/adapter/adapter_model.safetensors" &&
+     ! cmp -s "$work/plan16-1" "$work/plan16-0" && [ -s "$work/plan16-1" ]; then
+    ok "Flux LoRA in bf16: attention on bf16 inputs saves the adapter of fp32 inputs, byte for byte ($(cat "$work/plan16-1" | grep -o '[0-9]* bytes') planned against $(cat "$work/plan16-0" | grep -o '[0-9]* bytes'))"
+  else
+    bad "Flux LoRA in bf16: attention on bf16 inputs against fp32 inputs: the adapters differ, or the switch did not change the plan ($(cat "$work/plan16-1" "$work/plan16-0" | tr '\n' ' '))"
+  fi
 else
   echo "skip Flux: python3-h5py is not installed"
 fi
