@@ -32,6 +32,46 @@ static void cuda_rmsnorm_fwd(tz_backend *be, float *out, float *rstd, const floa
     CUDA_LAUNCHED();
 }
 
+/* k_rmsnorm_fwd's statistics and normalised values (the same loop, tree and products), then
+ * k_rope_pairs' rotation of each pair at the row's joint position, rounded to bf16: x's row
+ * r = (b, t, h) of a stream of Ts tokens into y's row (b, off + t, h) of T. */
+static __global__ void k_rms_rope16(uint16_t *y, float *rstd, const float *x, const float *w,
+                                    int64_t Ts, int64_t off, int64_t T, int64_t H, int64_t D,
+                                    float eps, const float *cs) {
+    const int64_t r = blockIdx.x;
+    const float *xr = x + r * D;
+    double ss = 0.0;
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) ss += (double)xr[c] * (double)xr[c];
+    ss = tz_block_sum_d(ss);
+    float rs = (float)(1.0 / sqrt(ss / (double)D + (double)eps));
+    if (threadIdx.x == 0) rstd[r] = rs;
+    const int64_t h = r % H, bt = r / H, pos = off + bt % Ts, b = bt / Ts;
+    uint16_t *yr = y + ((b * T + pos) * H + h) * D;
+    const float *tab = cs + pos * D;
+    for (int64_t c = 2 * (int64_t)threadIdx.x; c < D; c += 2 * (int64_t)blockDim.x) {
+        const float a = __fmul_rn(xr[c], rs) * w[c], bb = __fmul_rn(xr[c + 1], rs) * w[c + 1];
+        const float co = tab[c], si = 1.0f * tab[c + 1];
+        tz_put(yr + c, __fmul_rn(a, co) - __fmul_rn(bb, si));
+        tz_put(yr + c + 1, __fmul_rn(bb, co) + __fmul_rn(a, si));
+    }
+}
+
+static void cuda_rms_rope_pairs16(tz_backend *be, uint16_t *y, float *rstd, const float *x,
+                                  const float *w, int64_t B, int64_t Ts, int64_t off, int64_t T,
+                                  int64_t H, int64_t D, float eps, const float *cs) {
+    if (D % 2 != 0) TZ_FATAL("rope needs an even head dimension, got D=%lld", (long long)D);
+    if (off < 0 || off + Ts > T)
+        TZ_FATAL("rms_rope_pairs16: tokens [%lld, %lld) outside a sequence of %lld",
+                 (long long)off, (long long)(off + Ts), (long long)T);
+    const int64_t rows = B * Ts * H;
+    if (rows <= 0 || D <= 0) return;
+    check_rows(rows, "rms_rope_pairs16");
+    TZ_CUDA_KERNEL_READS(be, w, (size_t)D * sizeof *w, "rmsnorm weight");
+    k_rms_rope16<<<(unsigned)rows, ROW_THREADS, 0, tz_cuda_stream(be)>>>(y, rstd, x, w, Ts, off,
+                                                                         T, H, D, eps, cs);
+    CUDA_LAUNCHED();
+}
+
 /* dx += r * (g - x * r^2 * mean(g*x)), g = dout * w. */
 static __global__ void k_rmsnorm_bwd_dx(float *dx, const float *dout, const float *x,
                                         const float *w, const float *rstd, int64_t C, int acc) {
@@ -127,6 +167,7 @@ static void cuda_layernorm_bwd(tz_backend *be, float *dx, const float *dout, con
 void tz_cuda_install_norm(tz_backend *be) {
     be->rmsnorm_fwd = cuda_rmsnorm_fwd;
     be->rmsnorm_bwd = cuda_rmsnorm_bwd;
+    be->rms_rope_pairs16 = cuda_rms_rope_pairs16;
     be->layernorm_fwd = cuda_layernorm_fwd;
     be->layernorm_bwd = cuda_layernorm_bwd;
 }

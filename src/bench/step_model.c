@@ -171,6 +171,10 @@ static void s_rope_pairs(tz_backend *be, float *x, int64_t B, int64_t T, int64_t
     (void)x, (void)cs; /* the table is read per position: small beside x */
     add(be, TZ_SM_ELEMENT, 3.0 * B * T * H * D, 2 * F * B * T * H * D);
 }
+static void s_rms_rope16(tz_backend *be, uint16_t *y, float *r, cf *x, cf *w, int64_t B, int64_t Ts, int64_t off, int64_t T, int64_t H, int64_t D, float eps, cf *cs) {
+    (void)y, (void)r, (void)x, (void)w, (void)off, (void)T, (void)eps, (void)cs; /* fp32 in, bf16 out */
+    add(be, TZ_SM_NORM, 6.0 * B * Ts * H * D, (F + 2) * (double)(B * Ts * H * D));
+}
 static void s_rope_pairs16(tz_backend *be, uint16_t *y, cf *x, int64_t B, int64_t T, int64_t H, int64_t D, cf *cs) {
     (void)y, (void)x, (void)cs; /* fp32 in, bf16 out */
     add(be, TZ_SM_ELEMENT, 3.0 * B * T * H * D, (F + 2) * (double)(B * T * H * D));
@@ -352,7 +356,7 @@ void tz_step_model_install(tz_backend *be, const tz_step_rates *r) {
     be->rope_tab_fwd = s_rope_tab;
     be->rope_tab_fwd16 = s_rope_tab16, be->rope_tab_bwd16 = s_rope_tab16;
     be->rope_tab_bwd = s_rope_tab, be->rope_pairs_fwd = s_rope_pairs, be->rope_pairs_bwd = s_rope_pairs;
-    be->rope_pairs_fwd16 = s_rope_pairs16;
+    be->rope_pairs_fwd16 = s_rope_pairs16, be->rms_rope_pairs16 = s_rms_rope16;
     be->attention_fwd = s_att_fwd, be->attention_bwd = s_att_bwd;
     be->attention_cache_fwd = s_att_cache, be->swiglu_fwd = s_swiglu_fwd;
     be->swiglu_bwd = s_swiglu_bwd, be->xent_fwd = s_xent_fwd, be->xent_bwd = s_xent_bwd;

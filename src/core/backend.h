@@ -247,6 +247,15 @@ struct tz_backend {
      * bf16, tz_att_ld.in16: one pass instead of a rotation in place and a rounding) */
     void (*rope_pairs_fwd16)(tz_backend *be, uint16_t *y, const float *x, int64_t B, int64_t T,
                              int64_t H, int64_t D, const float *cs);
+    /* A per-head RMSNorm and rope_pairs_fwd16 in one pass, for one stream of a joint
+     * sequence: x [B, Ts, H, D] (rows of D), w [D]; rstd [B * Ts * H] and the normalised row
+     * (b, t, h), rotated at position off + t and rounded to bf16, written as row (b, off + t,
+     * h) of y [B, T, H, D] (y's other rows not touched): the bits of rmsnorm_fwd(h, rstd, x,
+     * w, B * Ts * H, D, eps) placed into a joint [B, T, H, D] and rope_pairs_fwd16 of it
+     * (Flux's q and k norms before attention on bf16 inputs: no fp32 q or k stored). */
+    void (*rms_rope_pairs16)(tz_backend *be, uint16_t *y, float *rstd, const float *x,
+                             const float *w, int64_t B, int64_t Ts, int64_t off, int64_t T,
+                             int64_t H, int64_t D, float eps, const float *cs);
 
     /* ---- scaled dot-product attention with grouped-query heads ----
      * q [B,T,Hq,D], k, v [B,T,Hkv,D], Hq % Hkv == 0, query head h reads kv head h/(Hq/Hkv).
@@ -523,7 +532,7 @@ struct tz_backend {
     X(embedding_bwd) X(embedding_fwd_w16) X(rmsnorm_fwd)                                      \
     X(rmsnorm_bwd) X(rope_fwd) X(rope_bwd) X(rope_fwd16) X(rope_bwd16) X(rope_tab_fwd)         \
     X(rope_tab_bwd) X(rope_tab_fwd16) X(rope_tab_bwd16) X(rope_pairs_fwd) X(rope_pairs_bwd)   \
-    X(rope_pairs_fwd16)                                                                       \
+    X(rope_pairs_fwd16) X(rms_rope_pairs16)                                                   \
     X(attention_fwd)                                                                          \
     X(attention_bwd) X(attention_cache_fwd) X(swiglu_fwd)                                    \
     X(swiglu_bwd) X(xent_fwd) X(xent_bwd) X(layernorm_fwd) X(layernorm_bwd)                 \

@@ -108,7 +108,31 @@ static void cpu_layernorm_bwd(tz_backend *be, float *dx, const float *dout, cons
     }
 }
 
+/* The reference: rmsnorm_fwd of the stream, its rows placed in a joint [B, T, H, D] (the
+ * rest zeros), rope_pairs_fwd16 of that, and the stream's rows copied into y. */
+static void cpu_rms_rope_pairs16(tz_backend *be, uint16_t *y, float *rstd, const float *x,
+                                 const float *w, int64_t B, int64_t Ts, int64_t off, int64_t T,
+                                 int64_t H, int64_t D, float eps, const float *cs) {
+    if (off < 0 || off + Ts > T)
+        TZ_FATAL("rms_rope_pairs16: tokens [%lld, %lld) outside a sequence of %lld",
+                 (long long)off, (long long)(off + Ts), (long long)T);
+    const int64_t row = H * D, n = B * T * row;
+    if (B <= 0 || Ts <= 0 || row <= 0) return;
+    float *h = malloc((size_t)(B * Ts * row) * sizeof *h), *j = calloc((size_t)n, sizeof *j);
+    uint16_t *j16 = malloc((size_t)n * sizeof *j16);
+    if (!h || !j || !j16) TZ_FATAL("rms_rope_pairs16: out of host memory");
+    be->rmsnorm_fwd(be, h, rstd, x, w, B * Ts * H, D, eps);
+    for (int64_t b = 0; b < B; b++)
+        memcpy(j + (b * T + off) * row, h + b * Ts * row, (size_t)(Ts * row) * sizeof *j);
+    be->rope_pairs_fwd16(be, j16, j, B, T, H, D, cs);
+    for (int64_t b = 0; b < B; b++)
+        memcpy(y + (b * T + off) * row, j16 + (b * T + off) * row,
+               (size_t)(Ts * row) * sizeof *y);
+    free(h), free(j), free(j16);
+}
+
 void TZ_CPU_K(tz_cpu_install_norm)(tz_backend *be) {
+    be->rms_rope_pairs16 = cpu_rms_rope_pairs16;
     be->rmsnorm_fwd = cpu_rmsnorm_fwd;
     be->rmsnorm_bwd = cpu_rmsnorm_bwd;
     be->layernorm_fwd = cpu_layernorm_fwd;

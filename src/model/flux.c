@@ -307,10 +307,7 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
     const char *ea = getenv("TZ_FLUX_ATT16"); /* 0: fp32 inputs (for measuring; the same bits) */
     const int att16 = m->be->device && tz_linear_rounds_bf16(m->be) &&
                       tz_attention_takes_bf16(m->be, d->head_dim) && !(ea && !strcmp(ea, "0"));
-    /* with att16 the fp32 Q and K live only from their RMSNorms to RoPE's pass into bf16, at
-     * the start of the attention, when wide1 is free: they take its memory (below) */
-    const int qk_wide = att16 && F >= 2 * I;
-    if (a) m->att16 = att16;
+    if (a) m->att16 = att16; /* (then the norms write Q16 and K16 themselves: no fp32 Q, K) */
     for (int s = 0; s < n_sets; s++) {
         tz_flux_acts *x = a ? tz_layer_stack_set(&m->stack, s) : NULL;
         /* with checkpointing one set serves both kinds; else set s is layer s's */
@@ -320,7 +317,8 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
         /* the i fields: the image stream's in a double block, every token's in a single one */
         const int64_t Ni = sgl ? BT : Bi;
         ACT(modi, B * 6 * I); ACT(V, BT * I);
-        if (!qk_wide) { ACT(Q, BT * I); ACT(K, BT * I); }
+        if (!att16) { ACT(Q, BT * I); ACT(K, BT * I); }
+        else if (x) x->Q = x->K = NULL;
         ACT(lse, BT * H);
         if (att16) { ACT(Q16, (BT * I + 1) / 2); ACT(K16, (BT * I + 1) / 2); ACT(V16, (BT * I + 1) / 2); }
         else if (x) x->Q16 = x->K16 = x->V16 = NULL;
@@ -363,10 +361,6 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
     TAKE(m->pred, Bi * Cout, "prediction"); TAKE(m->sse, B, "squared errors");
     if (m->norm_out.a) TAKE(m->f_lh, B * r, "final adaLN lora");
     TAKE(m->wide1, BT * F, "wide scratch 1 (GELU output, its gradient)");
-    for (int s = 0; a && qk_wide && s < n_sets; s++) { /* (att16: Q and K before RoPE) */
-        tz_flux_acts *x = tz_layer_stack_set(&m->stack, s);
-        x->Q = m->wide1, x->K = m->wide1 + BT * I;
-    }
     if (!m->o.forward_only) {
         TAKE(m->dres, BT * I, "dres");
         if (own) { TAKE(m->dyi, Bi * I, "dyi"); TAKE(m->dyc, Bc * I, "dyc"); }

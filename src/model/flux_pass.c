@@ -109,6 +109,22 @@ static void att_inputs(const tz_flux *m, const tz_flux_acts *a, const float *V,
     in[2] = m->att16 ? (const float *)(const void *)a->V16 : V;
 }
 
+/* The per-head RMSNorms of one stream's q and k (its Ts tokens from off in the joint T):
+ * into the joint Q and K (fp32, RoPE applied by attend), or with att16 straight into Q16 and
+ * K16 with RoPE, in one pass each (rms_rope_pairs16: no fp32 Q or K) */
+static void qk_norms(tz_flux *m, tz_flux_acts *a, const float *q, const float *k, float *rq,
+                     float *rk, const tz_param *nq, const tz_param *nk, int64_t Ts, int64_t off) {
+    tz_backend *be = m->be;
+    const int64_t n = m->n, T = m->Ti + m->Tt, H = m->d.heads, D = m->d.head_dim;
+    if (m->att16) {
+        be->rms_rope_pairs16(be, a->Q16, rq, q, nq->w, n, Ts, off, T, H, D, EPS, m->cs);
+        be->rms_rope_pairs16(be, a->K16, rk, k, nk->w, n, Ts, off, T, H, D, EPS, m->cs);
+    } else {
+        rms_into(be, a->Q, rq, q, nq, n, Ts, off, T, H, D);
+        rms_into(be, a->K, rk, k, nk, n, Ts, off, T, H, D);
+    }
+}
+
 /* The joint attention into out, rows at stride ldo (a single block's go straight into the
  * first I columns of its cat, where proj_out reads them). */
 static void attend(tz_flux *m, tz_flux_acts *a, const float *V, float *out, int64_t ldo,
@@ -116,9 +132,7 @@ static void attend(tz_flux *m, tz_flux_acts *a, const float *V, float *out, int6
     tz_backend *be = m->be;
     const int64_t H = m->d.heads, D = m->d.head_dim;
     const float *in[3];
-    if (m->att16) { /* Q and K rotated into bf16 in one pass each, V rounded (att16) */
-        be->rope_pairs_fwd16(be, a->Q16, a->Q, n, T, H, D, m->cs);
-        be->rope_pairs_fwd16(be, a->K16, a->K, n, T, H, D, m->cs);
+    if (m->att16) { /* (Q16 and K16 made by the norms, qk_norms) V rounded */
         be->to_bf16(be, a->V16, V, n * T * H * D);
     } else {
         be->rope_pairs_fwd(be, a->Q, n, T, H, D, m->cs);
@@ -155,7 +169,7 @@ static void double_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     tz_backend *be = m->be;
     const tz_flux_dims *d = &m->d;
     const int64_t n = m->n, Ti = m->Ti, Tt = m->Tt, T = Ti + Tt, I = tz_flux_inner(d);
-    const int64_t H = d->heads, D = d->head_dim, M = 6 * I, Bi = n * Ti, Bc = n * Tt;
+    const int64_t M = 6 * I, Bi = n * Ti, Bc = n * Tt;
     const tz_linear *L = blk->lin;
     /* the streams: the block input's rows (slices of it with one sample, copies else), the
      * joint V and the attention's output likewise, and the outputs written into out */
@@ -176,10 +190,8 @@ static void double_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     float *pi[3] = {a->qi, a->ki, vi}, *pc[3] = {a->qc, a->kc, vc};
     tz_linear_fwd_shared(be, qkvi, pi, a->lh + TZ_FLUX_Q, 3, a->h1i, Bi);
     tz_linear_fwd_shared(be, qkvc, pc, a->lh + TZ_FLUX_AQ, 3, a->h1c, Bc);
-    rms_into(be, a->Q, a->rqc, a->qc, blk->naq, n, Tt, 0, T, H, D);
-    rms_into(be, a->Q, a->rqi, a->qi, blk->nq, n, Ti, Tt, T, H, D);
-    rms_into(be, a->K, a->rkc, a->kc, blk->nak, n, Tt, 0, T, H, D);
-    rms_into(be, a->K, a->rki, a->ki, blk->nk, n, Ti, Tt, T, H, D);
+    qk_norms(m, a, a->qc, a->kc, a->rqc, a->rkc, blk->naq, blk->nak, Tt, 0);
+    qk_norms(m, a, a->qi, a->ki, a->rqi, a->rki, blk->nq, blk->nk, Ti, Tt);
     merge(be, a->V, vc, vi, n, Tt, Ti, I);
     attend(m, a, a->V, a->att, 0, n, T);
     split(be, attc, atti, a->att, n, Tt, Ti, I);
@@ -199,7 +211,7 @@ static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     tz_backend *be = m->be;
     const tz_flux_dims *d = &m->d;
     const int64_t n = m->n, T = m->Ti + m->Tt, BT = n * T, I = tz_flux_inner(d);
-    const int64_t F = tz_flux_mlp(d), H = d->heads, D = d->head_dim, M = 3 * I;
+    const int64_t F = tz_flux_mlp(d), M = 3 * I;
     const tz_linear *L = blk->lin;
     tz_linear_fwd(be, &L[TZ_FLUX_NORM], a->modi, a->lh[TZ_FLUX_NORM], m->sc, n);
     be->layernorm_fwd(be, a->ln1i, a->mean1i, a->rstd1i, x, BT, I, EPS);
@@ -211,8 +223,7 @@ static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     tz_linear_fwd_shared(be, in4, y4, h4, 4, a->h1i, BT);
     /* the GELU output straight into the second part of cat, where proj_out reads it */
     be->gelu_tanh_fwd(be, a->cat + I, a->fi, BT * F, F, I + F, 0);
-    be->rmsnorm_fwd(be, a->Q, a->rqi, a->qi, blk->nq->w, BT * H, D, EPS);
-    be->rmsnorm_fwd(be, a->K, a->rki, a->ki, blk->nk->w, BT * H, D, EPS);
+    qk_norms(m, a, a->qi, a->ki, a->rqi, a->rki, blk->nq, blk->nk, T, 0);
     attend(m, a, a->vi, a->cat, I + F, n, T);
     tz_linear_fwd(be, &L[TZ_FLUX_POUT], a->o, a->lh[TZ_FLUX_POUT], a->cat, BT);
     be->gate_fwd(be, out, x, a->o, a->modi + 2 * I, M, n, T, I);

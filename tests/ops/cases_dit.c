@@ -523,6 +523,67 @@ static int rope_pairs16_row(tz_backend *be, const oc_case *c, char *msg, size_t 
     return diff || changed;
 }
 
+/* rms_rope_pairs16 against rmsnorm_fwd, the rows placed at their joint positions by
+ * upload, and rope_pairs_fwd16 of the joint rows: the stream's rows the same bits, rstd the
+ * same, y's other rows untouched. p: B, Ts, off, T, H, D. */
+static int rms_rope_row(tz_backend *be, const oc_case *c, char *msg, size_t len) {
+    const int64_t B = c->p[0], Ts = c->p[1], off = c->p[2], T = c->p[3], H = c->p[4],
+                  D = c->p[5], row = H * D, ns = B * Ts * row, n = B * T * row;
+    float *h = malloc((size_t)(ns + D + T * D + ns + n + 2 * B * Ts * H) * 4);
+    float *w = h + ns, *tab = w + D, *hn = tab + T * D, *j = hn + ns, *r1 = j + n, *r2 = r1 + B * Ts * H;
+    uint16_t *a = malloc((size_t)(2 * n) * 2), *b = a + n;
+    for (int64_t i = 0; i < ns; i++) h[i] = (float)((i * 7919) % 2001 - 1000) / 333.0f;
+    for (int64_t i = 0; i < D; i++) w[i] = 0.5f + (float)(i % 5) * 0.25f;
+    for (int64_t i = 0; i < T * D; i++) tab[i] = (float)((i * 104729) % 1999 - 999) / 1000.0f;
+    for (int64_t i = 0; i < n; i++) j[i] = 0.0f;
+    float *x = be->alloc(be, (size_t)ns * 4), *dw = be->alloc(be, (size_t)D * 4);
+    float *cs = be->alloc(be, (size_t)(T * D) * 4), *hd = be->alloc(be, (size_t)ns * 4);
+    float *jd = be->alloc(be, (size_t)n * 4), *rs1 = be->alloc(be, (size_t)(B * Ts * H) * 4);
+    float *rs2 = be->alloc(be, (size_t)(B * Ts * H) * 4);
+    uint16_t *y1 = be->alloc(be, (size_t)n * 2), *y2 = be->alloc(be, (size_t)n * 2);
+    be->upload(be, x, h, (size_t)ns * 4), be->upload(be, dw, w, (size_t)D * 4);
+    be->upload(be, cs, tab, (size_t)(T * D) * 4);
+    be->fill(be, (float *)(void *)y1, 0.0f, n / 2), be->fill(be, (float *)(void *)y2, 0.0f, n / 2);
+    be->rms_rope_pairs16(be, y1, rs1, x, dw, B, Ts, off, T, H, D, 1e-6f, cs);
+    be->rmsnorm_fwd(be, hd, rs2, x, dw, B * Ts * H, D, 1e-6f);
+    be->download(be, hn, hd, (size_t)ns * 4);
+    for (int64_t bb = 0; bb < B; bb++)
+        memcpy(j + (bb * T + off) * row, hn + bb * Ts * row, (size_t)(Ts * row) * 4);
+    be->upload(be, jd, j, (size_t)n * 4);
+    be->rope_pairs_fwd16(be, y2, jd, B, T, H, D, cs);
+    be->download(be, a, y1, (size_t)n * 2), be->download(be, b, y2, (size_t)n * 2);
+    be->download(be, r1, rs1, (size_t)(B * Ts * H) * 4), be->download(be, r2, rs2, (size_t)(B * Ts * H) * 4);
+    int64_t diff = 0, other = 0;
+    for (int64_t bb = 0; bb < B; bb++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t k = 0; k < row; k++) {
+                const int64_t i = (bb * T + t) * row + k;
+                if (t >= off && t < off + Ts) diff += a[i] != b[i];
+                else other += a[i] != 0;
+            }
+    const int rdiff = memcmp(r1, r2, (size_t)(B * Ts * H) * 4) != 0;
+    be->release(be, x), be->release(be, dw), be->release(be, cs), be->release(be, hd);
+    be->release(be, jd), be->release(be, rs1), be->release(be, rs2), be->release(be, y1);
+    be->release(be, y2);
+    free(h), free(a);
+    if (diff || other || rdiff)
+        snprintf(msg, len, "%lld of %lld elements differ, %lld outside the stream written, rstd %s",
+                 (long long)diff, (long long)ns, (long long)other, rdiff ? "differs" : "the same");
+    return diff || other || rdiff;
+}
+
+static void add_rms_rope(oc_list *l, int64_t B, int64_t Ts, int64_t off, int64_t T, int64_t H,
+                         int64_t D) {
+    oc_case c = {.ops = "rms_rope_pairs16 rmsnorm_fwd rope_pairs_fwd16 alloc upload download "
+                        "fill release",
+                 .p = {B, Ts, off, T, H, D}, .custom = rms_rope_row};
+    snprintf(c.name, sizeof c.name,
+             "rms_rope_pairs16 = rmsnorm_fwd then rope_pairs_fwd16 at the joint positions, bit "
+             "for bit (B %lld, tokens [%lld, %lld) of %lld, H %lld, D %lld)", (long long)B,
+             (long long)off, (long long)(off + Ts), (long long)T, (long long)H, (long long)D);
+    oc_add(l, &c);
+}
+
 /* gelu_tanh_bwd_bias against gelu_tanh_bwd (written) then bias_bwd with its bf16 copy: dbias
  * (added to what it held) and dx16 the same bits, dout and x kept. p: rows, C. The same
  * arithmetic in the same order on the same values (the column sums in bias_bwd's order): bit
@@ -579,6 +640,9 @@ void oc_cases_dit(oc_list *l) {
              "rope_pairs_fwd16 = rope_pairs_fwd then to_bf16, bit for bit, x kept (B 2 T 37 H 3 "
              "D 18)");
     oc_add(l, &rp16);
+    add_rms_rope(l, 2, 5, 3, 11, 3, 18);  /* a stream in the middle of the joint rows */
+    add_rms_rope(l, 1, 7, 0, 7, 2, 128);  /* all of them, a 128-wide head */
+    add_rms_rope(l, 1, 3, 0, 9, 2, 300);  /* the first tokens; rows wider than a block */
     add_gelu_bias(l, 37, 129);
     add_gelu_bias(l, 300, 64); /* rows in more than one of the column sums' chunks */
     add_rope_pairs(l, 2, 7, 3, 16);
