@@ -128,12 +128,13 @@ static void qk_norms(tz_flux *m, tz_flux_acts *a, const float *q, const float *k
 /* The joint attention into out, rows at stride ldo (a single block's go straight into the
  * first I columns of its cat, where proj_out reads them). */
 static void attend(tz_flux *m, tz_flux_acts *a, const float *V, float *out, int64_t ldo,
-                   int64_t n, int64_t T) {
+                   int64_t n, int64_t T, int v16_made) {
     tz_backend *be = m->be;
     const int64_t H = m->d.heads, D = m->d.head_dim;
     const float *in[3];
-    if (m->att16) { /* (Q16 and K16 made by the norms, qk_norms) V rounded */
-        be->to_bf16(be, a->V16, V, n * T * H * D);
+    if (m->att16) { /* (Q16 and K16 made by the norms, qk_norms) V rounded, unless its GEMM
+                     * wrote V16 itself (v16_made) */
+        if (!v16_made) be->to_bf16(be, a->V16, V, n * T * H * D);
     } else {
         be->rope_pairs_fwd(be, a->Q, n, T, H, D, m->cs);
         be->rope_pairs_fwd(be, a->K, n, T, H, D, m->cs);
@@ -193,7 +194,7 @@ static void double_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     qk_norms(m, a, a->qc, a->kc, a->rqc, a->rkc, blk->naq, blk->nak, Tt, 0);
     qk_norms(m, a, a->qi, a->ki, a->rqi, a->rki, blk->nq, blk->nk, Ti, Tt);
     merge(be, a->V, vc, vi, n, Tt, Ti, I);
-    attend(m, a, a->V, a->att, 0, n, T);
+    attend(m, a, a->V, a->att, 0, n, T, 0);
     split(be, attc, atti, a->att, n, Tt, Ti, I);
     tz_linear_fwd(be, &L[TZ_FLUX_OUT], a->aoi, a->lh[TZ_FLUX_OUT], atti, Bi);
     tz_linear_fwd(be, &L[TZ_FLUX_AOUT], a->aoc, a->lh[TZ_FLUX_AOUT], attc, Bc);
@@ -218,13 +219,16 @@ static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     be->modulate_fwd(be, a->h1i, a->ln1i, a->modi, a->modi + I, M, n, T, I, 0);
     /* the MLP's first linear and q, k, v read one input: rotated (and rounded) once */
     const tz_linear *in4[4] = {&L[TZ_FLUX_MLP], &L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V]};
-    float *y4[4] = {a->fi, a->qi, a->ki, a->vi};
+    /* with att16, V straight into bf16 by its GEMM where the shared path can (the bits
+     * to_bf16 makes of its fp32 output on the emulation): attention alone reads it */
+    const int v16 = m->att16 && tz_linear_shared_y16(be, in4, 4, BT);
+    float *y4[4] = {a->fi, a->qi, a->ki, v16 ? (float *)(void *)a->V16 : a->vi};
     float *h4[4] = {a->lh[TZ_FLUX_MLP], a->lh[TZ_FLUX_Q], a->lh[TZ_FLUX_K], a->lh[TZ_FLUX_V]};
-    tz_linear_fwd_shared(be, in4, y4, h4, 4, a->h1i, BT);
+    tz_linear_fwd_shared16(be, in4, y4, h4, 4, a->h1i, BT, v16 ? 8 : 0);
     /* the GELU output straight into the second part of cat, where proj_out reads it */
     be->gelu_tanh_fwd(be, a->cat + I, a->fi, BT * F, F, I + F, 0);
     qk_norms(m, a, a->qi, a->ki, a->rqi, a->rki, blk->nq, blk->nk, T, 0);
-    attend(m, a, a->vi, a->cat, I + F, n, T);
+    attend(m, a, a->vi, a->cat, I + F, n, T, v16);
     tz_linear_fwd(be, &L[TZ_FLUX_POUT], a->o, a->lh[TZ_FLUX_POUT], a->cat, BT);
     be->gate_fwd(be, out, x, a->o, a->modi + 2 * I, M, n, T, I);
 }
