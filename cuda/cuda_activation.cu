@@ -52,51 +52,54 @@ static __global__ void k_swiglu_bwd16(uint16_t *dg, uint16_t *du, const float *d
     }
 }
 
-template <class T>
-static __global__ void k_gelu_fwd(T *out, const float *x, int64_t n) {
-    TZ_CUDA_FOR(i, n) tz_put(out + i, gelu_v(x[i]));
+/* T: the output's type; I: x's (fp32, or bf16 bits widened: TZ_GELU_X16) */
+template <class T, class I>
+static __global__ void k_gelu_fwd(T *out, const I *x, int64_t n) {
+    TZ_CUDA_FOR(i, n) tz_put(out + i, gelu_v(tz_get(x + i)));
 }
 
 /* What a backward adds to: dx's value (acc) or 0 (written; a bf16 dx is only written) */
 __device__ __forceinline__ float prior(const float *p, int acc) { return acc ? *p : 0.0f; }
 __device__ __forceinline__ float prior(const uint16_t *, int) { return 0.0f; }
 
-template <class T>
-static __global__ void k_gelu_bwd(T *dx, const float *dout, const float *x, int64_t n, int acc) {
+template <class T, class I>
+static __global__ void k_gelu_bwd(T *dx, const float *dout, const I *x, int64_t n, int acc) {
     /* (dx not read when written) */
-    TZ_CUDA_FOR(i, n) tz_put(dx + i, prior(dx + i, acc) + dout[i] * gelu_d(x[i]));
+    TZ_CUDA_FOR(i, n) tz_put(dx + i, prior(dx + i, acc) + dout[i] * gelu_d(tz_get(x + i)));
 }
 
 /* The row forms: rows in y (grid-stride), a row's columns in x; out (or dout) at stride ld. */
-template <class T>
-static __global__ void k_gelu_fwd_rows(T *out, const float *x, int64_t rows, int64_t cols,
+template <class T, class I>
+static __global__ void k_gelu_fwd_rows(T *out, const I *x, int64_t rows, int64_t cols,
                                        int64_t ld) {
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
         for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
              c += (int64_t)gridDim.x * blockDim.x)
-            tz_put(out + r * ld + c, gelu_v(x[r * cols + c]));
+            tz_put(out + r * ld + c, gelu_v(tz_get(x + r * cols + c)));
 }
-template <class T>
-static __global__ void k_gelu_bwd_rows(T *dx, const float *dout, const float *x, int64_t rows,
+template <class T, class I>
+static __global__ void k_gelu_bwd_rows(T *dx, const float *dout, const I *x, int64_t rows,
                                        int64_t cols, int64_t ld, int acc) {
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
         for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
              c += (int64_t)gridDim.x * blockDim.x) {
             const int64_t i = r * cols + c;
-            tz_put(dx + i, prior(dx + i, acc) + dout[r * ld + c] * gelu_d(x[i]));
+            tz_put(dx + i, prior(dx + i, acc) + dout[r * ld + c] * gelu_d(tz_get(x + i)));
         }
 }
 
 /* GELU's dx as k_gelu_bwd makes it (accumulate 0: 0 + dout gelu'(x), the same expression),
  * rounded into dx16 as it is summed: bias_bwd's column sums (colsum_a16's) of a dx never
  * stored in fp32 */
+template <class I>
 struct colsum_gelu16 {
-    const float *dout, *x;
+    const float *dout;
+    const I *x;
     uint16_t *dx16;
     int64_t T, C;
     __device__ double operator()(int64_t b, int64_t t, int64_t c) const {
         const int64_t i = (b * T + t) * C + c;
-        const float v = 0.0f + dout[i] * gelu_d(x[i]);
+        const float v = 0.0f + dout[i] * gelu_d(tz_get(x + i));
         dx16[i] = tz_bf16_bits(v);
         return (double)v;
     }
@@ -146,42 +149,60 @@ static void cuda_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *d
     else TZ_CUDA_LAUNCH(k_swiglu_bwd16<float>, n, dg16, du16, dout, g, u, n);
 }
 static void cuda_gelu_tanh_bwd_bias(tz_backend *be, uint16_t *dx16, float *dbias,
-                                    const float *dout, const float *x, int64_t rows, int64_t C) {
-    tz_cuda_colsum(be, dbias, 0, colsum_gelu16{dout, x, dx16, rows, C}, 1, rows, C);
+                                    const float *dout, const float *x, int64_t rows, int64_t C,
+                                    int x16) {
+    if (x16)
+        tz_cuda_colsum(be, dbias, 0,
+                       colsum_gelu16<uint16_t>{dout, (const uint16_t *)(const void *)x, dx16,
+                                               rows, C},
+                       1, rows, C);
+    else tz_cuda_colsum(be, dbias, 0, colsum_gelu16<float>{dout, x, dx16, rows, C}, 1, rows, C);
 }
-static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
-                               int64_t cols, int64_t ld, int out_bf16) {
-    const int64_t rows = tz_op_rows("gelu_tanh", n, cols, ld);
-    uint16_t *o16 = (uint16_t *)(void *)out;
+/* GELU's kernels for an output of type T (float, or bf16 bits) on x of type I */
+template <class T, class I>
+static void gelu_fwd_as(tz_backend *be, T *out, const I *x, int64_t n, int64_t rows,
+                        int64_t cols, int64_t ld) {
     if (!rows) {
-        if (out_bf16) TZ_CUDA_LAUNCH(k_gelu_fwd<uint16_t>, n, o16, x, n);
-        else TZ_CUDA_LAUNCH(k_gelu_fwd<float>, n, out, x, n);
+        TZ_CUDA_LAUNCH((k_gelu_fwd<T, I>), n, out, x, n);
         return;
     }
-    if (out_bf16)
-        k_gelu_fwd_rows<uint16_t><<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0,
-                                    tz_cuda_stream(be)>>>(o16, x, rows, cols, ld);
-    else
-        k_gelu_fwd_rows<float><<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
-            out, x, rows, cols, ld);
+    k_gelu_fwd_rows<T, I><<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
+        out, x, rows, cols, ld);
     CUDA_LAUNCHED();
+}
+template <class T, class I>
+static void gelu_bwd_as(tz_backend *be, T *dx, const float *dout, const I *x, int64_t n,
+                        int acc, int64_t rows, int64_t cols, int64_t ld) {
+    if (!rows) {
+        TZ_CUDA_LAUNCH((k_gelu_bwd<T, I>), n, dx, dout, x, n, acc);
+        return;
+    }
+    k_gelu_bwd_rows<T, I><<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
+        dx, dout, x, rows, cols, ld, acc);
+    CUDA_LAUNCHED();
+}
+
+static void cuda_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
+                               int64_t cols, int64_t ld, int flags) {
+    const int64_t rows = tz_op_rows("gelu_tanh", n, cols, ld);
+    uint16_t *o16 = (uint16_t *)(void *)out;
+    const uint16_t *x16 = (const uint16_t *)(const void *)x;
+    const int out16 = flags & TZ_GELU_OUT16, in16 = flags & TZ_GELU_X16;
+    if (out16 && in16) gelu_fwd_as(be, o16, x16, n, rows, cols, ld);
+    else if (out16) gelu_fwd_as(be, o16, x, n, rows, cols, ld);
+    else if (in16) gelu_fwd_as(be, out, x16, n, rows, cols, ld);
+    else gelu_fwd_as(be, out, x, n, rows, cols, ld);
 }
 static void cuda_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
                                int64_t n, int accumulate, int64_t cols, int64_t ld) {
     const int64_t rows = tz_op_rows("gelu_tanh", n, cols, ld);
     uint16_t *d16 = (uint16_t *)(void *)dx;
-    if (!rows) {
-        if (accumulate == 2) TZ_CUDA_LAUNCH(k_gelu_bwd<uint16_t>, n, d16, dout, x, n, 0);
-        else TZ_CUDA_LAUNCH(k_gelu_bwd<float>, n, dx, dout, x, n, accumulate);
-        return;
-    }
-    if (accumulate == 2)
-        k_gelu_bwd_rows<uint16_t><<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0,
-                                    tz_cuda_stream(be)>>>(d16, dout, x, rows, cols, ld, 0);
-    else
-        k_gelu_bwd_rows<float><<<rows_grid(rows, cols), TZ_CUDA_THREADS, 0, tz_cuda_stream(be)>>>(
-            dx, dout, x, rows, cols, ld, accumulate);
-    CUDA_LAUNCHED();
+    const uint16_t *x16 = (const uint16_t *)(const void *)x;
+    const int acc = accumulate & ~TZ_GELU_X16, in16 = accumulate & TZ_GELU_X16;
+    if (acc == 2 && in16) gelu_bwd_as(be, d16, dout, x16, n, 0, rows, cols, ld);
+    else if (acc == 2) gelu_bwd_as(be, d16, dout, x, n, 0, rows, cols, ld);
+    else if (in16) gelu_bwd_as(be, dx, dout, x16, n, acc, rows, cols, ld);
+    else gelu_bwd_as(be, dx, dout, x, n, acc, rows, cols, ld);
 }
 static void cuda_silu_fwd(tz_backend *be, float *out, const float *x, int64_t n) {
     TZ_CUDA_LAUNCH(k_silu_fwd, n, out, x, n);

@@ -241,19 +241,21 @@ static void s_gate_bwd(tz_backend *be, float *dy, float *dg, cf *d, cf *y, cf *g
 static void s_act_fwd(tz_backend *be, float *o, cf *x, int64_t n) { (void)o, (void)x; add(be, TZ_SM_ELEMENT, 8.0 * n, 2 * F * n); }
 static void s_act_bwd(tz_backend *be, float *dx, cf *d, cf *x, int64_t n, int acc) { (void)dx, (void)d, (void)x; add(be, TZ_SM_ELEMENT, 12.0 * n, (acc ? 4 : 3) * F * n); }
 /* GELU's: the same work at any row stride (it moves no more bytes) */
-static void s_gelu_fwd(tz_backend *be, float *o, cf *x, int64_t n, int64_t cols, int64_t ld, int o16) {
-    (void)o, (void)x, (void)cols, (void)ld;
-    add(be, TZ_SM_ELEMENT, 8.0 * n, (F + (o16 ? 2 : F)) * n); /* (an output in bf16: 2 bytes) */
+static void s_gelu_fwd(tz_backend *be, float *o, cf *x, int64_t n, int64_t cols, int64_t ld, int fl) {
+    (void)o, (void)x, (void)cols, (void)ld; /* (an output or an x in bf16: 2 bytes) */
+    add(be, TZ_SM_ELEMENT, 8.0 * n,
+        ((fl & TZ_GELU_X16 ? 2 : F) + (fl & TZ_GELU_OUT16 ? 2 : F)) * n);
 }
 static void s_gelu_bwd(tz_backend *be, float *dx, cf *d, cf *x, int64_t n, int acc, int64_t cols, int64_t ld) {
     (void)dx, (void)d, (void)x, (void)cols, (void)ld;
-    add(be, TZ_SM_ELEMENT, 12.0 * n, (2 * F + out_bytes(acc)) * n);
+    add(be, TZ_SM_ELEMENT, 12.0 * n,
+        (F + (acc & TZ_GELU_X16 ? 2 : F) + out_bytes(acc & ~TZ_GELU_X16)) * n);
 }
 static void s_bias_add(tz_backend *be, float *y, cf *b, int64_t rows, int64_t C) { (void)y, (void)b; add(be, TZ_SM_ELEMENT, (double)rows * C, 2 * F * rows * C); }
 static void s_bias_bwd(tz_backend *be, float *db, cf *dy, int64_t rows, int64_t C, uint16_t *d16) { (void)db, (void)dy; add(be, TZ_SM_ELEMENT, (double)rows * C, (F + (d16 ? 2 : 0)) * rows * C); }
-static void s_gelu_bwd_bias(tz_backend *be, uint16_t *d16, float *db, cf *d, cf *x, int64_t rows, int64_t C) { /* GELU's backward and the bias's column sums: reads dout and x, writes dx in bf16 */
+static void s_gelu_bwd_bias(tz_backend *be, uint16_t *d16, float *db, cf *d, cf *x, int64_t rows, int64_t C, int x16) { /* GELU's backward and the bias's column sums: reads dout and x, writes dx in bf16 */
     (void)d16, (void)db, (void)d, (void)x;
-    add(be, TZ_SM_ELEMENT, 13.0 * rows * C, (2 * F + 2) * rows * C);
+    add(be, TZ_SM_ELEMENT, 13.0 * rows * C, (F + (x16 ? 2 : F) + 2) * rows * C);
 }
 static void s_mse_fwd(tz_backend *be, float *s, cf *p, int64_t ld, cf *t, int64_t rows, int64_t n) { (void)s, (void)p, (void)ld, (void)t; add(be, TZ_SM_LOSS, 3.0 * rows * n, 2 * F * rows * n); }
 static void s_mse_bwd(tz_backend *be, float *d, cf *p, int64_t ld, cf *t, float dl, int64_t rows, int64_t n) { (void)d, (void)p, (void)ld, (void)t, (void)dl; add(be, TZ_SM_LOSS, 3.0 * rows * n, 3 * F * rows * n); }

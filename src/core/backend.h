@@ -64,6 +64,8 @@ static inline TZ_ADAMW_HD void tz_adamw_elem(float *w, float *m, float *v, float
 enum { TZ_ATT_DQ16 = 1, TZ_ATT_DK16 = 2, TZ_ATT_DV16 = 4 };
 /* swiglu_fwd's and swiglu_bwd's flags (below) */
 enum { TZ_SWIGLU_OUT16 = 1, TZ_SWIGLU_IN16 = 2 };
+/* gelu_tanh_fwd's flags and a bit of gelu_tanh_bwd's accumulate (below) */
+enum { TZ_GELU_OUT16 = 1, TZ_GELU_X16 = 4 };
 typedef struct tz_att_ld {
     int64_t q, kv, o;
     int in16, d16;
@@ -354,12 +356,15 @@ struct tz_backend {
      * (the bits of adding into zeros). GELU's rows: cols > 0 takes x (and dx) as n / cols rows
      * of cols elements and out (forward) or dout (backward) as rows at stride ld >= cols, the
      * rest of those rows neither read nor written (a GEMM's operand concatenated beside
-     * another); cols = 0: all dense. out_bf16: the forward's out holds bf16 bit patterns
-     * (each value rounded to nearest even, as to_bf16 would round it: an output only GEMMs
-     * read, kept as they read it); GELU's backward with accumulate 2: dx written likewise as
-     * bf16 (the dy of the linear before, which only its GEMMs read). */
+     * another); cols = 0: all dense. The forward's flags: TZ_GELU_OUT16, out holds bf16 bit
+     * patterns (each value rounded to nearest even, as to_bf16 would round it: an output only
+     * GEMMs read, kept as they read it; 1, the out_bf16 of before); TZ_GELU_X16, x holds bf16
+     * bit patterns (a GEMM's bf16 output), widened exactly: the values of GELU on the widened
+     * x, bit for bit. GELU's backward with accumulate 2: dx written likewise as bf16 (the dy
+     * of the linear before, which only its GEMMs read); accumulate | TZ_GELU_X16: x in bf16,
+     * as the forward's. */
     void (*gelu_tanh_fwd)(tz_backend *be, float *out, const float *x, int64_t n, int64_t cols,
-                          int64_t ld, int out_bf16);
+                          int64_t ld, int flags);
     void (*gelu_tanh_bwd)(tz_backend *be, float *dx, const float *dout, const float *x, int64_t n,
                           int accumulate, int64_t cols, int64_t ld);
     void (*silu_fwd)(tz_backend *be, float *out, const float *x, int64_t n);
@@ -378,9 +383,10 @@ struct tz_backend {
      * sums, in its order) and dx written only as bf16 bit patterns into dx16 [rows, C] (the
      * dy its bf16 GEMMs read), never in fp32: the bits of gelu_tanh_bwd(dx, dout, x, rows *
      * C, 0, 0, 0) then bias_bwd(dbias, dx, rows, C, dx16). (The DiT's fc1 in full
-     * fine-tuning: one read of dout and x instead of an fp32 dx written and read again.) */
+     * fine-tuning: one read of dout and x instead of an fp32 dx written and read again.) x16:
+     * x holds bf16 bit patterns, as gelu_tanh_bwd's TZ_GELU_X16. */
     void (*gelu_tanh_bwd_bias)(tz_backend *be, uint16_t *dx16, float *dbias, const float *dout,
-                               const float *x, int64_t rows, int64_t C);
+                               const float *x, int64_t rows, int64_t C, int x16);
 
     /* Squared error per row: sse[r] = sum_{i<n} (pred[r*ld + i] - target[r*n + i])^2 (in
      * double, stored as float); pred rows may be longer than n (ld >= n: extra channels are

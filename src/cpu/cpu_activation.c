@@ -106,8 +106,25 @@ static inline float gelu_d(float v) {
            0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
 }
 
+/* x given in bf16 (TZ_GELU_X16): widened into an fp32 copy of its own (the CPU is the
+ * reference: its fp32 path on the widened values, bit for bit). NULL where x is fp32. */
+static float *widen_x(tz_backend *be, const float *x, int64_t n, int x16) {
+    if (!x16) return NULL;
+    float *w = malloc((size_t)(n > 0 ? n : 1) * sizeof *w);
+    if (!w) TZ_FATAL("gelu_tanh: out of host memory");
+    be->from_bf16(be, w, (const uint16_t *)(const void *)x, n);
+    return w;
+}
+
 static void cpu_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
-                              int64_t cols, int64_t ld, int out_bf16) {
+                              int64_t cols, int64_t ld, int flags) {
+    if (flags & TZ_GELU_X16) {
+        float *w = widen_x(be, x, n, 1);
+        cpu_gelu_tanh_fwd(be, out, w, n, cols, ld, flags & ~TZ_GELU_X16);
+        free(w);
+        return;
+    }
+    const int out_bf16 = flags & TZ_GELU_OUT16;
     int64_t rows, c, l;
     gelu_rows(n, cols, ld, &rows, &c, &l);
     int nt = tz_cpu_threads(be);
@@ -137,6 +154,12 @@ static void cpu_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_
 
 static void cpu_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
                               int64_t n, int accumulate, int64_t cols, int64_t ld) {
+    if (accumulate & TZ_GELU_X16) {
+        float *w = widen_x(be, x, n, 1);
+        cpu_gelu_tanh_bwd(be, dx, dout, w, n, accumulate & ~TZ_GELU_X16, cols, ld);
+        free(w);
+        return;
+    }
     const float keep = accumulate == 1 ? 1.0f : 0.0f; /* (a select: written, dx is not read) */
     int64_t rows, c, l;
     gelu_rows(n, cols, ld, &rows, &c, &l);
@@ -167,11 +190,12 @@ static void cpu_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, cons
 
 /* The reference: gelu_tanh_bwd into an fp32 dx of its own, then bias_bwd of it. */
 static void cpu_gelu_tanh_bwd_bias(tz_backend *be, uint16_t *dx16, float *dbias,
-                                   const float *dout, const float *x, int64_t rows, int64_t C) {
+                                   const float *dout, const float *x, int64_t rows, int64_t C,
+                                   int x16) {
     const int64_t n = rows * C;
     float *dx = malloc((size_t)(n > 0 ? n : 1) * sizeof *dx);
     if (!dx) TZ_FATAL("gelu_tanh_bwd_bias: out of host memory");
-    be->gelu_tanh_bwd(be, dx, dout, x, n, 0, 0, 0);
+    be->gelu_tanh_bwd(be, dx, dout, x, n, x16 ? TZ_GELU_X16 : 0, 0, 0);
     be->bias_bwd(be, dbias, dx, rows, C, dx16);
     free(dx);
 }

@@ -29,6 +29,12 @@ static void lin_fwd(tz_dit *m, const tz_linear *l, float *y, float *h, const flo
     if (m->x16) tz_linear_fwd_x16(m->be, l, y, h, (const uint16_t *)(const void *)x, rows, 0);
     else tz_linear_fwd(m->be, l, y, h, x, rows);
 }
+/* Whether fc1 writes f (GELU's input) in bf16, its GEMM's epilogue rounding it: with the
+ * block's inputs kept in bf16 (m->x16) and no adapter on fc1 (tz_linear_writes_y16: full
+ * fine-tuning); GELU then reads it widened (TZ_GELU_X16) in the forward and the backward */
+static int fc1_out16(const tz_dit *m, const tz_linear *L) {
+    return m->x16 && tz_linear_writes_y16(m->be, &L[TZ_DIT_FC1]);
+}
 /* Its backward, dx written, from x as lin_fwd kept it (xk: the block's linears keep theirs,
  * m->x16) and dy as its op wrote it in mode (tz_linear_dy_mode). */
 static void lin_bwd(tz_dit *m, const tz_linear *l, int mode, int xk, float *dx, const float *dy,
@@ -83,9 +89,14 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     be->gate_fwd(be, a->x2, x, a->ao, a->mod + 2 * Hd, M, n, T, Hd);
     be->layernorm_fwd(be, a->ln2, a->mean2, a->rstd2, a->x2, BT, Hd, 1e-6f);
     be->modulate_fwd(be, a->h2, a->ln2, a->mod + 3 * Hd, a->mod + 4 * Hd, M, n, T, Hd, m->x16);
-    lin_fwd(m, &L[TZ_DIT_FC1], a->f, a->lh[TZ_DIT_FC1], a->h2, BT);
+    const int f16 = fc1_out16(m, L);
+    if (f16)
+        tz_linear_fwd_x16(be, &L[TZ_DIT_FC1], a->f, NULL, (const uint16_t *)(const void *)a->h2,
+                          BT, 1);
+    else lin_fwd(m, &L[TZ_DIT_FC1], a->f, a->lh[TZ_DIT_FC1], a->h2, BT);
     /* g likewise, straight from the GELU */
-    be->gelu_tanh_fwd(be, a->g, a->f, BT * tz_dit_mlp_hidden(d), 0, 0, m->x16);
+    be->gelu_tanh_fwd(be, a->g, a->f, BT * tz_dit_mlp_hidden(d), 0, 0,
+                      (m->x16 ? TZ_GELU_OUT16 : 0) | (f16 ? TZ_GELU_X16 : 0));
     lin_fwd(m, &L[TZ_DIT_FC2], a->mo, a->lh[TZ_DIT_FC2], a->g, BT);
     be->gate_fwd(be, out, a->x2, a->mo, a->mod + 5 * Hd, M, n, T, Hd);
 }
@@ -199,11 +210,13 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
         /* fc1's trained bias: its gradient summed in GELU's backward pass, which writes dy
          * only in bf16 (no fp32 df written and read again) */
         uint16_t *df16 = (uint16_t *)(void *)m->df;
-        be->gelu_tanh_bwd_bias(be, df16, L[TZ_DIT_FC1].bias->g, m->dg, a->f, BT, F);
+        be->gelu_tanh_bwd_bias(be, df16, L[TZ_DIT_FC1].bias->g, m->dg, a->f, BT, F,
+                               fc1_out16(m, L));
         tz_linear_bwd_set_db16(be, &L[TZ_DIT_FC1], m->db, df16, a->h2, m->x16,
                                a->lh[TZ_DIT_FC1], m->dlora, BT);
     } else {
-        be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F, m1, 0, 0);
+        be->gelu_tanh_bwd(be, m->df, m->dg, a->f, BT * F, m1 | (fc1_out16(m, L) ? TZ_GELU_X16 : 0),
+                          0, 0);
         lin_bwd(m, &L[TZ_DIT_FC1], m1, 1, m->db, m->df, a->h2, a->lh[TZ_DIT_FC1], BT);
     }
     be->modulate_bwd(be, m->da, m->dmod + 3 * Hd, m->dmod + 4 * Hd, m->db, a->ln2,

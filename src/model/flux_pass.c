@@ -159,8 +159,11 @@ static void stream_mlp_fwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
     be->gate_fwd(be, x2, x, ao, mod + 2 * I, M, n, Ts, I);
     be->layernorm_fwd(be, ln2, mean2, rstd2, x2, R, I, EPS);
     be->modulate_fwd(be, h2, ln2, mod + 3 * I, mod + 4 * I, M, n, Ts, I, 0);
-    tz_linear_fwd(be, ff1, f, *lh1, h2, R);
-    be->gelu_tanh_fwd(be, g, f, R * tz_flux_mlp(&m->d), 0, 0, 0);
+    /* f in bf16 where ff1's GEMM can write it so (GELU reads it widened, here and in the
+     * backward: tz_linear_fwd_writes_y16 decides both) */
+    const int f16 = tz_linear_fwd_writes_y16(be, ff1, R);
+    tz_linear_fwd16(be, ff1, f, *lh1, h2, R, f16);
+    be->gelu_tanh_fwd(be, g, f, R * tz_flux_mlp(&m->d), 0, 0, f16 ? TZ_GELU_X16 : 0);
     tz_linear_fwd(be, ff2, mo, *lh2, g, R);
     be->gate_fwd(be, y, x2, mo, mod + 5 * I, M, n, Ts, I);
 }
@@ -207,6 +210,14 @@ static void double_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     merge(be, out, yc, yi_, n, Tt, Ti, I);
 }
 
+/* Whether a single block's MLP and q, k, v, which read one input, write their outputs in
+ * bf16 on the shared path (tz_linear_shared_y16): fi for the GELU (and V for attention) */
+static int single_f16(const tz_flux *m, const tz_flux_block *blk) {
+    const tz_linear *L = blk->lin;
+    const tz_linear *in4[4] = {&L[TZ_FLUX_MLP], &L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V]};
+    return tz_linear_shared_y16(m->be, in4, 4, m->n * (m->Ti + m->Tt));
+}
+
 static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, const float *x,
                        float *out) {
     tz_backend *be = m->be;
@@ -219,14 +230,15 @@ static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     be->modulate_fwd(be, a->h1i, a->ln1i, a->modi, a->modi + I, M, n, T, I, 0);
     /* the MLP's first linear and q, k, v read one input: rotated (and rounded) once */
     const tz_linear *in4[4] = {&L[TZ_FLUX_MLP], &L[TZ_FLUX_Q], &L[TZ_FLUX_K], &L[TZ_FLUX_V]};
-    /* with att16, V straight into bf16 by its GEMM where the shared path can (the bits
-     * to_bf16 makes of its fp32 output on the emulation): attention alone reads it */
-    const int v16 = m->att16 && tz_linear_shared_y16(be, in4, 4, BT);
+    /* where the shared path can, the MLP's hidden fi in bf16 by its GEMM (GELU reads it
+     * widened, here and in the backward: single_f16) and, with att16, V straight into bf16
+     * (the bits to_bf16 makes of its fp32 output on the emulation: attention alone reads it) */
+    const int f16 = single_f16(m, blk), v16 = m->att16 && f16;
     float *y4[4] = {a->fi, a->qi, a->ki, v16 ? (float *)(void *)a->V16 : a->vi};
     float *h4[4] = {a->lh[TZ_FLUX_MLP], a->lh[TZ_FLUX_Q], a->lh[TZ_FLUX_K], a->lh[TZ_FLUX_V]};
-    tz_linear_fwd_shared16(be, in4, y4, h4, 4, a->h1i, BT, v16 ? 8 : 0);
+    tz_linear_fwd_shared16(be, in4, y4, h4, 4, a->h1i, BT, (f16 ? 1 : 0) | (v16 ? 8 : 0));
     /* the GELU output straight into the second part of cat, where proj_out reads it */
-    be->gelu_tanh_fwd(be, a->cat + I, a->fi, BT * F, F, I + F, 0);
+    be->gelu_tanh_fwd(be, a->cat + I, a->fi, BT * F, F, I + F, f16 ? TZ_GELU_X16 : 0);
     qk_norms(m, a, a->qi, a->ki, a->rqi, a->rki, blk->nq, blk->nk, T, 0);
     attend(m, a, a->vi, a->cat, I + F, n, T, v16);
     tz_linear_fwd(be, &L[TZ_FLUX_POUT], a->o, a->lh[TZ_FLUX_POUT], a->cat, BT);
@@ -359,7 +371,9 @@ static void stream_mlp_bwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
      * bits, without an fp32 write and a rounding pass) */
     float *g = m->wide0, *dg = m->wide1, *df = m->wide0;
     const int g16 = tz_linear_rounds_bf16(be), g_read = tz_linear_bwd_reads_x(ff2);
-    if (g_read) be->gelu_tanh_fwd(be, g, f, R * F, 0, 0, g16); /* (else nothing reads it) */
+    const int fx = tz_linear_fwd_writes_y16(be, ff1, R) ? TZ_GELU_X16 : 0; /* f as kept */
+    if (g_read) /* (else nothing reads it) */
+        be->gelu_tanh_fwd(be, g, f, R * F, 0, 0, (g16 ? TZ_GELU_OUT16 : 0) | fx);
     /* y = x2 + gate_mlp * mo */
     /* each activation gradient written by the op that first makes it: no zeroing */
     const int m2 = tz_linear_dy_mode(be, ff2), m1 = tz_linear_dy_mode(be, ff1);
@@ -374,7 +388,7 @@ static void stream_mlp_bwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
     } else {
         lin_bwd_set(be, ff2, m2, dg, m->dc, g, *lh2, m->dlora, R);
     }
-    be->gelu_tanh_bwd(be, df, dg, f, R * F, m1, 0, 0);
+    be->gelu_tanh_bwd(be, df, dg, f, R * F, m1 | fx, 0, 0);
     lin_bwd_set(be, ff1, m1, m->da, df, h2, *lh1, m->dlora, R);
     be->modulate_bwd(be, m->db, dmod + 3 * I, dmod + 4 * I, m->da, ln2, mod + 4 * I, M, n, Ts, I,
                      0);
@@ -477,7 +491,8 @@ static void single_bwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     float *dcat = m->wide0, *df = m->wide1;
     lin_bwd_set(be, &L[TZ_FLUX_POUT], mp, dcat, m->dc, a->cat, a->lh[TZ_FLUX_POUT], m->dlora, BT);
     attend_bwd(m, a, a->vi, a->cat, dcat, I + F, n, T);
-    be->gelu_tanh_bwd(be, df, dcat + I, a->fi, BT * F, mm, F, I + F);
+    be->gelu_tanh_bwd(be, df, dcat + I, a->fi, BT * F, mm | (single_f16(m, blk) ? TZ_GELU_X16 : 0),
+                      F, I + F);
     lin_bwd_set(be, &L[TZ_FLUX_MLP], mm, m->da, df, a->h1i, a->lh[TZ_FLUX_MLP], m->dlora, BT);
     be->rmsnorm_bwd(be, m->dqi, blk->nq->trainable ? blk->nq->g : NULL, m->dQ, a->qi, blk->nq->w,
                     a->rqi, BT * H, D, 0); /* written */

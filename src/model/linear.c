@@ -180,9 +180,31 @@ static void dense_fold_fwd(tz_backend *be, const tz_linear *l, float *y, float *
                     l->bias ? l->bias->w : NULL, n, l->out, l->in);
 }
 
+/* Whether l's forward on n rows takes its LoRA path and bias inside the base GEMM (a
+ * TurboQuant weight with an adapter or a bias, and room for [x_rot | h | 1]) */
+static int fold_fwd_ok(const tz_backend *be, const tz_linear *l, int64_t n) {
+    const tz_qweight *q = l->w->q;
+    return q && q->method == TZ_TQ_TURBOQUANT && fold_ext(l) &&
+           folds(be, l, fold_ld(l->in, fold_ext(l))) &&
+           (n * fold_ld(l->in, fold_ext(l)) + 1) / 2 <= l->tq->act_floats;
+}
+
+int tz_linear_fwd_writes_y16(const tz_backend *be, const tz_linear *l, int64_t n) {
+    return !dense_folds(be, l, n) && fold_fwd_ok(be, l, n);
+}
+
 void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
                    int64_t n) {
+    tz_linear_fwd16(be, l, y, h, x, n, 0);
+}
+
+void tz_linear_fwd16(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
+                     int64_t n, int y16) {
     const tz_qweight *q = l->w->q;
+    if (y16 && !tz_linear_fwd_writes_y16(be, l, n))
+        TZ_FATAL("linear %lld -> %lld: an output in bf16 needs a TurboQuant weight whose "
+                 "adapter or bias folds into its GEMM (tz_linear_fwd_writes_y16)",
+                 (long long)l->in, (long long)l->out);
     if (g_probe && q && l->a) g_probe(g_probe_ctx, l, x, n);
     if (dense_folds(be, l, n)) { /* the bias and LoRA inside the GEMM */
         dense_fold_fwd(be, l, y, h, x, 0, n);
@@ -190,9 +212,7 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
     }
     if (!q) { /* y[n,out] = x[n,in] . W[out,in]^T */
         tz_matmul_w(be, y, x, l->w, n, l->out, l->in, 1, 1.0f, 0.0f);
-    } else if (q->method == TZ_TQ_TURBOQUANT && fold_ext(l) &&
-               folds(be, l, fold_ld(l->in, fold_ext(l))) &&
-               (n * fold_ld(l->in, fold_ext(l)) + 1) / 2 <= l->tq->act_floats) {
+    } else if (fold_fwd_ok(be, l, n)) {
         /* y = [x_rot | x A^T | 1] [W_rot | s B | b]^T: LoRA and the bias inside the base GEMM;
          * x rounded by the rotation's pass too, after its rows, where there is room (the
          * plans hold it) */
@@ -205,7 +225,7 @@ void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const
         if (l->a) /* h = x A^T */
             mm16(be, h, x16 ? (const void *)x16 : (const void *)x, x16 != NULL, l->a->w, 0, n,
                  l->r, l->in, 0, 1, 1.0f, 0.0f);
-        fold_matmul(be, l, y, xr, ld, h, n, 0);
+        fold_matmul(be, l, y, xr, ld, h, n, y16);
         return;
     } else if (q->method == TZ_TQ_TURBOQUANT) { /* y = x_rot . W_rot^T */
         float *xr = act_buffer(l, n);

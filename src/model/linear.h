@@ -58,6 +58,13 @@ void tz_embedding_w(tz_backend *be, float *out, const int32_t *tok, const tz_par
  * (tq_matmul_lora: s B, h and the bias rounded to bf16 there; h itself is kept in fp32). */
 void tz_linear_fwd(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
                    int64_t n);
+/* tz_linear_fwd with y written as bf16 bit patterns [n, out] where y16 (the folded GEMM's
+ * epilogue rounding: tq_matmul_lora's c_bf16), for an output read only where it is rounded or
+ * widened exactly (GELU's TZ_GELU_X16); fatal where tz_linear_fwd_writes_y16 says no: a
+ * TurboQuant weight whose adapter or bias folds into its GEMM on n rows. */
+void tz_linear_fwd16(tz_backend *be, const tz_linear *l, float *y, float *h, const float *x,
+                     int64_t n, int y16);
+int tz_linear_fwd_writes_y16(const tz_backend *be, const tz_linear *l, int64_t n);
 /* Accumulates dx += dy W (+ LoRA path), and the weight / adapter / bias gradients where
  * trainable.
  * dx may be NULL (input gradient not needed). scratch: n * r floats when adapted.

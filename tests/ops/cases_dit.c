@@ -601,7 +601,7 @@ static int gelu_bias_row(tz_backend *be, const oc_case *c, char *msg, size_t len
     uint16_t *x1 = be->alloc(be, (size_t)n * 2), *x2 = be->alloc(be, (size_t)n * 2);
     be->upload(be, dout, h, (size_t)n * 4), be->upload(be, x, h + n, (size_t)n * 4);
     be->upload(be, d1, db0, (size_t)C * 4), be->upload(be, d2, db0, (size_t)C * 4);
-    be->gelu_tanh_bwd_bias(be, x1, d1, dout, x, rows, C);
+    be->gelu_tanh_bwd_bias(be, x1, d1, dout, x, rows, C, 0);
     be->gelu_tanh_bwd(be, dx, dout, x, n, 0, 0, 0);
     be->bias_bwd(be, d2, dx, rows, C, x2);
     be->download(be, a, x1, (size_t)n * 2), be->download(be, b, x2, (size_t)n * 2);

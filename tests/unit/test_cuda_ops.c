@@ -598,6 +598,50 @@ static void in16_same(tz_backend *be, const char *tag, const pair *g, const pair
     be->release(be, gu16), be->release(be, guw), be->release(be, o);
 }
 
+/* GELU on x given in bf16 (TZ_GELU_X16: a GEMM's bf16 output) = GELU on x widened, bit for
+ * bit: the forward into fp32 and bf16, dense and as rows at a stride; the backward written,
+ * accumulated and in bf16, dense and as rows; gelu_tanh_bwd_bias (dx in bf16, the bias's
+ * column sums added to) */
+static void gelu_x16_same(tz_backend *be, const char *tag, const pair *x, const pair *dout,
+                          int64_t n) {
+    const int64_t cols = 97, rows = n / (2 * cols), nr = rows * cols; /* rows at stride 2 cols */
+    uint16_t *x16 = be->alloc(be, (size_t)n * 2);
+    float *xw = be->alloc(be, (size_t)n * 4), *o = be->alloc(be, (size_t)(2 * n) * 4);
+    float *w = be->alloc(be, (size_t)(2 * n) * 4);
+    be->to_bf16(be, x16, x->d, n);
+    be->from_bf16(be, xw, x16, n);
+    const float *xb = (const float *)(const void *)x16;
+    int same = 1;
+    for (int out16 = 0; out16 < 2; out16++) {
+        const int64_t cmp = out16 ? (n + 1) / 2 : n;
+        be->fill(be, o, 0.5f, 2 * n), be->fill(be, w, 0.5f, 2 * n);
+        be->gelu_tanh_fwd(be, o, xb, n, 0, 0, TZ_GELU_X16 | out16);
+        be->gelu_tanh_fwd(be, w, xw, n, 0, 0, out16);
+        same &= dev_same(be, o, w, cmp);
+        be->gelu_tanh_fwd(be, o, xb, nr, cols, 2 * cols, TZ_GELU_X16 | out16);
+        be->gelu_tanh_fwd(be, w, xw, nr, cols, 2 * cols, out16);
+        same &= dev_same(be, o, w, 2 * n);
+    }
+    for (int acc = 0; acc < 3; acc++) {
+        const int64_t cmp = acc == 2 ? (n + 1) / 2 : n;
+        be->fill(be, o, 0.25f, 2 * n), be->fill(be, w, 0.25f, 2 * n);
+        be->gelu_tanh_bwd(be, o, dout->d, xb, n, acc | TZ_GELU_X16, 0, 0);
+        be->gelu_tanh_bwd(be, w, dout->d, xw, n, acc, 0, 0);
+        same &= dev_same(be, o, w, cmp);
+        be->gelu_tanh_bwd(be, o, dout->d, xb, nr, acc | TZ_GELU_X16, cols, 2 * cols);
+        be->gelu_tanh_bwd(be, w, dout->d, xw, nr, acc, cols, 2 * cols);
+        same &= dev_same(be, o, w, 2 * n);
+    }
+    be->fill(be, o, 0.125f, 2 * n), be->fill(be, w, 0.125f, 2 * n);
+    be->gelu_tanh_bwd_bias(be, (uint16_t *)(void *)o, o + n, dout->d, xb, rows, 2 * cols, 1);
+    be->gelu_tanh_bwd_bias(be, (uint16_t *)(void *)w, w + n, dout->d, xw, rows, 2 * cols, 0);
+    same &= dev_same(be, o, w, 2 * n);
+    check(same, "%s gelu_tanh_fwd, gelu_tanh_bwd and gelu_tanh_bwd_bias on x in bf16 "
+          "(TZ_GELU_X16) = on x widened, bit for bit (fp32 and bf16 outputs, dense and rows, "
+          "gradients written, added and in bf16)", tag);
+    be->release(be, x16), be->release(be, xw), be->release(be, o), be->release(be, w);
+}
+
 static void test_activation(void) {
     const int64_t n = 10007;
     pair g = mk(n, 6.0f), u = mk(n, 2.0f), out = mkz(n), dout = mk(n, 1.0f);
@@ -611,6 +655,8 @@ static void test_activation(void) {
     bwd16_same(g_gpu, "gpu", &g, &u, &dout, n);
     in16_same(g_cpu, "cpu", &g, &u, &dout, n);
     in16_same(g_gpu, "gpu", &g, &u, &dout, n);
+    gelu_x16_same(g_cpu, "cpu", &g, &dout, n);
+    gelu_x16_same(g_gpu, "gpu", &g, &dout, n);
     g_gpu->matmul_dtype = TZ_DT_BF16;
     bwd16_same(g_gpu, "gpu bf16", &g, &u, &dout, n);
     g_gpu->matmul_dtype = TZ_DT_F32;
