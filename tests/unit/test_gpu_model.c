@@ -49,6 +49,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "model/dit.h"
+#include "model/flux.h"
 #include "model/linear.h"
 #include "model/llama.h"
 #include "quant/codebook.h"
@@ -239,6 +240,66 @@ static void dit_case(const char *what, int lora, int ckpt) {
         tz_dit_free(m[k]);
     }
     free(x), free(tgt);
+}
+
+/* flux-tiny (2 double and 2 single blocks, 4 heads of 16, guidance) on n samples of 12 image
+ * and 5 text tokens: lora 0, full fine-tuning of a dense model; > 0, LoRA on every linear of
+ * a base of that many bits (on a device with bf16 GEMMs: GELU's input and V in bf16 from
+ * their GEMMs, attention on bf16 inputs) */
+static void flux_case(const char *what, int lora, int ckpt, int64_t n) {
+    tz_flux_dims d;
+    char err[128];
+    if (tz_flux_preset("flux-tiny", &d, err, sizeof err)) check(0, "%s", err);
+    tz_model_opts o;
+    memset(&o, 0, sizeof o);
+    o.checkpointing = ckpt;
+    if (lora) {
+        o.quant.bits = lora, o.quant.group = 64, o.quant.seed = 5;
+        o.lora.targets = (1u << TZ_FLUX_LIN_N) - 1, o.lora.rank = 4, o.lora.alpha = 8;
+    } else {
+        o.full = 1;
+    }
+    const int64_t Ti = 12, Tt = 5;
+    const int64_t nx = n * Ti * d.in_channels, nt = n * Tt * d.joint_dim, ny = n * Ti * d.out_channels;
+    float *x = malloc((size_t)(nx + nt + n * d.pooled_dim + 2 * n + 3 * (Ti + Tt) + ny) * sizeof *x);
+    float *txt = x + nx, *pooled = txt + nt, *sigma = pooled + n * d.pooled_dim, *guid = sigma + n;
+    float *ids = guid + n, *tgt = ids + 3 * (Ti + Tt);
+    tz_rng r = tz_rng_make(17, 0, TZ_RNG_TEST, 3);
+    for (int64_t i = 0; i < nx + nt + n * d.pooled_dim; i++) x[i] = (float)tz_rng_normal(&r);
+    for (int64_t b = 0; b < n; b++) sigma[b] = 0.3f + 0.4f * (float)b, guid[b] = 3.5f;
+    for (int64_t t = 0; t < Tt; t++) ids[3 * t] = ids[3 * t + 1] = ids[3 * t + 2] = 0.0f;
+    for (int64_t t = 0; t < Ti; t++) { /* image tokens on a 3 x 4 grid */
+        float *p = ids + 3 * (Tt + t);
+        p[0] = 0.0f, p[1] = (float)(t / 4), p[2] = (float)(t % 4);
+    }
+    for (int64_t i = 0; i < ny; i++) tgt[i] = (float)tz_rng_normal(&r);
+    const tz_flux_batch in = {x, txt, pooled, sigma, guid, ids + 3 * Tt, ids};
+    tz_flux *m[2];
+    float *g[2];
+    double loss[2];
+    tz_backend *be[2] = {g_cpu, g_gpu};
+    for (int k = 0; k < 2; k++) {
+        m[k] = tz_flux_create(be[k], &d, &o);
+        fill_random(&m[k]->params, be[k], 11);
+        g[k] = bind(&m[k]->params, be[k]);
+        tz_flux_setup(m[k], n, Ti, Tt);
+        loss[k] = tz_flux_forward_backward(m[k], &in, tgt, 1.0f / (float)ny);
+    }
+    compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
+    {
+        const int64_t F = m[1]->params.flat_numel;
+        float *first = malloc((size_t)F * sizeof *first);
+        g_gpu->download(g_gpu, first, g[1], (size_t)F * sizeof *first);
+        g_gpu->fill(g_gpu, g[1], 0.0f, F);
+        const double l2 = tz_flux_forward_backward(m[1], &in, tgt, 1.0f / (float)ny);
+        second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
+        free(first);
+    }
+    for (int k = 0; k < 2; k++) {
+        be[k]->release(be[k], g[k]);
+        tz_flux_free(m[k]);
+    }
+    free(x);
 }
 
 /* ---- linears that read one input (tz_linear_fwd_shared, tz_linear_bwd_shared) ----
@@ -606,6 +667,10 @@ int main(void) {
      * and a quantized base, which keeps them in fp32 for its rotation */
     dit_case("bf16: dit, LoRA on a dense base, checkpointing", -1, 1);
     dit_case("bf16: dit, LoRA on 4-bit TurboQuant", 4, 0);
+    /* Flux on a 4-bit base: GELU's input and a single block's V written in bf16 by their
+     * GEMMs, attention on bf16 inputs (Q and K from the norms with RoPE), against the CPU */
+    flux_case("bf16: flux-tiny, LoRA on every linear of a 4-bit base, 2 samples", 4, 0, 2);
+    flux_case("bf16: flux-tiny, LoRA on a 4-bit base, 1 sample, checkpointing", 4, 1, 1);
     tz_backend_destroy(g_gpu);
     tz_backend_destroy(g_cpu);
     return tz_check_done("test_gpu_model");
