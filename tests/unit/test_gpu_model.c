@@ -92,14 +92,22 @@ static float *bind(tz_params *ps, tz_backend *be) {
 
 /* A second call on the GPU's model, the gradients zeroed between: its loss and gradients
  * must be the first call's bits (an op adding into a buffer left from the first call, whose
- * arena was all zeros then, shows here). first: the first call's gradients, as downloaded. */
+ * arena was all zeros then, shows here). first_grads downloads the first call's gradients and
+ * zeroes grad for the second call; second_call_same compares and frees them. */
+static float *first_grads(tz_params *ps, float *grad) {
+    const int64_t F = ps->flat_numel;
+    float *first = malloc((size_t)F * sizeof *first);
+    g_gpu->download(g_gpu, first, grad, (size_t)F * sizeof *first);
+    g_gpu->fill(g_gpu, grad, 0.0f, F);
+    return first;
+}
 static void second_call_same(const char *what, double l1, double l2, tz_params *ps,
-                             const float *first, const float *grad) {
+                             float *first, const float *grad) {
     const int64_t F = ps->flat_numel;
     float *again = malloc((size_t)F * sizeof *again);
     g_gpu->download(g_gpu, again, grad, (size_t)F * sizeof *again);
     const int same = l1 == l2 && !memcmp(first, again, (size_t)F * sizeof *again);
-    free(again);
+    free(again), free(first);
     check(same, "%s: a second call on the same model gives the first's loss and gradients, bit "
           "for bit", what);
 }
@@ -176,13 +184,9 @@ static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lor
     }
     compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
     {
-        const int64_t F = m[1]->params.flat_numel;
-        float *first = malloc((size_t)F * sizeof *first);
-        g_gpu->download(g_gpu, first, g[1], (size_t)F * sizeof *first);
-        g_gpu->fill(g_gpu, g[1], 0.0f, F);
+        float *first = first_grads(&m[1]->params, g[1]);
         const double l2 = tz_llama_forward_backward(m[1], in, tg, 1.0f / (float)(B * T));
         second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
-        free(first);
     }
     for (int k = 0; k < 2; k++) {
         be[k]->release(be[k], g[k]);
@@ -227,13 +231,9 @@ static void dit_case(const char *what, int lora, int ckpt) {
     }
     compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
     {
-        const int64_t F = m[1]->params.flat_numel;
-        float *first = malloc((size_t)F * sizeof *first);
-        g_gpu->download(g_gpu, first, g[1], (size_t)F * sizeof *first);
-        g_gpu->fill(g_gpu, g[1], 0.0f, F);
+        float *first = first_grads(&m[1]->params, g[1]);
         const double l2 = tz_dit_forward_backward(m[1], x, t, y, tgt, 1.0f / (float)(n * numel));
         second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
-        free(first);
     }
     for (int k = 0; k < 2; k++) {
         be[k]->release(be[k], g[k]);
@@ -287,13 +287,9 @@ static void flux_case(const char *what, int lora, int ckpt, int64_t n) {
     }
     compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
     {
-        const int64_t F = m[1]->params.flat_numel;
-        float *first = malloc((size_t)F * sizeof *first);
-        g_gpu->download(g_gpu, first, g[1], (size_t)F * sizeof *first);
-        g_gpu->fill(g_gpu, g[1], 0.0f, F);
+        float *first = first_grads(&m[1]->params, g[1]);
         const double l2 = tz_flux_forward_backward(m[1], &in, tgt, 1.0f / (float)ny);
         second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
-        free(first);
     }
     for (int k = 0; k < 2; k++) {
         be[k]->release(be[k], g[k]);
