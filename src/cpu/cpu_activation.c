@@ -12,25 +12,31 @@
 
 /* ---- SwiGLU: out = silu(g) * u ---- */
 
-/* g's and u's i-th value: fp32, or (TZ_SWIGLU_IN16) bf16 bit patterns widened */
-static inline float gu_at(const float *p, int in16, int64_t i) {
-    return in16 ? tz_bf16_to_f32(((const uint16_t *)(const void *)p)[i]) : p[i];
+/* n bf16 bit patterns (an input given in bf16: TZ_SWIGLU_IN16, TZ_GELU_X16) widened into an
+ * fp32 copy of its own: the CPU is the reference, its fp32 path on the widened values, bit for
+ * bit. Freed by the caller. */
+static float *widen16(tz_backend *be, const float *p, int64_t n) {
+    float *w = malloc((size_t)(n > 0 ? n : 1) * sizeof *w);
+    if (!w) TZ_FATAL("an activation's bf16 input: out of host memory");
+    be->from_bf16(be, w, (const uint16_t *)(const void *)p, n);
+    return w;
 }
 
 static void cpu_swiglu_fwd(tz_backend *be, float *out, const float *g, const float *u, int64_t n,
                            int flags) {
+    if (flags & TZ_SWIGLU_IN16) {
+        float *gw = widen16(be, g, n), *uw = widen16(be, u, n);
+        cpu_swiglu_fwd(be, out, gw, uw, n, flags & ~TZ_SWIGLU_IN16);
+        free(gw), free(uw);
+        return;
+    }
     int nt = tz_cpu_threads(be);
-    const int in16 = (flags & TZ_SWIGLU_IN16) != 0;
-    if (flags & TZ_SWIGLU_OUT16 || in16) {
+    if (flags & TZ_SWIGLU_OUT16) {
         uint16_t *o16 = (uint16_t *)(void *)out;
-        const int out16 = (flags & TZ_SWIGLU_OUT16) != 0;
 #pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
         for (int64_t i = 0; i < n; i++) {
-            const float gi = gu_at(g, in16, i), ui = gu_at(u, in16, i);
-            float sig = 1.0f / (1.0f + tz_cpu_expf(-gi));
-            const float o = gi * sig * ui;
-            if (out16) o16[i] = tz_f32_to_bf16(o);
-            else out[i] = o;
+            float sig = 1.0f / (1.0f + tz_cpu_expf(-g[i]));
+            o16[i] = tz_f32_to_bf16(g[i] * sig * u[i]);
         }
         return;
     }
@@ -44,30 +50,22 @@ static void cpu_swiglu_fwd(tz_backend *be, float *out, const float *g, const flo
 /* d silu(g)/dg = sig * (1 + g * (1 - sig)). */
 static void cpu_swiglu_bwd(tz_backend *be, float *dg, float *du, const float *dout, const float *g,
                            const float *u, int64_t n, int accumulate, int flags) {
+    if (flags & TZ_SWIGLU_IN16) {
+        float *gw = widen16(be, g, n), *uw = widen16(be, u, n);
+        cpu_swiglu_bwd(be, dg, du, dout, gw, uw, n, accumulate, flags & ~TZ_SWIGLU_IN16);
+        free(gw), free(uw);
+        return;
+    }
     int nt = tz_cpu_threads(be);
-    const int in16 = (flags & TZ_SWIGLU_IN16) != 0;
     if (flags & TZ_SWIGLU_OUT16) {
         if (accumulate) TZ_FATAL("swiglu_bwd: bf16 gradients are written, not accumulated");
         uint16_t *g16 = (uint16_t *)(void *)dg, *u16 = (uint16_t *)(void *)du;
 #pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
         for (int64_t i = 0; i < n; i++) {
-            const float gi = gu_at(g, in16, i), ui = gu_at(u, in16, i);
-            float sig = 1.0f / (1.0f + tz_cpu_expf(-gi));
-            float silu = gi * sig;
-            g16[i] = tz_f32_to_bf16(dout[i] * ui * (sig * (1.0f + gi * (1.0f - sig))));
+            float sig = 1.0f / (1.0f + tz_cpu_expf(-g[i]));
+            float silu = g[i] * sig;
+            g16[i] = tz_f32_to_bf16(dout[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig))));
             u16[i] = tz_f32_to_bf16(dout[i] * silu);
-        }
-        return;
-    }
-    if (in16) {
-#pragma omp parallel for schedule(static) num_threads(nt) if (n >= TZ_CPU_PAR_MIN / 4)
-        for (int64_t i = 0; i < n; i++) {
-            const float gi = gu_at(g, 1, i), ui = gu_at(u, 1, i);
-            float sig = 1.0f / (1.0f + tz_cpu_expf(-gi));
-            float silu = gi * sig;
-            const float a = dout[i] * ui * (sig * (1.0f + gi * (1.0f - sig))), b = dout[i] * silu;
-            dg[i] = accumulate ? dg[i] + a : a;
-            du[i] = accumulate ? du[i] + b : b;
         }
         return;
     }
@@ -106,20 +104,10 @@ static inline float gelu_d(float v) {
            0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
 }
 
-/* x given in bf16 (TZ_GELU_X16): widened into an fp32 copy of its own (the CPU is the
- * reference: its fp32 path on the widened values, bit for bit). NULL where x is fp32. */
-static float *widen_x(tz_backend *be, const float *x, int64_t n, int x16) {
-    if (!x16) return NULL;
-    float *w = malloc((size_t)(n > 0 ? n : 1) * sizeof *w);
-    if (!w) TZ_FATAL("gelu_tanh: out of host memory");
-    be->from_bf16(be, w, (const uint16_t *)(const void *)x, n);
-    return w;
-}
-
 static void cpu_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_t n,
                               int64_t cols, int64_t ld, int flags) {
     if (flags & TZ_GELU_X16) {
-        float *w = widen_x(be, x, n, 1);
+        float *w = widen16(be, x, n);
         cpu_gelu_tanh_fwd(be, out, w, n, cols, ld, flags & ~TZ_GELU_X16);
         free(w);
         return;
@@ -155,7 +143,7 @@ static void cpu_gelu_tanh_fwd(tz_backend *be, float *out, const float *x, int64_
 static void cpu_gelu_tanh_bwd(tz_backend *be, float *dx, const float *dout, const float *x,
                               int64_t n, int accumulate, int64_t cols, int64_t ld) {
     if (accumulate & TZ_GELU_X16) {
-        float *w = widen_x(be, x, n, 1);
+        float *w = widen16(be, x, n);
         cpu_gelu_tanh_bwd(be, dx, dout, w, n, accumulate & ~TZ_GELU_X16, cols, ld);
         free(w);
         return;
