@@ -102,7 +102,9 @@ int tz_ckpt_fault(const char *point, int64_t step, int rank) {
             point, (long long)step, (long)getpid());
     fflush(stderr);
     if (!strcmp(act, "kill")) raise(SIGKILL);
-    if (!strcmp(act, "pause")) sleep(3600); /* a signal ends it */
+    /* pause: until a signal comes. Polled, not one sleep: a signal sent to the process may be
+     * handled on any of its threads (MPI's, OpenMP's), where it would not end a sleep here */
+    for (int i = 0; !strcmp(act, "pause") && !stop_signal && i < 36000; i++) usleep(100000);
     for (int i = 0; !strcmp(act, "hold") && i < 3600; i++) sleep(1); /* signals do not */
     return !strcmp(act, "fail");
 }
