@@ -1768,6 +1768,13 @@ static void cuda_attention_fwd(tz_backend *be, float *out, float *lse, const flo
     be->att_ws = NULL, be->att_ws_bytes = 0; /* the loan ends with the call */
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal, ld);
     if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
+    /* out and lse may be on their way to the host on the copy queue (a model keeping them for
+     * backward): on the emulation, checked against such copies as a copy into them would be */
+    CUDA_CHECK(tz_cuda_kernel_writes(tz_cuda_stream(be), out,
+                                     (size_t)((B * T - 1) * sh.ldo + Hq * D) * sizeof *out,
+                                     "attention output"));
+    CUDA_CHECK(tz_cuda_kernel_writes(tz_cuda_stream(be), lse, (size_t)(B * T * Hq) * sizeof *lse,
+                                     "attention lse"));
     if (sh.in16) {
         need_flash16(be, D);
         fa_fwd(be, out, lse, (const uint16_t *)(const void *)q, (const uint16_t *)(const void *)k,
@@ -1793,6 +1800,11 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
                  "accumulate 0; here %s, D = %lld, accumulate %d)", FA_MAXD,
                  be->matmul_dtype == TZ_DT_BF16 ? "bf16" : "fp32", (long long)D, accumulate);
     if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
+    /* the forward's out and lse may have come back from the host on the copy queue (a model
+     * keeping them for backward): on the emulation, checked against such copies */
+    TZ_CUDA_KERNEL_READS(be, out, (size_t)((B * T - 1) * sh.ldo + Hq * D) * sizeof *out,
+                         "attention output");
+    TZ_CUDA_KERNEL_READS(be, lse, (size_t)(B * T * Hq) * sizeof *lse, "attention lse");
     if (sh.in16) {
         need_flash16(be, D);
         fa_bwd(be, dq, dk, dv, dout, out, lse, (const uint16_t *)(const void *)q,

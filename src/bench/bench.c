@@ -376,7 +376,8 @@ static void plan_figures(const plan_run *p, int64_t N, tz_mem_plan *m) {
     m->shard += buffers;
     m->host = dense_src + m->shard > m->load ? dense_src + m->shard : m->load;
     m->host_codes = tz_params_host_codes_bytes(ps);
-    m->host += m->host_codes;
+    m->host_acts = p->t->host_act_bytes;
+    m->host += m->host_codes + m->host_acts;
     m->dense_src = dense_src;
     m->backend = p->be->peak_bytes + m->grads + m->staging + m->optim;
     m->other = (double)p->be->peak_bytes - (double)m->weights - (double)m->arena;
@@ -523,12 +524,16 @@ int tz_bench_dry_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
                      "each block copied to the GPU as it runs, through two slots in the "
                      "activations)", (long long)cfg->quant.offload_blocks,
                      gib((double)m.host_codes));
+        char acts[160] = "";
+        if (m.host_acts)
+            snprintf(acts, sizeof acts, " + activations %.3f (pinned: %s)", gib((double)m.host_acts),
+                     t->host_act_what ? t->host_act_what : "kept for backward");
         tz_info("host memory per rank: %.3f GiB (%zu bytes) = host shard %.3f (%lld elements for "
                 "%lld trainable of %lld parameters: fp32 master, accumulator, adamw states, decay "
-                "flag; %lld ranks, zero stage %lld; with the step's buffers)%s%s",
+                "flag; %lld ranks, zero stage %lld; with the step's buffers)%s%s%s",
                 gib((double)m.host), m.host, gib((double)m.shard), (long long)m.shard_numel,
                 (long long)m.n_trainable, (long long)m.n_total, (long long)N,
-                (long long)cfg->zero.stage, codes, extra);
+                (long long)cfg->zero.stage, codes, acts, extra);
     }
     /* this machine, for a rank of this dry run: the host, and the GPU where one is visible
      * (one is created only to be asked; a CPU build has none) */

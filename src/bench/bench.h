@@ -59,7 +59,9 @@ typedef struct tz_mem_plan {
                            * master starts from, held until the shard has read them */
     size_t load;          /* host, loading a folder: one weight as fp32 */
     size_t host_codes;    /* host, pinned: the codes of streamed blocks (quant.offload_blocks) */
-    size_t host;          /* the host's peak of these: max(load, dense_src + shard) + host_codes */
+    size_t host_acts;     /* host, pinned: activations kept there (tz_task.host_act_bytes) */
+    size_t host;          /* the host's peak of these: max(load, dense_src + shard) + host_codes
+                           * + host_acts */
     int64_t n_total, n_trainable, shard_numel;
     int shapes_only;      /* a model folder planned from its config.json alone */
     int training;         /* planned for training (else evaluation: forward passes only) */

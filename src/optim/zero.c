@@ -618,7 +618,7 @@ void tz_zero_clock_print(const tz_zero *z) {
                 (long long)z->steps, 1e3 * total / (double)z->steps, line);
 }
 
-void tz_zero_print_memory(const tz_zero *z, size_t activations) {
+void tz_zero_print_memory(const tz_zero *z, size_t activations, size_t host_acts) {
     const tz_params *ps = z->ps;
     size_t quant = 0, weights = tz_params_bytes(ps);
     for (int i = 0; i < ps->n; i++)
@@ -631,14 +631,17 @@ void tz_zero_print_memory(const tz_zero *z, size_t activations) {
     char other[64] = "";
     if (live != sum)
         snprintf(other, sizeof other, " + other %.2f", ((double)live - (double)sum) / M);
-    char opt[64] = "";
+    char opt[64] = "", hacts[96] = "";
     if (z->dev) snprintf(opt, sizeof opt, " + optimizer %.2f", (double)z->d_bytes / M);
+    if (host_acts)
+        snprintf(hacts, sizeof hacts, " + activations on the host %.2f (pinned)",
+                 (double)host_acts / M);
     tz_info_all("memory per rank: %s %.2f MiB = weights %.2f (codes + scales %.2f, dense %.2f) "
                 "+ gradients %.2f + staging %.2f + activations %.2f%s%s (the allocator's count) | "
-                "host shard %.2f MiB", z->be->device ? "device" : "backend (host)", (double)live / M,
-                (double)weights / M, (double)quant / M, (double)(weights - quant) / M,
-                (double)grads / M, (double)staging / M, (double)activations / M, opt, other,
-                (double)z->sh.bytes / M);
+                "host shard %.2f MiB%s", z->be->device ? "device" : "backend (host)",
+                (double)live / M, (double)weights / M, (double)quant / M,
+                (double)(weights - quant) / M, (double)grads / M, (double)staging / M,
+                (double)activations / M, opt, other, (double)z->sh.bytes / M, hacts);
 }
 
 void tz_zero_print(const tz_zero *z) {

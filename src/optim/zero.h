@@ -136,8 +136,9 @@ void tz_zero_host_loaded(tz_zero *z);
 void tz_zero_print(const tz_zero *z);
 /* Every rank prints its memory: the backend's bytes as its allocator counts them, split into
  * weights (quantized codes + scales, dense), gradients, stage-2 staging and `activations`
- * (the model's arena), with any remainder named "other"; and the host shard. */
-void tz_zero_print_memory(const tz_zero *z, size_t activations);
+ * (the model's arena), with any remainder named "other"; and the host shard, with host_acts
+ * bytes of activations kept in host memory where there are any (tz_task.host_act_bytes). */
+void tz_zero_print_memory(const tz_zero *z, size_t activations, size_t host_acts);
 /* Restart the phase clocks; every rank prints its phases' mean time and bytes/s per step. */
 void tz_zero_clock_reset(tz_zero *z);
 void tz_zero_clock_print(const tz_zero *z);

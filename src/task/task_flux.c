@@ -138,6 +138,8 @@ static void open_task(tz_task *t) {
     t->unit = "samples";
     t->row_name = "samples";
     t->arena_bytes = m->arena.cap;
+    t->host_act_bytes = tz_layer_stack_host_bytes(&m->stack);
+    t->host_act_what = "the checkpointed residual streams";
     t->row_elems = Ti * d->out_channels;
     t->row_count = 1;
     snprintf(t->describe, sizeof t->describe,

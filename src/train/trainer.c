@@ -361,7 +361,7 @@ static void print_start(const run *r) {
     }
     tz_zero_plan_print(&r->z.plan);
     tz_zero_print(&r->z);
-    tz_zero_print_memory(&r->z, t->arena_bytes);
+    tz_zero_print_memory(&r->z, t->arena_bytes, t->host_act_bytes);
 }
 
 /* One record: to metrics.jsonl, and its numbers as TensorBoard scalars (rank 0). */

@@ -381,6 +381,43 @@ static void test_streams(void) {
     cudaGetLastError();
 }
 
+/* Stream order: a copy on one stream and a declared kernel access on another, unordered, fail
+ * (a race a GPU may or may not show); an event recorded after the copy and waited for orders
+ * them. Both ways: the kernel reading what a copy wrote, and writing what a copy read. */
+static void test_stream_order(void) {
+    cudaStream_t s;
+    cudaEvent_t e;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    float *pinned, *dev;
+    cudaMallocHost(&pinned, 256);
+    cudaMalloc(&dev, 256);
+    memset(pinned, 0, 256);
+    cudaMemcpyAsync(dev, pinned, 256, cudaMemcpyHostToDevice, s);
+    const cudaError_t r0 = tz_emu_kernel_reads(0, dev + 8, 16, "selftest read");
+    cudaGetLastError();
+    cudaEventRecord(e, s);
+    cudaStreamWaitEvent(0, e, 0);
+    const cudaError_t r1 = tz_emu_kernel_reads(0, dev + 8, 16, "selftest read");
+    check(r0 == cudaErrorInvalidValue && r1 == cudaSuccess,
+          "a kernel reading what a copy on another stream wrote: refused unordered (%d), "
+          "ordered by an event (%d)", (int)r0, (int)r1);
+    cudaMemcpyAsync(pinned, dev, 256, cudaMemcpyDeviceToHost, s);
+    const cudaError_t w0 = tz_emu_kernel_writes(0, dev + 60, 4, "selftest write");
+    cudaGetLastError();
+    cudaEventRecord(e, s);
+    cudaStreamWaitEvent(0, e, 0);
+    const cudaError_t w1 = tz_emu_kernel_writes(0, dev + 60, 4, "selftest write");
+    check(w0 == cudaErrorInvalidValue && w1 == cudaSuccess,
+          "a kernel writing what a copy on another stream read: refused unordered (%d), "
+          "ordered by an event (%d)", (int)w0, (int)w1);
+    cudaGetLastError();
+    cudaStreamSynchronize(s);
+    cudaFree(dev), cudaFreeHost(pinned);
+    cudaEventDestroy(e), cudaStreamDestroy(s);
+    cudaGetLastError();
+}
+
 static void test_cublas(void) {
     cublasHandle_t h;
     cublasCreate(&h);
@@ -655,6 +692,7 @@ int main(void) {
     test_threads();
     test_memory();
     test_streams();
+    test_stream_order();
     test_cublas();
     test_mma();
     test_ldmatrix();

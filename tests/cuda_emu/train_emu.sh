@@ -16,6 +16,8 @@
 #     rounding of g into differences of order lr. With the default eps (1e-8) the adapters
 #     differed by 2.9e-5 (to_q's B of the first block; the losses within 4e-8), with 1e-4 by
 #     2.7e-6 (measured 2026-11-26), the same with the weights uploaded all at once.
+#  4. in bf16, kept attention outputs against attention's forward run again in the
+#     recomputation, and Flux's attention on bf16 inputs against fp32 ones: the same bytes.
 # Every run has small ZeRO buckets, so the updated weights go back to the device in several
 # buckets in forward order, each layer's ops waiting only for the bucket of its own weights
 # (optim/zero.c; the start-up line says so): the emulation fails any read of a weight whose
@@ -93,6 +95,27 @@ for dev in cpu cuda; do
 done
 compare "Llama full fine-tuning" "$work/llama-full-cpu" "$work/llama-full-cuda" \
   model/model.safetensors 3
+# attention's outputs kept for the recomputation (tz_llama.att_keep: a device with
+# checkpointing; four layers, so the first two layers' go to the host and back) against
+# attention's forward run again (TZ_ATT_KEEP=0): a bf16 training saves the same bytes either
+# way; the start-up line shows the kept outputs in host memory, and only when kept
+"$tz" init-model --arch llama --preset mini --vocab 97 --seed 2 --out "$work/mini" > /dev/null ||
+  bad "init-model --arch llama --preset mini"
+for keep in 1 0; do
+  TZ_ATT_KEEP=$keep timeout 300 "$tz" train "$work/llama.cfg" --set model.path="$work/mini" \
+    --set train.checkpointing=true --set train.steps=3 --set run.device=cuda \
+    --set run.precision=bf16 --set run.dir="$work/keep-$keep" > "$work/keep-$keep.log" 2>&1 ||
+    { bad "keep-$keep (cuda, bf16) failed"; tail -5 "$work/keep-$keep.log"; }
+  grep -o 'activations on the host [0-9.]*' "$work/keep-$keep.log" | head -1 > "$work/hacts-$keep"
+done
+if [ -s "$work/keep-1/adapter/adapter_model.safetensors" ] &&
+   cmp -s "$work/keep-1/adapter/adapter_model.safetensors" \
+     "$work/keep-0/adapter/adapter_model.safetensors" &&
+   ! cmp -s "$work/hacts-1" "$work/hacts-0"; then
+  ok "Llama LoRA in bf16, 4 layers, checkpointing: the recomputation reading attention's kept outputs saves the adapter of attention run again, byte for byte ($(cat "$work/hacts-1") MiB against $(cat "$work/hacts-0" | grep -o '[0-9.]*$') MiB)"
+else
+  bad "Llama LoRA in bf16, kept attention outputs against attention run again: the adapters differ, or the host memory did not change ($(cat "$work/hacts-1" "$work/hacts-0" | tr '\n' ' '))"
+fi
 
 # 2. DiT
 fm=/usr/share/datasets/fashion-mnist

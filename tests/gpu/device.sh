@@ -37,9 +37,9 @@
 #   tests/gpu/device.sh sweep   on the GPU machine: the 7B bench with each A/B switch of
 #                               TZ_SWEEP (default TZ_FA_ROWS=64, TZ_FA_ASYNC=0, TZ_LORA_STACK=0,
 #                               TZ_MLP_COLS=0, TZ_TQ_CHUNKS=1 and 2, TZ_TQ_DECODE_STREAM=0,
-#                               TZ_WEIGHTS_STAGED=0, TZ_LINEAR_SHARED=0) between runs without
-#                               any, TZ_AB_ROUNDS
-#                               rounds (default 1; about 19 runs of 25 s a round).
+#                               TZ_WEIGHTS_STAGED=0, TZ_LINEAR_SHARED=0, TZ_ATT_KEEP=0) between
+#                               runs without any, TZ_AB_ROUNDS
+#                               rounds (default 1; about 21 runs of 25 s a round).
 #   tests/gpu/device.sh sanitize on the GPU machine: compute-sanitizer memcheck, racecheck and
 #                               synccheck over test_cuda_ops.
 #   tests/gpu/device.sh ncu     on the GPU machine: Nsight Compute on named kernels of the 7B
@@ -387,7 +387,7 @@ sweep)
   # run without the step split's 2 extra synchronised steps (--no-split: a few seconds of
   # device time a run, for a line the sweep does not read).
   setup
-  read -r -a sweep <<< "${TZ_SWEEP:-TZ_FA_ROWS=64 TZ_FA_ASYNC=0 TZ_LORA_STACK=0 TZ_MLP_COLS=0 TZ_TQ_CHUNKS=1 TZ_TQ_CHUNKS=2 TZ_TQ_DECODE_STREAM=0 TZ_WEIGHTS_STAGED=0 TZ_LINEAR_SHARED=0}"
+  read -r -a sweep <<< "${TZ_SWEEP:-TZ_FA_ROWS=64 TZ_FA_ASYNC=0 TZ_LORA_STACK=0 TZ_MLP_COLS=0 TZ_TQ_CHUNKS=1 TZ_TQ_CHUNKS=2 TZ_TQ_DECODE_STREAM=0 TZ_WEIGHTS_STAGED=0 TZ_LINEAR_SHARED=0 TZ_ATT_KEEP=0}"
   sweep_run() { # sweep_run TAG [VAR=VALUE]: one 7B bench, its log sweep-TAG.log
     local tag=$1 log="$out/sweep-$1.log"
     shift

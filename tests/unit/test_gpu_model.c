@@ -146,12 +146,18 @@ static void compare(const char *what, double la, double lb, tz_params *a, tz_par
           n, zero, worst, wname, TOL_GRAD);
 }
 
+/* Layers of the next llama_case (2 unless a case says), and whether its second call runs
+ * with attention's forward again in the recomputation (TZ_ATT_KEEP=0) instead of the outputs
+ * kept from the forward, which must give the same bits. */
+static int64_t g_layers = 2;
+static int g_keep_off_again;
+
 /* arch: 0 Llama, 2 Qwen2 (q, k, v biases), 3 Qwen3 (q_norm, k_norm; head_dim 24, not 64 / 4) */
 static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lora_bits,
                        int arch) {
     tz_llama_dims d;
     memset(&d, 0, sizeof d);
-    d.vocab = 97, d.dim = 64, d.hidden = 192, d.n_layers = 2, d.n_heads = 4, d.n_kv_heads = kv;
+    d.vocab = 97, d.dim = 64, d.hidden = 192, d.n_layers = g_layers, d.n_heads = 4, d.n_kv_heads = kv;
     d.head_dim = arch == 3 ? 24 : 16, d.max_pos = 128, d.eps = 1e-5, d.theta = 10000.0;
     d.tied = tied, d.qkv_bias = arch == 2, d.qk_norm = arch == 3;
     tz_model_opts o;
@@ -183,8 +189,21 @@ static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lor
         loss[k] = tz_llama_forward_backward(m[k], in, tg, 1.0f / (float)(B * T));
     }
     compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
+    if (ckpt) /* a device keeps attention's outputs for the recomputation, every layer's */
+        check(m[1]->att_keep && m[1]->att_host_bytes ==
+                                    (size_t)(d.n_layers > 2 ? d.n_layers - 2 : 0) *
+                                        (size_t)(B * T * (d.n_heads * d.head_dim + d.n_heads)) *
+                                        sizeof(float),
+              "%s: attention's outputs kept for the recomputation, %zu bytes of them on the host",
+              what, m[1]->att_host_bytes);
     {
         float *first = first_grads(&m[1]->params, g[1]);
+        if (g_keep_off_again) { /* the same model with attention's forward run again */
+            setenv("TZ_ATT_KEEP", "0", 1);
+            tz_llama_setup(m[1], B, T);
+            unsetenv("TZ_ATT_KEEP");
+            check(!m[1]->att_keep && !m[1]->att_host_bytes, "%s: TZ_ATT_KEEP=0 keeps none", what);
+        }
         const double l2 = tz_llama_forward_backward(m[1], in, tg, 1.0f / (float)(B * T));
         second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
     }
@@ -648,6 +667,13 @@ int main(void) {
     llama_case("llama untied, GQA 4/2, LoRA on 4-bit TurboQuant, checkpointing", 0, 2, 1, 4, 0);
     llama_case("qwen2 tied, GQA 4/2, full, checkpointing", 1, 2, 1, 0, 2);
     llama_case("qwen3 untied, GQA 4/2, head_dim 24, full, checkpointing", 0, 2, 1, 0, 3);
+    /* four layers: the first two's attention outputs go to the host and come back for the
+     * recomputation (the residual streams stay on the device in fp32, so only the model's
+     * own events order those copies); the second call runs attention's forward again there */
+    g_layers = 4, g_keep_off_again = 1;
+    llama_case("llama untied, GQA 4/2, 4 layers, LoRA on 4-bit TurboQuant, checkpointing, "
+               "second call with TZ_ATT_KEEP=0", 0, 2, 1, 4, 0);
+    g_layers = 2, g_keep_off_again = 0;
     dit_case("dit 8x8x4, patch 2, learned sigma, full", 0, 0);
     dit_case("dit, LoRA on a dense base, checkpointing", -1, 1);
     /* bf16 GEMM operands and bf16 storage on the GPU, against the fp32 CPU */
@@ -658,6 +684,11 @@ int main(void) {
     llama_case("bf16: llama untied, GQA 4/2, LoRA on 4-bit TurboQuant, checkpointing", 0, 2, 1, 4, 0);
     llama_case("bf16: qwen2 tied, LoRA on 4-bit TurboQuant, checkpointing", 1, 2, 1, 4, 2);
     llama_case("bf16: qwen3 untied, head_dim 24, full, checkpointing", 0, 2, 1, 0, 3);
+    /* the same with the residual streams on the host in bf16 */
+    g_layers = 4, g_keep_off_again = 1;
+    llama_case("bf16: llama untied, GQA 4/2, 4 layers, LoRA on 4-bit TurboQuant, checkpointing, "
+               "second call with TZ_ATT_KEEP=0", 0, 2, 1, 4, 0);
+    g_layers = 2, g_keep_off_again = 0;
     dit_case("bf16: dit 8x8x4, patch 2, learned sigma, full", 0, 0);
     /* the inputs of qkv, fc1 and fc2 kept in bf16 (dense weights), LoRA's A reading them too;
      * and a quantized base, which keeps them in fp32 for its rotation */

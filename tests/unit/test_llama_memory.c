@@ -184,6 +184,15 @@ static void device_case(tz_backend *cpu16, tz_backend *dev, const mcase *c, cons
     const size_t q32 = (((size_t)(BT * qd) * 4 + 63) & ~(size_t)63) +
                        2 * (((size_t)(BT * kvd) * 4 + 63) & ~(size_t)63);
     const size_t grow = (size_t)(d->pool_floats - h->pool_floats) * 4;
+    /* attention's outputs kept for the recomputation (att_keep): a second att and lse here,
+     * the first n_layers - 2 layers' on the host */
+    const size_t kept = (((size_t)(BT * qd) * 4 + 63) & ~(size_t)63) +
+                        (((size_t)(BT * dd->n_heads) * 4 + 63) & ~(size_t)63);
+    const size_t kept_host =
+        (size_t)(dd->n_layers - 2) * (size_t)(BT * (qd + dd->n_heads)) * sizeof(float);
+    check(d->att_keep && !h->att_keep && d->att_host_bytes == kept_host,
+          "device %s: attention's outputs kept for the recomputation (the CPU runs it again), "
+          "%zu bytes of them on the host", c->what, d->att_host_bytes);
     const tz_llama_acts *s = tz_layer_stack_set(&d->stack, 0);
     const float *p0 = d->pool, *p1 = d->pool + d->pool_floats;
     check(s->q >= p0 && s->k >= s->q + BT * qd && s->v >= s->k + BT * kvd &&
@@ -191,11 +200,11 @@ static void device_case(tz_backend *cpu16, tz_backend *dev, const mcase *c, cons
           "device %s: q, k, v in fp32 in the pool (%lld floats; the CPU's %lld)", c->what,
           (long long)d->pool_floats, (long long)h->pool_floats);
     check(d->tq.act_floats >= h->tq.act_floats &&
-              d->arena.cap + want + q32 == h->arena.cap + ws + ad + q16 + grow,
+              d->arena.cap + want + q32 == h->arena.cap + ws + ad + q16 + grow + kept,
           "device %s: arena %zu bytes + %zu (n_layers bf16 streams and xb) + %zu (q, k, v in "
           "fp32) = the CPU's %zu + attention's workspace %zu + the bf16 input copy %zu + q, k, "
-          "v in bf16 %zu + the pool's growth %zu", c->what, d->arena.cap, want, q32,
-          h->arena.cap, ws, ad, q16, grow);
+          "v in bf16 %zu + the pool's growth %zu + attention's outputs kept %zu", c->what,
+          d->arena.cap, want, q32, h->arena.cap, ws, ad, q16, grow, kept);
     float *gh, *gd, *gd2, *bh = grads(h), *bd = grads(d);
     const double lh = step(h, bh, in, tg, &gh), ld = step(d, bd, in, tg, &gd);
     const double fd = tz_llama_forward(d, in, tg), ld2 = step(d, bd, in, tg, &gd2);

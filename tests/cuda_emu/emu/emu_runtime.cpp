@@ -272,7 +272,7 @@ cudaError_t do_copy(const char *fn, void *dst, size_t dpitch, const void *src, s
                     kind_name(k), dst, dspan, src, sspan);
         return fail(cudaErrorInvalidValue);
     }
-    if ((e = order_access(fn, s, dst, dspan, src, sspan)) != cudaSuccess) return fail(e);
+    if ((e = order_access(fn, s, dst, dspan, src, sspan, 1)) != cudaSuccess) return fail(e);
     for (size_t r = 0; r < height; r++)
         memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return cudaSuccess;
@@ -320,10 +320,12 @@ double now_ms(void) {
  * queues work on the other. Vector clocks keep that order: each stream (an index, 0 the
  * default stream) counts its operations and knows how far every other stream had got when
  * it was last ordered after it; the host knows what it has waited for, and work it queues
- * comes after that. Each device allocation remembers the last copy or set that wrote it; a
- * copy or set on another stream that reads or writes the allocation with no order after that
- * write fails with cudaErrorInvalidValue and a note naming both (a race a GPU may or may not
- * show). Kernels' accesses are not known here and are not checked. */
+ * comes after that. Each device allocation remembers the last copies and sets that wrote it
+ * or read it (a copy's device source); a copy or set on another stream that reads the
+ * allocation with no order after such a write, or writes it with no order after such a write
+ * or read, fails with cudaErrorInvalidValue and a note naming both (a race a GPU may or may
+ * not show). Kernels' accesses are not known here and are checked only where the backend
+ * declares them (tz_emu_kernel_reads, tz_emu_kernel_writes). */
 enum { MAX_SIDS = 64 };
 struct Clock {
     uint64_t t[MAX_SIDS];
