@@ -413,6 +413,7 @@ int tz_mem_plan_check(const tz_mem_plan *m, const tz_config *cfg, const tz_mem_r
     /* on the CPU backend the backend's memory is host memory too */
     const double host_need = (double)(m->gpu ? m->host : m->backend + m->host);
     double worst = host_need / (host_have > 0 ? host_have : 1);
+    const double host_f = worst;
     char dev[256] = "";
     if (m->gpu && room->dev_total) {
         double f = (double)m->backend / (dev_have > 0 ? dev_have : 1);
@@ -435,7 +436,14 @@ int tz_mem_plan_check(const tz_mem_plan *m, const tz_config *cfg, const tz_mem_r
         int k_ = snprintf(hint + at, at < hn ? hn - at : 0, __VA_ARGS__);            \
         if (k_ > 0) at += (size_t)k_;                                                \
     } while (0)
-    if ((double)m->arena >= (double)m->weights && (double)m->arena >= (double)m->shard) {
+    if (m->gpu && m->host_acts && host_f >= worst && m->host_acts >= m->shard &&
+        m->host_acts >= m->host_codes) {
+        /* a GPU's run short of host memory, most of it activations kept there */
+        HINT("the activations kept in host memory are %.2f GiB: lower train.micro_batch (%lld) "
+             "or data.seq_len (%lld), or set TZ_ATT_KEEP=0 (attention's outputs not kept: the "
+             "recomputation runs attention again)", gib((double)m->host_acts),
+             (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len);
+    } else if ((double)m->arena >= (double)m->weights && (double)m->arena >= (double)m->shard) {
         HINT("activations are %.2f GiB: lower train.micro_batch (%lld; raise train.grad_accum "
              "to keep the batch) or data.seq_len (%lld)", gib((double)m->arena),
              (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len);

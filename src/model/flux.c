@@ -251,6 +251,7 @@ tz_flux *tz_flux_create(tz_backend *be, const tz_flux_dims *d, const tz_model_op
 
 void tz_flux_free(tz_flux *m) {
     if (!m) return;
+    tz_att_keep_free(&m->keep); /* (its copies done before the memory they read goes) */
     tz_arena_free(&m->arena);
     tz_params_free(&m->params, m->be);
     free(m->blocks);
@@ -379,6 +380,11 @@ static size_t acts_walk(tz_flux *m, tz_arena *a, int64_t B, int64_t Ti, int64_t 
         TAKE(m->dpred, Bi * Cout, "dprediction");
         TAKE(m->dlora, BT * (r > 0 ? r : 1), "dlora");
     }
+    /* attention's outputs kept (tz_flux.keep): two buffers of a block's, the first blocks' on
+     * the host */
+    tz_att_keep_walk(&m->keep, m->be, a, &total,
+                     tz_att_keep_wanted(m->be, m->o.checkpointing, m->o.forward_only, L), L,
+                     BT * I, BT * H, 0);
     const size_t att_ws = tz_attention_ws_bytes(m->be, B, T, H, d->head_dim, !m->o.forward_only,
                                                 att16); /* (q, k, v in bf16 where att16) */
     if (a) m->att_ws = NULL, m->att_ws_bytes = att_ws;
@@ -398,6 +404,7 @@ void tz_flux_setup(tz_flux *m, int64_t B, int64_t Ti, int64_t Tt) {
     if (B <= 0 || Ti <= 0 || Tt <= 0)
         TZ_FATAL("flux: batch %lld of %lld image and %lld text tokens", (long long)B,
                  (long long)Ti, (long long)Tt);
+    tz_att_keep_free(&m->keep); /* (its copies done before the memory they read goes) */
     tz_arena_free(&m->arena);
     free(m->feat_host), free(m->cs_host);
     if (m->sse_host) m->be->host_free(m->be, m->sse_host);

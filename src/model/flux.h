@@ -117,6 +117,12 @@ typedef struct tz_flux {
      * pre-GELU gradient (absent when built forward-only) */
     float *wide0, *wide1;
     float *feat_host, *cs_host, *sse_host;
+    /* Attention's outputs kept for backward (model_base.h; on: training with checkpointing on
+     * a device): a block's recomputation reads the attention output and lse its forward made
+     * instead of running attention again. A double block's att and lse point at its buffer
+     * while it runs; a single block's attention writes into its cat, copied into the buffer
+     * (and back into cat for the recomputation). */
+    tz_att_keep keep;
 } tz_flux;
 
 /* Registers every parameter (diffusers names; adapters per opts), each with its backward

@@ -126,9 +126,11 @@ static void qk_norms(tz_flux *m, tz_flux_acts *a, const float *q, const float *k
 }
 
 /* The joint attention into out, rows at stride ldo (a single block's go straight into the
- * first I columns of its cat, where proj_out reads them). */
+ * first I columns of its cat, where proj_out reads them). kept (a recomputation reading
+ * attention's outputs kept from the forward, tz_flux.keep): its inputs made as backward reads
+ * them, attention itself not run. */
 static void attend(tz_flux *m, tz_flux_acts *a, const float *V, float *out, int64_t ldo,
-                   int64_t n, int64_t T, int v16_made) {
+                   int64_t n, int64_t T, int v16_made, int kept) {
     tz_backend *be = m->be;
     const int64_t H = m->d.heads, D = m->d.head_dim;
     const float *in[3];
@@ -139,6 +141,7 @@ static void attend(tz_flux *m, tz_flux_acts *a, const float *V, float *out, int6
         be->rope_pairs_fwd(be, a->Q, n, T, H, D, m->cs);
         be->rope_pairs_fwd(be, a->K, n, T, H, D, m->cs);
     }
+    if (kept) return;
     att_inputs(m, a, V, in);
     const tz_att_ld ld = {0, 0, ldo, m->att16, 0};
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
@@ -169,7 +172,7 @@ static void stream_mlp_fwd(tz_flux *m, const tz_linear *ff1, const tz_linear *ff
 }
 
 static void double_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, const float *x,
-                       float *out) {
+                       float *out, int kept) {
     tz_backend *be = m->be;
     const tz_flux_dims *d = &m->d;
     const int64_t n = m->n, Ti = m->Ti, Tt = m->Tt, T = Ti + Tt, I = tz_flux_inner(d);
@@ -197,7 +200,7 @@ static void double_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     qk_norms(m, a, a->qc, a->kc, a->rqc, a->rkc, blk->naq, blk->nak, Tt, 0);
     qk_norms(m, a, a->qi, a->ki, a->rqi, a->rki, blk->nq, blk->nk, Ti, Tt);
     merge(be, a->V, vc, vi, n, Tt, Ti, I);
-    attend(m, a, a->V, a->att, 0, n, T, 0);
+    attend(m, a, a->V, a->att, 0, n, T, 0, kept);
     split(be, attc, atti, a->att, n, Tt, Ti, I);
     tz_linear_fwd(be, &L[TZ_FLUX_OUT], a->aoi, a->lh[TZ_FLUX_OUT], atti, Bi);
     tz_linear_fwd(be, &L[TZ_FLUX_AOUT], a->aoc, a->lh[TZ_FLUX_AOUT], attc, Bc);
@@ -218,8 +221,11 @@ static int single_f16(const tz_flux *m, const tz_flux_block *blk) {
     return tz_linear_shared_y16(m->be, in4, 4, m->n * (m->Ti + m->Tt));
 }
 
+/* kept: backward's recomputation, with the attention's output kept from the forward in
+ * `att` (tz_flux.keep), copied into cat; else (att not NULL) the forward's copied from cat
+ * into att for the recomputation */
 static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, const float *x,
-                       float *out) {
+                       float *out, int kept, float *att) {
     tz_backend *be = m->be;
     const tz_flux_dims *d = &m->d;
     const int64_t n = m->n, T = m->Ti + m->Tt, BT = n * T, I = tz_flux_inner(d);
@@ -240,14 +246,27 @@ static void single_fwd(tz_flux *m, const tz_flux_block *blk, tz_flux_acts *a, co
     /* the GELU output straight into the second part of cat, where proj_out reads it */
     be->gelu_tanh_fwd(be, a->cat + I, a->fi, BT * F, F, I + F, f16 ? TZ_GELU_X16 : 0);
     qk_norms(m, a, a->qi, a->ki, a->rqi, a->rki, blk->nq, blk->nk, T, 0);
-    attend(m, a, a->vi, a->cat, I + F, n, T, v16);
+    attend(m, a, a->vi, a->cat, I + F, n, T, v16, kept);
+    if (kept) be->copy2d(be, a->cat, I + F, att, I, BT, I);
+    else if (att) be->copy2d(be, att, I, a->cat, I + F, BT, I);
     tz_linear_fwd(be, &L[TZ_FLUX_POUT], a->o, a->lh[TZ_FLUX_POUT], a->cat, BT);
     be->gate_fwd(be, out, x, a->o, a->modi + 2 * I, M, n, T, I);
 }
 
-static void block_fwd(tz_flux *m, int64_t k, const float *x, float *out) {
-    if (k < m->d.layers) double_fwd(m, &m->blocks[k], acts_of(m, k), x, out);
-    else single_fwd(m, &m->blocks[k], acts_of(m, k), x, out);
+/* Block k; with tz_flux.keep, its attention output and lse in their buffer (bwd: a backward
+ * follows, which will read them; kept: backward's recomputation, which does) */
+static void block_fwd(tz_flux *m, int64_t k, const float *x, float *out, int bwd, int kept) {
+    tz_flux_acts *a = acts_of(m, k);
+    float *att = NULL;
+    if (m->keep.on) {
+        const int i = tz_att_keep_take(&m->keep, k);
+        a->lse = m->keep.lse2[i];
+        if (k < m->d.layers) a->att = m->keep.att2[i];
+        else if ((bwd && k < m->d.layers + m->d.single_layers - 1) || kept)
+            att = m->keep.att2[i]; /* (the last block is not recomputed) */
+    }
+    if (k < m->d.layers) double_fwd(m, &m->blocks[k], a, x, out, kept);
+    else single_fwd(m, &m->blocks[k], a, x, out, kept, att);
 }
 
 /* One embedder: out = lin2(silu(lin1(in))) (+= when add), hidden h, its silu s. */
@@ -265,7 +284,9 @@ static void embed(tz_flux *m, const tz_linear *l1, const tz_linear *l2, const fl
     be->axpy(be, out, 1.0f, m->fmod, n * I);
 }
 
-void tz_flux_forward(tz_flux *m, const tz_flux_batch *in) {
+/* The forward; bwd: a backward follows (with tz_flux.keep, the blocks' attention outputs are
+ * kept for it) */
+static void forward_body(tz_flux *m, const tz_flux_batch *in, int bwd) {
     tz_backend *be = m->be;
     const tz_flux_dims *d = &m->d;
     if (!m->arena.base) TZ_FATAL("flux: tz_flux_setup was not called");
@@ -301,7 +322,9 @@ void tz_flux_forward(tz_flux *m, const tz_flux_batch *in) {
     for (int64_t k = 0; k < L; k++) {
         tz_wstream_use(&m->ws, k, k + 1 < L ? k + 1 : -1);
         tz_params_weights_needed(&m->params, (int)(L - k));
-        block_fwd(m, k, tz_layer_stack_in(st, be, k), tz_layer_stack_out(st, k + 1));
+        block_fwd(m, k, tz_layer_stack_in(st, be, k), tz_layer_stack_out(st, k + 1), bwd, 0);
+        if (m->keep.on && bwd) /* to the host (the first L - 2 blocks') */
+            tz_att_keep_copy(&m->keep, k, 1, n * T * I, n * T * d->heads);
         tz_wstream_done(&m->ws, k);
         tz_layer_stack_put(st, be, k + 1);
     }
@@ -313,6 +336,8 @@ void tz_flux_forward(tz_flux *m, const tz_flux_batch *in) {
     be->modulate_fwd(be, m->fh, m->fln, m->fmod + I, m->fmod, 2 * I, n, Ti, I, 0);
     tz_linear_fwd(be, &m->proj_out, m->pred, NULL, m->fh, Bi);
 }
+
+void tz_flux_forward(tz_flux *m, const tz_flux_batch *in) { forward_body(m, in, 0); }
 
 /* The target into backend memory, before the forward pass (an upload waits for the compute
  * queue: here it has nothing to wait for). */
@@ -528,7 +553,7 @@ double tz_flux_forward_backward(tz_flux *m, const tz_flux_batch *in, const float
     const int64_t per = Ti * d->out_channels;
     if (m->o.forward_only) TZ_FATAL("flux: built for forward passes only (no backward buffers)");
     target_up(m, target);
-    tz_flux_forward(m, in);
+    forward_body(m, in, 1);
     void *loss_done = loss_send(m);
     tz_params_backward_begins(&m->params);
     /* the final layer */
@@ -552,7 +577,9 @@ double tz_flux_forward_backward(tz_flux *m, const tz_flux_batch *in, const float
     for (int64_t k = L - 1; k >= 0; k--) {
         const float *x = tz_layer_stack_in(&m->stack, be, k);
         tz_wstream_use(&m->ws, k, k - 1);
-        if (tz_layer_stack_recompute(&m->stack, k)) block_fwd(m, k, x, m->dc);
+        /* block k - 1's kept attention outputs on their way back while this one runs */
+        if (m->keep.on) tz_att_keep_copy(&m->keep, k - 1, 0, n * T * I, n * T * d->heads);
+        if (tz_layer_stack_recompute(&m->stack, k)) block_fwd(m, k, x, m->dc, 0, m->keep.on);
         if (k < d->layers) double_bwd(m, &m->blocks[k], acts_of(m, k), x);
         else single_bwd(m, &m->blocks[k], acts_of(m, k), x);
         tz_wstream_done(&m->ws, k);

@@ -158,41 +158,9 @@ tz_llama *tz_llama_create(tz_backend *be, const tz_llama_dims *d, const tz_model
     return m;
 }
 
-/* Whether backward's recomputation reads attention's outputs kept from the forward
- * (tz_llama.att_keep): training with checkpointing on a device, where attention's forward is
- * the costliest op a recomputation repeats and the host holds the outputs at no GPU memory
- * but one layer's second buffer. TZ_ATT_KEEP=0 runs attention's forward again, for measuring
- * (the same bits either way). */
-static int keeps_att(const tz_llama *m) {
-    /* (a device with bf16 GEMMs among its types: the planning backend, a device too, plans a
-     * CPU's run with fp32 alone, as bench's plan tells a GPU's) */
-    const tz_backend *be = m->be;
-    if (!be->device || !((be->matmul_dtypes >> TZ_DT_BF16) & 1u) || !m->o.checkpointing ||
-        m->o.forward_only || m->d.n_layers < 2)
-        return 0;
-    const char *e = getenv("TZ_ATT_KEEP");
-    return !(e && !strcmp(e, "0"));
-}
-
-/* The kept outputs' host memory and copies (after the last copy is done). */
-static void att_keep_free(tz_llama *m) {
-    tz_backend *be = m->be;
-    for (int i = 0; i < 2; i++)
-        if (m->att_ev[i]) {
-            be->event_wait(be, m->att_ev[i], TZ_QUEUE_HOST);
-            be->event_free(be, m->att_ev[i]);
-            m->att_ev[i] = NULL;
-        }
-    if (m->att_host) {
-        be->host_unregister(be, m->att_host);
-        free(m->att_host);
-    }
-    m->att_host = NULL, m->att_host_bytes = 0, m->att_host_floats = 0, m->att_keep = 0;
-}
-
 void tz_llama_free(tz_llama *m) {
     if (!m) return;
-    att_keep_free(m); /* (its copies done before the memory they read goes) */
+    tz_att_keep_free(&m->keep); /* (its copies done before the memory they read goes) */
     tz_arena_free(&m->arena);
     tz_params_free(&m->params, m->be);
     if (m->inv_freq) m->be->release(m->be, m->inv_freq);
@@ -466,26 +434,14 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         }
 #undef ACT
     }
-    /* attention's outputs kept (tz_llama.att_keep): a second buffer of att and lse here, the
-     * first layers' on the host */
-    const int keep = keeps_att(m);
-    if (a) {
-        att_keep_free(m);
-        m->att_keep = keep;
+    /* attention's outputs kept (tz_llama.keep): a second buffer of att and lse beside the
+     * set's, the first layers' on the host */
+    tz_att_keep_walk(&m->keep, m->be, a, &total,
+                     tz_att_keep_wanted(m->be, m->o.checkpointing, m->o.forward_only, d->n_layers),
+                     d->n_layers, BT * qd, BT * d->n_heads, 1);
+    if (a && m->keep.on) {
         tz_llama_acts *s0 = tz_layer_stack_set(&m->stack, 0);
-        m->att2[0] = m->att2[1] = s0->att, m->lse2[0] = m->lse2[1] = s0->lse;
-    }
-    if (keep) {
-        TAKE(m->att2[1], BT * qd, "attention output kept (the second of two)");
-        TAKE(m->lse2[1], BT * d->n_heads, "attention lse kept (the second of two)");
-    }
-    if (a && keep && d->n_layers > 2) {
-        m->att_host_floats = BT * (qd + d->n_heads);
-        m->att_host_bytes = (size_t)(d->n_layers - 2) * (size_t)m->att_host_floats * sizeof(float);
-        if (m->be->host_register) { /* pinned; the planning backend's copies move nothing */
-            m->att_host = tz_xcalloc(1, m->att_host_bytes);
-            m->be->host_register(m->be, m->att_host, m->att_host_bytes);
-        }
+        m->keep.att2[0] = s0->att, m->keep.lse2[0] = s0->lse;
     }
     int64_t rows = m->head_rows_max > 0 ? m->head_rows_max : TZ_LLAMA_HEAD_FLOATS / d->vocab;
     m->head_rows = rows < 1 ? 1 : rows < BT ? rows : BT;
@@ -670,7 +626,7 @@ void tz_llama_setup(tz_llama *m, int64_t B, int64_t T) {
     if (T > m->d.max_pos)
         tz_warn("sequence length %lld exceeds the model's max_position_embeddings %lld",
                 (long long)T, (long long)m->d.max_pos);
-    att_keep_free(m); /* (its copies done before the memory they read goes) */
+    tz_att_keep_free(&m->keep); /* (its copies done before the memory they read goes) */
     tz_arena_free(&m->arena);
     if (m->loss_host) m->be->host_free(m->be, m->loss_host);
     m->B = B;
@@ -887,7 +843,7 @@ typedef struct layer_kv {
  * (training): positions 0.., causal attention over the T rows. kv (generation, B = 1):
  * positions kv->pos0.., the new keys and values written into the cache, attention reading it.
  * mlp 0 (backward's recomputation with MLP chunks, which makes the MLP's activations chunk by
- * chunk itself): stop at h2, out unused. att_kept (backward's recomputation, tz_llama.att_keep):
+ * chunk itself): stop at h2, out unused. att_kept (backward's recomputation, tz_llama.keep):
  * a->att and a->lse already hold what attention's forward made of this layer's q, k, v. */
 static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, const float *x,
                       float *out, int64_t B, int64_t T, const layer_kv *kv, int mlp,
@@ -946,42 +902,20 @@ static tz_llama_acts *acts_of(tz_llama *m, int64_t layer) {
     return tz_layer_stack_set(&m->stack, layer);
 }
 
-/* att_keep: layer l's att and lse between att2[l % 2], lse2[l % 2] and their host memory
- * (to_host: down), on the copy queue after the compute queue's work so far. */
+/* tz_llama.keep: layer l's att and lse to the host (to_host) or back */
 static void att_copy(tz_llama *m, int64_t l, int to_host) {
-    tz_backend *be = m->be;
-    const int i = (int)(l & 1);
-    const size_t att_bytes = (size_t)(m->B * m->T * m->d.n_heads * m->d.head_dim) * sizeof(float);
-    const size_t lse_bytes = (size_t)(m->B * m->T * m->d.n_heads) * sizeof(float);
-    float *h = m->att_host ? m->att_host + (size_t)l * (size_t)m->att_host_floats : NULL;
-    float *hl = h ? h + att_bytes / sizeof(float) : NULL;
-    void *after = be->event_mark(be, TZ_QUEUE_COMPUTE);
-    be->event_wait(be, after, TZ_QUEUE_COPY);
-    be->event_free(be, after);
-    if (to_host) {
-        be->download_async(be, h, m->att2[i], att_bytes);
-        be->download_async(be, hl, m->lse2[i], lse_bytes);
-    } else {
-        be->upload_async(be, m->att2[i], h, att_bytes);
-        be->upload_async(be, m->lse2[i], hl, lse_bytes);
-    }
-    if (m->att_ev[i]) be->event_free(be, m->att_ev[i]); /* the new one comes after it */
-    m->att_ev[i] = be->event_mark(be, TZ_QUEUE_COPY);
+    const int64_t BT = m->B * m->T;
+    tz_att_keep_copy(&m->keep, l, to_host, BT * m->d.n_heads * m->d.head_dim, BT * m->d.n_heads);
 }
 
-/* att_keep: layer l's set points at att2[l % 2], once the copy queue is done with it (a
- * download from it, or the upload into it, last issued). */
+/* tz_llama.keep: layer l's set points at its buffer, once the copy queue is done with it */
 static void att_take(tz_llama *m, tz_llama_acts *a, int64_t l) {
-    const int i = (int)(l & 1);
-    a->att = m->att2[i], a->lse = m->lse2[i];
-    if (!m->att_ev[i]) return;
-    m->be->event_wait(m->be, m->att_ev[i], TZ_QUEUE_COMPUTE);
-    m->be->event_free(m->be, m->att_ev[i]);
-    m->att_ev[i] = NULL;
+    const int i = tz_att_keep_take(&m->keep, l);
+    a->att = m->keep.att2[i], a->lse = m->keep.lse2[i];
 }
 
 /* Embedding, layers, final norm: m->hf holds the head's input. bwd: a backward follows (with
- * att_keep, the first layers' attention outputs go to the host for it). */
+ * tz_llama.keep, the first layers' attention outputs go to the host for it). */
 static void forward_body(tz_llama *m, const int32_t *inputs, const int32_t *targets, int bwd) {
     tz_backend *be = m->be;
     const tz_llama_dims *d = &m->d;
@@ -998,10 +932,10 @@ static void forward_body(tz_llama *m, const int32_t *inputs, const int32_t *targ
     for (int64_t l = 0; l < d->n_layers; l++) {
         tz_params_weights_needed(&m->params, (int)(d->n_layers - l));
         tz_llama_acts *a = acts_of(m, l);
-        if (m->att_keep) att_take(m, a, l);
+        if (m->keep.on) att_take(m, a, l);
         layer_fwd(m, &m->layers[l], a, tz_layer_stack_in(st, be, l),
                   tz_layer_stack_out(st, l + 1), m->B, m->T, NULL, 1, 0);
-        if (m->att_keep && bwd && l < d->n_layers - 2) att_copy(m, l, 1);
+        if (m->keep.on && bwd) att_copy(m, l, 1); /* (the first n_layers - 2) */
         tz_layer_stack_put(st, be, l + 1);
     }
     tz_params_weights_needed(&m->params, 0);
@@ -1256,8 +1190,8 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
     tz_params_stage_done(&m->params, 0);
     for (int64_t l = d->n_layers - 1; l >= 0; l--) {
         tz_llama_acts *a = acts_of(m, l);
-        if (m->att_keep) { /* layer l - 1's outputs on their way back while this one runs */
-            if (l >= 1 && l - 1 < d->n_layers - 2) att_copy(m, l - 1, 0);
+        if (m->keep.on) { /* layer l - 1's outputs on their way back while this one runs */
+            att_copy(m, l - 1, 0);
             att_take(m, a, l);
         }
         /* checkpointing: recompute the layer (the last one's activations are still there);
@@ -1265,7 +1199,7 @@ double tz_llama_forward_backward(tz_llama *m, const int32_t *inputs, const int32
         const float *x = tz_layer_stack_in(&m->stack, be, l);
         if (tz_layer_stack_recompute(&m->stack, l))
             layer_fwd(m, &m->layers[l], a, x, m->dh, m->B, m->T, NULL, !m->mlp_chunked,
-                      m->att_keep);
+                      m->keep.on);
         if (m->mlp_chunked) layer_bwd_chunked(m, &m->layers[l], a, x);
         else layer_bwd(m, &m->layers[l], a, x);
         tz_params_stage_done(&m->params, (int)(d->n_layers - l));

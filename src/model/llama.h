@@ -158,20 +158,11 @@ typedef struct tz_llama {
     float *pool;              /* (with chunks) */
     int64_t pool_floats;      /* its size (0: none) */
     float *loss_host;         /* BT floats on the host */
-    /* Attention's outputs kept for backward (att_keep: training with checkpointing on a
-     * device, TZ_ATT_KEEP not 0): a layer's recomputation reads the att and lse its forward
-     * made instead of running attention's forward again. Layer l's live in att2[l % 2] and
-     * lse2[l % 2] (the set's att and lse point there while it runs; index 0 is the set's
-     * own); those of layers 0 .. n_layers - 3 go to pinned host memory on the copy queue in
-     * forward and come back one layer ahead in backward (the last two layers' are still in
-     * place). */
-    int att_keep;
-    float *att2[2], *lse2[2];
-    float *att_host;          /* (n_layers - 2) x att_host_floats, pinned (NULL on a backend
-                               * that cannot pin: the planning one) */
-    int64_t att_host_floats;  /* one layer's: B*T*(heads * head_dim + heads) */
-    size_t att_host_bytes;    /* what att_host takes (also where it is NULL) */
-    void *att_ev[2];          /* the copy queue's last copy from or to att2[i] (NULL: none) */
+    /* Attention's outputs kept for backward (model_base.h; on: training with checkpointing on
+     * a device): a layer's recomputation reads the att and lse its forward made instead of
+     * running attention's forward again. The set's att and lse point at layer l's buffer
+     * while it runs; buffer 0 is the set's own. */
+    tz_att_keep keep;
 } tz_llama;
 
 /* Register every parameter (base weights zeroed, adapters per opts), each with its backward

@@ -135,6 +135,81 @@ void tz_layer_stack_put(tz_layer_stack *s, tz_backend *be, int64_t i) {
     slot_copy(s, be, i, 1);
 }
 
+int tz_att_keep_wanted(const tz_backend *be, int checkpointing, int forward_only,
+                       int64_t n_layers) {
+    if (!be->device || !((be->matmul_dtypes >> TZ_DT_BF16) & 1u) || !checkpointing ||
+        forward_only || n_layers < 2)
+        return 0;
+    const char *e = getenv("TZ_ATT_KEEP");
+    return !(e && !strcmp(e, "0"));
+}
+
+void tz_att_keep_walk(tz_att_keep *k, tz_backend *be, tz_arena *a, size_t *total, int on,
+                      int64_t n_layers, int64_t att_floats, int64_t lse_floats, int given0) {
+    if (a) {
+        tz_att_keep_free(k);
+        k->on = on, k->be = be, k->n_layers = n_layers;
+        k->att_floats = att_floats, k->lse_floats = lse_floats;
+    }
+    if (!on) return;
+    if (!given0) {
+        TZ_ARENA_TAKE(a, total, k->att2[0], att_floats, "attention output kept (the first of two)");
+        TZ_ARENA_TAKE(a, total, k->lse2[0], lse_floats, "attention lse kept (the first of two)");
+    }
+    TZ_ARENA_TAKE(a, total, k->att2[1], att_floats, "attention output kept (the second of two)");
+    TZ_ARENA_TAKE(a, total, k->lse2[1], lse_floats, "attention lse kept (the second of two)");
+    if (!a || n_layers <= 2) return;
+    k->host_bytes = (size_t)(n_layers - 2) * (size_t)(att_floats + lse_floats) * sizeof(float);
+    if (be->host_register) { /* pinned; the planning backend's copies move nothing */
+        k->host = tz_xcalloc(1, k->host_bytes);
+        be->host_register(be, k->host, k->host_bytes);
+    }
+}
+
+void tz_att_keep_copy(tz_att_keep *k, int64_t l, int to_host, int64_t att, int64_t lse) {
+    if (l < 0 || l >= k->n_layers - 2) return;
+    tz_backend *be = k->be;
+    const int i = (int)(l & 1);
+    float *h = k->host ? k->host + (size_t)l * (size_t)(k->att_floats + k->lse_floats) : NULL;
+    float *hl = h ? h + k->att_floats : NULL;
+    void *after = be->event_mark(be, TZ_QUEUE_COMPUTE);
+    be->event_wait(be, after, TZ_QUEUE_COPY);
+    be->event_free(be, after);
+    if (to_host) {
+        be->download_async(be, h, k->att2[i], (size_t)att * sizeof(float));
+        be->download_async(be, hl, k->lse2[i], (size_t)lse * sizeof(float));
+    } else {
+        be->upload_async(be, k->att2[i], h, (size_t)att * sizeof(float));
+        be->upload_async(be, k->lse2[i], hl, (size_t)lse * sizeof(float));
+    }
+    if (k->ev[i]) be->event_free(be, k->ev[i]); /* the new one comes after it */
+    k->ev[i] = be->event_mark(be, TZ_QUEUE_COPY);
+}
+
+int tz_att_keep_take(tz_att_keep *k, int64_t l) {
+    const int i = (int)(l & 1);
+    if (k->ev[i]) {
+        k->be->event_wait(k->be, k->ev[i], TZ_QUEUE_COMPUTE);
+        k->be->event_free(k->be, k->ev[i]);
+        k->ev[i] = NULL;
+    }
+    return i;
+}
+
+void tz_att_keep_free(tz_att_keep *k) {
+    tz_backend *be = k->be;
+    for (int i = 0; i < 2; i++)
+        if (k->ev[i]) {
+            be->event_wait(be, k->ev[i], TZ_QUEUE_HOST);
+            be->event_free(be, k->ev[i]);
+        }
+    if (k->host) {
+        be->host_unregister(be, k->host);
+        free(k->host);
+    }
+    memset(k, 0, sizeof *k);
+}
+
 void tz_layer_stack_free(tz_layer_stack *s) {
     if (s->on_host) {
         tz_backend *be = s->be;

@@ -130,6 +130,44 @@ float *tz_layer_stack_out(tz_layer_stack *s, int64_t i);
 void tz_layer_stack_put(tz_layer_stack *s, tz_backend *be, int64_t i);
 void tz_layer_stack_free(tz_layer_stack *s);
 
+/* Attention's outputs kept for backward's recomputation (training with checkpointing on a
+ * device: tz_att_keep_wanted): each layer's attention output and lse are made in one of two
+ * buffers, att2[l % 2] and lse2[l % 2], and those of layers 0 .. n_layers - 3 go to pinned
+ * host memory on the copy queue while the next layer computes (tz_att_keep_copy) and come
+ * back one layer ahead in backward, so that a recomputation reads them instead of running
+ * attention's forward again (the last two layers' stay in their buffers). The same bits:
+ * attention's forward is deterministic. docs/design/cuda.md, "Attention's outputs kept for
+ * the recomputation". */
+typedef struct tz_att_keep {
+    int on;
+    tz_backend *be;
+    int64_t n_layers, att_floats, lse_floats; /* a layer's, at the set-up's shapes */
+    float *att2[2], *lse2[2];                 /* backend memory */
+    float *host;      /* (n_layers - 2) x (att_floats + lse_floats), pinned (NULL on a backend
+                       * that cannot pin: the planning one, whose copies move nothing) */
+    size_t host_bytes; /* what host takes (also where it is NULL) */
+    void *ev[2];      /* the copy queue's last copy from or to buffer i (NULL: none) */
+} tz_att_keep;
+/* Whether a model on be keeps them (a device with bf16 GEMMs among its types: the planning
+ * backend, a device too, plans a CPU's run with fp32 alone; two layers at least;
+ * TZ_ATT_KEEP=0 says no, for measuring). */
+int tz_att_keep_wanted(const tz_backend *be, int checkpointing, int forward_only,
+                       int64_t n_layers);
+/* The walk's step (core/arena.h): with on, the buffers of a layer's att_floats and
+ * lse_floats from the arena (given0: buffer 1 only; the model sets att2[0] and lse2[0] to
+ * memory of its own after the walk); allocating (a != NULL) first releases what k held, then
+ * takes the host memory. Off, k is left empty. */
+void tz_att_keep_walk(tz_att_keep *k, tz_backend *be, tz_arena *a, size_t *total, int on,
+                      int64_t n_layers, int64_t att_floats, int64_t lse_floats, int given0);
+/* Layer l's first att and lse floats between its buffer and the host (to_host: down), on the
+ * copy queue after the compute queue's work so far. Layers n_layers - 2 and up: nothing. */
+void tz_att_keep_copy(tz_att_keep *k, int64_t l, int to_host, int64_t att, int64_t lse);
+/* Layer l's buffer index, once the compute queue waits for the copy queue's last copy from
+ * or to it (before a layer's attention writes it, or reads what an upload brought). */
+int tz_att_keep_take(tz_att_keep *k, int64_t l);
+/* Waits for k's copies, releases its host memory; k empty. */
+void tz_att_keep_free(tz_att_keep *k);
+
 /* bytes of backend memory src to the host's dst (pinned: host_alloc) on the copy queue, after
  * the compute queue's work so far, without the host waiting (so what follows is queued at
  * once); tz_model_received waits for the copy and frees the returned event. */

@@ -118,8 +118,8 @@ static void open_task(tz_task *t) {
     t->unit = "tokens";
     t->row_name = "windows";
     t->arena_bytes = m->arena.cap;
-    t->host_act_bytes = tz_layer_stack_host_bytes(&m->stack) + m->att_host_bytes;
-    t->host_act_what = !m->att_host_bytes ? "the checkpointed residual streams"
+    t->host_act_bytes = tz_layer_stack_host_bytes(&m->stack) + m->keep.host_bytes;
+    t->host_act_what = !m->keep.host_bytes ? "the checkpointed residual streams"
                        : tz_layer_stack_host_bytes(&m->stack)
                            ? "the checkpointed residual streams and attention's outputs"
                            : "attention's outputs";

@@ -393,24 +393,22 @@ static void test_stream_order(void) {
     cudaMallocHost(&pinned, 256);
     cudaMalloc(&dev, 256);
     memset(pinned, 0, 256);
-    cudaMemcpyAsync(dev, pinned, 256, cudaMemcpyHostToDevice, s);
-    const cudaError_t r0 = tz_emu_kernel_reads(0, dev + 8, 16, "selftest read");
-    cudaGetLastError();
-    cudaEventRecord(e, s);
-    cudaStreamWaitEvent(0, e, 0);
-    const cudaError_t r1 = tz_emu_kernel_reads(0, dev + 8, 16, "selftest read");
-    check(r0 == cudaErrorInvalidValue && r1 == cudaSuccess,
-          "a kernel reading what a copy on another stream wrote: refused unordered (%d), "
-          "ordered by an event (%d)", (int)r0, (int)r1);
-    cudaMemcpyAsync(pinned, dev, 256, cudaMemcpyDeviceToHost, s);
-    const cudaError_t w0 = tz_emu_kernel_writes(0, dev + 60, 4, "selftest write");
-    cudaGetLastError();
-    cudaEventRecord(e, s);
-    cudaStreamWaitEvent(0, e, 0);
-    const cudaError_t w1 = tz_emu_kernel_writes(0, dev + 60, 4, "selftest write");
-    check(w0 == cudaErrorInvalidValue && w1 == cudaSuccess,
-          "a kernel writing what a copy on another stream read: refused unordered (%d), "
-          "ordered by an event (%d)", (int)w0, (int)w1);
+    for (int w = 0; w < 2; w++) { /* the kernel reads what the copy wrote; writes what it read */
+        if (w) cudaMemcpyAsync(pinned, dev, 256, cudaMemcpyDeviceToHost, s);
+        else cudaMemcpyAsync(dev, pinned, 256, cudaMemcpyHostToDevice, s);
+        cudaError_t e0, e1;
+        for (int ordered = 0; ordered < 2; ordered++) {
+            if (ordered) cudaEventRecord(e, s), cudaStreamWaitEvent(0, e, 0);
+            const cudaError_t r = w ? tz_emu_kernel_writes(0, dev + 60, 4, "selftest write")
+                                    : tz_emu_kernel_reads(0, dev + 8, 16, "selftest read");
+            (ordered ? e1 : e0) = r;
+            cudaGetLastError();
+        }
+        check(e0 == cudaErrorInvalidValue && e1 == cudaSuccess,
+              "a kernel %s a copy on another stream %s: refused unordered (%d), ordered by an "
+              "event (%d)", w ? "writing what" : "reading what", w ? "read" : "wrote", (int)e0,
+              (int)e1);
+    }
     cudaGetLastError();
     cudaStreamSynchronize(s);
     cudaFree(dev), cudaFreeHost(pinned);

@@ -172,6 +172,20 @@ CFG
   else
     bad "Flux LoRA in bf16: attention on bf16 inputs against fp32 inputs: the adapters differ, or the switch did not change the plan ($(cat "$work/plan16-1" "$work/plan16-0" | tr '\n' ' '))"
   fi
+  # attention's outputs kept for the recomputation (the runs above) against attention run
+  # again (TZ_ATT_KEEP=0): the same bytes; the first two blocks' went to the host and back
+  TZ_ATT_KEEP=0 timeout 300 "$tz" train "$work/flux1.cfg" --set run.device=cuda \
+    --set run.precision=bf16 --set run.dir="$work/fluxk0" > "$work/fluxk0.log" 2>&1 ||
+    { bad "fluxk0 (cuda, bf16, TZ_ATT_KEEP=0) failed"; tail -5 "$work/fluxk0.log"; }
+  if [ -s "$work/flux16-1/adapter/adapter_model.safetensors" ] &&
+     cmp -s "$work/flux16-1/adapter/adapter_model.safetensors" "$work/fluxk0/adapter/adapter_model.safetensors" &&
+     grep -q "activations on the host .*" "$work/flux16-1.log" &&
+     [ "$(grep -o 'activations on the host [0-9.]*' "$work/flux16-1.log" | head -1)" != \
+       "$(grep -o 'activations on the host [0-9.]*' "$work/fluxk0.log" | head -1)" ]; then
+    ok "Flux LoRA in bf16, checkpointing: the recomputation reading attention's kept outputs saves the adapter of attention run again, byte for byte"
+  else
+    bad "Flux LoRA in bf16: kept attention outputs against attention run again: the adapters differ, or the host memory did not change"
+  fi
 else
   echo "skip Flux: python3-h5py is not installed"
 fi

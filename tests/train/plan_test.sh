@@ -75,6 +75,19 @@ refused "eval with micro_batch 65536" "" "$tz" eval $cfg --set train.micro_batch
   grep -q "^this machine: does not fit" "$work/long.plan" && grep -q "^HINT: activations" "$work/long.plan" &&
   ok "the dry run of it says it does not fit here, with the hint" ||
   { bad "dry run of a run too large"; grep "machine" "$work/long.plan"; }
+# a GPU's run whose host memory is mostly activations kept there (the checkpointed streams,
+# attention's outputs): the hint names them and the switch; TZ_ATT_KEEP=0 keeps fewer
+"$tz" bench --preset llama2-7b --dry-run --set train.micro_batch=512 > "$work/hacts.plan" 2>&1
+TZ_ATT_KEEP=0 "$tz" bench --preset llama2-7b --dry-run --set train.micro_batch=512 > "$work/hacts0.plan" 2>&1
+h1=$(grep -o "activations [0-9.]* (pinned: the checkpointed residual streams and attention's outputs)" "$work/hacts.plan" | awk '{print $2}')
+h0=$(grep -o "activations [0-9.]* (pinned: the checkpointed residual streams)" "$work/hacts0.plan" | awk '{print $2}')
+if grep -q "^this machine.*: does not fit" "$work/hacts.plan" &&
+   grep -q "^HINT: the activations kept in host memory are .*TZ_ATT_KEEP=0" "$work/hacts.plan" &&
+   [ -n "$h1" ] && [ -n "$h0" ] && awk -v a="$h1" -v b="$h0" 'BEGIN {exit !(a > 2.5 * b)}'; then
+  ok "llama2-7b at micro_batch 512: the host's kept activations ($h1 GiB; $h0 with TZ_ATT_KEEP=0) named in the hint"
+else
+  bad "the host's kept activations in the plan and its hint: ${h1:-none}, ${h0:-none}"; grep "host\|HINT" "$work/hacts.plan"
+fi
 
 # ---- 3. cores and Slurm
 bench=("$tz" bench --preset llama-tiny --set train.steps=1)

@@ -151,6 +151,7 @@ static void compare(const char *what, double la, double lb, tz_params *a, tz_par
  * kept from the forward, which must give the same bits. */
 static int64_t g_layers = 2;
 static int g_keep_off_again;
+static int64_t g_flux_singles; /* > 0: the next flux_case's single blocks (else flux-tiny's) */
 
 /* arch: 0 Llama, 2 Qwen2 (q, k, v biases), 3 Qwen3 (q_norm, k_norm; head_dim 24, not 64 / 4) */
 static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lora_bits,
@@ -190,19 +191,19 @@ static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lor
     }
     compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
     if (ckpt) /* a device keeps attention's outputs for the recomputation, every layer's */
-        check(m[1]->att_keep && m[1]->att_host_bytes ==
+        check(m[1]->keep.on && m[1]->keep.host_bytes ==
                                     (size_t)(d.n_layers > 2 ? d.n_layers - 2 : 0) *
                                         (size_t)(B * T * (d.n_heads * d.head_dim + d.n_heads)) *
                                         sizeof(float),
               "%s: attention's outputs kept for the recomputation, %zu bytes of them on the host",
-              what, m[1]->att_host_bytes);
+              what, m[1]->keep.host_bytes);
     {
         float *first = first_grads(&m[1]->params, g[1]);
         if (g_keep_off_again) { /* the same model with attention's forward run again */
             setenv("TZ_ATT_KEEP", "0", 1);
             tz_llama_setup(m[1], B, T);
             unsetenv("TZ_ATT_KEEP");
-            check(!m[1]->att_keep && !m[1]->att_host_bytes, "%s: TZ_ATT_KEEP=0 keeps none", what);
+            check(!m[1]->keep.on && !m[1]->keep.host_bytes, "%s: TZ_ATT_KEEP=0 keeps none", what);
         }
         const double l2 = tz_llama_forward_backward(m[1], in, tg, 1.0f / (float)(B * T));
         second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
@@ -269,6 +270,7 @@ static void flux_case(const char *what, int lora, int ckpt, int64_t n) {
     tz_flux_dims d;
     char err[128];
     if (tz_flux_preset("flux-tiny", &d, err, sizeof err)) check(0, "%s", err);
+    if (g_flux_singles > 0) d.single_layers = g_flux_singles;
     tz_model_opts o;
     memset(&o, 0, sizeof o);
     o.checkpointing = ckpt;
@@ -305,8 +307,21 @@ static void flux_case(const char *what, int lora, int ckpt, int64_t n) {
         loss[k] = tz_flux_forward_backward(m[k], &in, tgt, 1.0f / (float)ny);
     }
     compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
+    const int64_t L = d.layers + d.single_layers, I = tz_flux_inner(&d), T = Ti + Tt;
+    if (ckpt) /* a device keeps attention's outputs for the recomputation, every block's */
+        check(m[1]->keep.on && m[1]->keep.host_bytes ==
+                                   (size_t)(L > 2 ? L - 2 : 0) *
+                                       (size_t)(n * T * (I + d.heads)) * sizeof(float),
+              "%s: attention's outputs kept for the recomputation, %zu bytes of them on the host",
+              what, m[1]->keep.host_bytes);
     {
         float *first = first_grads(&m[1]->params, g[1]);
+        if (g_keep_off_again) { /* the same model with attention's forward run again */
+            setenv("TZ_ATT_KEEP", "0", 1);
+            tz_flux_setup(m[1], n, Ti, Tt);
+            unsetenv("TZ_ATT_KEEP");
+            check(!m[1]->keep.on && !m[1]->keep.host_bytes, "%s: TZ_ATT_KEEP=0 keeps none", what);
+        }
         const double l2 = tz_flux_forward_backward(m[1], &in, tgt, 1.0f / (float)ny);
         second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
     }
@@ -674,6 +689,12 @@ int main(void) {
     llama_case("llama untied, GQA 4/2, 4 layers, LoRA on 4-bit TurboQuant, checkpointing, "
                "second call with TZ_ATT_KEEP=0", 0, 2, 1, 4, 0);
     g_layers = 2, g_keep_off_again = 0;
+    /* flux-tiny with four single blocks: two double and two single blocks' attention outputs
+     * go to the host and back (fp32: only the model's own events order those copies) */
+    g_flux_singles = 4, g_keep_off_again = 1;
+    flux_case("flux-tiny, 4 single blocks, LoRA on a 4-bit base, 1 sample, checkpointing, "
+              "second call with TZ_ATT_KEEP=0", 4, 1, 1);
+    g_flux_singles = 0, g_keep_off_again = 0;
     dit_case("dit 8x8x4, patch 2, learned sigma, full", 0, 0);
     dit_case("dit, LoRA on a dense base, checkpointing", -1, 1);
     /* bf16 GEMM operands and bf16 storage on the GPU, against the fp32 CPU */
@@ -698,6 +719,10 @@ int main(void) {
      * GEMMs, attention on bf16 inputs (Q and K from the norms with RoPE), against the CPU */
     flux_case("bf16: flux-tiny, LoRA on every linear of a 4-bit base, 2 samples", 4, 0, 2);
     flux_case("bf16: flux-tiny, LoRA on a 4-bit base, 1 sample, checkpointing", 4, 1, 1);
+    g_flux_singles = 4, g_keep_off_again = 1; /* the same with the streams on the host */
+    flux_case("bf16: flux-tiny, 4 single blocks, LoRA on a 4-bit base, 2 samples, checkpointing, "
+              "second call with TZ_ATT_KEEP=0", 4, 1, 2);
+    g_flux_singles = 0, g_keep_off_again = 0;
     tz_backend_destroy(g_gpu);
     tz_backend_destroy(g_cpu);
     return tz_check_done("test_gpu_model");

@@ -184,15 +184,15 @@ static void device_case(tz_backend *cpu16, tz_backend *dev, const mcase *c, cons
     const size_t q32 = (((size_t)(BT * qd) * 4 + 63) & ~(size_t)63) +
                        2 * (((size_t)(BT * kvd) * 4 + 63) & ~(size_t)63);
     const size_t grow = (size_t)(d->pool_floats - h->pool_floats) * 4;
-    /* attention's outputs kept for the recomputation (att_keep): a second att and lse here,
+    /* attention's outputs kept for the recomputation (tz_llama.keep): a second att and lse here,
      * the first n_layers - 2 layers' on the host */
     const size_t kept = (((size_t)(BT * qd) * 4 + 63) & ~(size_t)63) +
                         (((size_t)(BT * dd->n_heads) * 4 + 63) & ~(size_t)63);
     const size_t kept_host =
         (size_t)(dd->n_layers - 2) * (size_t)(BT * (qd + dd->n_heads)) * sizeof(float);
-    check(d->att_keep && !h->att_keep && d->att_host_bytes == kept_host,
+    check(d->keep.on && !h->keep.on && d->keep.host_bytes == kept_host,
           "device %s: attention's outputs kept for the recomputation (the CPU runs it again), "
-          "%zu bytes of them on the host", c->what, d->att_host_bytes);
+          "%zu bytes of them on the host", c->what, d->keep.host_bytes);
     const tz_llama_acts *s = tz_layer_stack_set(&d->stack, 0);
     const float *p0 = d->pool, *p1 = d->pool + d->pool_floats;
     check(s->q >= p0 && s->k >= s->q + BT * qd && s->v >= s->k + BT * kvd &&
