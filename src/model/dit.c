@@ -204,6 +204,7 @@ tz_dit *tz_dit_create(tz_backend *be, const tz_dit_dims *d, const tz_model_opts 
 
 void tz_dit_free(tz_dit *m) {
     if (!m) return;
+    tz_att_keep_free(&m->keep); /* (its copies done before the memory they read goes) */
     tz_arena_free(&m->arena);
     tz_params_free(&m->params, m->be);
     if (m->pos_embed) m->be->release(m->be, m->pos_embed);
@@ -285,6 +286,15 @@ static size_t acts_walk(tz_dit *m, tz_arena *a, int64_t B) {
             if (m->o.lora.targets & (1 << j)) ACT(lh[j], (j == TZ_DIT_ADALN ? B : BT) * r);
 #undef ACT
     }
+    /* attention's outputs kept (tz_dit.keep): a second buffer of att and lse beside the set's,
+     * the first blocks' on the host */
+    tz_att_keep_walk(&m->keep, m->be, a, &total,
+                     tz_att_keep_wanted(m->be, m->o.checkpointing, m->o.forward_only, d->depth),
+                     d->depth, BT * Hd, BT * d->num_heads, 1);
+    if (a && m->keep.on) {
+        tz_dit_acts *s0 = tz_layer_stack_set(&m->stack, 0);
+        m->keep.att2[0] = s0->att, m->keep.lse2[0] = s0->lse;
+    }
     TAKE(m->fmod, B * 2 * Hd, "final modulation"); TAKE(m->fmean, BT, "final mean");
     TAKE(m->frstd, BT, "final rstd"); TAKE(m->fln, BT * Hd, "final norm");
     TAKE(m->fh, BT * Hd, "final modulated"); TAKE(m->fo, BT * p2 * Cout, "final linear");
@@ -332,6 +342,7 @@ size_t tz_dit_arena_bytes(const tz_dit *m, int64_t B) { return acts_walk((tz_dit
 
 void tz_dit_setup(tz_dit *m, int64_t B) {
     if (B <= 0) TZ_FATAL("dit: batch size %lld", (long long)B);
+    tz_att_keep_free(&m->keep); /* (its copies done before the memory they read goes) */
     tz_arena_free(&m->arena);
     free(m->tfreq_host);
     if (m->sse_host) m->be->host_free(m->be, m->sse_host);

@@ -125,6 +125,11 @@ typedef struct tz_dit {
     float *dres, *da, *db, *dqkv, *df, *dg, *dmod, *dsc, *dc, *dt, *dfo, *dimg;
     float *dlora;
     float *tfreq_host, *sse_host;
+    /* Attention's outputs kept for backward (model_base.h; on: training with checkpointing on
+     * a device): a block's recomputation reads the att and lse its forward made instead of
+     * running attention again. The set's att and lse point at block i's buffer while it runs;
+     * buffer 0 is the set's own. */
+    tz_att_keep keep;
 } tz_dit;
 
 /* Register every parameter (zeroed; adapters per opts), each with its backward stage (0: the

@@ -59,9 +59,10 @@ static tz_att_ld qkv_ld(const tz_dit *m) {
     return (tz_att_ld){w, w, 0, m->qkv16, 0};
 }
 
-/* One block: x -> out, saving its activations in a. */
+/* One block: x -> out, saving its activations in a. kept (backward's recomputation,
+ * tz_dit.keep): a->att and a->lse already hold what attention made of this block's q, k, v. */
 static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const float *x,
-                      float *out) {
+                      float *out, int kept) {
     tz_backend *be = m->be;
     const tz_dit_dims *d = &m->d;
     const int64_t n = m->n, T = tz_dit_tokens(d), BT = n * T, Hd = d->hidden, M = 6 * Hd;
@@ -83,8 +84,10 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
     } else lin_fwd(m, &L[TZ_DIT_QKV], a->qkv, a->lh[TZ_DIT_QKV], a->h1, BT);
     const tz_att_ld ld = qkv_ld(m);
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
-    be->attention_fwd(be, a->att, a->lse, qkv_part(m, a, 0), qkv_part(m, a, 1), qkv_part(m, a, 2),
-                      n, T, d->num_heads, d->num_heads, Hd / d->num_heads, 0, &ld);
+    if (!kept)
+        be->attention_fwd(be, a->att, a->lse, qkv_part(m, a, 0), qkv_part(m, a, 1),
+                          qkv_part(m, a, 2), n, T, d->num_heads, d->num_heads, Hd / d->num_heads,
+                          0, &ld);
     tz_linear_fwd(be, &L[TZ_DIT_PROJ], a->ao, a->lh[TZ_DIT_PROJ], a->att, BT);
     be->gate_fwd(be, a->x2, x, a->ao, a->mod + 2 * Hd, M, n, T, Hd);
     be->layernorm_fwd(be, a->ln2, a->mean2, a->rstd2, a->x2, BT, Hd, 1e-6f);
@@ -103,6 +106,23 @@ static void block_fwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
 
 static tz_dit_acts *acts_of(tz_dit *m, int64_t i) { return tz_layer_stack_set(&m->stack, i); }
 
+/* tz_dit.keep: block i's set points at its buffer, once the copy queue is done with it */
+static tz_dit_acts *acts_kept(tz_dit *m, int64_t i) {
+    tz_dit_acts *a = acts_of(m, i);
+    if (m->keep.on) {
+        const int k = tz_att_keep_take(&m->keep, i);
+        a->att = m->keep.att2[k], a->lse = m->keep.lse2[k];
+    }
+    return a;
+}
+
+/* tz_dit.keep: block i's att and lse to the host (to_host) or back */
+static void att_copy(tz_dit *m, int64_t i, int to_host) {
+    const int64_t BT = m->n * tz_dit_tokens(&m->d);
+    if (m->keep.on)
+        tz_att_keep_copy(&m->keep, i, to_host, BT * m->d.hidden, BT * m->d.num_heads);
+}
+
 static void check_labels(const tz_dit *m, const int32_t *y) {
     const int64_t rows = tz_dit_label_rows(&m->d);
     for (int64_t b = 0; b < m->n; b++)
@@ -113,7 +133,9 @@ static void check_labels(const tz_dit *m, const int32_t *y) {
                                              : " (this model has no null class)");
 }
 
-void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *y) {
+/* The forward; bwd: a backward follows (with tz_dit.keep, the blocks' attention outputs go to
+ * the host for it) */
+static void forward_body(tz_dit *m, const float *x_t, const float *t, const int32_t *y, int bwd) {
     tz_backend *be = m->be;
     const tz_dit_dims *d = &m->d;
     if (!m->arena.base) TZ_FATAL("dit: tz_dit_setup was not called");
@@ -142,8 +164,9 @@ void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *
     be->silu_fwd(be, m->sc, m->c, n * Hd);
     for (int64_t i = 0; i < d->depth; i++) {
         tz_params_weights_needed(&m->params, (int)(d->depth - i));
-        block_fwd(m, &m->blocks[i], acts_of(m, i), tz_layer_stack_in(st, be, i),
-                  tz_layer_stack_out(st, i + 1));
+        block_fwd(m, &m->blocks[i], acts_kept(m, i), tz_layer_stack_in(st, be, i),
+                  tz_layer_stack_out(st, i + 1), 0);
+        if (bwd) att_copy(m, i, 1); /* (the first depth - 2 blocks') */
         tz_layer_stack_put(st, be, i + 1);
     }
     /* final layer: shift, scale = chunk(2); LN, modulate, linear, unpatchify */
@@ -154,6 +177,10 @@ void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *
     be->modulate_fwd(be, m->fh, m->fln, m->fmod, m->fmod + Hd, 2 * Hd, n, T, Hd, 0);
     tz_linear_fwd(be, &m->f_lin, m->fo, NULL, m->fh, BT);
     be->unpatchify(be, m->out_img, m->fo, n, tz_dit_out_channels(d), S, S, p, 1);
+}
+
+void tz_dit_forward(tz_dit *m, const float *x_t, const float *t, const int32_t *y) {
+    forward_body(m, x_t, t, y, 0);
 }
 
 /* The target into backend memory, before the forward pass (an upload waits for the compute
@@ -256,7 +283,7 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     const int64_t ld = Cout * S * S, L = d->depth;
     if (m->o.forward_only) TZ_FATAL("dit: built for forward passes only (no backward buffers)");
     target_up(m, target);
-    tz_dit_forward(m, x_t, t, y);
+    forward_body(m, x_t, t, y, 1);
     void *loss_done = loss_send(m);
     tz_params_backward_begins(&m->params);
     /* loss -> prediction -> final linear (token layout) */
@@ -274,11 +301,13 @@ double tz_dit_forward_backward(tz_dit *m, const float *x_t, const float *t, cons
     tz_linear_bwd(m->be, &m->f_ada, m->cond_trainable ? m->dsc : NULL, m->dmod, m->sc, m->f_lh, m->dlora, n);
     tz_params_stage_done(&m->params, 0);
     for (int64_t i = L - 1; i >= 0; i--) {
-        tz_dit_acts *a = acts_of(m, i);
+        att_copy(m, i - 1, 0); /* (tz_dit.keep) block i - 1's on their way back meanwhile */
+        tz_dit_acts *a = acts_kept(m, i);
         /* checkpointing: recompute the block (the last one's activations are still there);
          * its output goes to da, free until block_bwd fills it */
         const float *x = tz_layer_stack_in(&m->stack, be, i);
-        if (tz_layer_stack_recompute(&m->stack, i)) block_fwd(m, &m->blocks[i], a, x, m->da);
+        if (tz_layer_stack_recompute(&m->stack, i))
+            block_fwd(m, &m->blocks[i], a, x, m->da, m->keep.on);
         block_bwd(m, &m->blocks[i], a, x);
         tz_params_stage_done(&m->params, (int)(L - i));
     }

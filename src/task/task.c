@@ -281,3 +281,11 @@ void tz_task_free(tz_task *t) {
     t->family->task->close(t);
     free(t);
 }
+
+void tz_task_host_acts(tz_task *t, const tz_layer_stack *s, const tz_att_keep *k) {
+    const size_t streams = tz_layer_stack_host_bytes(s);
+    t->host_act_bytes = streams + k->host_bytes;
+    t->host_act_what = !k->host_bytes ? "the checkpointed residual streams"
+                       : streams      ? "the checkpointed residual streams and attention's outputs"
+                                      : "attention's outputs";
+}

@@ -75,6 +75,10 @@ void tz_task_free(tz_task *t);
  * dir/model or dir/adapter, committed as one folder (fatal on failure); out gets its path. */
 void tz_task_save(tz_task *t, const char *dir, char *out, size_t outlen);
 
+/* Sets t's host_act_bytes and host_act_what from a model's layer stack and kept attention
+ * outputs (their host memory, pinned). */
+void tz_task_host_acts(tz_task *t, const tz_layer_stack *s, const tz_att_keep *k);
+
 /* The model options a run of cfg asks of family f: train.mode (training only), checkpointing,
  * quant.*, and adapters: model.adapter's settings, or lora.* when training LoRA (fatal for
  * full training with an adapter). */

@@ -192,8 +192,7 @@ static void open_task(tz_task *t) {
     t->unit = "images";
     t->row_name = "images";
     t->arena_bytes = m->arena.cap;
-    t->host_act_bytes = tz_layer_stack_host_bytes(&m->stack);
-    t->host_act_what = "the checkpointed residual streams";
+    tz_task_host_acts(t, &m->stack, &m->keep);
     t->row_elems = numel;
     t->row_count = 1;
     snprintf(t->describe, sizeof t->describe,

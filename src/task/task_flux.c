@@ -138,11 +138,7 @@ static void open_task(tz_task *t) {
     t->unit = "samples";
     t->row_name = "samples";
     t->arena_bytes = m->arena.cap;
-    t->host_act_bytes = tz_layer_stack_host_bytes(&m->stack) + m->keep.host_bytes;
-    t->host_act_what = !m->keep.host_bytes ? "the checkpointed residual streams"
-                       : tz_layer_stack_host_bytes(&m->stack)
-                           ? "the checkpointed residual streams and attention's outputs"
-                           : "attention's outputs";
+    tz_task_host_acts(t, &m->stack, &m->keep);
     t->row_elems = Ti * d->out_channels;
     t->row_count = 1;
     snprintf(t->describe, sizeof t->describe,

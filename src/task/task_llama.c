@@ -118,11 +118,7 @@ static void open_task(tz_task *t) {
     t->unit = "tokens";
     t->row_name = "windows";
     t->arena_bytes = m->arena.cap;
-    t->host_act_bytes = tz_layer_stack_host_bytes(&m->stack) + m->keep.host_bytes;
-    t->host_act_what = !m->keep.host_bytes ? "the checkpointed residual streams"
-                       : tz_layer_stack_host_bytes(&m->stack)
-                           ? "the checkpointed residual streams and attention's outputs"
-                           : "attention's outputs";
+    tz_task_host_acts(t, &m->stack, &m->keep);
     t->row_elems = t->row_count = T;
     if (T > m->d.max_pos)
         TZ_FATAL_HINT("lower data.seq_len (a model trained on longer sequences states so in "

@@ -152,6 +152,25 @@ static void compare(const char *what, double la, double lb, tz_params *a, tz_par
 static int64_t g_layers = 2;
 static int g_keep_off_again;
 static int64_t g_flux_singles; /* > 0: the next flux_case's single blocks (else flux-tiny's) */
+static int64_t g_dit_depth = 2;  /* the next dit_case's blocks */
+
+/* With checkpointing on the device: attention's outputs kept for the recomputation, the
+ * first L - 2 layers' (`floats` each: a layer's output and lse) on the host */
+static void keep_checked(const char *what, const tz_att_keep *k, int ckpt, int64_t L,
+                         int64_t floats) {
+    if (ckpt)
+        check(k->on && k->host_bytes == (size_t)(L > 2 ? L - 2 : 0) * (size_t)floats * sizeof(float),
+              "%s: attention's outputs kept for the recomputation, %zu bytes of them on the host",
+              what, k->host_bytes);
+}
+/* g_keep_off_again: TZ_ATT_KEEP=0 set (on) around a model's set-up, then unset (off) with
+ * the check that the set-up kept nothing */
+static void keep_off(const char *what, const tz_att_keep *k, int on) {
+    if (on) setenv("TZ_ATT_KEEP", "0", 1);
+    if (on) return;
+    unsetenv("TZ_ATT_KEEP");
+    check(!k->on && !k->host_bytes, "%s: TZ_ATT_KEEP=0 keeps none", what);
+}
 
 /* arch: 0 Llama, 2 Qwen2 (q, k, v biases), 3 Qwen3 (q_norm, k_norm; head_dim 24, not 64 / 4) */
 static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lora_bits,
@@ -190,20 +209,13 @@ static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lor
         loss[k] = tz_llama_forward_backward(m[k], in, tg, 1.0f / (float)(B * T));
     }
     compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
-    if (ckpt) /* a device keeps attention's outputs for the recomputation, every layer's */
-        check(m[1]->keep.on && m[1]->keep.host_bytes ==
-                                    (size_t)(d.n_layers > 2 ? d.n_layers - 2 : 0) *
-                                        (size_t)(B * T * (d.n_heads * d.head_dim + d.n_heads)) *
-                                        sizeof(float),
-              "%s: attention's outputs kept for the recomputation, %zu bytes of them on the host",
-              what, m[1]->keep.host_bytes);
+    keep_checked(what, &m[1]->keep, ckpt, d.n_layers, B * T * (d.n_heads * d.head_dim + d.n_heads));
     {
         float *first = first_grads(&m[1]->params, g[1]);
         if (g_keep_off_again) { /* the same model with attention's forward run again */
-            setenv("TZ_ATT_KEEP", "0", 1);
+            keep_off(what, &m[1]->keep, 1);
             tz_llama_setup(m[1], B, T);
-            unsetenv("TZ_ATT_KEEP");
-            check(!m[1]->keep.on && !m[1]->keep.host_bytes, "%s: TZ_ATT_KEEP=0 keeps none", what);
+            keep_off(what, &m[1]->keep, 0);
         }
         const double l2 = tz_llama_forward_backward(m[1], in, tg, 1.0f / (float)(B * T));
         second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
@@ -221,7 +233,7 @@ static void dit_case(const char *what, int lora, int ckpt) {
     tz_dit_dims d;
     char err[128];
     if (tz_dit_preset("tiny", &d, err, sizeof err)) check(0, "%s", err);
-    d.input_size = 8, d.in_channels = 4, d.patch_size = 2, d.hidden = 64, d.depth = 2;
+    d.input_size = 8, d.in_channels = 4, d.patch_size = 2, d.hidden = 64, d.depth = g_dit_depth;
     d.num_heads = 4, d.num_classes = 10, d.learn_sigma = 1; /* DiT-XL/2's layout, small */
     tz_model_opts o;
     memset(&o, 0, sizeof o);
@@ -250,8 +262,15 @@ static void dit_case(const char *what, int lora, int ckpt) {
         loss[k] = tz_dit_forward_backward(m[k], x, t, y, tgt, 1.0f / (float)(n * numel));
     }
     compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
+    keep_checked(what, &m[1]->keep, ckpt, d.depth,
+                 n * tz_dit_tokens(&d) * (d.hidden + d.num_heads));
     {
         float *first = first_grads(&m[1]->params, g[1]);
+        if (g_keep_off_again) { /* the same model with attention's forward run again */
+            keep_off(what, &m[1]->keep, 1);
+            tz_dit_setup(m[1], n);
+            keep_off(what, &m[1]->keep, 0);
+        }
         const double l2 = tz_dit_forward_backward(m[1], x, t, y, tgt, 1.0f / (float)(n * numel));
         second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
     }
@@ -307,20 +326,14 @@ static void flux_case(const char *what, int lora, int ckpt, int64_t n) {
         loss[k] = tz_flux_forward_backward(m[k], &in, tgt, 1.0f / (float)ny);
     }
     compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
-    const int64_t L = d.layers + d.single_layers, I = tz_flux_inner(&d), T = Ti + Tt;
-    if (ckpt) /* a device keeps attention's outputs for the recomputation, every block's */
-        check(m[1]->keep.on && m[1]->keep.host_bytes ==
-                                   (size_t)(L > 2 ? L - 2 : 0) *
-                                       (size_t)(n * T * (I + d.heads)) * sizeof(float),
-              "%s: attention's outputs kept for the recomputation, %zu bytes of them on the host",
-              what, m[1]->keep.host_bytes);
+    keep_checked(what, &m[1]->keep, ckpt, d.layers + d.single_layers,
+                 n * (Ti + Tt) * (tz_flux_inner(&d) + d.heads));
     {
         float *first = first_grads(&m[1]->params, g[1]);
         if (g_keep_off_again) { /* the same model with attention's forward run again */
-            setenv("TZ_ATT_KEEP", "0", 1);
+            keep_off(what, &m[1]->keep, 1);
             tz_flux_setup(m[1], n, Ti, Tt);
-            unsetenv("TZ_ATT_KEEP");
-            check(!m[1]->keep.on && !m[1]->keep.host_bytes, "%s: TZ_ATT_KEEP=0 keeps none", what);
+            keep_off(what, &m[1]->keep, 0);
         }
         const double l2 = tz_flux_forward_backward(m[1], &in, tgt, 1.0f / (float)ny);
         second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
@@ -695,6 +708,10 @@ int main(void) {
     flux_case("flux-tiny, 4 single blocks, LoRA on a 4-bit base, 1 sample, checkpointing, "
               "second call with TZ_ATT_KEEP=0", 4, 1, 1);
     g_flux_singles = 0, g_keep_off_again = 0;
+    g_dit_depth = 4, g_keep_off_again = 1; /* the first two blocks' outputs through the host */
+    dit_case("dit, 4 blocks, LoRA on a dense base, checkpointing, second call with TZ_ATT_KEEP=0",
+             -1, 1);
+    g_dit_depth = 2, g_keep_off_again = 0;
     dit_case("dit 8x8x4, patch 2, learned sigma, full", 0, 0);
     dit_case("dit, LoRA on a dense base, checkpointing", -1, 1);
     /* bf16 GEMM operands and bf16 storage on the GPU, against the fp32 CPU */
@@ -715,6 +732,10 @@ int main(void) {
      * and a quantized base, which keeps them in fp32 for its rotation */
     dit_case("bf16: dit, LoRA on a dense base, checkpointing", -1, 1);
     dit_case("bf16: dit, LoRA on 4-bit TurboQuant", 4, 0);
+    g_dit_depth = 4, g_keep_off_again = 1;
+    dit_case("bf16: dit, 4 blocks, LoRA on 4-bit TurboQuant, checkpointing, second call with "
+             "TZ_ATT_KEEP=0", 4, 1);
+    g_dit_depth = 2, g_keep_off_again = 0;
     /* Flux on a 4-bit base: GELU's input and a single block's V written in bf16 by their
      * GEMMs, attention on bf16 inputs (Q and K from the norms with RoPE), against the CPU */
     flux_case("bf16: flux-tiny, LoRA on every linear of a 4-bit base, 2 samples", 4, 0, 2);
