@@ -43,8 +43,8 @@
 #   tests/gpu/device.sh sanitize on the GPU machine: compute-sanitizer memcheck, racecheck and
 #                               synccheck over test_cuda_ops.
 #   tests/gpu/device.sh ncu     on the GPU machine: Nsight Compute on named kernels of the 7B
-#                               step (tests/gpu/ncu_top.sh: attention, decode, rotation, cast,
-#                               cuBLAS's GEMM; one launch each).
+#                               step (tests/gpu/ncu_top.sh: the flash attention kernels, decode,
+#                               rotation, one launch each; 12 of cuBLAS's GEMMs).
 #   tests/gpu/device.sh all     run, bench, optimes and sanitize in one call of at most 10
 #                               minutes (each part under a time limit, the table always printed;
 #                               TZ_DEVICE_BUDGET=seconds, default 570).

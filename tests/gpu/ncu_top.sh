@@ -4,22 +4,24 @@
 # clocks are warm) with the Speed Of Light, memory, launch and occupancy sections; ncu ends the
 # program when it has it (--kill on), so each costs the bench's set-up and one kernel.
 # Usage: ncu_top.sh TURBOZERO OUTDIR [KERNEL ...] (a kernel: the regex of its function name;
-# default: the attention kernels, the 4-bit decode, the rotation, the bf16 cast and cuBLAS's
-# GEMM). A first check on the tiny preset says whether ncu sees the program's kernels at all.
+# default: the flash attention kernels, the 4-bit decode, the rotation and cuBLAS's GEMMs,
+# of which 12 launches in a row: their grid sizes say whether LoRA's skinny products, rank-16
+# rows or columns of 2,048 x 4,096 operands, occupy the GPU). A first check on the tiny preset
+# says whether ncu sees the program's kernels at all.
 set -uo pipefail
 tz=${1:?usage: ncu_top.sh TURBOZERO OUTDIR [KERNEL ...]}
 out=${2:?usage: ncu_top.sh TURBOZERO OUTDIR [KERNEL ...]}
 shift 2
 kernels=("$@")
-[ ${#kernels[@]} -gt 0 ] || kernels=(k_att_softmax k_att_dscores k_dequant k_rotate k_to_bf16 'nvjet|gemm|xmma')
+[ ${#kernels[@]} -gt 0 ] || kernels=(k_fa_fwd k_fa_dq k_fa_dkv k_dequant k_rotate 'nvjet|gemm|xmma')
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] && [ -x "$ncu" ] || { echo "ncu: not found"; exit 77; }
 mkdir -p "$out"
 sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy)
 show='Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Grid Size|Block Size|Theoretical Occupancy|==PROF==|==WARNING== No kernels'
 
-echo "== ncu check: k_att_softmax of the tiny preset"
-timeout 60 "$ncu" --clock-control none --kill on -k regex:k_att_softmax --launch-count 1 \
+echo "== ncu check: k_rotate of the tiny preset"
+timeout 60 "$ncu" --clock-control none --kill on -k regex:k_rotate --launch-count 1 \
   "${sections[@]}" "$tz" bench --preset llama-tiny --set run.device=cuda --set train.steps=2 \
   > "$out/ncu-check.txt" 2>&1
 grep -E "$show" "$out/ncu-check.txt" | grep -v pmix | head -6
@@ -27,10 +29,12 @@ grep -E "$show" "$out/ncu-check.txt" | grep -v pmix | head -6
 i=0
 for k in "${kernels[@]}"; do
   i=$((i + 1))
-  echo "== ncu: $k (7B LoRA step, launch 6)"
+  n=1 lines=14
+  case $k in *gemm*) n=12 lines=160 ;; esac # (several GEMMs: their shapes differ)
+  echo "== ncu: $k (7B LoRA step, launch 6, $n)"
   timeout "${TZ_NCU_SECONDS:-75}" "$ncu" --clock-control none --kill on -k "regex:$k" \
-    --launch-skip 5 --launch-count 1 "${sections[@]}" \
+    --launch-skip 5 --launch-count $n "${sections[@]}" \
     "$tz" bench --preset llama2-7b --set train.steps=2 > "$out/ncu-$i.txt" 2>&1
   echo "   (exit $?)"
-  grep -E "^  [a-zA-Z_].*\(|$show" "$out/ncu-$i.txt" | grep -v pmix | head -14
+  grep -E "^  [a-zA-Z_].*\(|$show" "$out/ncu-$i.txt" | grep -v pmix | head -$lines
 done
