@@ -24,7 +24,7 @@ struct tz_task {
     const char *row_name;  /* what a row is: "windows" (of seq_len tokens) or "images" */
     size_t arena_bytes;    /* activation arena */
     size_t host_act_bytes; /* activations kept in host memory, pinned (a device's checkpointed
-                            * residual streams, the Llama's kept attention outputs) */
+                            * residual streams, the kept attention outputs) */
     const char *host_act_what; /* what they are, for messages */
     int64_t row_elems;     /* loss terms per row: seq_len tokens, or C*H*W values */
     int64_t row_count;     /* units per row: seq_len tokens, or 1 image */
