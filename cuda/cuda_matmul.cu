@@ -11,6 +11,7 @@
 #include <limits.h>
 
 #include "cuda/cuda_internal.cuh"
+#include "cuda/cuda_mma.cuh"
 
 static __global__ void k_scale_only(float *C, float beta, int64_t n) {
     TZ_CUDA_FOR(i, n) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
@@ -45,6 +46,197 @@ static void check_apart(const void *p, int64_t n, const void *dst, size_t bytes,
 }
 
 
+/* An operand element as bf16 bits: a float rounded (nearest even), a bf16 one as it is. */
+static __device__ __forceinline__ uint16_t to_bf16_bits(float x) { return tz_bf16_bits(x); }
+static __device__ __forceinline__ uint16_t to_bf16_bits(uint16_t x) { return x; }
+
+/* ---- the narrow GEMM (core/backend.h's tz_narrow_plan; docs/design/cuda.md "Narrow GEMMs") ----
+ * Y [P, R] = X [P, K] S [R, K]^T: a block of NW_THREADS threads takes TZ_NARROW_ROWS rows of P
+ * (a warp 16, one mma row tile) and kc of K, in stages of TZ_NARROW_KC copied ahead by
+ * cp.async; its sums go to its own slice of a workspace, ws [nsplit][P][rpad], which
+ * k_narrow_sum adds in the order of the splits. */
+#define NW_THREADS 128
+#define NW_LD (TZ_NARROW_KC + 8) /* a staged row's stride in elements (both tiles are 64 wide:
+                                  * 144 bytes, so ldmatrix's 8 rows fall on distinct banks) */
+static_assert(TZ_NARROW_ROWS == 64 && TZ_NARROW_KC == 64, "the narrow tiles are 64 x 64");
+
+/* S rounded to bf16 as [rpad, kpad] (row stride kpad), zeros past R and K: the kernel's rows
+ * of S, whatever S's layout (sk: [K, R]) and type. */
+template <class T>
+static __global__ void k_narrow_s16(uint16_t *s16, const T *S, int sk, int64_t R, int64_t K,
+                                    int64_t rpad, int64_t kpad) {
+    TZ_CUDA_FOR(i, rpad * kpad) {
+        const int64_t j = i / kpad, k = i - j * kpad;
+        s16[i] = j < R && k < K ? to_bf16_bits(S[sk ? k * R + j : j * K + k]) : (uint16_t)0;
+    }
+}
+
+/* One stage: X's tile (xk: rows k, 64 of P each; else rows p, 64 of K each; zeros past P and
+ * K, whose 8-element pieces lie wholly in or out: the row stride is a multiple of 8, and so is
+ * K (or P) where it is the stride) and S's [rpad, 64] from k0. */
+template <int NT, bool XK>
+__device__ __forceinline__ void nw_stage(uint16_t *Xs, uint16_t *Ss, const uint16_t *X,
+                                         int64_t ldx, const uint16_t *s16, int64_t kpad,
+                                         int64_t P, int64_t K, int64_t p0, int64_t k0) {
+    for (int c = threadIdx.x; c < 64 * 8; c += NW_THREADS) {
+        const int r = c >> 3, q = (c & 7) * 8;
+        const int64_t p = XK ? p0 + q : p0 + r, k = XK ? k0 + r : k0 + q;
+        const bool in = p < P && k < K;
+        tz_cp_async<16>(Xs + r * NW_LD + q, in ? X + (XK ? k * ldx + p : p * ldx + k) : X, in);
+    }
+    for (int c = threadIdx.x; c < NT * 8 * 8; c += NW_THREADS) {
+        const int j = c >> 3, q = (c & 7) * 8;
+        tz_cp_async<16>(Ss + j * NW_LD + q, s16 + j * kpad + k0 + q, true);
+    }
+}
+
+/* ws [blockIdx.y][p][j] = sum over the block's kc of K of X[p][k] S[j][k], for its 64 p. NT:
+ * rpad / 8 mma column tiles; XK: X stored [K, P]. Stages: three (two copied ahead) up to 32
+ * columns, two at 64 (under the 48 KiB every launch may take). */
+template <int NT, bool XK>
+__global__ void __launch_bounds__(NW_THREADS)
+    k_narrow_part(float *ws, const uint16_t *X, int64_t ldx, const uint16_t *s16, int64_t kpad,
+                  int64_t P, int64_t K, int64_t kc) {
+    constexpr int ST = NT == 8 ? 2 : 3, PER = (64 + NT * 8) * NW_LD;
+    extern __shared__ float smem[];
+    uint16_t *sm = (uint16_t *)smem;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, mi = lane >> 3, ri = lane & 7;
+    const int64_t p0 = (int64_t)blockIdx.x * 64, kb = (int64_t)blockIdx.y * kc;
+    const int64_t ke = kb + kc < K ? kb + kc : K;
+    const int nch = (int)((ke - kb + 63) / 64);
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < nch)
+            nw_stage<NT, XK>(sm + s * PER, sm + s * PER + 64 * NW_LD, X, ldx, s16, kpad, P, K,
+                             p0, kb + s * 64);
+        tz_cp_async_commit();
+    }
+    for (int i = 0; i < nch; i++) {
+        tz_cp_async_wait<ST - 2>(); /* stage i copied (this thread's part) */
+        __syncthreads();            /* everyone's part; and stage i - 1 no longer read */
+        const int nx = i + ST - 1;
+        if (nx < nch)
+            nw_stage<NT, XK>(sm + (nx % ST) * PER, sm + (nx % ST) * PER + 64 * NW_LD, X, ldx,
+                             s16, kpad, P, K, p0, kb + (int64_t)nx * 64);
+        tz_cp_async_commit();
+        const uint16_t *Xs = sm + (i % ST) * PER, *Ss = Xs + 64 * NW_LD;
+#pragma unroll
+        for (int kk = 0; kk < 64; kk += 16) {
+            /* the warp's 16 rows of P by 16 of K: matrices (p, k), (p + 8, k), (p, k + 8),
+             * (p + 8, k + 8), rows of the tile p (plain) or k (.trans) */
+            uint32_t a[4];
+            if constexpr (XK)
+                tz_ldmatrix_x4<true>(a, Xs + (kk + (mi >> 1) * 8 + ri) * NW_LD + w * 16 +
+                                            (mi & 1) * 8);
+            else
+                tz_ldmatrix_x4<false>(a, Xs + (w * 16 + (mi & 1) * 8 + ri) * NW_LD + kk +
+                                             (mi >> 1) * 8);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt += 2) { /* B of column tiles nt and nt + 1 */
+                uint32_t b[4];
+                tz_ldmatrix_x4<false>(b, Ss + (nt * 8 + (mi >> 1) * 8 + ri) * NW_LD + kk +
+                                             (mi & 1) * 8);
+                tz_mma_bf16_16816(acc[nt], a, b);
+                tz_mma_bf16_16816(acc[nt + 1], a, b + 2);
+            }
+        }
+    }
+    tz_cp_async_wait<0>(); /* (the empty groups of the last stages) */
+    float *o = ws + (int64_t)blockIdx.y * P * (NT * 8);
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t p = p0 + w * 16 + g + 8 * h;
+        if (p >= P) continue;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            o[p * (NT * 8) + nt * 8 + 2 * t] = acc[nt][2 * h];
+            o[p * (NT * 8) + nt * 8 + 2 * t + 1] = acc[nt][2 * h + 1];
+        }
+    }
+}
+
+/* C = alpha (the splits' sums added in order) + beta C, C [P, R] or (yt) [R, P]; beta = 0
+ * does not read C */
+static __global__ void k_narrow_sum(float *C, const float *ws, int yt, int64_t P, int64_t R,
+                                    int64_t rpad, int64_t nsplit, float alpha, float beta) {
+    TZ_CUDA_FOR(i, P * R) {
+        const int64_t p = yt ? i % P : i / R, j = yt ? i / P : i % R;
+        float v = 0.0f;
+        for (int64_t s = 0; s < nsplit; s++) v += ws[(s * P + p) * rpad + j];
+        C[i] = beta == 0.0f ? alpha * v : alpha * v + beta * C[i];
+    }
+}
+
+/* k_narrow_part's dynamic shared memory at rpad columns: 34.5 KiB at 16, 40.5 at 32, 36 at 64 */
+static size_t narrow_smem(int64_t rpad) {
+    return (size_t)(rpad == 64 ? 2 : 3) * (size_t)(64 + rpad) * NW_LD * 2;
+}
+
+template <int NT, bool XK>
+static void narrow_launch(tz_backend *be, const tz_narrow &np, float *ws, const uint16_t *X,
+                          const uint16_t *s16) {
+    const size_t smem = narrow_smem(NT * 8);
+    const dim3 grid((unsigned)((np.P + 63) / 64), (unsigned)np.nsplit);
+    k_narrow_part<NT, XK><<<grid, NW_THREADS, smem, tz_cuda_stream(be)>>>(
+        ws, X, XK ? np.P : np.K, s16, np.kpad, np.P, np.K, np.kc);
+    CUDA_LAUNCHED();
+}
+
+/* A bf16 GEMM by the narrow kernels where tz_narrow_plan takes it: S rounded to bf16 rows, X
+ * as stored where it is bf16 and 16-byte aligned (else rounded, or copied, into place), and
+ * the workspace, in the GEMM operands' buffer. 1: done. */
+static int narrow_gemm(tz_backend *be, float *C, const void *A, int a16, const void *B,
+                       int b16, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
+                       float beta) {
+    tz_narrow np;
+    if (!tz_narrow_plan(be->narrow_gemm, M, N, K, ta, tb, &np)) return 0;
+    if (narrow_smem(np.rpad) > tz_cuda_ctx_of(be)->smem_optin) return 0; /* (no such GPU since
+                                                                          * sm_70: 48 KiB at least) */
+    const void *X = np.yt ? B : A, *S = np.yt ? A : B;
+    const int x16 = np.yt ? b16 : a16, s16in = np.yt ? a16 : b16;
+    const int xin = x16 && (uintptr_t)X % 16 == 0; /* X read where it is */
+    const int64_t ns16 = (np.rpad * np.kpad + 127) / 128 * 128;
+    const int64_t nx16 = xin ? 0 : (np.P * K + 127) / 128 * 128;
+    const size_t bytes = (size_t)(ns16 + nx16) * 2 + (size_t)(np.nsplit * np.P * np.rpad) * 4;
+    uint16_t *s16 = (uint16_t *)gemm_operands(be, bytes);
+    uint16_t *xb = s16 + ns16;
+    float *ws = (float *)(xb + nx16);
+    check_apart(S, s16in ? (np.R * K + 1) / 2 : np.R * K, s16, bytes, "S");
+    check_apart(X, x16 ? (np.P * K + 1) / 2 : np.P * K, s16, bytes, "X");
+    check_apart(C, M * N, s16, bytes, "C");
+    TZ_CUDA_KERNEL_READS(be, X, (size_t)(np.P * K) * (x16 ? 2 : 4), "narrow gemm operand X");
+    TZ_CUDA_KERNEL_READS(be, S, (size_t)(np.R * K) * (s16in ? 2 : 4), "narrow gemm operand S");
+    cudaStream_t st = tz_cuda_stream(be);
+    if (!x16) tz_cuda_to_bf16(be, xb, (const float *)X, np.P * K), X = xb;
+    else if (!xin) {
+        CUDA_CHECK(cudaMemcpyAsync(xb, X, (size_t)(np.P * K) * 2, cudaMemcpyDeviceToDevice, st));
+        X = xb;
+    }
+    const unsigned g16 = tz_cuda_blocks(np.rpad * np.kpad, TZ_CUDA_THREADS);
+    if (s16in)
+        k_narrow_s16<uint16_t><<<g16, TZ_CUDA_THREADS, 0, st>>>(
+            s16, (const uint16_t *)S, np.sk, np.R, K, np.rpad, np.kpad);
+    else
+        k_narrow_s16<float><<<g16, TZ_CUDA_THREADS, 0, st>>>(s16, (const float *)S, np.sk, np.R,
+                                                             K, np.rpad, np.kpad);
+    CUDA_LAUNCHED();
+    const uint16_t *x = (const uint16_t *)X;
+    if (np.rpad == 16) np.xk ? narrow_launch<2, true>(be, np, ws, x, s16)
+                             : narrow_launch<2, false>(be, np, ws, x, s16);
+    else if (np.rpad == 32) np.xk ? narrow_launch<4, true>(be, np, ws, x, s16)
+                                  : narrow_launch<4, false>(be, np, ws, x, s16);
+    else np.xk ? narrow_launch<8, true>(be, np, ws, x, s16)
+               : narrow_launch<8, false>(be, np, ws, x, s16);
+    k_narrow_sum<<<tz_cuda_blocks(np.P * np.R, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
+        C, ws, np.yt, np.P, np.R, np.rpad, np.nsplit, alpha, beta);
+    CUDA_LAUNCHED();
+    return 1;
+}
+
 /* Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T, and a row-major
  * [r, c] array is the column-major [c, r] array with leading dimension c. So cuBLAS computes
  * with m = N, n = M, first operand B (stored [K,N] -> N x K col-major, ld N, no transpose;
@@ -76,6 +268,8 @@ void tz_cuda_gemm(tz_backend *be, float *C, const void *A, int a_bf16, const voi
     cublasOperation_t opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
     int lda = (int)(transA ? M : K), ldb = (int)(transB ? K : N);
     cublasHandle_t h = tz_cuda_ctx_of(be)->cublas;
+    if (bf16 && narrow_gemm(be, C, A, a_bf16, B, b_bf16, M, N, K, transA, transB, alpha, beta))
+        return;
     if (bf16) {
         /* the fp32 operands rounded into disjoint parts of their own buffer (A's part
          * rounded up to 128 elements, so B's starts 256-byte aligned like the buffer) */
@@ -180,9 +374,6 @@ static void cuda_matmul_bw16(tz_backend *be, float *C, const float *A, const uin
     cuda_matmul16(be, C, A, 0, B, 1, M, N, K, transA, transB, alpha, beta);
 }
 
-/* An operand element as bf16 bits: a float rounded (nearest even), a bf16 one as it is. */
-static __device__ __forceinline__ uint16_t to_bf16_bits(float x) { return tz_bf16_bits(x); }
-static __device__ __forceinline__ uint16_t to_bf16_bits(uint16_t x) { return x; }
 
 /* Row m of the fp32 [rows, K] src (bf16: already bf16) rounded into dst's row of ld, then r
  * columns bf16(s * ext[m, :]) (LoRA's h with s = 1, or its B scaled), then where `one`:

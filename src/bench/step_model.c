@@ -3,7 +3,8 @@
  * step's time from peak rates. The formulas count what an op must read and write once, and
  * with bf16 GEMM operands the cast that rounds each fp32 operand of a GEMM first (booked as
  * elementwise: read, written in bf16; the GEMM then reads the bf16); other work an
- * implementation adds (re-reads, partial sums) is not in them. */
+ * implementation adds (re-reads, a GEMM library's partial sums) is not in them, but the
+ * narrow GEMM's split sums are (narrow_op: its own kernels, whose passes are known). */
 #include "bench/step_model.h"
 
 #include <math.h>
@@ -83,20 +84,42 @@ static double tq_a_reads(const tz_backend *be, int64_t rows, int64_t cols, int g
     const int64_t cc = tz_tq_chunk_cols(be, cols, group);
     return (double)((cols + cc - 1) / cc);
 }
+/* A GEMM the narrow kernels take (core/backend.h's tz_narrow_plan; cuda_matmul.cu), booked
+ * under op and returning 1: an fp32 X rounded first and S rounded into rows of rpad x kpad
+ * (elementwise); the kernel reads X and S once (the blocks' re-reads of S come from the L2,
+ * not the memory) and multiplies rpad columns, writes each split's sums (fp32 [P, rpad]);
+ * the sum kernel reads them (and C where beta != 0) and writes C. 0: not narrow. */
+static int narrow_op(tz_backend *be, int64_t M, int64_t N, int64_t K, int ta, int tb, int a16,
+                     int b16, float beta, const char *op) {
+    tz_narrow np;
+    if (be->matmul_dtype != TZ_DT_BF16 || !tz_narrow_plan(be->narrow_gemm, M, N, K, ta, tb, &np))
+        return 0;
+    const int x16 = np.yt ? b16 : a16, s16 = np.yt ? a16 : b16;
+    const double P = (double)np.P, R = (double)np.R, rp = (double)np.rpad;
+    if (!x16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * P * K, op);
+    add_op(be, TZ_SM_ELEMENT, 0, (s16 ? 2.0 : F) * R * K + 2.0 * rp * (double)np.kpad, op);
+    const double part = F * (double)np.nsplit * P * rp;
+    add_op(be, TZ_SM_GEMM, 2.0 * P * rp * K, 2.0 * P * K + 2.0 * rp * (double)np.kpad + part, op);
+    add_op(be, TZ_SM_ELEMENT, (double)np.nsplit * P * R,
+           part + F * P * R * (beta != 0.0f ? 2 : 1), op);
+    return 1;
+}
+
 static void s_matmul(tz_backend *be, float *C, cf *A, cf *B, int64_t M, int64_t N, int64_t K,
                      int ta, int tb, float alpha, float beta) {
-    (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
-    gemm(be, M, N, K, 0, 0, beta);
+    (void)C, (void)A, (void)B, (void)alpha;
+    if (!narrow_op(be, M, N, K, ta, tb, 0, 0, beta, __func__)) gemm(be, M, N, K, 0, 0, beta);
 }
 static void s_matmul_bw16(tz_backend *be, float *C, cf *A, const uint16_t *B, int64_t M, int64_t N,
                           int64_t K, int ta, int tb, float alpha, float beta) {
-    (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
-    gemm(be, M, N, K, 0, 1, beta);
+    (void)C, (void)A, (void)B, (void)alpha;
+    if (!narrow_op(be, M, N, K, ta, tb, 0, 1, beta, __func__)) gemm(be, M, N, K, 0, 1, beta);
 }
 static void s_matmul16(tz_backend *be, float *C, const void *A, int a16, const void *B, int b16,
                        int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha, float beta) {
-    (void)C, (void)A, (void)B, (void)ta, (void)tb, (void)alpha;
-    gemm(be, M, N, K, a16, b16, beta);
+    (void)C, (void)A, (void)B, (void)alpha;
+    if (!narrow_op(be, M, N, K, ta, tb, a16, b16, beta, __func__))
+        gemm(be, M, N, K, a16, b16, beta);
 }
 
 static void s_matmul_bias(tz_backend *be, float *C, const void *A, int a16, const void *W, int w16,
@@ -125,7 +148,7 @@ static void s_matmul_lora(tz_backend *be, float *C, const void *A, int a16, cons
         return;
     }
     if (r <= 0 || be->matmul_dtype != TZ_DT_BF16) { /* the products, then the bias's pass */
-        gemm(be, M, N, K, a16, w16, 0.0f);
+        if (!narrow_op(be, M, N, K, 0, 1, a16, w16, 0.0f, __func__)) gemm(be, M, N, K, a16, w16, 0.0f);
         if (r > 0) gemm(be, M, N, r, 0, 0, 1.0f);
         if (bias) add(be, TZ_SM_ELEMENT, (double)M * N, 2 * F * (double)M * N + F * (double)N);
         return;
@@ -317,7 +340,10 @@ static void s_tq_matmul(tz_backend *be, float *C, const void *A, int a16, float 
     const double ob = be->matmul_dtype == TZ_DT_BF16 ? 2.0 : F;
     add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, ob));
     const int64_t K = transW ? cols : rows, N = transW ? rows : cols;
-    /* the tile is in the GEMM operand type already (bf16 or fp32): read once, no cast */
+    /* the tile is in the GEMM operand type already (bf16 or fp32): read once, no cast; not
+     * decoded in chunks, the product may be a narrow one */
+    if (!tz_tq_chunked(be) && narrow_op(be, M, N, K, 0, transW, a16, ob == 2.0, beta, __func__))
+        return;
     gemm_op(be, M, N, K, a16, ob == 2.0, beta, tq_a_reads(be, rows, cols, group, transW),
             __func__);
 }

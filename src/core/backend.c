@@ -43,6 +43,15 @@ int tz_tq_device_chunks(void) {
     return (int)v;
 }
 
+int tz_narrow_gemm_enabled(void) {
+    const char *e = getenv("TZ_NARROW_GEMM");
+    if (!e || !*e || !strcmp(e, "1")) return 1;
+    if (!strcmp(e, "0")) return 0;
+    TZ_FATAL("TZ_NARROW_GEMM=%s: expected 1 (LoRA's narrow products by turbozero's own "
+             "kernel, the default) or 0 (by the GEMM library, for measuring)", e);
+    return 0;
+}
+
 int64_t tz_op_rows(const char *op, int64_t n, int64_t cols, int64_t ld) {
     if (cols <= 0) return 0;
     if (n % cols || ld < cols)

@@ -104,6 +104,9 @@ struct tz_backend {
      * last; tz_tq_tile_elems says the tile's size); 0 or 1: whole (the CPU). */
     int tq_chunks;
 #define TZ_TQ_DEVICE_CHUNKS 4 /* the CUDA backend's (and a GPU's plan's) by default */
+    /* 1: matmul16 with bf16 GEMMs takes the narrow path where tz_narrow_plan says so (the
+     * CUDA backend's and a GPU plan's, from tz_narrow_gemm_enabled); 0: never (the CPU). */
+    int narrow_gemm;
     /* A workspace lent to the next attention_fwd or attention_bwd, which takes it back (NULL
      * and 0 after the call): att_ws_bytes bytes of backend memory from the caller's planned
      * memory, tz_attention_ws_bytes for the shape (below). A backend whose attention wants
@@ -580,6 +583,62 @@ static inline int64_t tz_tq_tile_elems(const tz_backend *be, int64_t rows, int64
     const int64_t cr = tz_tq_chunk_rows(be, rows), cc = tz_tq_chunk_cols(be, cols, group);
     const int64_t f = (cr < rows ? 2 : 1) * cr * ld, b = (cc < cols ? 2 : 1) * rows * cc;
     return f > b ? f : b;
+}
+
+/* The narrow GEMM (a device's matmul16 with bf16 GEMMs: cuda/cuda_matmul.cu,
+ * docs/design/cuda.md "Narrow GEMMs"): C [M, N] = alpha op(A) op(B) + beta C where one side
+ * of C is at most TZ_NARROW_MAXR wide (LoRA's rank: its products x A^T, dh^T x, B^T dy, ...)
+ * and the operand along the other side is bf16. A GEMM library's tiles of 128 cut such a C
+ * into a few dozen blocks; this cuts it into blocks of TZ_NARROW_ROWS rows of the long side
+ * and splits K so that there are about TZ_NARROW_BLOCKS of them, each block's sums written
+ * apart and then added in the order of K (the same bits every run, on any GPU: the split
+ * follows the shape alone). In its terms Y [P, R] = X [P, K] S [R, K]^T: X the long side's
+ * bf16 operand, S the narrow one's; C is Y (yt = 0: N narrow) or Y^T (yt = 1: M narrow). */
+#define TZ_NARROW_MAXR 64
+#define TZ_NARROW_ROWS 64   /* rows of P a block: 4 warps of 16 */
+#define TZ_NARROW_KC 64     /* K a stage of a block's pipeline */
+#define TZ_NARROW_BLOCKS 264 /* two blocks for each of an H100 SXM's 132 multiprocessors */
+typedef struct tz_narrow {
+    int yt;         /* 1: M is the narrow side (C = Y^T, [R, P]); 0: N (C = Y, [P, R]) */
+    int xk;         /* X stored [K, P] (row stride P); 0: [P, K] (row stride K) */
+    int sk;         /* S stored [K, R] (row stride R); 0: [R, K] (row stride K) */
+    int64_t P, R, K;
+    int64_t rpad;   /* R rounded up to 16, 32 or 64 (the kernel's columns) */
+    int64_t kpad;   /* K rounded up to TZ_NARROW_KC: S's rows as the kernel reads them */
+    int64_t kc;     /* K a block (a multiple of TZ_NARROW_KC) */
+    int64_t nsplit; /* blocks along K: ceil(K / kc) */
+} tz_narrow;
+/* TZ_NARROW_GEMM: 1 (default) or 0 (every matmul16 through the GEMM library, for measuring);
+ * fatal for anything else, naming the variable. */
+int tz_narrow_gemm_enabled(void);
+/* Whether a GEMM (M, N, K, transposes) takes the narrow path on a backend with it on (`on`),
+ * and its plan in np: one side of C at most TZ_NARROW_MAXR (N first) and X's rows 16-byte
+ * aligned in bf16 elements (a row stride a multiple of 8). An fp32 operand is rounded to bf16
+ * first, as for any bf16 GEMM, so that which path a product takes follows its shape alone,
+ * not the type its operands arrive in (a shared forward on an input rounded once gives the
+ * separate forwards' bits). */
+static inline int tz_narrow_plan(int on, int64_t M, int64_t N, int64_t K, int ta, int tb,
+                                 tz_narrow *np) {
+    if (!on || M <= 0 || N <= 0 || K <= 0) return 0;
+    int yt;
+    if (N <= TZ_NARROW_MAXR) yt = 0;
+    else if (M <= TZ_NARROW_MAXR) yt = 1;
+    else return 0;
+    np->yt = yt;
+    np->P = yt ? N : M, np->R = yt ? M : N, np->K = K;
+    /* yt = 0: X = op(A), S[j][k] = op(B)[k][j]; yt = 1: X = op(B)^T, S = op(A) */
+    np->xk = yt ? !tb : ta;
+    np->sk = yt ? ta : !tb;
+    if ((np->xk ? np->P : K) % 8) return 0;
+    np->rpad = np->R <= 16 ? 16 : np->R <= 32 ? 32 : 64;
+    const int64_t tiles = (np->P + TZ_NARROW_ROWS - 1) / TZ_NARROW_ROWS;
+    const int64_t chunks = (K + TZ_NARROW_KC - 1) / TZ_NARROW_KC;
+    int64_t ns = (TZ_NARROW_BLOCKS + tiles - 1) / tiles;
+    if (ns > chunks) ns = chunks;
+    np->kc = (chunks + ns - 1) / ns * TZ_NARROW_KC;
+    np->nsplit = (K + np->kc - 1) / np->kc;
+    np->kpad = chunks * TZ_NARROW_KC;
+    return 1;
 }
 
 /* Attention's workspace (be->att_ws). On a device backend with bf16 GEMM operands (a GPU)

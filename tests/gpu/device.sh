@@ -37,14 +37,15 @@
 #   tests/gpu/device.sh sweep   on the GPU machine: the 7B bench with each A/B switch of
 #                               TZ_SWEEP (default TZ_FA_ROWS=64, TZ_FA_ASYNC=0, TZ_LORA_STACK=0,
 #                               TZ_MLP_COLS=0, TZ_TQ_CHUNKS=1 and 2, TZ_TQ_DECODE_STREAM=0,
-#                               TZ_WEIGHTS_STAGED=0, TZ_LINEAR_SHARED=0, TZ_ATT_KEEP=0) between
-#                               runs without any, TZ_AB_ROUNDS
-#                               rounds (default 1; about 21 runs of 25 s a round).
+#                               TZ_WEIGHTS_STAGED=0, TZ_LINEAR_SHARED=0, TZ_ATT_KEEP=0,
+#                               TZ_NARROW_GEMM=0) between runs without any, TZ_AB_ROUNDS
+#                               rounds (default 1; about 23 runs of 25 s a round).
 #   tests/gpu/device.sh sanitize on the GPU machine: compute-sanitizer memcheck, racecheck and
 #                               synccheck over test_cuda_ops.
 #   tests/gpu/device.sh ncu     on the GPU machine: Nsight Compute on named kernels of the 7B
 #                               step (tests/gpu/ncu_top.sh: the flash attention kernels, decode,
-#                               rotation, one launch each; 12 of cuBLAS's GEMMs).
+#                               rotation, LoRA's narrow GEMM, one launch each; 12 of
+#                               cuBLAS's GEMMs).
 #   tests/gpu/device.sh all     run, bench, optimes and sanitize in one call of at most 10
 #                               minutes (each part under a time limit, the table always printed;
 #                               TZ_DEVICE_BUDGET=seconds, default 570).
@@ -387,7 +388,7 @@ sweep)
   # run without the step split's 2 extra synchronised steps (--no-split: a few seconds of
   # device time a run, for a line the sweep does not read).
   setup
-  read -r -a sweep <<< "${TZ_SWEEP:-TZ_FA_ROWS=64 TZ_FA_ASYNC=0 TZ_LORA_STACK=0 TZ_MLP_COLS=0 TZ_TQ_CHUNKS=1 TZ_TQ_CHUNKS=2 TZ_TQ_DECODE_STREAM=0 TZ_WEIGHTS_STAGED=0 TZ_LINEAR_SHARED=0 TZ_ATT_KEEP=0}"
+  read -r -a sweep <<< "${TZ_SWEEP:-TZ_FA_ROWS=64 TZ_FA_ASYNC=0 TZ_LORA_STACK=0 TZ_MLP_COLS=0 TZ_TQ_CHUNKS=1 TZ_TQ_CHUNKS=2 TZ_TQ_DECODE_STREAM=0 TZ_WEIGHTS_STAGED=0 TZ_LINEAR_SHARED=0 TZ_ATT_KEEP=0 TZ_NARROW_GEMM=0}"
   sweep_run() { # sweep_run TAG [VAR=VALUE]: one 7B bench, its log sweep-TAG.log
     local tag=$1 log="$out/sweep-$1.log"
     shift

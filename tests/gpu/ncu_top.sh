@@ -4,16 +4,18 @@
 # clocks are warm) with the Speed Of Light, memory, launch and occupancy sections; ncu ends the
 # program when it has it (--kill on), so each costs the bench's set-up and one kernel.
 # Usage: ncu_top.sh TURBOZERO OUTDIR [KERNEL ...] (a kernel: the regex of its function name;
-# default: the flash attention kernels, the 4-bit decode, the rotation and cuBLAS's GEMMs,
-# of which 12 launches in a row: their grid sizes say whether LoRA's skinny products, rank-16
-# rows or columns of 2,048 x 4,096 operands, occupy the GPU). A first check on the tiny preset
-# says whether ncu sees the program's kernels at all.
+# default: the flash attention kernels, the 4-bit decode, the rotation, the narrow GEMM that
+# takes LoRA's rank-16 products (its DRAM throughput against the memory's rate is the figure
+# to read) and cuBLAS's GEMMs, of which 12 launches in a row: the base and folded products,
+# and with TZ_NARROW_GEMM=0 LoRA's too, whose grid sizes say whether the library gives these
+# rank-16 rows or columns of 2,048 x 4,096 operands enough blocks). A first check on the tiny
+# preset says whether ncu sees the program's kernels at all.
 set -uo pipefail
 tz=${1:?usage: ncu_top.sh TURBOZERO OUTDIR [KERNEL ...]}
 out=${2:?usage: ncu_top.sh TURBOZERO OUTDIR [KERNEL ...]}
 shift 2
 kernels=("$@")
-[ ${#kernels[@]} -gt 0 ] || kernels=(k_fa_fwd k_fa_dq k_fa_dkv k_dequant k_rotate 'nvjet|gemm|xmma')
+[ ${#kernels[@]} -gt 0 ] || kernels=(k_fa_fwd k_fa_dq k_fa_dkv k_dequant k_rotate k_narrow_part 'nvjet|gemm|xmma')
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] && [ -x "$ncu" ] || { echo "ncu: not found"; exit 77; }
 mkdir -p "$out"

@@ -241,6 +241,111 @@ static void test_matmul_bf16(void) {
     g_gpu->matmul_dtype = TZ_DT_F32;
 }
 
+/* The narrow GEMM (core/backend.h's tz_narrow_plan, cuda_matmul.cu): matmul16 where one side
+ * of C is at most 64 wide, the other side's operand in bf16 as LoRA passes it (or fp32,
+ * rounded first; or bf16 at an address not 16-byte aligned, copied first). Its sums are split
+ * along K and added in order, so against the products of the ROUNDED operands summed in
+ * double it is held to test_matmul_bf16's bound, 2 K 2^-24 S per element (any order of fp32
+ * sums is within (K - 1) 2^-24 S). Returns the worst error / bound; *same: a second call on
+ * the same inputs gave the same bits. A side of at most 64 rows or columns (R) is padded to
+ * 16, 32 or 64 columns of the kernel. */
+static double narrow_run(int64_t M, int64_t N, int64_t K, int ta, int tb, int a16, int b16,
+                         int off, float beta, int *same) {
+    const int64_t na = M * K, nb = K * N, nc = M * N;
+    const float alpha = 0.7f;
+    float *ah = malloc((size_t)na * 4), *bh = malloc((size_t)nb * 4), *ch = malloc((size_t)nc * 4);
+    float *g = malloc((size_t)nc * 4), *g2 = malloc((size_t)nc * 4);
+    for (int64_t i = 0; i < na; i++) ah[i] = urand(1.0f);
+    for (int64_t i = 0; i < nb; i++) bh[i] = urand(1.0f);
+    for (int64_t i = 0; i < nc; i++) ch[i] = beta == 0.0f ? NAN : urand(1.0f);
+    void *dev[2];
+    const void *op[2];
+    const int is16[2] = {a16, b16};
+    float *host[2] = {ah, bh};
+    const int64_t cnt[2] = {na, nb};
+    for (int o = 0; o < 2; o++) {
+        if (is16[o]) {
+            uint16_t *h = malloc((size_t)(cnt[o] + 8) * 2);
+            for (int64_t i = 0; i < cnt[o]; i++) h[off + i] = tz_f32_to_bf16(host[o][i]);
+            dev[o] = g_gpu->alloc(g_gpu, (size_t)(cnt[o] + 8) * 2);
+            g_gpu->upload(g_gpu, (uint16_t *)dev[o] + off, h + off, (size_t)cnt[o] * 2);
+            op[o] = (uint16_t *)dev[o] + off;
+            free(h);
+        } else {
+            dev[o] = g_gpu->alloc(g_gpu, (size_t)cnt[o] * 4);
+            g_gpu->upload(g_gpu, dev[o], host[o], (size_t)cnt[o] * 4);
+            op[o] = dev[o];
+        }
+    }
+    float *cd = g_gpu->alloc(g_gpu, (size_t)nc * 4);
+    for (int run = 0; run < 2; run++) {
+        g_gpu->upload(g_gpu, cd, ch, (size_t)nc * 4);
+        g_gpu->matmul16(g_gpu, cd, op[0], a16, op[1], b16, M, N, K, ta, tb, alpha, beta);
+        g_gpu->download(g_gpu, run ? g2 : g, cd, (size_t)nc * 4);
+    }
+    *same = !memcmp(g, g2, (size_t)nc * 4);
+    double worst = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double r = 0, sabs = 0;
+            for (int64_t k = 0; k < K; k++) {
+                const float a = tz_bf16_to_f32(tz_f32_to_bf16(ah[ta ? k * M + i : i * K + k]));
+                const float b = tz_bf16_to_f32(tz_f32_to_bf16(bh[tb ? j * K + k : k * N + j]));
+                r += (double)a * b, sabs += fabs((double)a * b);
+            }
+            const double c0 = beta == 0.0f ? 0.0 : beta * (double)ch[i * N + j];
+            r = alpha * r + c0, sabs = alpha * sabs + fabs(c0);
+            const double e = fabs((double)g[i * N + j] - r) / (2.0 * K * 0x1p-24 * sabs);
+            if (!(e <= worst)) worst = e;
+        }
+    g_gpu->release(g_gpu, dev[0]), g_gpu->release(g_gpu, dev[1]), g_gpu->release(g_gpu, cd);
+    free(ah), free(bh), free(ch), free(g), free(g2);
+    return worst;
+}
+
+static void test_matmul_narrow(void) {
+    g_gpu->matmul_dtype = TZ_DT_BF16;
+    /* M, N, K, transA, transB, A bf16, B bf16, bf16 operand offset, beta, what */
+    static const struct {
+        int64_t M, N, K;
+        int ta, tb, a16, b16, off;
+        float beta;
+        const char *what;
+    } cs[] = {
+        /* N narrow: X = op(A) bf16 [P, K] (transA 0: K a multiple of 8) or [K, P] (transA 1:
+         * P a multiple of 8), S = op(B) fp32 [K, R] (transB 0) or [R, K] */
+        {203, 16, 336, 0, 0, 1, 0, 0, 0.0f, "N 16, X [P, K], S [K, R]"},
+        {203, 5, 336, 0, 1, 1, 0, 0, 0.3f, "N 5, X [P, K], S [R, K] (LoRA's x A^T)"},
+        {200, 32, 333, 1, 0, 1, 0, 0, 1.0f, "N 32, X [K, P], S [K, R] (LoRA's dA = x^T dh)"},
+        {200, 64, 333, 1, 1, 1, 0, 0, 0.0f, "N 64, X [K, P], S [R, K]"},
+        /* M narrow: X = op(B)^T, S = op(A) */
+        {16, 200, 333, 0, 0, 0, 1, 0, 1.0f, "M 16, X [K, P], S [R, K] (LoRA's dB)"},
+        {5, 203, 336, 0, 1, 0, 1, 0, 0.0f, "M 5, X [P, K], S [R, K]"},
+        {24, 200, 333, 1, 0, 0, 1, 0, 0.3f, "M 24, X [K, P], S [K, R]"},
+        {64, 203, 336, 1, 1, 0, 1, 0, 0.0f, "M 64, X [P, K], S [K, R]"},
+        /* K of one stage: one split */
+        {300, 16, 64, 0, 1, 1, 0, 0, 0.3f, "N 16, K 64: one split"},
+        /* blocks of three stages of 64 (K split into 10 of 192 and one of 128) */
+        {1100, 16, 2048, 0, 1, 1, 0, 0, 0.0f, "N 16, 1100 x 2048, three stages a block"},
+        {64, 1104, 2048, 1, 0, 0, 1, 0, 1.0f, "M 64, 1104 x 2048, two buffers a block"},
+        /* X in fp32 (rounded first), X bf16 off 16-byte alignment (copied first), and a
+         * shape the kernel does not take (K not a multiple of 8 with X [P, K]) */
+        {203, 16, 336, 0, 1, 0, 0, 0, 0.0f, "N 16, X fp32"},
+        {203, 16, 336, 0, 1, 1, 0, 1, 0.3f, "N 16, X bf16 at an odd address"},
+        {203, 16, 333, 0, 1, 1, 0, 0, 0.0f, "N 16, K 333 with X [P, K] (the GEMM library)"},
+        {1, 203, 336, 0, 1, 0, 1, 0, 0.0f, "M 1 (a decode step's product)"},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+        int same = 0;
+        const double w = narrow_run(cs[i].M, cs[i].N, cs[i].K, cs[i].ta, cs[i].tb, cs[i].a16,
+                                    cs[i].b16, cs[i].off, cs[i].beta, &same);
+        check(w <= 1.0 && same, "narrow matmul16 %s, beta %g: vs rounded operands %.2f of the "
+              "bound, %s", cs[i].what, (double)cs[i].beta, w,
+              same ? "the same bits run to run" : "NOT the same bits run to run");
+    }
+    g_gpu->matmul_dtype = TZ_DT_F32;
+}
+
 /* Weights stored in bf16 (tz_param.w16): matmul_bw16 and embedding_fwd_w16 against the CPU's
  * (fp32 GEMMs: the GEMM tolerance; the lookup: exact), and with bf16 GEMMs bit for bit
  * against matmul of the widened weight (rounding a bf16 value to bf16 changes nothing, so the
@@ -1667,6 +1772,17 @@ static void child_fault(void) {
     fprintf(stderr, "no failure reported\n");
 }
 
+/* A narrow bf16 product (LoRA's h = x A^T: 300 x 16 over K 64, x in bf16), then a sync. */
+static void child_narrow(void) {
+    tz_backend *be = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
+    be->matmul_dtype = TZ_DT_BF16;
+    uint16_t *x = be->alloc(be, 300 * 64 * 2);
+    float *a = be->alloc(be, 16 * 64 * 4), *h = be->alloc(be, 300 * 16 * 4);
+    be->matmul16(be, h, x, 1, a, 0, 300, 16, 64, 0, 1, 1.0f, 0.0f);
+    be->sync(be);
+    fprintf(stderr, "no failure reported\n");
+}
+
 static void child_old_driver(void) {
     fprintf(stderr, "device count %d\n", tz_cuda_device_count());
     tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
@@ -1764,6 +1880,16 @@ static void test_checked_mode(void) {
     check(rc != 0 && !strstr(err, "tq_rotate") && strstr(err, "cudaStreamSynchronize") &&
               strstr(err, "cudaErrorIllegalAddress"),
           "without it: the fault surfaces at the next synchronising call (exit %d)", rc);
+    /* which path a narrow product takes: a fault planted in the narrow kernel shows by
+     * default and not with TZ_NARROW_GEMM=0 (the GEMM library's) */
+    const char *nw[] = {"TZ_CUDA_EMU_FAULT=k_narrow_part", NULL};
+    rc = in_child("narrow", nw, err, sizeof err);
+    check(rc != 0 && strstr(err, "cudaErrorIllegalAddress"),
+          "a narrow product (300 x 16, LoRA's x A^T) runs the narrow kernel (exit %d)", rc);
+    const char *nw0[] = {"TZ_CUDA_EMU_FAULT=k_narrow_part", "TZ_NARROW_GEMM=0", NULL};
+    rc = in_child("narrow", nw0, err, sizeof err);
+    check(rc == 0 && strstr(err, "no failure reported"),
+          "with TZ_NARROW_GEMM=0 it does not (exit %d): %.*s", rc, (int)strcspn(err, "\n"), err);
     const char *old[] = {"TZ_CUDA_EMU_DRIVER=old", NULL};
     rc = in_child("old_driver", old, err, sizeof err);
     check(rc != 0 && strstr(err, "device count 0") &&
@@ -1777,7 +1903,8 @@ static void test_checked_mode(void) {
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--child")) { /* in_child's children */
         static const struct { const char *name; void (*fn)(void); } children[] = {
-            {"op_times", child_op_times}, {"fault", child_fault}, {"old_driver", child_old_driver}};
+            {"op_times", child_op_times}, {"fault", child_fault}, {"old_driver", child_old_driver},
+            {"narrow", child_narrow}};
         for (size_t i = 0; i < sizeof children / sizeof *children; i++)
             if (!strcmp(argv[2], children[i].name)) return children[i].fn(), 0;
         fprintf(stderr, "no child named %s\n", argv[2]);
@@ -1795,6 +1922,7 @@ int main(int argc, char **argv) {
     test_elementwise();
     test_matmul();
     test_matmul_bf16();
+    test_matmul_narrow();
     test_w16();
     test_layout();
     test_norm();
