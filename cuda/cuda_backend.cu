@@ -423,6 +423,7 @@ static void cuda_destroy(tz_backend *be) {
     if (c->times) cudaEventDestroy(c->op_t0), cudaEventDestroy(c->op_t1), free(c->times);
     cudaFree(c->scratch);
     cudaFree(c->gemm16);
+    cudaFree(c->narrow_count);
     cudaEventDestroy(c->zeroed);
     cudaStreamSynchronize(c->dec_stream);
     cudaEventDestroy(c->dec_start);

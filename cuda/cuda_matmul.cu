@@ -53,8 +53,9 @@ static __device__ __forceinline__ uint16_t to_bf16_bits(uint16_t x) { return x; 
 /* ---- the narrow GEMM (core/backend.h's tz_narrow_plan; docs/design/cuda.md "Narrow GEMMs") ----
  * Y [P, R] = X [P, K] S [R, K]^T: a block of NW_THREADS threads takes TZ_NARROW_ROWS rows of P
  * (a warp 16, one mma row tile) and kc of K, in stages of TZ_NARROW_KC copied ahead by
- * cp.async; its sums go to its own slice of a workspace, ws [nsplit][P][rpad], which
- * k_narrow_sum adds in the order of the splits. */
+ * cp.async; its sums go to its own slice of a workspace, ws [nsplit][P][rpad], and the last
+ * block of a row of blocks to finish (a ticket: threadfence, then an atomic count) adds the
+ * row's slices in the order of the splits into C. */
 #define NW_THREADS 128
 #define NW_LD (TZ_NARROW_KC + 8) /* a staged row's stride in elements (both tiles are 64 wide:
                                   * 144 bytes, so ldmatrix's 8 rows fall on distinct banks) */
@@ -90,15 +91,19 @@ __device__ __forceinline__ void nw_stage(uint16_t *Xs, uint16_t *Ss, const uint1
     }
 }
 
-/* ws [blockIdx.y][p][j] = sum over the block's kc of K of X[p][k] S[j][k], for its 64 p. NT:
- * rpad / 8 mma column tiles; XK: X stored [K, P]. Stages: three (two copied ahead) up to 32
- * columns, two at 64 (under the 48 KiB every launch may take). */
+/* ws [blockIdx.y][p][j] = sum over the block's kc of K of X[p][k] S[j][k], for its 64 p; the
+ * row's last block then C = alpha (the splits' sums added in order) + beta C for those p (C
+ * [P, R], or yt: [R, P]; beta = 0 does not read C) and resets the row's ticket. NT: rpad / 8
+ * mma column tiles; XK: X stored [K, P]. Stages: three (two copied ahead) up to 32 columns,
+ * two at 64 (under the 48 KiB every launch may take). */
 template <int NT, bool XK>
 __global__ void __launch_bounds__(NW_THREADS)
     k_narrow_part(float *ws, const uint16_t *X, int64_t ldx, const uint16_t *s16, int64_t kpad,
-                  int64_t P, int64_t K, int64_t kc) {
-    constexpr int ST = NT == 8 ? 2 : 3, PER = (64 + NT * 8) * NW_LD;
+                  int64_t P, int64_t K, int64_t kc, float *C, int yt, int64_t R, float alpha,
+                  float beta, unsigned *count) {
+    constexpr int ST = NT == 8 ? 2 : 3, PER = (64 + NT * 8) * NW_LD, RP = NT * 8;
     extern __shared__ float smem[];
+    __shared__ int last[1];
     uint16_t *sm = (uint16_t *)smem;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, mi = lane >> 3, ri = lane & 7;
     const int64_t p0 = (int64_t)blockIdx.x * 64, kb = (int64_t)blockIdx.y * kc;
@@ -145,7 +150,7 @@ __global__ void __launch_bounds__(NW_THREADS)
         }
     }
     tz_cp_async_wait<0>(); /* (the empty groups of the last stages) */
-    float *o = ws + (int64_t)blockIdx.y * P * (NT * 8);
+    float *o = ws + (int64_t)blockIdx.y * P * RP;
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -153,22 +158,27 @@ __global__ void __launch_bounds__(NW_THREADS)
         if (p >= P) continue;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            o[p * (NT * 8) + nt * 8 + 2 * t] = acc[nt][2 * h];
-            o[p * (NT * 8) + nt * 8 + 2 * t + 1] = acc[nt][2 * h + 1];
+            o[p * RP + nt * 8 + 2 * t] = acc[nt][2 * h];
+            o[p * RP + nt * 8 + 2 * t + 1] = acc[nt][2 * h + 1];
         }
     }
-}
-
-/* C = alpha (the splits' sums added in order) + beta C, C [P, R] or (yt) [R, P]; beta = 0
- * does not read C */
-static __global__ void k_narrow_sum(float *C, const float *ws, int yt, int64_t P, int64_t R,
-                                    int64_t rpad, int64_t nsplit, float alpha, float beta) {
-    TZ_CUDA_FOR(i, P * R) {
-        const int64_t p = yt ? i % P : i / R, j = yt ? i / P : i % R;
+    /* the row's last block adds its slices: every block's sums are visible to the device
+     * before it takes its ticket, and are read past L1 (the CUDA guide's threadfence
+     * reduction). Which block is last varies; the order of the sums does not. */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last[0] = atomicAdd(count + blockIdx.x, 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last[0]) return;
+    const int64_t rows = P - p0 < 64 ? P - p0 : 64, ns = gridDim.y;
+    for (int64_t e = threadIdx.x; e < rows * R; e += NW_THREADS) {
+        const int64_t p = p0 + (yt ? e % rows : e / R), j = yt ? e / rows : e % R;
         float v = 0.0f;
-        for (int64_t s = 0; s < nsplit; s++) v += ws[(s * P + p) * rpad + j];
-        C[i] = beta == 0.0f ? alpha * v : alpha * v + beta * C[i];
+        for (int64_t s = 0; s < ns; s++) v += __ldcg(ws + (s * P + p) * RP + j);
+        float *c = C + (yt ? j * P + p : p * R + j);
+        *c = beta == 0.0f ? alpha * v : alpha * v + beta * *c;
     }
+    if (threadIdx.x == 0) count[blockIdx.x] = 0u;
 }
 
 /* k_narrow_part's dynamic shared memory at rpad columns: 34.5 KiB at 16, 40.5 at 32, 36 at 64 */
@@ -178,12 +188,32 @@ static size_t narrow_smem(int64_t rpad) {
 
 template <int NT, bool XK>
 static void narrow_launch(tz_backend *be, const tz_narrow &np, float *ws, const uint16_t *X,
-                          const uint16_t *s16) {
+                          const uint16_t *s16, float *C, float alpha, float beta,
+                          unsigned *count) {
     const size_t smem = narrow_smem(NT * 8);
     const dim3 grid((unsigned)((np.P + 63) / 64), (unsigned)np.nsplit);
     k_narrow_part<NT, XK><<<grid, NW_THREADS, smem, tz_cuda_stream(be)>>>(
-        ws, X, XK ? np.P : np.K, s16, np.kpad, np.P, np.K, np.kc);
+        ws, X, XK ? np.P : np.K, s16, np.kpad, np.P, np.K, np.kc, C, np.yt, np.R, alpha, beta,
+        count);
     CUDA_LAUNCHED();
+}
+
+/* The tickets of n rows of blocks, zeroed (once: each row's last block resets its own; grown
+ * in the first step, like the operands' buffer). */
+static unsigned *narrow_tickets(tz_backend *be, int64_t n) {
+    tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+    if (n <= c->narrow_count_n) return c->narrow_count;
+    const int64_t cap = n > 4096 ? n : 4096;
+    if (c->narrow_count) CUDA_CHECK(cudaFree(c->narrow_count)); /* waits for its readers */
+    c->narrow_count = NULL, c->narrow_count_n = 0;
+    cudaError_t rc = cudaMalloc(&c->narrow_count, (size_t)cap * sizeof(unsigned));
+    if (rc != cudaSuccess)
+        TZ_FATAL("out of GPU memory on %s: cannot allocate %lld narrow GEMM tickets (%s)",
+                 c->name, (long long)cap, cudaGetErrorString(rc));
+    CUDA_CHECK(cudaMemsetAsync(c->narrow_count, 0, (size_t)cap * sizeof(unsigned),
+                               tz_cuda_stream(be)));
+    c->narrow_count_n = cap;
+    return c->narrow_count;
 }
 
 /* A bf16 GEMM by the narrow kernels where tz_narrow_plan takes it: S rounded to bf16 rows, X
@@ -225,15 +255,12 @@ static int narrow_gemm(tz_backend *be, float *C, const void *A, int a16, const v
                                                              K, np.rpad, np.kpad);
     CUDA_LAUNCHED();
     const uint16_t *x = (const uint16_t *)X;
-    if (np.rpad == 16) np.xk ? narrow_launch<2, true>(be, np, ws, x, s16)
-                             : narrow_launch<2, false>(be, np, ws, x, s16);
-    else if (np.rpad == 32) np.xk ? narrow_launch<4, true>(be, np, ws, x, s16)
-                                  : narrow_launch<4, false>(be, np, ws, x, s16);
-    else np.xk ? narrow_launch<8, true>(be, np, ws, x, s16)
-               : narrow_launch<8, false>(be, np, ws, x, s16);
-    k_narrow_sum<<<tz_cuda_blocks(np.P * np.R, TZ_CUDA_THREADS), TZ_CUDA_THREADS, 0, st>>>(
-        C, ws, np.yt, np.P, np.R, np.rpad, np.nsplit, alpha, beta);
-    CUDA_LAUNCHED();
+    unsigned *tk = narrow_tickets(be, (np.P + 63) / 64);
+#define NW_GO(NT, XK) narrow_launch<NT, XK>(be, np, ws, x, s16, C, alpha, beta, tk)
+    if (np.rpad == 16) np.xk ? NW_GO(2, true) : NW_GO(2, false);
+    else if (np.rpad == 32) np.xk ? NW_GO(4, true) : NW_GO(4, false);
+    else np.xk ? NW_GO(8, true) : NW_GO(8, false);
+#undef NW_GO
     return 1;
 }
 

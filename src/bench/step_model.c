@@ -84,11 +84,13 @@ static double tq_a_reads(const tz_backend *be, int64_t rows, int64_t cols, int g
     const int64_t cc = tz_tq_chunk_cols(be, cols, group);
     return (double)((cols + cc - 1) / cc);
 }
-/* A GEMM the narrow kernels take (core/backend.h's tz_narrow_plan; cuda_matmul.cu), booked
+/* A GEMM the narrow kernel takes (core/backend.h's tz_narrow_plan; cuda_matmul.cu), booked
  * under op and returning 1: an fp32 X rounded first and S rounded into rows of rpad x kpad
  * (elementwise); the kernel reads X and S once (the blocks' re-reads of S come from the L2,
- * not the memory) and multiplies rpad columns, writes each split's sums (fp32 [P, rpad]);
- * the sum kernel reads them (and C where beta != 0) and writes C. 0: not narrow. */
+ * not the memory) and multiplies rpad columns (the FLOPs booked are the model's R, as the
+ * step model's GEMM arithmetic is checked against it), writes each split's sums (fp32 [P, rpad]),
+ * which each row's last block reads back (with C where beta != 0) to write C. 0: not
+ * narrow. */
 static int narrow_op(tz_backend *be, int64_t M, int64_t N, int64_t K, int ta, int tb, int a16,
                      int b16, float beta, const char *op) {
     tz_narrow np;
@@ -98,10 +100,11 @@ static int narrow_op(tz_backend *be, int64_t M, int64_t N, int64_t K, int ta, in
     const double P = (double)np.P, R = (double)np.R, rp = (double)np.rpad;
     if (!x16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * P * K, op);
     add_op(be, TZ_SM_ELEMENT, 0, (s16 ? 2.0 : F) * R * K + 2.0 * rp * (double)np.kpad, op);
-    const double part = F * (double)np.nsplit * P * rp;
-    add_op(be, TZ_SM_GEMM, 2.0 * P * rp * K, 2.0 * P * K + 2.0 * rp * (double)np.kpad + part, op);
-    add_op(be, TZ_SM_ELEMENT, (double)np.nsplit * P * R,
-           part + F * P * R * (beta != 0.0f ? 2 : 1), op);
+    const double part = 2.0 * F * (double)np.nsplit * P * rp; /* written, read back */
+    add_op(be, TZ_SM_GEMM, 2.0 * P * R * K,
+           2.0 * P * K + 2.0 * rp * (double)np.kpad + part +
+               F * P * R * (beta != 0.0f ? 2 : 1),
+           op);
     return 1;
 }
 

@@ -24,9 +24,9 @@
 #                               test_gpu_model, the 7B bench beside anchor_peft.py lora,
 #                               DiT-XL/2 (AdamW on the host: peak against the plan; then on
 #                               the GPU), both presets' op times, Flux.1-dev (3 steps), then
-#                               the 7B again with TZ_LINEAR_SHARED=0, TZ_TQ_DECODE_STREAM=0,
-#                               TZ_WEIGHTS_STAGED=0 and TZ_TQ_CHUNKS=1 while time is left (TZ_DEVICE_BUDGET
-#                               applies; about 140 s on an H200).
+#                               the 7B again with TZ_NARROW_GEMM=0, without a switch, and with
+#                               TZ_ATT_KEEP=0 while time is left (TZ_DEVICE_BUDGET applies;
+#                               about 140 s on an H200).
 #   tests/gpu/device.sh ab      on the GPU machine: the built CUDA module against another
 #                               (TZ_AB_MODULE=path; TZ_AB_TURBOZERO=path: its program, where
 #                               the change is in the program too), or against itself with
@@ -269,22 +269,12 @@ table() {
     printf '%-44s %12s %14s %14s\n' "run" "units/s" "peak GiB" "device GiB"
     read -r a b c <<< "$(ours "$out/bench-llama2-7b.log")"
     printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b LoRA r16, 4-bit, bf16" "$a tok" "$b alloc" "$c used"
-    if [ -e "$out/bench-llama2-7b-unshared.log" ]; then
-      read -r a b c <<< "$(ours "$out/bench-llama2-7b-unshared.log")"
-      printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, TZ_LINEAR_SHARED=0" "$a tok" "$b alloc" "$c used"
-    fi
-    if [ -e "$out/bench-llama2-7b-nodecstream.log" ]; then
-      read -r a b c <<< "$(ours "$out/bench-llama2-7b-nodecstream.log")"
-      printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, TZ_TQ_DECODE_STREAM=0" "$a tok" "$b alloc" "$c used"
-    fi
-    if [ -e "$out/bench-llama2-7b-unstaged.log" ]; then
-      read -r a b c <<< "$(ours "$out/bench-llama2-7b-unstaged.log")"
-      printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, TZ_WEIGHTS_STAGED=0" "$a tok" "$b alloc" "$c used"
-    fi
-    if [ -e "$out/bench-llama2-7b-whole.log" ]; then
-      read -r a b c <<< "$(ours "$out/bench-llama2-7b-whole.log")"
-      printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, TZ_TQ_CHUNKS=1" "$a tok" "$b alloc" "$c used"
-    fi
+    local sw # the 7B with a switch (speed's runs), where run
+    for sw in -nonarrow:TZ_NARROW_GEMM=0 -again:"again, no switch" -nokeep:TZ_ATT_KEEP=0; do
+      [ -e "$out/bench-llama2-7b${sw%%:*}.log" ] || continue
+      read -r a b c <<< "$(ours "$out/bench-llama2-7b${sw%%:*}.log")"
+      printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, ${sw#*:}" "$a tok" "$b alloc" "$c used"
+    done
     read -r a b c <<< "$(anchor "$out/anchor-lora.log")"
     printf '%-44s %12s %14s %14s\n' "anchor peft LoRA r16, bf16" "$a tok" "$b alloc" "$c reserved"
     read -r a b c <<< "$(anchor "$out/anchor-full.log")"
@@ -369,14 +359,13 @@ speed)
     grep -m1 'planned backend memory' "$out/plan-flux-dev.log" | sed 's/^/   /'
     speed_bench flux-dev "" "turbozero bench --preset flux-dev (3 steps)" --set train.steps=3
   fi
-  TZ_LINEAR_SHARED=0 speed_bench llama2-7b -unshared \
-    "TZ_LINEAR_SHARED=0 turbozero bench --preset llama2-7b (q, k, v and gate, up each on their own)"
-  TZ_TQ_DECODE_STREAM=0 speed_bench llama2-7b -nodecstream \
-    "TZ_TQ_DECODE_STREAM=0 turbozero bench --preset llama2-7b (the decode's chunks on the compute stream)"
-  TZ_WEIGHTS_STAGED=0 speed_bench llama2-7b -unstaged \
-    "TZ_WEIGHTS_STAGED=0 turbozero bench --preset llama2-7b (the next step waits for all updated weights)"
-  TZ_TQ_CHUNKS=1 speed_bench llama2-7b -whole \
-    "TZ_TQ_CHUNKS=1 turbozero bench --preset llama2-7b (each weight decoded whole, one GEMM)"
+  # the switches of the changes not yet measured, each beside a run without any (the runs
+  # drift over a call by a few per cent: `sweep` settles them with more runs)
+  TZ_NARROW_GEMM=0 speed_bench llama2-7b -nonarrow \
+    "TZ_NARROW_GEMM=0 turbozero bench --preset llama2-7b (LoRA's rank-16 products by cuBLAS)"
+  speed_bench llama2-7b -again "turbozero bench --preset llama2-7b (again, between the switches)"
+  TZ_ATT_KEEP=0 speed_bench llama2-7b -nokeep \
+    "TZ_ATT_KEEP=0 turbozero bench --preset llama2-7b (attention run again in the recomputation)"
   table
   ;;
 sweep)

@@ -322,6 +322,7 @@ static inline void __syncwarp(unsigned mask = 0xffffffffu) {
 static inline void __threadfence(void) {}
 static inline void __threadfence_block(void) {}
 template <class T> static inline T __ldg(const T *p) { return *p; }
+template <class T> static inline T __ldcg(const T *p) { return *p; }
 
 /* Atomics: threads run one at a time, so plain read-modify-write is atomic here. */
 template <class T> static inline T atomicAdd(T *p, T v) {
