@@ -103,8 +103,8 @@ __global__ void __launch_bounds__(NW_THREADS)
                   float beta, unsigned *count) {
     constexpr int ST = NT == 8 ? 2 : 3, PER = (64 + NT * 8) * NW_LD, RP = NT * 8;
     extern __shared__ float smem[];
-    __shared__ int last[1];
     uint16_t *sm = (uint16_t *)smem;
+    int *last = (int *)(sm + ST * PER); /* (after the stages: narrow_smem's 16 bytes more) */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, mi = lane >> 3, ri = lane & 7;
     const int64_t p0 = (int64_t)blockIdx.x * 64, kb = (int64_t)blockIdx.y * kc;
     const int64_t ke = kb + kc < K ? kb + kc : K;
@@ -170,20 +170,45 @@ __global__ void __launch_bounds__(NW_THREADS)
     if (threadIdx.x == 0) last[0] = atomicAdd(count + blockIdx.x, 1u) == gridDim.y - 1;
     __syncthreads();
     if (!last[0]) return;
-    const int64_t rows = P - p0 < 64 ? P - p0 : 64, ns = gridDim.y;
-    for (int64_t e = threadIdx.x; e < rows * R; e += NW_THREADS) {
-        const int64_t p = p0 + (yt ? e % rows : e / R), j = yt ? e / rows : e % R;
-        float v = 0.0f;
-        for (int64_t s = 0; s < ns; s++) v += __ldcg(ws + (s * P + p) * RP + j);
-        float *c = C + (yt ? j * P + p : p * R + j);
-        *c = beta == 0.0f ? alpha * v : alpha * v + beta * *c;
+    /* a thread's 4 columns of a row at a time (RP / 8 such a thread), the splits' float4s
+     * loaded 4 at a time before any is added, so that the tail waits for the L2 a few times
+     * rather than once a split; each element's sum in the order of the splits */
+    const int64_t ns = gridDim.y;
+#pragma unroll 1
+    for (int e = threadIdx.x; e < 64 * (RP / 4); e += NW_THREADS) {
+        const int64_t p = p0 + e % 64;
+        const int q = e / 64;
+        if (p >= P) continue;
+        const float4 *src = (const float4 *)(ws + p * RP) + q;
+        const int64_t step = P * RP / 4; /* one split's slice, in float4s */
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int64_t sp = 0;
+        for (; sp + 4 <= ns; sp += 4) {
+            float4 t[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) t[u] = __ldcg(src + (sp + u) * step);
+#pragma unroll
+            for (int u = 0; u < 4; u++) v[0] += t[u].x, v[1] += t[u].y, v[2] += t[u].z, v[3] += t[u].w;
+        }
+        for (; sp < ns; sp++) {
+            const float4 t = __ldcg(src + sp * step);
+            v[0] += t.x, v[1] += t.y, v[2] += t.z, v[3] += t.w;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int64_t j = 4 * q + u;
+            if (j < R) {
+                float *c = C + (yt ? j * P + p : p * R + j);
+                *c = beta == 0.0f ? alpha * v[u] : alpha * v[u] + beta * *c;
+            }
+        }
     }
     if (threadIdx.x == 0) count[blockIdx.x] = 0u;
 }
 
 /* k_narrow_part's dynamic shared memory at rpad columns: 34.5 KiB at 16, 40.5 at 32, 36 at 64 */
 static size_t narrow_smem(int64_t rpad) {
-    return (size_t)(rpad == 64 ? 2 : 3) * (size_t)(64 + rpad) * NW_LD * 2;
+    return (size_t)(rpad == 64 ? 2 : 3) * (size_t)(64 + rpad) * NW_LD * 2 + 16;
 }
 
 template <int NT, bool XK>

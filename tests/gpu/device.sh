@@ -24,9 +24,9 @@
 #                               test_gpu_model, the 7B bench beside anchor_peft.py lora,
 #                               DiT-XL/2 (AdamW on the host: peak against the plan; then on
 #                               the GPU), both presets' op times, Flux.1-dev (3 steps), then
-#                               the 7B again with TZ_NARROW_GEMM=0, without a switch, and with
-#                               TZ_ATT_KEEP=0 while time is left (TZ_DEVICE_BUDGET applies;
-#                               about 140 s on an H200).
+#                               the 7B again with TZ_NARROW_GEMM=0, without a switch, with
+#                               TZ_ATT_KEEP=0 and with TZ_TQ_CHUNKS=1 while time is left
+#                               (TZ_DEVICE_BUDGET applies; about 140 s on an H200).
 #   tests/gpu/device.sh ab      on the GPU machine: the built CUDA module against another
 #                               (TZ_AB_MODULE=path; TZ_AB_TURBOZERO=path: its program, where
 #                               the change is in the program too), or against itself with
@@ -270,7 +270,8 @@ table() {
     read -r a b c <<< "$(ours "$out/bench-llama2-7b.log")"
     printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b LoRA r16, 4-bit, bf16" "$a tok" "$b alloc" "$c used"
     local sw # the 7B with a switch (speed's runs), where run
-    for sw in -nonarrow:TZ_NARROW_GEMM=0 -again:"again, no switch" -nokeep:TZ_ATT_KEEP=0; do
+    for sw in -nonarrow:TZ_NARROW_GEMM=0 -again:"again, no switch" -nokeep:TZ_ATT_KEEP=0 \
+      -whole:TZ_TQ_CHUNKS=1; do
       [ -e "$out/bench-llama2-7b${sw%%:*}.log" ] || continue
       read -r a b c <<< "$(ours "$out/bench-llama2-7b${sw%%:*}.log")"
       printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, ${sw#*:}" "$a tok" "$b alloc" "$c used"
@@ -366,6 +367,8 @@ speed)
   speed_bench llama2-7b -again "turbozero bench --preset llama2-7b (again, between the switches)"
   TZ_ATT_KEEP=0 speed_bench llama2-7b -nokeep \
     "TZ_ATT_KEEP=0 turbozero bench --preset llama2-7b (attention run again in the recomputation)"
+  TZ_TQ_CHUNKS=1 speed_bench llama2-7b -whole \
+    "TZ_TQ_CHUNKS=1 turbozero bench --preset llama2-7b (each weight decoded whole, one GEMM)"
   table
   ;;
 sweep)
