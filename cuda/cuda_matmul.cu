@@ -49,6 +49,11 @@ static void check_apart(const void *p, int64_t n, const void *dst, size_t bytes,
 /* An operand element as bf16 bits: a float rounded (nearest even), a bf16 one as it is. */
 static __device__ __forceinline__ uint16_t to_bf16_bits(float x) { return tz_bf16_bits(x); }
 static __device__ __forceinline__ uint16_t to_bf16_bits(uint16_t x) { return x; }
+/* An operand element as a float: a float as it is, bf16 bits widened (exact). */
+static __device__ __forceinline__ float tz_as_float(float x) { return x; }
+static __device__ __forceinline__ float tz_as_float(uint16_t x) {
+    return __uint_as_float((uint32_t)x << 16);
+}
 
 /* ---- the narrow GEMM (core/backend.h's tz_narrow_plan; docs/design/cuda.md "Narrow GEMMs") ----
  * Y [P, R] = X [P, K] S [R, K]^T: a block of NW_THREADS threads takes TZ_NARROW_ROWS rows of P
@@ -61,33 +66,42 @@ static __device__ __forceinline__ uint16_t to_bf16_bits(uint16_t x) { return x; 
                                   * 144 bytes, so ldmatrix's 8 rows fall on distinct banks) */
 static_assert(TZ_NARROW_ROWS == 64 && TZ_NARROW_KC == 64, "the narrow tiles are 64 x 64");
 
-/* S rounded to bf16 as [rpad, kpad] (row stride kpad), zeros past R and K: the kernel's rows
- * of S, whatever S's layout (sk: [K, R]) and type. */
-template <class T>
-static __global__ void k_narrow_s16(uint16_t *s16, const T *S, int sk, int64_t R, int64_t K,
-                                    int64_t rpad, int64_t kpad) {
-    TZ_CUDA_FOR(i, rpad * kpad) {
-        const int64_t j = i / kpad, k = i - j * kpad;
-        s16[i] = j < R && k < K ? to_bf16_bits(S[sk ? k * R + j : j * K + k]) : (uint16_t)0;
-    }
-}
-
-/* One stage: X's tile (xk: rows k, 64 of P each; else rows p, 64 of K each; zeros past P and
- * K, whose 8-element pieces lie wholly in or out: the row stride is a multiple of 8, and so is
- * K (or P) where it is the stride) and S's [rpad, 64] from k0. */
-template <int NT, bool XK>
-__device__ __forceinline__ void nw_stage(uint16_t *Xs, uint16_t *Ss, const uint16_t *X,
-                                         int64_t ldx, const uint16_t *s16, int64_t kpad,
-                                         int64_t P, int64_t K, int64_t p0, int64_t k0) {
+/* One stage of X: its tile (xk: rows k, 64 of P each; else rows p, 64 of K each; zeros past P
+ * and K, whose 8-element pieces lie wholly in or out: the row stride is a multiple of 8, and
+ * so is K (or P) where it is the stride), copied by cp.async. */
+template <bool XK>
+__device__ __forceinline__ void nw_stage(uint16_t *Xs, const uint16_t *X, int64_t ldx, int64_t P,
+                                         int64_t K, int64_t p0, int64_t k0) {
     for (int c = threadIdx.x; c < 64 * 8; c += NW_THREADS) {
         const int r = c >> 3, q = (c & 7) * 8;
         const int64_t p = XK ? p0 + q : p0 + r, k = XK ? k0 + r : k0 + q;
         const bool in = p < P && k < K;
         tz_cp_async<16>(Xs + r * NW_LD + q, in ? X + (XK ? k * ldx + p : p * ldx + k) : X, in);
     }
-    for (int c = threadIdx.x; c < NT * 8 * 8; c += NW_THREADS) {
-        const int j = c >> 3, q = (c & 7) * 8;
-        tz_cp_async<16>(Ss + j * NW_LD + q, s16 + j * kpad + k0 + q, true);
+}
+
+/* One stage of S, [rpad, 64] from k0, in two halves: nw_s_load reads a thread's 4 NT elements
+ * (zeros past R and K) into registers, from S [R, K] (sk 0: consecutive threads along K) or
+ * [K, R] (consecutive threads along R), fp32 or bf16; nw_s_store writes them to the stage
+ * rounded to bf16, after the compute they were loaded ahead of. */
+template <int NT, class TS>
+__device__ __forceinline__ void nw_s_load(float (&v)[4 * NT], const TS *S, int sk, int64_t R,
+                                          int64_t K, int64_t k0) {
+#pragma unroll
+    for (int u = 0; u < 4 * NT; u++) {
+        const int e = threadIdx.x + NW_THREADS * u;
+        const int j = sk ? e % (NT * 8) : e / 64, kk = sk ? e / (NT * 8) : e % 64;
+        const int64_t k = k0 + kk;
+        v[u] = j < R && k < K ? tz_as_float(S[sk ? k * R + j : j * K + k]) : 0.0f;
+    }
+}
+template <int NT>
+__device__ __forceinline__ void nw_s_store(uint16_t *Ss, const float (&v)[4 * NT], int sk) {
+#pragma unroll
+    for (int u = 0; u < 4 * NT; u++) {
+        const int e = threadIdx.x + NW_THREADS * u;
+        const int j = sk ? e % (NT * 8) : e / 64, kk = sk ? e / (NT * 8) : e % 64;
+        Ss[j * NW_LD + kk] = tz_bf16_bits(v[u]);
     }
 }
 
@@ -96,11 +110,11 @@ __device__ __forceinline__ void nw_stage(uint16_t *Xs, uint16_t *Ss, const uint1
  * [P, R], or yt: [R, P]; beta = 0 does not read C) and resets the row's ticket. NT: rpad / 8
  * mma column tiles; XK: X stored [K, P]. Stages: three (two copied ahead) up to 32 columns,
  * two at 64 (under the 48 KiB every launch may take). */
-template <int NT, bool XK>
+template <int NT, bool XK, class TS>
 __global__ void __launch_bounds__(NW_THREADS)
-    k_narrow_part(float *ws, const uint16_t *X, int64_t ldx, const uint16_t *s16, int64_t kpad,
-                  int64_t P, int64_t K, int64_t kc, float *C, int yt, int64_t R, float alpha,
-                  float beta, unsigned *count) {
+    k_narrow_part(float *ws, const uint16_t *X, int64_t ldx, const TS *S, int sk, int64_t P,
+                  int64_t K, int64_t kc, float *C, int yt, int64_t R, float alpha, float beta,
+                  unsigned *count) {
     constexpr int ST = NT == 8 ? 2 : 3, PER = (64 + NT * 8) * NW_LD, RP = NT * 8;
     extern __shared__ float smem[];
     uint16_t *sm = (uint16_t *)smem;
@@ -112,20 +126,24 @@ __global__ void __launch_bounds__(NW_THREADS)
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    float sv[4 * NT]; /* S's next stage, loaded ahead of the compute */
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
-        if (s < nch)
-            nw_stage<NT, XK>(sm + s * PER, sm + s * PER + 64 * NW_LD, X, ldx, s16, kpad, P, K,
-                             p0, kb + s * 64);
+        if (s < nch) {
+            nw_stage<XK>(sm + s * PER, X, ldx, P, K, p0, kb + s * 64);
+            nw_s_load<NT>(sv, S, sk, R, K, kb + s * 64);
+            nw_s_store<NT>(sm + s * PER + 64 * NW_LD, sv, sk);
+        }
         tz_cp_async_commit();
     }
     for (int i = 0; i < nch; i++) {
         tz_cp_async_wait<ST - 2>(); /* stage i copied (this thread's part) */
         __syncthreads();            /* everyone's part; and stage i - 1 no longer read */
         const int nx = i + ST - 1;
-        if (nx < nch)
-            nw_stage<NT, XK>(sm + (nx % ST) * PER, sm + (nx % ST) * PER + 64 * NW_LD, X, ldx,
-                             s16, kpad, P, K, p0, kb + (int64_t)nx * 64);
+        if (nx < nch) {
+            nw_stage<XK>(sm + (nx % ST) * PER, X, ldx, P, K, p0, kb + (int64_t)nx * 64);
+            nw_s_load<NT>(sv, S, sk, R, K, kb + (int64_t)nx * 64);
+        }
         tz_cp_async_commit();
         const uint16_t *Xs = sm + (i % ST) * PER, *Ss = Xs + 64 * NW_LD;
 #pragma unroll
@@ -148,6 +166,9 @@ __global__ void __launch_bounds__(NW_THREADS)
                 tz_mma_bf16_16816(acc[nt + 1], a, b + 2);
             }
         }
+        /* into stage nx's buffer, which stage i - 1 left before the barrier above and which
+         * no one reads before the barrier of round nx */
+        if (nx < nch) nw_s_store<NT>(sm + (nx % ST) * PER + 64 * NW_LD, sv, sk);
     }
     tz_cp_async_wait<0>(); /* (the empty groups of the last stages) */
     float *o = ws + (int64_t)blockIdx.y * P * RP;
@@ -211,16 +232,24 @@ static size_t narrow_smem(int64_t rpad) {
     return (size_t)(rpad == 64 ? 2 : 3) * (size_t)(64 + rpad) * NW_LD * 2 + 16;
 }
 
-template <int NT, bool XK>
+template <int NT, bool XK, class TS>
 static void narrow_launch(tz_backend *be, const tz_narrow &np, float *ws, const uint16_t *X,
-                          const uint16_t *s16, float *C, float alpha, float beta,
-                          unsigned *count) {
+                          const TS *S, float *C, float alpha, float beta, unsigned *count) {
     const size_t smem = narrow_smem(NT * 8);
     const dim3 grid((unsigned)((np.P + 63) / 64), (unsigned)np.nsplit);
-    k_narrow_part<NT, XK><<<grid, NW_THREADS, smem, tz_cuda_stream(be)>>>(
-        ws, X, XK ? np.P : np.K, s16, np.kpad, np.P, np.K, np.kc, C, np.yt, np.R, alpha, beta,
+    k_narrow_part<NT, XK, TS><<<grid, NW_THREADS, smem, tz_cuda_stream(be)>>>(
+        ws, X, XK ? np.P : np.K, S, np.sk, np.P, np.K, np.kc, C, np.yt, np.R, alpha, beta,
         count);
     CUDA_LAUNCHED();
+}
+template <class TS>
+static void narrow_go(tz_backend *be, const tz_narrow &np, float *ws, const uint16_t *x,
+                      const TS *S, float *C, float alpha, float beta, unsigned *tk) {
+#define NW_GO(NT, XK) narrow_launch<NT, XK, TS>(be, np, ws, x, S, C, alpha, beta, tk)
+    if (np.rpad == 16) np.xk ? NW_GO(2, true) : NW_GO(2, false);
+    else if (np.rpad == 32) np.xk ? NW_GO(4, true) : NW_GO(4, false);
+    else np.xk ? NW_GO(8, true) : NW_GO(8, false);
+#undef NW_GO
 }
 
 /* The tickets of n rows of blocks, zeroed (once: each row's last block resets its own; grown
@@ -241,9 +270,10 @@ static unsigned *narrow_tickets(tz_backend *be, int64_t n) {
     return c->narrow_count;
 }
 
-/* A bf16 GEMM by the narrow kernels where tz_narrow_plan takes it: S rounded to bf16 rows, X
- * as stored where it is bf16 and 16-byte aligned (else rounded, or copied, into place), and
- * the workspace, in the GEMM operands' buffer. 1: done. */
+/* A bf16 GEMM by the narrow kernel where tz_narrow_plan takes it: X as stored where it is
+ * bf16 and 16-byte aligned (else rounded, or copied, into the GEMM operands' buffer), S read
+ * as stored (rounded to bf16 on its way into shared memory), the workspace in the operands'
+ * buffer. 1: done. */
 static int narrow_gemm(tz_backend *be, float *C, const void *A, int a16, const void *B,
                        int b16, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
                        float beta) {
@@ -254,38 +284,25 @@ static int narrow_gemm(tz_backend *be, float *C, const void *A, int a16, const v
     const void *X = np.yt ? B : A, *S = np.yt ? A : B;
     const int x16 = np.yt ? b16 : a16, s16in = np.yt ? a16 : b16;
     const int xin = x16 && (uintptr_t)X % 16 == 0; /* X read where it is */
-    const int64_t ns16 = (np.rpad * np.kpad + 127) / 128 * 128;
     const int64_t nx16 = xin ? 0 : (np.P * K + 127) / 128 * 128;
-    const size_t bytes = (size_t)(ns16 + nx16) * 2 + (size_t)(np.nsplit * np.P * np.rpad) * 4;
-    uint16_t *s16 = (uint16_t *)gemm_operands(be, bytes);
-    uint16_t *xb = s16 + ns16;
+    const size_t bytes = (size_t)nx16 * 2 + (size_t)(np.nsplit * np.P * np.rpad) * 4;
+    uint16_t *xb = (uint16_t *)gemm_operands(be, bytes);
     float *ws = (float *)(xb + nx16);
-    check_apart(S, s16in ? (np.R * K + 1) / 2 : np.R * K, s16, bytes, "S");
-    check_apart(X, x16 ? (np.P * K + 1) / 2 : np.P * K, s16, bytes, "X");
-    check_apart(C, M * N, s16, bytes, "C");
+    check_apart(S, s16in ? (np.R * K + 1) / 2 : np.R * K, xb, bytes, "S");
+    check_apart(X, x16 ? (np.P * K + 1) / 2 : np.P * K, xb, bytes, "X");
+    check_apart(C, M * N, xb, bytes, "C");
     TZ_CUDA_KERNEL_READS(be, X, (size_t)(np.P * K) * (x16 ? 2 : 4), "narrow gemm operand X");
     TZ_CUDA_KERNEL_READS(be, S, (size_t)(np.R * K) * (s16in ? 2 : 4), "narrow gemm operand S");
-    cudaStream_t st = tz_cuda_stream(be);
     if (!x16) tz_cuda_to_bf16(be, xb, (const float *)X, np.P * K), X = xb;
     else if (!xin) {
-        CUDA_CHECK(cudaMemcpyAsync(xb, X, (size_t)(np.P * K) * 2, cudaMemcpyDeviceToDevice, st));
+        CUDA_CHECK(cudaMemcpyAsync(xb, X, (size_t)(np.P * K) * 2, cudaMemcpyDeviceToDevice,
+                                   tz_cuda_stream(be)));
         X = xb;
     }
-    const unsigned g16 = tz_cuda_blocks(np.rpad * np.kpad, TZ_CUDA_THREADS);
-    if (s16in)
-        k_narrow_s16<uint16_t><<<g16, TZ_CUDA_THREADS, 0, st>>>(
-            s16, (const uint16_t *)S, np.sk, np.R, K, np.rpad, np.kpad);
-    else
-        k_narrow_s16<float><<<g16, TZ_CUDA_THREADS, 0, st>>>(s16, (const float *)S, np.sk, np.R,
-                                                             K, np.rpad, np.kpad);
-    CUDA_LAUNCHED();
     const uint16_t *x = (const uint16_t *)X;
     unsigned *tk = narrow_tickets(be, (np.P + 63) / 64);
-#define NW_GO(NT, XK) narrow_launch<NT, XK>(be, np, ws, x, s16, C, alpha, beta, tk)
-    if (np.rpad == 16) np.xk ? NW_GO(2, true) : NW_GO(2, false);
-    else if (np.rpad == 32) np.xk ? NW_GO(4, true) : NW_GO(4, false);
-    else np.xk ? NW_GO(8, true) : NW_GO(8, false);
-#undef NW_GO
+    if (s16in) narrow_go(be, np, ws, x, (const uint16_t *)S, C, alpha, beta, tk);
+    else narrow_go(be, np, ws, x, (const float *)S, C, alpha, beta, tk);
     return 1;
 }
 

@@ -85,12 +85,12 @@ static double tq_a_reads(const tz_backend *be, int64_t rows, int64_t cols, int g
     return (double)((cols + cc - 1) / cc);
 }
 /* A GEMM the narrow kernel takes (core/backend.h's tz_narrow_plan; cuda_matmul.cu), booked
- * under op and returning 1: an fp32 X rounded first and S rounded into rows of rpad x kpad
- * (elementwise); the kernel reads X and S once (the blocks' re-reads of S come from the L2,
- * not the memory) and multiplies rpad columns (the FLOPs booked are the model's R, as the
- * step model's GEMM arithmetic is checked against it), writes each split's sums (fp32 [P, rpad]),
- * which each row's last block reads back (with C where beta != 0) to write C. 0: not
- * narrow. */
+ * under op and returning 1: an fp32 X rounded first (elementwise); the kernel reads X and S as
+ * stored, once (S rounded on its way into shared memory; the blocks' re-reads of S come from
+ * the L2, not the memory), multiplies (the FLOPs booked are the model's R columns, as the
+ * step model's GEMM arithmetic is checked against it, not the kernel's rpad), writes each
+ * split's sums (fp32 [P, rpad]), which each row's last block reads back (with C where beta !=
+ * 0) to write C. 0: not narrow. */
 static int narrow_op(tz_backend *be, int64_t M, int64_t N, int64_t K, int ta, int tb, int a16,
                      int b16, float beta, const char *op) {
     tz_narrow np;
@@ -99,11 +99,9 @@ static int narrow_op(tz_backend *be, int64_t M, int64_t N, int64_t K, int ta, in
     const int x16 = np.yt ? b16 : a16, s16 = np.yt ? a16 : b16;
     const double P = (double)np.P, R = (double)np.R, rp = (double)np.rpad;
     if (!x16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * P * K, op);
-    add_op(be, TZ_SM_ELEMENT, 0, (s16 ? 2.0 : F) * R * K + 2.0 * rp * (double)np.kpad, op);
     const double part = 2.0 * F * (double)np.nsplit * P * rp; /* written, read back */
     add_op(be, TZ_SM_GEMM, 2.0 * P * R * K,
-           2.0 * P * K + 2.0 * rp * (double)np.kpad + part +
-               F * P * R * (beta != 0.0f ? 2 : 1),
+           2.0 * P * K + (s16 ? 2.0 : F) * R * K + part + F * P * R * (beta != 0.0f ? 2 : 1),
            op);
     return 1;
 }
