@@ -57,8 +57,9 @@ static __device__ __forceinline__ float tz_as_float(uint16_t x) {
 
 /* ---- the narrow GEMM (core/backend.h's tz_narrow_plan; docs/design/cuda.md "Narrow GEMMs") ----
  * Y [P, R] = X [P, K] S [R, K]^T: a block of NW_THREADS threads takes TZ_NARROW_ROWS rows of P
- * (a warp 16, one mma row tile) and kc of K, in stages of TZ_NARROW_KC copied ahead by
- * cp.async; its sums go to its own slice of a workspace, ws [nsplit][P][rpad], and the last
+ * (a warp 16, one mma row tile) and kc of K, in stages of TZ_NARROW_KC (X's tile copied ahead
+ * by cp.async, S's loaded ahead into registers and rounded into shared memory after the
+ * compute); its sums go to its own slice of a workspace, ws [nsplit][P][rpad], and the last
  * block of a row of blocks to finish (a ticket: threadfence, then an atomic count) adds the
  * row's slices in the order of the splits into C. */
 #define NW_THREADS 128

@@ -585,15 +585,16 @@ static inline int64_t tz_tq_tile_elems(const tz_backend *be, int64_t rows, int64
     return f > b ? f : b;
 }
 
-/* The narrow GEMM (a device's matmul16 with bf16 GEMMs: cuda/cuda_matmul.cu,
- * docs/design/cuda.md "Narrow GEMMs"): C [M, N] = alpha op(A) op(B) + beta C where one side
- * of C is at most TZ_NARROW_MAXR wide (LoRA's rank: its products x A^T, dh^T x, B^T dy, ...)
- * and the operand along the other side is bf16. A GEMM library's tiles of 128 cut such a C
+/* The narrow GEMM (a device's bf16 GEMMs of matmul, matmul16, matmul_bw16 and an undivided
+ * tq_matmul: cuda/cuda_matmul.cu, docs/design/cuda.md "Narrow GEMMs"): C [M, N] = alpha op(A)
+ * op(B) + beta C where one side of C is at most TZ_NARROW_MAXR wide (LoRA's rank: its products
+ * x A^T, dh^T x, B^T dy, ...), the operand along the other side read in bf16 as stored (or
+ * rounded to it first). A GEMM library's tiles of 128 cut such a C
  * into a few dozen blocks; this cuts it into blocks of TZ_NARROW_ROWS rows of the long side
  * and splits K so that there are about TZ_NARROW_BLOCKS of them, each block's sums written
  * apart and then added in the order of K (the same bits every run, on any GPU: the split
  * follows the shape alone). In its terms Y [P, R] = X [P, K] S [R, K]^T: X the long side's
- * bf16 operand, S the narrow one's; C is Y (yt = 0: N narrow) or Y^T (yt = 1: M narrow). */
+ * operand, S the narrow one's; C is Y (yt = 0: N narrow) or Y^T (yt = 1: M narrow). */
 #define TZ_NARROW_MAXR 64
 #define TZ_NARROW_ROWS 64   /* rows of P a block: 4 warps of 16 */
 #define TZ_NARROW_KC 64     /* K a stage of a block's pipeline */
@@ -604,7 +605,6 @@ typedef struct tz_narrow {
     int sk;         /* S stored [K, R] (row stride R); 0: [R, K] (row stride K) */
     int64_t P, R, K;
     int64_t rpad;   /* R rounded up to 16, 32 or 64 (the kernel's columns) */
-    int64_t kpad;   /* K rounded up to TZ_NARROW_KC: S's rows as the kernel reads them */
     int64_t kc;     /* K a block (a multiple of TZ_NARROW_KC) */
     int64_t nsplit; /* blocks along K: ceil(K / kc) */
 } tz_narrow;
@@ -637,7 +637,6 @@ static inline int tz_narrow_plan(int on, int64_t M, int64_t N, int64_t K, int ta
     if (ns > chunks) ns = chunks;
     np->kc = (chunks + ns - 1) / ns * TZ_NARROW_KC;
     np->nsplit = (K + np->kc - 1) / np->kc;
-    np->kpad = chunks * TZ_NARROW_KC;
     return 1;
 }
 

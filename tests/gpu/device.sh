@@ -225,25 +225,27 @@ run_optimes() {
   done
 }
 
-# compute-sanitizer over test_cuda_ops: memcheck of the flash attention kernels (memcheck of
-# every kernel did not finish in 120 s on an H200), then racecheck and synccheck of every
-# kernel while time is left
+# compute-sanitizer over test_cuda_ops: memcheck of the flash attention kernels, then of the
+# narrow GEMM's (memcheck of every kernel did not finish in 120 s on an H200), then racecheck
+# and synccheck of every kernel while time is left
 run_sanitize() {
-  local san tool rc only
+  local san tool rc only run
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   [ -x "$san" ] || { echo "== compute-sanitizer: not found"; return; }
-  for tool in memcheck racecheck synccheck; do
-    [ "$(left 20)" -gt 45 ] || { echo "== compute-sanitizer $tool: not run (out of time)"; continue; }
-    only=() && [ $tool = memcheck ] && only=(--kernel-name kns=k_fa_)
+  for run in memcheck:k_fa_ memcheck-narrow:k_narrow_ racecheck synccheck; do
+    tool=${run%%[:-]*}
+    [ "$(left 20)" -gt 45 ] || { echo "== compute-sanitizer ${run%%:*}: not run (out of time)"; continue; }
+    only=() && [ "${run#*:}" != "$run" ] && only=(--kernel-name "kns=${run#*:}")
+    run=${run%%:*}
     echo "== compute-sanitizer --tool $tool ${only[*]} test_cuda_ops"
     timeout "$(cap 120)" "$san" --tool $tool "${only[@]}" --error-exitcode 9 ".device/$build/tests/test_cuda_ops" \
-      > "$out/sanitize-$tool.log" 2>&1
+      > "$out/sanitize-$run.log" 2>&1
     rc=$?
-    grep -m5 -E 'ERROR SUMMARY|Invalid|Race|Barrier|hazard' "$out/sanitize-$tool.log" | sed 's/^/   /'
+    grep -m5 -E 'ERROR SUMMARY|Invalid|Race|Barrier|hazard' "$out/sanitize-$run.log" | sed 's/^/   /'
     # the sanitizer's own verdict (exit 9) apart from the test's (a failed check: exit 1)
     [ $rc -ne 9 ] && [ $rc -ne 124 ] && grep -qE 'ERROR SUMMARY: 0 errors|0 hazards displayed \(0 errors' \
-      "$out/sanitize-$tool.log" && rc=0
-    record "sanitizer-$tool" $rc "$out/sanitize-$tool.log"
+      "$out/sanitize-$run.log" && rc=0
+    record "sanitizer-$run" $rc "$out/sanitize-$run.log"
   done
 }
 
