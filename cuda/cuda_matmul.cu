@@ -210,7 +210,8 @@ __global__ void __launch_bounds__(NW_THREADS)
 #pragma unroll
             for (int u = 0; u < 4; u++) t[u] = __ldcg(src + (sp + u) * step);
 #pragma unroll
-            for (int u = 0; u < 4; u++) v[0] += t[u].x, v[1] += t[u].y, v[2] += t[u].z, v[3] += t[u].w;
+            for (int u = 0; u < 4; u++)
+                v[0] += t[u].x, v[1] += t[u].y, v[2] += t[u].z, v[3] += t[u].w;
         }
         for (; sp < ns; sp++) {
             const float4 t = __ldcg(src + sp * step);
@@ -280,8 +281,8 @@ static int narrow_gemm(tz_backend *be, float *C, const void *A, int a16, const v
                        float beta) {
     tz_narrow np;
     if (!tz_narrow_plan(be->narrow_gemm, M, N, K, ta, tb, &np)) return 0;
-    if (narrow_smem(np.rpad) > tz_cuda_ctx_of(be)->smem_optin) return 0; /* (no such GPU since
-                                                                          * sm_70: 48 KiB at least) */
+    /* (a block's shared memory: no GPU since sm_70 has under 48 KiB; the emulation can) */
+    if (narrow_smem(np.rpad) > tz_cuda_ctx_of(be)->smem_optin) return 0;
     const void *X = np.yt ? B : A, *S = np.yt ? A : B;
     const int x16 = np.yt ? b16 : a16, s16in = np.yt ? a16 : b16;
     const int xin = x16 && (uintptr_t)X % 16 == 0; /* X read where it is */

@@ -27,3 +27,10 @@ if(TARGET tzcuda_emu)
   set_tests_properties(bench_preset_emu PROPERTIES PASS_REGULAR_EXPRESSION
     "GPU [0-9.]+ of [0-9.]+ GiB in use.*step split, mean of 2 extra steps: forward [0-9.]+ s")
 endif()
+# The GPU machine's scripts parse, and device.sh names its modes (a script broken here would
+# cost a GPU lease to find): bash -n of both, then the usage (exit 2 without a mode).
+add_test(NAME device_scripts
+  COMMAND bash -c "bash -n '${CMAKE_CURRENT_SOURCE_DIR}/gpu/device.sh' && bash -n '${CMAKE_CURRENT_SOURCE_DIR}/gpu/ncu_top.sh' && { bash '${CMAKE_CURRENT_SOURCE_DIR}/gpu/device.sh'; test $? -eq 2; } 2>&1 && echo 'device scripts: parsed, usage with exit 2'")
+# (the expression decides, not the exit status: the last line only when every step passed)
+set_tests_properties(device_scripts PROPERTIES TIMEOUT 30 LABELS "unit"
+  PASS_REGULAR_EXPRESSION "device.sh speed.*device.sh ab.*device.sh sweep.*device.sh ncu.*device.sh all.*device scripts: parsed, usage with exit 2")

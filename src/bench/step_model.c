@@ -4,7 +4,7 @@
  * with bf16 GEMM operands the cast that rounds each fp32 operand of a GEMM first (booked as
  * elementwise: read, written in bf16; the GEMM then reads the bf16); other work an
  * implementation adds (re-reads, a GEMM library's partial sums) is not in them, but the
- * narrow GEMM's split sums are (narrow_op: its own kernels, whose passes are known). */
+ * narrow GEMM's split sums are (narrow_op: its own kernel, whose passes are known). */
 #include "bench/step_model.h"
 
 #include <math.h>
@@ -149,7 +149,8 @@ static void s_matmul_lora(tz_backend *be, float *C, const void *A, int a16, cons
         return;
     }
     if (r <= 0 || be->matmul_dtype != TZ_DT_BF16) { /* the products, then the bias's pass */
-        if (!narrow_op(be, M, N, K, 0, 1, a16, w16, 0.0f, __func__)) gemm(be, M, N, K, a16, w16, 0.0f);
+        if (!narrow_op(be, M, N, K, 0, 1, a16, w16, 0.0f, __func__))
+            gemm(be, M, N, K, a16, w16, 0.0f);
         if (r > 0) gemm(be, M, N, r, 0, 0, 1.0f);
         if (bias) add(be, TZ_SM_ELEMENT, (double)M * N, 2 * F * (double)M * N + F * (double)N);
         return;

@@ -75,6 +75,22 @@ grep -qi 'bf16' "$work/7b-gpu.log" && [ -n "$a" ] && [ "$a" -le $limit ] &&
   ok "llama2-7b on a GPU: $a bytes planned ($(awk -v b="$a" 'BEGIN {printf "%.3f", b / 2^30}') GiB), at most 4.5 GiB" ||
   bad "llama2-7b on a GPU: planned ${a:-?} bytes, more than 4.5 GiB ($limit), or not with bf16 operands"
 
+# 4b. the narrow GEMM's switch: the same plan without it (its workspace is outside the plan,
+#     with the GEMM operands' buffer), the step model's GEMM bytes apart; anything but 0 or 1
+#     refused, naming the variable
+TZ_NARROW_GEMM=0 TZ_STEP_OPS=1 "$tz" bench --preset llama2-7b --dry-run > "$work/7b-nonarrow.log" 2>&1
+TZ_STEP_OPS=1 "$tz" bench --preset llama2-7b --dry-run > "$work/7b-narrow.log" 2>&1
+gemm_gb() { awk '$1 == "GEMM" { print $4; exit }' "$1"; }
+n0=$(gemm_gb "$work/7b-nonarrow.log") n1=$(gemm_gb "$work/7b-narrow.log")
+[ "$(plan_bytes "$work/7b-nonarrow.log")" = "$a" ] && [ -n "$n0" ] && [ -n "$n1" ] && [ "$n0" != "$n1" ] &&
+  ok "llama2-7b with TZ_NARROW_GEMM=0: the same plan, the step model's GEMM bytes $n0 GB against $n1" ||
+  bad "llama2-7b with TZ_NARROW_GEMM=0: plan $(plan_bytes "$work/7b-nonarrow.log") (want $a), GEMM GB '$n0' against '$n1'"
+TZ_NARROW_GEMM=yes "$tz" bench --preset llama2-7b --dry-run > "$work/7b-narrow-bad.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "TZ_NARROW_GEMM=yes: expected 1" "$work/7b-narrow-bad.log" &&
+  ok "TZ_NARROW_GEMM=yes refused, naming the variable (exit $rc)" ||
+  bad "TZ_NARROW_GEMM=yes: exit $rc, $(head -c 200 "$work/7b-narrow-bad.log")"
+
 # 5. the allocator's peak is the plan with the MLP in chunks (B*T rows of the hidden size above
 #    TZ_LLAMA_MLP_FLOATS: 9 x 2048 tokens of llama-tiny), at 1 and 2 ranks
 chunked="--set data.seq_len=2048 --set train.micro_batch=9 --set train.steps=1"
