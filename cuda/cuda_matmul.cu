@@ -49,11 +49,6 @@ static void check_apart(const void *p, int64_t n, const void *dst, size_t bytes,
 /* An operand element as bf16 bits: a float rounded (nearest even), a bf16 one as it is. */
 static __device__ __forceinline__ uint16_t to_bf16_bits(float x) { return tz_bf16_bits(x); }
 static __device__ __forceinline__ uint16_t to_bf16_bits(uint16_t x) { return x; }
-/* An operand element as a float: a float as it is, bf16 bits widened (exact). */
-static __device__ __forceinline__ float tz_as_float(float x) { return x; }
-static __device__ __forceinline__ float tz_as_float(uint16_t x) {
-    return __uint_as_float((uint32_t)x << 16);
-}
 
 /* ---- the narrow GEMM (core/backend.h's tz_narrow_plan; docs/design/cuda.md "Narrow GEMMs") ----
  * Y [P, R] = X [P, K] S [R, K]^T: a block of NW_THREADS threads takes TZ_NARROW_ROWS rows of P
@@ -93,7 +88,7 @@ __device__ __forceinline__ void nw_s_load(float (&v)[4 * NT], const TS *S, int s
         const int e = threadIdx.x + NW_THREADS * u;
         const int j = sk ? e % (NT * 8) : e / 64, kk = sk ? e / (NT * 8) : e % 64;
         const int64_t k = k0 + kk;
-        v[u] = j < R && k < K ? tz_as_float(S[sk ? k * R + j : j * K + k]) : 0.0f;
+        v[u] = j < R && k < K ? tz_get(S + (sk ? k * R + j : j * K + k)) : 0.0f;
     }
 }
 template <int NT>
@@ -293,8 +288,6 @@ static int narrow_gemm(tz_backend *be, float *C, const void *A, int a16, const v
     check_apart(S, s16in ? (np.R * K + 1) / 2 : np.R * K, xb, bytes, "S");
     check_apart(X, x16 ? (np.P * K + 1) / 2 : np.P * K, xb, bytes, "X");
     check_apart(C, M * N, xb, bytes, "C");
-    TZ_CUDA_KERNEL_READS(be, X, (size_t)(np.P * K) * (x16 ? 2 : 4), "narrow gemm operand X");
-    TZ_CUDA_KERNEL_READS(be, S, (size_t)(np.R * K) * (s16in ? 2 : 4), "narrow gemm operand S");
     if (!x16) tz_cuda_to_bf16(be, xb, (const float *)X, np.P * K), X = xb;
     else if (!xin) {
         CUDA_CHECK(cudaMemcpyAsync(xb, X, (size_t)(np.P * K) * 2, cudaMemcpyDeviceToDevice,
@@ -335,12 +328,13 @@ void tz_cuda_gemm(tz_backend *be, float *C, const void *A, int a_bf16, const voi
     const int bf16 = be->matmul_dtype == TZ_DT_BF16;
     if (!bf16 && (a_bf16 || b_bf16))
         TZ_FATAL("matmul: a bf16 operand with fp32 GEMMs (run.precision = \"fp32\")");
+    /* (the operands' reads declared above for either path) */
+    if (bf16 && narrow_gemm(be, C, A, a_bf16, B, b_bf16, M, N, K, transA, transB, alpha, beta))
+        return;
     cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
     int lda = (int)(transA ? M : K), ldb = (int)(transB ? K : N);
     cublasHandle_t h = tz_cuda_ctx_of(be)->cublas;
-    if (bf16 && narrow_gemm(be, C, A, a_bf16, B, b_bf16, M, N, K, transA, transB, alpha, beta))
-        return;
     if (bf16) {
         /* the fp32 operands rounded into disjoint parts of their own buffer (A's part
          * rounded up to 128 elements, so B's starts 256-byte aligned like the buffer) */
