@@ -492,7 +492,8 @@ tz_backend *tz_cuda_module_create(int device) {
     be->device = 1;
     be->matmul_dtypes = (1u << TZ_DT_F32) | (1u << TZ_DT_BF16); /* fp32 until set */
     be->tq_chunks = tz_tq_device_chunks(); /* with bf16 GEMMs (cuda_quant.cu); TZ_TQ_CHUNKS */
-    be->narrow_gemm = tz_narrow_gemm_enabled(); /* cuda_matmul.cu; TZ_NARROW_GEMM */
+    be->narrow_gemm = tz_narrow_gemm_enabled(); /* cuda_narrow.cu; TZ_NARROW_GEMM */
+    be->tq_fused = tz_tq_fused_enabled();       /* cuda_narrow.cu; TZ_TQ_FUSED */
     be->ctx = c;
     be->destroy = cuda_destroy;
     be->alloc = cuda_alloc;

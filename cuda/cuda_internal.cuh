@@ -307,6 +307,42 @@ void tz_cuda_gemm16_ld(tz_backend *be, float *C, int64_t ldc, const uint16_t *A,
 void tz_cuda_gemm16_ld_c16(tz_backend *be, uint16_t *C, int64_t ldc, const uint16_t *A,
                            int64_t lda, const uint16_t *B, int64_t ldb, int transB, int64_t M,
                            int64_t N, int64_t K, float alpha, float beta);
+/* The bf16 GEMM's own device buffer of at least `bytes` (cuda_matmul.cu): where fp32 operands
+ * are rounded to, and the narrow kernels' workspace (cuda_narrow.cu), apart from the ops'
+ * scratch, which may hold an operand of the same GEMM. Valid until the next call. */
+void *tz_cuda_gemm_operands(tz_backend *be, size_t bytes);
+/* Fatal when the fp32 operand p (n elements) overlaps [dst, dst + bytes), where an operand is
+ * rounded to: the conversion would overwrite what it, or the other operand, still reads. */
+static inline void tz_cuda_check_apart(const void *p, int64_t n, const void *dst, size_t bytes,
+                                       const char *which) {
+    const char *a = (const char *)p, *d = (const char *)dst;
+    if (n > 0 && a < d + bytes && d < a + (size_t)n * sizeof(float))
+        TZ_FATAL("matmul: operand %s lies in the buffer the bf16 operands are rounded into", which);
+}
+/* tz_cuda_gemm's narrow path (cuda_narrow.cu; core/backend.h's tz_narrow_plan): 1 where it
+ * took the product, 0 where the GEMM library should. */
+int tz_cuda_narrow_gemm(tz_backend *be, float *C, const void *A, int a16, const void *B,
+                        int b16, int64_t M, int64_t N, int64_t K, int ta, int tb, float alpha,
+                        float beta);
+/* tq_matmul's and tq_matmul_lora's product in one kernel where at most TZ_NARROW_MAXR rows
+ * multiply a TurboQuant weight W [rows, cols] (core/backend.h's tz_tq_fused_plan;
+ * cuda_narrow.cu): W's codes decoded on their way into shared memory, never written out.
+ * transW = 1: C [M, rows] = alpha [A] [W | s B | b | 0]^T + beta C, A bf16 (a16) or fp32 [M,
+ * ld], LoRA's and the bias's columns after cols (B NULL, r 0: none; bias NULL: none; the
+ * padding to ld zeros); transW = 0 (ld = cols, no B or bias): C [M, cols] = alpha A W + beta
+ * C, A [M, rows]. c16: C in bf16 bits. 1: done; 0: not a shape it takes (the caller decodes
+ * and multiplies). */
+int tz_cuda_narrow_tq(tz_backend *be, void *C, int c16, const void *A, int a16,
+                      const uint8_t *codes, const uint16_t *scales, const float *levels,
+                      int64_t rows, int64_t cols, int64_t ld, int bits, int group,
+                      const float *B, int64_t r, float s, const float *bias, int64_t M,
+                      int transW, float alpha, float beta);
+/* dst[row * ld + cols + j], j < ld - cols, for `rows` rows: bf16(s src[row, j]) for j < r
+ * (LoRA's columns: B's rows scaled, or h), at j = r where nb bf16(bias[row]) (bias NULL: 1),
+ * zeros after (cuda_quant.cu), on stream st. */
+void tz_cuda_lora_cols(cudaStream_t st, uint16_t *dst, int64_t ld, int64_t cols,
+                       const float *src, int64_t r, float s, int nb, const float *bias,
+                       int64_t rows);
 /* A [n] fp32 rounded to bf16 into the bf16 GEMM's operand buffer (valid until the next GEMM
  * that rounds an operand), for several GEMMs on it. */
 const uint16_t *tz_cuda_gemm_round(tz_backend *be, const float *A, int64_t n);

@@ -433,20 +433,21 @@ static void cuda_tq_dequant(tz_backend *be, float *w, const uint8_t *codes,
     dequant(be, w, codes, scales, levels, rows, cols, bits, group, "tq_dequant");
 }
 
-/* dst[row * ld + cols + j] = bf16(s * src[row * r + j]) for j < r; at j = r, where nb, the
- * bias's column: bf16(bias[row]) (bias NULL: 1, the operand's side); 0 after: the columns a
- * LoRA path and a bias add to a product along K (src NULL: r is 0). */
+/* tz_cuda_lora_cols (cuda_internal.cuh): the columns a LoRA path and a bias add to a product
+ * along K (src NULL: r is 0). */
 static __global__ void k_lora_cols(uint16_t *dst, int64_t ld, int64_t cols, const float *src,
                                    int64_t r, float s, int nb, const float *bias, int64_t rows) {
-    const int64_t w = ld - cols, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * w) return;
-    const int64_t row = i / w, j = i - row * w;
-    dst[row * ld + cols + j] = j < r                ? tz_bf16_bits(s * src[row * r + j])
-                               : j == r && nb       ? tz_bf16_bits(bias ? bias[row] : 1.0f)
-                                                    : (uint16_t)0;
+    const int64_t w = ld - cols;
+    TZ_CUDA_FOR(i, rows * w) {
+        const int64_t row = i / w, j = i - row * w;
+        dst[row * ld + cols + j] = j < r          ? tz_bf16_bits(s * src[row * r + j])
+                                   : j == r && nb ? tz_bf16_bits(bias ? bias[row] : 1.0f)
+                                                  : (uint16_t)0;
+    }
 }
-static void lora_cols(cudaStream_t st, uint16_t *dst, int64_t ld, int64_t cols, const float *src,
-                      int64_t r, float s, int nb, const float *bias, int64_t rows) {
+void tz_cuda_lora_cols(cudaStream_t st, uint16_t *dst, int64_t ld, int64_t cols,
+                       const float *src, int64_t r, float s, int nb, const float *bias,
+                       int64_t rows) {
     const int64_t n = rows * (ld - cols);
     if (n <= 0) return;
     if (r) CUDA_CHECK(tz_cuda_kernel_reads(st, src, (size_t)(rows * r) * 4, "lora columns"));
@@ -524,8 +525,8 @@ static void tq_chunks(tz_backend *be, float *C, const uint16_t *A, uint16_t *til
         dequant_part(be, reinterpret_cast<__nv_bfloat16 *>(buf), codes, scales, levels, rows, cols,
                      bits, group, op, pt);
         if (transW)
-            lora_cols(ch.st, buf, ld, cols, B ? B + k0 * r : NULL, B ? r : 0, s, bias != NULL,
-                      bias ? bias + k0 : NULL, nk);
+            tz_cuda_lora_cols(ch.st, buf, ld, cols, B ? B + k0 * r : NULL, B ? r : 0, s,
+                              bias != NULL, bias ? bias + k0 : NULL, nk);
         ch.decoded(i);
         if (transW && c_bf16)
             tz_cuda_gemm16_ld_c16(be, reinterpret_cast<uint16_t *>(C) + k0, rows, A, ld, buf, ld,
@@ -546,6 +547,12 @@ static void cuda_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, 
                            int64_t rows, int64_t cols, int bits, int group, int64_t M,
                            int transW, float alpha, float beta) {
     const int64_t N = transW ? rows : cols, K = transW ? cols : rows;
+    if (M > 0 && rows > 0 && alpha != 0.0f) { /* on at most 64 rows: one kernel, no tile */
+        check_rows(rows, cols, group, "tq_matmul");
+        if (tz_cuda_narrow_tq(be, C, 0, A, a_bf16, codes, scales, levels, rows, cols, cols, bits,
+                              group, NULL, 0, 0.0f, NULL, M, transW, alpha, beta))
+            return;
+    }
     if (tz_tq_chunked(be) && M > 0 && rows > 0 && alpha != 0.0f) {
         check_rows(rows, cols, group, "tq_matmul");
         const uint16_t *a16 = a_bf16 ? (const uint16_t *)A : tz_cuda_gemm_round(be, (const float *)A, M * K);
@@ -578,7 +585,10 @@ static void cuda_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t l
     if (M <= 0 || rows <= 0) return;
     check_rows(rows, cols, group, "tq_matmul_lora");
     uint16_t *t16 = reinterpret_cast<uint16_t *>(tile);
-    lora_cols(tz_cuda_stream(be), A, ld, cols, h, r, 1.0f, nb, NULL, M); /* (the bias's 1s) */
+    tz_cuda_lora_cols(tz_cuda_stream(be), A, ld, cols, h, r, 1.0f, nb, NULL, M); /* (the bias's 1s) */
+    if (tz_cuda_narrow_tq(be, C, c_bf16, A, 1, codes, scales, levels, rows, cols, ld, bits, group,
+                          r ? B : NULL, r, s, bias, M, 1, 1.0f, 0.0f))
+        return;
     tq_chunks(be, C, A, t16, codes, scales, levels, rows, cols, ld, r ? B : NULL, r, s, bias,
               bits, group, M, 1, 1.0f, 0.0f, "tq_matmul_lora", c_bf16);
 }

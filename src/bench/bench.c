@@ -217,6 +217,7 @@ tz_backend *tz_bench_plan_backend(void) {
     be->matmul_dtypes = (1u << TZ_DT_F32) | (1u << TZ_DT_BF16); /* a GPU's, for run.precision */
     be->tq_chunks = tz_tq_device_chunks(); /* a GPU's decode in chunks (with bf16 GEMMs) */
     be->narrow_gemm = tz_narrow_gemm_enabled(); /* a GPU's narrow GEMMs (with bf16 GEMMs) */
+    be->tq_fused = tz_tq_fused_enabled();       /* and its fused quantized ones */
     be->ctx = tz_xcalloc(1, sizeof(plan_ctx));
     be->destroy = plan_destroy;
     be->alloc = plan_alloc;

@@ -89,17 +89,18 @@ static double tq_a_reads(const tz_backend *be, int64_t rows, int64_t cols, int g
  * stored, once (S rounded on its way into shared memory; the blocks' re-reads of S come from
  * the L2, not the memory), multiplies (the FLOPs booked are the model's R columns, as the
  * step model's GEMM arithmetic is checked against it, not the kernel's rpad), writes each
- * split's sums (fp32 [P, rpad]), which each row's last block reads back (with C where beta !=
- * 0) to write C. 0: not narrow. */
+ * split's sums (fp32 [P, R rounded up to 4]), which each row's last block reads back (with C
+ * where beta != 0) to write C. 0: not narrow. */
 static int narrow_op(tz_backend *be, int64_t M, int64_t N, int64_t K, int ta, int tb, int a16,
                      int b16, float beta, const char *op) {
     tz_narrow np;
     if (be->matmul_dtype != TZ_DT_BF16 || !tz_narrow_plan(be->narrow_gemm, M, N, K, ta, tb, &np))
         return 0;
     const int x16 = np.yt ? b16 : a16, s16 = np.yt ? a16 : b16;
-    const double P = (double)np.P, R = (double)np.R, rp = (double)np.rpad;
+    const double P = (double)np.P, R = (double)np.R;
     if (!x16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * P * K, op);
-    const double part = 2.0 * F * (double)np.nsplit * P * rp; /* written, read back */
+    /* each split's sums (R rounded up to 4 columns) written, read back */
+    const double part = 2.0 * F * (double)np.nsplit * P * (double)((np.R + 3) / 4 * 4);
     add_op(be, TZ_SM_GEMM, 2.0 * P * R * K,
            2.0 * P * K + (s16 ? 2.0 : F) * R * K + part + F * P * R * (beta != 0.0f ? 2 : 1),
            op);
@@ -334,10 +335,35 @@ static void s_dequant(tz_backend *be, float *w, const uint8_t *c, const uint16_t
     (void)w, (void)c, (void)s, (void)l;
     add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, F));
 }
+/* A quantized weight's product by the fused narrow kernel where tz_tq_fused_plan takes it
+ * (cuda/cuda_narrow.cu's k_narrow_tq), booked under op and returning 1: the decode's arithmetic
+ * (quant, no bytes: the codes are decoded in the kernel, never written out); an fp32 A rounded
+ * first; the kernel reads the codes and scales once, LoRA's and the bias's columns after W's
+ * (bf16 [rows, ld - cols], written by the columns' pass the caller books) and A, writes each
+ * split's sums and reads them back, and writes C (cb bytes an element; read where beta != 0).
+ * 0: not fused. */
+static int fused_tq_op(tz_backend *be, int64_t M, int64_t rows, int64_t cols, int64_t ld,
+                       int transW, int bits, int group, int a16, double cb, float beta,
+                       const char *op) {
+    tz_narrow np;
+    if (!tz_tq_fused_plan(be, M, rows, cols, ld, transW, &np)) return 0;
+    const double P = (double)np.P, R = (double)np.R, K = (double)np.K;
+    add_op(be, TZ_SM_QUANT, 2.0 * rows * cols, 0.0, op);
+    if (!a16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * R * K, op);
+    /* each split's sums (R rounded up to 4 columns) written, read back */
+    const double part = 2.0 * F * (double)np.nsplit * P * (double)((np.R + 3) / 4 * 4);
+    add_op(be, TZ_SM_GEMM, 2.0 * P * R * K,
+           decode_bytes(rows, cols, bits, group, 0.0) + 2.0 * (double)rows * (ld - cols) +
+               2.0 * R * K + part + cb * P * R * (beta != 0.0f ? 2 : 1),
+           op);
+    return 1;
+}
+
 static void s_tq_matmul(tz_backend *be, float *C, const void *A, int a16, float *tile, const uint8_t *c,
                         const uint16_t *s, cf *l, int64_t rows, int64_t cols, int bits, int group,
                         int64_t M, int transW, float alpha, float beta) {
     (void)C, (void)A, (void)tile, (void)c, (void)s, (void)l, (void)alpha;
+    if (fused_tq_op(be, M, rows, cols, cols, transW, bits, group, a16, F, beta, __func__)) return;
     /* the weight decoded into a tile of the GEMM operand type, then the product */
     const double ob = be->matmul_dtype == TZ_DT_BF16 ? 2.0 : F;
     add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, ob));
@@ -355,11 +381,14 @@ static void s_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t ld, 
                              const uint16_t *s, cf *l, int64_t rows, int64_t cols, int bits,
                              int group, int64_t M, cf *bias, int c16) {
     (void)C, (void)A, (void)h, (void)B, (void)sc, (void)tile, (void)c, (void)s, (void)l;
-    /* the decode into bf16, the columns of B and h (and the bias's) written after it (read
-     * fp32, written bf16; the padding to ld written), one GEMM over ld */
-    add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, 2.0));
+    /* the columns of B and h (and the bias's) written after W's and x's (read fp32, written
+     * bf16; the padding to ld written); on at most 64 rows the fused kernel, else the decode
+     * into bf16 and one GEMM over ld */
     add(be, TZ_SM_ELEMENT, 0,
         (F * r + 2.0 * (ld - cols)) * (double)(rows + M) + (bias ? F * (double)rows : 0.0));
+    if (fused_tq_op(be, M, rows, cols, ld, 1, bits, group, 1, c16 ? 2.0 : F, 0.0f, __func__))
+        return;
+    add(be, TZ_SM_QUANT, 2.0 * rows * cols, decode_bytes(rows, cols, bits, group, 2.0));
     gemm_op_c(be, M, rows, ld, 1, 1, 0.0f, tq_a_reads(be, rows, cols, group, 1), c16 ? 2.0 : F,
               __func__);
 }

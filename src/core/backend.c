@@ -52,6 +52,16 @@ int tz_narrow_gemm_enabled(void) {
     return 0;
 }
 
+int tz_tq_fused_enabled(void) {
+    const char *e = getenv("TZ_TQ_FUSED");
+    if (!e || !*e || !strcmp(e, "1")) return 1;
+    if (!strcmp(e, "0")) return 0;
+    TZ_FATAL("TZ_TQ_FUSED=%s: expected 1 (a quantized weight's products on at most 64 rows "
+             "decoded inside turbozero's narrow kernel, the default) or 0 (decoded, then "
+             "multiplied, for measuring)", e);
+    return 0;
+}
+
 int64_t tz_op_rows(const char *op, int64_t n, int64_t cols, int64_t ld) {
     if (cols <= 0) return 0;
     if (n % cols || ld < cols)

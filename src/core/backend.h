@@ -107,6 +107,10 @@ struct tz_backend {
     /* 1: matmul16 with bf16 GEMMs takes the narrow path where tz_narrow_plan says so (the
      * CUDA backend's and a GPU plan's, from tz_narrow_gemm_enabled); 0: never (the CPU). */
     int narrow_gemm;
+    /* 1: tq_matmul and tq_matmul_lora with bf16 GEMMs on at most TZ_NARROW_MAXR rows multiply
+     * the weight's codes in one kernel, decoding them on the way (tz_tq_fused_plan; the CUDA
+     * backend's and a GPU plan's, from tz_tq_fused_enabled); 0: never (the CPU). */
+    int tq_fused;
     /* A workspace lent to the next attention_fwd or attention_bwd, which takes it back (NULL
      * and 0 after the call): att_ws_bytes bytes of backend memory from the caller's planned
      * memory, tz_attention_ws_bytes for the shape (below). A backend whose attention wants
@@ -638,6 +642,23 @@ static inline int tz_narrow_plan(int on, int64_t M, int64_t N, int64_t K, int ta
     np->kc = (chunks + ns - 1) / ns * TZ_NARROW_KC;
     np->nsplit = (K + np->kc - 1) / np->kc;
     return 1;
+}
+
+/* TZ_TQ_FUSED: 1 (default) or 0 (a decode step's and a modulation's quantized products
+ * decoded into the tile and multiplied apart, as larger ones are, for measuring); fatal for
+ * anything else, naming the variable. */
+int tz_tq_fused_enabled(void);
+/* Whether tq_matmul (ld = cols) or tq_matmul_lora (its ld) on a quantized W [rows, cols] and M
+ * rows of A goes through the fused narrow kernel (cuda/cuda_narrow.cu, k_narrow_tq): bf16
+ * GEMMs, be->tq_fused, M at most TZ_NARROW_MAXR and the other side wider (the narrow plan's
+ * yt = 1: X is the weight). Its plan in np: tz_narrow_plan's for C [M, N] = A op(W) over K
+ * (transW = 1: N = rows, K = ld, W [N, K]; transW = 0: N = cols, K = rows), so that the kernel
+ * sums in the order the narrow GEMM would over the decoded weight. */
+static inline int tz_tq_fused_plan(const tz_backend *be, int64_t M, int64_t rows, int64_t cols,
+                                   int64_t ld, int transW, tz_narrow *np) {
+    if (!be->tq_fused || be->matmul_dtype != TZ_DT_BF16) return 0;
+    const int64_t N = transW ? rows : cols, K = transW ? ld : rows;
+    return tz_narrow_plan(1, M, N, K, 0, transW, np) && np->yt;
 }
 
 /* Attention's workspace (be->att_ws). On a device backend with bf16 GEMM operands (a GPU)

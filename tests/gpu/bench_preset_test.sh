@@ -91,6 +91,23 @@ rc=$?
   ok "TZ_NARROW_GEMM=yes refused, naming the variable (exit $rc)" ||
   bad "TZ_NARROW_GEMM=yes: exit $rc, $(head -c 200 "$work/7b-narrow-bad.log")"
 
+# 4c. the fused quantized products' switch (Flux.1-dev's modulations on its one row: the
+#     codes decoded inside the narrow kernel): the same plan without it, the step model's
+#     decode bytes apart; anything but 0 or 1 refused, naming the variable
+TZ_TQ_FUSED=0 TZ_STEP_OPS=1 "$tz" bench --preset flux-dev --dry-run > "$work/flux-nofused.log" 2>&1
+TZ_STEP_OPS=1 "$tz" bench --preset flux-dev --dry-run > "$work/flux-fused.log" 2>&1
+quant_gb() { awk '$1 == "quant" { print $6; exit }' "$1"; }
+f=$(plan_bytes "$work/flux-fused.log") q0=$(quant_gb "$work/flux-nofused.log") q1=$(quant_gb "$work/flux-fused.log")
+[ -n "$f" ] && [ "$(plan_bytes "$work/flux-nofused.log")" = "$f" ] && [ -n "$q0" ] && [ -n "$q1" ] &&
+  awk -v a="$q0" -v b="$q1" 'BEGIN { exit !(b + 0 < a + 0) }' &&
+  ok "flux-dev with TZ_TQ_FUSED=0: the same plan ($f bytes), the step model's decode bytes $q0 GB against $q1 fused" ||
+  bad "flux-dev with TZ_TQ_FUSED=0: plan $(plan_bytes "$work/flux-nofused.log") (want ${f:-?}), decode GB '$q0' against '$q1'"
+TZ_TQ_FUSED=yes "$tz" bench --preset flux-dev --dry-run > "$work/flux-fused-bad.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "TZ_TQ_FUSED=yes: expected 1" "$work/flux-fused-bad.log" &&
+  ok "TZ_TQ_FUSED=yes refused, naming the variable (exit $rc)" ||
+  bad "TZ_TQ_FUSED=yes: exit $rc, $(head -c 200 "$work/flux-fused-bad.log")"
+
 # 5. the allocator's peak is the plan with the MLP in chunks (B*T rows of the hidden size above
 #    TZ_LLAMA_MLP_FLOATS: 9 x 2048 tokens of llama-tiny), at 1 and 2 ranks
 chunked="--set data.seq_len=2048 --set train.micro_batch=9 --set train.steps=1"

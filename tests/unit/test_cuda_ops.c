@@ -1379,6 +1379,166 @@ static void test_tq_matmul(void) {
     drop(&lv), drop(&tile);
 }
 
+/* The fused narrow product of a quantized weight (tz_tq_fused_plan, cuda_narrow.cu's
+ * k_narrow_tq): tq_matmul and tq_matmul_lora on at most 64 rows, the codes decoded on their way
+ * into shared memory. Held to two references:
+ *   - bit for bit, the narrow GEMM (matmul16) of the same rows and of the weight as the CPU
+ *     decodes it, with LoRA's and the bias's columns after it as tq_matmul_lora folds them:
+ *     the same plan, so the same sums in the same order; a bf16 C is that fp32 C rounded;
+ *   - within the bf16 GEMM's bound (2 K 2^-24 of the sum of magnitudes, as narrow_run) of the
+ *     rounded operands' products summed in double.
+ * c_off: the codes that many bytes past a 4-byte boundary (byte loads). r: LoRA's rank (with
+ * lora: tq_matmul_lora, transW 1, alpha 1, beta 0), nb: a bias. */
+static void fused_case(int bits, int g, int64_t rows, int64_t cols, int64_t M, int transW,
+                       int lora, int64_t r, int nb, int c16, int a16, float beta, int c_off) {
+    const int64_t n = rows * cols, ng = n / g;
+    const int64_t ext = lora ? r + nb : 0, ld = lora ? cols + ((ext + 7) & ~(int64_t)7) : cols;
+    const int64_t N = transW ? rows : cols, K = transW ? ld : rows;
+    const float alpha = lora ? 1.0f : 0.9f, sc = 0.75f;
+    if (lora) beta = 0.0f;
+    const size_t cb = (size_t)tz_tq_codes_bytes(rows, cols, bits);
+    uint8_t *codes = malloc(cb);
+    uint16_t *scales = malloc((size_t)ng * 2);
+    float lv[16], *wd = malloc((size_t)n * 4);
+    for (size_t i = 0; i < cb; i++) codes[i] = (uint8_t)tz_rng_below(&g_rng, 256);
+    for (int64_t i = 0; i < ng; i++) scales[i] = tz_f32_to_bf16(urand(0.1f));
+    for (int i = 0; i < 1 << bits; i++) lv[i] = urand(2.0f);
+    g_cpu->tq_dequant(g_cpu, wd, codes, scales, lv, rows, cols, bits, g);
+    uint8_t *dc = g_gpu->alloc(g_gpu, cb + 4);
+    uint16_t *ds = g_gpu->alloc(g_gpu, (size_t)ng * 2);
+    float *dl = g_gpu->alloc(g_gpu, sizeof lv);
+    g_gpu->upload(g_gpu, dc + c_off, codes, cb);
+    g_gpu->upload(g_gpu, ds, scales, (size_t)ng * 2);
+    g_gpu->upload(g_gpu, dl, lv, sizeof lv);
+    /* A [M, K] (its fp32 values; as bf16 where a16 or lora), h [M, r], B [rows, r], bias */
+    float *ah = malloc((size_t)(M * K) * 4), *hh = malloc((size_t)(M * (r + 1)) * 4);
+    float *bh = malloc((size_t)(rows * (r + 1)) * 4), *biash = malloc((size_t)rows * 4);
+    for (int64_t i = 0; i < M * K; i++) ah[i] = urand(1.0f);
+    for (int64_t i = 0; i < M * r; i++) hh[i] = urand(1.0f);
+    for (int64_t i = 0; i < rows * r; i++) bh[i] = urand(1.0f);
+    for (int64_t i = 0; i < rows; i++) biash[i] = urand(1.0f);
+    void *adev;
+    if (a16 || lora) {
+        uint16_t *t = malloc((size_t)(M * K) * 2);
+        for (int64_t i = 0; i < M * K; i++) t[i] = tz_f32_to_bf16(ah[i]);
+        adev = g_gpu->alloc(g_gpu, (size_t)(M * K) * 2);
+        g_gpu->upload(g_gpu, adev, t, (size_t)(M * K) * 2);
+        free(t);
+    } else {
+        adev = g_gpu->alloc(g_gpu, (size_t)(M * K) * 4);
+        g_gpu->upload(g_gpu, adev, ah, (size_t)(M * K) * 4);
+    }
+    pair h = mk(M * (r + 1), 0.0f), B = mk(rows * (r + 1), 0.0f), bias = mk(rows, 0.0f);
+    g_gpu->upload(g_gpu, h.d, hh, (size_t)(M * (r + 1)) * 4);
+    g_gpu->upload(g_gpu, B.d, bh, (size_t)(rows * (r + 1)) * 4);
+    g_gpu->upload(g_gpu, bias.d, biash, (size_t)rows * 4);
+    /* X = [W | s B | b | 0] [rows, ld] (transW 1) or W [rows, cols]: values bf16 holds */
+    const int64_t nx = transW ? rows * ld : n;
+    float *xh = malloc((size_t)nx * 4);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < (transW ? ld : cols); j++) {
+            float v = j < cols      ? wd[i * cols + j]
+                      : j < cols + r ? sc * bh[i * r + (j - cols)]
+                      : j == cols + r && nb ? biash[i]
+                                            : 0.0f;
+            xh[i * (transW ? ld : cols) + j] = tz_bf16_to_f32(tz_f32_to_bf16(v));
+        }
+    float *xd = g_gpu->alloc(g_gpu, (size_t)nx * 4);
+    g_gpu->upload(g_gpu, xd, xh, (size_t)nx * 4);
+    float *c0 = malloc((size_t)(M * N) * 4);
+    for (int64_t i = 0; i < M * N; i++) c0[i] = beta == 0.0f ? NAN : urand(1.0f);
+    pair C = mkz(M * N), R = mkz(M * N);
+    g_gpu->upload(g_gpu, C.d, c0, (size_t)(M * N) * 4);
+    g_gpu->upload(g_gpu, R.d, c0, (size_t)(M * N) * 4);
+    const int64_t tile_n = tz_tq_tile_elems(g_gpu, rows, cols, ld, g);
+    float *tile = g_gpu->alloc(g_gpu, (size_t)tile_n * 4);
+    g_gpu->matmul_dtype = TZ_DT_BF16;
+    if (lora)
+        g_gpu->tq_matmul_lora(g_gpu, C.d, adev, ld, r ? h.d : NULL, r ? B.d : NULL, r, sc, tile,
+                              dc + c_off, ds, dl, rows, cols, bits, g, M, nb ? bias.d : NULL, c16);
+    else
+        g_gpu->tq_matmul(g_gpu, C.d, adev, a16, tile, dc + c_off, ds, dl, rows, cols, bits, g, M,
+                         transW, alpha, beta);
+    /* the reference: A as the fused call left it (tq_matmul_lora writes h and the bias's 1 into
+     * its columns after cols) */
+    if (lora) {
+        uint16_t *t = malloc((size_t)(M * K) * 2);
+        g_gpu->download(g_gpu, t, adev, (size_t)(M * K) * 2);
+        for (int64_t i = 0; i < M * K; i++) ah[i] = tz_bf16_to_f32(t[i]);
+        free(t);
+    }
+    g_gpu->matmul16(g_gpu, R.d, adev, a16 || lora, xd, 0, M, N, K, 0, transW, alpha, beta);
+    g_gpu->matmul_dtype = TZ_DT_F32;
+    float *got = malloc((size_t)(M * N) * 4), *ref = malloc((size_t)(M * N) * 4);
+    g_gpu->download(g_gpu, ref, R.d, (size_t)(M * N) * 4);
+    int same;
+    if (c16) {
+        uint16_t *g16 = malloc((size_t)(M * N) * 2), *r16 = malloc((size_t)(M * N) * 2);
+        g_gpu->download(g_gpu, g16, C.d, (size_t)(M * N) * 2);
+        for (int64_t i = 0; i < M * N; i++) r16[i] = tz_f32_to_bf16(ref[i]);
+        same = bits16_same("fused bf16 C", g16, r16, M * N);
+        for (int64_t i = 0; i < M * N; i++) got[i] = tz_bf16_to_f32(g16[i]);
+        free(g16), free(r16);
+    } else {
+        g_gpu->download(g_gpu, got, C.d, (size_t)(M * N) * 4);
+        same = !memcmp(got, ref, (size_t)(M * N) * 4);
+    }
+    double worst = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0, sabs = 0;
+            for (int64_t k = 0; k < K; k++) {
+                const double a = tz_bf16_to_f32(tz_f32_to_bf16(ah[i * K + k]));
+                const double x = transW ? xh[j * ld + k] : xh[k * cols + j];
+                acc += a * x, sabs += fabs(a * x);
+            }
+            const double b0 = beta == 0.0f ? 0.0 : beta * (double)c0[i * N + j];
+            acc = alpha * acc + b0, sabs = alpha * sabs + fabs(b0);
+            /* a bf16 C: its rounding (half a unit: at most 2^-8 relative) on top */
+            const double tol = 2.0 * K * 0x1p-24 * sabs + (c16 ? 0x1p-8 * fabs(acc) : 0.0);
+            const double e = fabs((double)got[i * N + j] - acc) / tol;
+            if (!(e <= worst)) worst = e;
+        }
+    check(same && worst <= 1.0,
+          "fused tq_%s, %d bits in groups of %d, W %lld x %lld, %lld rows, transW %d%s%s%s%s, "
+          "beta %g: %s the narrow GEMM of the decoded weight, %.2f of the bf16 bound",
+          lora ? "matmul_lora" : "matmul", bits, g, (long long)rows, (long long)cols,
+          (long long)M, transW, lora ? (r ? ", LoRA" : ", no adapter") : "",
+          nb ? " and a bias" : "", c16 ? ", C in bf16" : "", c_off ? ", codes unaligned" : "",
+          (double)beta, same ? "the bits of" : "NOT the bits of", worst);
+    g_gpu->release(g_gpu, dc), g_gpu->release(g_gpu, ds), g_gpu->release(g_gpu, dl);
+    g_gpu->release(g_gpu, adev), g_gpu->release(g_gpu, xd), g_gpu->release(g_gpu, tile);
+    drop(&h), drop(&B), drop(&bias), drop(&C), drop(&R);
+    free(codes), free(scales), free(wd), free(ah), free(hh), free(bh), free(biash), free(xh);
+    free(c0), free(got), free(ref);
+}
+
+static void test_tq_fused(void) {
+    /* bits, group, rows, cols, M, transW, lora, r, bias, c16, a16, beta, codes offset */
+    fused_case(4, 64, 200, 256, 1, 1, 0, 0, 0, 0, 0, 0.0f, 0);    /* a decode step, A fp32 */
+    fused_case(3, 128, 130, 384, 5, 0, 0, 0, 0, 0, 1, 0.4f, 0);   /* backward, K cut by rows */
+    fused_case(2, 256, 96, 512, 16, 1, 0, 0, 0, 0, 0, 1.0f, 0);
+    fused_case(1, 64, 70, 128, 33, 0, 0, 0, 0, 0, 1, 0.0f, 0);    /* 64 columns, two stages */
+    fused_case(4, 128, 300, 1024, 2, 1, 0, 0, 0, 0, 1, 0.0f, 0);  /* several stages a block */
+    fused_case(4, 64, 90, 2048, 3, 0, 0, 0, 0, 0, 1, 0.0f, 0);    /* 32 column blocks */
+    /* blocks of three stages (K split into 10 of 192 and one of 128): the stages after the
+     * first two decoded in the loop, into the buffer ahead; two buffers at 64 columns */
+    fused_case(4, 128, 1100, 2048, 1, 1, 0, 0, 0, 0, 0, 0.0f, 0);
+    fused_case(3, 64, 2048, 1152, 64, 0, 0, 0, 0, 0, 1, 0.0f, 0);
+    /* four stages a block (9 splits): the codes loaded two rounds ahead, in the loop too */
+    fused_case(4, 128, 2048, 2304, 1, 1, 0, 0, 0, 0, 0, 0.0f, 0);
+    fused_case(2, 256, 2304, 2048, 5, 0, 0, 0, 0, 0, 1, 0.0f, 0);
+    fused_case(3, 64, 100, 192, 7, 1, 0, 0, 0, 0, 1, 0.0f, 1);    /* codes at odd addresses */
+    fused_case(2, 64, 77, 256, 4, 0, 0, 0, 0, 0, 0, 0.5f, 2);
+    /* tq_matmul_lora: T's columns after W's (one stage; two at rank 64 and a bias) */
+    fused_case(4, 64, 150, 192, 3, 1, 1, 5, 1, 0, 1, 0.0f, 0);
+    fused_case(4, 64, 150, 192, 3, 1, 1, 5, 1, 1, 1, 0.0f, 0);    /* C in bf16 */
+    fused_case(3, 128, 260, 256, 1, 1, 1, 16, 0, 1, 1, 0.0f, 0);
+    fused_case(2, 64, 140, 128, 64, 1, 1, 64, 1, 0, 1, 0.0f, 0);
+    fused_case(4, 128, 129, 256, 9, 1, 1, 0, 1, 0, 1, 0.0f, 3);   /* a bias alone */
+    fused_case(4, 256, 1100, 2048, 2, 1, 1, 16, 0, 0, 1, 0.0f, 0); /* T's stage in the loop */
+}
+
 /* max |b - a| / max |a| of two device arrays of n floats (NaN: +inf) */
 static double dev_rel(const float *a, const float *b, int64_t n) {
     float *ha = malloc((size_t)n * 4), *hb = malloc((size_t)n * 4);
@@ -1394,13 +1554,15 @@ static double dev_rel(const float *a, const float *b, int64_t n) {
     return e != e ? INFINITY : m > 0 ? e / m : e;
 }
 
-/* The decode, bit for bit against the CPU: fp32 through tq_dequant, bf16 through tq_matmul's
- * tile (with bf16 GEMMs the CUDA backend leaves the decoded weight there, which must be the
- * CPU's fp32 decode rounded to nearest even). w_off (bytes) and c_off put the output and the
+/* The decode (the fused kernel off), bit for bit against the CPU: fp32 through tq_dequant,
+ * bf16 through tq_matmul's tile (with bf16 GEMMs the CUDA backend leaves the decoded weight
+ * there, which must be the CPU's fp32 decode rounded to nearest even). w_off (bytes) and c_off put the output and the
  * codes off the alignment of the wide stores and loads (the element-by-element path). The
  * output starts as NaN and the 256 bytes after it must keep their canary. */
 static void dq_case(int bits, int g, int64_t rows, int64_t cols, int w_off, int c_off) {
     const int64_t n = rows * cols, ng = n / g, M = 2;
+    const int fused = g_gpu->tq_fused;
+    g_gpu->tq_fused = 0; /* the decode itself (on 2 rows the fused kernel: fused_case) */
     const size_t cb = (size_t)tz_tq_codes_bytes(rows, cols, bits), wb = (size_t)n * 4;
     uint8_t *codes = malloc(cb);
     uint16_t *scales = malloc((size_t)ng * 2), *got16 = malloc((size_t)n * 2);
@@ -1503,6 +1665,7 @@ static void dq_case(int bits, int g, int64_t rows, int64_t cols, int w_off, int 
     g_gpu->release(g_gpu, dc), g_gpu->release(g_gpu, ds), g_gpu->release(g_gpu, dl);
     g_gpu->release(g_gpu, dw);
     free(codes), free(scales), free(got16), free(ref), free(got);
+    g_gpu->tq_fused = fused;
 }
 
 /* The rotation at rows that end inside a warp (cols not a multiple of the 1024 columns a
@@ -1783,6 +1946,19 @@ static void child_narrow(void) {
     fprintf(stderr, "no failure reported\n");
 }
 
+/* A 4-bit weight's product on one row (a decode step's y = x W^T: 128 x 128), then a sync. */
+static void child_narrow_tq(void) {
+    tz_backend *be = tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
+    be->matmul_dtype = TZ_DT_BF16;
+    uint8_t *codes = be->alloc(be, 128 * 128 / 2);
+    uint16_t *scales = be->alloc(be, 128 * 2 * 2);
+    float *lv = be->alloc(be, 16 * 4), *x = be->alloc(be, 128 * 4), *y = be->alloc(be, 128 * 4);
+    float *tile = be->alloc(be, (size_t)tz_tq_tile_elems(be, 128, 128, 128, 64) * 4);
+    be->tq_matmul(be, y, x, 0, tile, codes, scales, lv, 128, 128, 4, 64, 1, 1, 1.0f, 0.0f);
+    be->sync(be);
+    fprintf(stderr, "no failure reported\n");
+}
+
 static void child_old_driver(void) {
     fprintf(stderr, "device count %d\n", tz_cuda_device_count());
     tz_backend_create(TZ_DEVICE_CUDA, 0, 0);
@@ -1890,6 +2066,20 @@ static void test_checked_mode(void) {
     rc = in_child("narrow", nw0, err, sizeof err);
     check(rc == 0 && strstr(err, "no failure reported"),
           "with TZ_NARROW_GEMM=0 it does not (exit %d): %.*s", rc, (int)strcspn(err, "\n"), err);
+    const char *nq[] = {"TZ_CUDA_EMU_FAULT=k_narrow_tq", NULL};
+    rc = in_child("narrow_tq", nq, err, sizeof err);
+    check(rc != 0 && strstr(err, "cudaErrorIllegalAddress"),
+          "a quantized weight's product on one row (a decode step's) runs the fused kernel "
+          "(exit %d)", rc);
+    const char *nq0[] = {"TZ_CUDA_EMU_FAULT=k_narrow_tq", "TZ_TQ_FUSED=0", NULL};
+    rc = in_child("narrow_tq", nq0, err, sizeof err);
+    check(rc == 0 && strstr(err, "no failure reported"),
+          "with TZ_TQ_FUSED=0 it does not (exit %d): %.*s", rc, (int)strcspn(err, "\n"), err);
+    const char *nqx[] = {"TZ_TQ_FUSED=yes", NULL};
+    rc = in_child("narrow_tq", nqx, err, sizeof err);
+    check(rc != 0 && strstr(err, "TZ_TQ_FUSED=yes: expected 1"),
+          "TZ_TQ_FUSED=yes is refused, naming the variable (exit %d): %.*s", rc,
+          (int)strcspn(err, "\n"), err);
     const char *old[] = {"TZ_CUDA_EMU_DRIVER=old", NULL};
     rc = in_child("old_driver", old, err, sizeof err);
     check(rc != 0 && strstr(err, "device count 0") &&
@@ -1904,7 +2094,7 @@ int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--child")) { /* in_child's children */
         static const struct { const char *name; void (*fn)(void); } children[] = {
             {"op_times", child_op_times}, {"fault", child_fault}, {"old_driver", child_old_driver},
-            {"narrow", child_narrow}};
+            {"narrow", child_narrow}, {"narrow_tq", child_narrow_tq}};
         for (size_t i = 0; i < sizeof children / sizeof *children; i++)
             if (!strcmp(argv[2], children[i].name)) return children[i].fn(), 0;
         fprintf(stderr, "no child named %s\n", argv[2]);
@@ -1977,6 +2167,7 @@ int main(int argc, char **argv) {
     test_attention_cache(1, 13, 50, 20, 3, 1, 128); /* a prefill chunk at an offset */
     test_attention_cache(1, 33, 33, 0, 2, 2, 72);   /* pos0 0, S = T: attention_fwd's case */
     test_quant();
+    test_tq_fused();
     test_matmul_operands();
     test_op_times();
     test_checked_mode();
