@@ -84,7 +84,7 @@ static double tq_a_reads(const tz_backend *be, int64_t rows, int64_t cols, int g
     const int64_t cc = tz_tq_chunk_cols(be, cols, group);
     return (double)((cols + cc - 1) / cc);
 }
-/* A GEMM the narrow kernel takes (core/backend.h's tz_narrow_plan; cuda_matmul.cu), booked
+/* A GEMM the narrow kernel takes (core/backend.h's tz_narrow_plan; cuda/cuda_narrow.cu), booked
  * under op and returning 1: an fp32 X rounded first (elementwise); the kernel reads X and S as
  * stored, once (S rounded on its way into shared memory; the blocks' re-reads of S come from
  * the L2, not the memory), multiplies (the FLOPs booked are the model's R columns, as the

@@ -590,7 +590,7 @@ static inline int64_t tz_tq_tile_elems(const tz_backend *be, int64_t rows, int64
 }
 
 /* The narrow GEMM (a device's bf16 GEMMs of matmul, matmul16, matmul_bw16 and an undivided
- * tq_matmul: cuda/cuda_matmul.cu, docs/design/cuda.md "Narrow GEMMs"): C [M, N] = alpha op(A)
+ * tq_matmul: cuda/cuda_narrow.cu, docs/design/cuda.md "Narrow GEMMs"): C [M, N] = alpha op(A)
  * op(B) + beta C where one side of C is at most TZ_NARROW_MAXR wide (LoRA's rank: its products
  * x A^T, dh^T x, B^T dy, ...), the operand along the other side read in bf16 as stored (or
  * rounded to it first). A GEMM library's tiles of 128 cut such a C

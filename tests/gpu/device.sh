@@ -25,8 +25,10 @@
 #                               DiT-XL/2 (AdamW on the host: peak against the plan; then on
 #                               the GPU), both presets' op times, Flux.1-dev (3 steps), then
 #                               the 7B again with TZ_NARROW_GEMM=0, without a switch, with
-#                               TZ_ATT_KEEP=0 and with TZ_TQ_CHUNKS=1 while time is left
-#                               (TZ_DEVICE_BUDGET applies; about 140 s on an H200).
+#                               TZ_ATT_KEEP=0 and with TZ_TQ_CHUNKS=1, then at 64 tokens a
+#                               step with and without TZ_TQ_FUSED=0 while time is left
+#                               (TZ_DEVICE_BUDGET applies; about 140 s on an H200 before the
+#                               last two).
 #   tests/gpu/device.sh ab      on the GPU machine: the built CUDA module against another
 #                               (TZ_AB_MODULE=path; TZ_AB_TURBOZERO=path: its program, where
 #                               the change is in the program too), or against itself with
@@ -226,7 +228,8 @@ run_optimes() {
 }
 
 # compute-sanitizer over test_cuda_ops: memcheck of the flash attention kernels, then of the
-# narrow GEMM's (memcheck of every kernel did not finish in 120 s on an H200), then racecheck
+# narrow kernels' (k_narrow_part, k_narrow_tq; memcheck of every kernel did not finish in 120 s
+# on an H200), then racecheck
 # and synccheck of every kernel while time is left
 run_sanitize() {
   local san tool rc only run
@@ -273,7 +276,7 @@ table() {
     printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b LoRA r16, 4-bit, bf16" "$a tok" "$b alloc" "$c used"
     local sw # the 7B with a switch (speed's runs), where run
     for sw in -nonarrow:TZ_NARROW_GEMM=0 -again:"again, no switch" -nokeep:TZ_ATT_KEEP=0 \
-      -whole:TZ_TQ_CHUNKS=1; do
+      -whole:TZ_TQ_CHUNKS=1 -s64:"seq 64 (fused 4-bit)" -s64-nofused:"seq 64, TZ_TQ_FUSED=0"; do
       [ -e "$out/bench-llama2-7b${sw%%:*}.log" ] || continue
       read -r a b c <<< "$(ours "$out/bench-llama2-7b${sw%%:*}.log")"
       printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, ${sw#*:}" "$a tok" "$b alloc" "$c used"
@@ -371,6 +374,12 @@ speed)
     "TZ_ATT_KEEP=0 turbozero bench --preset llama2-7b (attention run again in the recomputation)"
   TZ_TQ_CHUNKS=1 speed_bench llama2-7b -whole \
     "TZ_TQ_CHUNKS=1 turbozero bench --preset llama2-7b (each weight decoded whole, one GEMM)"
+  # 64 rows a step: every base product through the fused 4-bit narrow kernel (a decode
+  # step's regime), then with the weights decoded and multiplied apart
+  speed_bench llama2-7b -s64 "turbozero bench --preset llama2-7b --set data.seq_len=64" \
+    --set data.seq_len=64
+  TZ_TQ_FUSED=0 speed_bench llama2-7b -s64-nofused \
+    "TZ_TQ_FUSED=0 turbozero bench --preset llama2-7b --set data.seq_len=64" --set data.seq_len=64
   table
   ;;
 sweep)
