@@ -3,15 +3,15 @@
  * blocks. In their terms Y [P, R] = X [P, K] S [R, K]^T (core/backend.h's tz_narrow_plan): a
  * block of NW_THREADS threads takes TZ_NARROW_ROWS rows of P (a warp 16, one mma row tile) and
  * kc of K, in stages of TZ_NARROW_KC; its sums go to its own slice of a workspace, ws
- * [nsplit][P][rpad], and the last block of a row of blocks to finish (a ticket: threadfence,
- * then an atomic count) adds the row's slices in the order of the splits into C. Where X comes
- * from is the kernel's one difference:
+ * [nsplit][P][R rounded up to 4], and the last block of a row of blocks to finish (a ticket:
+ * threadfence, then an atomic count) adds the row's slices in the order of the splits into C.
+ * Where X comes from is the kernel's one difference:
  *   k_narrow_part: X in bf16 as stored, each stage's tile copied ahead by cp.async (matmul,
  *     matmul16, matmul_bw16: tz_cuda_gemm's narrow path);
- *   k_narrow_tq: X a TurboQuant weight's codes, loaded into registers a stage ahead and
+ *   k_narrow_tq: X a TurboQuant weight's codes, loaded into registers two stages ahead and
  *     decoded into the stage (level times the group's scale, rounded to bf16: the bits the
- *     decode writes) after the compute, so that the weight is read at its 2 to 4 bits and
- *     never written out in bf16 (tq_matmul and tq_matmul_lora on at most 64 rows: a decode
+ *     decode writes) after the compute of the stage before, so that the weight is read at its
+ *     1 to 4 bits and never written out in bf16 (tq_matmul and tq_matmul_lora on at most 64 rows: a decode
  *     step's, a diffusion transformer's modulation); LoRA's and the bias's columns after W's
  *     (tq_matmul_lora) from a small bf16 [rows, ld - cols] buffer, copied as k_narrow_part
  *     copies. */
@@ -147,12 +147,15 @@ struct nx_tq {
         uint4 *dst = reinterpret_cast<uint4 *>(Xs + (threadIdx.x >> 1) * NW_LD +
                                                (threadIdx.x & 1) * 32);
         uint32_t pk[16];
+        if (x.st == 2) { /* past W's rows (or columns): zeros */
 #pragma unroll
-        for (int j = 0; j < 32; j += 2)
-            pk[j / 2] = x.st == 2 ? 0u
-                                  : (uint32_t)tz_bf16_bits(x.sc * lv[tq_code<BITS>(x.c, j)]) |
-                                        (uint32_t)tz_bf16_bits(x.sc * lv[tq_code<BITS>(x.c, j + 1)])
-                                            << 16;
+            for (int j = 0; j < 16; j++) pk[j] = 0u;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                pk[j] = (uint32_t)tz_bf16_bits(x.sc * lv[tq_code<BITS>(x.c, 2 * j)]) |
+                        (uint32_t)tz_bf16_bits(x.sc * lv[tq_code<BITS>(x.c, 2 * j + 1)]) << 16;
+        }
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             uint4 u;
@@ -296,7 +299,8 @@ __device__ __forceinline__ void nw_body(float *ws, const XS &xs, const TS *S, in
                 const int64_t at = yt ? j * P + p : p * R + j;
                 if (c16) {
                     uint16_t *c = (uint16_t *)C + at;
-                    *c = tz_bf16_bits(beta == 0.0f ? alpha * v[u] : alpha * v[u] + beta * tz_get(c));
+                    *c = tz_bf16_bits(beta == 0.0f ? alpha * v[u]
+                                                   : alpha * v[u] + beta * tz_get(c));
                 } else {
                     float *c = (float *)C + at;
                     *c = beta == 0.0f ? alpha * v[u] : alpha * v[u] + beta * *c;

@@ -585,7 +585,8 @@ static void cuda_tq_matmul_lora(tz_backend *be, float *C, uint16_t *A, int64_t l
     if (M <= 0 || rows <= 0) return;
     check_rows(rows, cols, group, "tq_matmul_lora");
     uint16_t *t16 = reinterpret_cast<uint16_t *>(tile);
-    tz_cuda_lora_cols(tz_cuda_stream(be), A, ld, cols, h, r, 1.0f, nb, NULL, M); /* (the bias's 1s) */
+    /* h's columns after x's, and the bias's 1s */
+    tz_cuda_lora_cols(tz_cuda_stream(be), A, ld, cols, h, r, 1.0f, nb, NULL, M);
     if (tz_cuda_narrow_tq(be, C, c_bf16, A, 1, codes, scales, levels, rows, cols, ld, bits, group,
                           r ? B : NULL, r, s, bias, M, 1, 1.0f, 0.0f))
         return;

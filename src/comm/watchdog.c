@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 
 enum { TAG_QUERY = 1, TAG_REPLY = 2 };
@@ -42,12 +43,6 @@ static double g_timeout, g_grace;
 static int g_rank, g_size, g_multi;
 static watch_state *g_answers; /* one send buffer per asking rank */
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static void nap(long ns) {
     struct timespec t = {0, ns};
     nanosleep(&t, NULL);
@@ -62,7 +57,7 @@ int64_t tz_watch_enter(const char *op) {
 }
 
 void tz_watch_block(int64_t seq, const char *op) {
-    double t = now_s();
+    double t = tz_clock_s();
     pthread_mutex_lock(&S.mu);
     S.blocked = 1;
     S.blocked_seq = seq;
@@ -97,7 +92,7 @@ void tz_watchdog_set_step(int64_t step) {
 static watch_state snapshot(void) {
     watch_state w;
     memset(&w, 0, sizeof w);
-    double t = now_s();
+    double t = tz_clock_s();
     pthread_mutex_lock(&S.mu);
     w.started = S.started;
     w.blocked = S.blocked;
@@ -147,9 +142,9 @@ TZ_NORETURN static void report_and_abort(const watch_state *me) {
             if (MPI_Isend(&q, 1, MPI_INT64_T, p, TAG_QUERY, g_comm, &s) == MPI_SUCCESS)
                 MPI_Request_free(&s);
         }
-        const double deadline = now_s() + g_grace;
+        const double deadline = tz_clock_s() + g_grace;
         int left = g_size - 1;
-        while (left > 0 && now_s() < deadline) {
+        while (left > 0 && tz_clock_s() < deadline) {
             serve(); /* others may be asking at the same time */
             for (int p = 0; p < g_size; p++)
                 if (p != g_rank && !got[p] && req[p] != MPI_REQUEST_NULL) {

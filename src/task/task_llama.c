@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "backend/registry.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/fsutil.h"
@@ -392,11 +393,19 @@ static void generate_one(gen_ctx *g, const char *prompt) {
     tz_rng r = tz_rng_make((uint64_t)a->seed, 0, TZ_RNG_NOISE, 0);
     size_t tcap = 256 + 32 * (size_t)a->max_new, len = 0;
     char *text = tz_xmalloc(tcap);
+    /* the prompt's pass and the decode steps timed apart: each download of the logits waits
+     * for the pass that made them */
+    const double t0 = tz_clock_s();
+    double t_prompt = t0, t_last = t0;
+    int64_t steps = 0; /* decode steps whose logits came back */
     const float *lg = tz_llama_decode(m, &cache, ids, np);
     int64_t n = np;
     const char *why = "max-new";
     for (int64_t step = 0; step < a->max_new; step++) {
         g->be->download(g->be, logits, lg, (size_t)m->d.vocab * sizeof *logits);
+        t_last = tz_clock_s();
+        if (step == 0) t_prompt = t_last;
+        steps = step;
         float u = tz_rng_uniform(&r);
         int32_t next = pick_token(logits, g->V, a->temperature, a->top_p, u, cands);
         int stop = 0;
@@ -414,10 +423,17 @@ static void generate_one(gen_ctx *g, const char *prompt) {
     fwrite(text, 1, len, stdout);
     fputc('\n', stdout);
     fflush(stdout);
-    fprintf(stderr, "generate: %lld prompt tokens%s%s, %lld new (%s%s), stopped at %s\n",
+    char speed[96] = "";
+    if (a->max_new > 0) {
+        const int w = snprintf(speed, sizeof speed, "; prompt %.2f s", t_prompt - t0);
+        if (steps > 0 && t_last > t_prompt && w > 0 && (size_t)w < sizeof speed)
+            snprintf(speed + w, sizeof speed - (size_t)w, ", %.1f tokens/s after it",
+                     (double)steps / (t_last - t_prompt));
+    }
+    fprintf(stderr, "generate: %lld prompt tokens%s%s, %lld new (%s%s), stopped at %s%s\n",
             (long long)np, a->chat ? ", template " : "", a->chat ? g->tmpl : "",
             (long long)(n - np), a->temperature > 0 ? "sampled" : "greedy",
-            g->cfg->model.adapter[0] ? ", with model.adapter" : "", why);
+            g->cfg->model.adapter[0] ? ", with model.adapter" : "", why, speed);
     free(text), free(logits), free(cands), free(ids);
     tz_llama_cache_free(m, &cache);
 }

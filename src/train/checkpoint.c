@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "io/ckpt_h5.h"
 #include "io/fsutil.h"
@@ -483,17 +484,11 @@ static void link_best(const char *dir, int64_t best) {
         tz_warn("%s: cannot link the best checkpoint, %s: %s", p, target, strerror(errno));
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void tz_ckpt_write(const tz_config *cfg, tz_zero *z, const tz_ckpt_state *st, int64_t keep) {
     tz_comm *comm = z->comm;
     const int rank = comm->rank, root = rank == 0, W = z->plan.world;
     const int64_t step = st->step;
-    const double t0 = now_s();
+    const double t0 = tz_clock_s();
     tz_zero_sync_host(z); /* the optimizer on the backend: its state into the host shard */
     char dir[TZ_CKPT_PATH], tmp[TZ_CKPT_PATH], fin[TZ_CKPT_PATH], file[TZ_CKPT_PATH], err[TZ_CKPT_MSG] = "", what[TZ_CKPT_PATH + 200];
     tz_path_join(dir, sizeof dir, cfg->run.dir, "checkpoints");
@@ -569,7 +564,7 @@ void tz_ckpt_write(const tz_config *cfg, tz_zero *z, const tz_ckpt_state *st, in
     if (root) prune(dir, keep, step, best);
     if (root && best > 0) link_best(dir, best);
     tz_info("checkpoint %s: %d shard%s, %.2f MiB, %.2f s", fin, W, W == 1 ? "" : "s",
-            (double)bytes / 1048576.0, now_s() - t0);
+            (double)bytes / 1048576.0, tz_clock_s() - t0);
     free(all);
     free(t);
 }

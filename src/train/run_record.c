@@ -18,18 +18,13 @@
 
 #include "core/backend.h"
 #include "core/build_info.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/fsutil.h"
 #include "comm/comm.h"
 #include "comm/world.h"
 #include "train/checkpoint_util.h"
-
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void tz_record_time_now(char *buf, size_t n) {
     struct timespec ts;
@@ -160,7 +155,7 @@ void tz_record_begin(tz_run_record *rec, const char *dir, const char *run_id, co
     memset(rec, 0, sizeof *rec);
     snprintf(rec->run_id, sizeof rec->run_id, "%s", run_id ? run_id : "");
     tz_record_time_now(rec->start, sizeof rec->start);
-    rec->t0 = mono_s();
+    rec->t0 = tz_clock_s();
     rec->ranks = comm->size;
     rec->steps_to = -1;
     char mine[TZ_HOST_MAX] = {0};
@@ -229,7 +224,7 @@ void tz_record_stop(tz_run_record *rec, const char *dir, int64_t step, tz_comm *
         char end[40];
         tz_record_time_now(end, sizeof end);
         rec->steps_to = step;
-        write_run_json(rec, dir, end, mono_s() - rec->t0, "stopped");
+        write_run_json(rec, dir, end, tz_clock_s() - rec->t0, "stopped");
     }
     free(rec->hosts);
     free(rec->prior);
@@ -241,7 +236,7 @@ void tz_record_end(tz_run_record *rec, const char *dir, int64_t step, tz_comm *c
         char end[40];
         tz_record_time_now(end, sizeof end);
         rec->steps_to = step;
-        write_run_json(rec, dir, end, mono_s() - rec->t0, "finished");
+        write_run_json(rec, dir, end, tz_clock_s() - rec->t0, "finished");
     }
     free(rec->hosts);
     free(rec->prior);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "comm/comm.h"
@@ -30,12 +31,6 @@
 #include "train/run_record.h"
 #include "task/task.h"
 #include "optim/zero.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void fmt_duration(char *buf, size_t n, double s) {
     if (!(s >= 0) || s > 1e8) s = 0;
@@ -208,7 +203,7 @@ static eval_result evaluate(run *r, int64_t limit, int progress) {
     int64_t n = limit > 0 && limit < t->n_val ? limit : t->n_val;
     double sum[3] = {0.0, 0.0, 0.0}; /* loss, rows, loss terms */
     const int64_t mine = n > rank * B ? (n - rank * B + B * N - 1) / (B * N) : 0; /* my batches */
-    const double t0 = now_s();
+    const double t0 = tz_clock_s();
     int64_t done = 0, tenth = 0;
     for (int64_t first = rank * B; first < n; first += B * N) {
         int64_t rows = n - first < B ? n - first : B;
@@ -218,7 +213,7 @@ static eval_result evaluate(run *r, int64_t limit, int progress) {
         done++;
         if (progress && rank == 0 && done * 10 / mine > tenth) {
             tenth = done * 10 / mine;
-            double el = now_s() - t0;
+            double el = tz_clock_s() - t0;
             if (el >= 2.0 && done < mine) {
                 char a[32], b[32];
                 fmt_duration(a, sizeof a, el);
@@ -496,7 +491,7 @@ int tz_train_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
 }
 
 int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const char *resume) {
-    const double t_start = now_s();
+    const double t_start = tz_clock_s();
     const int root = comm->rank == 0;
     tz_line_log mlog = {0};
     tz_run_out out_dir = {0}; /* rank 0: run.dir locked, outputs staged in out_dir.stage */
@@ -574,7 +569,7 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
         if (root) metrics_eval(metrics, &tb, 0, ev0, r.task->unit);
         best = ev0;
     }
-    const double t_loop = now_s();
+    const double t_loop = tz_clock_s();
     step_result s = {0, 0, 0, -1.0};
     const int64_t first = resumed ? ck.step : 0;
     stopped = stopped || tz_ckpt_stop_at_start(comm, "start", first);
@@ -582,9 +577,9 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
     const int early = stopped;
     divergence dv = {0};
     for (int64_t step = first; step < steps && !stopped; step++) {
-        double t0 = now_s();
+        double t0 = tz_clock_s();
         s = train_step(&r, step);
-        double t1 = now_s(), tps = (double)units / (t1 - t0);
+        double t1 = tz_clock_s(), tps = (double)units / (t1 - t0);
         if (root) {
             char now[40], rec_line[512];
             tz_record_time_now(now, sizeof now);
@@ -658,7 +653,7 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
     if (root) { /* the result first, the logs second: a failing log write names a saved result */
         char png[1200], err[2400];
         tz_task_save(r.task, out_dir.stage, out, sizeof out);
-        metrics_summary(metrics, steps, steps * units, r.task->unit, now_s() - t_start, s.loss,
+        metrics_summary(metrics, steps, steps * units, r.task->unit, tz_clock_s() - t_start, s.loss,
                         have_val ? &best : NULL, best_step, have_val ? &ev : NULL, rss_mib);
         tb_flush(&tb, 1);
         if (tz_line_log_close(&mlog, err, sizeof err))
@@ -679,7 +674,7 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
     if (root) {
         char took[32], name[64], saved[1200];
         tz_run_out_commit(&out_dir);
-        fmt_duration(took, sizeof took, now_s() - t_start);
+        fmt_duration(took, sizeof took, tz_clock_s() - t_start);
         snprintf(name, sizeof name, "%s", strrchr(out, '/') + 1); /* adapter or model */
         tz_path_join(saved, sizeof saved, cfg->run.dir, name);
         tz_info("saved %s | final train loss %.4f | %s", saved, s.loss, took);
@@ -692,7 +687,7 @@ int tz_train_run_from(const tz_config *cfg, tz_world *w, tz_comm *comm, const ch
 int tz_eval_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
     run r;
     run_open(&r, cfg, w, comm, 0);
-    double t0 = now_s();
+    double t0 = tz_clock_s();
     /* the windows (images) a training run's evaluations use: train.eval_windows, 0 = all */
     const int64_t limit = cfg->train.eval_windows, n = limit > 0 && limit < r.task->n_val ?
                                                           limit : r.task->n_val;
@@ -702,7 +697,7 @@ int tz_eval_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         snprintf(ppl, sizeof ppl, " | perplexity %.3f", exp(e.loss));
     tz_info("model %s%s%s | %s: %lld %s | %lld ranks | %.1f s | loss %.4f%s", cfg->model.path,
             cfg->model.adapter[0] ? " + adapter " : "", cfg->model.adapter, cfg->data.val,
-            (long long)n, r.task->row_name, (long long)r.N, now_s() - t0, e.loss, ppl);
+            (long long)n, r.task->row_name, (long long)r.N, tz_clock_s() - t0, e.loss, ppl);
     if (n < r.task->n_val)
         tz_info("eval: the first %lld of %lld %s (train.eval_windows = %lld; 0 evaluates all)",
                 (long long)n, (long long)r.task->n_val, r.task->row_name, (long long)limit);
@@ -768,10 +763,10 @@ int tz_bench_run(const tz_config *cfg, tz_world *w, tz_comm *comm) {
         if (step == warm && !r.qzo) tz_zero_clock_reset(&r.z); /* host-step phases after the warm-up */
         clk.on = !r.qzo && (r.be->device ? extra && step >= steps : step >= warm);
         tz_bench_step_begin(&clk);
-        double t0 = now_s();
+        double t0 = tz_clock_s();
         step_result s = train_step(&r, step);
         r.be->sync(r.be);
-        double t = now_s() - t0;
+        double t = tz_clock_s() - t0;
         tz_bench_step_end(&clk);
         if (step < steps) dt[step] = t;
         tz_device_info di;
