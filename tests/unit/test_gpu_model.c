@@ -227,6 +227,76 @@ static void llama_case(const char *what, int tied, int64_t kv, int ckpt, int lor
     free(in), free(tg);
 }
 
+/* Generation on the device: the logits of a prompt's pass (7 tokens, one piece) and of 10
+ * decode steps after it (one token each, against the key/value cache), the tokens fed the same
+ * on both backends, for a Llama with LoRA (B not zero) on a 4-bit TurboQuant base. With bf16
+ * GEMMs every product of a step is on at most 64 rows, the fused narrow kernel's (the codes
+ * decoded inside it) where the weight's side is wider (q, o, gate, up and down here; k and v,
+ * 64 rows, are narrow GEMMs of the decoded weight): the GPU's logits against the CPU's fp32
+ * ones within tol of the largest logit, and against the GPU's own with the kernel off
+ * (TZ_TQ_FUSED=0's decode, then a GEMM: the same bf16 operands, other fp32 sums, which a bf16
+ * rounding downstream may round apart). tol: bf16's, some five roundings of 2^-9 on a logit's
+ * way (the rotated inputs, v's, gate's and up's bf16 outputs, the head's operands). */
+static void decode_logits(tz_backend *be, tz_llama *m, const int32_t *tok, int64_t P,
+                          int64_t G, float *out) {
+    const int64_t V = m->d.vocab;
+    tz_llama_setup(m, 1, P);
+    tz_llama_cache c;
+    tz_llama_cache_init(m, &c, P + G);
+    const float *lg = tz_llama_decode(m, &c, tok, P);
+    for (int64_t g = 0; g < G; g++) {
+        be->download(be, out + g * V, lg, (size_t)V * sizeof *out);
+        if (g + 1 < G) lg = tz_llama_decode(m, &c, tok + P + g, 1);
+    }
+    tz_llama_cache_free(m, &c);
+}
+static double logit_err(const float *ref, const float *got, int64_t n) {
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double e = fabs((double)got[i] - ref[i]);
+        worst = e > worst || e != e ? e : worst;
+        scale = fmax(scale, fabs(ref[i]));
+    }
+    return scale > 0 ? worst / scale : worst;
+}
+static void decode_case(const char *what, double tol) {
+    tz_llama_dims d;
+    memset(&d, 0, sizeof d);
+    d.vocab = 97, d.dim = 128, d.hidden = 256, d.n_layers = 2, d.n_heads = 4, d.n_kv_heads = 2;
+    d.head_dim = 32, d.max_pos = 128, d.eps = 1e-5, d.theta = 10000.0;
+    tz_model_opts o;
+    memset(&o, 0, sizeof o);
+    o.quant.bits = 4, o.quant.group = 64, o.quant.seed = 5;
+    o.lora.targets = (1 << TZ_LIN_N) - 1, o.lora.rank = 4, o.lora.alpha = 8;
+    enum { P = 7, G = 10 };
+    int32_t tok[P + G];
+    tz_rng r = tz_rng_make(13, 0, TZ_RNG_TEST, 1);
+    for (int i = 0; i < P + G; i++) tok[i] = (int32_t)tz_rng_below(&r, (uint64_t)d.vocab);
+    float *lg[3];
+    tz_backend *be[2] = {g_cpu, g_gpu};
+    tz_llama *m[2];
+    for (int k = 0; k < 2; k++) {
+        m[k] = tz_llama_create(be[k], &d, &o);
+        tz_llama_init_random(m[k], 3); /* the same codes on both */
+        fill_random(&m[k]->params, be[k], 7);
+    }
+    for (int k = 0; k < 3; k++) lg[k] = malloc((size_t)(G * d.vocab) * sizeof(float));
+    decode_logits(g_cpu, m[0], tok, P, G, lg[0]);
+    decode_logits(g_gpu, m[1], tok, P, G, lg[1]);
+    const int fused = g_gpu->tq_fused;
+    g_gpu->tq_fused = 0;
+    decode_logits(g_gpu, m[1], tok, P, G, lg[2]);
+    g_gpu->tq_fused = fused;
+    const double e_cpu = logit_err(lg[0], lg[1], G * d.vocab);
+    const double e_off = logit_err(lg[2], lg[1], G * d.vocab);
+    check(e_cpu <= tol && e_off <= tol,
+          "%s: a prompt's pass and 10 decode steps, the logits within %.2e of the largest of the "
+          "CPU's and %.2e of the device's with TZ_TQ_FUSED=0 (tolerance %.0e)", what, e_cpu,
+          e_off, tol);
+    for (int k = 0; k < 2; k++) tz_llama_free(m[k]);
+    for (int k = 0; k < 3; k++) free(lg[k]);
+}
+
 /* lora: 0 full training; -1 LoRA on every projection of a dense base; > 0 of a base quantized
  * to that many bits (TurboQuant). ckpt: activation checkpointing. */
 static void dit_case(const char *what, int lora, int ckpt) {
@@ -744,6 +814,7 @@ int main(void) {
     flux_case("bf16: flux-tiny, 4 single blocks, LoRA on a 4-bit base, 2 samples, checkpointing, "
               "second call with TZ_ATT_KEEP=0", 4, 1, 2);
     g_flux_singles = 0, g_keep_off_again = 0;
+    decode_case("bf16: llama generation, LoRA on a 4-bit TurboQuant base", 1e-2);
     tz_backend_destroy(g_gpu);
     tz_backend_destroy(g_cpu);
     return tz_check_done("test_gpu_model");
