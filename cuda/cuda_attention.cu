@@ -1817,16 +1817,24 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
 }
 
 /* ---- attention against a key/value cache (generation, forward only) ----
- * One warp per query row (b, t, h) at position pos0 + t; lane j scores key s0 + j of each
- * 32-key step straight from the cache (decode is bound by reading the cache, which every
- * query row of a (b, kv head) group reads once more; T is 1 or a prefill chunk). */
+ * One warp per query row (b, t, h) at position pos0 + t and split of its keys; lane j scores
+ * key s0 + j of each 32-key step straight from the cache (decode is bound by reading the
+ * cache, which every query row of a (b, kv head) group reads once more; T is 1 or a prefill
+ * chunk). A decode step has a few dozen rows (Hq at T = 1), a few warps for the whole GPU,
+ * each walking every key in turn: so where rows are few, each row's keys are cut into splits
+ * of AC_SPLIT, one warp each, which write their unnormalised sums with their running max and
+ * sum into part [row][split][D + 2], and k_att_cache_join adds each row's splits in their
+ * order (flash decoding; the splits follow the shape alone: the same bits every run). */
+#define AC_SPLIT 256   /* keys a split */
+#define AC_WARPS 2048  /* splits stop where rows x splits reach this many warps */
 template <int DPL>
-__global__ void k_att_cache(float *out, const float *q, const float *kc, const float *vc,
-                            int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq,
-                            int64_t Hkv, int64_t D, float scale) {
+__global__ void k_att_cache(float *out, float *part, int64_t ns, const float *q,
+                            const float *kc, const float *vc, int64_t B, int64_t T, int64_t S,
+                            int64_t pos0, int64_t Hq, int64_t Hkv, int64_t D, float scale) {
     const int lane = threadIdx.x & 31;
-    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    if (row >= B * T * Hq) return; /* the whole warp leaves together */
+    const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    if (wid >= B * T * Hq * ns) return; /* the whole warp leaves together */
+    const int64_t row = wid / ns, sp = wid - row * ns;
     const int64_t h = row % Hq, bt = row / Hq, t = bt % T, b = bt / T, g = h / (Hq / Hkv);
     const float *qr = q + row * D;
     float qv[DPL];
@@ -1836,30 +1844,33 @@ __global__ void k_att_cache(float *out, const float *q, const float *kc, const f
         qv[i] = d < D ? qr[d] : 0.0f;
     }
     const int64_t nkeys = pos0 + t + 1; /* keys 0 .. pos0 + t */
+    /* this warp's keys: [k0, k1) (all of them without splits; empty past the row's keys) */
+    const int64_t k0 = ns > 1 ? sp * AC_SPLIT : 0;
+    const int64_t k1 = ns > 1 ? (k0 + AC_SPLIT < nkeys ? k0 + AC_SPLIT : nkeys) : nkeys;
     float m = -INFINITY, l = 0.0f, acc[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
-    for (int64_t s0 = 0; s0 < nkeys; s0 += 32) {
+    for (int64_t s0 = k0; s0 < k1; s0 += 32) {
         /* scores of the step: lane j ends with key s0 + j's score */
         float mine = -INFINITY;
-        for (int j = 0; j < 32 && s0 + j < nkeys; j++) {
+        for (int j = 0; j < 32 && s0 + j < k1; j++) {
             const float *kr = kc + ((b * S + s0 + j) * Hkv + g) * D;
-            float part = 0.0f;
+            float partd = 0.0f;
 #pragma unroll
             for (int i = 0; i < DPL; i++) {
                 int64_t d = lane + 32 * i;
-                if (d < D) part += qv[i] * kr[d];
+                if (d < D) partd += qv[i] * kr[d];
             }
-            float sc = scale * tz_warp_sum_f(part);
+            float sc = scale * tz_warp_sum_f(partd);
             if (lane == j) mine = sc;
         }
         float mn = fmaxf(m, tz_warp_max_f(mine));
-        float p = s0 + lane < nkeys ? expf(mine - mn) : 0.0f;
+        float p = s0 + lane < k1 ? expf(mine - mn) : 0.0f;
         float corr = expf(m - mn); /* m = -inf: 0 */
         l = l * corr + tz_warp_sum_f(p);
 #pragma unroll
         for (int i = 0; i < DPL; i++) acc[i] *= corr;
-        for (int j = 0; j < 32 && s0 + j < nkeys; j++) {
+        for (int j = 0; j < 32 && s0 + j < k1; j++) {
             float pj = __shfl_sync(0xffffffffu, p, j);
             const float *vr = vc + ((b * S + s0 + j) * Hkv + g) * D;
 #pragma unroll
@@ -1870,12 +1881,55 @@ __global__ void k_att_cache(float *out, const float *q, const float *kc, const f
         }
         m = mn;
     }
+    if (ns > 1) { /* the split's sums, its max and its sum of exponentials */
+        float *pr = part + wid * (D + 2);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            int64_t d = lane + 32 * i;
+            if (d < D) pr[d] = acc[i];
+        }
+        if (lane == 0) pr[D] = m, pr[D + 1] = l;
+        return;
+    }
     float *o = out + row * D, inv = 1.0f / l;
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         int64_t d = lane + 32 * i;
         if (d < D) o[d] = acc[i] * inv;
     }
+}
+
+/* One warp a row: its ns splits (max m_i, sum l_i, sums acc_i; an empty split has m_i = -inf)
+ * joined in order: m = max m_i, out = (sum acc_i e^(m_i - m)) / (sum l_i e^(m_i - m)). */
+static __global__ void k_att_cache_join(float *out, const float *part, int64_t rows, int64_t ns,
+                                        int64_t D) {
+    const int lane = threadIdx.x & 31;
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    if (row >= rows) return;
+    const float *pr = part + row * ns * (D + 2);
+    float m = -INFINITY;
+    for (int64_t i = 0; i < ns; i++) m = fmaxf(m, pr[i * (D + 2) + D]);
+    float l = 0.0f;
+    for (int64_t i = 0; i < ns; i++) {
+        const float mi = pr[i * (D + 2) + D];
+        if (mi != -INFINITY) l += pr[i * (D + 2) + D + 1] * expf(mi - m);
+    }
+    const float inv = 1.0f / l;
+    for (int64_t d = lane; d < D; d += 32) {
+        float a = 0.0f;
+        for (int64_t i = 0; i < ns; i++) {
+            const float mi = pr[i * (D + 2) + D];
+            if (mi != -INFINITY) a += pr[i * (D + 2) + d] * expf(mi - m);
+        }
+        out[row * D + d] = a * inv;
+    }
+}
+
+/* The splits of each row's keys: one where the rows alone make AC_WARPS warps or there are at
+ * most AC_SPLIT keys; else as many as the longest row's keys need, up to AC_WARPS warps. */
+static int64_t att_cache_splits(int64_t rows, int64_t keys) {
+    const int64_t need = (keys + AC_SPLIT - 1) / AC_SPLIT, room = AC_WARPS / rows;
+    return need < 2 || room < 2 ? 1 : need < room ? need : room;
 }
 
 static void cuda_attention_cache_fwd(tz_backend *be, float *out, const float *q,
@@ -1892,16 +1946,28 @@ static void cuda_attention_cache_fwd(tz_backend *be, float *out, const float *q,
     if (pos0 < 0 || pos0 + T > S)
         TZ_FATAL("attention_cache: positions %lld..%lld exceed the cache's %lld",
                  (long long)pos0, (long long)(pos0 + T - 1), (long long)S);
-    const int64_t warps = B * T * Hq;
+    const int64_t rows = B * T * Hq, ns = att_cache_splits(rows, pos0 + T);
+    const int64_t warps = rows * ns;
     const unsigned blocks = (unsigned)((warps * 32 + 255) / 256);
     const float scale = 1.0f / sqrtf((float)D);
     cudaStream_t st = tz_cuda_stream(be);
+    float *part = ns > 1 ? (float *)tz_cuda_scratch(be, (size_t)(warps * (D + 2)) * sizeof(float))
+                         : NULL;
     int dpl = (int)((D + 31) / 32);
-    if (dpl == 1) k_att_cache<1><<<blocks, 256, 0, st>>>(out, q, kc, vc, B, T, S, pos0, Hq, Hkv, D, scale);
-    else if (dpl == 2) k_att_cache<2><<<blocks, 256, 0, st>>>(out, q, kc, vc, B, T, S, pos0, Hq, Hkv, D, scale);
-    else if (dpl == 3) k_att_cache<3><<<blocks, 256, 0, st>>>(out, q, kc, vc, B, T, S, pos0, Hq, Hkv, D, scale);
-    else k_att_cache<4><<<blocks, 256, 0, st>>>(out, q, kc, vc, B, T, S, pos0, Hq, Hkv, D, scale);
+#define AC_GO(DPL)                                                                              \
+    k_att_cache<DPL><<<blocks, 256, 0, st>>>(out, part, ns, q, kc, vc, B, T, S, pos0, Hq, Hkv, \
+                                             D, scale)
+    if (dpl == 1) AC_GO(1);
+    else if (dpl == 2) AC_GO(2);
+    else if (dpl == 3) AC_GO(3);
+    else AC_GO(4);
+#undef AC_GO
     CUDA_LAUNCHED();
+    if (ns > 1) {
+        k_att_cache_join<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, st>>>(out, part, rows,
+                                                                             ns, D);
+        CUDA_LAUNCHED();
+    }
 }
 
 void tz_cuda_install_attention(tz_backend *be) {

@@ -2166,6 +2166,11 @@ int main(int argc, char **argv) {
     test_attention_cache(2, 1, 80, 70, 4, 2, 40);  /* one decode step, 71 keys */
     test_attention_cache(1, 13, 50, 20, 3, 1, 128); /* a prefill chunk at an offset */
     test_attention_cache(1, 33, 33, 0, 2, 2, 72);   /* pos0 0, S = T: attention_fwd's case */
+    /* few rows, many keys: each row's keys in splits of 256, joined in order (4 splits; 3 of a
+     * prefill chunk, D 128; 2, the first rows' second split empty) */
+    test_attention_cache(1, 1, 1100, 1000, 4, 2, 40);
+    test_attention_cache(1, 3, 700, 600, 2, 1, 128);
+    test_attention_cache(1, 20, 300, 250, 2, 1, 64);
     test_quant();
     test_tq_fused();
     test_matmul_operands();
