@@ -129,7 +129,7 @@ typedef struct tz_cuda_ctx {
     size_t scratch_cap;
     void *gemm16;        /* the bf16 GEMM's rounded operands (cuda_matmul.cu), apart from */
     size_t gemm16_cap;   /* scratch, which may hold an operand of the same GEMM */
-    unsigned *narrow_count; /* the narrow GEMM's tickets, one per block row (cuda_matmul.cu): */
+    unsigned *narrow_count; /* the narrow GEMM's tickets, one per block row (cuda_narrow.cu): */
     int64_t narrow_count_n; /* zero between its launches (its last block of a row resets it) */
     cudaEvent_t zeroed;  /* alloc's zeroing on stream, which copy_stream waits for */
     double *host_d;      /* pinned host double, for sumsq's result */

@@ -11,16 +11,15 @@
 #include <limits.h>
 
 #include "cuda/cuda_internal.cuh"
-#include "cuda/cuda_mma.cuh"
 
 static __global__ void k_scale_only(float *C, float beta, int64_t n) {
     TZ_CUDA_FOR(i, n) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
 }
 
-/* Where the fp32 operands of a bf16 GEMM are rounded to: a device buffer of at least `bytes`
- * kept for this alone, not the ops' scratch (tz_cuda_scratch), which may hold an operand of
- * the same GEMM (matmul_bw16 widens its weight there) and which growing would free under it.
- * Grown like the scratch. */
+/* Where the fp32 operands of a bf16 GEMM are rounded to (and the narrow kernels' workspace,
+ * cuda_narrow.cu): a device buffer of at least `bytes` kept for this alone, not the ops'
+ * scratch (tz_cuda_scratch), which may hold an operand of the same GEMM (matmul_bw16 widens
+ * its weight there) and which growing would free under it. Grown like the scratch. */
 void *tz_cuda_gemm_operands(tz_backend *be, size_t bytes) {
     tz_cuda_ctx *c = tz_cuda_ctx_of(be);
     if (bytes <= c->gemm16_cap) return c->gemm16;
@@ -35,8 +34,6 @@ void *tz_cuda_gemm_operands(tz_backend *be, size_t bytes) {
     c->gemm16_cap = cap;
     return c->gemm16;
 }
-
-
 
 /* An operand element as bf16 bits: a float rounded (nearest even), a bf16 one as it is. */
 static __device__ __forceinline__ uint16_t to_bf16_bits(float x) { return tz_bf16_bits(x); }
