@@ -83,6 +83,29 @@ static void fill_random(tz_params *ps, tz_backend *be, uint64_t seed) {
     }
 }
 
+/* Random codes and scales (0.02 to 0.06) for every quantized weight, the same on both
+ * backends: a base that multiplies by zeros (a created weight's codes and scales before any
+ * quantization, and the adaLN-Zero modulations) would leave its products, the fused narrow
+ * kernel's among them, out of the comparison. */
+static void fill_codes(tz_params *ps, tz_backend *be, uint64_t seed) {
+    for (int i = 0; i < ps->n; i++) {
+        tz_param *p = ps->p[i];
+        if (!p->q || !p->q->codes || p->q->host) continue;
+        const tz_qweight *q = p->q;
+        const int64_t rows = p->shape[0], cols = p->shape[1], ng = rows * cols / q->group;
+        const size_t cb = (size_t)tz_tq_codes_bytes(rows, cols, q->bits);
+        tz_rng r = tz_rng_make(seed, (uint64_t)i, TZ_RNG_TEST, 1);
+        uint8_t *c = malloc(cb);
+        uint16_t *sc = malloc((size_t)ng * 2);
+        for (size_t k = 0; k < cb; k++) c[k] = (uint8_t)tz_rng_below(&r, 256);
+        for (int64_t k = 0; k < ng; k++)
+            sc[k] = tz_f32_to_bf16(0.02f + 0.04f * tz_rng_uniform(&r));
+        be->upload(be, q->codes, c, cb);
+        be->upload(be, q->scales, sc, (size_t)ng * 2);
+        free(c), free(sc);
+    }
+}
+
 /* The gradient buffer of ps on be (zeroed by alloc). */
 static float *bind(tz_params *ps, tz_backend *be) {
     float *g = be->alloc(be, (size_t)ps->flat_numel * sizeof(float));
@@ -327,6 +350,7 @@ static void dit_case(const char *what, int lora, int ckpt) {
     for (int k = 0; k < 2; k++) {
         m[k] = tz_dit_create(be[k], &d, &o);
         fill_random(&m[k]->params, be[k], 9); /* adaLN-Zero would zero most gradients */
+        fill_codes(&m[k]->params, be[k], 10);
         g[k] = bind(&m[k]->params, be[k]);
         tz_dit_setup(m[k], n);
         loss[k] = tz_dit_forward_backward(m[k], x, t, y, tgt, 1.0f / (float)(n * numel));
@@ -391,6 +415,7 @@ static void flux_case(const char *what, int lora, int ckpt, int64_t n) {
     for (int k = 0; k < 2; k++) {
         m[k] = tz_flux_create(be[k], &d, &o);
         fill_random(&m[k]->params, be[k], 11);
+        fill_codes(&m[k]->params, be[k], 12);
         g[k] = bind(&m[k]->params, be[k]);
         tz_flux_setup(m[k], n, Ti, Tt);
         loss[k] = tz_flux_forward_backward(m[k], &in, tgt, 1.0f / (float)ny);
