@@ -16,10 +16,13 @@
  *     (tq_matmul_lora) from a small bf16 [rows, ld - cols] buffer, copied as k_narrow_part
  *     copies. */
 #include <cuda_bf16.h>
-#include <limits.h>
 
 #include "cuda/cuda_internal.cuh"
 #include "cuda/cuda_mma.cuh"
+
+extern "C" {
+#include "quant/fwht.h"
+}
 #include "quant/tq_layout.h"
 
 #define NW_THREADS 128
@@ -444,11 +447,10 @@ int tz_cuda_narrow_tq(tz_backend *be, void *C, int c16, const void *A, int a16,
                       int transW, float alpha, float beta) {
     tz_narrow np;
     if (!tz_tq_fused_plan(be, M, rows, cols, ld, transW, &np) || !narrow_fits(be, np)) return 0;
-    if (bits < 1 || bits > TZ_TQ_MAX_BITS || cols % 64 || (group != 64 && group != 128 &&
-                                                           group != 256))
-        TZ_FATAL("tq_matmul: %d bits in groups of %d over %lld columns: expected 1 to %d bits in "
-                 "groups of 64, 128 or 256 dividing the columns", bits, group, (long long)cols,
-                 TZ_TQ_MAX_BITS);
+    char err[200]; /* (the callers checked the shape; the kernel's group shift relies on it) */
+    if (tz_tq_check_shape(cols, group, err, sizeof err)) TZ_FATAL("tq_matmul: %s", err);
+    if (bits < 1 || bits > TZ_TQ_MAX_BITS)
+        TZ_FATAL("tq_matmul: bits %d out of range (1 to %d)", bits, TZ_TQ_MAX_BITS);
     const int64_t tw = transW ? ld - cols : 0, K = np.K;
     const int64_t nws = (np.nsplit * np.P * np.rpad + 63) / 64 * 64; /* floats, 256 bytes */
     const int64_t nt = (rows * tw + 127) / 128 * 128, na = a16 ? 0 : M * K;

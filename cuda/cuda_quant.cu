@@ -547,14 +547,13 @@ static void cuda_tq_matmul(tz_backend *be, float *C, const void *A, int a_bf16, 
                            int64_t rows, int64_t cols, int bits, int group, int64_t M,
                            int transW, float alpha, float beta) {
     const int64_t N = transW ? rows : cols, K = transW ? cols : rows;
-    if (M > 0 && rows > 0 && alpha != 0.0f) { /* on at most 64 rows: one kernel, no tile */
-        check_rows(rows, cols, group, "tq_matmul");
-        if (tz_cuda_narrow_tq(be, C, 0, A, a_bf16, codes, scales, levels, rows, cols, cols, bits,
-                              group, NULL, 0, 0.0f, NULL, M, transW, alpha, beta))
-            return;
-    }
-    if (tz_tq_chunked(be) && M > 0 && rows > 0 && alpha != 0.0f) {
-        check_rows(rows, cols, group, "tq_matmul");
+    const int work = M > 0 && rows > 0 && alpha != 0.0f;
+    if (work) check_rows(rows, cols, group, "tq_matmul");
+    /* on at most 64 rows: one kernel, no tile */
+    if (work && tz_cuda_narrow_tq(be, C, 0, A, a_bf16, codes, scales, levels, rows, cols, cols,
+                                  bits, group, NULL, 0, 0.0f, NULL, M, transW, alpha, beta))
+        return;
+    if (work && tz_tq_chunked(be)) {
         const uint16_t *a16 = a_bf16 ? (const uint16_t *)A : tz_cuda_gemm_round(be, (const float *)A, M * K);
         uint16_t *t16 = reinterpret_cast<uint16_t *>(tile);
         tq_chunks(be, C, a16, t16, codes, scales, levels, rows, cols, cols, NULL, 0, 0.0f, NULL,

@@ -84,6 +84,11 @@ static double tq_a_reads(const tz_backend *be, int64_t rows, int64_t cols, int g
     const int64_t cc = tz_tq_chunk_cols(be, cols, group);
     return (double)((cols + cc - 1) / cc);
 }
+/* A narrow kernel's split sums (R rounded up to 4 columns a row of P, each split's): written,
+ * then read back by each row's last block. */
+static double narrow_part_bytes(const tz_narrow *np) {
+    return 2.0 * F * (double)np->nsplit * (double)np->P * (double)((np->R + 3) / 4 * 4);
+}
 /* A GEMM the narrow kernel takes (core/backend.h's tz_narrow_plan; cuda/cuda_narrow.cu), booked
  * under op and returning 1: an fp32 X rounded first (elementwise); the kernel reads X and S as
  * stored, once (S rounded on its way into shared memory; the blocks' re-reads of S come from
@@ -99,8 +104,7 @@ static int narrow_op(tz_backend *be, int64_t M, int64_t N, int64_t K, int ta, in
     const int x16 = np.yt ? b16 : a16, s16 = np.yt ? a16 : b16;
     const double P = (double)np.P, R = (double)np.R;
     if (!x16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * P * K, op);
-    /* each split's sums (R rounded up to 4 columns) written, read back */
-    const double part = 2.0 * F * (double)np.nsplit * P * (double)((np.R + 3) / 4 * 4);
+    const double part = narrow_part_bytes(&np);
     add_op(be, TZ_SM_GEMM, 2.0 * P * R * K,
            2.0 * P * K + (s16 ? 2.0 : F) * R * K + part + F * P * R * (beta != 0.0f ? 2 : 1),
            op);
@@ -350,8 +354,7 @@ static int fused_tq_op(tz_backend *be, int64_t M, int64_t rows, int64_t cols, in
     const double P = (double)np.P, R = (double)np.R, K = (double)np.K;
     add_op(be, TZ_SM_QUANT, 2.0 * rows * cols, 0.0, op);
     if (!a16) add_op(be, TZ_SM_ELEMENT, 0, 6.0 * R * K, op);
-    /* each split's sums (R rounded up to 4 columns) written, read back */
-    const double part = 2.0 * F * (double)np.nsplit * P * (double)((np.R + 3) / 4 * 4);
+    const double part = narrow_part_bytes(&np);
     add_op(be, TZ_SM_GEMM, 2.0 * P * R * K,
            decode_bytes(rows, cols, bits, group, 0.0) + 2.0 * (double)rows * (ld - cols) +
                2.0 * R * K + part + cb * P * R * (beta != 0.0f ? 2 : 1),
