@@ -1817,86 +1817,143 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
 }
 
 /* ---- attention against a key/value cache (generation, forward only) ----
- * One warp per query row (b, t, h) at position pos0 + t and split of its keys; lane j scores
- * key s0 + j of each 32-key step straight from the cache (decode is bound by reading the
- * cache, which every query row of a (b, kv head) group reads once more; T is 1 or a prefill
- * chunk). A decode step has a few dozen rows (Hq at T = 1), a few warps for the whole GPU,
- * each walking every key in turn: so where rows are few, each row's keys are cut into splits
- * of AC_SPLIT, one warp each, which write their unnormalised sums with their running max and
- * sum into part [row][split][D + 2], and k_att_cache_join adds each row's splits in their
- * order (flash decoding; the splits follow the shape alone: the same bits every run). */
+ * One warp per query row (b, t, h) at position pos0 + t and split of its keys. A decode step
+ * has a few dozen rows (Hq at T = 1), a few warps for the whole GPU, each walking every key in
+ * turn: so where rows are few, each row's keys are cut into splits of AC_SPLIT, one warp
+ * each, which write their unnormalised sums with their running max and sum into part
+ * [row][split][D + 2], and k_att_cache_join adds each row's splits in their order (flash
+ * decoding; the splits follow the shape alone: the same bits every run).
+ * A warp takes its keys 32 at a time. Lane i holds elements [i DPL, (i + 1) DPL) of q and of
+ * every key and value row (one load a row where the rows allow it: DPL 2 or 4 elements, 8 or
+ * 16 bytes of fp32, 4 or 8 of bf16), so the 32 rows of a step are 32 independent loads, all
+ * in flight at once, each a contiguous read of the warp's. Each lane's 32 partial dot products
+ * are then summed across the warp by a transposing tree (at width w, a lane keeps one half of
+ * its w pairs and sends the other: 31 shuffles a step, not 5 a key), which leaves key s0 + i's
+ * score in lane i; its exponential is lane i's, and P V adds the 32 value rows, each weighted
+ * by its lane's p. A cache in bf16 (kv16, KT = uint16_t) is read as bf16 and widened. */
 #define AC_SPLIT 256   /* keys a split */
 #define AC_WARPS 2048  /* splits stop where rows x splits reach this many warps */
-template <int DPL>
-__global__ void k_att_cache(float *out, float *part, int64_t ns, const float *q,
-                            const float *kc, const float *vc, int64_t B, int64_t T, int64_t S,
-                            int64_t pos0, int64_t Hq, int64_t Hkv, int64_t D, float scale) {
+
+/* Lane's DPL elements of row from element lane DPL, widened (zeros past D, or all zeros
+ * where !in). VEC: one load (DPL 2 or 4, D a multiple of DPL, rows DPL elements aligned). */
+template <int DPL, bool VEC>
+__device__ __forceinline__ void ac_load(float (&x)[DPL], const float *row, int lane, int64_t D,
+                                        bool in) {
+    const int d0 = lane * DPL;
+    if constexpr (VEC && DPL == 4) {
+        const float4 t = in && d0 < D ? *(const float4 *)(row + d0) : make_float4(0, 0, 0, 0);
+        x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
+    } else if constexpr (VEC && DPL == 2) {
+        const float2 t = in && d0 < D ? *(const float2 *)(row + d0) : make_float2(0, 0);
+        x[0] = t.x, x[1] = t.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) x[i] = in && d0 + i < D ? row[d0 + i] : 0.0f;
+    }
+}
+template <int DPL, bool VEC>
+__device__ __forceinline__ void ac_load(float (&x)[DPL], const uint16_t *row, int lane,
+                                        int64_t D, bool in) {
+    const int d0 = lane * DPL;
+    if constexpr (VEC && DPL == 4) {
+        const uint2 t = in && d0 < D ? *(const uint2 *)(row + d0) : make_uint2(0, 0);
+        x[0] = tz_bf16_lo(t.x), x[1] = tz_bf16_hi(t.x), x[2] = tz_bf16_lo(t.y);
+        x[3] = tz_bf16_hi(t.y);
+    } else if constexpr (VEC && DPL == 2) {
+        const uint32_t t = in && d0 < D ? *(const uint32_t *)(row + d0) : 0u;
+        x[0] = tz_bf16_lo(t), x[1] = tz_bf16_hi(t);
+    } else {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) x[i] = in && d0 + i < D ? tz_get(row + d0 + i) : 0.0f;
+    }
+}
+
+/* One width W of the transposing tree over sc[0 .. 2W): a lane with bit W keeps the upper
+ * half, adding its partner's (lane ^ W) upper half, the other the lower: the halves are chosen
+ * by a bit mask of the values, not by indexing (a select between two elements would put sc in
+ * local memory); W a template parameter so that every loop unrolls into registers. */
+template <int W>
+__device__ __forceinline__ void ac_tree(float (&sc)[32], int lane) {
+    const uint32_t up = lane & W ? 0xffffffffu : 0u;
+#pragma unroll
+    for (int i = 0; i < W; i++) {
+        const uint32_t lo = __float_as_uint(sc[i]), hi = __float_as_uint(sc[i + W]);
+        const float send = __uint_as_float((lo & up) | (hi & ~up));
+        const float keep = __uint_as_float((hi & up) | (lo & ~up));
+        sc[i] = keep + __shfl_xor_sync(0xffffffffu, send, W);
+    }
+}
+
+template <int DPL, class KT, bool VEC>
+__global__ void __launch_bounds__(256)
+    k_att_cache(float *out, float *part, int64_t ns, const float *q, const KT *kc, const KT *vc,
+                int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq, int64_t Hkv, int64_t D,
+                float scale) {
     const int lane = threadIdx.x & 31;
     const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     if (wid >= B * T * Hq * ns) return; /* the whole warp leaves together */
     const int64_t row = wid / ns, sp = wid - row * ns;
     const int64_t h = row % Hq, bt = row / Hq, t = bt % T, b = bt / T, g = h / (Hq / Hkv);
-    const float *qr = q + row * D;
     float qv[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        int64_t d = lane + 32 * i;
-        qv[i] = d < D ? qr[d] : 0.0f;
-    }
+    ac_load<DPL, false>(qv, q + row * D, lane, D, true);
     const int64_t nkeys = pos0 + t + 1; /* keys 0 .. pos0 + t */
     /* this warp's keys: [k0, k1) (all of them without splits; empty past the row's keys) */
     const int64_t k0 = ns > 1 ? sp * AC_SPLIT : 0;
     const int64_t k1 = ns > 1 ? (k0 + AC_SPLIT < nkeys ? k0 + AC_SPLIT : nkeys) : nkeys;
-    float m = -INFINITY, l = 0.0f, acc[DPL];
+    const int64_t ks = Hkv * D; /* elements from one position's row to the next */
+    const KT *kb = kc + (b * S * Hkv + g) * D, *vb = vc + (b * S * Hkv + g) * D;
+    float m = -INFINITY, ls = 0.0f, acc[DPL]; /* ls: this lane's part of the sum */
 #pragma unroll
     for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
     for (int64_t s0 = k0; s0 < k1; s0 += 32) {
-        /* scores of the step: lane j ends with key s0 + j's score */
-        float mine = -INFINITY;
-        for (int j = 0; j < 32 && s0 + j < k1; j++) {
-            const float *kr = kc + ((b * S + s0 + j) * Hkv + g) * D;
-            float partd = 0.0f;
+        const int n = k1 - s0 < 32 ? (int)(k1 - s0) : 32; /* keys of this step */
+        float sc[32];
 #pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                int64_t d = lane + 32 * i;
-                if (d < D) partd += qv[i] * kr[d];
-            }
-            float sc = scale * tz_warp_sum_f(partd);
-            if (lane == j) mine = sc;
+        for (int j = 0; j < 32; j++) {
+            float x[DPL];
+            ac_load<DPL, VEC>(x, kb + (s0 + j) * ks, lane, D, j < n);
+            float a = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) a = fmaf(qv[i], x[i], a);
+            sc[j] = a;
         }
-        float mn = fmaxf(m, tz_warp_max_f(mine));
-        float p = s0 + lane < k1 ? expf(mine - mn) : 0.0f;
-        float corr = expf(m - mn); /* m = -inf: 0 */
-        l = l * corr + tz_warp_sum_f(p);
+        /* the transposing tree: after width w, lane i's sc[0 .. w) hold keys (i & ~(w - 1))
+         * + 0 .. w - 1 summed over the lanes that differ from i in bits >= w alone; after
+         * width 1, sc[0] is key s0 + i's dot product over all 32 lanes */
+        ac_tree<16>(sc, lane), ac_tree<8>(sc, lane), ac_tree<4>(sc, lane);
+        ac_tree<2>(sc, lane), ac_tree<1>(sc, lane);
+        const bool live = lane < n;
+        const float s = live ? sc[0] * scale : -INFINITY;
+        const float mn = fmaxf(m, tz_warp_max_f(s)); /* finite: lane 0's key is live */
+        const float p = live ? expf(s - mn) : 0.0f;
+        const float corr = expf(m - mn); /* m = -inf: 0 */
+        ls = ls * corr + p;
 #pragma unroll
         for (int i = 0; i < DPL; i++) acc[i] *= corr;
-        for (int j = 0; j < 32 && s0 + j < k1; j++) {
-            float pj = __shfl_sync(0xffffffffu, p, j);
-            const float *vr = vc + ((b * S + s0 + j) * Hkv + g) * D;
 #pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                int64_t d = lane + 32 * i;
-                if (d < D) acc[i] += pj * vr[d];
-            }
+        for (int j = 0; j < 32; j++) {
+            const float pj = __shfl_sync(0xffffffffu, p, j);
+            float x[DPL];
+            ac_load<DPL, VEC>(x, vb + (s0 + j) * ks, lane, D, j < n);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[i] = fmaf(pj, x[i], acc[i]);
         }
         m = mn;
     }
+    const float l = tz_warp_sum_f(ls);
+    const int d0 = lane * DPL;
     if (ns > 1) { /* the split's sums, its max and its sum of exponentials */
         float *pr = part + wid * (D + 2);
 #pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            int64_t d = lane + 32 * i;
-            if (d < D) pr[d] = acc[i];
-        }
+        for (int i = 0; i < DPL; i++)
+            if (d0 + i < D) pr[d0 + i] = acc[i];
         if (lane == 0) pr[D] = m, pr[D + 1] = l;
         return;
     }
     float *o = out + row * D, inv = 1.0f / l;
 #pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        int64_t d = lane + 32 * i;
-        if (d < D) o[d] = acc[i] * inv;
-    }
+    for (int i = 0; i < DPL; i++)
+        if (d0 + i < D) o[d0 + i] = acc[i] * inv;
 }
 
 /* One warp a row: its ns splits (max m_i, sum l_i, sums acc_i; an empty split has m_i = -inf)
@@ -1933,9 +1990,9 @@ static int64_t att_cache_splits(int64_t rows, int64_t keys) {
 }
 
 static void cuda_attention_cache_fwd(tz_backend *be, float *out, const float *q,
-                                     const float *kc, const float *vc, int64_t B, int64_t T,
+                                     const void *kc, const void *vc, int64_t B, int64_t T,
                                      int64_t S, int64_t pos0, int64_t Hq, int64_t Hkv,
-                                     int64_t D) {
+                                     int64_t D, int kv16) {
     if (B <= 0 || T <= 0 || D <= 0 || Hq <= 0) return;
     if (Hkv <= 0 || Hq % Hkv != 0)
         TZ_FATAL("attention: Hq=%lld is not a multiple of Hkv=%lld", (long long)Hq,
@@ -1953,14 +2010,27 @@ static void cuda_attention_cache_fwd(tz_backend *be, float *out, const float *q,
     cudaStream_t st = tz_cuda_stream(be);
     float *part = ns > 1 ? (float *)tz_cuda_scratch(be, (size_t)(warps * (D + 2)) * sizeof(float))
                          : NULL;
-    int dpl = (int)((D + 31) / 32);
-#define AC_GO(DPL)                                                                              \
-    k_att_cache<DPL><<<blocks, 256, 0, st>>>(out, part, ns, q, kc, vc, B, T, S, pos0, Hq, Hkv, \
-                                             D, scale)
-    if (dpl == 1) AC_GO(1);
-    else if (dpl == 2) AC_GO(2);
-    else if (dpl == 3) AC_GO(3);
-    else AC_GO(4);
+    const int dpl = (int)((D + 31) / 32);
+    const uintptr_t align = (uintptr_t)dpl * (kv16 ? 2 : 4);
+    /* one load a lane's row where it is DPL whole, aligned elements */
+    const int vec = (dpl == 2 || dpl == 4) && D % dpl == 0 && (uintptr_t)kc % align == 0 &&
+                    (uintptr_t)vc % align == 0;
+#define AC_GO(DPL, KT, VEC)                                                                     \
+    k_att_cache<DPL, KT, VEC><<<blocks, 256, 0, st>>>(out, part, ns, q, (const KT *)kc,       \
+                                                      (const KT *)vc, B, T, S, pos0, Hq, Hkv,  \
+                                                      D, scale)
+#define AC_TYPE(KT)                                                                             \
+    do {                                                                                        \
+        if (dpl == 1) AC_GO(1, KT, false);                                                      \
+        else if (dpl == 2 && vec) AC_GO(2, KT, true);                                           \
+        else if (dpl == 2) AC_GO(2, KT, false);                                                 \
+        else if (dpl == 3) AC_GO(3, KT, false);                                                 \
+        else if (vec) AC_GO(4, KT, true);                                                       \
+        else AC_GO(4, KT, false);                                                               \
+    } while (0)
+    if (kv16) AC_TYPE(uint16_t);
+    else AC_TYPE(float);
+#undef AC_TYPE
 #undef AC_GO
     CUDA_LAUNCHED();
     if (ns > 1) {

@@ -4,7 +4,8 @@
 # one or the other; the descending run does cp.async copies at their issue, the ascending at
 # their wait, the two ends of when a GPU may do them), the op-case table in the forward order with every op called
 # (cuda_op_coverage; the reverse order is op_table_emu_reverse, tests/ops.cmake), and short
-# trainings on the emulated device against the CPU's (tests/cuda_emu/train_emu.sh). Not a GPU
+# trainings and `generate` on the emulated device against the CPU's (tests/cuda_emu/train_emu.sh,
+# generate_emu.sh). Not a GPU
 # result: see docs/gpu.md for what this proves.
 if(TARGET tzcuda_emu)
   foreach(order forward reverse)
@@ -23,6 +24,11 @@ if(TARGET tzcuda_emu)
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu/op_coverage.sh $<TARGET_FILE:test_op_table>
             ${CMAKE_SOURCE_DIR}/src/core/backend.h $<TARGET_FILE:tzcuda_emu>)
   set_tests_properties(cuda_op_coverage PROPERTIES TIMEOUT 300 LABELS "emu;unit"
+    ENVIRONMENT "${TZ_TEST_ENV}")
+  add_test(NAME generate_cuda_emu
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu/generate_emu.sh $<TARGET_FILE:turbozero>
+            ${CMAKE_SOURCE_DIR} $<TARGET_FILE:tzcuda_emu>)
+  set_tests_properties(generate_cuda_emu PROPERTIES TIMEOUT 300 LABELS "emu;e2e"
     ENVIRONMENT "${TZ_TEST_ENV}")
   add_test(NAME train_cuda_emu
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu/train_emu.sh $<TARGET_FILE:turbozero>

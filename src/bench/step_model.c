@@ -238,11 +238,13 @@ static void s_att_bwd(tz_backend *be, float *dq, float *dk, float *dv, cf *d, cf
         F * B * T * ((4.0 + a) * Hq * D + (4.0 + 2.0 * a) * Hkv * D + Hq) -
             qkv16_saves(ld, B * T, Hq, Hkv, D) - g16);
 }
-static void s_att_cache(tz_backend *be, float *o, cf *q, cf *kc, cf *vc, int64_t B, int64_t T, int64_t S,
-                        int64_t p, int64_t Hq, int64_t Hkv, int64_t D) {
-    (void)o, (void)q, (void)kc, (void)vc;
+/* (q and out, and the keys and values of the p + T positions read, as stored) */
+static void s_att_cache(tz_backend *be, float *o, cf *q, const void *kc, const void *vc,
+                        int64_t B, int64_t T, int64_t S, int64_t p, int64_t Hq, int64_t Hkv,
+                        int64_t D, int kv16) {
+    (void)o, (void)q, (void)kc, (void)vc, (void)S;
     add(be, TZ_SM_ATTENTION, 4.0 * B * Hq * D * T * (double)(p + T),
-        F * B * (2.0 * T * Hq * D + 2.0 * S * Hkv * D));
+        B * (F * 2.0 * T * Hq * D + (kv16 ? 2.0 : F) * 2.0 * (double)(p + T) * Hkv * D));
 }
 
 /* ---- activations, losses, DiT's ops, layout ---- */

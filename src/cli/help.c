@@ -109,9 +109,11 @@ static const tz_help_page pages[] = {
      "                   0 < P <= 1 (default 1: all)\n"
      "  --seed S         the sampling seed (default 0): same seed, same text\n"
      "  --tokenizer PATH a tokenizer.json, or bytes (default: model.path's tokenizer.json,\n"
-     "                   else bytes for a model of 256 tokens)\n"
+     "                   else bytes for a model of 256 tokens or a preset's)\n"
      SET_FLAG
      "model.path may be dense, quantized or merged; the continuation alone goes to stdout.\n"
+     "model.path preset:NAME (e.g. preset:llama2-7b): random weights of that shape, to time\n"
+     "generation. It runs on run.device with run.precision, as eval does.\n"
      "One process: under mpirun rank 0 generates and the others wait.\n",
      "turbozero generate inputs/llama/finetune.cfg --set model.adapter=runs/a/adapter "
      "--prompt ':hacker: n. ' --max-new 80"},

@@ -290,10 +290,11 @@ struct tz_backend {
      * of positions 0 .. pos0+T-1 (the new ones included; pos0 + T <= S, the cache's
      * capacity). Causal: query t reads keys s <= pos0 + t, with rope, scale and grouped heads
      * as attention_fwd; with pos0 = 0 and S = T it is attention_fwd's forward. out
-     * [B,T,Hq,D]; no lse. */
-    void (*attention_cache_fwd)(tz_backend *be, float *out, const float *q, const float *kc,
-                                const float *vc, int64_t B, int64_t T, int64_t S, int64_t pos0,
-                                int64_t Hq, int64_t Hkv, int64_t D);
+     * [B,T,Hq,D]; no lse. kv16: kc and vc hold bf16 bit patterns (to_bf16's), else floats;
+     * the result is the fp32 one over the widened values. */
+    void (*attention_cache_fwd)(tz_backend *be, float *out, const float *q, const void *kc,
+                                const void *vc, int64_t B, int64_t T, int64_t S, int64_t pos0,
+                                int64_t Hq, int64_t Hkv, int64_t D, int kv16);
 
     /* ---- SwiGLU: out = silu(g) * u, n elements. bwd: dg, du += ... (accumulate = 0: dg,
      * du = ..., their contents not read: no zeroing before). flags, TZ_SWIGLU_*: OUT16

@@ -93,14 +93,19 @@ int tz_errf(char *err, size_t n, const char *fmt, ...) {
     return -1;
 }
 
+static int g_info_stderr; /* tz_info_to_stderr */
+
+void tz_info_to_stderr(void) { g_info_stderr = 1; }
+
 void tz_info(const char *fmt, ...) {
     if (g_rank != 0) return;
+    FILE *to = g_info_stderr ? stderr : stdout;
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stdout, fmt, ap);
+    vfprintf(to, fmt, ap);
     va_end(ap);
-    fputc('\n', stdout);
-    fflush(stdout);
+    fputc('\n', to);
+    fflush(to);
 }
 
 /* One rank-tagged line "[rank r] <tag><message>", the message cut to cap - 1 characters and
@@ -115,7 +120,7 @@ static void tz_vsay(FILE *to, size_t cap, const char *tag, const char *fmt, va_l
 void tz_info_all(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    tz_vsay(stdout, 1024, "", fmt, ap);
+    tz_vsay(g_info_stderr ? stderr : stdout, 1024, "", fmt, ap);
     va_end(ap);
 }
 

@@ -66,6 +66,9 @@ void tz_info(const char *fmt, ...) TZ_PRINTF(1, 2);
 void tz_warn(const char *fmt, ...) TZ_PRINTF(1, 2);
 /* Every rank prints (stdout), tagged with the rank; for per-rank start-up lines. */
 void tz_info_all(const char *fmt, ...) TZ_PRINTF(1, 2);
+/* tz_info and tz_info_all to stderr from now on: for a command whose standard output is its
+ * result alone (generate's text). */
+void tz_info_to_stderr(void);
 
 /* Allocation that never returns NULL (fatal with the size on failure). */
 void *tz_xmalloc(size_t bytes);

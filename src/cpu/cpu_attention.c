@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "cpu/cpu_internal.h"
 
@@ -136,13 +137,31 @@ static void cpu_attention_fwd(tz_backend *be, float *out, float *lse, const floa
     attend(be, out, lse, q, k, v, B, T, T, 0, Hq, Hkv, D, causal, ld);
 }
 
-static void cpu_attention_cache_fwd(tz_backend *be, float *out, const float *q, const float *kc,
-                                    const float *vc, int64_t B, int64_t T, int64_t S,
-                                    int64_t pos0, int64_t Hq, int64_t Hkv, int64_t D) {
-    if (B > 0 && T > 0 && D > 0 && (pos0 < 0 || pos0 + T > S))
+static void cpu_attention_cache_fwd(tz_backend *be, float *out, const float *q, const void *kc,
+                                    const void *vc, int64_t B, int64_t T, int64_t S,
+                                    int64_t pos0, int64_t Hq, int64_t Hkv, int64_t D, int kv16) {
+    if (B <= 0 || T <= 0 || D <= 0) return;
+    if (pos0 < 0 || pos0 + T > S)
         TZ_FATAL("attention_cache: positions %lld..%lld do not fit a cache of %lld",
                  (long long)pos0, (long long)(pos0 + T - 1), (long long)S);
-    attend(be, out, NULL, q, kc, vc, B, T, S, pos0, Hq, Hkv, D, 1, NULL);
+    if (!kv16) {
+        attend(be, out, NULL, q, kc, vc, B, T, S, pos0, Hq, Hkv, D, 1, NULL);
+        return;
+    }
+    /* a bf16 cache: its positions in use widened, a cache of pos0 + T positions in fp32 */
+    const int64_t n = pos0 + T, row = Hkv * D;
+    float *k = tz_xmalloc((size_t)(B * n * row) * sizeof *k);
+    float *v = tz_xmalloc((size_t)(B * n * row) * sizeof *v);
+    for (int64_t b = 0; b < B; b++) {
+        const uint16_t *ks = (const uint16_t *)kc + b * S * row;
+        const uint16_t *vs = (const uint16_t *)vc + b * S * row;
+        for (int64_t i = 0; i < n * row; i++) {
+            k[b * n * row + i] = tz_bf16_to_f32(ks[i]);
+            v[b * n * row + i] = tz_bf16_to_f32(vs[i]);
+        }
+    }
+    attend(be, out, NULL, q, k, v, B, T, n, pos0, Hq, Hkv, D, 1, NULL);
+    free(k), free(v);
 }
 
 /* With P = exp(S - lse), dP = dO V^T, delta_t = dO_t . O_t (= sum_s P_ts dP_ts) and

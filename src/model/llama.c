@@ -833,10 +833,11 @@ static void mlp_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, floa
 }
 
 /* Generation's key/value cache of one layer: keys and values of positions < pos0 written, cap
- * positions in all. */
+ * positions in all, in fp32 or (kv16) bf16. */
 typedef struct layer_kv {
-    float *k, *v;
+    void *k, *v;
     int64_t cap, pos0;
+    int kv16;
 } layer_kv;
 
 /* One layer on B sequences of T rows: x -> out, saving its activations in a. kv NULL
@@ -877,10 +878,15 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
     }
     if (kv) {
         const int64_t kvd = d->n_kv_heads * d->head_dim;
-        be->copy(be, kv->k + pos0 * kvd, a->k, (size_t)(T * kvd) * sizeof(float));
-        be->copy(be, kv->v + pos0 * kvd, a->v, (size_t)(T * kvd) * sizeof(float));
+        if (kv->kv16) {
+            be->to_bf16(be, (uint16_t *)kv->k + pos0 * kvd, a->k, T * kvd);
+            be->to_bf16(be, (uint16_t *)kv->v + pos0 * kvd, a->v, T * kvd);
+        } else {
+            be->copy(be, (float *)kv->k + pos0 * kvd, a->k, (size_t)(T * kvd) * sizeof(float));
+            be->copy(be, (float *)kv->v + pos0 * kvd, a->v, (size_t)(T * kvd) * sizeof(float));
+        }
         be->attention_cache_fwd(be, a->att, a->q, kv->k, kv->v, 1, T, kv->cap, pos0,
-                                d->n_heads, d->n_kv_heads, d->head_dim);
+                                d->n_heads, d->n_kv_heads, d->head_dim, kv->kv16);
     } else if (!att_kept) {
         const float *in[3];
         const tz_att_ld *ld;
@@ -1215,11 +1221,15 @@ void tz_llama_cache_init(tz_llama *m, tz_llama_cache *c, int64_t cap) {
     const int64_t L = m->d.n_layers, kvd = m->d.n_kv_heads * m->d.head_dim;
     c->cap = cap;
     c->len = 0;
+    /* bf16 where the GEMMs take bf16 operands (a device's default): attention's training
+     * kernels read k and v rounded so too; half the memory and half the reads a step */
+    c->kv16 = m->be->matmul_dtype == TZ_DT_BF16;
     c->k = tz_xcalloc((size_t)L, sizeof *c->k);
     c->v = tz_xcalloc((size_t)L, sizeof *c->v);
+    const size_t bytes = (size_t)(cap * kvd) * (c->kv16 ? 2 : sizeof(float));
     for (int64_t l = 0; l < L; l++) {
-        c->k[l] = m->be->alloc(m->be, (size_t)(cap * kvd) * sizeof(float));
-        c->v[l] = m->be->alloc(m->be, (size_t)(cap * kvd) * sizeof(float));
+        c->k[l] = m->be->alloc(m->be, bytes);
+        c->v[l] = m->be->alloc(m->be, bytes);
     }
 }
 
@@ -1251,7 +1261,7 @@ const float *tz_llama_decode(tz_llama *m, tz_llama_cache *c, const int32_t *tok,
     tz_embedding_w(be, tz_layer_stack_out(st, 0), m->tok, m->embed, n, C);
     tz_layer_stack_put(st, be, 0);
     for (int64_t l = 0; l < d->n_layers; l++) {
-        const layer_kv kv = {c->k[l], c->v[l], c->cap, c->len};
+        const layer_kv kv = {c->k[l], c->v[l], c->cap, c->len, c->kv16};
         layer_fwd(m, &m->layers[l], acts_of(m, 0), tz_layer_stack_in(st, be, l),
                   tz_layer_stack_out(st, l + 1), 1, n, &kv, 1, 0);
         tz_layer_stack_put(st, be, l + 1);

@@ -200,7 +200,8 @@ static inline const float *tz_llama_logits(const tz_llama *m) { return m->logits
  * for one sequence (B = 1). */
 typedef struct tz_llama_cache {
     int64_t cap, len;  /* positions it can hold; positions held (the next one's index) */
-    float **k, **v;    /* n_layers buffers of [cap, n_kv_heads * head_dim], backend memory */
+    void **k, **v;     /* n_layers buffers of [cap, n_kv_heads * head_dim], backend memory */
+    int kv16;          /* the buffers hold bf16 (the backend's GEMMs take bf16), else fp32 */
 } tz_llama_cache;
 
 /* A cache for up to cap positions (backend memory; tz_llama_cache_free releases it). */

@@ -34,23 +34,26 @@ typedef struct llama_task {
 } llama_task;
 
 /* A model of random weights (t->opts.random_base): a named shape of the family (model.path
- * "preset:NAME"), or the shapes model.path's config.json gives (no weight read). */
-static tz_llama *random_model(tz_task *t) {
-    const char *path = t->cfg->model.path, *shape = tz_model_preset_name(path);
+ * "preset:NAME"; vocab: the vocabulary of a shape that takes the caller's, 0: none), or the
+ * shapes model.path's config.json gives (no weight read). */
+static tz_llama *random_model(const tz_config *cfg, tz_backend *be, const tz_model_opts *o,
+                              int64_t vocab) {
+    const char *path = cfg->model.path, *shape = tz_model_preset_name(path);
     tz_llama_dims d;
     char err[256];
     if (!shape) tz_llama_read_dims(path, &d);
-    else if (tz_llama_preset(shape, 0, &d, err, sizeof err))
+    else if (tz_llama_preset(shape, 0, &d, err, sizeof err) &&
+             (!vocab || tz_llama_preset(shape, vocab, &d, err, sizeof err)))
         TZ_FATAL("model.path %s: no such shape of the llama family (%s)", path, err);
-    tz_llama *m = tz_llama_create(t->be, &d, &t->opts);
-    tz_params_fill_random(&m->params, t->be, m->levels, (uint64_t)t->cfg->run.seed);
+    tz_llama *m = tz_llama_create(be, &d, o);
+    tz_params_fill_random(&m->params, be, m->levels, (uint64_t)cfg->run.seed);
     return m;
 }
 
 /* The model, built with the options task.c derived from the config. */
 static tz_params *load(tz_task *t) {
     llama_task *k = (llama_task *)t;
-    k->m = t->opts.random_base ? random_model(t)
+    k->m = t->opts.random_base ? random_model(t->cfg, t->be, &t->opts, 0)
                                : tz_llama_load(t->be, t->cfg->model.path, &t->opts);
     return &k->m->params;
 }
@@ -238,7 +241,8 @@ static tz_tokenizer *open_tokenizer(const tz_config *cfg, const tz_generate_args
     tz_path_join(path, sizeof path, cfg->model.path, "tokenizer.json");
     const char *use = a->tokenizer;
     if (!use && tz_path_exists(path)) use = path;
-    if (!use && vocab == 256) use = "bytes";
+    /* a named shape's random weights (a speed run) have no tokenizer: the bytes' */
+    if (!use && (vocab == 256 || tz_model_preset_name(cfg->model.path))) use = "bytes";
     if (!use)
         TZ_FATAL_HINT("give --tokenizer PATH (a tokenizer.json, or bytes)",
                       "generate: %s has no tokenizer.json and its vocab is %lld, not 256 (the "
@@ -443,10 +447,17 @@ static int generate(const tz_config *cfg, const tz_generate_args *a) {
     gen_ctx g;
     memset(&g, 0, sizeof g);
     g.cfg = cfg, g.a = a;
-    g.be = tz_cpu_backend_create((int)cfg->train.threads);
-    tz_model_opts o = tz_task_model_opts(&tz_family_llama, cfg, 0);
-    o.checkpointing = 0;
-    g.m = tz_llama_load(g.be, cfg->model.path, &o);
+    tz_info_to_stderr(); /* standard output is the text alone */
+    tz_model_opts o;     /* run.device and run.precision, as eval and sample */
+    g.be = tz_task_forward_setup(&tz_family_llama, cfg, &o);
+    o.random_base = tz_model_preset_name(cfg->model.path) != NULL;
+    if (o.random_base) { /* model.path "preset:NAME": random weights, to time generation */
+        if (!cfg->model.adapter[0] && cfg->train.mode == TZ_MODE_LORA) /* and random adapters */
+            o.lora = tz_task_model_opts(&tz_family_llama, cfg, 1).lora;
+        g.m = random_model(cfg, g.be, &o, 256); /* (the byte tokenizer's, where it asks) */
+    } else {
+        g.m = tz_llama_load(g.be, cfg->model.path, &o);
+    }
     tz_task_load_adapters(cfg, &o, &g.m->params, g.be);
     g.tk = open_tokenizer(cfg, a, g.m->d.vocab);
     g.V = g.m->d.vocab < tz_tokenizer_vocab(g.tk) ? g.m->d.vocab : tz_tokenizer_vocab(g.tk);
@@ -483,7 +494,7 @@ static int generate(const tz_config *cfg, const tz_generate_args *a) {
     }
     tz_tokenizer_free(g.tk);
     tz_llama_free(g.m);
-    tz_cpu_backend_destroy(g.be);
+    tz_backend_destroy(g.be);
     return 0;
 }
 

@@ -26,9 +26,10 @@
 #                               the GPU), both presets' op times, Flux.1-dev (3 steps), then
 #                               the 7B again with TZ_NARROW_GEMM=0, without a switch, with
 #                               TZ_ATT_KEEP=0 and with TZ_TQ_CHUNKS=1, then at 64 tokens a
-#                               step with and without TZ_TQ_FUSED=0 while time is left
-#                               (TZ_DEVICE_BUDGET applies; about 140 s on an H200 before the
-#                               last two).
+#                               step with and without TZ_TQ_FUSED=0, then `generate` on the
+#                               7B's shape (1,024 prompt tokens, 128 new) with and without it,
+#                               while time is left (TZ_DEVICE_BUDGET applies; about 140 s on an
+#                               H200 before the last four).
 #   tests/gpu/device.sh ab      on the GPU machine: the built CUDA module against another
 #                               (TZ_AB_MODULE=path; TZ_AB_TURBOZERO=path: its program, where
 #                               the change is in the program too), or against itself with
@@ -265,6 +266,25 @@ speed_bench() {
   grep -E 'bench:|bench memory|step split|allocator peak' "$log" | sed 's/^/   /'
 }
 
+# generate on the 7B's shape (random weights; LoRA r16 on a 4-bit base, as the bench preset):
+# a prompt of 1,024 tokens, then 128 decode steps; the speed from generate's stderr line
+gen_bench() {
+  local sfx=$1 title=$2 log="$out/gen-llama2-7b$1.log" cfg="$out/gen-llama2-7b.cfg"
+  [ "$(left 20)" -gt 60 ] || { echo "== $title: not run (out of time)"; return; }
+  cat > "$cfg" <<CFG
+model = { path = "preset:llama2-7b"; };
+train = { mode = "lora"; };
+lora = { rank = 16; alpha = 32.0; targets = ["q", "k", "v", "o", "gate", "up", "down"]; };
+quant = { bits = 4; group = 128; };
+CFG
+  echo "== $title"
+  timeout "$(cap 120)" "$tz" generate "$cfg" --prompt "$(head -c 1024 README.md | tr -c ' -~' ' ')" \
+    --max-new 128 > /dev/null 2> "$log" || echo "   (exit $?: see $(basename "$log"))"
+  grep -E '^generate:' "$log" | sed 's/^/   /'
+}
+# generate's decode steps a second, from its stderr line, or -
+gen_speed() { sed -n 's/.*, \([0-9.]*\) tokens\/s after it.*/\1/p' "$1" 2>/dev/null | tail -1 | grep . || echo -; }
+
 table() {
   local a b c d e
   {
@@ -280,6 +300,11 @@ table() {
       [ -e "$out/bench-llama2-7b${sw%%:*}.log" ] || continue
       read -r a b c <<< "$(ours "$out/bench-llama2-7b${sw%%:*}.log")"
       printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, ${sw#*:}" "$a tok" "$b alloc" "$c used"
+    done
+    for sw in :"" -nofused:", TZ_TQ_FUSED=0"; do
+      [ -e "$out/gen-llama2-7b${sw%%:*}.log" ] || continue
+      printf '%-44s %12s %14s %14s\n' "generate llama2-7b 1024+128${sw#*:}" \
+        "$(gen_speed "$out/gen-llama2-7b${sw%%:*}.log") tok" "-" "-"
     done
     read -r a b c <<< "$(anchor "$out/anchor-lora.log")"
     printf '%-44s %12s %14s %14s\n' "anchor peft LoRA r16, bf16" "$a tok" "$b alloc" "$c reserved"
@@ -380,6 +405,9 @@ speed)
     --set data.seq_len=64
   TZ_TQ_FUSED=0 speed_bench llama2-7b -s64-nofused \
     "TZ_TQ_FUSED=0 turbozero bench --preset llama2-7b --set data.seq_len=64" --set data.seq_len=64
+  # generation: decode steps through the fused kernel and the bf16 cache, then without the kernel
+  gen_bench "" "turbozero generate on llama2-7b's shape: 1,024 prompt tokens, 128 new"
+  TZ_TQ_FUSED=0 gen_bench -nofused "TZ_TQ_FUSED=0 turbozero generate on llama2-7b's shape"
   table
   ;;
 sweep)

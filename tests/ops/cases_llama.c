@@ -403,24 +403,28 @@ static void add_attention_ld(oc_list *l, int64_t B, int64_t T, int64_t Hq, int64
     oc_add(l, &c);
 }
 
-/* attention_cache_fwd: T queries at pos0 against a cache of capacity S.
- * tensors: 0 q, 1 kc, 2 vc, 3 out; p: B, T, S, pos0, Hq, Hkv, D */
+/* attention_cache_fwd: T queries at pos0 against a cache of capacity S, in fp32 or (kv16)
+ * bf16. tensors: 0 q, 1 kc, 2 vc, 3 out; p: B, T, S, pos0, Hq, Hkv, D, kv16 */
 static void attc_fwd(oc_run *r) {
     tz_backend *be = r->be;
     const int64_t *p = r->c->p, B = p[0], T = p[1], S = p[2], pos0 = p[3], row = p[5] * p[6];
+    const int kv16 = (int)p[7];
+    const size_t es = kv16 ? 2 : 4;
     /* the slots after the filled ones hold NaN: a read of one shows */
     const int64_t free_rows = S - pos0 - T;
     if (free_rows > 0) {
         float *nan = malloc((size_t)(free_rows * row) * sizeof(float));
         for (int64_t i = 0; i < free_rows * row; i++) nan[i] = NAN;
+        if (kv16) /* bf16 NaNs: 0x7fc0 */
+            for (int64_t i = 0; i < free_rows * row; i++) ((uint16_t *)nan)[i] = 0x7fc0;
         for (int64_t b = 0; b < B; b++)
             for (int i = 1; i <= 2; i++)
-                be->upload(be, OCF(r, i) + (b * S + pos0 + T) * row, nan,
-                           (size_t)(free_rows * row) * sizeof(float));
+                be->upload(be, (char *)r->d[i] + (size_t)((b * S + pos0 + T) * row) * es, nan,
+                           (size_t)(free_rows * row) * es);
         free(nan);
     }
-    be->attention_cache_fwd(be, OCF(r, 3), OCF(r, 0), OCF(r, 1), OCF(r, 2), B, T, S, pos0, p[4],
-                            p[5], p[6]);
+    be->attention_cache_fwd(be, OCF(r, 3), OCF(r, 0), r->d[1], r->d[2], B, T, S, pos0, p[4],
+                            p[5], p[6], kv16);
 }
 static void attc_ref(oc_ref *r) {
     const int64_t *p = r->c->p;
@@ -429,19 +433,25 @@ static void attc_ref(oc_ref *r) {
 }
 
 static void add_attention_cache(oc_list *l, int64_t B, int64_t T, int64_t S, int64_t pos0,
-                                int64_t Hq, int64_t Hkv, int64_t D) {
-    oc_case c = {.ops = "upload attention_cache_fwd", .nt = 4, .p = {B, T, S, pos0, Hq, Hkv, D},
-                 .fwd = attc_fwd, .ref = attc_ref,
-                 /* fp32 everywhere (no GEMM operand type): attention_fwd's forward */
+                                int64_t Hq, int64_t Hkv, int64_t D, int kv16) {
+    oc_case c = {.ops = "upload attention_cache_fwd", .nt = 4,
+                 .p = {B, T, S, pos0, Hq, Hkv, D, kv16}, .fwd = attc_fwd, .ref = attc_ref,
+                 /* fp32 everywhere (no GEMM operand type; a bf16 cache's values widened
+                  * exactly): attention_fwd's forward */
                  .tol_fwd = 3e-6};
     c.t[0] = (oc_tensor)OC_T_INA("q", B * T * Hq * D, 1.5f);
-    c.t[1] = (oc_tensor)OC_T_INA("kc", B * S * Hkv * D, 1.5f);
-    c.t[2] = (oc_tensor)OC_T_IN("vc", B * S * Hkv * D);
+    if (kv16) {
+        c.t[1] = (oc_tensor)OC_T_BF16("kc", B * S * Hkv * D, 1.5f);
+        c.t[2] = (oc_tensor)OC_T_BF16("vc", B * S * Hkv * D, 1.0f);
+    } else {
+        c.t[1] = (oc_tensor)OC_T_INA("kc", B * S * Hkv * D, 1.5f);
+        c.t[2] = (oc_tensor)OC_T_IN("vc", B * S * Hkv * D);
+    }
     c.t[3] = (oc_tensor)OC_T_OUT("out", B * T * Hq * D);
     snprintf(c.name, sizeof c.name,
-             "attention_cache B %lld T %lld S %lld pos0 %lld Hq %lld Hkv %lld D %lld",
+             "attention_cache B %lld T %lld S %lld pos0 %lld Hq %lld Hkv %lld D %lld%s",
              (long long)B, (long long)T, (long long)S, (long long)pos0, (long long)Hq,
-             (long long)Hkv, (long long)D);
+             (long long)Hkv, (long long)D, kv16 ? ", bf16 cache" : "");
     oc_add(l, &c);
 }
 
@@ -660,9 +670,12 @@ void oc_cases_llama(oc_list *l) {
     add_attention(l, 1, 150, 4, 2, 10, 0, 0);
     add_attention(l, 1, 300, 2, 1, 4, 1, 1);
     add_attention(l, 1, 300, 2, 1, 4, 0, 1);
-    add_attention_cache(l, 2, 1, 40, 37, 4, 2, 40); /* a decode step */
-    add_attention_cache(l, 1, 7, 90, 60, 4, 1, 72); /* a prefill chunk at an offset */
-    add_attention_cache(l, 1, 12, 12, 0, 2, 2, 32); /* pos0 0, S = T: attention_fwd's */
+    add_attention_cache(l, 2, 1, 40, 37, 4, 2, 40, 0); /* a decode step */
+    add_attention_cache(l, 1, 7, 90, 60, 4, 1, 72, 0); /* a prefill chunk at an offset */
+    add_attention_cache(l, 1, 12, 12, 0, 2, 2, 32, 0); /* pos0 0, S = T: attention_fwd's */
+    add_attention_cache(l, 2, 1, 40, 37, 4, 2, 40, 1); /* the same in a bf16 cache */
+    add_attention_cache(l, 1, 7, 90, 60, 4, 1, 72, 1);
+    add_attention_cache(l, 1, 1, 300, 299, 2, 2, 128, 1); /* a decode step at D = 128 */
     add_swiglu(l, 1001, 0);
     add_swiglu(l, 777, 1);
     add_swiglu(l, 555, 2);

@@ -1300,9 +1300,11 @@ static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
 }
 
 /* Attention of T new queries at pos0 against a cache of capacity S (keys 0 .. pos0+T-1
- * filled, the rest garbage that must not be read): the same 3e-5 as attention_fwd. */
+ * filled, the rest garbage that must not be read): the same 3e-5 as attention_fwd. kv16: the
+ * cache in bf16 on both sides (the CPU widens it: test_llama_generate holds that to the fp32
+ * cache of the same values, bit for bit). */
 static void test_attention_cache(int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq,
-                                 int64_t Hkv, int64_t D) {
+                                 int64_t Hkv, int64_t D, int kv16) {
     pair q = mk(B * T * Hq * D, 1.0f), kc = mk(B * S * Hkv * D, 1.0f), vc = mk(kc.n, 1.0f);
     pair out = mkz(q.n);
     for (int64_t b = 0; b < B; b++) /* unfilled slots: huge values that would show if read */
@@ -1311,15 +1313,31 @@ static void test_attention_cache(int64_t B, int64_t T, int64_t S, int64_t pos0, 
                 kc.h[(b * S + s) * Hkv * D + e] = 1e30f;
                 vc.h[(b * S + s) * Hkv * D + e] = 1e30f;
             }
-    g_gpu->upload(g_gpu, kc.d, kc.h, (size_t)kc.n * 4);
-    g_gpu->upload(g_gpu, vc.d, vc.h, (size_t)vc.n * 4);
-    g_cpu->attention_cache_fwd(g_cpu, out.h, q.h, kc.h, vc.h, B, T, S, pos0, Hq, Hkv, D);
-    g_gpu->attention_cache_fwd(g_gpu, out.d, q.d, kc.d, vc.d, B, T, S, pos0, Hq, Hkv, D);
+    const void *kd = kc.d, *vd = vc.d, *kh = kc.h, *vh = vc.h;
+    uint16_t *k16 = NULL, *v16 = NULL;
+    void *k16d = NULL, *v16d = NULL;
+    if (kv16) {
+        k16 = malloc((size_t)kc.n * 2), v16 = malloc((size_t)kc.n * 2);
+        g_cpu->to_bf16(g_cpu, k16, kc.h, kc.n), g_cpu->to_bf16(g_cpu, v16, vc.h, vc.n);
+        k16d = g_gpu->alloc(g_gpu, (size_t)kc.n * 2), v16d = g_gpu->alloc(g_gpu, (size_t)kc.n * 2);
+        g_gpu->upload(g_gpu, k16d, k16, (size_t)kc.n * 2);
+        g_gpu->upload(g_gpu, v16d, v16, (size_t)kc.n * 2);
+        kd = k16d, vd = v16d, kh = k16, vh = v16;
+    } else {
+        g_gpu->upload(g_gpu, kc.d, kc.h, (size_t)kc.n * 4);
+        g_gpu->upload(g_gpu, vc.d, vc.h, (size_t)kc.n * 4);
+    }
+    g_cpu->attention_cache_fwd(g_cpu, out.h, q.h, kh, vh, B, T, S, pos0, Hq, Hkv, D, kv16);
+    g_gpu->attention_cache_fwd(g_gpu, out.d, q.d, kd, vd, B, T, S, pos0, Hq, Hkv, D, kv16);
     char line[200];
     snprintf(line, sizeof line, "attention_cache_fwd B=%lld T=%lld S=%lld pos0=%lld Hq=%lld "
-             "Hkv=%lld D=%lld", (long long)B, (long long)T, (long long)S, (long long)pos0,
-             (long long)Hq, (long long)Hkv, (long long)D);
+             "Hkv=%lld D=%lld%s", (long long)B, (long long)T, (long long)S, (long long)pos0,
+             (long long)Hq, (long long)Hkv, (long long)D, kv16 ? ", bf16 cache" : "");
     expect(line, &out, 3e-5);
+    if (kv16) {
+        g_gpu->release(g_gpu, k16d), g_gpu->release(g_gpu, v16d);
+        free(k16), free(v16);
+    }
     drop(&q), drop(&kc), drop(&vc), drop(&out);
 }
 
@@ -2163,14 +2181,25 @@ int main(int argc, char **argv) {
     test_attention_tc(5, 37, 4, 2, 136, 0, 16); /* by sequence with rep 2 */
     test_attention_tc(1, 1, 1, 1, 200, 1, 1);   /* T = 1 */
     test_attention_tc(2, 50, 8, 2, 256, 1, 0);  /* the planned workspace (one chunk of 50) */
-    test_attention_cache(2, 1, 80, 70, 4, 2, 40);  /* one decode step, 71 keys */
-    test_attention_cache(1, 13, 50, 20, 3, 1, 128); /* a prefill chunk at an offset */
-    test_attention_cache(1, 33, 33, 0, 2, 2, 72);   /* pos0 0, S = T: attention_fwd's case */
+    test_attention_cache(2, 1, 80, 70, 4, 2, 40, 0);  /* one decode step, 71 keys */
+    test_attention_cache(1, 13, 50, 20, 3, 1, 128, 0); /* a prefill chunk at an offset */
+    test_attention_cache(1, 33, 33, 0, 2, 2, 72, 0);   /* pos0 0, S = T: attention_fwd's case */
     /* few rows, many keys: each row's keys in splits of 256, joined in order (4 splits; 3 of a
      * prefill chunk, D 128; 2, the first rows' second split empty) */
-    test_attention_cache(1, 1, 1100, 1000, 4, 2, 40);
-    test_attention_cache(1, 3, 700, 600, 2, 1, 128);
-    test_attention_cache(1, 20, 300, 250, 2, 1, 64);
+    test_attention_cache(1, 1, 1100, 1000, 4, 2, 40, 0);
+    test_attention_cache(1, 3, 700, 600, 2, 1, 128, 0);
+    test_attention_cache(1, 20, 300, 250, 2, 1, 64, 0);
+    /* a bf16 cache: 8 splits of a decode step at D = 128 (vector loads of 4 elements a lane),
+     * a prefill chunk at D = 64 (2 a lane), D = 80 and 72 (3 a lane, element by element; the
+     * last lanes past D), D = 40 with grouped heads */
+    test_attention_cache(1, 1, 2100, 2047, 4, 4, 128, 1);
+    test_attention_cache(1, 9, 400, 350, 4, 2, 64, 1);
+    test_attention_cache(2, 1, 90, 77, 2, 1, 80, 1);
+    test_attention_cache(1, 5, 60, 40, 3, 3, 72, 1);
+    test_attention_cache(2, 1, 1100, 1000, 4, 2, 40, 1);
+    /* element by element at 4 a lane (D 98), and 1 a lane (D 24) */
+    test_attention_cache(1, 2, 70, 60, 2, 1, 98, 0);
+    test_attention_cache(1, 1, 40, 30, 2, 2, 24, 1);
     test_quant();
     test_tq_fused();
     test_matmul_operands();

@@ -17,6 +17,7 @@
 
 #include "comm/world.h"
 #include "backend/registry.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/llama.h"
@@ -61,19 +62,32 @@ static void check_ops(tz_backend *be) {
     float *o1 = malloc((size_t)nq * 4), *o2 = malloc((size_t)nq * 4), *lse = malloc((size_t)(B * H * T) * 4);
     fill(q, nq, 3), fill(k, nk, 4), fill(v, nk, 5);
     be->attention_fwd(be, o1, lse, q, k, v, B, T, H, Hkv, D, 1, NULL);
-    be->attention_cache_fwd(be, o2, q, k, v, B, T, T, 0, H, Hkv, D);
+    be->attention_cache_fwd(be, o2, q, k, v, B, T, T, 0, H, Hkv, D, 0);
     check(!memcmp(o1, o2, (size_t)nq * 4), "attention_cache_fwd(pos0 0, S = T) == attention_fwd");
     /* the last 4 queries of sequence 0 against a longer cache (capacity T + 3) */
     const int64_t S = T + 3, kvd = Hkv * D;
     float *kc = calloc((size_t)(S * kvd), 4), *vc = calloc((size_t)(S * kvd), 4);
     memcpy(kc, k, (size_t)(T * kvd) * 4), memcpy(vc, v, (size_t)(T * kvd) * 4);
-    be->attention_cache_fwd(be, o2, q + (T - 4) * H * D, kc, vc, 1, 4, S, T - 4, H, Hkv, D);
+    be->attention_cache_fwd(be, o2, q + (T - 4) * H * D, kc, vc, 1, 4, S, T - 4, H, Hkv, D, 0);
     worst = 0;
     for (int64_t i = 0; i < 4 * H * D; i++)
         worst = fmax(worst, fabs(o2[i] - o1[(T - 4) * H * D + i]));
     check(worst < 1e-5, "attention_cache_fwd at an offset == the rows of the whole sequence "
           "(max diff %.2e)", worst);
+    /* a bf16 cache (kv16): the fp32 cache's values rounded, then widened, bit for bit; the
+     * slots past the filled ones hold NaN and must not be read */
+    uint16_t *k16 = malloc((size_t)(S * kvd) * 2), *v16 = malloc((size_t)(S * kvd) * 2);
+    be->to_bf16(be, k16, kc, T * kvd), be->to_bf16(be, v16, vc, T * kvd);
+    for (int64_t i = T * kvd; i < S * kvd; i++) k16[i] = v16[i] = 0x7fc0;
+    for (int64_t i = 0; i < T * kvd; i++)
+        kc[i] = tz_bf16_to_f32(k16[i]), vc[i] = tz_bf16_to_f32(v16[i]);
+    float *o3 = malloc((size_t)(4 * H * D) * 4);
+    be->attention_cache_fwd(be, o2, q + (T - 4) * H * D, kc, vc, 1, 4, S, T - 4, H, Hkv, D, 0);
+    be->attention_cache_fwd(be, o3, q + (T - 4) * H * D, k16, v16, 1, 4, S, T - 4, H, Hkv, D, 1);
+    check(!memcmp(o2, o3, (size_t)(4 * H * D) * 4), "attention_cache_fwd over a bf16 cache == "
+          "over its values widened to fp32");
     free(x), free(y), free(q), free(k), free(v), free(o1), free(o2), free(lse), free(kc), free(vc);
+    free(k16), free(v16), free(o3);
 }
 
 static int64_t argmax(const float *x, int64_t n) {
