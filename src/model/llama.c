@@ -885,8 +885,16 @@ static void layer_fwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, co
             be->copy(be, (float *)kv->k + pos0 * kvd, a->k, (size_t)(T * kvd) * sizeof(float));
             be->copy(be, (float *)kv->v + pos0 * kvd, a->v, (size_t)(T * kvd) * sizeof(float));
         }
-        be->attention_cache_fwd(be, a->att, a->q, kv->k, kv->v, 1, T, kv->cap, pos0,
-                                d->n_heads, d->n_kv_heads, d->head_dim, kv->kv16);
+        if (pos0 == 0) { /* a prompt's first pass: the cache holds its rows alone, which is
+                          * attention_fwd's case (the same bits on the CPU: test_llama_generate),
+                          * on a device the flash kernels' tensor cores, not a warp a row */
+            be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
+            be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, 1, T, d->n_heads,
+                              d->n_kv_heads, d->head_dim, 1, NULL);
+        } else {
+            be->attention_cache_fwd(be, a->att, a->q, kv->k, kv->v, 1, T, kv->cap, pos0,
+                                    d->n_heads, d->n_kv_heads, d->head_dim, kv->kv16);
+        }
     } else if (!att_kept) {
         const float *in[3];
         const tz_att_ld *ld;

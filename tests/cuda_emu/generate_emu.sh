@@ -7,10 +7,13 @@
 #     rounding: test_gpu_model);
 #  2. the device's default precision (bf16 GEMM operands, the cache in bf16), dense and on a
 #     4-bit base: the same 12 greedy tokens as the CPU's fp32 run (the logits agree within
-#     bf16 rounding, test_gpu_model's decode case: 3.65e-3 of the largest; measured
+#     bf16 rounding, test_gpu_model's decode case: 3.91e-3 of the largest; measured
 #     2026-11-28, these prompts' greedy tokens are the CPU's for 40 tokens in both);
 #  3. the emulated run names its device a CPU emulation, on stderr: standard output holds the
-#     text alone (the backend's and the quantized base's start-up lines went there before).
+#     text alone (the backend's and the quantized base's start-up lines went there before);
+#  4. the prompt's pass takes attention's forward (the flash kernels, the cache holding the
+#     prompt alone) and the decode steps attention over the cache: a fault planted in either
+#     kernel stops the run.
 # Not a GPU result; 12 tokens at bf16 take some 4 s here each.
 # usage: generate_emu.sh TURBOZERO SOURCE_DIR LIBTZCUDA_EMU
 set -u
@@ -38,6 +41,16 @@ same() {
     ok "$what: the device's $n greedy tokens are the CPU's: '${dev//$'\n'/\\n}'" ||
     bad "$what: device '${dev//$'\n'/\\n}', CPU '${cpu//$'\n'/\\n}'"
 }
+# which kernels run: a fault planted in one (the emulation's TZ_CUDA_EMU_FAULT) stops the run
+for k in k_fa_fwd:"the prompt's pass runs attention's flash forward" \
+  k_att_cache:"the decode steps run attention over the key/value cache"; do
+  if ! TZ_CUDA_EMU_FAULT=${k%%:*} gen --max-new 2 --set run.device=cuda > /dev/null &&
+    grep -q "illegal memory access" "$err"; then
+    ok "${k#*:} (a fault planted in ${k%%:*} stops it)"
+  else
+    bad "${k#*:}: a fault planted in ${k%%:*} did not show"; cat "$err"
+  fi
+done
 same "fp32" 40 --set run.precision=fp32
 same "bf16 (the device's default), dense" 12
 same "bf16, a 4-bit TurboQuant base" 12 --set quant.bits=4
