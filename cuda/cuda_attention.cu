@@ -1817,7 +1817,8 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
 }
 
 /* ---- attention against a key/value cache (generation, forward only) ----
- * One warp per query row (b, t, h) at position pos0 + t and split of its keys. A decode step
+ * One warp per query row (b, t, h) at position pos0 + t and split of its keys (or per R rows
+ * of one key/value head's group: below, k_att_cache's R). A decode step
  * has a few dozen rows (Hq at T = 1), a few warps for the whole GPU, each walking every key in
  * turn: so where rows are few, each row's keys are cut into splits of AC_SPLIT, one warp
  * each, which write their unnormalised sums with their running max and sum into part
@@ -1833,6 +1834,8 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
  * by its lane's p. A cache in bf16 (kv16, KT = uint16_t) is read as bf16 and widened. */
 #define AC_SPLIT 256   /* keys a split */
 #define AC_WARPS 2048  /* splits stop where rows x splits reach this many warps */
+#define AC_THREADS 128 /* threads a block (__launch_bounds__(AC_THREADS, 1): up to 255 registers
+                        * a thread, which the unrolled steps take; fewer spilled, ptxas -v) */
 
 /* Lane's DPL elements of row from element lane DPL, widened (zeros past D, or all zeros
  * where !in). VEC: one load (DPL 2 or 4, D a multiple of DPL, rows DPL elements aligned). */
@@ -1884,76 +1887,120 @@ __device__ __forceinline__ void ac_tree(float (&sc)[32], int lane) {
     }
 }
 
-template <int DPL, class KT, bool VEC>
-__global__ void __launch_bounds__(256)
+/* The maximum and the sum over the lanes of a group of G (lanes G r .. G r + G - 1). */
+template <int G>
+__device__ __forceinline__ float ac_group_max(float v) {
+#pragma unroll
+    for (int o = G / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+template <int G>
+__device__ __forceinline__ float ac_group_sum(float v) {
+#pragma unroll
+    for (int o = G / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* R query heads of one key/value head (grouped-query attention: R divides its group) in one
+ * warp, so that each key and value row read serves R queries: a step takes KPS = 32 / R keys,
+ * and the tree's 32 values are (query r, key j) at r KPS + j, so that lane i ends with query
+ * i / KPS's score of key i % KPS; the softmax's max and sum are over each query's KPS lanes,
+ * and P V adds each value row to the R queries' sums (each lane holds its D elements of all
+ * R). R = 1 is one query a warp, 32 keys a step. */
+template <int DPL, class KT, bool VEC, int R>
+__global__ void __launch_bounds__(AC_THREADS, 1)
     k_att_cache(float *out, float *part, int64_t ns, const float *q, const KT *kc, const KT *vc,
                 int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq, int64_t Hkv, int64_t D,
                 float scale) {
+    constexpr int KPS = 32 / R;
     const int lane = threadIdx.x & 31;
+    const int64_t rep = Hq / Hkv, sets = rep / R; /* warps a (b, t, kv head) and split */
     const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    if (wid >= B * T * Hq * ns) return; /* the whole warp leaves together */
-    const int64_t row = wid / ns, sp = wid - row * ns;
-    const int64_t h = row % Hq, bt = row / Hq, t = bt % T, b = bt / T, g = h / (Hq / Hkv);
-    float qv[DPL];
-    ac_load<DPL, false>(qv, q + row * D, lane, D, true);
+    if (wid >= B * T * Hkv * sets * ns) return; /* the whole warp leaves together */
+    const int64_t item = wid / ns, sp = wid - item * ns;
+    const int64_t set = item % sets, g = item / sets % Hkv, bt = item / sets / Hkv, t = bt % T;
+    const int64_t b = bt / T, row0 = bt * Hq + g * rep + set * R; /* query r: row0 + r */
+    float qv[R][DPL];
+#pragma unroll
+    for (int r = 0; r < R; r++) ac_load<DPL, false>(qv[r], q + (row0 + r) * D, lane, D, true);
     const int64_t nkeys = pos0 + t + 1; /* keys 0 .. pos0 + t */
     /* this warp's keys: [k0, k1) (all of them without splits; empty past the row's keys) */
     const int64_t k0 = ns > 1 ? sp * AC_SPLIT : 0;
     const int64_t k1 = ns > 1 ? (k0 + AC_SPLIT < nkeys ? k0 + AC_SPLIT : nkeys) : nkeys;
     const int64_t ks = Hkv * D; /* elements from one position's row to the next */
     const KT *kb = kc + (b * S * Hkv + g) * D, *vb = vc + (b * S * Hkv + g) * D;
-    float m = -INFINITY, ls = 0.0f, acc[DPL]; /* ls: this lane's part of the sum */
+    /* m, ls: those of this lane's query (lane / KPS), ls this lane's part of the sum */
+    float m = -INFINITY, ls = 0.0f, acc[R][DPL];
 #pragma unroll
-    for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
-    for (int64_t s0 = k0; s0 < k1; s0 += 32) {
-        const int n = k1 - s0 < 32 ? (int)(k1 - s0) : 32; /* keys of this step */
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[r][i] = 0.0f;
+    for (int64_t s0 = k0; s0 < k1; s0 += KPS) {
+        const int n = k1 - s0 < KPS ? (int)(k1 - s0) : KPS; /* keys of this step */
         float sc[32];
 #pragma unroll
-        for (int j = 0; j < 32; j++) {
+        for (int j = 0; j < KPS; j++) {
             float x[DPL];
             ac_load<DPL, VEC>(x, kb + (s0 + j) * ks, lane, D, j < n);
-            float a = 0.0f;
 #pragma unroll
-            for (int i = 0; i < DPL; i++) a = fmaf(qv[i], x[i], a);
-            sc[j] = a;
+            for (int r = 0; r < R; r++) {
+                float a = 0.0f;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) a = fmaf(qv[r][i], x[i], a);
+                sc[r * KPS + j] = a;
+            }
         }
-        /* the transposing tree: after width w, lane i's sc[0 .. w) hold keys (i & ~(w - 1))
+        /* the transposing tree: after width w, lane i's sc[0 .. w) hold values (i & ~(w - 1))
          * + 0 .. w - 1 summed over the lanes that differ from i in bits >= w alone; after
-         * width 1, sc[0] is key s0 + i's dot product over all 32 lanes */
+         * width 1, sc[0] is value i's dot product over all 32 lanes: query i / KPS, key
+         * s0 + i % KPS */
         ac_tree<16>(sc, lane), ac_tree<8>(sc, lane), ac_tree<4>(sc, lane);
         ac_tree<2>(sc, lane), ac_tree<1>(sc, lane);
-        const bool live = lane < n;
+        const bool live = lane % KPS < n;
         const float s = live ? sc[0] * scale : -INFINITY;
-        const float mn = fmaxf(m, tz_warp_max_f(s)); /* finite: lane 0's key is live */
+        const float mn = fmaxf(m, ac_group_max<KPS>(s)); /* finite: the group's first key */
         const float p = live ? expf(s - mn) : 0.0f;
         const float corr = expf(m - mn); /* m = -inf: 0 */
         ls = ls * corr + p;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] *= corr;
+        for (int r = 0; r < R; r++) {
+            const float cr = R == 1 ? corr : __shfl_sync(0xffffffffu, corr, r * KPS);
 #pragma unroll
-        for (int j = 0; j < 32; j++) {
-            const float pj = __shfl_sync(0xffffffffu, p, j);
+            for (int i = 0; i < DPL; i++) acc[r][i] *= cr;
+        }
+#pragma unroll
+        for (int j = 0; j < KPS; j++) {
             float x[DPL];
             ac_load<DPL, VEC>(x, vb + (s0 + j) * ks, lane, D, j < n);
 #pragma unroll
-            for (int i = 0; i < DPL; i++) acc[i] = fmaf(pj, x[i], acc[i]);
+            for (int r = 0; r < R; r++) {
+                const float pj = __shfl_sync(0xffffffffu, p, r * KPS + j);
+#pragma unroll
+                for (int i = 0; i < DPL; i++) acc[r][i] = fmaf(pj, x[i], acc[r][i]);
+            }
         }
         m = mn;
     }
-    const float l = tz_warp_sum_f(ls);
+    const float l = ac_group_sum<KPS>(ls);
     const int d0 = lane * DPL;
-    if (ns > 1) { /* the split's sums, its max and its sum of exponentials */
-        float *pr = part + wid * (D + 2);
 #pragma unroll
-        for (int i = 0; i < DPL; i++)
-            if (d0 + i < D) pr[d0 + i] = acc[i];
-        if (lane == 0) pr[D] = m, pr[D + 1] = l;
-        return;
+    for (int r = 0; r < R; r++) {
+        const float lr = __shfl_sync(0xffffffffu, l, r * KPS);
+        const float mr = __shfl_sync(0xffffffffu, m, r * KPS);
+        const int64_t row = row0 + r;
+        if (ns > 1) { /* the split's sums, its max and its sum of exponentials */
+            float *pr = part + (row * ns + sp) * (D + 2);
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (d0 + i < D) pr[d0 + i] = acc[r][i];
+            if (lane == 0) pr[D] = mr, pr[D + 1] = lr;
+        } else {
+            float *o = out + row * D, inv = 1.0f / lr;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (d0 + i < D) o[d0 + i] = acc[r][i] * inv;
+        }
     }
-    float *o = out + row * D, inv = 1.0f / l;
-#pragma unroll
-    for (int i = 0; i < DPL; i++)
-        if (d0 + i < D) o[d0 + i] = acc[i] * inv;
 }
 
 /* One warp a row: its ns splits (max m_i, sum l_i, sums acc_i; an empty split has m_i = -inf)
@@ -2003,34 +2050,46 @@ static void cuda_attention_cache_fwd(tz_backend *be, float *out, const float *q,
     if (pos0 < 0 || pos0 + T > S)
         TZ_FATAL("attention_cache: positions %lld..%lld exceed the cache's %lld",
                  (long long)pos0, (long long)(pos0 + T - 1), (long long)S);
-    const int64_t rows = B * T * Hq, ns = att_cache_splits(rows, pos0 + T);
-    const int64_t warps = rows * ns;
-    const unsigned blocks = (unsigned)((warps * 32 + 255) / 256);
-    const float scale = 1.0f / sqrtf((float)D);
-    cudaStream_t st = tz_cuda_stream(be);
-    float *part = ns > 1 ? (float *)tz_cuda_scratch(be, (size_t)(warps * (D + 2)) * sizeof(float))
-                         : NULL;
+    /* R: the query heads a warp takes of a group (the largest of 8, 4, 2 dividing it, on the
+     * paths of one load a row; else 1) */
     const int dpl = (int)((D + 31) / 32);
     const uintptr_t align = (uintptr_t)dpl * (kv16 ? 2 : 4);
     /* one load a lane's row where it is DPL whole, aligned elements */
     const int vec = (dpl == 2 || dpl == 4) && D % dpl == 0 && (uintptr_t)kc % align == 0 &&
                     (uintptr_t)vc % align == 0;
-#define AC_GO(DPL, KT, VEC)                                                                     \
-    k_att_cache<DPL, KT, VEC><<<blocks, 256, 0, st>>>(out, part, ns, q, (const KT *)kc,       \
-                                                      (const KT *)vc, B, T, S, pos0, Hq, Hkv,  \
-                                                      D, scale)
+    const int64_t rep = Hq / Hkv;
+    const int R = !vec ? 1 : rep % 8 == 0 ? 8 : rep % 4 == 0 ? 4 : rep % 2 == 0 ? 2 : 1;
+    const int64_t rows = B * T * Hq, ns = att_cache_splits(rows / R, pos0 + T);
+    const int64_t warps = rows / R * ns;
+    const unsigned blocks = (unsigned)((warps * 32 + AC_THREADS - 1) / AC_THREADS);
+    const float scale = 1.0f / sqrtf((float)D);
+    cudaStream_t st = tz_cuda_stream(be);
+    float *part = ns > 1 ? (float *)tz_cuda_scratch(be, (size_t)(rows * ns * (D + 2)) * sizeof(float))
+                         : NULL;
+#define AC_GO(DPL, KT, VEC, R)                                                                  \
+    k_att_cache<DPL, KT, VEC, R><<<blocks, AC_THREADS, 0, st>>>(out, part, ns, q,             \
+                                                                (const KT *)kc, (const KT *)vc, \
+                                                                B, T, S, pos0, Hq, Hkv, D, scale)
+#define AC_VEC(DPL, KT)                                                                         \
+    do {                                                                                        \
+        if (R == 8) AC_GO(DPL, KT, true, 8);                                                    \
+        else if (R == 4) AC_GO(DPL, KT, true, 4);                                               \
+        else if (R == 2) AC_GO(DPL, KT, true, 2);                                               \
+        else AC_GO(DPL, KT, true, 1);                                                           \
+    } while (0)
 #define AC_TYPE(KT)                                                                             \
     do {                                                                                        \
-        if (dpl == 1) AC_GO(1, KT, false);                                                      \
-        else if (dpl == 2 && vec) AC_GO(2, KT, true);                                           \
-        else if (dpl == 2) AC_GO(2, KT, false);                                                 \
-        else if (dpl == 3) AC_GO(3, KT, false);                                                 \
-        else if (vec) AC_GO(4, KT, true);                                                       \
-        else AC_GO(4, KT, false);                                                               \
+        if (dpl == 1) AC_GO(1, KT, false, 1);                                                   \
+        else if (dpl == 2 && vec) AC_VEC(2, KT);                                                \
+        else if (dpl == 2) AC_GO(2, KT, false, 1);                                              \
+        else if (dpl == 3) AC_GO(3, KT, false, 1);                                              \
+        else if (vec) AC_VEC(4, KT);                                                            \
+        else AC_GO(4, KT, false, 1);                                                            \
     } while (0)
     if (kv16) AC_TYPE(uint16_t);
     else AC_TYPE(float);
 #undef AC_TYPE
+#undef AC_VEC
 #undef AC_GO
     CUDA_LAUNCHED();
     if (ns > 1) {

@@ -2200,6 +2200,13 @@ int main(int argc, char **argv) {
     /* element by element at 4 a lane (D 98), and 1 a lane (D 24) */
     test_attention_cache(1, 2, 70, 60, 2, 1, 98, 0);
     test_attention_cache(1, 1, 40, 30, 2, 2, 24, 1);
+    /* several query heads of a group in one warp (R of them, 32 / R keys a step): R = 8 with
+     * 8 splits and a last step of 2 of its 4 keys; R = 4 on a prefill chunk; groups of 12 and
+     * 6, three warps of R = 4 and of R = 2 each, with splits and without */
+    test_attention_cache(1, 1, 2100, 2045, 16, 2, 128, 1);
+    test_attention_cache(1, 5, 90, 61, 8, 2, 64, 0);
+    test_attention_cache(2, 1, 300, 290, 12, 1, 128, 1);
+    test_attention_cache(1, 2, 50, 33, 6, 1, 40, 0);
     test_quant();
     test_tq_fused();
     test_matmul_operands();
