@@ -1741,13 +1741,16 @@ static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     k_att_delta<<<tz_cuda_blocks(rows * 32, 256), 256, 0, st>>>(delta, dout, out, sh, 1, lse2,
                                                                  lse, dout16);
     CUDA_LAUNCHED();
+    tz_cuda_part(be, "attention_bwd: k_att_delta");
     const int dp = fa_dp(sh.D);
     dim3 gq((unsigned)((sh.T + FQ - 1) / FQ), (unsigned)sh.Hq, (unsigned)sh.B);
     FA_DISPATCH_P(dp, sh.pipe, TI, k_fa_dq, gq, fa_smem_fwd(dp, sh.pipe), st, dq, dout, lse,
                   delta, q, k, v, sh, dout16, lse2);
+    tz_cuda_part(be, "attention_bwd: k_fa_dq");
     dim3 gk((unsigned)((sh.T + FKV - 1) / FKV), (unsigned)sh.Hkv, (unsigned)sh.B);
     FA_DISPATCH_P(dp, sh.pipe, TI, k_fa_dkv, gk, fa_smem_dkv(dp, sh.pipe), st, dk, dv, dout,
                   lse, delta, q, k, v, sh, dout16, lse2);
+    tz_cuda_part(be, "attention_bwd: k_fa_dkv");
 }
 
 /* ================= the table's entries ================= */
@@ -2092,10 +2095,12 @@ static void cuda_attention_cache_fwd(tz_backend *be, float *out, const float *q,
 #undef AC_VEC
 #undef AC_GO
     CUDA_LAUNCHED();
+    tz_cuda_part(be, "attention_cache_fwd: k_att_cache");
     if (ns > 1) {
         k_att_cache_join<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, st>>>(out, part, rows,
                                                                              ns, D);
         CUDA_LAUNCHED();
+        tz_cuda_part(be, "attention_cache_fwd: k_att_cache_join");
     }
 }
 

@@ -303,6 +303,7 @@ struct sync_debug_scope {
             w0 = op_clock_ms();
             if (c->times_t0 == 0) c->times_t0 = w0;
             CUDA_CHECK(cudaEventRecord(c->op_t0, c->stream));
+            c->part_last = -1;
         }
     }
     ~sync_debug_scope() {
@@ -347,6 +348,23 @@ static int cmp_op_time(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
+void tz_cuda_part(tz_backend *be, const char *name) {
+    tz_cuda_ctx *c = tz_cuda_ctx_of(be);
+    if (!c->op_times || c->op_depth == 0) return;
+    const int i = c->part_last == 0 ? 1 : 0;
+    CUDA_CHECK(cudaEventRecord(c->part_ev[i], c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, c->part_last < 0 ? c->op_t0 : c->part_ev[c->part_last],
+                                    c->part_ev[i]));
+    c->part_last = i;
+    int k = 0;
+    while (k < c->nparts && strcmp(c->parts[k].name, name)) k++;
+    if (k == TZ_CUDA_PARTS) return; /* (more names than the table holds: not counted) */
+    if (k == c->nparts) c->parts[c->nparts++].name = name;
+    c->parts[k].calls++, c->parts[k].gpu_ms += ms;
+}
+
 /* TZ_CUDA_OP_TIMES: the table of GPU and wall time per op, largest first, at the backend's end. */
 static void op_times_report(tz_cuda_ctx *c) {
     if (!c->op_times || !c->times) return;
@@ -366,6 +384,13 @@ static void op_times_report(tz_cuda_ctx *c) {
                 t->gpu_ms, gpu > 0 ? 100 * t->gpu_ms / gpu : 0, t->wall_ms,
                 1e3 * t->gpu_ms / t->calls);
     }
+    if (!c->nparts) return;
+    fprintf(stderr, "TZ_CUDA_OP_TIMES: parts of ops (the launches since the op's start or its "
+            "last part; within the op's time above)\n  %-32s %9s %12s %10s\n", "op: part",
+            "calls", "gpu ms", "us/call");
+    for (int i = 0; i < c->nparts; i++)
+        fprintf(stderr, "  %-32s %9ld %12.2f %10.1f\n", c->parts[i].name, c->parts[i].calls,
+                c->parts[i].gpu_ms, 1e3 * c->parts[i].gpu_ms / c->parts[i].calls);
 }
 
 static void sync_debug_install(tz_backend *be, int sync_debug, int op_times) {
@@ -385,6 +410,8 @@ static void sync_debug_install(tz_backend *be, int sync_debug, int op_times) {
         if (!c->times) TZ_FATAL("out of memory for TZ_CUDA_OP_TIMES");
         CUDA_CHECK(cudaEventCreate(&c->op_t0));
         CUDA_CHECK(cudaEventCreate(&c->op_t1));
+        CUDA_CHECK(cudaEventCreate(&c->part_ev[0]));
+        CUDA_CHECK(cudaEventCreate(&c->part_ev[1]));
     }
 }
 
@@ -420,7 +447,10 @@ static void cuda_destroy(tz_backend *be) {
     cudaStreamSynchronize(c->stream);
     cudaStreamSynchronize(c->copy_stream);
     op_times_report(c);
-    if (c->times) cudaEventDestroy(c->op_t0), cudaEventDestroy(c->op_t1), free(c->times);
+    if (c->times) {
+        cudaEventDestroy(c->op_t0), cudaEventDestroy(c->op_t1), free(c->times);
+        cudaEventDestroy(c->part_ev[0]), cudaEventDestroy(c->part_ev[1]);
+    }
     cudaFree(c->scratch);
     cudaFree(c->gemm16);
     cudaFree(c->narrow_count);

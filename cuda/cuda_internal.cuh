@@ -110,6 +110,7 @@ typedef struct tz_cuda_sign_cache {
     int n, cap;
 } tz_cuda_sign_cache;
 
+#define TZ_CUDA_PARTS 32 /* named parts of ops that TZ_CUDA_OP_TIMES times (tz_cuda_part) */
 struct tz_cuda_op_time {
     const char *name;
     long calls;
@@ -141,6 +142,10 @@ typedef struct tz_cuda_ctx {
     int op_depth;         /* table entries in progress (an op calling another counts once) */
     cudaEvent_t op_t0, op_t1;
     struct tz_cuda_op_time *times; /* per op of the table, in TZ_BACKEND_OPS order */
+    cudaEvent_t part_ev[2];        /* tz_cuda_part's marks, in turn */
+    int part_last;                 /* -1: the op's start (op_t0) is its last mark, else part_ev[i] */
+    struct tz_cuda_op_time parts[TZ_CUDA_PARTS]; /* by name, in order of first use */
+    int nparts;
     double times_t0;      /* the host clock at the first timed op */
     tz_backend *ops;      /* then: the table's own ops, which the wrappers call */
     tz_cuda_rope_cache rope;
@@ -152,6 +157,11 @@ typedef struct tz_cuda_ctx {
 
 static inline tz_cuda_ctx *tz_cuda_ctx_of(tz_backend *be) { return (tz_cuda_ctx *)be->ctx; }
 static inline cudaStream_t tz_cuda_stream(tz_backend *be) { return tz_cuda_ctx_of(be)->stream; }
+
+/* TZ_CUDA_OP_TIMES: the GPU time of an op's launches since its start or its last part,
+ * counted under `name` (a string literal, e.g. "attention_bwd: k_fa_dq"), reported beside the
+ * op table: where a many-kernel op's time goes. Nothing without the mode. */
+void tz_cuda_part(tz_backend *be, const char *name);
 
 /* Device scratch of at least `bytes` (256-aligned), valid until the next call; the previous
  * contents are lost when it grows. Ops use it between their own kernels on the stream. */

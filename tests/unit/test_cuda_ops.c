@@ -1994,6 +1994,13 @@ static void child_op_times(void) {
     for (int i = 0; i < 3; i++) be->matmul(be, c, a, b, M, N, K, 0, 0, 0.5f, i ? 1.0f : 0.0f);
     be->rmsnorm_fwd(be, c, r, c, w, M, N, 1e-5f);
     fprintf(stderr, "sumsq %a\n", be->sumsq(be, c, M * N));
+    /* attention over a cache of 600 keys in splits: two kernels, each a part of the op */
+    const int64_t S = 600, D = 32;
+    float *qc = be->alloc(be, (size_t)D * 4), *kv = be->alloc(be, (size_t)(S * D) * 4);
+    float *oc = be->alloc(be, (size_t)D * 4);
+    be->fill(be, qc, 0.1f, D), be->fill(be, kv, 0.2f, S * D);
+    be->attention_cache_fwd(be, oc, qc, kv, kv, 1, 1, S, S - 1, 1, 1, D, 0);
+    be->sync(be);
     tz_backend_destroy(be);
 }
 
@@ -2021,10 +2028,19 @@ static void test_op_times(void) {
     check(strstr(timed, "TZ_CUDA_OP_TIMES on") && !strstr(plain, "TZ_CUDA_OP_TIMES on"),
           "TZ_CUDA_OP_TIMES=1: the table at the backend's end, and only then");
     check(op_calls(timed, "matmul") == 3 && op_calls(timed, "rmsnorm_fwd") == 1 &&
-              op_calls(timed, "sumsq") == 1 && op_calls(timed, "fill") == 3,
+              op_calls(timed, "sumsq") == 1 && op_calls(timed, "fill") == 5,
           "TZ_CUDA_OP_TIMES=1: calls counted per op (matmul %ld, rmsnorm_fwd %ld, sumsq %ld, "
           "fill %ld)", op_calls(timed, "matmul"), op_calls(timed, "rmsnorm_fwd"),
           op_calls(timed, "sumsq"), op_calls(timed, "fill"));
+    /* the parts of an op of several kernels (tz_cuda_part), each once */
+    check(op_calls(timed, "attention_cache_fwd") == 1 &&
+              op_calls(timed, "attention_cache_fwd: k_att_cache") == 1 &&
+              op_calls(timed, "attention_cache_fwd: k_att_cache_join") == 1 &&
+              strstr(timed, "parts of ops") && !strstr(plain, "parts of ops"),
+          "TZ_CUDA_OP_TIMES=1: an op's parts counted (attention_cache_fwd %ld: k_att_cache %ld, "
+          "k_att_cache_join %ld)", op_calls(timed, "attention_cache_fwd"),
+          op_calls(timed, "attention_cache_fwd: k_att_cache"),
+          op_calls(timed, "attention_cache_fwd: k_att_cache_join"));
 }
 
 /* TZ_CUDA_SYNC_DEBUG: the same results as without it; a kernel's fault named by its op (and,
