@@ -213,6 +213,7 @@ run_optimes() {
     TZ_CUDA_OP_TIMES=1 timeout "$(cap 100)" "$tz" bench --preset $p --set train.steps=2 \
       > "$out/optimes-$p.log" 2>&1 || echo "   (exit $?: see optimes-$p.log)"
     grep -A14 'TZ_CUDA_OP_TIMES on' "$out/optimes-$p.log" | sed 's/^/   /'
+    grep -A6 'parts of ops' "$out/optimes-$p.log" | sed 's/^/   /' # attention_bwd's kernels
   done
   # attention's op times with each flash switch taking one step back: the forward at 64
   # query rows a block (TZ_FA_ROWS=64), the tiles staged instead of copied ahead
@@ -223,8 +224,8 @@ run_optimes() {
     echo "== $sw TZ_CUDA_OP_TIMES=1 turbozero bench --preset llama2-7b (2 steps; attention)"
     env "$sw" TZ_CUDA_OP_TIMES=1 timeout "$(cap 100)" "$tz" bench --preset llama2-7b \
       --set train.steps=2 > "$out/optimes-llama2-7b-${sw%%=*}.log" 2>&1 || echo "   (exit $?)"
-    grep -A14 'TZ_CUDA_OP_TIMES on' "$out/optimes-llama2-7b-${sw%%=*}.log" | grep -E 'attention|TZ_CUDA' |
-      sed 's/^/   /'
+    grep -E '^  attention|TZ_CUDA_OP_TIMES on' "$out/optimes-llama2-7b-${sw%%=*}.log" |
+      sed 's/^/   /' # (the op rows and the parts rows of attention)
   done
 }
 
