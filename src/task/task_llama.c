@@ -427,13 +427,17 @@ static void generate_one(gen_ctx *g, const char *prompt) {
     fwrite(text, 1, len, stdout);
     fputc('\n', stdout);
     fflush(stdout);
-    char speed[96] = "";
+    char speed[160] = "";
+    int w = 0;
     if (a->max_new > 0) {
-        const int w = snprintf(speed, sizeof speed, "; prompt %.2f s", t_prompt - t0);
+        w = snprintf(speed, sizeof speed, "; prompt %.2f s", t_prompt - t0);
         if (steps > 0 && t_last > t_prompt && w > 0 && (size_t)w < sizeof speed)
-            snprintf(speed + w, sizeof speed - (size_t)w, ", %.1f tokens/s after it",
-                     (double)steps / (t_last - t_prompt));
+            w += snprintf(speed + w, sizeof speed - (size_t)w, ", %.1f tokens/s after it",
+                          (double)steps / (t_last - t_prompt));
     }
+    if (g->be->device && w >= 0 && (size_t)w < sizeof speed) /* the allocator's own count */
+        snprintf(speed + w, sizeof speed - (size_t)w, "; device memory peak %.2f GiB",
+                 (double)g->be->peak_bytes / 1073741824.0);
     fprintf(stderr, "generate: %lld prompt tokens%s%s, %lld new (%s%s), stopped at %s%s\n",
             (long long)np, a->chat ? ", template " : "", a->chat ? g->tmpl : "",
             (long long)(n - np), a->temperature > 0 ? "sampled" : "greedy",

@@ -33,6 +33,8 @@ same() {
   dev=$(gen --max-new "$n" --set run.device=cuda "$@") || { bad "$what: the device run failed"; cat "$err"; return; }
   grep -q "CPU emulation of CUDA" "$err" || bad "$what: the device run does not name its device a CPU emulation"
   grep -q "generate: 12 prompt tokens, $n new" "$err" || { bad "$what: not $n new tokens"; cat "$err"; }
+  grep -qE "; device memory peak [0-9]+\.[0-9]+ GiB$" "$err" ||
+    bad "$what: the device run's stderr line does not end with its memory peak"
   # standard output is the text alone (a byte a token here), the start-up lines on stderr
   [ "$(LC_ALL=C; echo ${#dev})" -eq "$n" ] &&
     ok "$what: standard output holds the $n bytes of text alone" ||
