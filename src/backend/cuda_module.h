@@ -12,9 +12,14 @@
 
 /* ---- the layout both sides were built with ---- */
 /* A stamp of the structs that cross the boundary (today the op table, struct tz_backend):
- * its size and the offset of its last member. A module built from another tree (a stale
- * libtzcuda.so beside a new binary) gives another stamp and is refused at load. */
-#define TZ_CUDA_ABI_STAMP ((uint64_t)sizeof(tz_backend) << 32 | (uint64_t)offsetof(tz_backend, device_info))
+ * its size, the offset of its last member and TZ_CUDA_ABI_VERSION, which a change of an op's
+ * arguments that keeps the layout must raise (the layout alone does not show it). A module
+ * built from another tree (a stale libtzcuda.so beside a new binary) gives another stamp and
+ * is refused at load. */
+#define TZ_CUDA_ABI_VERSION 1 /* 1: attention_cache_fwd's kv16 (2026-11-28) */
+#define TZ_CUDA_ABI_STAMP                                                                     \
+    ((uint64_t)sizeof(tz_backend) << 32 | (uint64_t)offsetof(tz_backend, device_info) << 8 |  \
+     (uint64_t)TZ_CUDA_ABI_VERSION)
 typedef uint64_t tz_cuda_abi_fn(void);
 #define TZ_CUDA_SYM_ABI "tz_cuda_module_abi"
 
