@@ -1904,18 +1904,21 @@ __device__ __forceinline__ float ac_group_sum(float v) {
     return v;
 }
 
-/* R query heads of one key/value head (grouped-query attention: R divides its group) in one
- * warp, so that each key and value row read serves R queries: a step takes KPS = 32 / R keys,
- * and the tree's 32 values are (query r, key j) at r KPS + j, so that lane i ends with query
- * i / KPS's score of key i % KPS; the softmax's max and sum are over each query's KPS lanes,
- * and P V adds each value row to the R queries' sums (each lane holds its D elements of all
- * R). R = 1 is one query a warp, 32 keys a step. */
+/* R query heads of one key/value head (grouped-query attention: R divides its group, 1 to 8)
+ * in one warp, so that each key and value row read serves R queries: a step takes KPS keys
+ * (32 / R rounded down to a power of two: 32, 16, 8 or 4), and the tree's values are (query
+ * r, key j) at r KPS + j, so that lane i ends with query i / KPS's score of key i % KPS (the
+ * lanes from R KPS on, where R is not a power of two, hold no query's: zeros, never live);
+ * the softmax's max and sum are over each query's KPS lanes, and P V adds each value row to
+ * the R queries' sums (each lane holds its D elements of all R). R = 1 is one query a warp,
+ * 32 keys a step. */
 template <int DPL, class KT, bool VEC, int R>
 __global__ void __launch_bounds__(AC_THREADS, 1)
     k_att_cache(float *out, float *part, int64_t ns, const float *q, const KT *kc, const KT *vc,
                 int64_t B, int64_t T, int64_t S, int64_t pos0, int64_t Hq, int64_t Hkv, int64_t D,
                 float scale) {
-    constexpr int KPS = 32 / R;
+    constexpr int KPS = R == 1 ? 32 : R == 2 ? 16 : R <= 4 ? 8 : 4;
+    static_assert(R >= 1 && R <= 8, "k_att_cache: 1 to 8 queries a warp");
     const int lane = threadIdx.x & 31;
     const int64_t rep = Hq / Hkv, sets = rep / R; /* warps a (b, t, kv head) and split */
     const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -1942,6 +1945,8 @@ __global__ void __launch_bounds__(AC_THREADS, 1)
         const int n = k1 - s0 < KPS ? (int)(k1 - s0) : KPS; /* keys of this step */
         float sc[32];
 #pragma unroll
+        for (int v = R * KPS; v < 32; v++) sc[v] = 0.0f; /* no query's */
+#pragma unroll
         for (int j = 0; j < KPS; j++) {
             float x[DPL];
             ac_load<DPL, VEC>(x, kb + (s0 + j) * ks, lane, D, j < n);
@@ -1959,11 +1964,12 @@ __global__ void __launch_bounds__(AC_THREADS, 1)
          * s0 + i % KPS */
         ac_tree<16>(sc, lane), ac_tree<8>(sc, lane), ac_tree<4>(sc, lane);
         ac_tree<2>(sc, lane), ac_tree<1>(sc, lane);
-        const bool live = lane % KPS < n;
+        const bool live = lane < R * KPS && lane % KPS < n;
         const float s = live ? sc[0] * scale : -INFINITY;
-        const float mn = fmaxf(m, ac_group_max<KPS>(s)); /* finite: the group's first key */
+        const float mn = fmaxf(m, ac_group_max<KPS>(s)); /* finite where a query is: its first key */
         const float p = live ? expf(s - mn) : 0.0f;
-        const float corr = expf(m - mn); /* m = -inf: 0 */
+        /* m = -inf < mn: 0; m = mn: 1 (also in the lanes of no query, where both are -inf) */
+        const float corr = m == mn ? 1.0f : expf(m - mn);
         ls = ls * corr + p;
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -2053,15 +2059,16 @@ static void cuda_attention_cache_fwd(tz_backend *be, float *out, const float *q,
     if (pos0 < 0 || pos0 + T > S)
         TZ_FATAL("attention_cache: positions %lld..%lld exceed the cache's %lld",
                  (long long)pos0, (long long)(pos0 + T - 1), (long long)S);
-    /* R: the query heads a warp takes of a group (the largest of 8, 4, 2 dividing it, on the
-     * paths of one load a row; else 1) */
+    /* R: the query heads a warp takes of a group */
     const int dpl = (int)((D + 31) / 32);
     const uintptr_t align = (uintptr_t)dpl * (kv16 ? 2 : 4);
     /* one load a lane's row where it is DPL whole, aligned elements */
     const int vec = (dpl == 2 || dpl == 4) && D % dpl == 0 && (uintptr_t)kc % align == 0 &&
                     (uintptr_t)vc % align == 0;
     const int64_t rep = Hq / Hkv;
-    const int R = !vec ? 1 : rep % 8 == 0 ? 8 : rep % 4 == 0 ? 4 : rep % 2 == 0 ? 2 : 1;
+    int R = 1; /* the largest divisor of the group up to 8, on the paths of one load a row */
+    for (int r = 8; vec && r > 1 && R == 1; r--)
+        if (rep % r == 0) R = r;
     const int64_t rows = B * T * Hq, ns = att_cache_splits(rows / R, pos0 + T);
     const int64_t warps = rows / R * ns;
     const unsigned blocks = (unsigned)((warps * 32 + AC_THREADS - 1) / AC_THREADS);
@@ -2075,10 +2082,16 @@ static void cuda_attention_cache_fwd(tz_backend *be, float *out, const float *q,
                                                                 B, T, S, pos0, Hq, Hkv, D, scale)
 #define AC_VEC(DPL, KT)                                                                         \
     do {                                                                                        \
-        if (R == 8) AC_GO(DPL, KT, true, 8);                                                    \
-        else if (R == 4) AC_GO(DPL, KT, true, 4);                                               \
-        else if (R == 2) AC_GO(DPL, KT, true, 2);                                               \
-        else AC_GO(DPL, KT, true, 1);                                                           \
+        switch (R) {                                                                            \
+        case 8: AC_GO(DPL, KT, true, 8); break;                                                 \
+        case 7: AC_GO(DPL, KT, true, 7); break;                                                 \
+        case 6: AC_GO(DPL, KT, true, 6); break;                                                 \
+        case 5: AC_GO(DPL, KT, true, 5); break;                                                 \
+        case 4: AC_GO(DPL, KT, true, 4); break;                                                 \
+        case 3: AC_GO(DPL, KT, true, 3); break;                                                 \
+        case 2: AC_GO(DPL, KT, true, 2); break;                                                 \
+        default: AC_GO(DPL, KT, true, 1);                                                       \
+        }                                                                                       \
     } while (0)
 #define AC_TYPE(KT)                                                                             \
     do {                                                                                        \

@@ -2216,13 +2216,19 @@ int main(int argc, char **argv) {
     /* element by element at 4 a lane (D 98), and 1 a lane (D 24) */
     test_attention_cache(1, 2, 70, 60, 2, 1, 98, 0);
     test_attention_cache(1, 1, 40, 30, 2, 2, 24, 1);
-    /* several query heads of a group in one warp (R of them, 32 / R keys a step): R = 8 with
-     * 8 splits and a last step of 2 of its 4 keys; R = 4 on a prefill chunk; groups of 12 and
-     * 6, three warps of R = 4 and of R = 2 each, with splits and without */
+    /* several query heads of a group in one warp (R of them, 32 / R keys a step rounded down
+     * to a power of two): R = 8 with 8 splits and a last step of 2 of its 4 keys; R = 4 on a
+     * prefill chunk; a group of 12 in two warps of R = 6 (24 of the tree's 32 values a
+     * query's), with splits; R = 6 at D 40; R = 7 (28 values) with splits, R = 5 (20) on a
+     * prefill chunk, R = 3 (24, 8 keys a step) in bf16; and R = 3 of a group of 3 at D 128
+     * above */
     test_attention_cache(1, 1, 2100, 2045, 16, 2, 128, 1);
     test_attention_cache(1, 5, 90, 61, 8, 2, 64, 0);
     test_attention_cache(2, 1, 300, 290, 12, 1, 128, 1);
     test_attention_cache(1, 2, 50, 33, 6, 1, 40, 0);
+    test_attention_cache(1, 1, 1500, 1400, 7, 1, 128, 1);
+    test_attention_cache(1, 3, 80, 50, 10, 2, 128, 0);
+    test_attention_cache(2, 1, 200, 150, 6, 2, 64, 1);
     test_quant();
     test_tq_fused();
     test_matmul_operands();
