@@ -27,9 +27,10 @@
 #                               the 7B again with TZ_NARROW_GEMM=0, without a switch, with
 #                               TZ_ATT_KEEP=0 and with TZ_TQ_CHUNKS=1, then at 64 tokens a
 #                               step with and without TZ_TQ_FUSED=0, then `generate` on the
-#                               7B's shape (1,024 prompt tokens, 128 new) with and without it,
-#                               while time is left (TZ_DEVICE_BUDGET applies; about 140 s on an
-#                               H200 before the last four).
+#                               7B's shape (1,024 prompt tokens, 128 new) with and without it
+#                               and after 3,000 prompt tokens, while time is left
+#                               (TZ_DEVICE_BUDGET applies; about 140 s on an H200 before the
+#                               last seven).
 #   tests/gpu/device.sh ab      on the GPU machine: the built CUDA module against another
 #                               (TZ_AB_MODULE=path; TZ_AB_TURBOZERO=path: its program, where
 #                               the change is in the program too), or against itself with
@@ -268,9 +269,11 @@ speed_bench() {
 }
 
 # generate on the 7B's shape (random weights; LoRA r16 on a 4-bit base, as the bench preset):
-# a prompt of 1,024 tokens, then 128 decode steps; the speed from generate's stderr line
+# a prompt of PROMPT tokens (default 1,024; bytes of docs/guide.md), then 128 decode steps; the
+# speed from generate's stderr line
 gen_bench() {
   local sfx=$1 title=$2 log="$out/gen-llama2-7b$1.log" cfg="$out/gen-llama2-7b.cfg"
+  local n=${PROMPT:-1024}
   [ "$(left 20)" -gt 60 ] || { echo "== $title: not run (out of time)"; return; }
   cat > "$cfg" <<CFG
 model = { path = "preset:llama2-7b"; };
@@ -279,7 +282,7 @@ lora = { rank = 16; alpha = 32.0; targets = ["q", "k", "v", "o", "gate", "up", "
 quant = { bits = 4; group = 128; };
 CFG
   echo "== $title"
-  timeout "$(cap 120)" "$tz" generate "$cfg" --prompt "$(head -c 1024 README.md | tr -c ' -~' ' ')" \
+  timeout "$(cap 120)" "$tz" generate "$cfg" --prompt "$(head -c "$n" docs/guide.md | tr -c ' -~' ' ')" \
     --max-new 128 > /dev/null 2> "$log" || echo "   (exit $?: see $(basename "$log"))"
   grep -E '^generate:' "$log" | sed 's/^/   /'
 }
@@ -302,9 +305,9 @@ table() {
       read -r a b c <<< "$(ours "$out/bench-llama2-7b${sw%%:*}.log")"
       printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b, ${sw#*:}" "$a tok" "$b alloc" "$c used"
     done
-    for sw in :"" -nofused:", TZ_TQ_FUSED=0"; do
+    for sw in :" 1024+128" -nofused:" 1024+128, TZ_TQ_FUSED=0" -long:" 3000+128"; do
       [ -e "$out/gen-llama2-7b${sw%%:*}.log" ] || continue
-      printf '%-44s %12s %14s %14s\n' "generate llama2-7b 1024+128${sw#*:}" \
+      printf '%-44s %12s %14s %14s\n' "generate llama2-7b${sw#*:}" \
         "$(gen_speed "$out/gen-llama2-7b${sw%%:*}.log") tok" "-" "-"
     done
     read -r a b c <<< "$(anchor "$out/anchor-lora.log")"
@@ -409,6 +412,8 @@ speed)
   # generation: decode steps through the fused kernel and the bf16 cache, then without the kernel
   gen_bench "" "turbozero generate on llama2-7b's shape: 1,024 prompt tokens, 128 new"
   TZ_TQ_FUSED=0 gen_bench -nofused "TZ_TQ_FUSED=0 turbozero generate on llama2-7b's shape"
+  # a long context: the bf16 cache read each step (1.5 GiB at 3,072 positions) beside the codes
+  PROMPT=3000 gen_bench -long "turbozero generate on llama2-7b's shape: 3,000 prompt tokens"
   table
   ;;
 sweep)
