@@ -2059,14 +2059,15 @@ static void cuda_attention_cache_fwd(tz_backend *be, float *out, const float *q,
     if (pos0 < 0 || pos0 + T > S)
         TZ_FATAL("attention_cache: positions %lld..%lld exceed the cache's %lld",
                  (long long)pos0, (long long)(pos0 + T - 1), (long long)S);
-    /* R: the query heads a warp takes of a group */
     const int dpl = (int)((D + 31) / 32);
     const uintptr_t align = (uintptr_t)dpl * (kv16 ? 2 : 4);
     /* one load a lane's row where it is DPL whole, aligned elements */
     const int vec = (dpl == 2 || dpl == 4) && D % dpl == 0 && (uintptr_t)kc % align == 0 &&
                     (uintptr_t)vc % align == 0;
     const int64_t rep = Hq / Hkv;
-    int R = 1; /* the largest divisor of the group up to 8, on the paths of one load a row */
+    /* R, the query heads a warp takes of a group: its largest divisor up to 8, on the paths of
+     * one load a row */
+    int R = 1;
     for (int r = 8; vec && r > 1 && R == 1; r--)
         if (rep % r == 0) R = r;
     const int64_t rows = B * T * Hq, ns = att_cache_splits(rows / R, pos0 + T);
