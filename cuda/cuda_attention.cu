@@ -49,6 +49,14 @@ typedef struct {
                * DV16; the flash kernels on the tensor cores, accumulate 0) */
 } att_shape;
 
+/* The flash backward's score gradients kept (fa_bwd, be->att_ds), a parameter of their kernels
+ * alone (in att_shape, 32 bytes more of it, ptxas spilled 40 bytes more of k_fa_fwd_wide):
+ * one group's tiles, its first (sequence, kv head) pair, its pairs, tiles per query head */
+typedef struct {
+    uint16_t *ds;
+    int64_t p0, np, tiles;
+} fa_dsp;
+
 /* A backward output element: added to, or written without reading what was there. */
 __device__ __forceinline__ void att_out(float *p, float x, const att_shape &sh) {
     if (sh.acc) *p += x;
@@ -652,6 +660,28 @@ static void tc_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
 #define FKV 64  /* keys per dk/dv block */
 #define FQT 32  /* query rows per shared tile of dk/dv */
 #define FA_THREADS 128
+
+/* The score gradients kept (fa_dsp, from be->att_ds; core/backend.h, tz_attention_ds_group): for
+ * each query head of a group, tiles of FA_DS_T queries by FA_DS_T keys, dk/dv's kernel writing
+ * them and dq's reading them (k_fa_dq_ds). Tile (query block qb, key block kb) of a head is
+ * number qb (qb + 1) / 2 + kb of the causal lower triangle (kb <= qb), else qb nkb + kb. A tile
+ * holds dS^T (key rows) in 8 x 8 blocks of 128 bytes, block (keys i, queries j) at fa_ds_at(i,
+ * j), each row-major: a warp of dk/dv's stores one block in one instruction, and a warp of dq's
+ * loads four with one ldmatrix.x4.trans as the A fragments of dS. */
+#define FA_DS_T 64
+#define FA_DS_TILE_ELEMS (FA_DS_T * FA_DS_T)
+static_assert(FA_DS_T == TZ_ATTENTION_DS_TILE && FQ == FA_DS_T && FK == FA_DS_T &&
+                  FKV == FA_DS_T && FQT * 2 == FA_DS_T,
+              "the kept dS tiles are dq's and dk/dv's blocks");
+__device__ __forceinline__ int fa_ds_at(int kblk, int qblk) { return (kblk * 8 + qblk) * 64; }
+/* The number of tile (qb, kb) of the group's query head `slot` in dsp.ds (32 bits: fa_ds_group
+ * keeps the group's tiles under 2^31) */
+__device__ __forceinline__ unsigned fa_ds_tile(const att_shape &sh, const fa_dsp &dsp, int slot,
+                                               int qb, int kb) {
+    const int nb = (int)((sh.T + FA_DS_T - 1) / FA_DS_T);
+    const int n = sh.causal ? qb * (qb + 1) / 2 + kb : qb * nb + kb;
+    return (unsigned)(slot * (int)dsp.tiles + n);
+}
 
 /* The softmax in base 2 (FlashAttention-2's way): a score s enters as exp2(s scale log2(e) -
  * m), one FFMA and one ex2 instead of expf's range reduction and a scale multiply, and the
@@ -1382,15 +1412,79 @@ __global__ void __launch_bounds__(FA_THREADS)
     else fa_dq_out<DN, false>(dq, acc, rows, b, h, t4, sh);
 }
 
+/* A kept dS tile into shared memory by cp.async: 8 KiB, 4 copies of 16 bytes a thread */
+__device__ __forceinline__ void fa_stage_ds(uint16_t *dst, const uint16_t *src) {
+#pragma unroll
+    for (int i = 0; i < FA_DS_TILE_ELEMS / 8 / FA_THREADS; i++) {
+        const int e = (i * FA_THREADS + (int)threadIdx.x) * 8;
+        tz_cp_async<16>(dst + e, src + e, true);
+    }
+}
+/* dq[t] = scale sum_s dS_ts k_s from the tiles of dS that k_fa_dkv<.., DS> kept (dsp,
+ * fa_ds_tile): a block of FQ query rows of one query head of the group, a warp 16 rows; K's
+ * tiles and the dS tiles copied ahead by cp.async (two buffers of each), dS's A fragments by
+ * ldmatrix.x4.trans. blockIdx.x = (query block from the last) x (the group's query heads) +
+ * head, so every head's last rows (causal: the most keys) start first. The products and their
+ * order are k_fa_dq's (its tile's dS K, 16 keys a step), on the same bf16 values: the same
+ * bits. */
+template <int DP>
+__global__ void __launch_bounds__(FA_THREADS)
+    k_fa_dq_ds(float *dq, const uint16_t *k, att_shape sh, fa_dsp dsp) {
+    constexpr int DN = DP / 8, LD = DP + 8;
+    extern __shared__ float smem[];
+    uint16_t *Ks = (uint16_t *)smem, *Kn = Ks + FK * LD;
+    uint16_t *Ss = Kn + FK * LD, *Sn = Ss + FA_DS_TILE_ELEMS;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t4 = lane & 3;
+    const int64_t heads = dsp.np * sh.rep, slot = blockIdx.x % heads;
+    const int64_t nqb = (sh.T + FQ - 1) / FQ, qb = nqb - 1 - (int64_t)(blockIdx.x / heads);
+    const int64_t p = dsp.p0 + slot / sh.rep, b = p / sh.Hkv, kvh = p % sh.Hkv;
+    const int64_t h = kvh * sh.rep + slot % sh.rep, T = sh.T, D = sh.D, q0 = qb * FQ;
+    const int64_t rows[2] = {q0 + w * 16 + (lane >> 2), q0 + w * 16 + (lane >> 2) + 8};
+    const uint16_t *kb = k + at(b, 0, kvh, T, sh.ldkv, D);
+    float acc[DN][4];
+#pragma unroll
+    for (int dn = 0; dn < DN; dn++) acc[dn][0] = acc[dn][1] = acc[dn][2] = acc[dn][3] = 0.0f;
+    const int64_t ntiles = sh.causal ? qb + 1 : (T + FK - 1) / FK;
+    /* dS's tiles of this head's query block, in the order of their keys */
+    const uint16_t *dsq =
+        dsp.ds + (size_t)fa_ds_tile(sh, dsp, (int)slot, (int)qb, 0) * FA_DS_TILE_ELEMS;
+    fa_stage_async<DP, FK>(Ks, kb, 0, T, sh.ldkv, D);
+    fa_stage_ds(Ss, dsq);
+    tz_cp_async_commit();
+    for (int64_t kt = 0; kt < ntiles; kt++) {
+        if (kt + 1 < ntiles) {
+            fa_stage_async<DP, FK>(Kn, kb, (kt + 1) * FK, T, sh.ldkv, D);
+            fa_stage_ds(Sn, dsq + (kt + 1) * FA_DS_TILE_ELEMS);
+            tz_cp_async_commit();
+            tz_cp_async_wait<1>();
+        } else tz_cp_async_wait<0>();
+        __syncthreads();
+        const int j = lane >> 3, i = lane & 7;
+#pragma unroll
+        for (int kk = 0; kk < FK / 16; kk++) {
+            /* matrix j: keys 16 kk + 8 (j / 2), queries 16 w + 8 (j % 2) of the tile */
+            uint32_t a[4];
+            tz_ldmatrix_x4<true>(a, Ss + fa_ds_at(2 * kk + (j >> 1), 2 * w + (j & 1)) + i * 8);
+            fa_mma_pv_step<DP, true>(acc, a, Ks, kk);
+        }
+        __syncthreads();
+        uint16_t *sw = Ks;
+        Ks = Kn, Kn = sw, sw = Ss, Ss = Sn, Sn = sw;
+    }
+    if (sh.d16 & TZ_ATT_DQ16) fa_dq_out<DN, true>(dq, acc, rows, b, h, t4, sh);
+    else fa_dq_out<DN, false>(dq, acc, rows, b, h, t4, sh);
+}
+
 /* One tile of FQT query rows from t0 in dk/dv's kernel, for a warp's keys: av += P^T dO and
  * ak += dS^T Q over the tile, from the staged Q, dO (Qs, Gs), base-2 lse and delta (Ls, Ds). */
-template <int DP, bool LDM>
+template <int DP, bool LDM, bool DS = false>
 __device__ __forceinline__ void fa_dkv_tile(float (&ak)[DP / 8][4], float (&av)[DP / 8][4],
                                             const uint32_t (&ka)[DP / 16][4],
                                             const uint32_t (&va)[DP / 16][4], const uint16_t *Qs,
                                             const uint16_t *Gs, const float *Ls, const float *Ds,
                                             const att_shape &sh, int64_t k0, int64_t t0,
-                                            const int64_t (&keys)[2], float sl2) {
+                                            const int64_t (&keys)[2], float sl2,
+                                            const fa_dsp &dsp, unsigned dtile) {
     constexpr int NT = FQT / 8, LD = DP + 8;
     const int t4 = threadIdx.x & 3;
     const int64_t T = sh.T;
@@ -1434,8 +1528,34 @@ __device__ __forceinline__ void fa_dkv_tile(float (&ak)[DP / 8][4], float (&av)[
                 s[nt][i] = p;                        /* P^T */
                 dp[nt][i] = p * (dp[nt][i] - Ds[j]); /* dS^T */
             }
-        fa_mma_ps<DP, HT, LDM>(av, s, gh);
-        fa_mma_ps<DP, HT, LDM>(ak, dp, qh);
+        if constexpr (DS) {
+            /* dS^T rounded to bf16 as fa_mma_ps rounds it, into A fragments (8 registers where
+             * the fp32 values took 16) stored into the tile (fa_ds_at) before the products:
+             * register r of step kk holds keys g + 8 (r % 2) of the warp's 16 (key block 2w +
+             * r % 2), queries 2 t4, 2 t4 + 1 of n-tile 2 kk + r / 2 (query block qs + 2 kk +
+             * r / 2); a warp's store, 128 bytes in a row */
+            const int w = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+            const int qs = (int)((th % FA_DS_T) >> 3);
+            uint16_t *dst = dsp.ds + (size_t)dtile * FA_DS_TILE_ELEMS + g * 8 + 2 * t4;
+            uint32_t a[HT / 2][4];
+#pragma unroll
+            for (int kk = 0; kk < HT / 2; kk++) {
+                a[kk][0] = tz_pack_bf16(dp[2 * kk][0], dp[2 * kk][1]);
+                a[kk][1] = tz_pack_bf16(dp[2 * kk][2], dp[2 * kk][3]);
+                a[kk][2] = tz_pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+                a[kk][3] = tz_pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    *(uint32_t *)(dst + fa_ds_at(2 * w + (r & 1), qs + 2 * kk + (r >> 1))) =
+                        a[kk][r];
+            }
+            fa_mma_ps<DP, HT, LDM>(av, s, gh);
+#pragma unroll
+            for (int kk = 0; kk < HT / 2; kk++) fa_mma_pv_step<DP, LDM>(ak, a[kk], qh, kk);
+        } else {
+            fa_mma_ps<DP, HT, LDM>(av, s, gh);
+            fa_mma_ps<DP, HT, LDM>(ak, dp, qh);
+        }
     }
 }
 
@@ -1483,19 +1603,28 @@ __device__ __forceinline__ void fa_dkv_out(float *dk, float *dv, const float (&a
     }
 }
 
-/* dv[s] += sum_{h in group, t} P_ts dO_t;  dk[s] += scale sum P_ts (dP_ts - delta_t) q_t. */
-template <int DP, bool LDM, class TI, bool PIPE>
+/* dv[s] += sum_{h in group, t} P_ts dO_t;  dk[s] += scale sum P_ts (dP_ts - delta_t) q_t.
+ * DS (sh.pipe only): dS^T kept for k_fa_dq_ds too, the grid one group's (dsp.p0, dsp.np). */
+template <int DP, bool LDM, class TI, bool PIPE, bool DS = false>
 __global__ void __launch_bounds__(FA_THREADS)
     k_fa_dkv(float *dk, float *dv, const float *dout, const float *lse, const float *delta,
              const TI *q, const TI *k, const TI *v, att_shape sh, const uint16_t *dout16,
-             const float *lse2) {
+             const float *lse2, fa_dsp dsp = {}) {
+    static_assert(!DS || PIPE, "dS is kept by the tiles-ahead kernel");
     constexpr int KS = DP / 16, DN = DP / 8, LD = DP + 8;
     extern __shared__ float smem[];
     uint16_t *Qs = (uint16_t *)smem, *Gs = Qs + FQT * LD;
     float *Ls = (float *)(Gs + FQT * LD), *Ds = Ls + FQT;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t4 = lane & 3;
-    const int64_t b = blockIdx.z, kvh = blockIdx.y, T = sh.T, D = sh.D;
-    const int64_t k0 = (int64_t)blockIdx.x * FKV;
+    const int64_t T = sh.T, D = sh.D;
+    int64_t b = blockIdx.z, kvh = blockIdx.y, k0 = (int64_t)blockIdx.x * FKV;
+    int slot0 = 0; /* DS: the group's slot of the pair's first query head */
+    if constexpr (DS) { /* (grid y: key blocks, x: the group's pairs, so that every pair's first
+                         * keys, the most queries when causal, start first) */
+        const int p = (int)dsp.p0 + (int)blockIdx.x, hkv = (int)sh.Hkv;
+        b = p / hkv, kvh = p % hkv, k0 = (int64_t)blockIdx.y * FKV;
+        slot0 = (int)blockIdx.x * (int)sh.rep;
+    }
     const int64_t keys[2] = {k0 + w * 16 + (lane >> 2), k0 + w * 16 + (lane >> 2) + 8};
     uint32_t ka[KS][4], va[KS][4];
     fa_load_a<KS>(ka, k + at(b, 0, kvh, T, sh.ldkv, D), keys, T, sh.ldkv, D);
@@ -1523,8 +1652,13 @@ __global__ void __launch_bounds__(FA_THREADS)
                 tz_cp_async_wait<1>();
             } else tz_cp_async_wait<0>();
             __syncthreads(); /* tile i in Qs, Gs, Ls, Ds for every thread */
-            fa_dkv_tile<DP, LDM>(ak, av, ka, va, Qs, Gs, Ls, Ds, sh, k0, tq0 + i % nq * FQT, keys,
-                                 sl2);
+            const int64_t t0 = tq0 + i % nq * FQT;
+            if constexpr (DS)
+                fa_dkv_tile<DP, LDM, true>(ak, av, ka, va, Qs, Gs, Ls, Ds, sh, k0, t0, keys, sl2,
+                                           dsp,
+                                           fa_ds_tile(sh, dsp, slot0 + (int)(i / nq),
+                                                      (int)(t0 / FA_DS_T), (int)(k0 / FA_DS_T)));
+            else fa_dkv_tile<DP, LDM>(ak, av, ka, va, Qs, Gs, Ls, Ds, sh, k0, t0, keys, sl2, dsp, 0);
             __syncthreads(); /* no longer read: the next copies may go there */
             uint16_t *sw = Qs;
             Qs = Qn, Qn = sw, sw = Gs, Gs = Gn, Gn = sw;
@@ -1545,7 +1679,8 @@ __global__ void __launch_bounds__(FA_THREADS)
                     Ds[threadIdx.x] = t < T ? dr[t] : 0.0f;
                 }
                 __syncthreads();
-                fa_dkv_tile<DP, LDM>(ak, av, ka, va, Qs, Gs, Ls, Ds, sh, k0, t0, keys, sl2);
+                fa_dkv_tile<DP, LDM>(ak, av, ka, va, Qs, Gs, Ls, Ds, sh, k0, t0, keys, sl2, dsp,
+                                     0);
             }
         }
     }
@@ -1713,10 +1848,50 @@ static void fa_fwd(tz_backend *be, float *out, float *lse, const TI *q, const TI
                   v, sh);
 }
 
+/* dq's kernel reading the kept dS: two buffers of K's tiles and of dS's */
+static size_t fa_smem_dq_ds(int dp) {
+    return (size_t)(2 * FK * (dp + 8) + 2 * FA_DS_TILE_ELEMS) * 2;
+}
+/* Whether TZ_FA_DS=0 asks for dq's kernel computing dS again (for measuring what keeping it
+ * gives: the same bits either way, which test_cuda_ops checks; read at every call). */
+static int fa_ds_on(void) {
+    const char *e = getenv("TZ_FA_DS");
+    return !(e && !strcmp(e, "0"));
+}
+/* The pairs of a group whose dS the backward keeps in the memory lent (be->att_ds), or 0:
+ * dq's kernel computes it again. Only the tiles-ahead kernels (sh.pipe) keep it. */
+static int64_t fa_ds_group(tz_backend *be, const att_shape *sh, const void *ds, size_t bytes) {
+    if (!sh->pipe || !ds || (uintptr_t)ds % 16 || !fa_ds_on() ||
+        !fa_fits(be, fa_smem_dq_ds(fa_dp(sh->D))) || sh->T > INT_MAX - FA_DS_T)
+        return 0;
+    const int64_t g = tz_attention_ds_group(sh->B, sh->T, sh->Hq, sh->Hkv, sh->causal, bytes);
+    const int64_t nb = (sh->T + FA_DS_T - 1) / FA_DS_T;
+    const int64_t tiles = sh->causal ? nb * (nb + 1) / 2 : nb * nb;
+    return g && nb * g * sh->rep <= INT_MAX && tiles * g * sh->rep <= INT_MAX ? g : 0;
+}
+
+/* One group's dk, dv (dS kept) and dq from dS (dsp.p0, dsp.np) */
+template <int DP>
+static void fa_bwd_ds(tz_backend *be, cudaStream_t st, const att_shape &sh, const fa_dsp &dsp,
+                      float *dq, float *dk, float *dv, const float *dout, const float *lse,
+                      const float *delta, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                      const uint16_t *dout16, const float *lse2) {
+    const int64_t nb = (sh.T + FA_DS_T - 1) / FA_DS_T;
+    FA_GO(k_fa_dkv<DP FA_COMMA true FA_COMMA uint16_t FA_COMMA true FA_COMMA true>,
+          dim3((unsigned)dsp.np, (unsigned)nb), fa_smem_dkv(DP, 1), st, dk, dv, dout, lse, delta,
+          q, k, v, sh, dout16, lse2, dsp);
+    CUDA_LAUNCHED();
+    tz_cuda_part(be, "attention_bwd: k_fa_dkv_ds");
+    FA_GO(k_fa_dq_ds<DP>, (unsigned)(nb * dsp.np * sh.rep), fa_smem_dq_ds(DP), st, dq, k, sh,
+          dsp);
+    CUDA_LAUNCHED();
+    tz_cuda_part(be, "attention_bwd: k_fa_dq_ds");
+}
+
 template <class TI>
 static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
                    const float *out, const float *lse, const TI *q, const TI *k, const TI *v,
-                   const att_shape *shp, void *ws, size_t ws_bytes) {
+                   const att_shape *shp, void *ws, size_t ws_bytes, void *ds, size_t ds_bytes) {
     att_shape sh = *shp;
     fa_check(&sh);
     const void *staged[] = {q, k, v, dout};
@@ -1738,11 +1913,30 @@ static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     uint16_t *dout16 = sh.pipe ? (uint16_t *)((char *)ws + 2 * db) : nullptr;
     cudaStream_t st = tz_cuda_stream(be);
     const int64_t rows = sh.B * sh.Hq * sh.T;
+    if constexpr (sizeof(TI) != 2) (void)ds, (void)ds_bytes; /* (kept by the bf16 kernels only) */
     k_att_delta<<<tz_cuda_blocks(rows * 32, 256), 256, 0, st>>>(delta, dout, out, sh, 1, lse2,
                                                                  lse, dout16);
     CUDA_LAUNCHED();
     tz_cuda_part(be, "attention_bwd: k_att_delta");
     const int dp = fa_dp(sh.D);
+    if constexpr (sizeof(TI) == 2) {
+        /* dS kept: dk/dv's kernel, then dq's from it, a group of pairs at a time */
+        if (const int64_t group = fa_ds_group(be, &sh, ds, ds_bytes)) {
+            const int64_t pairs = sh.B * sh.Hkv, nb = (sh.T + FA_DS_T - 1) / FA_DS_T;
+            fa_dsp dsp = {(uint16_t *)ds, 0, 0, sh.causal ? nb * (nb + 1) / 2 : nb * nb};
+            for (int64_t p0 = 0; p0 < pairs; p0 += group) {
+                dsp.p0 = p0, dsp.np = pairs - p0 < group ? pairs - p0 : group;
+                auto go = [&](auto f) {
+                    f(be, st, sh, dsp, dq, dk, dv, dout, lse, delta, q, k, v, dout16, lse2);
+                };
+                if (dp == 32) go(fa_bwd_ds<32>);
+                else if (dp == 64) go(fa_bwd_ds<64>);
+                else if (dp == 80) go(fa_bwd_ds<80>);
+                else go(fa_bwd_ds<128>);
+            }
+            return;
+        }
+    }
     dim3 gq((unsigned)((sh.T + FQ - 1) / FQ), (unsigned)sh.Hq, (unsigned)sh.B);
     FA_DISPATCH_P(dp, sh.pipe, TI, k_fa_dq, gq, fa_smem_fwd(dp, sh.pipe), st, dq, dout, lse,
                   delta, q, k, v, sh, dout16, lse2);
@@ -1792,9 +1986,9 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
                                const float *q, const float *k, const float *v, int64_t B,
                                int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int causal,
                                int accumulate, const tz_att_ld *ld) {
-    void *ws = be->att_ws;
-    const size_t ws_bytes = be->att_ws_bytes;
-    be->att_ws = NULL, be->att_ws_bytes = 0;
+    void *ws = be->att_ws, *ds = be->att_ds;
+    const size_t ws_bytes = be->att_ws_bytes, ds_bytes = be->att_ds_bytes;
+    be->att_ws = NULL, be->att_ws_bytes = 0, be->att_ds = NULL, be->att_ds_bytes = 0;
     att_shape sh = make_shape(B, T, Hq, Hkv, D, causal, ld);
     sh.acc = accumulate != 0;
     if (sh.d16 && (sh.acc || !tz_attention_takes_bf16(be, D)))
@@ -1812,10 +2006,11 @@ static void cuda_attention_bwd(tz_backend *be, float *dq, float *dk, float *dv,
         need_flash16(be, D);
         fa_bwd(be, dq, dk, dv, dout, out, lse, (const uint16_t *)(const void *)q,
                (const uint16_t *)(const void *)k, (const uint16_t *)(const void *)v, &sh, ws,
-               ws_bytes);
+               ws_bytes, ds, ds_bytes);
     } else if (be->matmul_dtype != TZ_DT_BF16)
         flash_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh);
-    else if (D <= FA_MAXD) fa_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh, ws, ws_bytes);
+    else if (D <= FA_MAXD)
+        fa_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh, ws, ws_bytes, ds, ds_bytes);
     else tc_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, &sh, ws, ws_bytes);
 }
 

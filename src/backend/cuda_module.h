@@ -16,7 +16,7 @@
  * arguments that keeps the layout must raise (the layout alone does not show it). A module
  * built from another tree (a stale libtzcuda.so beside a new binary) gives another stamp and
  * is refused at load. */
-#define TZ_CUDA_ABI_VERSION 1 /* 1: attention_cache_fwd's kv16 (2026-11-28) */
+#define TZ_CUDA_ABI_VERSION 2 /* 1: attention_cache_fwd's kv16 (2026-11-28); 2: att_ds */
 #define TZ_CUDA_ABI_STAMP                                                                     \
     ((uint64_t)sizeof(tz_backend) << 32 | (uint64_t)offsetof(tz_backend, device_info) << 8 |  \
      (uint64_t)TZ_CUDA_ABI_VERSION)

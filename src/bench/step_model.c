@@ -8,6 +8,7 @@
 #include "bench/step_model.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -228,15 +229,27 @@ static void s_att_bwd(tz_backend *be, float *dq, float *dk, float *dv, cf *d, cf
                       int acc, const tz_att_ld *ld) {
     (void)dq, (void)dk, (void)dv, (void)d, (void)o, (void)lse, (void)q, (void)k, (void)v;
     /* S again, dP = dO V^T, dV += P^T dO, dQ += dS K, dK += dS^T Q: q, dO, O and k, v read,
-     * dq, dk, dv written (and read first when added into); lse and delta */
+     * dq, dk, dv written (and read first when added into); lse and delta. A GPU's flash
+     * kernels compute S and dP twice (dq's kernel and dk/dv's: 7 products) unless they keep
+     * dS in memory lent (5 products, and dS's bytes) */
     const int d16 = ld ? ld->d16 : 0; /* gradients written in bf16: 2 bytes each fewer */
     const double a = acc ? 1.0 : 0.0,
                  g16 = (F - 2.0) * B * T *
                        ((d16 & TZ_ATT_DQ16 ? Hq : 0) + (d16 & TZ_ATT_DK16 ? Hkv : 0) +
                         (d16 & TZ_ATT_DV16 ? Hkv : 0)) * (double)D;
-    add(be, TZ_SM_ATTENTION, 10.0 * B * Hq * D * pairs(T, T, causal),
+    /* the score gradients kept in the memory lent (be->att_ds), as a GPU's tiles-ahead
+     * kernels keep them (bf16 q, k, v; tz_attention_ds_group): written once, read once */
+    const char *off = getenv("TZ_FA_DS"); /* (the CUDA backend's switch, docs/gpu.md) */
+    const int keeps = be->att_ds && !(off && !strcmp(off, "0")) && ld && ld->in16 && D % 8 == 0 &&
+                      D <= TZ_ATTENTION_FLASH_MAXD &&
+                      tz_attention_ds_group(B, T, Hq, Hkv, causal, be->att_ds_bytes);
+    const double ds = keeps ? 2.0 * B * Hq * (double)tz_attention_ds_head_bytes(T, causal) : 0.0;
+    be->att_ds = NULL, be->att_ds_bytes = 0; /* (the loan ends with the call) */
+    const int twice = !keeps && be->device && be->matmul_dtype == TZ_DT_BF16 &&
+                      D <= TZ_ATTENTION_FLASH_MAXD;
+    add(be, TZ_SM_ATTENTION, (twice ? 14.0 : 10.0) * B * Hq * D * pairs(T, T, causal),
         F * B * T * ((4.0 + a) * Hq * D + (4.0 + 2.0 * a) * Hkv * D + Hq) -
-            qkv16_saves(ld, B * T, Hq, Hkv, D) - g16);
+            qkv16_saves(ld, B * T, Hq, Hkv, D) - g16 + ds);
 }
 /* (q and out, and the keys and values of the p + T positions read, as stored) */
 static void s_att_cache(tz_backend *be, float *o, cf *q, const void *kc, const void *vc,

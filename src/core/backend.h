@@ -117,6 +117,13 @@ struct tz_backend {
      * none (that function gives 0) ignores it. */
     void *att_ws;
     size_t att_ws_bytes;
+    /* Spare memory lent to the next attention_bwd alone, which takes it back likewise: memory
+     * of the caller's plan that nothing reads or writes during the call (the Llama's pool
+     * beyond dk and dv). A backend may keep the score gradients there instead of computing
+     * them twice (tz_attention_ds_group, below); with too little, or none, it computes them
+     * twice. Never required, never planned for. */
+    void *att_ds;
+    size_t att_ds_bytes;
     /* frees the implementation state and the table itself (tz_backend_destroy calls it) */
     void (*destroy)(tz_backend *be);
 
@@ -710,6 +717,38 @@ static inline size_t tz_attention_ws_bytes(const tz_backend *be, int64_t B, int6
     return (size_t)nbuf * (size_t)(c * B * Hq) * (size_t)((T + 3) / 4 * 4) * 4 +
            (backward ? tz_attention_delta_bytes(B, T, Hq) : 0);
 }
+/* The flash backward's score gradients kept (be->att_ds): the kernel of dk and dv, which
+ * computes dS = P (dP - delta) for every visible (query, key), stores it in bf16, and dq's kernel
+ * reads it (dq = dS K) instead of computing S, P, dP and dS again: 5 matrix products a tile
+ * instead of 7, one exponential instead of two. Tiles of 64 queries x 64 keys (8 KiB), the lower
+ * triangle of them when causal; (sequence, kv head) pairs in groups, each group's heads' tiles
+ * in the memory lent, the kernel of dk and dv then dq's for one group after the other. Only
+ * where the memory holds TZ_ATTENTION_DS_PAIRS_MIN pairs (or all of them): dk and dv's grid
+ * needs enough blocks to spread the causal triangle's unequal blocks over the multiprocessors;
+ * the groups are then made equal (16 and 16 of 32 pairs where 24 fit, not 24 and 8). */
+#define TZ_ATTENTION_DS_TILE 64
+#define TZ_ATTENTION_DS_PAIRS_MIN 16
+/* Bytes of one query head's tiles of dS (bf16) */
+static inline size_t tz_attention_ds_head_bytes(int64_t T, int causal) {
+    const size_t n = (size_t)((T + TZ_ATTENTION_DS_TILE - 1) / TZ_ATTENTION_DS_TILE);
+    return (causal ? n * (n + 1) / 2 : n * n) * TZ_ATTENTION_DS_TILE * TZ_ATTENTION_DS_TILE * 2;
+}
+/* (sequence, kv head) pairs per group when `bytes` are lent (the groups made equal: every
+ * group this many but the last, which may hold fewer), or 0: the memory holds too few pairs,
+ * and dS is computed twice. */
+static inline int64_t tz_attention_ds_group(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                            int causal, size_t bytes) {
+    if (B <= 0 || T <= 0 || Hkv <= 0 || Hq % Hkv) return 0;
+    const int64_t pairs = B * Hkv;
+    const size_t per = tz_attention_ds_head_bytes(T, causal) * (size_t)(Hq / Hkv);
+    const int64_t fit = (int64_t)(bytes / per); /* (bytes < per: 0) */
+    const int64_t least = pairs < TZ_ATTENTION_DS_PAIRS_MIN ? pairs : TZ_ATTENTION_DS_PAIRS_MIN;
+    if (fit < least) return 0;
+    if (fit >= pairs) return pairs;
+    const int64_t groups = (pairs + fit - 1) / fit;
+    return (pairs + groups - 1) / groups;
+}
+
 /* Whether be's attention takes q, k and v in bf16 (tz_att_ld.in16) at head dimension D:
  * the host (it widens them, for tests) and a device's flash kernels on the tensor cores (bf16
  * GEMM operands, D <= TZ_ATTENTION_FLASH_MAXD), which round them to bf16 as they load them

@@ -265,6 +265,8 @@ static void block_bwd(tz_dit *m, const tz_dit_block *blk, tz_dit_acts *a, const 
         for (int j = 0; j < 3; j++) /* the same rows in bf16: [B*T, 3 Hd] at stride 3 Hd */
             dqkv[j] = (float *)(void *)((uint16_t *)(void *)m->dqkv + j * Hd);
     }
+    /* dg and df are read for the last time above: dg lent for attention's score gradients */
+    be->att_ds = m->dg, be->att_ds_bytes = (size_t)(BT * F) * sizeof(float);
     be->attention_bwd(be, dqkv[0], dqkv[1], dqkv[2], m->db, a->att, a->lse, qkv_part(m, a, 0),
                       qkv_part(m, a, 1), qkv_part(m, a, 2), n, T, nh, nh, Hd / nh, 0, 0, &ld);
     lin_bwd(m, &L[TZ_DIT_QKV], mq, 1, m->da, m->dqkv, a->h1, a->lh[TZ_DIT_QKV], BT);

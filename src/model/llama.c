@@ -400,6 +400,7 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
      * MLP chunks, the pool (grown to hold them where it must) instead of memory of their own. */
     const int qkv_gu = att16 && !chunked && qd <= F && 2 * kvd <= F, qkv_pool = att16 && chunked;
     if (a) m->mlp_rows = m->mlp_rows_fwd = R, m->mlp_chunked = chunked, m->pool = NULL;
+    if (a) m->ds_room = NULL, m->ds_room_bytes = 0;
     if (a) m->mlp_cols = m->mlp_cols_fwd = FC, memset(&m->mlp_fc, 0, sizeof m->mlp_fc);
     if (a) m->att16 = att16, m->pool_floats = 0; /* (attention's inputs: att_inputs) */
     /* the gradients of q and k in bf16 (qk_dy16) where a layer takes them, and room for them:
@@ -478,6 +479,9 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
         if (a) {
             m->pool = pool, m->pool_floats = n;
             m->qk16_room = qk16 ? pool + att_grads0 : NULL;
+            /* (qk16_room is written after attention's backward, from its dq and dk) */
+            m->ds_room = m->o.forward_only ? NULL : pool + att_grads0;
+            m->ds_room_bytes = m->o.forward_only ? 0 : (size_t)(n - att_grads0) * sizeof(float);
             for (int i = 0; qkv_pool && i < n_sets; i++) { /* q, k, v in forward (above) */
                 tz_llama_acts *s = tz_layer_stack_set(&m->stack, i);
                 s->q = pool, s->k = pool + al16(BT * qd), s->v = s->k + al16(BT * kvd);
@@ -540,6 +544,8 @@ static size_t acts_walk(tz_llama *m, tz_arena *a, int64_t B, int64_t T) {
                 TAKE(m->dg, BT * F, "dg");
             }
             TAKE(m->du, BT * F, "du"); TAKE(m->ds, BT * F, "ds");
+            /* du, read for the last time by gate's and up's backward, lent to attention's */
+            if (a) m->ds_room = m->du, m->ds_room_bytes = (size_t)(BT * F) * sizeof(float);
         }
         TAKE(m->dlora, BT * (m->o.lora.rank > 0 ? m->o.lora.rank : 1), "dlora");
     }
@@ -1010,6 +1016,7 @@ static void attn_bwd(tz_llama *m, const tz_llama_layer *L, tz_llama_acts *a, con
     tz_att_ld ldv = ld ? *ld : (tz_att_ld){0};
     ldv.d16 = v_dy16(m, L) ? TZ_ATT_DV16 : 0;
     be->att_ws = m->att_ws, be->att_ws_bytes = m->att_ws_bytes;
+    be->att_ds = m->ds_room, be->att_ds_bytes = m->ds_room_bytes;
     be->attention_bwd(be, dq, dk, dv, datt, a->att, a->lse, in[0], in[1], in[2], B, T,
                       d->n_heads, d->n_kv_heads, d->head_dim, 1, 0,
                       ldv.d16 ? &ldv : ld); /* dq, dk, dv written */

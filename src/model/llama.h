@@ -157,6 +157,11 @@ typedef struct tz_llama {
     float *qk16_room;
     float *pool;              /* (with chunks) */
     int64_t pool_floats;      /* its size (0: none) */
+    /* memory free while attention's backward runs, lent to it for its score gradients
+     * (be->att_ds): with MLP chunks the pool past dk and dv (and dq, datt where they live
+     * there), without them du */
+    float *ds_room;
+    size_t ds_room_bytes;
     float *loss_host;         /* BT floats on the host */
     /* Attention's outputs kept for backward (model_base.h; on: training with checkpointing on
      * a device): a layer's recomputation reads the att and lse its forward made instead of

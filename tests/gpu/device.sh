@@ -18,19 +18,20 @@
 #   tests/gpu/device.sh optimes on the GPU machine: the 7B and DiT-XL/2 steps' GPU time op by
 #                               op (TZ_CUDA_OP_TIMES=1, two bench steps each), and the 7B's
 #                               attention again with TZ_FA_ROWS=64 (the forward at 64 query
-#                               rows a block), TZ_FA_ASYNC=0 (tiles staged, not copied ahead)
-#                               and TZ_FA_LDMATRIX=0 (fragments by plain reads).
+#                               rows a block), TZ_FA_ASYNC=0 (tiles staged, not copied ahead),
+#                               TZ_FA_LDMATRIX=0 (fragments by plain reads) and TZ_FA_DS=0
+#                               (dq's kernel computing the score gradients again).
 #   tests/gpu/device.sh speed   on the GPU machine, after a kernel change: test_cuda_ops and
 #                               test_gpu_model, the 7B bench beside anchor_peft.py lora,
 #                               DiT-XL/2 (AdamW on the host: peak against the plan; then on
 #                               the GPU), both presets' op times, Flux.1-dev (3 steps), then
-#                               the 7B again with TZ_NARROW_GEMM=0, without a switch, with
-#                               TZ_ATT_KEEP=0 and with TZ_TQ_CHUNKS=1, then at 64 tokens a
-#                               step with and without TZ_TQ_FUSED=0, then `generate` on the
-#                               7B's shape (1,024 prompt tokens, 128 new) with and without it
-#                               and after 3,000 prompt tokens, while time is left
-#                               (TZ_DEVICE_BUDGET applies; about 140 s on an H200 before the
-#                               last seven).
+#                               the 7B again with TZ_FA_DS=0, without a switch, with
+#                               TZ_NARROW_GEMM=0, TZ_ATT_KEEP=0 and with TZ_TQ_CHUNKS=1, then
+#                               at 64 tokens a step with and without TZ_TQ_FUSED=0, then
+#                               `generate` on the 7B's shape (1,024 prompt tokens, 128 new)
+#                               with and without it and after 3,000 prompt tokens, while time
+#                               is left (TZ_DEVICE_BUDGET applies; about 140 s on an H200
+#                               before the last eight).
 #   tests/gpu/device.sh ab      on the GPU machine: the built CUDA module against another
 #                               (TZ_AB_MODULE=path; TZ_AB_TURBOZERO=path: its program, where
 #                               the change is in the program too), or against itself with
@@ -39,7 +40,8 @@
 #                               DiT-XL/2 op times with each, then their benches interleaved,
 #                               TZ_AB_ROUNDS times (default 2).
 #   tests/gpu/device.sh sweep   on the GPU machine: the 7B bench with each A/B switch of
-#                               TZ_SWEEP (default TZ_FA_ROWS=64, TZ_FA_ASYNC=0, TZ_LORA_STACK=0,
+#                               TZ_SWEEP (default TZ_FA_DS=0, TZ_FA_ROWS=64, TZ_FA_ASYNC=0,
+#                               TZ_LORA_STACK=0,
 #                               TZ_MLP_COLS=0, TZ_TQ_CHUNKS=1 and 2, TZ_TQ_DECODE_STREAM=0,
 #                               TZ_WEIGHTS_STAGED=0, TZ_LINEAR_SHARED=0, TZ_ATT_KEEP=0,
 #                               TZ_NARROW_GEMM=0) between runs without any, TZ_AB_ROUNDS
@@ -218,9 +220,10 @@ run_optimes() {
   done
   # attention's op times with each flash switch taking one step back: the forward at 64
   # query rows a block (TZ_FA_ROWS=64), the tiles staged instead of copied ahead
-  # (TZ_FA_ASYNC=0), the B fragments by plain reads instead of ldmatrix (TZ_FA_LDMATRIX=0)
+  # (TZ_FA_ASYNC=0), the B fragments by plain reads instead of ldmatrix (TZ_FA_LDMATRIX=0),
+  # dq's kernel computing the score gradients again instead of reading dk/dv's (TZ_FA_DS=0)
   local sw
-  for sw in TZ_FA_ROWS=64 TZ_FA_ASYNC=0 TZ_FA_LDMATRIX=0; do
+  for sw in TZ_FA_DS=0 TZ_FA_ROWS=64 TZ_FA_ASYNC=0 TZ_FA_LDMATRIX=0; do
     [ "$(left 20)" -gt 60 ] || { echo "== $sw op times: not run (out of time)"; continue; }
     echo "== $sw TZ_CUDA_OP_TIMES=1 turbozero bench --preset llama2-7b (2 steps; attention)"
     env "$sw" TZ_CUDA_OP_TIMES=1 timeout "$(cap 100)" "$tz" bench --preset llama2-7b \
@@ -299,7 +302,8 @@ table() {
     read -r a b c <<< "$(ours "$out/bench-llama2-7b.log")"
     printf '%-44s %12s %14s %14s\n' "turbozero llama2-7b LoRA r16, 4-bit, bf16" "$a tok" "$b alloc" "$c used"
     local sw # the 7B with a switch (speed's runs), where run
-    for sw in -nonarrow:TZ_NARROW_GEMM=0 -again:"again, no switch" -nokeep:TZ_ATT_KEEP=0 \
+    for sw in -nods:TZ_FA_DS=0 -again:"again, no switch" -nonarrow:TZ_NARROW_GEMM=0 \
+      -nokeep:TZ_ATT_KEEP=0 \
       -whole:TZ_TQ_CHUNKS=1 -s64:"seq 64 (fused 4-bit)" -s64-nofused:"seq 64, TZ_TQ_FUSED=0"; do
       [ -e "$out/bench-llama2-7b${sw%%:*}.log" ] || continue
       read -r a b c <<< "$(ours "$out/bench-llama2-7b${sw%%:*}.log")"
@@ -396,9 +400,11 @@ speed)
   fi
   # the switches of the changes not yet measured, each beside a run without any (the runs
   # drift over a call by a few per cent: `sweep` settles them with more runs)
+  TZ_FA_DS=0 speed_bench llama2-7b -nods \
+    "TZ_FA_DS=0 turbozero bench --preset llama2-7b (attention's dq computing dS again)"
+  speed_bench llama2-7b -again "turbozero bench --preset llama2-7b (again, between the switches)"
   TZ_NARROW_GEMM=0 speed_bench llama2-7b -nonarrow \
     "TZ_NARROW_GEMM=0 turbozero bench --preset llama2-7b (LoRA's rank-16 products by cuBLAS)"
-  speed_bench llama2-7b -again "turbozero bench --preset llama2-7b (again, between the switches)"
   TZ_ATT_KEEP=0 speed_bench llama2-7b -nokeep \
     "TZ_ATT_KEEP=0 turbozero bench --preset llama2-7b (attention run again in the recomputation)"
   TZ_TQ_CHUNKS=1 speed_bench llama2-7b -whole \
@@ -425,7 +431,7 @@ sweep)
   # run without the step split's 2 extra synchronised steps (--no-split: a few seconds of
   # device time a run, for a line the sweep does not read).
   setup
-  read -r -a sweep <<< "${TZ_SWEEP:-TZ_FA_ROWS=64 TZ_FA_ASYNC=0 TZ_LORA_STACK=0 TZ_MLP_COLS=0 TZ_TQ_CHUNKS=1 TZ_TQ_CHUNKS=2 TZ_TQ_DECODE_STREAM=0 TZ_WEIGHTS_STAGED=0 TZ_LINEAR_SHARED=0 TZ_ATT_KEEP=0 TZ_NARROW_GEMM=0}"
+  read -r -a sweep <<< "${TZ_SWEEP:-TZ_FA_DS=0 TZ_FA_ROWS=64 TZ_FA_ASYNC=0 TZ_LORA_STACK=0 TZ_MLP_COLS=0 TZ_TQ_CHUNKS=1 TZ_TQ_CHUNKS=2 TZ_TQ_DECODE_STREAM=0 TZ_WEIGHTS_STAGED=0 TZ_LINEAR_SHARED=0 TZ_ATT_KEEP=0 TZ_NARROW_GEMM=0}"
   sweep_run() { # sweep_run TAG [VAR=VALUE]: one 7B bench, its log sweep-TAG.log
     local tag=$1 log="$out/sweep-$1.log"
     shift

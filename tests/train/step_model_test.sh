@@ -6,7 +6,9 @@
 #    but the last, whose forward activations are still there), and for the input gradient;
 #    the head forward and its input gradient (frozen: no weight gradient); each adapter's two
 #    products forward (and recomputed) and four backward;
-#  - attention: per layer call 4*B*Hq*D*T(T+1)/2 forward (causal), 10*... backward; the
+#  - attention: per layer call 4*B*Hq*D*T(T+1)/2 forward (causal), 10*... backward (the
+#    score gradients kept in du, lent: its 512 x 352 floats hold dS's 8 pairs of 2 heads, 3
+#    tiles each), 14*... with TZ_FA_DS=0 (a GPU's flash kernels compute S and dP twice); the
 #    forward once a layer (a GPU's recomputation reads the outputs kept from it), or again
 #    for every layer but the last with TZ_ATT_KEEP=0;
 # at seq_len 128 and 64 and micro-batch 4 and 2, to 1e-5 (the table's six digits). A DiT
@@ -16,11 +18,14 @@ set -u
 tz=$1
 source "$(dirname "$0")/../lib.sh"
 for args in "" "--set data.seq_len=64" "--set train.micro_batch=2" "--set train.grad_accum=3" \
-            "TZ_ATT_KEEP=0"; do
-  K=1
+            "TZ_ATT_KEEP=0" "TZ_FA_DS=0"; do
+  K=1 S=1
   if [ "$args" = TZ_ATT_KEEP=0 ]; then
     K=0
     out=$(TZ_ATT_KEEP=0 "$tz" bench --preset llama-tiny --dry-run 2>&1)
+  elif [ "$args" = TZ_FA_DS=0 ]; then
+    S=0
+    out=$(TZ_FA_DS=0 "$tz" bench --preset llama-tiny --dry-run 2>&1)
   else
     out=$("$tz" bench --preset llama-tiny --dry-run $args 2>&1)
   fi
@@ -30,9 +35,9 @@ for args in "" "--set data.seq_len=64" "--set train.micro_batch=2" "--set train.
   [[ "$args" == *grad_accum=3* ]] && A=3
   got_gemm=$(awk '$1 == "GEMM" {print $3}' <<< "$out")
   got_att=$(awk '$1 == "attention" {print $3}' <<< "$out")
-  read -r want_gemm want_att < <(/usr/bin/python3 - $T $B $A $K <<'PY'
+  read -r want_gemm want_att < <(/usr/bin/python3 - $T $B $A $K $S <<'PY'
 import sys
-T, B, A, K = map(int, sys.argv[1:])
+T, B, A, K, S = map(int, sys.argv[1:])
 C, F, L, Hq, Hkv, D, V, r = 128, 352, 2, 4, 2, 32, 256, 16
 n, qd, kvd = B * T, Hq * D, Hkv * D
 layer = 2 * n * (C * qd + 2 * C * kvd + qd * C + 3 * C * F)             # q, k, v, o, gate, up, down
@@ -40,7 +45,7 @@ head = 2 * n * C * V
 lora = 2 * n * r * ((C + qd) + 2 * (C + kvd) + (qd + C) + 2 * (C + F) + (F + C))
 gemm = layer * (3 * L - 1) + 2 * head + lora * (4 * L - 1)
 att_f = 4 * B * Hq * D * T * (T + 1) / 2
-att = att_f * (L if K else 2 * L - 1) + 2.5 * att_f * L
+att = att_f * (L if K else 2 * L - 1) + (2.5 if S else 3.5) * att_f * L
 print("%.6g %.6g" % (A * gemm / 1e9, A * att / 1e9))
 PY
 )

@@ -1186,6 +1186,118 @@ static void test_attention_in16(tz_backend *be, const char *tag, int64_t B, int6
     be->matmul_dtype = prev;
 }
 
+/* The flash backward keeping its score gradients in memory lent (be->att_ds: dk/dv's kernel
+ * stores dS in bf16, dq's reads it; core/backend.h, tz_attention_ds_group) against the same
+ * backward without the loan (dq's kernel computing dS again): q, k, v in bf16 (the tiles-ahead
+ * kernels keep it), `pairs` (sequence, kv head) pairs' worth lent. The same dS values rounded
+ * the same way into the same products in the same order: dq, dk and dv the same bits on the
+ * emulation (its mma sums a product of the same two bf16 in the same order whichever operand
+ * is A). A GPU's mma could round S = K Q^T and S = Q K^T apart; there dq is held to TOL_FA of
+ * the recomputing kernel's, per row, the tensor cores' bf16 tolerance. The loan taken back,
+ * nothing written past it, and written (NaN-filled first) exactly when a group is formed; not
+ * written with TZ_FA_DS=0. acc: added into starting gradients; m16: gradients in bf16. */
+static void test_attention_ds(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                              int causal, int acc, int m16, double pairs, int off) {
+    tz_backend *be = g_gpu;
+    be->matmul_dtype = TZ_DT_BF16;
+    tz_device_info di;
+    be->device_info(be, &di);
+    const int emu = strstr(di.name, "CPU emulation") != NULL;
+    const int64_t BT = B * T, nq = BT * Hq * D, nk = BT * Hkv * D, n = nq + 2 * nk;
+    float *h = malloc((size_t)n * 4), *hd = malloc((size_t)nq * 4), *hg = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) h[i] = urand(1.0f), hg[i] = acc ? urand(0.1f) : 0.0f;
+    for (int64_t i = 0; i < nq; i++) hd[i] = urand(1.0f);
+    float *x = be->alloc(be, (size_t)n * 4), *dout = be->alloc(be, (size_t)nq * 4);
+    uint16_t *x16 = be->alloc(be, (size_t)n * 2);
+    be->upload(be, x, h, (size_t)n * 4), be->upload(be, dout, hd, (size_t)nq * 4);
+    be->to_bf16(be, x16, x, n);
+    const float *q = (const float *)(const void *)x16;
+    const float *k = (const float *)(const void *)(x16 + nq);
+    const float *v = (const float *)(const void *)(x16 + nq + nk);
+    const tz_att_ld ld = {0, 0, 0, 1, m16};
+    float *out = be->alloc(be, (size_t)nq * 4), *lse = be->alloc(be, (size_t)(B * Hq * T) * 4);
+    be->attention_fwd(be, out, lse, q, k, v, B, T, Hq, Hkv, D, causal, &ld);
+    const size_t wb = tz_attention_ws_bytes(be, B, T, Hq, D, 1, 1);
+    const size_t per = tz_attention_ds_head_bytes(T, causal) * (size_t)(Hq / Hkv);
+    const size_t lent = (size_t)(pairs * (double)per);
+    void *ws = be->alloc(be, wb), *ds = be->alloc(be, lent + WS_CANARY);
+    const char *env = getenv("TZ_FA_DS"); /* (set to 0 for the whole run: no group either) */
+    const int64_t group = off || (env && !strcmp(env, "0"))
+                              ? 0 : tz_attention_ds_group(B, T, Hq, Hkv, causal, lent);
+    /* the gradients: fp32, or (m16) bf16 bits from the start of the part's fp32 memory */
+    const int64_t offs[3] = {0, nq, nq + nk};
+    float *res[2];
+    int loan_back = 1, canary = 1, written = 0;
+    const char *prev = getenv("TZ_FA_DS");
+    char *saved = prev ? strdup(prev) : NULL;
+    for (int w = 0; w < 2; w++) { /* 0: no loan; 1: the loan */
+        float *g = be->alloc(be, (size_t)n * 4);
+        be->upload(be, g, hg, (size_t)n * 4);
+        float *gp[3];
+        for (int j = 0; j < 3; j++)
+            gp[j] = g + offs[j];
+        be->att_ws = ws, be->att_ws_bytes = wb;
+        if (w) {
+            ws_fill(ds, lent);
+            be->att_ds = ds, be->att_ds_bytes = lent;
+            if (off) setenv("TZ_FA_DS", "0", 1);
+        }
+        be->attention_bwd(be, gp[0], gp[1], gp[2], dout, out, lse, q, k, v, B, T, Hq, Hkv, D,
+                          causal, acc, &ld);
+        if (w) {
+            if (saved) setenv("TZ_FA_DS", saved, 1);
+            else unsetenv("TZ_FA_DS");
+            loan_back = !be->att_ds && !be->att_ds_bytes && !be->att_ws;
+            canary = ws_canary_ok(ds, lent);
+            unsigned char *c = malloc(lent ? lent : 1);
+            be->download(be, c, ds, lent);
+            for (size_t i = 0; i < lent && !written; i++) written = c[i] != 0xff;
+            free(c);
+        }
+        res[w] = malloc((size_t)n * 4);
+        be->download(be, res[w], g, (size_t)n * 4);
+        be->release(be, g);
+    }
+    free(saved);
+    /* the same bits; or, on a GPU, each row within TOL_FA of the recomputing kernels' */
+    int same = !memcmp(res[0], res[1], (size_t)n * 4);
+    double worst = 0.0;
+    if (!same && !emu) {
+        const int64_t rows = n / D;
+        for (int64_t r = 0; r < rows; r++) {
+            double e = 0.0, c = 0.0;
+            for (int64_t i = r * D; i < (r + 1) * D; i++) {
+                const int part = i < nq ? 0 : i < nq + nk ? 1 : 2;
+                const int b16 = m16 & (1 << part);
+                /* (a bf16 gradient's element i - offs[part] of its halves) */
+                const uint16_t *h0 = (const uint16_t *)(const void *)(res[0] + offs[part]);
+                const uint16_t *h1 = (const uint16_t *)(const void *)(res[1] + offs[part]);
+                const double a0 = b16 ? tz_bf16_to_f32(h0[i - offs[part]]) : res[0][i];
+                const double a1 = b16 ? tz_bf16_to_f32(h1[i - offs[part]]) : res[1][i];
+                e += (a1 - a0) * (a1 - a0), c += a0 * a0;
+            }
+            const double rel = c > 0.0 ? sqrt(e / c) : sqrt(e);
+            if (!(rel <= worst)) worst = rel;
+        }
+    }
+    check((same || (!emu && worst <= TOL_FA)) && loan_back && canary &&
+              written == (group > 0),
+          "flash attention_bwd with dS kept (B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal=%d "
+          "acc=%d d16=%d; %.1f pairs lent%s: groups of %lld): dq, dk, dv %s the recomputing "
+          "kernels'; loan back %s, canary %s, lent memory %s", (long long)B, (long long)T,
+          (long long)Hq, (long long)Hkv, (long long)D, causal, acc, m16, pairs,
+          off ? ", TZ_FA_DS=0" : "", (long long)group,
+          same ? "the bits of" : emu ? "NOT the bits of" : "within TOL_FA of",
+          loan_back ? "yes" : "NO", canary ? "kept" : "OVERWRITTEN",
+          written ? "written" : "untouched");
+    if (!same && !emu) printf("      (rows within %.3e of each other)\n", worst);
+    free(res[0]), free(res[1]);
+    be->release(be, ws), be->release(be, ds), be->release(be, out), be->release(be, lse);
+    be->release(be, x), be->release(be, x16), be->release(be, dout);
+    free(h), free(hd), free(hg);
+    be->matmul_dtype = TZ_DT_F32;
+}
+
 /* chunk (the GEMM path, D > TZ_ATTENTION_FLASH_MAXD): query rows per chunk, forced through
  * the bytes lent (a size tz_attention_chunk keeps: < 16, a multiple of 16 below 64, of 64, or
  * >= T); 0: the planned workspace, which is what the flash path always gets. */
@@ -2189,6 +2301,17 @@ int main(int argc, char **argv) {
     test_attention_in16(g_gpu, "gpu", 1, 45, 2, 1, 36, 1, 0); /* D 36: staged, not cp.async */
     /* (two forward blocks of 128 query rows, not causal: the second's warps 1-3 past T) */
     test_attention_in16(g_gpu, "gpu", 1, 130, 1, 1, 32, 0, 1);
+    /* dS kept in memory lent (tiles ahead, D a multiple of 8): T past a tile by 8 (dk/dv
+     * never visits the last block's second half of queries), by 2, and whole; GQA; groups */
+    test_attention_ds(1, 200, 4, 4, 64, 1, 0, 0, 4.0, 0);   /* all 4 pairs: one group */
+    test_attention_ds(2, 130, 6, 2, 128, 1, 0, 0, 4.5, 0);  /* rep 3, one group */
+    test_attention_ds(3, 96, 8, 8, 32, 0, 0, 0, 17.0, 0);   /* 24 pairs, 17 fit: 2 of 12 */
+    test_attention_ds(1, 77, 20, 20, 80, 1, 0, 0, 16.0, 0); /* 20 pairs, 16 fit: 2 of 10 */
+    test_attention_ds(2, 64, 4, 1, 128, 1, 1, 0, 2.0, 0);   /* added into (accumulate) */
+    test_attention_ds(1, 100, 2, 2, 64, 1, 0, TZ_ATT_DQ16 | TZ_ATT_DK16 | TZ_ATT_DV16, 2.0, 0);
+    test_attention_ds(1, 100, 2, 2, 64, 0, 0, TZ_ATT_DV16, 2.0, 0); /* dv alone, the Llama's */
+    test_attention_ds(1, 128, 4, 4, 64, 1, 0, 0, 3.9, 0); /* too little: recomputed */
+    test_attention_ds(1, 128, 4, 4, 64, 1, 0, 0, 4.0, 1); /* TZ_FA_DS=0: recomputed */
     /* chunks of query rows through cuBLAS (D > 128) */
     test_attention_tc(2, 45, 4, 2, 136, 1, 16); /* chunks 16, 16, 13; rep 2, by group */
     test_attention_tc(1, 70, 3, 3, 144, 0, 64); /* 64 + 6, not causal */

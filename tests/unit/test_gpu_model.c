@@ -135,6 +135,25 @@ static void second_call_same(const char *what, double l1, double l2, tz_params *
           "for bit", what);
 }
 
+/* second_call_same within the tolerances instead of to the bit: the loss relative TOL_LOSS,
+ * the flat gradients TOL_GRAD of their largest element */
+static void second_call_near(const char *what, double l1, double l2, tz_params *ps,
+                             float *first, const float *grad) {
+    const int64_t F = ps->flat_numel;
+    float *again = malloc((size_t)F * sizeof *again);
+    g_gpu->download(g_gpu, again, grad, (size_t)F * sizeof *again);
+    double e = 0.0, s = 0.0;
+    for (int64_t i = 0; i < F; i++) {
+        const double d = fabs((double)again[i] - (double)first[i]);
+        if (!(d <= e)) e = d;
+        if (fabs((double)first[i]) > s) s = fabs((double)first[i]);
+    }
+    free(again), free(first);
+    const double le = fabs(l1 - l2) / (fabs(l1) > 0 ? fabs(l1) : 1.0), ge = s > 0 ? e / s : e;
+    check(le <= TOL_LOSS && ge <= TOL_GRAD, "%s: a second call's loss within %.2e and gradients "
+          "within %.2e of the first's (tolerances %.0e, %.0e)", what, le, ge, TOL_LOSS, TOL_GRAD);
+}
+
 /* Loss and every trainable gradient of a (CPU) against b (GPU). */
 static void compare(const char *what, double la, double lb, tz_params *a, tz_params *b) {
     double le = fabs(la - lb) / (fabs(la) > 0 ? fabs(la) : 1.0);
@@ -176,6 +195,26 @@ static int64_t g_layers = 2;
 static int g_keep_off_again;
 static int64_t g_flux_singles; /* > 0: the next flux_case's single blocks (else flux-tiny's) */
 static int64_t g_dit_depth = 2;  /* the next dit_case's blocks */
+static int64_t g_dit_size = 8;   /* the next dit_case's latent side (8: 16 tokens, 16: 64) */
+/* Whether the next dit_case's second call runs with TZ_FA_DS=0: dq's flash kernel computing the
+ * score gradients again instead of reading those dk/dv's kept in the memory lent (fc2's input
+ * gradient dg, read for the last time by then; core/backend.h, tz_attention_ds_group), which
+ * on the emulation must give the same bits (a GPU's mma could round S = K Q^T and Q K^T
+ * apart: within TOL_GRAD of the first call there). g_ds_kept counts the backward's calls lent
+ * enough memory to keep dS. */
+static int g_ds_off_again, g_ds_kept;
+static void (*g_attb)(tz_backend *, float *, float *, float *, const float *, const float *,
+                      const float *, const float *, const float *, const float *, int64_t,
+                      int64_t, int64_t, int64_t, int64_t, int, int, const struct tz_att_ld *);
+static void ds_count(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                     const float *out, const float *lse, const float *q, const float *k,
+                     const float *v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D,
+                     int causal, int acc, const struct tz_att_ld *ld) {
+    const char *off = getenv("TZ_FA_DS"); /* (the backend's switch, read at every call) */
+    g_ds_kept += be->att_ds && !(off && !strcmp(off, "0")) &&
+                 tz_attention_ds_group(B, T, Hq, Hkv, causal, be->att_ds_bytes) > 0;
+    g_attb(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, Hq, Hkv, D, causal, acc, ld);
+}
 
 /* With checkpointing on the device: attention's outputs kept for the recomputation, the
  * first L - 2 layers' (`floats` each: a layer's output and lse) on the host */
@@ -329,7 +368,8 @@ static void dit_case(const char *what, int lora, int ckpt) {
     tz_dit_dims d;
     char err[128];
     if (tz_dit_preset("tiny", &d, err, sizeof err)) check(0, "%s", err);
-    d.input_size = 8, d.in_channels = 4, d.patch_size = 2, d.hidden = 64, d.depth = g_dit_depth;
+    d.input_size = g_dit_size, d.in_channels = 4, d.patch_size = 2, d.hidden = 64,
+    d.depth = g_dit_depth;
     d.num_heads = 4, d.num_classes = 10, d.learn_sigma = 1; /* DiT-XL/2's layout, small */
     tz_model_opts o;
     memset(&o, 0, sizeof o);
@@ -350,6 +390,7 @@ static void dit_case(const char *what, int lora, int ckpt) {
     float *g[2];
     double loss[2];
     tz_backend *be[2] = {g_cpu, g_gpu};
+    g_attb = g_gpu->attention_bwd, g_gpu->attention_bwd = ds_count, g_ds_kept = 0;
     for (int k = 0; k < 2; k++) {
         m[k] = tz_dit_create(be[k], &d, &o);
         fill_random(&m[k]->params, be[k], 9); /* adaLN-Zero would zero most gradients */
@@ -358,6 +399,13 @@ static void dit_case(const char *what, int lora, int ckpt) {
         tz_dit_setup(m[k], n);
         loss[k] = tz_dit_forward_backward(m[k], x, t, y, tgt, 1.0f / (float)(n * numel));
     }
+    g_gpu->attention_bwd = g_attb;
+    const char *env = getenv("TZ_FA_DS"); /* (0 for the whole run: nothing kept) */
+    char *saved = env ? strdup(env) : NULL;
+    if (g_ds_off_again)
+        check(g_ds_kept == (saved && !strcmp(saved, "0") ? 0 : d.depth), "%s: dS kept by "
+              "attention's backward in fc2's input gradient, lent, in %d of %lld blocks", what,
+              g_ds_kept, (long long)d.depth);
     compare(what, loss[0], loss[1], &m[0]->params, &m[1]->params);
     keep_checked(what, &m[1]->keep, ckpt, d.depth,
                  n * tz_dit_tokens(&d) * (d.hidden + d.num_heads));
@@ -368,9 +416,17 @@ static void dit_case(const char *what, int lora, int ckpt) {
             tz_dit_setup(m[1], n);
             keep_off(what, &m[1]->keep, 0);
         }
+        if (g_ds_off_again) setenv("TZ_FA_DS", "0", 1);
         const double l2 = tz_dit_forward_backward(m[1], x, t, y, tgt, 1.0f / (float)(n * numel));
-        second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
+        if (g_ds_off_again && saved) setenv("TZ_FA_DS", saved, 1);
+        else if (g_ds_off_again) unsetenv("TZ_FA_DS");
+        tz_device_info di;
+        g_gpu->device_info(g_gpu, &di);
+        if (g_ds_off_again && !strstr(di.name, "CPU emulation")) /* a GPU: within tolerance */
+            second_call_near(what, loss[1], l2, &m[1]->params, first, g[1]);
+        else second_call_same(what, loss[1], l2, &m[1]->params, first, g[1]);
     }
+    free(saved);
     for (int k = 0; k < 2; k++) {
         be[k]->release(be[k], g[k]);
         tz_dit_free(m[k]);
@@ -830,6 +886,11 @@ int main(void) {
      * and a quantized base, which keeps them in fp32 for its rotation */
     dit_case("bf16: dit, LoRA on a dense base, checkpointing", -1, 1);
     dit_case("bf16: dit, LoRA on 4-bit TurboQuant", 4, 0);
+    /* 64 tokens: fc2's input gradient (3 x 64 x 256 floats) holds dS's 12 (sample, head)
+     * pairs, one 64 x 64 tile each (16 tokens' 48 rows would hold 6) */
+    g_dit_size = 16, g_ds_off_again = 1;
+    dit_case("bf16: dit 16x16x4, full, dS kept, second call with TZ_FA_DS=0", 0, 0);
+    g_dit_size = 8, g_ds_off_again = 0;
     g_dit_depth = 4, g_keep_off_again = 1;
     dit_case("bf16: dit, 4 blocks, LoRA on 4-bit TurboQuant, checkpointing, second call with "
              "TZ_ATT_KEEP=0", 4, 1);

@@ -269,6 +269,26 @@ static void count_tqml(tz_backend *be, float *C, uint16_t *A, int64_t ld, const 
     g_tqml(be, C, A, ld, h, Bm, r, sc, tile, c, s, l, rows, cols, bits, group, M, bias, c16);
 }
 
+/* The memory lent to attention's backward for its score gradients (be->att_ds), as the
+ * device's op found it at its last call, and the calls that found a loan forming groups
+ * (tz_attention_ds_group: dS kept, the pool's end written by dk/dv's kernel). */
+static void (*g_attb)(tz_backend *, float *, float *, float *, const float *, const float *,
+                      const float *, const float *, const float *, const float *, int64_t,
+                      int64_t, int64_t, int64_t, int64_t, int, int, const struct tz_att_ld *);
+static void *g_ds;
+static size_t g_ds_bytes;
+static int g_ds_groups;
+static void rec_attb(tz_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                     const float *out, const float *lse, const float *q, const float *k,
+                     const float *v, int64_t B_, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D,
+                     int causal, int acc, const struct tz_att_ld *ld) {
+    const char *off = getenv("TZ_FA_DS"); /* (the backend's switch, read at every call) */
+    g_ds = be->att_ds, g_ds_bytes = be->att_ds_bytes;
+    g_ds_groups += !(off && !strcmp(off, "0")) &&
+                   tz_attention_ds_group(B_, T_, Hq, Hkv, causal, g_ds ? g_ds_bytes : 0) > 0;
+    g_attb(be, dq, dk, dv, dout, out, lse, q, k, v, B_, T_, Hq, Hkv, D, causal, acc, ld);
+}
+
 /* A 4-bit MLP (dim 64, hidden 640, group 64) in chunks of 256 columns (the last of 128)
  * against chunks of 5 rows, both on the device, and against the CPU (bf16 storage, chunks of
  * rows). */
@@ -361,6 +381,62 @@ static void cols_case(tz_backend *cpu16, tz_backend *dev, const mcase *cs, const
           worst);
     check(memcmp(gc, gc2, (size_t)cl->params.flat_numel * sizeof(float)) == 0,
           "device %s: in chunks of columns, the second step's gradients are the first's", c.what);
+    /* attention's backward is lent the pool past dk and dv, where (with chunks of columns,
+     * 44,000 to 49,000 floats; dS's 4 pairs of 2 heads take 16,384) it keeps its score
+     * gradients; the same
+     * bits as dq's kernel computing them again (TZ_FA_DS=0) on the emulation, which sums
+     * S = K Q^T as it does Q K^T (a GPU's mma could round them apart: within 1e-2 there, as
+     * the chunks above) */
+    g_attb = dev->attention_bwd, dev->attention_bwd = rec_attb, g_ds_groups = 0;
+    float *gk, *gn;
+    const double lk = step(cl, bc, in, tg, &gk);
+    const int kept_calls = g_ds_groups;
+    const int lent_pool = g_ds == (void *)(cl->pool + 2 * ((BT * kvd + 15) / 16 * 16)) &&
+                          g_ds_bytes == cl->ds_room_bytes && cl->ds_room == g_ds &&
+                          (float *)g_ds + g_ds_bytes / 4 == cl->pool + cl->pool_floats;
+    const char *prev0 = getenv("TZ_FA_DS");
+    char *saved = prev0 ? strdup(prev0) : NULL;
+    const char *prev = saved;
+    setenv("TZ_FA_DS", "0", 1);
+    const double ln = step(cl, bc, in, tg, &gn);
+    if (saved) setenv("TZ_FA_DS", saved, 1);
+    else unsetenv("TZ_FA_DS");
+    dev->attention_bwd = g_attb;
+    tz_device_info di;
+    dev->device_info(dev, &di);
+    const int emu = strstr(di.name, "CPU emulation") != NULL;
+    const int same = lk == ln && !memcmp(gk, gn, (size_t)cl->params.flat_numel * sizeof(float));
+    const double ek = grad_err(cl, gn, gk, &zero, &worst);
+    /* (TZ_FA_DS=0 for the whole run: nothing kept, the same bits trivially) */
+    const int want = prev && !strcmp(prev, "0") ? 0 : (int)L;
+    check(lent_pool && kept_calls == want && (same || (!emu && ek <= 1e-2 && zero == 0)),
+          "device %s: attention's backward lent the pool past dk and dv (%zu bytes: %s), dS kept "
+          "in it by %d of %d layers; the loss and gradients %s those with TZ_FA_DS=0%s",
+          c.what, g_ds_bytes, lent_pool ? "yes" : "NO", kept_calls, (int)L,
+          same ? "the bits of" : "NOT the bits of", same || emu ? "" : " (a GPU: within 1e-2)");
+    free(gk), free(gn);
+    /* without checkpointing (no pool) du is lent, read for the last time by gate's and up's
+     * backward: 32 x 640 floats, dS's 16,384 fit */
+    tz_llama *nc = make_dims(dev, &c, 0, 0, C, F, 0);
+    float *bn = grads(nc), *gk2, *gn2;
+    dev->attention_bwd = rec_attb, g_ds_groups = 0;
+    const double lk2 = step(nc, bn, in, tg, &gk2);
+    const int kept2 = g_ds_groups, lent_du = g_ds == (void *)nc->du && nc->ds_room == g_ds &&
+                                            g_ds_bytes == (size_t)(BT * F) * sizeof(float);
+    setenv("TZ_FA_DS", "0", 1);
+    const double ln2 = step(nc, bn, in, tg, &gn2);
+    if (saved) setenv("TZ_FA_DS", saved, 1);
+    else unsetenv("TZ_FA_DS");
+    dev->attention_bwd = g_attb;
+    const int same2 = lk2 == ln2 && !memcmp(gk2, gn2, (size_t)nc->params.flat_numel * sizeof(float));
+    const double ek2 = grad_err(nc, gn2, gk2, &zero, &worst);
+    check(!nc->mlp_chunked && lent_du && kept2 == want &&
+              (same2 || (!emu && ek2 <= 1e-2 && zero == 0)),
+          "device %s, no checkpointing: attention's backward lent du (%s), dS kept in it by %d "
+          "of %d layers; the loss and gradients %s those with TZ_FA_DS=0", c.what,
+          lent_du ? "yes" : "NO", kept2, (int)L, same2 ? "the bits of" : "NOT the bits of");
+    free(gk2), free(gn2), free(saved);
+    drop(nc, bn);
     free(gh), free(gr), free(gc), free(gc2);
     drop(h, bh), drop(rw, br), drop(cl, bc);
 }
