@@ -1658,7 +1658,9 @@ __global__ void __launch_bounds__(FA_THREADS)
                                            dsp,
                                            fa_ds_tile(sh, dsp, slot0 + (int)(i / nq),
                                                       (int)(t0 / FA_DS_T), (int)(k0 / FA_DS_T)));
-            else fa_dkv_tile<DP, LDM>(ak, av, ka, va, Qs, Gs, Ls, Ds, sh, k0, t0, keys, sl2, dsp, 0);
+            else
+                fa_dkv_tile<DP, LDM>(ak, av, ka, va, Qs, Gs, Ls, Ds, sh, k0, t0, keys, sl2, dsp,
+                                     0);
             __syncthreads(); /* no longer read: the next copies may go there */
             uint16_t *sw = Qs;
             Qs = Qn, Qn = sw, sw = Gs, Gs = Gn, Gn = sw;

@@ -240,8 +240,8 @@ static void s_att_bwd(tz_backend *be, float *dq, float *dk, float *dv, cf *d, cf
     /* the score gradients kept in the memory lent (be->att_ds), as a GPU's tiles-ahead
      * kernels keep them (bf16 q, k, v; tz_attention_ds_group): written once, read once */
     const char *off = getenv("TZ_FA_DS"); /* (the CUDA backend's switch, docs/gpu.md) */
-    const int keeps = be->att_ds && !(off && !strcmp(off, "0")) && ld && ld->in16 && D % 8 == 0 &&
-                      D <= TZ_ATTENTION_FLASH_MAXD &&
+    const int keeps = be->att_ds && !(off && !strcmp(off, "0")) && ld && ld->in16 &&
+                      D % 8 == 0 && D <= TZ_ATTENTION_FLASH_MAXD &&
                       tz_attention_ds_group(B, T, Hq, Hkv, causal, be->att_ds_bytes);
     const double ds = keeps ? 2.0 * B * Hq * (double)tz_attention_ds_head_bytes(T, causal) : 0.0;
     be->att_ds = NULL, be->att_ds_bytes = 0; /* (the loan ends with the call) */

@@ -118,10 +118,10 @@ struct tz_backend {
     void *att_ws;
     size_t att_ws_bytes;
     /* Spare memory lent to the next attention_bwd alone, which takes it back likewise: memory
-     * of the caller's plan that nothing reads or writes during the call (the Llama's pool
-     * beyond dk and dv). A backend may keep the score gradients there instead of computing
-     * them twice (tz_attention_ds_group, below); with too little, or none, it computes them
-     * twice. Never required, never planned for. */
+     * of the caller's plan that nothing reads or writes during the call (the Llama's pool past
+     * dk and dv, or its du without MLP chunks; the DiT's dg). A backend may keep the score
+     * gradients there instead of computing them twice (tz_attention_ds_group, below); with too
+     * little, or none, it computes them twice. Never required, never planned for. */
     void *att_ds;
     size_t att_ds_bytes;
     /* frees the implementation state and the table itself (tz_backend_destroy calls it) */

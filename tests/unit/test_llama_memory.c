@@ -428,7 +428,8 @@ static void cols_case(tz_backend *cpu16, tz_backend *dev, const mcase *cs, const
     if (saved) setenv("TZ_FA_DS", saved, 1);
     else unsetenv("TZ_FA_DS");
     dev->attention_bwd = g_attb;
-    const int same2 = lk2 == ln2 && !memcmp(gk2, gn2, (size_t)nc->params.flat_numel * sizeof(float));
+    const int same2 =
+        lk2 == ln2 && !memcmp(gk2, gn2, (size_t)nc->params.flat_numel * sizeof(float));
     const double ek2 = grad_err(nc, gn2, gk2, &zero, &worst);
     check(!nc->mlp_chunked && lent_du && kept2 == want &&
               (same2 || (!emu && ek2 <= 1e-2 && zero == 0)),
