@@ -1869,7 +1869,10 @@ static int64_t fa_ds_group(tz_backend *be, const att_shape *sh, const void *ds, 
     const int64_t g = tz_attention_ds_group(sh->B, sh->T, sh->Hq, sh->Hkv, sh->causal, bytes);
     const int64_t nb = (sh->T + FA_DS_T - 1) / FA_DS_T;
     const int64_t tiles = sh->causal ? nb * (nb + 1) / 2 : nb * nb;
-    return g && nb * g * sh->rep <= INT_MAX && tiles * g * sh->rep <= INT_MAX ? g : 0;
+    /* (dk/dv's grid: key blocks on y; dq's on x with the heads; the tile numbers in 32 bits) */
+    return g && nb <= 65535 && nb * g * sh->rep <= INT_MAX && tiles * g * sh->rep <= INT_MAX
+               ? g
+               : 0;
 }
 
 /* One group's dk, dv (dS kept) and dq from dS (dsp.p0, dsp.np) */
