@@ -1860,6 +1860,10 @@ static int fa_ds_on(void) {
     const char *e = getenv("TZ_FA_DS");
     return !(e && !strcmp(e, "0"));
 }
+/* A query head's dS tiles (tz_attention_ds_head_bytes' count) */
+static int64_t fa_ds_tiles(const att_shape *sh) {
+    return (int64_t)(tz_attention_ds_head_bytes(sh->T, sh->causal) / (FA_DS_TILE_ELEMS * 2));
+}
 /* The pairs of a group whose dS the backward keeps in the memory lent (be->att_ds), or 0:
  * dq's kernel computes it again. Only the tiles-ahead kernels (sh.pipe) keep it. */
 static int64_t fa_ds_group(tz_backend *be, const att_shape *sh, const void *ds, size_t bytes) {
@@ -1868,7 +1872,7 @@ static int64_t fa_ds_group(tz_backend *be, const att_shape *sh, const void *ds, 
         return 0;
     const int64_t g = tz_attention_ds_group(sh->B, sh->T, sh->Hq, sh->Hkv, sh->causal, bytes);
     const int64_t nb = (sh->T + FA_DS_T - 1) / FA_DS_T;
-    const int64_t tiles = sh->causal ? nb * (nb + 1) / 2 : nb * nb;
+    const int64_t tiles = fa_ds_tiles(sh);
     /* (dk/dv's grid: key blocks on y; dq's on x with the heads; the tile numbers in 32 bits) */
     return g && nb <= 65535 && nb * g * sh->rep <= INT_MAX && tiles * g * sh->rep <= INT_MAX
                ? g
@@ -1927,8 +1931,8 @@ static void fa_bwd(tz_backend *be, float *dq, float *dk, float *dv, const float 
     if constexpr (sizeof(TI) == 2) {
         /* dS kept: dk/dv's kernel, then dq's from it, a group of pairs at a time */
         if (const int64_t group = fa_ds_group(be, &sh, ds, ds_bytes)) {
-            const int64_t pairs = sh.B * sh.Hkv, nb = (sh.T + FA_DS_T - 1) / FA_DS_T;
-            fa_dsp dsp = {(uint16_t *)ds, 0, 0, sh.causal ? nb * (nb + 1) / 2 : nb * nb};
+            const int64_t pairs = sh.B * sh.Hkv;
+            fa_dsp dsp = {(uint16_t *)ds, 0, 0, fa_ds_tiles(&sh)};
             for (int64_t p0 = 0; p0 < pairs; p0 += group) {
                 dsp.p0 = p0, dsp.np = pairs - p0 < group ? pairs - p0 : group;
                 auto go = [&](auto f) {

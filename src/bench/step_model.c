@@ -245,8 +245,10 @@ static void s_att_bwd(tz_backend *be, float *dq, float *dk, float *dv, cf *d, cf
                       tz_attention_ds_group(B, T, Hq, Hkv, causal, be->att_ds_bytes);
     const double ds = keeps ? 2.0 * B * Hq * (double)tz_attention_ds_head_bytes(T, causal) : 0.0;
     be->att_ds = NULL, be->att_ds_bytes = 0; /* (the loan ends with the call) */
-    const int twice = !keeps && be->device && be->matmul_dtype == TZ_DT_BF16 &&
-                      D <= TZ_ATTENTION_FLASH_MAXD;
+    /* (the flash kernels, bf16 on the tensor cores up to TZ_ATTENTION_FLASH_MAXD or fp32 on
+     * the CUDA cores; above it bf16 runs chunks through GEMMs, S once) */
+    const int twice = !keeps && be->device &&
+                      (be->matmul_dtype != TZ_DT_BF16 || D <= TZ_ATTENTION_FLASH_MAXD);
     add(be, TZ_SM_ATTENTION, (twice ? 14.0 : 10.0) * B * Hq * D * pairs(T, T, causal),
         F * B * T * ((4.0 + a) * Hq * D + (4.0 + 2.0 * a) * Hkv * D + Hq) -
             qkv16_saves(ld, B * T, Hq, Hkv, D) - g16 + ds);
