@@ -684,8 +684,8 @@ __device__ __forceinline__ unsigned fa_ds_tile(const att_shape &sh, const fa_dsp
 }
 
 /* The softmax in base 2 (FlashAttention-2's way): a score s enters as exp2(s scale log2(e) -
- * m), one FFMA and one ex2 instead of expf's range reduction and a scale multiply, and the
- * causal and sequence-end masks are applied only to the tiles that cross them (fa_mask_tile),
+ * m), one FFMA and one ex2 (tz_ex2: the flushing form, one instruction where exp2f takes
+ * four) instead of expf's range reduction and a scale multiply, and the causal and sequence-end masks are applied only to the tiles that cross them (fa_mask_tile),
  * a block-uniform test, so most tiles take no per-element comparison. On an H200 the per-score
  * instructions, not the mma, set the kernels' pace (docs/benchmarks.md, "A third H200
  * lease"). Masked scores are -inf, whose exp2 is 0. */
@@ -963,7 +963,7 @@ __device__ __forceinline__ float fa_quad_max(float v) {
 /* The forward's online softmax over one tile of FK keys from s0, for a warp's 16 rows (rows[0]
  * and rows[1] its lane's two): the scores s masked where `masked` (the tile crosses the
  * causal diagonal or the sequence's end), the running maximum m of raw scores and the sum l
- * updated, o rescaled, and P = exp2(s scale log2(e) - m) rounded to bf16 as it is made, into
+ * updated, o rescaled (where a maximum moved), and P = exp2(s scale log2(e) - m) rounded to bf16 as it is made, into
  * pa as the A fragments of P V (C tiles 2kk and 2kk + 1 are A step kk): half the registers of
  * the fp32 scores. Masked scores are -inf, whose exp2 is 0. */
 template <int DP, class R>
@@ -987,10 +987,12 @@ __device__ __forceinline__ void fa_softmax_tile(float (&s)[FK / 8][4], float (&m
 #pragma unroll
         for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
     float corr[2], mb[2];
+    bool kept = true; /* neither of the lane's rows has a new maximum */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         mx[r] = fa_quad_max(mx[r]);
-        corr[r] = m[r] == -INFINITY ? 0.0f : exp2f((m[r] - mx[r]) * sl2);
+        kept = kept && mx[r] == m[r];
+        corr[r] = mx[r] == m[r] ? 1.0f : m[r] == -INFINITY ? 0.0f : tz_ex2((m[r] - mx[r]) * sl2);
         l[r] *= corr[r];
         m[r] = mx[r];
         mb[r] = mx[r] == -INFINITY ? 0.0f : mx[r] * sl2; /* (a row past T: nothing seen) */
@@ -999,16 +1001,21 @@ __device__ __forceinline__ void fa_softmax_tile(float (&s)[FK / 8][4], float (&m
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int i = 0; i < 4; i += 2) {
-            const float p0 = exp2f(fmaf(s[nt][i], sl2, -mb[i >> 1]));
-            const float p1 = exp2f(fmaf(s[nt][i + 1], sl2, -mb[i >> 1]));
+            const float p0 = tz_ex2(fmaf(s[nt][i], sl2, -mb[i >> 1]));
+            const float p1 = tz_ex2(fmaf(s[nt][i + 1], sl2, -mb[i >> 1]));
             l[i >> 1] += p0;
             l[i >> 1] += p1;
             pa[nt >> 1][(nt & 1) * 2 + (i >> 1)] = tz_pack_bf16(p0, p1);
         }
+    /* o rescaled only when a row of the warp has a new maximum (a warp-uniform vote): o *= 1
+     * changes no bit, so the skip gives the same results, without DP / 2 multiplies a lane on
+     * the tiles (most of a long row's, once its largest scores are seen) that move no maximum */
+    if (!__all_sync(0xffffffffu, kept)) {
 #pragma unroll
-    for (int dn = 0; dn < DN; dn++)
+        for (int dn = 0; dn < DN; dn++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) o[dn][i] *= corr[i >> 1];
+            for (int i = 0; i < 4; i++) o[dn][i] *= corr[i >> 1];
+    }
 }
 
 /* One tile of FK keys from s0 in the forward, for a warp's rows: S = Q K^T, the online softmax
@@ -1319,7 +1326,7 @@ __device__ __forceinline__ void fa_dq_tile(float (&acc)[DP / 8][4], const uint32
         for (int nt = 0; nt < HT; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const float p = exp2f(fmaf(s[nt][i], sl2, -lr[i >> 1]));
+                const float p = tz_ex2(fmaf(s[nt][i], sl2, -lr[i >> 1]));
                 s[nt][i] = p * (dp[nt][i] - dl[i >> 1]); /* dS */
             }
         fa_mma_ps<DP, HT, LDM>(acc, s, kh);
@@ -1524,7 +1531,7 @@ __device__ __forceinline__ void fa_dkv_tile(float (&ak)[DP / 8][4], float (&av)[
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int j = half * (FQT / 2) + nt * 8 + 2 * t4 + (i & 1);
-                const float p = exp2f(fmaf(s[nt][i], sl2, -Ls[j]));
+                const float p = tz_ex2(fmaf(s[nt][i], sl2, -Ls[j]));
                 s[nt][i] = p;                        /* P^T */
                 dp[nt][i] = p * (dp[nt][i] - Ds[j]); /* dS^T */
             }

@@ -21,6 +21,7 @@
 #define TZ_CUDA_MMA_CUH
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 
 /* Two floats rounded to bf16 (nearest, ties to even) in one register: lo in bits 0-15. */
@@ -34,6 +35,24 @@ __device__ __forceinline__ uint32_t tz_pack_u16(uint16_t lo, uint16_t hi) {
 }
 __device__ __forceinline__ float tz_bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float tz_bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+
+/* 2^x with subnormals flushed to zero, in one instruction: the PTX ex2.approx.ftz.f32 (one
+ * MUFU.EX2). exp2f compiles to ex2.approx.f32, whose subnormal results cost three more
+ * instructions a call (a compare, a scale before and a square after: the sm_80 and sm_90
+ * cubins' sizes, 4 instructions an exp2f against 1) and which give nothing here: a score's
+ * probability below 2^-126 (1.2e-38) is zero either way once rounded into a product with
+ * values of order one. The flash kernels' softmax, one per score, is where it counts. The
+ * emulation (no __CUDA_ARCH__): exp2f with the same flushes of a subnormal x and result. */
+__device__ __forceinline__ float tz_ex2(float x) {
+#if defined(__CUDA_ARCH__)
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#else
+    const float r = exp2f(fabsf(x) < 1.17549435e-38f ? 0.0f : x);
+    return r < 1.17549435e-38f ? 0.0f : r; /* (FLT_MIN; a NaN stays one) */
+#endif
+}
 
 __device__ __forceinline__ void tz_mma_bf16_16816(float c[4], const uint32_t a[4],
                                                   const uint32_t b[2]) {

@@ -14,7 +14,8 @@
  *   - the warp-level bf16 tensor-core product (cuda/cuda_mma.cuh, mma.sync m16n8k16): its
  *     fragments loaded and stored by the layouts the PTX ISA documents, against a plain
  *     matrix product of the same bf16 values, onto a nonzero C; ldmatrix.x4, plain and
- *     .trans, against its documented fragments, and feeding mma's B both ways;
+ *     .trans, against its documented fragments, and feeding mma's B both ways; ex2 with
+ *     subnormals flushed (the flash kernels' exponential) against exp2;
  *   - misuses reported by name instead of a hang or a silent result (each in a child
  *     process, which must die with the message): a deadlock between a barrier and a shuffle,
  *     __syncthreads in divergent code, a shuffle naming a lane that returned, an access past
@@ -686,6 +687,47 @@ static void test_ldmatrix(void) {
     cudaFree(da), cudaFree(db), cudaFree(dd);
 }
 
+/* tz_ex2 (cuda/cuda_mma.cuh) as the PTX ISA describes ex2.approx.ftz.f32: 2^x to a relative
+ * error of at most 2^-22 where the result is normal; subnormal inputs and results flushed to
+ * zero (so 2^x is 0 below x = -126, and 1 at a subnormal x); 2^-inf = 0, 2^+inf = +inf, NaN
+ * stays NaN. The flash kernels' softmax takes every exponential from it. */
+static __global__ void k_ex2(float *out, const float *x, int n) {
+    const int i = (int)threadIdx.x;
+    if (i < n) out[i] = tz_ex2(x[i]);
+}
+static void test_ex2(void) {
+    enum { N = 64 };
+    float x[N], got[N];
+    int n = 0;
+    for (int k = -40; k <= 12; k++) x[n++] = (float)k * 3.1f + 0.37f; /* -123.63 .. 37.57 */
+    x[n++] = -125.9f, x[n++] = -126.0f, x[n++] = -126.01f, x[n++] = -140.0f;
+    x[n++] = 1e-40f, x[n++] = -1e-40f, x[n++] = 0.0f, x[n++] = -INFINITY, x[n++] = INFINITY;
+    x[n++] = NAN;
+    float *dx, *dout;
+    cudaMalloc(&dx, sizeof x), cudaMalloc(&dout, sizeof got);
+    cudaMemcpy(dx, x, sizeof x, cudaMemcpyHostToDevice);
+    k_ex2<<<1, N>>>(dout, dx, n);
+    cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost);
+    int bad = 0;
+    double worst = 0.0;
+    for (int i = 0; i < n; i++) {
+        const double want = exp2((double)x[i]);
+        if (isnan(x[i])) bad += !isnan(got[i]);
+        else if (fabsf(x[i]) < 1.17549435e-38f) bad += got[i] != 1.0f;
+        else if (want < 1.17549435e-38) bad += got[i] != 0.0f;
+        else if (isinf(want)) bad += !(isinf(got[i]) && got[i] > 0.0f);
+        else {
+            const double rel = fabs((double)got[i] - want) / want;
+            worst = rel > worst ? rel : worst;
+            bad += rel > 0x1p-22;
+        }
+    }
+    check(bad == 0, "ex2.approx.ftz.f32 (tz_ex2): %d of %d values wrong (relative error at most "
+          "%.2g, 2^-22 allowed; results below 2^-126 and subnormal inputs flushed)", bad, n,
+          worst);
+    cudaFree(dx), cudaFree(dout);
+}
+
 int main(void) {
     test_threads();
     test_memory();
@@ -694,6 +736,7 @@ int main(void) {
     test_cublas();
     test_mma();
     test_ldmatrix();
+    test_ex2();
     test_cp_async();
     cudaMalloc(&g_out, 1000 * sizeof(float));
     expect_death("a thread returning with cp.async copies not waited for",

@@ -1301,6 +1301,13 @@ static void test_attention_ds(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
     be->matmul_dtype = TZ_DT_F32;
 }
 
+/* test_attention_tc's inputs with key 0 the largest score of every query (as in a trained
+ * model's attention sink): q's first component 1, k's 40 at key 0 and 0 elsewhere, the rest
+ * random in [-1, 1] (what the other components add is of order 4 at D = 128). The flash
+ * forward's running maxima are then set by the first key tile, and every later tile leaves
+ * them where they are (its rescale of o skipped by the vote in fa_softmax_tile). */
+static int g_att_sink;
+
 /* chunk (the GEMM path, D > TZ_ATTENTION_FLASH_MAXD): query rows per chunk, forced through
  * the bytes lent (a size tz_attention_chunk keeps: < 16, a multiple of 16 below 64, of 64, or
  * >= T); 0: the planned workspace, which is what the flash path always gets. */
@@ -1328,6 +1335,12 @@ static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
     pair q = mk(B * T * Hq * D, 1.0f), k = mk(B * T * Hkv * D, 1.0f), v = mk(B * T * Hkv * D, 1.0f);
     pair out = mkz(q.n), lse = mkz(B * Hq * T), dout = mk(q.n, 1.0f);
     pair dq = mk(q.n, 0.1f), dk = mk(k.n, 0.1f), dv = mk(v.n, 0.1f);
+    if (g_att_sink) { /* rows (b, t, head) of D: t = row / heads % T */
+        for (int64_t r = 0; r < B * T * Hq; r++) q.h[r * D] = 1.0f;
+        for (int64_t r = 0; r < B * T * Hkv; r++) k.h[r * D] = r / Hkv % T ? 0.0f : 40.0f;
+        g_gpu->upload(g_gpu, q.d, q.h, (size_t)q.n * 4);
+        g_gpu->upload(g_gpu, k.d, k.h, (size_t)k.n * 4);
+    }
     if (flash) { /* its operands as the kernels see them: bf16 values */
         pair *in[4] = {&q, &k, &v, &dout};
         for (int j = 0; j < 4; j++) {
@@ -1338,8 +1351,9 @@ static void test_attention_tc(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int
     }
     char what[160], line[240];
     if (flash)
-        snprintf(what, sizeof what, "B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal=%d flash",
-                 (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal);
+        snprintf(what, sizeof what, "B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal=%d flash%s",
+                 (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, causal,
+                 g_att_sink ? " sink" : "");
     else
         snprintf(what, sizeof what, "B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal=%d chunk "
                  "%lld/%lld", (long long)B, (long long)T, (long long)Hq, (long long)Hkv,
@@ -2285,6 +2299,10 @@ int main(int argc, char **argv) {
     test_attention_tc(1, 130, 2, 1, 72, 0, 0);  /* three tiles, not causal, rep 2 */
     test_attention_tc(1, 1, 1, 1, 8, 1, 0);     /* T = 1 */
     test_attention_tc(1, 97, 2, 2, 37, 1, 0);   /* odd D: pairs cut at D */
+    g_att_sink = 1; /* maxima set by the first tile: later tiles skip their rescale */
+    test_attention_tc(1, 200, 2, 1, 128, 1, 0); /* four tiles, causal, rep 2 */
+    test_attention_tc(1, 140, 2, 2, 64, 0, 0);  /* three tiles, not causal */
+    g_att_sink = 0;
     /* ldmatrix against plain reads: every padded width (32, 64, 80, 128), GQA, tiles cut by T */
     test_attention_ldmatrix(1, 45, 2, 1, 40, 1);
     test_attention_ldmatrix(1, 70, 1, 1, 128, 0);
