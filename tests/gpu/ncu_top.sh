@@ -21,6 +21,11 @@ ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 mkdir -p "$out"
 sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy)
 show='Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Grid Size|Block Size|Theoretical Occupancy|==PROF==|==WARNING== No kernels'
+# the flash kernels also: what their schedulers issue and why their warps wait (whether the
+# per-score instructions, the mma, shared memory or the barriers set their pace: the
+# question their next change turns on, docs/gpu.md)
+fa_sections=(--section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats)
+fa_show='Executed Ipc|Issue Slots Busy|Issued Warp Per Scheduler|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Warp Cycles Per Issued|Local Memory Spilling|stalled|Shared Memory Throughput'
 
 echo "== ncu check: k_rotate of the tiny preset"
 timeout 60 "$ncu" --clock-control none --kill on -k regex:k_rotate --launch-count 1 \
@@ -31,12 +36,13 @@ grep -E "$show" "$out/ncu-check.txt" | grep -v pmix | head -6
 i=0
 for k in "${kernels[@]}"; do
   i=$((i + 1))
-  n=1 lines=14
+  n=1 lines=14 extra=() pat=$show
   case $k in *gemm*) n=12 lines=160 ;; esac # (several GEMMs: their shapes differ)
+  case $k in k_fa*) extra=("${fa_sections[@]}") pat="$show|$fa_show" lines=40 ;; esac
   echo "== ncu: $k (7B LoRA step, launch 6, $n)"
   timeout "${TZ_NCU_SECONDS:-75}" "$ncu" --clock-control none --kill on -k "regex:$k" \
-    --launch-skip 5 --launch-count $n "${sections[@]}" \
+    --launch-skip 5 --launch-count $n "${sections[@]}" "${extra[@]}" \
     "$tz" bench --preset llama2-7b --set train.steps=2 > "$out/ncu-$i.txt" 2>&1
   echo "   (exit $?)"
-  grep -E "^  [a-zA-Z_].*\(|$show" "$out/ncu-$i.txt" | grep -v pmix | head -$lines
+  grep -E "^  [a-zA-Z_].*\(|$pat" "$out/ncu-$i.txt" | grep -v pmix | head -$lines
 done
