@@ -685,8 +685,9 @@ __device__ __forceinline__ unsigned fa_ds_tile(const att_shape &sh, const fa_dsp
 
 /* The softmax in base 2 (FlashAttention-2's way): a score s enters as exp2(s scale log2(e) -
  * m), one FFMA and one ex2 (tz_ex2: the flushing form, one instruction where exp2f takes
- * four) instead of expf's range reduction and a scale multiply, and the causal and sequence-end masks are applied only to the tiles that cross them (fa_mask_tile),
- * a block-uniform test, so most tiles take no per-element comparison. On an H200 the per-score
+ * four) instead of expf's range reduction and a scale multiply, and the causal and
+ * sequence-end masks are applied only to the tiles that cross them (fa_mask_tile), a
+ * block-uniform test, so most tiles take no per-element comparison. On an H200 the per-score
  * instructions, not the mma, set the kernels' pace (docs/benchmarks.md, "A third H200
  * lease"). Masked scores are -inf, whose exp2 is 0. */
 __device__ __forceinline__ bool fa_mask_tile(bool causal, int64_t r0, int nr, int64_t c0, int nc,
@@ -963,9 +964,9 @@ __device__ __forceinline__ float fa_quad_max(float v) {
 /* The forward's online softmax over one tile of FK keys from s0, for a warp's 16 rows (rows[0]
  * and rows[1] its lane's two): the scores s masked where `masked` (the tile crosses the
  * causal diagonal or the sequence's end), the running maximum m of raw scores and the sum l
- * updated, o rescaled (where a maximum moved), and P = exp2(s scale log2(e) - m) rounded to bf16 as it is made, into
- * pa as the A fragments of P V (C tiles 2kk and 2kk + 1 are A step kk): half the registers of
- * the fp32 scores. Masked scores are -inf, whose exp2 is 0. */
+ * updated, o rescaled (where a maximum moved), and P = exp2(s scale log2(e) - m) rounded to
+ * bf16 as it is made, into pa as the A fragments of P V (C tiles 2kk and 2kk + 1 are A step
+ * kk): half the registers of the fp32 scores. Masked scores are -inf, whose exp2 is 0. */
 template <int DP, class R>
 __device__ __forceinline__ void fa_softmax_tile(float (&s)[FK / 8][4], float (&m)[2], float (&l)[2],
                                                 float (&o)[DP / 8][4], uint32_t (&pa)[FK / 16][4],
