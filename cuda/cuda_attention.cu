@@ -1650,22 +1650,27 @@ __global__ void __launch_bounds__(FA_THREADS)
         uint16_t *Qn = (uint16_t *)(Ds + FQT), *Gn = Qn + FQT * LD;
         float *Ln = (float *)(Gn + FQT * LD), *Dn = Ln + FQT;
         const int64_t nq = (T - tq0 + FQT - 1) / FQT, ntiles = sh.rep * nq, h0 = kvh * sh.rep;
+        const int64_t tq_end = tq0 + nq * FQT;
+        /* tile i's query head (as its slot in the group) and first row, and tile i + 1's: the
+         * head's tiles in order, then the next head's, counted on rather than divided out of i
+         * (a 64-bit division and remainder a tile in the loop); rows in 32 bits (fa_pipe: T <=
+         * INT_MAX - FQW), which ptxas gives fewer spilled bytes at D = 128 on sm_90 */
+        int r = 0, rn = tq0 + FQT < tq_end ? 0 : 1;
+        int t0 = (int)tq0, tn = rn ? (int)tq0 : (int)tq0 + FQT;
         fa_dkv_stage_async<DP>(Qs, Gs, Ls, Ds, q, dout16, lse2, delta, sh, b, h0, tq0);
         tz_cp_async_commit();
         for (int64_t i = 0; i < ntiles; i++) {
             if (i + 1 < ntiles) {
-                fa_dkv_stage_async<DP>(Qn, Gn, Ln, Dn, q, dout16, lse2, delta, sh, b,
-                                       h0 + (i + 1) / nq, tq0 + (i + 1) % nq * FQT);
+                fa_dkv_stage_async<DP>(Qn, Gn, Ln, Dn, q, dout16, lse2, delta, sh, b, h0 + rn, tn);
                 tz_cp_async_commit();
                 tz_cp_async_wait<1>();
             } else tz_cp_async_wait<0>();
             __syncthreads(); /* tile i in Qs, Gs, Ls, Ds for every thread */
-            const int64_t t0 = tq0 + i % nq * FQT;
             if constexpr (DS)
                 fa_dkv_tile<DP, LDM, true>(ak, av, ka, va, Qs, Gs, Ls, Ds, sh, k0, t0, keys, sl2,
                                            dsp,
-                                           fa_ds_tile(sh, dsp, slot0 + (int)(i / nq),
-                                                      (int)(t0 / FA_DS_T), (int)(k0 / FA_DS_T)));
+                                           fa_ds_tile(sh, dsp, slot0 + r, (int)(t0 / FA_DS_T),
+                                                      (int)(k0 / FA_DS_T)));
             else
                 fa_dkv_tile<DP, LDM>(ak, av, ka, va, Qs, Gs, Ls, Ds, sh, k0, t0, keys, sl2, dsp,
                                      0);
@@ -1674,6 +1679,9 @@ __global__ void __launch_bounds__(FA_THREADS)
             Qs = Qn, Qn = sw, sw = Gs, Gs = Gn, Gn = sw;
             float *fw = Ls;
             Ls = Ln, Ln = fw, fw = Ds, Ds = Dn, Dn = fw;
+            r = rn, t0 = tn;
+            tn += FQT;
+            if (tn >= tq_end) tn = (int)tq0, rn++;
         }
     } else {
         for (int64_t r = 0; r < sh.rep; r++) {
@@ -1732,15 +1740,17 @@ static int fa_fits(tz_backend *be, size_t bytes) {
 
 /* Whether the flash kernels' bf16 tiles are copied ahead by cp.async, two buffers of each
  * (sh.pipe): q, k, v in bf16 with D and k, v's row stride multiples of 8 and k, v 16-byte
- * aligned (every copy of 8 elements whole, inside D or past it; the backward's q too), where
- * the forward's and dk/dv's buffers fit the device (fa_fits), unless TZ_FA_ASYNC=0 (read at
+ * aligned (every copy of 8 elements whole, inside D or past it; the backward's q too) and T
+ * below INT_MAX - FQW (dk/dv's rows counted in 32 bits), where the forward's and dk/dv's
+ * buffers fit the device (fa_fits), unless TZ_FA_ASYNC=0 (read at
  * every call, for measuring what it gives: the same bits either way, which test_cuda_ops
  * checks) or TZ_FA_LDMATRIX=0 (the cp.async kernels load with ldmatrix only). */
 static int fa_ldmatrix(void);
 static int fa_pipe(tz_backend *be, const att_shape *sh, const void *k, const void *v) {
     const int dp = fa_dp(sh->D);
     if (!sh->in16 || sh->D % 8 || sh->ldkv % 8 || (uintptr_t)k % 16 || (uintptr_t)v % 16 ||
-        !fa_ldmatrix() || !fa_fits(be, fa_smem_fwd(dp, 1)) || !fa_fits(be, fa_smem_dkv(dp, 1)))
+        sh->T > INT_MAX - FQW || !fa_ldmatrix() || !fa_fits(be, fa_smem_fwd(dp, 1)) ||
+        !fa_fits(be, fa_smem_dkv(dp, 1)))
         return 0;
     const char *e = getenv("TZ_FA_ASYNC");
     return !(e && !strcmp(e, "0"));
